@@ -1,0 +1,24 @@
+#pragma once
+// Every difference between LibTorch versions zeroshard meets lives here (1.13 on
+// Debian bookworm, 2.x on trixie and on GPU machines). Only torch/version.h is
+// included so this header stays cheap.
+#include <torch/version.h>
+
+#define ZS_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||     \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace zeroshard::compat {
+
+constexpr int kTorchMajor = TORCH_VERSION_MAJOR;
+constexpr int kTorchMinor = TORCH_VERSION_MINOR;
+
+// Gloo in LibTorch 1.13 refuses flat all-gather, every reduce-scatter, bf16
+// all-reduce and AVG, and is unsafe to use after a refusal; so the collective path
+// is chosen from these constants, never by trying. (Measured; see DESIGN.md.)
+constexpr bool kGlooFlatAllGather = ZS_TORCH_AT_LEAST(2, 0);
+constexpr bool kGlooFlatReduceScatter = ZS_TORCH_AT_LEAST(2, 0);
+constexpr bool kGlooBf16AllReduce = ZS_TORCH_AT_LEAST(2, 0);
+constexpr bool kGlooAvg = false;  // refused on 1.13 and on 2.6
+
+}  // namespace zeroshard::compat

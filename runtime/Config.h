@@ -1,0 +1,113 @@
+#pragma once
+// Every knob of a zeroshard job, named as DeepSpeed names it so configs carry over.
+// A std::optional that is empty means `auto`: the Planner fills it (Plan::config
+// holds the resolved copy, with no auto left).
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace zeroshard {
+
+enum class OffloadDevice { Auto, None, Cpu, Nvme };
+const char* offload_device_name(OffloadDevice d);
+
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::None;
+  std::string nvme_path;
+  bool pin_memory = false;
+  std::optional<int64_t> buffer_count = 4;
+};
+
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::None;
+  std::string nvme_path;
+  bool pin_memory = false;
+  std::optional<int64_t> buffer_count = 5;
+  std::optional<int64_t> max_in_cpu = 1'000'000'000;
+};
+
+// Sizes are in elements, as in DeepSpeed.
+struct ZeroConfig {
+  std::optional<int64_t> stage = 0;
+  bool overlap_comm = false;
+  bool contiguous_gradients = true;
+  std::optional<int64_t> reduce_bucket_size = 500'000'000;
+  std::optional<int64_t> allgather_bucket_size = 500'000'000;
+  std::optional<int64_t> stage3_prefetch_bucket_size = 50'000'000;
+  std::optional<int64_t> stage3_max_live_parameters = 1'000'000'000;
+  std::optional<int64_t> stage3_param_persistence_threshold = 100'000;
+  std::optional<int64_t> sub_group_size = 1'000'000'000;
+  OffloadOptimizerConfig offload_optimizer;
+  OffloadParamConfig offload_param;
+};
+
+struct AioConfig {
+  std::optional<int64_t> block_size = 1 << 20;
+  std::optional<int64_t> queue_depth = 8;
+  std::optional<int64_t> intra_op_parallelism = 1;
+  bool single_submit = false;
+  bool overlap_events = true;
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  std::optional<double> loss_scale = 0.0;  // 0 means dynamic loss scaling
+  std::optional<int64_t> initial_scale_power = 16;
+  std::optional<int64_t> loss_scale_window = 1000;
+  std::optional<int64_t> hysteresis = 2;
+  std::optional<double> min_loss_scale = 1.0;
+};
+
+struct OptimizerConfig {
+  std::string type = "AdamW";
+  std::optional<double> lr = 1e-3;
+  std::optional<double> beta1 = 0.9;
+  std::optional<double> beta2 = 0.999;
+  std::optional<double> eps = 1e-8;
+  std::optional<double> weight_decay = 0.01;
+};
+
+struct SchedulerConfig {
+  std::string type = "none";  // none | WarmupLR | WarmupDecayLR | WarmupCosineLR
+  std::optional<double> warmup_min_lr = 0.0;
+  std::optional<double> warmup_max_lr = 1e-3;
+  std::optional<int64_t> warmup_num_steps = 1000;
+  std::optional<int64_t> total_num_steps = 10000;
+  std::string warmup_type = "log";
+};
+
+struct Config {
+  std::optional<int64_t> train_batch_size;  // unset: micro x accumulation x ranks
+  std::optional<int64_t> train_micro_batch_size_per_gpu = 1;
+  std::optional<int64_t> gradient_accumulation_steps = 1;
+  std::optional<double> gradient_clipping = 0.0;  // 0 disables clipping
+  bool bf16 = false;
+  bool activation_checkpointing = false;
+  Fp16Config fp16;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ZeroConfig zero;
+  AioConfig aio;
+
+  // Bytes per low-precision value: 2 with bf16 or fp16, 4 in fp32 training.
+  int compute_bytes() const { return (bf16 || fp16.enabled) ? 2 : 4; }
+};
+
+// What loading a file found besides the Config: keys DeepSpeed knows that
+// zeroshard accepts and ignores, each with a one-line reason.
+struct LoadedConfig {
+  Config config;
+  std::vector<std::string> warnings;
+};
+
+LoadedConfig load_config_file(const std::string& path);
+LoadedConfig load_config_string(const std::string& yaml_text, const std::string& origin);
+
+// Checks that hold between keys (e.g. offload_param needs stage 3); throws Error.
+void check_contradictions(const Config& config);
+
+// The YAML text of `config`, every knob written out; load_config_string accepts it.
+std::string emit_config_yaml(const Config& config);
+
+}  // namespace zeroshard

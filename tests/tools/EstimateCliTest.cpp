@@ -1,0 +1,149 @@
+// zeroshard-estimate run as a user runs it: a real process, its exit code and output.
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/Config.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CliRun {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+fs::path scratch() {
+  const fs::path dir = fs::temp_directory_path() / ("zs_cli_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+CliRun estimate(const std::string& args) {
+  const fs::path dir = scratch();
+  const std::string cmd = std::string(ZS_BINARY_DIR) + "/tools/zeroshard-estimate " + args +
+                          " >" + (dir / "out").string() + " 2>" + (dir / "err").string();
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out"), slurp(dir / "err")};
+}
+
+std::string hf(const std::string& name) {
+  return std::string(ZS_SOURCE_DIR) + "/tests/data/hf/" + name;
+}
+
+const std::string kLlama8x80 = "--hf-config " + hf("llama2_7b.json") +
+                               " --nodes 1 --gpus-per-node 8 --gpu-mem 80GB --cpu-mem 512GB "
+                               "--nvme 2TB --seq 4096 --micro-batch 1 --activation-checkpointing";
+
+}  // namespace
+
+TEST(EstimateCli, JsonHasExactParametersAndEveryOption) {
+  const CliRun r = estimate(kLlama8x80 + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["parameters"].get<int64_t>(), 6'738'415'616);
+  ASSERT_EQ(j["options"].size(), 14u);
+  int recommended = 0;
+  for (const auto& o : j["options"]) {
+    recommended += o["recommended"].get<bool>();
+    int64_t device_sum = 0;
+    for (const auto& [kind, bytes] : o["bytes_by_kind"]["device"].items()) device_sum += bytes.get<int64_t>();
+    EXPECT_EQ(device_sum, o["bytes"]["device"].get<int64_t>());
+    EXPECT_TRUE(o.contains("stage") && o.contains("offload_optimizer") && o.contains("fits"));
+  }
+  EXPECT_EQ(recommended, 1);
+  // Stage 0 holds 20 bytes per parameter of model states alone: 134.8 GB > 80 GB.
+  EXPECT_FALSE(j["options"][0]["fits"].get<bool>());
+  EXPECT_TRUE(j["fits"].get<bool>());
+}
+
+TEST(EstimateCli, TableMarksTheRecommendedPlanAndShowsDeepSpeed) {
+  const CliRun r = estimate(kLlama8x80);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("parameters: 6,738,415,616"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n* stage"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("recommended: stage 1"), std::string::npos) << r.out;
+  // DeepSpeed ZeRO-2 for 6,738,415,616 params on 8 GPUs: 4P + 16P/8 = 37.65 GiB.
+  EXPECT_NE(r.out.find("37.65 / "), std::string::npos) << r.out;
+}
+
+TEST(EstimateCli, EmittedConfigLoadsAndMatchesThePlan) {
+  const fs::path out = scratch() / "plan.yaml";
+  const CliRun r = estimate(kLlama8x80 + " --emit-config " + out.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto loaded = zeroshard::load_config_file(out.string());
+  EXPECT_EQ(loaded.config.zero.stage, 1);
+  EXPECT_TRUE(loaded.config.bf16);
+  EXPECT_EQ(loaded.config.zero.reduce_bucket_size, 4096 * 4096);
+}
+
+TEST(EstimateCli, ConfigFileFixesTheStage) {
+  const CliRun r = estimate(kLlama8x80 + " --json --config " + std::string(ZS_SOURCE_DIR) +
+                         "/configs/zero3.yaml");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const auto& o : j["options"]) {
+    if (o["recommended"].get<bool>()) {
+      EXPECT_EQ(o["stage"].get<int>(), 3);
+    }
+  }
+}
+
+TEST(EstimateCli, ExplicitNumbersAndDefaultsAreShown) {
+  const CliRun r = estimate("--params 7e9 --layers 32 --hidden 4096 --heads 32 --vocab 32000");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("parameters: 7,000,000,000"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("assumed (not given): "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 node"), std::string::npos) << r.out;
+}
+
+TEST(EstimateCli, NothingFitsExitsOneAndSaysWhy) {
+  const CliRun r = estimate("--params 1e12 --gpu-mem 1GB --cpu-mem 1GB");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("nothing fits"), std::string::npos) << r.out;
+}
+
+TEST(EstimateCli, BadInputIsOneLineAndExitTwo) {
+  const fs::path bad_json = scratch() / "bad.json";
+  std::ofstream(bad_json) << "{\"model_type\": \"llama\",";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"--hf-config /nonexistent/config.json", "cannot be read"},
+      {"--hf-config " + bad_json.string(), "not valid JSON"},
+      {"--params 7e9 --gpu-mem 80XB", "--gpu-mem: '80XB' is not a size"},
+      {"--params 7e9 --gpu-mem 0", "--gpu-mem"},
+      {"--params 7e9 --nodes -1", "--nodes: '-1' is not allowed"},
+      {"--params 7e9 --nodes 0", "--nodes: '0'"},
+      {"--params -5", "--params"},
+      {"--params 7e9 --gpu-mme 80GB", "did you mean '--gpu-mem'"},
+      {"", "give the model as --hf-config"},
+  };
+  for (const auto& [args, expected] : cases) {
+    SCOPED_TRACE(args);
+    const CliRun r = estimate(args);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find(expected), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
+    EXPECT_TRUE(r.out.empty());
+  }
+}
+
+TEST(EstimateCli, HelpExitsZero) {
+  const CliRun r = estimate("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("--hf-config"), std::string::npos);
+}

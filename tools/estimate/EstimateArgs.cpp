@@ -1,0 +1,196 @@
+#include "tools/estimate/EstimateArgs.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "common/Bytes.h"
+#include "common/DidYouMean.h"
+#include "common/Error.h"
+#include "runtime/HfConfig.h"
+
+namespace zeroshard::estimate {
+namespace {
+
+const std::vector<std::string> kValueFlags{
+    "--hf-config", "--params", "--layers",   "--hidden",      "--heads",      "--kv-heads",
+    "--vocab",     "--intermediate",         "--nodes",       "--gpus-per-node", "--gpu-mem",
+    "--cpu-mem",   "--nvme",   "--seq",      "--micro-batch", "--config",     "--headroom",
+    "--emit-config"};
+const std::vector<std::string> kSwitches{"--json", "--bf16", "--fp16", "--fp32",
+                                         "--activation-checkpointing", "--help", "-h"};
+
+int64_t parse_count(const std::string& flag, const std::string& text, bool allow_zero = false) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !std::isfinite(v) || v != std::floor(v) ||
+      v < (allow_zero ? 0 : 1) || v > 1e15) {
+    fail("{}: '{}' is not allowed; allowed: a {} integer (7e9 is fine)", flag, text,
+         allow_zero ? "non-negative" : "positive");
+  }
+  return static_cast<int64_t>(v);
+}
+
+int64_t host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+std::map<std::string, std::string> split_args(const std::vector<std::string>& args) {
+  std::map<std::string, std::string> given;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i];
+    std::string value;
+    const auto eq = flag.find('=');
+    if (eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    }
+    const bool takes_value =
+        std::find(kValueFlags.begin(), kValueFlags.end(), flag) != kValueFlags.end();
+    const bool is_switch = std::find(kSwitches.begin(), kSwitches.end(), flag) != kSwitches.end();
+    if (!takes_value && !is_switch) {
+      std::vector<std::string> all = kValueFlags;
+      all.insert(all.end(), kSwitches.begin(), kSwitches.end());
+      const std::string guess = closest_match(flag, all);
+      fail("unknown option '{}'{}; see --help", flag,
+           guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess));
+    }
+    if (takes_value && eq == std::string::npos) {
+      if (i + 1 >= args.size()) fail("{} needs a value; see --help", flag);
+      value = args[++i];
+    }
+    given[flag] = value;
+  }
+  return given;
+}
+
+ModelSpec read_model(const std::map<std::string, std::string>& given) {
+  auto count = [&](const char* flag) {
+    const auto it = given.find(flag);
+    return it == given.end() ? int64_t{0} : parse_count(flag, it->second);
+  };
+  if (given.count("--hf-config")) {
+    if (given.count("--params")) fail("give either --hf-config or --params, not both");
+    return spec_from_hf_file(given.at("--hf-config"));
+  }
+  ExplicitModel m;
+  m.params = count("--params");
+  m.layers = count("--layers");
+  m.hidden = count("--hidden");
+  m.heads = count("--heads");
+  m.kv_heads = count("--kv-heads");
+  m.vocab = count("--vocab");
+  m.intermediate = count("--intermediate");
+  return spec_from_numbers(m);
+}
+
+void read_precision(const std::map<std::string, std::string>& given, bool have_config,
+                    EstimateInputs& in) {
+  const int chosen = static_cast<int>(given.count("--bf16") + given.count("--fp16") +
+                                      given.count("--fp32"));
+  if (chosen > 1) fail("give one of --bf16, --fp16, --fp32");
+  if (chosen == 1) {
+    in.config.bf16 = given.count("--bf16") > 0;
+    in.config.fp16.enabled = given.count("--fp16") > 0;
+  } else if (!have_config) {
+    in.config.bf16 = true;
+    in.assumptions.push_back("precision bf16 (give --fp16 or --fp32 to change)");
+  }
+}
+
+}  // namespace
+
+const char* usage_text() {
+  return R"(usage: zeroshard-estimate (--hf-config config.json | --params N [shape]) [options]
+Tells, before launch, how many bytes each rank needs on device, host and NVMe for
+every ZeRO stage and offload choice, which fits, and which to use.
+
+model:
+  --hf-config FILE       a Hugging Face config.json (llama, mistral, mixtral, qwen2,
+                         gemma, gpt2, gpt_neox, phi)
+  --params N             total parameters (7e9 is fine); refine with --layers,
+                         --hidden, --heads, --kv-heads, --vocab, --intermediate
+hardware (sizes: 80GB = 80e9 bytes, 80GiB = 80 x 2^30):
+  --nodes N              nodes (default 1)
+  --gpus-per-node N      ranks per node (default 1)
+  --gpu-mem SIZE         device memory per rank (default 80GB)
+  --cpu-mem SIZE         host RAM per node (default: this machine's)
+  --nvme SIZE            free NVMe per node (default: none)
+  --headroom F           fraction of device and host memory kept free (default 0.10)
+training:
+  --seq N                sequence length (default: the model's max positions, else 1)
+  --micro-batch N        micro-batch per rank (default: the config's, else 1)
+  --bf16 | --fp16 | --fp32   precision (default: the config's, else bf16)
+  --activation-checkpointing
+  --config FILE          a zeroshard/DeepSpeed config: its fixed keys bound the choice
+output:
+  --json                 JSON instead of the table
+  --emit-config FILE     write the recommended config as YAML
+Exit status: 0 when a plan fits, 1 when nothing fits, 2 on bad input.
+)";
+}
+
+EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
+  const auto given = split_args(args);
+  help = given.count("--help") || given.count("-h");
+  EstimateInputs in;
+  if (help) return in;
+  in.spec = read_model(given);
+  auto count = [&](const char* flag, int64_t fallback, const std::string& note) {
+    const auto it = given.find(flag);
+    if (it != given.end()) return parse_count(flag, it->second);
+    if (!note.empty()) in.assumptions.push_back(note);
+    return fallback;
+  };
+  const bool have_config = given.count("--config") > 0;
+  if (have_config) {
+    LoadedConfig loaded = load_config_file(given.at("--config"));
+    in.config = loaded.config;
+    in.warnings = loaded.warnings;
+  } else {
+    in.config.zero.stage.reset();  // every stage and offload is open to the planner
+    in.config.zero.offload_optimizer.device = OffloadDevice::Auto;
+    in.config.zero.offload_param.device = OffloadDevice::Auto;
+  }
+  read_precision(given, have_config, in);
+  in.world.nodes = count("--nodes", 1, "1 node");
+  in.world.ranks_per_node = count("--gpus-per-node", 1, "1 rank per node");
+  const int64_t config_micro = in.config.train_micro_batch_size_per_gpu.value_or(1);
+  in.shape.micro_batch = count("--micro-batch", config_micro,
+                               fmt::format("micro-batch {} (from the config or 1)", config_micro));
+  in.config.train_micro_batch_size_per_gpu = in.shape.micro_batch;
+  const int64_t seq = in.spec.max_positions > 0 ? in.spec.max_positions : 1;
+  in.shape.seq = count("--seq", seq, fmt::format("sequence length {}", seq));
+  in.shape.activation_checkpointing =
+      given.count("--activation-checkpointing") > 0 || in.config.activation_checkpointing;
+  auto size = [&](const char* flag, int64_t fallback, const char* note) -> int64_t {
+    const auto it = given.find(flag);
+    if (it != given.end()) return static_cast<int64_t>(parse_bytes(it->second, flag));
+    in.assumptions.push_back(note);
+    return fallback;
+  };
+  in.budget.device_bytes = size("--gpu-mem", 80'000'000'000, "80GB device memory per rank");
+  in.budget.host_bytes = size("--cpu-mem", host_memory_bytes(), "host RAM of this machine");
+  in.budget.nvme_bytes = size("--nvme", 0, "no NVMe (give --nvme SIZE)");
+  if (given.count("--headroom")) {
+    char* end = nullptr;
+    const std::string& text = given.at("--headroom");
+    in.budget.headroom = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || *end != '\0' || !(in.budget.headroom >= 0) ||
+        in.budget.headroom >= 1) {
+      fail("--headroom: '{}' is not allowed; allowed: a fraction in [0, 1)", text);
+    }
+  }
+  in.json = given.count("--json") > 0;
+  if (given.count("--emit-config")) in.emit_config = given.at("--emit-config");
+  return in;
+}
+
+}  // namespace zeroshard::estimate

@@ -1,0 +1,138 @@
+#include "tools/estimate/EstimateReport.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "common/Bytes.h"
+#include "runtime/DeepSpeedEstimate.h"
+
+namespace zeroshard::estimate {
+namespace {
+
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n);
+  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(i, ",");
+  return digits;
+}
+
+std::string gib(int64_t bytes) { return format_gib(static_cast<double>(bytes)); }
+
+std::optional<DeepSpeedEstimate> deepspeed_for(const EstimateInputs& in, const PlanOption& o) {
+  return deepspeed_estimate(o, in.spec.total_params, in.spec.largest_module_params, in.world);
+}
+
+std::string option_row(const EstimateInputs& in, const OptionEstimate& e, bool recommended) {
+  std::string ds = "-";
+  if (const auto d = deepspeed_for(in, e.option)) {
+    ds = fmt::format("{} / {}", gib(d->gpu_bytes), gib(d->cpu_bytes));
+  }
+  std::string verdict = e.verdict;
+  if (!e.allowed) verdict = "(excluded by config) " + verdict;
+  return fmt::format("{} {:<32} {:>9} {:>9} {:>9}  {:<17} {}\n", recommended ? "*" : " ",
+                     e.option.label(), gib(e.bytes.total(Tier::Device)),
+                     gib(e.bytes.total(Tier::Host)), gib(e.bytes.total(Tier::Nvme)), ds,
+                     verdict);
+}
+
+std::string breakdown_table(const MemoryBreakdown& m) {
+  std::string out = fmt::format("  {:<18} {:>9} {:>9} {:>9}\n", "kind", "device", "host", "nvme");
+  for (size_t k = 0; k < kNumKinds; ++k) {
+    const auto kind = static_cast<Kind>(k);
+    out += fmt::format("  {:<18} {:>9} {:>9} {:>9}\n", kind_name(kind),
+                       gib(m.at(Tier::Device, kind)), gib(m.at(Tier::Host, kind)),
+                       gib(m.at(Tier::Nvme, kind)));
+  }
+  return out;
+}
+
+nlohmann::json bytes_json(const MemoryBreakdown& m) {
+  nlohmann::json tiers, kinds;
+  for (size_t t = 0; t < kNumTiers; ++t) {
+    const auto tier = static_cast<Tier>(t);
+    tiers[tier_name(tier)] = m.total(tier);
+    for (size_t k = 0; k < kNumKinds; ++k) {
+      const auto kind = static_cast<Kind>(k);
+      kinds[tier_name(tier)][kind_name(kind)] = m.at(tier, kind);
+    }
+  }
+  return {{"bytes", tiers}, {"bytes_by_kind", kinds}};
+}
+
+}  // namespace
+
+std::string render_table(const EstimateInputs& in, const Plan& plan) {
+  const ModelSpec& s = in.spec;
+  std::string out;
+  out += fmt::format("model: {} ({})\n", s.model_type, s.source);
+  out += fmt::format("parameters: {} (largest unit {}, largest module {})\n",
+                     with_commas(s.total_params), with_commas(s.largest_unit()),
+                     with_commas(s.largest_module_params));
+  out += fmt::format("world: {} node(s) x {} rank(s); device {} GiB/rank, host {} GiB/node, "
+                     "nvme {} GiB/node; {:.0f}% of device and host kept free\n",
+                     in.world.nodes, in.world.ranks_per_node, gib(in.budget.device_bytes),
+                     gib(in.budget.host_bytes), gib(in.budget.nvme_bytes),
+                     in.budget.headroom * 100);
+  out += fmt::format("training: seq {}, micro-batch {}, {}, activation checkpointing {}\n",
+                     in.shape.seq, in.shape.micro_batch,
+                     in.config.bf16 ? "bf16" : (in.config.fp16.enabled ? "fp16" : "fp32"),
+                     in.shape.activation_checkpointing ? "on" : "off");
+  if (!in.assumptions.empty()) {
+    out += fmt::format("assumed (not given): {}\n", fmt::join(in.assumptions, "; "));
+  }
+  for (const auto& w : in.warnings) out += fmt::format("warning: {}\n", w);
+  out += fmt::format("\nGiB per rank{:<22} {:>9} {:>9} {:>9}  {:<17} {}\n", "", "device", "host",
+                     "nvme", "DeepSpeed gpu/cpu", "verdict");
+  for (const auto& e : plan.options) out += option_row(in, e, e.option == plan.option);
+  out += "  (DeepSpeed gpu/cpu: its model-states estimate, GiB per GPU / GiB per node; it leaves\n"
+         "   out activations, buckets and, at stage 2, keeps fp16 grads whole; see "
+         "docs/memory-model.md)\n";
+  out += fmt::format("\n{}\n", plan.summary);
+  out += fmt::format("per-rank bytes of {} (GiB):\n", plan.option.label());
+  out += breakdown_table(plan.predicted);
+  out += "decisions:\n";
+  for (size_t i = 1; i < plan.reasons.size(); ++i) out += fmt::format("  {}\n", plan.reasons[i]);
+  return out;
+}
+
+std::string render_json(const EstimateInputs& in, const Plan& plan) {
+  nlohmann::json options = nlohmann::json::array();
+  for (const auto& e : plan.options) {
+    nlohmann::json row = bytes_json(e.bytes);
+    row["stage"] = e.option.stage;
+    row["offload_optimizer"] = offload_device_name(e.option.optimizer);
+    row["offload_param"] = offload_device_name(e.option.params);
+    row["fits"] = e.fits;
+    row["allowed"] = e.allowed;
+    row["verdict"] = e.verdict;
+    row["recommended"] = e.option == plan.option;
+    row["deepspeed"] = nullptr;
+    if (const auto d = deepspeed_for(in, e.option)) {
+      row["deepspeed"] = {{"gpu_bytes_per_rank", d->gpu_bytes}, {"cpu_bytes_per_node", d->cpu_bytes}};
+    }
+    options.push_back(row);
+  }
+  nlohmann::json out;
+  out["model"] = {{"source", in.spec.source}, {"model_type", in.spec.model_type}};
+  out["parameters"] = in.spec.total_params;
+  out["largest_unit_parameters"] = in.spec.largest_unit();
+  out["largest_module_parameters"] = in.spec.largest_module_params;
+  out["world"] = {{"nodes", in.world.nodes}, {"ranks_per_node", in.world.ranks_per_node}};
+  out["budget"] = {{"device_bytes_per_rank", in.budget.device_bytes},
+                   {"host_bytes_per_node", in.budget.host_bytes},
+                   {"nvme_bytes_per_node", in.budget.nvme_bytes},
+                   {"headroom", in.budget.headroom}};
+  out["training"] = {{"seq", in.shape.seq},
+                     {"micro_batch", in.shape.micro_batch},
+                     {"compute_bytes", in.config.compute_bytes()},
+                     {"activation_checkpointing", in.shape.activation_checkpointing}};
+  out["assumptions"] = in.assumptions;
+  out["warnings"] = in.warnings;
+  out["options"] = options;
+  out["fits"] = plan.fits;
+  out["summary"] = plan.summary;
+  out["reasons"] = plan.reasons;
+  return out.dump(2) + "\n";
+}
+
+}  // namespace zeroshard::estimate

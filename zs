@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# zeroshard's single entry point: installs what is missing, builds what changed, runs.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BUILD="${ZS_BUILD_DIR:-$ROOT/build}"
+PY=/usr/bin/python3 # Debian's interpreter, the one with python3-torch
+
+DEB_PACKAGES=(
+  cmake ninja-build g++ ccache pkg-config
+  libtorch-dev python3-torch libopenblas0-pthread
+  liburing-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev pybind11-dev libgtest-dev
+)
+
+die() { echo "zs: $*" >&2; exit 1; }
+
+missing_packages() {
+  local p
+  for p in "${DEB_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
+  done
+}
+
+ensure_packages() {
+  local missing
+  missing=$(missing_packages | tr '\n' ' ')
+  [ -z "${missing// /}" ] && return 0
+  if [ "$(id -u)" != 0 ]; then
+    die "missing Debian packages: $missing; run as root or: sudo apt-get install -y $missing"
+  fi
+  echo "zs: installing $missing" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # shellcheck disable=SC2086
+  apt-get install -y -qq --no-install-recommends $missing >/dev/null
+}
+
+configure() {
+  if [ ! -f "$BUILD/build.ninja" ]; then
+    local launcher=()
+    command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+    cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DPython3_EXECUTABLE="$PY" "${launcher[@]}" >/dev/null
+  fi
+}
+
+build() {
+  ensure_packages
+  configure
+  cmake --build "$BUILD" -j "$(nproc)"
+}
+
+usage() {
+  cat <<'EOF'
+usage: ./zs VERB [ARGS]
+  demo              the main job (for now: the estimator on a bundled Llama-2-7b config)
+  test              build and run every test
+  build             install missing packages and build into build/
+  estimate ARGS     zeroshard-estimate: what fits where, before launch (--help for options)
+  help              this list
+EOF
+}
+
+verb="${1:-help}"
+[ $# -gt 0 ] && shift
+case "$verb" in
+  demo)
+    build
+    echo "== zeroshard-estimate: Llama-2-7b, 1 node x 8 GPUs of 80 GB, 512 GB host RAM, 2 TB NVMe =="
+    "$BUILD/tools/zeroshard-estimate" --hf-config "$ROOT/tests/data/hf/llama2_7b.json" \
+      --nodes 1 --gpus-per-node 8 --gpu-mem 80GB --cpu-mem 512GB --nvme 2TB \
+      --seq 4096 --micro-batch 1 --bf16 "$@"
+    ;;
+  test)
+    build
+    ctest --test-dir "$BUILD" --output-on-failure -j "$(nproc)" "$@"
+    ;;
+  build) build ;;
+  estimate)
+    build >/dev/null
+    exec "$BUILD/tools/zeroshard-estimate" "$@"
+    ;;
+  help | -h | --help) usage ;;
+  *) usage >&2; die "unknown verb '$verb'" ;;
+esac
