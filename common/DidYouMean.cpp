@@ -1,23 +1,23 @@
 #include "common/DidYouMean.h"
 
 #include <algorithm>
-#include <numeric>
 
 namespace zeroshard {
 
+// Optimal string alignment: Levenshtein plus swaps of neighbours, the commonest typo.
 int edit_distance(const std::string& a, const std::string& b) {
-  std::vector<int> row(b.size() + 1);
-  std::iota(row.begin(), row.end(), 0);
+  std::vector<std::vector<int>> d(a.size() + 1, std::vector<int>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = static_cast<int>(i);
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = static_cast<int>(j);
   for (size_t i = 1; i <= a.size(); ++i) {
-    int diagonal = row[0];
-    row[0] = static_cast<int>(i);
     for (size_t j = 1; j <= b.size(); ++j) {
-      const int substitution = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
-      diagonal = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitution});
+      const int cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
   }
-  return row[b.size()];
+  return d[a.size()][b.size()];
 }
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {

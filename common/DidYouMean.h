@@ -4,7 +4,8 @@
 
 namespace zeroshard {
 
-// Levenshtein distance, for suggesting the key a user probably meant.
+// Edit distance counting a swap of neighbours as one edit, for suggesting the key a
+// user probably meant.
 int edit_distance(const std::string& a, const std::string& b);
 
 // The candidate closest to `word`, or "" when none is close enough to be a typo

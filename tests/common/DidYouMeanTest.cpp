@@ -9,7 +9,8 @@ TEST(DidYouMean, EditDistanceKnownValues) {
   EXPECT_EQ(edit_distance("kitten", "sitting"), 3);
   EXPECT_EQ(edit_distance("", "abc"), 3);
   EXPECT_EQ(edit_distance("stage", "stage"), 0);
-  EXPECT_EQ(edit_distance("stgae", "stage"), 2);
+  EXPECT_EQ(edit_distance("stgae", "stage"), 1);  // one swap
+  EXPECT_EQ(edit_distance("ca", "abc"), 3);
 }
 
 TEST(DidYouMean, SuggestsTyposOnly) {

@@ -105,7 +105,8 @@ TEST(EstimateCli, ConfigFileFixesTheStage) {
 }
 
 TEST(EstimateCli, ExplicitNumbersAndDefaultsAreShown) {
-  const CliRun r = estimate("--params 7e9 --layers 32 --hidden 4096 --heads 32 --vocab 32000");
+  const CliRun r = estimate(
+      "--params 7e9 --layers 32 --hidden 4096 --heads 32 --vocab 32000 --gpus-per-node 8");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("parameters: 7,000,000,000"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("assumed (not given): "), std::string::npos) << r.out;

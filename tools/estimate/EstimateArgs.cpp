@@ -158,6 +158,12 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
     in.config.zero.stage.reset();  // every stage and offload is open to the planner
     in.config.zero.offload_optimizer.device = OffloadDevice::Auto;
     in.config.zero.offload_param.device = OffloadDevice::Auto;
+    for (auto* knob : {&in.config.zero.reduce_bucket_size, &in.config.zero.allgather_bucket_size,
+                       &in.config.zero.stage3_prefetch_bucket_size,
+                       &in.config.zero.stage3_param_persistence_threshold,
+                       &in.config.zero.sub_group_size}) {
+      knob->reset();  // sized by the planner from the model
+    }
   }
   read_precision(given, have_config, in);
   in.world.nodes = count("--nodes", 1, "1 node");
