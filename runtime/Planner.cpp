@@ -141,6 +141,19 @@ void apply_choice(Plan& plan, const OptionEstimate& chosen) {
   }
 }
 
+// When activations are most of the device bytes, say what checkpointing would save.
+std::string activation_hint(const ModelSpec& spec, const Config& c, const MemoryBreakdown& m,
+                            const TrainingShape& shape) {
+  const int64_t activations = m.at(Tier::Device, Kind::Activations);
+  if (shape.activation_checkpointing || 2 * activations < m.total(Tier::Device)) return "";
+  TrainingShape checkpointed = shape;
+  checkpointed.activation_checkpointing = true;
+  const int64_t smaller = activation_bytes(spec, checkpointed, c.compute_bytes());
+  return fmt::format("; activations are {} GiB of it, {} GiB with activation checkpointing",
+                     format_gib(static_cast<double>(activations)),
+                     format_gib(static_cast<double>(smaller)));
+}
+
 }  // namespace
 
 const std::vector<PlanOption>& plan_options() {
@@ -194,6 +207,7 @@ Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& wo
   } else {
     plan.summary = fmt::format("nothing fits: the closest, {}, has {}", closest->option.label(),
                                closest->verdict);
+    plan.summary += activation_hint(spec, plan.config, closest->bytes, shape);
   }
   plan.reasons.insert(plan.reasons.begin(), plan.summary);
   return plan;

@@ -148,3 +148,14 @@ TEST(EstimateCli, HelpExitsZero) {
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("--hf-config"), std::string::npos);
 }
+
+TEST(EstimateCli, SaysWhenActivationsAreWhatDoesNotFit) {
+  const std::string without_checkpointing =
+      "--hf-config " + hf("llama2_7b.json") +
+      " --gpus-per-node 8 --gpu-mem 80GB --cpu-mem 512GB --nvme 2TB --seq 4096";
+  const CliRun r = estimate(without_checkpointing);
+  EXPECT_EQ(r.code, 1) << r.err;
+  // Korthikanti at s=4096, h=4096, a=32, L=32, bf16: 97.73 GiB of activations per rank.
+  EXPECT_NE(r.out.find("activations are 97.73 GiB of it"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("with activation checkpointing"), std::string::npos) << r.out;
+}

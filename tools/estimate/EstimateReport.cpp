@@ -29,7 +29,7 @@ std::string option_row(const EstimateInputs& in, const OptionEstimate& e, bool r
   }
   std::string verdict = e.verdict;
   if (!e.allowed) verdict = "(excluded by config) " + verdict;
-  return fmt::format("{} {:<32} {:>9} {:>9} {:>9}  {:<17} {}\n", recommended ? "*" : " ",
+  return fmt::format("{} {:<36} {:>9} {:>9} {:>9}  {:<17} {}\n", recommended ? "*" : " ",
                      e.option.label(), gib(e.bytes.total(Tier::Device)),
                      gib(e.bytes.total(Tier::Host)), gib(e.bytes.total(Tier::Nvme)), ds,
                      verdict);
@@ -81,7 +81,7 @@ std::string render_table(const EstimateInputs& in, const Plan& plan) {
     out += fmt::format("assumed (not given): {}\n", fmt::join(in.assumptions, "; "));
   }
   for (const auto& w : in.warnings) out += fmt::format("warning: {}\n", w);
-  out += fmt::format("\nGiB per rank{:<22} {:>9} {:>9} {:>9}  {:<17} {}\n", "", "device", "host",
+  out += fmt::format("\nGiB per rank{:<26} {:>9} {:>9} {:>9}  {:<17} {}\n", "", "device", "host",
                      "nvme", "DeepSpeed gpu/cpu", "verdict");
   for (const auto& e : plan.options) out += option_row(in, e, e.option == plan.option);
   out += "  (DeepSpeed gpu/cpu: its model-states estimate, GiB per GPU / GiB per node; it leaves\n"
