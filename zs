@@ -67,7 +67,8 @@ case "$verb" in
   demo)
     build
     echo "== zeroshard-estimate: Llama-2-7b, 1 node x 8 GPUs of 80 GB, 512 GB host RAM, 2 TB NVMe =="
-    "$BUILD/tools/zeroshard-estimate" --hf-config "$ROOT/tests/data/hf/llama2_7b.json" \
+    cd "$ROOT"
+    "$BUILD/tools/zeroshard-estimate" --hf-config tests/data/hf/llama2_7b.json \
       --nodes 1 --gpus-per-node 8 --gpu-mem 80GB --cpu-mem 512GB --nvme 2TB \
       --seq 4096 --micro-batch 1 --bf16 --activation-checkpointing "$@"
     ;;
