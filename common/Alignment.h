@@ -7,8 +7,12 @@ namespace zeroshard {
 // aligned for vector loads and O_DIRECT I/O whatever the element size (64 x 4 B = 256 B).
 constexpr int64_t kShardAlignElements = 64;
 
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-constexpr int64_t round_up(int64_t a, int64_t multiple) { return ceil_div(a, multiple) * multiple; }
+constexpr int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+constexpr int64_t round_up(int64_t a, int64_t multiple) {
+  return ceil_div(a, multiple) * multiple;
+}
 
 // Elements each of `ranks` ranks owns of a flat buffer of `numel` elements once it is
 // padded so every shard is equal and aligned.

@@ -39,12 +39,13 @@ uint64_t parse_bytes(const std::string& text, const std::string& what) {
   const double number = std::strtod(begin, &end);
   std::string unit = lower(std::string(end));
   unit.erase(0, unit.find_first_not_of(' '));
-  const auto found = std::find_if(kUnits.begin(), kUnits.end(),
-                                  [&](const auto& u) { return unit == u.first; });
+  const auto found =
+      std::find_if(kUnits.begin(), kUnits.end(), [&](const auto& u) { return unit == u.first; });
   if (end == begin || found == kUnits.end() || !std::isfinite(number)) {
-    fail("{}: '{}' is not a size; allowed: a number with B, KB, MB, GB, TB (powers of 10) "
-         "or KiB, MiB, GiB, TiB (powers of 2), e.g. 80GB or 1.5TiB",
-         what, text);
+    fail(
+        "{}: '{}' is not a size; allowed: a number with B, KB, MB, GB, TB (powers of 10) "
+        "or KiB, MiB, GiB, TiB (powers of 2), e.g. 80GB or 1.5TiB",
+        what, text);
   }
   const double bytes = number * found->second;
   if (!(bytes >= 1.0) || bytes > 1.8e19) {
@@ -53,6 +54,8 @@ uint64_t parse_bytes(const std::string& text, const std::string& what) {
   return static_cast<uint64_t>(std::llround(bytes));
 }
 
-std::string format_gib(double bytes) { return fmt::format("{:.2f}", bytes / kGiB); }
+std::string format_gib(double bytes) {
+  return fmt::format("{:.2f}", bytes / kGiB);
+}
 
 }  // namespace zeroshard

@@ -27,7 +27,11 @@ constexpr std::array<const char*, kNumKinds> kKindNames{
     "params",      "master_params", "grads",           "grads_fp32",    "optimizer_states",
     "activations", "comm_buckets",  "gathered_params", "pinned_buffers"};
 
-constexpr const char* tier_name(Tier t) { return kTierNames[static_cast<size_t>(t)]; }
-constexpr const char* kind_name(Kind k) { return kKindNames[static_cast<size_t>(k)]; }
+constexpr const char* tier_name(Tier t) {
+  return kTierNames[static_cast<size_t>(t)];
+}
+constexpr const char* kind_name(Kind k) {
+  return kKindNames[static_cast<size_t>(k)];
+}
 
 }  // namespace zeroshard

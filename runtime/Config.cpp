@@ -1,10 +1,10 @@
 #include "runtime/Config.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -35,7 +35,9 @@ std::string shown(const YAML::Node& node) {
        shown(node), knob.allowed());
 }
 
-bool is_auto(const YAML::Node& node) { return node.IsScalar() && node.Scalar() == "auto"; }
+bool is_auto(const YAML::Node& node) {
+  return node.IsScalar() && node.Scalar() == "auto";
+}
 
 bool parse_number(const YAML::Node& node, double& out) {
   if (!node.IsScalar() || node.Scalar().empty()) return false;
@@ -157,9 +159,11 @@ void walk(const YAML::Node& map, const std::string& section, LoadedConfig& out,
     const std::string path = join_path(section, key);
     const YAML::Node& value = entry.second;
     if (const char* reason = ignored_key_reason(path)) {
-      out.warnings.push_back(fmt::format("config key '{}' is accepted and ignored: {}", path, reason));
+      out.warnings.push_back(
+          fmt::format("config key '{}' is accepted and ignored: {}", path, reason));
     } else if (const Knob* knob = find_knob(path)) {
-      if (value.IsNull()) fail("{}: config key '{}' has no value; allowed: {}", origin, path, knob->allowed());
+      if (value.IsNull())
+        fail("{}: config key '{}' has no value; allowed: {}", origin, path, knob->allowed());
       apply_knob(*knob, value, out.config, origin);
     } else if (is_config_section(path)) {
       if (!value.IsMap()) {
@@ -173,16 +177,22 @@ void walk(const YAML::Node& map, const std::string& section, LoadedConfig& out,
   }
 }
 
-bool offloads(OffloadDevice d) { return d == OffloadDevice::Cpu || d == OffloadDevice::Nvme; }
+bool offloads(OffloadDevice d) {
+  return d == OffloadDevice::Cpu || d == OffloadDevice::Nvme;
+}
 
 }  // namespace
 
 const char* offload_device_name(OffloadDevice d) {
   switch (d) {
-    case OffloadDevice::Auto: return "auto";
-    case OffloadDevice::None: return "none";
-    case OffloadDevice::Cpu: return "cpu";
-    case OffloadDevice::Nvme: return "nvme";
+    case OffloadDevice::Auto:
+      return "auto";
+    case OffloadDevice::None:
+      return "none";
+    case OffloadDevice::Cpu:
+      return "cpu";
+    case OffloadDevice::Nvme:
+      return "nvme";
   }
   return "?";
 }
@@ -194,29 +204,34 @@ void check_contradictions(const Config& c) {
   const auto& oo = c.zero.offload_optimizer;
   const auto& op = c.zero.offload_param;
   if (c.zero.stage && offloads(op.device) && *c.zero.stage < 3) {
-    fail("config key 'zero_optimization.offload_param.device' is '{}' with "
-         "'zero_optimization.stage' {}; allowed: parameter offload needs stage 3 (or stage auto)",
-         offload_device_name(op.device), *c.zero.stage);
+    fail(
+        "config key 'zero_optimization.offload_param.device' is '{}' with "
+        "'zero_optimization.stage' {}; allowed: parameter offload needs stage 3 (or stage auto)",
+        offload_device_name(op.device), *c.zero.stage);
   }
   if (c.zero.stage && offloads(oo.device) && *c.zero.stage < 1) {
-    fail("config key 'zero_optimization.offload_optimizer.device' is '{}' with "
-         "'zero_optimization.stage' 0; allowed: optimizer offload needs stage 1, 2 or 3",
-         offload_device_name(oo.device));
+    fail(
+        "config key 'zero_optimization.offload_optimizer.device' is '{}' with "
+        "'zero_optimization.stage' 0; allowed: optimizer offload needs stage 1, 2 or 3",
+        offload_device_name(oo.device));
   }
   if (oo.device == OffloadDevice::Nvme && oo.nvme_path.empty()) {
-    fail("config key 'zero_optimization.offload_optimizer.nvme_path' is missing; "
-         "allowed: a directory on a local file system, required with device nvme");
+    fail(
+        "config key 'zero_optimization.offload_optimizer.nvme_path' is missing; "
+        "allowed: a directory on a local file system, required with device nvme");
   }
   if (op.device == OffloadDevice::Nvme && op.nvme_path.empty()) {
-    fail("config key 'zero_optimization.offload_param.nvme_path' is missing; "
-         "allowed: a directory on a local file system, required with device nvme");
+    fail(
+        "config key 'zero_optimization.offload_param.nvme_path' is missing; "
+        "allowed: a directory on a local file system, required with device nvme");
   }
   const auto& s = c.scheduler;
   if (s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") {
     if (s.warmup_num_steps && s.total_num_steps && *s.warmup_num_steps > *s.total_num_steps) {
-      fail("config key 'scheduler.params.warmup_num_steps' is {} but 'total_num_steps' is {}; "
-           "allowed: warmup_num_steps <= total_num_steps",
-           *s.warmup_num_steps, *s.total_num_steps);
+      fail(
+          "config key 'scheduler.params.warmup_num_steps' is {} but 'total_num_steps' is {}; "
+          "allowed: warmup_num_steps <= total_num_steps",
+          *s.warmup_num_steps, *s.total_num_steps);
     }
   }
 }

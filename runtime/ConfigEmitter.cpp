@@ -11,7 +11,9 @@
 namespace zeroshard {
 namespace {
 
-std::string number(double v) { return fmt::format("{}", v); }
+std::string number(double v) {
+  return fmt::format("{}", v);
+}
 
 template <typename T>
 std::string optional_text(const std::optional<T>& v) {

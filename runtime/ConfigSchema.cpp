@@ -86,9 +86,7 @@ std::vector<Knob> build_knobs() {
   betas.type = Knob::Type::Betas;
   betas.min = 0;
   betas.max = 1;
-  betas.as_betas = [](Config& c) {
-    return std::make_pair(&c.optimizer.beta1, &c.optimizer.beta2);
-  };
+  betas.as_betas = [](Config& c) { return std::make_pair(&c.optimizer.beta1, &c.optimizer.beta2); };
   // clang-format off
   return {
     int_knob("train_batch_size", 1, kBig, [](Config& c) -> auto& { return c.train_batch_size; }),

@@ -147,9 +147,8 @@ TransformerArch phi(const Reader& r) {
 const std::map<std::string, std::function<TransformerArch(const Reader&)>>& families() {
   static const auto* table =
       new std::map<std::string, std::function<TransformerArch(const Reader&)>>{
-          {"llama", llama_like}, {"mistral", llama_like}, {"mixtral", mixtral},
-          {"qwen2", qwen2},      {"gemma", gemma},        {"gpt2", gpt2},
-          {"gpt_neox", gpt_neox}, {"phi", phi},
+          {"llama", llama_like}, {"mistral", llama_like}, {"mixtral", mixtral},   {"qwen2", qwen2},
+          {"gemma", gemma},      {"gpt2", gpt2},          {"gpt_neox", gpt_neox}, {"phi", phi},
       };
   return *table;
 }

@@ -10,21 +10,26 @@ namespace {
 
 Tier tier_of(OffloadDevice d) {
   switch (d) {
-    case OffloadDevice::Cpu: return Tier::Host;
-    case OffloadDevice::Nvme: return Tier::Nvme;
-    default: return Tier::Device;
+    case OffloadDevice::Cpu:
+      return Tier::Host;
+    case OffloadDevice::Nvme:
+      return Tier::Nvme;
+    default:
+      return Tier::Device;
   }
 }
 
-bool offloaded(OffloadDevice d) { return d == OffloadDevice::Cpu || d == OffloadDevice::Nvme; }
+bool offloaded(OffloadDevice d) {
+  return d == OffloadDevice::Cpu || d == OffloadDevice::Nvme;
+}
 
 // Full parameters live on the device between a stage-3 gather and its free: the unit
 // running plus what is prefetched, bounded by stage3_max_live_parameters but never
 // below one whole unit; small tensors are never partitioned (persistence threshold).
 int64_t gathered_numel(const ModelSpec& spec, const ZeroConfig& z) {
   const int64_t unit = spec.largest_unit();
-  const int64_t wanted = std::min(*z.stage3_max_live_parameters,
-                                  unit + *z.stage3_prefetch_bucket_size);
+  const int64_t wanted =
+      std::min(*z.stage3_max_live_parameters, unit + *z.stage3_prefetch_bucket_size);
   const int64_t live = std::min(spec.total_params, std::max(unit, wanted));
   return live + spec.persistent_params(*z.stage3_param_persistence_threshold);
 }

@@ -17,7 +17,9 @@ Module linear(int64_t in, int64_t out, bool bias) {
   return bias ? Module{in * out, out} : Module{in * out};
 }
 
-Module norm(int64_t h, bool bias) { return bias ? Module{h, h} : Module{h}; }
+Module norm(int64_t h, bool bias) {
+  return bias ? Module{h, h} : Module{h};
+}
 
 std::vector<Module> block_modules(const TransformerArch& a) {
   const int64_t q = a.heads * a.head_dim;
@@ -53,7 +55,9 @@ std::vector<Module> root_modules(const TransformerArch& a) {
   return mods;
 }
 
-int64_t module_sum(const Module& m) { return std::accumulate(m.begin(), m.end(), int64_t{0}); }
+int64_t module_sum(const Module& m) {
+  return std::accumulate(m.begin(), m.end(), int64_t{0});
+}
 
 int64_t modules_sum(const std::vector<Module>& mods) {
   int64_t total = 0;
@@ -85,9 +89,10 @@ ModelSpec spec_from_arch(const TransformerArch& a, const std::string& model_type
                          const std::string& source) {
   if (a.hidden <= 0 || a.layers <= 0 || a.heads <= 0 || a.vocab <= 0 || a.intermediate <= 0 ||
       a.head_dim <= 0 || a.kv_heads <= 0) {
-    fail("{}: hidden, layers, heads, kv heads, head dim, vocab and intermediate size must all "
-         "be positive",
-         source);
+    fail(
+        "{}: hidden, layers, heads, kv heads, head dim, vocab and intermediate size must all "
+        "be positive",
+        source);
   }
   const auto block = block_modules(a);
   const auto root = root_modules(a);
@@ -130,9 +135,10 @@ ModelSpec spec_from_numbers(const ExplicitModel& m) {
     const int64_t blocks = spec.total_params - spec.unit_params.back();
     if (m.params > 0) {
       if (m.params < blocks) {
-        fail("--params {} is less than {} layers of hidden size {} alone ({} parameters); "
-             "allowed: a total at least that large",
-             m.params, m.layers, m.hidden, blocks);
+        fail(
+            "--params {} is less than {} layers of hidden size {} alone ({} parameters); "
+            "allowed: a total at least that large",
+            m.params, m.layers, m.hidden, blocks);
       }
       spec.unit_params.back() = m.params - blocks;
       spec.total_params = m.params;
@@ -141,8 +147,9 @@ ModelSpec spec_from_numbers(const ExplicitModel& m) {
     return spec;
   }
   if (m.params <= 0) {
-    fail("give the model as --hf-config FILE or --params N (optionally with --layers, "
-         "--hidden, --heads, --vocab)");
+    fail(
+        "give the model as --hf-config FILE or --params N (optionally with --layers, "
+        "--hidden, --heads, --vocab)");
   }
   spec.source = "explicit numbers";
   spec.model_type = "explicit";

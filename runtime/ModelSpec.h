@@ -20,8 +20,8 @@ struct TransformerArch {
   int64_t head_dim = 0;
   int64_t intermediate = 0;
   int64_t max_positions = 0;
-  int64_t experts = 1;            // > 1: a mixture of experts with a router per block
-  bool tied_embeddings = false;   // lm_head shares the embedding matrix
+  int64_t experts = 1;             // > 1: a mixture of experts with a router per block
+  bool tied_embeddings = false;    // lm_head shares the embedding matrix
   bool learned_positions = false;  // a position-embedding table (gpt2)
   bool fused_qkv = false;          // one q|k|v projection module
   bool qkv_bias = false;
@@ -42,8 +42,8 @@ struct ModelSpec {
   int64_t heads = 0;
   int64_t vocab = 0;
   int64_t max_positions = 0;
-  std::vector<int64_t> unit_params;          // stage-3 units: blocks, then the root unit
-  int64_t largest_module_params = 0;         // DeepSpeed's largest_layer_params
+  std::vector<int64_t> unit_params;   // stage-3 units: blocks, then the root unit
+  int64_t largest_module_params = 0;  // DeepSpeed's largest_layer_params
   std::vector<std::pair<int64_t, int64_t>> tensor_counts;  // (numel, how many)
 
   int64_t largest_unit() const;

@@ -28,21 +28,23 @@ void resolve_batch(Config& c, const WorldShape& world, std::vector<std::string>&
   if (c.train_batch_size && !c.gradient_accumulation_steps) {
     const int64_t per_step = micro * world.ranks();
     if (*c.train_batch_size % per_step != 0) {
-      fail("config key 'train_batch_size' is {}, not a multiple of micro batch {} x {} ranks; "
-           "allowed: a multiple of {}",
-           *c.train_batch_size, micro, world.ranks(), per_step);
+      fail(
+          "config key 'train_batch_size' is {}, not a multiple of micro batch {} x {} ranks; "
+          "allowed: a multiple of {}",
+          *c.train_batch_size, micro, world.ranks(), per_step);
     }
     fill<int64_t>(c.gradient_accumulation_steps, *c.train_batch_size / per_step,
                   "gradient_accumulation_steps", "train_batch_size / (micro batch x ranks)",
                   reasons);
   }
-  fill<int64_t>(c.gradient_accumulation_steps, 1, "gradient_accumulation_steps",
-                "no accumulation", reasons);
+  fill<int64_t>(c.gradient_accumulation_steps, 1, "gradient_accumulation_steps", "no accumulation",
+                reasons);
   const int64_t product = micro * *c.gradient_accumulation_steps * world.ranks();
   if (c.train_batch_size && *c.train_batch_size != product) {
-    fail("config key 'train_batch_size' is {} but train_micro_batch_size_per_gpu {} x "
-         "gradient_accumulation_steps {} x {} ranks = {}; allowed: equal values",
-         *c.train_batch_size, micro, *c.gradient_accumulation_steps, world.ranks(), product);
+    fail(
+        "config key 'train_batch_size' is {} but train_micro_batch_size_per_gpu {} x "
+        "gradient_accumulation_steps {} x {} ranks = {}; allowed: equal values",
+        *c.train_batch_size, micro, *c.gradient_accumulation_steps, world.ranks(), product);
   }
 }
 
@@ -82,8 +84,7 @@ void resolve_zero(Config& c, const ModelSpec& spec, std::vector<std::string>& r)
                 "stage3_prefetch_bucket_size", known ? hf : dflt, r);
   fill<int64_t>(z.stage3_param_persistence_threshold, known ? 10 * h : 100'000,
                 "stage3_param_persistence_threshold", known ? hf : dflt, r);
-  fill<int64_t>(z.stage3_max_live_parameters, 1'000'000'000, "stage3_max_live_parameters", dflt,
-                r);
+  fill<int64_t>(z.stage3_max_live_parameters, 1'000'000'000, "stage3_max_live_parameters", dflt, r);
   fill<int64_t>(z.sub_group_size, 100'000'000, "sub_group_size",
                 "1e8: NVMe swap slots of 1.2 GB with large I/O", r);
   fill<int64_t>(z.offload_optimizer.buffer_count, 4, "offload_optimizer.buffer_count",
@@ -136,8 +137,9 @@ void apply_choice(Plan& plan, const OptionEstimate& chosen) {
     if (path->empty()) *path = "/local_nvme";
   }
   if (chosen.option.optimizer == OD::Nvme || chosen.option.params == OD::Nvme) {
-    plan.reasons.push_back("nvme_path: /local_nvme is a placeholder; point it at a directory "
-                           "on a local NVMe file system");
+    plan.reasons.push_back(
+        "nvme_path: /local_nvme is a placeholder; point it at a directory "
+        "on a local NVMe file system");
   }
 }
 
@@ -201,9 +203,10 @@ Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& wo
   plan.fits = chosen != nullptr;
   apply_choice(plan, chosen ? *chosen : *closest);
   if (chosen) {
-    plan.summary = fmt::format("recommended: {}: the first choice that fits in the order no "
-                               "offload, optimizer cpu, optimizer nvme, params cpu, params nvme",
-                               chosen->option.label());
+    plan.summary = fmt::format(
+        "recommended: {}: the first choice that fits in the order no "
+        "offload, optimizer cpu, optimizer nvme, params cpu, params nvme",
+        chosen->option.label());
   } else {
     plan.summary = fmt::format("nothing fits: the closest, {}, has {}", closest->option.label(),
                                closest->verdict);

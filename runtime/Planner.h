@@ -22,21 +22,21 @@ struct HardwareBudget {
 
 struct OptionEstimate {
   PlanOption option;
-  MemoryBreakdown bytes;           // per rank
-  bool allowed = true;             // permitted by the config's fixed keys
+  MemoryBreakdown bytes;  // per rank
+  bool allowed = true;    // permitted by the config's fixed keys
   bool fits = false;
-  std::string verdict;             // "fits", or the tier that overflows and by how much
-  int64_t overflow_bytes = 0;      // sum over tiers of what does not fit (per node)
+  std::string verdict;         // "fits", or the tier that overflows and by how much
+  int64_t overflow_bytes = 0;  // sum over tiers of what does not fit (per node)
 };
 
 struct Plan {
-  PlanOption option;                // the recommended choice
-  Config config;                    // resolved: no auto left, stage/offload set
-  MemoryBreakdown predicted;        // per rank, for the recommended choice
+  PlanOption option;          // the recommended choice
+  Config config;              // resolved: no auto left, stage/offload set
+  MemoryBreakdown predicted;  // per rank, for the recommended choice
   bool fits = false;
   std::vector<std::string> reasons;  // one line per decision
   std::vector<OptionEstimate> options;
-  std::string summary;               // one line: what was chosen, or by how much nothing fits
+  std::string summary;  // one line: what was chosen, or by how much nothing fits
 };
 
 // Every stage/offload choice, in the order of preference.

@@ -10,14 +10,15 @@
 // library; elsewhere (a pip torch) this checks only that the macros are sane.
 TEST(TorchCompat, HeadersMatchTheInstalledTorch) {
   EXPECT_GE(zeroshard::compat::kTorchMajor, 1);
-  FILE* pipe = popen("/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null", "r");
+  FILE* pipe =
+      popen("/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null", "r");
   ASSERT_NE(pipe, nullptr);
   char buffer[128] = {0};
   const bool read = fgets(buffer, sizeof buffer, pipe) != nullptr;
   pclose(pipe);
   if (!read) GTEST_SKIP() << "/usr/bin/python3 has no torch";
-  const std::string expected = std::to_string(TORCH_VERSION_MAJOR) + "." +
-                               std::to_string(TORCH_VERSION_MINOR) + ".";
+  const std::string expected =
+      std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + ".";
   EXPECT_EQ(std::string(buffer).rfind(expected, 0), 0u) << "python torch " << buffer;
 }
 

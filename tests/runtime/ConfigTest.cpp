@@ -48,7 +48,8 @@ TEST(Config, ReadsDeepSpeedJsonAsIs) {
       "offload_optimizer": {"device": "cpu", "pin_memory": true},
       "offload_param": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 6}},
     "steps_per_print": 10
-  })", "ds.json");
+  })",
+                                         "ds.json");
   const Config& c = loaded.config;
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
   EXPECT_FALSE(c.gradient_accumulation_steps.has_value());  // auto
@@ -105,18 +106,15 @@ TEST(Config, WrongTypeNamesKeyValueAndAllowed) {
 TEST(Config, ContradictionsAreErrors) {
   expect_contains(load_error("bf16: {enabled: true}\nfp16: {enabled: true}\n"),
                   "'bf16.enabled' and 'fp16.enabled' are both true");
-  expect_contains(
-      load_error("zero_optimization: {stage: 2, offload_param: {device: cpu}}"),
-      "parameter offload needs stage 3");
-  expect_contains(
-      load_error("zero_optimization: {stage: 0, offload_optimizer: {device: cpu}}"),
-      "optimizer offload needs stage 1, 2 or 3");
+  expect_contains(load_error("zero_optimization: {stage: 2, offload_param: {device: cpu}}"),
+                  "parameter offload needs stage 3");
+  expect_contains(load_error("zero_optimization: {stage: 0, offload_optimizer: {device: cpu}}"),
+                  "optimizer offload needs stage 1, 2 or 3");
   expect_contains(load_error("zero_optimization: {stage: 3, offload_optimizer: {device: nvme}}"),
                   "'zero_optimization.offload_optimizer.nvme_path' is missing");
-  expect_contains(
-      load_error("scheduler: {type: WarmupDecayLR, params: {warmup_num_steps: 20, "
-                 "total_num_steps: 10}}"),
-      "warmup_num_steps <= total_num_steps");
+  expect_contains(load_error("scheduler: {type: WarmupDecayLR, params: {warmup_num_steps: 20, "
+                             "total_num_steps: 10}}"),
+                  "warmup_num_steps <= total_num_steps");
   // With stage auto the planner may still choose stage 3, so no contradiction.
   EXPECT_EQ(load_error("zero_optimization: {stage: auto, offload_param: {device: cpu}}"), "");
 }

@@ -36,24 +36,31 @@ TEST(HfConfig, OtherFamiliesPublishedCounts) {
   EXPECT_EQ(spec_from_hf_json(R"({"model_type": "mixtral", "vocab_size": 32000,
       "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
       "num_key_value_heads": 8, "intermediate_size": 14336, "num_local_experts": 8,
-      "tie_word_embeddings": false})", "mixtral").total_params,
+      "tie_word_embeddings": false})",
+                              "mixtral")
+                .total_params,
             46'702'792'704);
   // gemma-7b
   EXPECT_EQ(spec_from_hf_json(R"({"model_type": "gemma", "vocab_size": 256000,
       "hidden_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-      "num_key_value_heads": 16, "head_dim": 256, "intermediate_size": 24576})", "gemma")
+      "num_key_value_heads": 16, "head_dim": 256, "intermediate_size": 24576})",
+                              "gemma")
                 .total_params,
             8'537'680'896);
   // phi-2
   EXPECT_EQ(spec_from_hf_json(R"({"model_type": "phi", "vocab_size": 51200,
       "hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32,
-      "intermediate_size": 10240, "tie_word_embeddings": false})", "phi").total_params,
+      "intermediate_size": 10240, "tie_word_embeddings": false})",
+                              "phi")
+                .total_params,
             2'779'683'840);
   // pythia-160m (gpt_neox)
   EXPECT_EQ(spec_from_hf_json(R"({"model_type": "gpt_neox", "vocab_size": 50304,
       "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
       "intermediate_size": 3072, "max_position_embeddings": 2048,
-      "tie_word_embeddings": false})", "neox").total_params,
+      "tie_word_embeddings": false})",
+                              "neox")
+                .total_params,
             162'322'944);
 }
 

@@ -57,8 +57,7 @@ TEST(MemoryModel, Stage0Bf16HoldsEverythingOnDevice) {
 }
 
 TEST(MemoryModel, OverlapCommDoublesTheReduceBucket) {
-  EXPECT_EQ(predict({0, OD::None, OD::None}, true, true).at(Tier::Device, Kind::CommBuckets),
-            4000);
+  EXPECT_EQ(predict({0, OD::None, OD::None}, true, true).at(Tier::Device, Kind::CommBuckets), 4000);
 }
 
 TEST(MemoryModel, Stage1ShardsOptimizerState) {
@@ -128,7 +127,8 @@ TEST(MemoryModel, ActivationsFollowKorthikanti) {
 // M_m = 2p/8, M_o = 12p/8, M_g = 2p/8; plus the fp32 gradient shard 4p/8. Shards are
 // padded per unit, so each term may exceed p/8 by at most 64 elements per unit.
 TEST(MemoryModel, MatchesTheSeedFormulaForLlama7b) {
-  const ModelSpec s = spec_from_hf_file(std::string(ZS_SOURCE_DIR) + "/tests/data/hf/llama2_7b.json");
+  const ModelSpec s =
+      spec_from_hf_file(std::string(ZS_SOURCE_DIR) + "/tests/data/hf/llama2_7b.json");
   Config c = toy_config(true);
   const auto m = predict_memory(s, {3, OD::None, OD::None}, c, WorldShape{1, 8}, TrainingShape{});
   const int64_t p = s.total_params;

@@ -126,8 +126,8 @@ TEST(Planner, TrainBatchSizeDerivesAccumulationOrMustAgree) {
   c.train_micro_batch_size_per_gpu = 2;
   c.gradient_accumulation_steps.reset();
   std::vector<std::string> reasons;
-  EXPECT_EQ(resolve_auto_knobs(c, toy_spec(), WorldShape{1, 8}, reasons).gradient_accumulation_steps,
-            4);
+  EXPECT_EQ(
+      resolve_auto_knobs(c, toy_spec(), WorldShape{1, 8}, reasons).gradient_accumulation_steps, 4);
   c.gradient_accumulation_steps = 3;
   try {
     resolve_auto_knobs(c, toy_spec(), WorldShape{1, 8}, reasons);

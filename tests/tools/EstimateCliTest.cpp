@@ -36,8 +36,8 @@ fs::path scratch() {
 
 CliRun estimate(const std::string& args) {
   const fs::path dir = scratch();
-  const std::string cmd = std::string(ZS_BINARY_DIR) + "/tools/zeroshard-estimate " + args +
-                          " >" + (dir / "out").string() + " 2>" + (dir / "err").string();
+  const std::string cmd = std::string(ZS_BINARY_DIR) + "/tools/zeroshard-estimate " + args + " >" +
+                          (dir / "out").string() + " 2>" + (dir / "err").string();
   const int status = std::system(cmd.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out"), slurp(dir / "err")};
 }
@@ -62,7 +62,8 @@ TEST(EstimateCli, JsonHasExactParametersAndEveryOption) {
   for (const auto& o : j["options"]) {
     recommended += o["recommended"].get<bool>();
     int64_t device_sum = 0;
-    for (const auto& [kind, bytes] : o["bytes_by_kind"]["device"].items()) device_sum += bytes.get<int64_t>();
+    for (const auto& [kind, bytes] : o["bytes_by_kind"]["device"].items())
+      device_sum += bytes.get<int64_t>();
     EXPECT_EQ(device_sum, o["bytes"]["device"].get<int64_t>());
     EXPECT_TRUE(o.contains("stage") && o.contains("offload_optimizer") && o.contains("fits"));
   }
@@ -94,7 +95,7 @@ TEST(EstimateCli, EmittedConfigLoadsAndMatchesThePlan) {
 
 TEST(EstimateCli, ConfigFileFixesTheStage) {
   const CliRun r = estimate(kLlama8x80 + " --json --config " + std::string(ZS_SOURCE_DIR) +
-                         "/configs/zero3.yaml");
+                            "/configs/zero3.yaml");
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   for (const auto& o : j["options"]) {
@@ -105,8 +106,8 @@ TEST(EstimateCli, ConfigFileFixesTheStage) {
 }
 
 TEST(EstimateCli, ExplicitNumbersAndDefaultsAreShown) {
-  const CliRun r = estimate(
-      "--params 7e9 --layers 32 --hidden 4096 --heads 32 --vocab 32000 --gpus-per-node 8");
+  const CliRun r =
+      estimate("--params 7e9 --layers 32 --hidden 4096 --heads 32 --vocab 32000 --gpus-per-node 8");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("parameters: 7,000,000,000"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("assumed (not given): "), std::string::npos) << r.out;

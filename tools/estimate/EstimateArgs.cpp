@@ -18,12 +18,12 @@ namespace zeroshard::estimate {
 namespace {
 
 const std::vector<std::string> kValueFlags{
-    "--hf-config", "--params", "--layers",   "--hidden",      "--heads",      "--kv-heads",
-    "--vocab",     "--intermediate",         "--nodes",       "--gpus-per-node", "--gpu-mem",
-    "--cpu-mem",   "--nvme",   "--seq",      "--micro-batch", "--config",     "--headroom",
-    "--emit-config"};
-const std::vector<std::string> kSwitches{"--json", "--bf16", "--fp16", "--fp32",
-                                         "--activation-checkpointing", "--help", "-h"};
+    "--hf-config", "--params",   "--layers",       "--hidden", "--heads",
+    "--kv-heads",  "--vocab",    "--intermediate", "--nodes",  "--gpus-per-node",
+    "--gpu-mem",   "--cpu-mem",  "--nvme",         "--seq",    "--micro-batch",
+    "--config",    "--headroom", "--emit-config"};
+const std::vector<std::string> kSwitches{
+    "--json", "--bf16", "--fp16", "--fp32", "--activation-checkpointing", "--help", "-h"};
 
 int64_t parse_count(const std::string& flag, const std::string& text, bool allow_zero = false) {
   char* end = nullptr;
@@ -93,8 +93,8 @@ ModelSpec read_model(const std::map<std::string, std::string>& given) {
 
 void read_precision(const std::map<std::string, std::string>& given, bool have_config,
                     EstimateInputs& in) {
-  const int chosen = static_cast<int>(given.count("--bf16") + given.count("--fp16") +
-                                      given.count("--fp32"));
+  const int chosen =
+      static_cast<int>(given.count("--bf16") + given.count("--fp16") + given.count("--fp32"));
   if (chosen > 1) fail("give one of --bf16, --fp16, --fp32");
   if (chosen == 1) {
     in.config.bf16 = given.count("--bf16") > 0;
@@ -158,10 +158,10 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
     in.config.zero.stage.reset();  // every stage and offload is open to the planner
     in.config.zero.offload_optimizer.device = OffloadDevice::Auto;
     in.config.zero.offload_param.device = OffloadDevice::Auto;
-    for (auto* knob : {&in.config.zero.reduce_bucket_size, &in.config.zero.allgather_bucket_size,
-                       &in.config.zero.stage3_prefetch_bucket_size,
-                       &in.config.zero.stage3_param_persistence_threshold,
-                       &in.config.zero.sub_group_size}) {
+    for (auto* knob :
+         {&in.config.zero.reduce_bucket_size, &in.config.zero.allgather_bucket_size,
+          &in.config.zero.stage3_prefetch_bucket_size,
+          &in.config.zero.stage3_param_persistence_threshold, &in.config.zero.sub_group_size}) {
       knob->reset();  // sized by the planner from the model
     }
   }

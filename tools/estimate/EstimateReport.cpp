@@ -16,7 +16,9 @@ std::string with_commas(int64_t n) {
   return digits;
 }
 
-std::string gib(int64_t bytes) { return format_gib(static_cast<double>(bytes)); }
+std::string gib(int64_t bytes) {
+  return format_gib(static_cast<double>(bytes));
+}
 
 std::optional<DeepSpeedEstimate> deepspeed_for(const EstimateInputs& in, const PlanOption& o) {
   return deepspeed_estimate(o, in.spec.total_params, in.spec.largest_module_params, in.world);
@@ -31,17 +33,16 @@ std::string option_row(const EstimateInputs& in, const OptionEstimate& e, bool r
   if (!e.allowed) verdict = "(excluded by config) " + verdict;
   return fmt::format("{} {:<36} {:>9} {:>9} {:>9}  {:<17} {}\n", recommended ? "*" : " ",
                      e.option.label(), gib(e.bytes.total(Tier::Device)),
-                     gib(e.bytes.total(Tier::Host)), gib(e.bytes.total(Tier::Nvme)), ds,
-                     verdict);
+                     gib(e.bytes.total(Tier::Host)), gib(e.bytes.total(Tier::Nvme)), ds, verdict);
 }
 
 std::string breakdown_table(const MemoryBreakdown& m) {
   std::string out = fmt::format("  {:<18} {:>9} {:>9} {:>9}\n", "kind", "device", "host", "nvme");
   for (size_t k = 0; k < kNumKinds; ++k) {
     const auto kind = static_cast<Kind>(k);
-    out += fmt::format("  {:<18} {:>9} {:>9} {:>9}\n", kind_name(kind),
-                       gib(m.at(Tier::Device, kind)), gib(m.at(Tier::Host, kind)),
-                       gib(m.at(Tier::Nvme, kind)));
+    out +=
+        fmt::format("  {:<18} {:>9} {:>9} {:>9}\n", kind_name(kind), gib(m.at(Tier::Device, kind)),
+                    gib(m.at(Tier::Host, kind)), gib(m.at(Tier::Nvme, kind)));
   }
   return out;
 }
@@ -68,11 +69,11 @@ std::string render_table(const EstimateInputs& in, const Plan& plan) {
   out += fmt::format("parameters: {} (largest unit {}, largest module {})\n",
                      with_commas(s.total_params), with_commas(s.largest_unit()),
                      with_commas(s.largest_module_params));
-  out += fmt::format("world: {} node(s) x {} rank(s); device {} GiB/rank, host {} GiB/node, "
-                     "nvme {} GiB/node; {:.0f}% of device and host kept free\n",
-                     in.world.nodes, in.world.ranks_per_node, gib(in.budget.device_bytes),
-                     gib(in.budget.host_bytes), gib(in.budget.nvme_bytes),
-                     in.budget.headroom * 100);
+  out += fmt::format(
+      "world: {} node(s) x {} rank(s); device {} GiB/rank, host {} GiB/node, "
+      "nvme {} GiB/node; {:.0f}% of device and host kept free\n",
+      in.world.nodes, in.world.ranks_per_node, gib(in.budget.device_bytes),
+      gib(in.budget.host_bytes), gib(in.budget.nvme_bytes), in.budget.headroom * 100);
   out += fmt::format("training: seq {}, micro-batch {}, {}, activation checkpointing {}\n",
                      in.shape.seq, in.shape.micro_batch,
                      in.config.bf16 ? "bf16" : (in.config.fp16.enabled ? "fp16" : "fp32"),
@@ -84,9 +85,10 @@ std::string render_table(const EstimateInputs& in, const Plan& plan) {
   out += fmt::format("\nGiB per rank{:<26} {:>9} {:>9} {:>9}  {:<17} {}\n", "", "device", "host",
                      "nvme", "DeepSpeed gpu/cpu", "verdict");
   for (const auto& e : plan.options) out += option_row(in, e, e.option == plan.option);
-  out += "  (DeepSpeed gpu/cpu: its model-states estimate, GiB per GPU / GiB per node; it leaves\n"
-         "   out activations, buckets and, at stage 2, keeps fp16 grads whole; see "
-         "docs/memory-model.md)\n";
+  out +=
+      "  (DeepSpeed gpu/cpu: its model-states estimate, GiB per GPU / GiB per node; it leaves\n"
+      "   out activations, buckets and, at stage 2, keeps fp16 grads whole; see "
+      "docs/memory-model.md)\n";
   out += fmt::format("\n{}\n", plan.summary);
   out += fmt::format("per-rank bytes of {} (GiB):\n", plan.option.label());
   out += breakdown_table(plan.predicted);
@@ -108,7 +110,8 @@ std::string render_json(const EstimateInputs& in, const Plan& plan) {
     row["recommended"] = e.option == plan.option;
     row["deepspeed"] = nullptr;
     if (const auto d = deepspeed_for(in, e.option)) {
-      row["deepspeed"] = {{"gpu_bytes_per_rank", d->gpu_bytes}, {"cpu_bytes_per_node", d->cpu_bytes}};
+      row["deepspeed"] = {{"gpu_bytes_per_rank", d->gpu_bytes},
+                          {"cpu_bytes_per_node", d->cpu_bytes}};
     }
     options.push_back(row);
   }
