@@ -8,7 +8,20 @@
   (TORCH_VERSION_MAJOR > (major) ||     \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
+namespace c10d {
+class ProcessGroup;
+class Backend;
+}  // namespace c10d
+
 namespace zeroshard::compat {
+
+// The class the Gloo and NCCL process groups derive from, whose allreduce/allgather/
+// alltoall_base zeroshard calls: ProcessGroup in 1.13, Backend from 2.0 on.
+#if ZS_TORCH_AT_LEAST(2, 0)
+using CommBackend = c10d::Backend;
+#else
+using CommBackend = c10d::ProcessGroup;
+#endif
 
 constexpr int kTorchMajor = TORCH_VERSION_MAJOR;
 constexpr int kTorchMinor = TORCH_VERSION_MINOR;

@@ -1,0 +1,75 @@
+#include "runtime/ProcessGroupSetup.h"
+
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <fmt/ranges.h>
+
+#include "common/Error.h"
+#include "common/Logging.h"
+
+namespace zeroshard {
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  // All ranks on this machine: bind where the rendezvous is, not to whatever the
+  // host name resolves to.
+  if (is_loopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  DistContext ctx;
+  ctx.env = env;
+  ctx.timeout = timeout;
+  if (env.world_size == 1) return ctx;
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(env.master_port);
+  opts.isServer = env.rank == 0;
+  opts.numWorkers = env.world_size;
+  opts.waitWorkers = true;
+  opts.timeout = timeout;
+  try {
+    ctx.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    gloo_opts->devices.push_back(gloo_device(env.master_addr));
+    ctx.group =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(ctx.store, env.rank, env.world_size, gloo_opts);
+  } catch (const std::exception& e) {
+    fail("rank {}: rendezvous at {}:{} with {} ranks failed ({}): {}", env.rank, env.master_addr,
+         env.master_port, env.world_size, env.launcher, e.what());
+  }
+  return ctx;
+}
+
+std::string DistContext::describe_missing_ranks() const {
+  if (!store) return "";
+  constexpr auto kWait = std::chrono::seconds(3);
+  try {
+    store->set("zs/alive/" + std::to_string(env.rank), std::vector<uint8_t>{1});
+    std::this_thread::sleep_for(kWait);
+    std::vector<int> missing;
+    for (int r = 0; r < env.world_size; ++r) {
+      if (!store->check({"zs/alive/" + std::to_string(r)})) missing.push_back(r);
+    }
+    if (missing.empty()) return "every rank still answers";
+    return fmt::format("rank(s) {} did not respond within {} s", fmt::join(missing, ", "),
+                       kWait.count());
+  } catch (const std::exception&) {
+    return "rank 0, which hosts the rendezvous store, is gone";
+  }
+}
+
+}  // namespace zeroshard

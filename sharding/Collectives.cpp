@@ -1,0 +1,132 @@
+#include "sharding/Collectives.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "common/Error.h"
+
+namespace zeroshard {
+namespace {
+
+// Gloo moves bytes for all-gather and alltoall without looking at them, so a bf16
+// payload travels as fp16 (a type 1.13's Gloo accepts) bit for bit.
+at::Tensor as_payload(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
+}
+
+int64_t bytes_of(const at::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+}  // namespace
+
+CommHandle::CommHandle(const Collectives* owner, std::string op,
+                       c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish,
+                       LedgerEntry scratch)
+    : owner_(owner),
+      op_(std::move(op)),
+      work_(std::move(work)),
+      finish_(std::move(finish)),
+      scratch_(std::move(scratch)) {}
+
+void CommHandle::wait() {
+  if (owner_ == nullptr) return;
+  const Collectives* owner = std::exchange(owner_, nullptr);
+  try {
+    if (work_) work_->wait();
+  } catch (const std::exception& e) {
+    owner->fail_collective(op_, e.what());
+  }
+  if (finish_) finish_();
+  work_.reset();
+  scratch_ = LedgerEntry();
+}
+
+Collectives::Collectives(c10::intrusive_ptr<compat::CommBackend> group, int rank, int world,
+                         std::function<std::string()> diagnose, MemoryLedger* ledger)
+    : group_(std::move(group)),
+      rank_(rank),
+      world_(world),
+      diagnose_(std::move(diagnose)),
+      ledger_(ledger) {
+  if (group_) nccl_ = group_->getBackendName() == "nccl";
+}
+
+bool Collectives::native_flat() const {
+  return nccl_ || compat::kGlooFlatReduceScatter;
+}
+
+void Collectives::fail_collective(const std::string& op, const std::string& what) const {
+  const std::string missing = diagnose_ ? diagnose_() : "";
+  fail("rank {}: {} failed: {}{}{}", rank_, op, what, missing.empty() ? "" : "; ", missing);
+}
+
+CommHandle Collectives::all_reduce_sum(const at::Tensor& tensor) {
+  if (world_ == 1) return {};
+  const bool upcast =
+      !nccl_ && tensor.scalar_type() == at::kBFloat16 && !compat::kGlooBf16AllReduce;
+  at::Tensor wire = upcast ? tensor.to(at::kFloat) : tensor;
+  LedgerEntry scratch(ledger_, Tier::Device, Kind::CommBuckets, upcast ? bytes_of(wire) : 0);
+  std::vector<at::Tensor> tensors{wire};
+  auto work = group_->allreduce(tensors);
+  std::function<void()> finish;
+  if (upcast) finish = [tensor, wire] { tensor.copy_(wire); };
+  return {this, "all-reduce", work, finish, std::move(scratch)};
+}
+
+CommHandle Collectives::all_gather(const at::Tensor& flat) {
+  if (world_ == 1) return {};
+  at::Tensor payload = as_payload(flat);
+  if (native_flat()) {
+    at::Tensor input = payload.chunk(world_)[rank_];
+    auto work = group_->_allgather_base(payload, input);
+    return {this, "all-gather", work, nullptr, LedgerEntry()};
+  }
+  std::vector<std::vector<at::Tensor>> outputs{payload.chunk(world_)};
+  std::vector<at::Tensor> inputs{outputs[0][rank_]};
+  auto work = group_->allgather(outputs, inputs);
+  return {this, "all-gather", work, nullptr, LedgerEntry()};
+}
+
+CommHandle Collectives::reduce_scatter_sum(const at::Tensor& flat_in, const at::Tensor& shard_out) {
+  if (world_ == 1) {
+    shard_out.copy_(flat_in);
+    return {};
+  }
+  const int64_t shard = flat_in.numel() / world_;
+  if (native_flat() && flat_in.scalar_type() == shard_out.scalar_type()) {
+    at::Tensor in = flat_in;
+    at::Tensor out = shard_out;
+    auto work = group_->_reduce_scatter_base(out, in);
+    return {this, "reduce-scatter", work, nullptr, LedgerEntry()};
+  }
+  // alltoall: chunk j of the output is rank j's chunk `rank`; summed here in fp32.
+  at::Tensor received = at::empty_like(flat_in);
+  LedgerEntry scratch(ledger_, Tier::Device, Kind::CommBuckets, bytes_of(received));
+  at::Tensor out_payload = as_payload(received);
+  at::Tensor in_payload = as_payload(flat_in);
+  std::vector<int64_t> even;
+  auto work = group_->alltoall_base(out_payload, in_payload, even, even);
+  auto finish = [received, shard_out, shard, world = world_] {
+    shard_out.copy_(received.view({world, shard}).to(at::kFloat).sum(0));
+  };
+  return {this, "reduce-scatter", work, finish, std::move(scratch)};
+}
+
+CommHandle Collectives::broadcast(const at::Tensor& tensor, int root) {
+  if (world_ == 1) return {};
+  std::vector<at::Tensor> tensors{as_payload(tensor)};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  auto work = group_->broadcast(tensors, opts);
+  return {this, "broadcast", work, nullptr, LedgerEntry()};
+}
+
+void Collectives::barrier() {
+  if (world_ == 1) return;
+  // A tiny all-reduce rather than Gloo's barrier, so failures surface the same way.
+  at::Tensor token = at::zeros({1});
+  all_reduce_sum(token).wait();
+}
+
+}  // namespace zeroshard

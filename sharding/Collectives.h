@@ -1,0 +1,72 @@
+#pragma once
+// Asynchronous all-reduce, all-gather and reduce-scatter over a c10d process group,
+// on the path chosen up front from the backend and the LibTorch version (never by
+// trying and catching: Gloo in 1.13 is unsafe to use after it refuses an op).
+//   Gloo on 1.13: all-gather through the list form into views of the flat buffer;
+//   reduce-scatter through alltoall_base plus a local sum in fp32; bf16 moved as
+//   16-bit payload, reduced in fp32.
+//   NCCL, and Gloo from 2.0: the native flat ops.
+#include <functional>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "common/MemoryLedger.h"
+#include "common/TorchCompat.h"
+
+namespace zeroshard {
+
+class Collectives;
+
+// One collective in flight. wait() completes it (and any local finishing work, such
+// as the sum after alltoall); a failure becomes an Error naming the op and the ranks
+// that stopped answering.
+class CommHandle {
+ public:
+  CommHandle() = default;
+  CommHandle(const Collectives* owner, std::string op, c10::intrusive_ptr<c10d::Work> work,
+             std::function<void()> finish, LedgerEntry scratch);
+  void wait();
+  bool pending() const { return owner_ != nullptr; }
+
+ private:
+  const Collectives* owner_ = nullptr;
+  std::string op_;
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> finish_;
+  LedgerEntry scratch_;  // temporary buffers counted as communication buckets
+};
+
+class Collectives {
+ public:
+  // `group` may be null for one process; `diagnose` explains a failure.
+  Collectives(c10::intrusive_ptr<compat::CommBackend> group, int rank, int world,
+              std::function<std::string()> diagnose, MemoryLedger* ledger);
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+
+  // Sum over ranks, in place.
+  CommHandle all_reduce_sum(const at::Tensor& tensor);
+  // `flat` holds world equal chunks; chunk `rank` is this rank's input. In place.
+  CommHandle all_gather(const at::Tensor& flat);
+  // shard_out (any float dtype) = sum over ranks of chunk `rank` of their flat_in.
+  CommHandle reduce_scatter_sum(const at::Tensor& flat_in, const at::Tensor& shard_out);
+  CommHandle broadcast(const at::Tensor& tensor, int root);
+  void barrier();
+
+  [[noreturn]] void fail_collective(const std::string& op, const std::string& what) const;
+
+ private:
+  bool native_flat() const;
+  c10::intrusive_ptr<compat::CommBackend> group_;
+  int rank_;
+  int world_;
+  bool nccl_ = false;
+  std::function<std::string()> diagnose_;
+  MemoryLedger* ledger_;
+};
+
+}  // namespace zeroshard

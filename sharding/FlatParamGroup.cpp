@@ -1,0 +1,111 @@
+#include "sharding/FlatParamGroup.h"
+
+#include <ATen/ATen.h>
+#include <ATen/native/Resize.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "common/Alignment.h"
+
+namespace zeroshard {
+namespace {
+
+int64_t nbytes(int64_t numel, const at::Tensor& like) {
+  return numel * static_cast<int64_t>(like.element_size());
+}
+
+void resize_storage(const at::Tensor& t, int64_t bytes) {
+  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), static_cast<size_t>(bytes));
+}
+
+}  // namespace
+
+FlatParamGroup::FlatParamGroup(const std::vector<NamedParam>& params, int rank, int world,
+                               at::ScalarType dtype, bool sharded, bool with_grads,
+                               MemoryLedger* ledger)
+    : rank_(rank), world_(world), sharded_(sharded), with_grads_(with_grads) {
+  for (const auto& p : params) {
+    ParamSlot slot;
+    slot.name = p.name;
+    slot.param = p.param;
+    slot.shape = p.param.sizes().vec();
+    slot.offset = numel_;
+    slot.numel = p.param.numel();
+    numel_ += slot.numel;
+    slots_.push_back(std::move(slot));
+  }
+  shard_numel_ = padded_shard_numel(numel_, world_);
+  const auto options = params.front().param.options().dtype(dtype).requires_grad(false);
+  flat_ = at::zeros({padded_numel()}, options);
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& s : slots_) flat_.narrow(0, s.offset, s.numel).copy_(s.param.reshape(-1));
+  }
+  const Tier tier = Tier::Device;
+  if (sharded_) {
+    shard_ = flat_.narrow(0, rank_ * shard_numel_, shard_numel_).clone();
+    shard_entry_ = LedgerEntry(ledger, tier, Kind::Params, nbytes(shard_numel_, flat_));
+    flat_entry_ = LedgerEntry(ledger, tier, Kind::GatheredParams, nbytes(padded_numel(), flat_));
+  } else {
+    flat_entry_ = LedgerEntry(ledger, tier, Kind::Params, nbytes(padded_numel(), flat_));
+  }
+  if (with_grads_) {
+    flat_grad_ = at::zeros({padded_numel()}, options);
+    grad_entry_ = LedgerEntry(ledger, tier, Kind::Grads, nbytes(padded_numel(), flat_));
+  }
+  bind_views();
+  if (sharded_) release_full();
+}
+
+void FlatParamGroup::bind_views() {
+  for (auto& s : slots_) {
+    at::Tensor view = flat_.narrow(0, s.offset, s.numel).view(s.shape);
+    s.param.set_data(view);
+    if (with_grads_ && s.param.requires_grad()) {
+      s.param.mutable_grad() = flat_grad_.narrow(0, s.offset, s.numel).view(s.shape);
+    }
+  }
+}
+
+at::Tensor FlatParamGroup::param_shard() const {
+  return sharded_ ? shard_ : flat_.narrow(0, rank_ * shard_numel_, shard_numel_);
+}
+
+at::Tensor FlatParamGroup::grad_shard() const {
+  return flat_grad_.narrow(0, rank_ * shard_numel_, shard_numel_);
+}
+
+void FlatParamGroup::release_grads() {
+  if (!with_grads_) return;
+  resize_storage(flat_grad_, 0);
+  grad_entry_.resize(0);
+}
+
+void FlatParamGroup::materialize_grads() {
+  if (!with_grads_ || grad_entry_.bytes() > 0) return;
+  const int64_t bytes = nbytes(padded_numel(), flat_grad_);
+  resize_storage(flat_grad_, bytes);
+  grad_entry_.resize(bytes);
+  flat_grad_.zero_();
+}
+
+void FlatParamGroup::zero_grads() {
+  if (with_grads_ && grad_entry_.bytes() > 0) flat_grad_.zero_();
+}
+
+void FlatParamGroup::allocate_full() {
+  if (gathered_) return;
+  const int64_t bytes = nbytes(padded_numel(), flat_);
+  resize_storage(flat_, bytes);
+  flat_entry_.resize(bytes);
+  flat_.narrow(0, rank_ * shard_numel_, shard_numel_).copy_(shard_);
+  gathered_ = true;
+}
+
+void FlatParamGroup::release_full() {
+  if (!gathered_) return;
+  resize_storage(flat_, 0);
+  flat_entry_.resize(0);
+  gathered_ = false;
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,85 @@
+#pragma once
+// A group of parameters flattened into one buffer in compute precision, padded so
+// each of `world` ranks owns an equal, aligned shard; the parameters become views
+// into it, and their .grad views into a matching flat gradient buffer, so autograd
+// accumulates straight into the buffer that is reduced.
+//
+// Sharded groups (stage 3) keep only this rank's shard between uses: the full buffer's
+// storage is resized to 0 by release() and refilled in place by the gather, so views
+// (and tensors autograd saved) stay valid across a release/gather cycle.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "common/MemoryLedger.h"
+
+namespace zeroshard {
+
+struct NamedParam {
+  std::string name;
+  at::Tensor param;
+};
+
+struct ParamSlot {
+  std::string name;
+  at::Tensor param;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+class FlatParamGroup {
+ public:
+  // Copies the parameters' current values into the buffer (cast to `dtype`) and
+  // rebinds each parameter as a view of it.
+  FlatParamGroup(const std::vector<NamedParam>& params, int rank, int world, at::ScalarType dtype,
+                 bool sharded, bool with_grads, MemoryLedger* ledger);
+
+  const std::vector<ParamSlot>& slots() const { return slots_; }
+  int64_t numel() const { return numel_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  int64_t padded_numel() const { return shard_numel_ * world_; }
+  bool sharded() const { return sharded_; }
+  bool has_grads() const { return with_grads_; }
+
+  // The full buffer (for a sharded group, valid only while gathered).
+  const at::Tensor& flat() const { return flat_; }
+  // This rank's shard of the parameters: a slice of flat(), or the kept shard (stage 3).
+  at::Tensor param_shard() const;
+  // The full gradient buffer and this rank's slice of it.
+  const at::Tensor& flat_grad() const { return flat_grad_; }
+  at::Tensor grad_shard() const;
+
+  // Gradient buffer storage: released after its reduction at stage >= 2 and brought
+  // back (zeroed) before the next backward.
+  void release_grads();
+  void materialize_grads();
+  void zero_grads();
+
+  // Stage 3: make the full buffer's storage hold `bytes` again (its shard copied in
+  // by the caller's all-gather) or give it back.
+  bool gathered() const { return gathered_; }
+  void allocate_full();
+  void release_full();
+
+ private:
+  void bind_views();
+  std::vector<ParamSlot> slots_;
+  int rank_;
+  int world_;
+  bool sharded_;
+  bool with_grads_;
+  bool gathered_ = true;
+  int64_t numel_ = 0;
+  int64_t shard_numel_ = 0;
+  at::Tensor flat_;
+  at::Tensor shard_;  // stage 3 only
+  at::Tensor flat_grad_;
+  LedgerEntry flat_entry_;
+  LedgerEntry shard_entry_;
+  LedgerEntry grad_entry_;
+};
+
+}  // namespace zeroshard

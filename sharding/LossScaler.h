@@ -1,0 +1,32 @@
+#pragma once
+// fp16 loss scaling as DeepSpeed does it: a static scale, or a dynamic one that is
+// halved on overflow (after `hysteresis` overflows in a row) and doubled after
+// `window` clean steps. An overflowing step is skipped.
+#include <cstdint>
+
+namespace zeroshard {
+
+struct LossScalerOptions {
+  double static_scale = 0;  // > 0: fixed scale, never changed
+  int64_t initial_scale_power = 16;
+  int64_t window = 1000;
+  int64_t hysteresis = 2;
+  double min_scale = 1;
+};
+
+class LossScaler {
+ public:
+  explicit LossScaler(const LossScalerOptions& options);
+  double scale() const { return scale_; }
+  // Records one step's outcome; returns true when the step must be skipped.
+  bool update(bool overflow);
+
+ private:
+  LossScalerOptions options_;
+  double scale_;
+  int64_t hysteresis_left_;
+  int64_t iteration_ = 0;
+  int64_t last_overflow_ = -1;
+};
+
+}  // namespace zeroshard

@@ -1,0 +1,45 @@
+#pragma once
+// AdamW (or Adam with L2 decay) over this rank's shard: fp32 master weights, m and v.
+// With fp32 compute the master is the parameter shard itself; with bf16/fp16 it is a
+// separate fp32 copy, written back to the compute-precision shard after each step.
+// The arithmetic follows torch.optim.AdamW step by step so results match it.
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "common/MemoryLedger.h"
+
+namespace zeroshard {
+
+struct AdamHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool decoupled = true;  // AdamW; false: Adam with L2 added to the gradient
+};
+
+class OptimizerShard {
+ public:
+  explicit OptimizerShard(MemoryLedger* ledger) : ledger_(ledger) {}
+
+  // `shard` is this rank's compute-precision parameter shard (a view it writes back to).
+  void add_group(const at::Tensor& shard);
+  // grads[i] (fp32, same size as group i) are multiplied by `grad_scale` first.
+  void step(const std::vector<at::Tensor>& grads, double grad_scale, const AdamHyper& h);
+  int64_t steps() const { return steps_; }
+
+  struct State {
+    at::Tensor shard, master, m, v;
+  };
+  const std::vector<State>& states() const { return states_; }
+
+ private:
+  MemoryLedger* ledger_;
+  std::vector<State> states_;
+  std::vector<LedgerEntry> entries_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace zeroshard

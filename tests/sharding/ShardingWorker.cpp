@@ -1,0 +1,58 @@
+// One rank of a multi-rank test: trains a TestModel with zeroshard::Engine and writes
+// the final parameters (fp32, in registration order) and per-step statistics.
+// usage: sharding_worker OUT_PREFIX key=value...
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <limits>
+
+#include <torch/serialize.h>
+
+#include "runtime/Engine.h"
+#include "tests/sharding/TestModels.h"
+
+using namespace zeroshard;
+using namespace zeroshard::testing;
+
+int main(int argc, char** argv) {
+  try {
+    const std::string out = argv[1];
+    const Scenario s = Scenario::parse({argv + 2, argv + argc});
+    auto model = make_model(s);
+    Engine engine(model, s.config());
+    const int64_t per_rank = s.batch / engine.world_size();
+    const int64_t begin = engine.rank() * per_rank;
+    std::vector<double> stats;  // per step: stepped, loss scale, grad norm, loss
+    for (int step = 0; step < s.steps; ++step) {
+      bool stepped = false;
+      double loss_sum = 0;
+      for (int micro = 0; micro < s.accum; ++micro) {
+        at::Tensor loss = model->loss(step, micro, begin, begin + per_rank);
+        loss_sum += loss.item<double>();
+        if (step == s.overflow_at && micro == 0)
+          loss = loss * std::numeric_limits<float>::infinity();
+        engine.backward(loss);
+        stepped = engine.step();
+      }
+      stats.insert(stats.end(), {stepped ? 1.0 : 0.0, engine.loss_scale(),
+                                 engine.global_grad_norm(), loss_sum / s.accum});
+    }
+    std::vector<at::Tensor> params;
+    for (const auto& p : model->parameters()) params.push_back(p.detach().to(at::kFloat).clone());
+    params.push_back(at::tensor(stats, at::kDouble));
+    const auto report = engine.memory_report();
+    std::vector<double> memory;
+    for (size_t k = 0; k < kNumKinds; ++k) {
+      memory.push_back(static_cast<double>(report.measured.current[0][k]));
+      memory.push_back(
+          static_cast<double>(report.predicted.at(Tier::Device, static_cast<Kind>(k))));
+      memory.push_back(static_cast<double>(report.measured.peak[0][k]));
+    }
+    params.push_back(at::tensor(memory, at::kDouble));
+    torch::save(params, out + ".rank" + std::to_string(engine.rank()) + ".pt");
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "sharding_worker: " << e.what() << "\n";
+    return 1;
+  }
+}

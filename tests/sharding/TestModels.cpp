@@ -1,0 +1,170 @@
+#include "tests/sharding/TestModels.h"
+
+#include <torch/torch.h>
+
+#include "common/Error.h"
+
+namespace zeroshard::testing {
+namespace {
+
+// A fixed global micro-batch per (step, micro), independent of who asks.
+torch::Generator data_generator(int step, int micro) {
+  auto gen = at::detail::createCPUGenerator(1000 + 17 * step + micro);
+  return gen;
+}
+
+class Mlp : public TestModel {
+ public:
+  Mlp(const Scenario& s, int batch) : s_(s), batch_(batch) {
+    fc1 = register_module("fc1", torch::nn::Linear(16, 32));
+    extra = register_module("extra", torch::nn::Linear(32, 32));
+    fc2 = register_module("fc2", torch::nn::Linear(32, 8));
+    if (s.frozen) fc1->bias.set_requires_grad(false);
+  }
+
+  at::Tensor loss(int step, int micro, int64_t begin, int64_t end) override {
+    auto gen = data_generator(step, micro);
+    const at::Tensor x = at::randn({batch_, 16}, gen).slice(0, begin, end);
+    const at::Tensor y = at::randn({batch_, 8}, gen).slice(0, begin, end);
+    at::Tensor h = torch::tanh(fc1->forward(x.to(fc1->weight.scalar_type())));
+    if (!s_.unused || step % 2 == 0) h = torch::tanh(extra->forward(h));
+    const at::Tensor out = fc2->forward(h).to(at::kFloat);
+    return torch::mse_loss(out, y);
+  }
+
+ private:
+  Scenario s_;
+  int64_t batch_;
+  torch::nn::Linear fc1{nullptr}, extra{nullptr}, fc2{nullptr};
+};
+
+// Embedding, one causal self-attention block with layer norms and an MLP, and an
+// output head tied to the embedding.
+class TinyTransformer : public TestModel {
+ public:
+  static constexpr int64_t kVocab = 32, kDim = 16, kSeq = 8, kHeads = 2;
+
+  TinyTransformer(const Scenario& s, int batch) : s_(s), batch_(batch) {
+    emb = register_module("emb", torch::nn::Embedding(kVocab, kDim));
+    q = register_module("q", torch::nn::Linear(kDim, kDim));
+    // No key bias: its true gradient is exactly 0 (softmax ignores a per-row shift),
+    // so AdamW would only amplify rounding noise against eps.
+    k = register_module("k", torch::nn::Linear(torch::nn::LinearOptions(kDim, kDim).bias(false)));
+    v = register_module("v", torch::nn::Linear(kDim, kDim));
+    o = register_module("o", torch::nn::Linear(kDim, kDim));
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
+    fc1 = register_module("fc1", torch::nn::Linear(kDim, 2 * kDim));
+    fc2 = register_module("fc2", torch::nn::Linear(2 * kDim, kDim));
+    if (s.frozen) ln2->bias.set_requires_grad(false);
+  }
+
+  at::Tensor loss(int step, int micro, int64_t begin, int64_t end) override {
+    auto gen = data_generator(step, micro);
+    const at::Tensor tokens = at::randint(kVocab, {batch_, kSeq + 1}, gen).slice(0, begin, end);
+    const at::Tensor input = tokens.slice(1, 0, kSeq);
+    const at::Tensor target = tokens.slice(1, 1, kSeq + 1);
+    at::Tensor h = emb->forward(input);
+    h = h + attention(ln1->forward(h));
+    if (!s_.unused || step % 2 == 0)
+      h = h + fc2->forward(torch::gelu(fc1->forward(ln2->forward(h))));
+    const at::Tensor logits = h.matmul(emb->weight.t()).to(at::kFloat);  // tied head
+    return torch::cross_entropy_loss(logits.reshape({-1, kVocab}), target.reshape({-1}));
+  }
+
+ private:
+  at::Tensor attention(const at::Tensor& x) {
+    const int64_t b = x.size(0), hd = kDim / kHeads;
+    auto split = [&](const at::Tensor& t) { return t.view({b, kSeq, kHeads, hd}).transpose(1, 2); };
+    const at::Tensor qh = split(q->forward(x)), kh = split(k->forward(x)),
+                     vh = split(v->forward(x));
+    at::Tensor scores = qh.matmul(kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
+    const at::Tensor mask = torch::ones({kSeq, kSeq}, torch::kBool).triu(1);
+    scores = scores.masked_fill(mask, -1e4).softmax(-1);
+    return o->forward(scores.matmul(vh).transpose(1, 2).reshape({b, kSeq, kDim}));
+  }
+
+  Scenario s_;
+  int64_t batch_;
+  torch::nn::Embedding emb{nullptr};
+  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr}, fc1{nullptr}, fc2{nullptr};
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+};
+
+}  // namespace
+
+Scenario Scenario::parse(const std::vector<std::string>& args) {
+  Scenario s;
+  for (const auto& a : args) {
+    const auto eq = a.find('=');
+    const std::string key = a.substr(0, eq), value = a.substr(eq + 1);
+    if (key == "model")
+      s.model = value;
+    else if (key == "stage")
+      s.stage = std::stoi(value);
+    else if (key == "steps")
+      s.steps = std::stoi(value);
+    else if (key == "accum")
+      s.accum = std::stoi(value);
+    else if (key == "clip")
+      s.clip = std::stod(value);
+    else if (key == "dtype")
+      s.dtype = value;
+    else if (key == "batch")
+      s.batch = std::stoi(value);
+    else if (key == "bucket")
+      s.bucket = std::stoll(value);
+    else if (key == "frozen")
+      s.frozen = value == "1";
+    else if (key == "unused")
+      s.unused = value == "1";
+    else if (key == "overflow_at")
+      s.overflow_at = std::stoi(value);
+    else if (key == "lr")
+      s.lr = std::stod(value);
+    else
+      fail("unknown scenario key '{}'", key);
+  }
+  return s;
+}
+
+std::vector<std::string> Scenario::to_args() const {
+  return {"model=" + model,
+          "stage=" + std::to_string(stage),
+          "steps=" + std::to_string(steps),
+          "accum=" + std::to_string(accum),
+          "clip=" + std::to_string(clip),
+          "dtype=" + dtype,
+          "batch=" + std::to_string(batch),
+          "bucket=" + std::to_string(bucket),
+          std::string("frozen=") + (frozen ? "1" : "0"),
+          std::string("unused=") + (unused ? "1" : "0"),
+          "overflow_at=" + std::to_string(overflow_at),
+          "lr=" + std::to_string(lr)};
+}
+
+Config Scenario::config() const {
+  Config c;
+  c.zero.stage = stage;
+  c.zero.reduce_bucket_size = bucket;
+  c.zero.allgather_bucket_size = bucket;
+  c.gradient_accumulation_steps = accum;
+  c.train_micro_batch_size_per_gpu = 1;
+  c.gradient_clipping = clip;
+  c.bf16 = dtype == "bf16";
+  c.fp16.enabled = dtype == "fp16";
+  c.fp16.hysteresis = 1;
+  c.fp16.initial_scale_power = 8;
+  c.optimizer.lr = lr;
+  c.optimizer.weight_decay = weight_decay;
+  return c;
+}
+
+std::shared_ptr<TestModel> make_model(const Scenario& s) {
+  torch::manual_seed(42);
+  if (s.model == "mlp") return std::make_shared<Mlp>(s, s.batch);
+  if (s.model == "transformer") return std::make_shared<TinyTransformer>(s, s.batch);
+  fail("unknown model '{}'", s.model);
+}
+
+}  // namespace zeroshard::testing

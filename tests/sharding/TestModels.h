@@ -1,0 +1,42 @@
+#pragma once
+// The models, data and scenarios the multi-rank tests train, shared by the rank worker
+// and by the single-process reference so both see the same thing.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+
+#include "runtime/Config.h"
+
+namespace zeroshard::testing {
+
+struct Scenario {
+  std::string model = "mlp";  // mlp | transformer
+  int stage = 0;
+  int steps = 10;
+  int accum = 1;
+  double clip = 0;
+  std::string dtype = "fp32";  // fp32 | bf16 | fp16
+  int batch = 8;               // global micro-batch, split over ranks
+  int64_t bucket = 300;        // reduce_bucket_size: small, so there are many groups
+  bool frozen = false;         // one parameter with requires_grad = false
+  bool unused = false;         // one layer used only on even steps
+  int overflow_at = -1;        // fp16: make this step's gradients infinite
+  double lr = 1e-3;
+  double weight_decay = 0.01;
+
+  static Scenario parse(const std::vector<std::string>& args);  // key=value
+  std::vector<std::string> to_args() const;
+  Config config() const;
+};
+
+class TestModel : public torch::nn::Module {
+ public:
+  // Mean loss over rows [begin, end) of micro-batch `micro` of step `step`.
+  virtual at::Tensor loss(int step, int micro, int64_t begin, int64_t end) = 0;
+};
+
+std::shared_ptr<TestModel> make_model(const Scenario& s);
+
+}  // namespace zeroshard::testing
