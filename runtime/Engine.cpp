@@ -139,25 +139,26 @@ void Engine::build_groups(const std::vector<NamedParam>& params) {
     with_grads.push_back(groups_[i].get());
     optimizer_->add_group(stage == 0 ? groups_[i]->flat() : groups_[i]->param_shard());
   }
-  reducer_ = std::make_unique<GradReducer>(with_grads, stage, comm_.get(), &ledger_);
+  reducer_ = std::make_unique<GradReducer>(with_grads, stage, plan_.config.zero.overlap_comm,
+                                           comm_.get(), &ledger_);
 }
 
 void Engine::backward(const at::Tensor& loss) {
-  reducer_->before_backward();
+  ++micro_steps_;
+  reducer_->begin_backward(micro_steps_ % *plan_.config.gradient_accumulation_steps == 0);
   if (scaler_) {
     (loss * scaler_->scale()).backward();
   } else {
     loss.backward();
   }
-  reducer_->after_backward();
-  ++micro_steps_;
+  reducer_->end_backward();
 }
 
 bool Engine::step() {
   const auto& c = plan_.config;
   const int64_t accumulation = *c.gradient_accumulation_steps;
   if (micro_steps_ == 0 || micro_steps_ % accumulation != 0) return false;
-  const auto& grads = reducer_->reduce_for_step();
+  const auto& grads = reducer_->reduced();
   double scale = 1.0 / static_cast<double>(world_size() * accumulation);
   if (scaler_) {
     scale /= scaler_->scale();

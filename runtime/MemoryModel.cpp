@@ -75,7 +75,8 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   const int64_t kl = config.compute_bytes();
   const bool mixed = kl == 2;
   const int64_t shard = shard_numel(spec, d);
-  const int64_t opt_numel = option.stage >= 1 ? shard : p;  // what this rank's optimizer owns
+  const int64_t full = shard * d;  // flat buffers hold every unit padded to d aligned shards
+  const int64_t opt_numel = option.stage >= 1 ? shard : full;  // what this rank's optimizer owns
   const bool opt_off = offloaded(option.optimizer);
   const Tier opt_tier = tier_of(option.optimizer);
   const int64_t reduce_bucket = std::min(*z.reduce_bucket_size, p);
@@ -85,17 +86,18 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
     m.at(tier_of(option.params), Kind::Params) = kl * shard;
     m.at(Tier::Device, Kind::GatheredParams) = kl * gathered_numel(spec, z);
   } else {
-    m.at(Tier::Device, Kind::Params) = kl * p;
+    m.at(Tier::Device, Kind::Params) = kl * full;
   }
   // The optimizer updates fp32 weights: a separate master copy in mixed precision,
   // and the host/NVMe copy CPU Adam works on when offloaded.
   if (mixed || opt_off) m.at(opt_tier, Kind::MasterParams) = 4 * opt_numel;
   m.at(opt_tier, Kind::OptimizerStates) = 8 * opt_numel;  // Adam m and v
-  const int64_t device_grads = option.stage >= 2 ? (opt_off ? 0 : shard) : p;
-  m.at(Tier::Device, Kind::Grads) = kl * device_grads;
+  // Stage >= 2 reduces each bucket inside backward and frees it: no whole gradient
+  // buffer at rest, only an fp32 accumulator of this rank's shard.
+  m.at(Tier::Device, Kind::Grads) = option.stage >= 2 ? 0 : kl * full;
   if (opt_off) {
     m.at(Tier::Host, Kind::GradsFp32) = 4 * opt_numel;
-  } else if (mixed) {
+  } else if (mixed || option.stage >= 2) {
     m.at(Tier::Device, Kind::GradsFp32) = 4 * opt_numel;
   }
   m.at(Tier::Device, Kind::Activations) = activation_bytes(spec, shape, static_cast<int>(kl));

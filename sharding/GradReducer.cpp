@@ -3,18 +3,20 @@
 #include <cmath>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 namespace zeroshard {
 
-GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, Collectives* comm,
-                         MemoryLedger* ledger)
-    : groups_(std::move(groups)), stage_(stage), comm_(comm) {
+GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool overlap,
+                         Collectives* comm, MemoryLedger* ledger)
+    : groups_(std::move(groups)), stage_(stage), overlap_(overlap), comm_(comm) {
   for (FlatParamGroup* g : groups_) {
     const at::Tensor& grad = g->flat_grad();
-    const bool fp32 = grad.scalar_type() == at::kFloat;
     // fp32 stage 0/1 reduce in place in the gradient buffer itself; otherwise a separate
     // fp32 buffer holds the reduced (and, at stage >= 2, accumulated) gradient.
-    if (fp32 && stage_ <= 1) {
+    if (grad.scalar_type() == at::kFloat && stage_ <= 1) {
       fp32_.push_back(stage_ == 0 ? grad : g->grad_shard());
       fp32_entries_.emplace_back();
     } else {
@@ -22,42 +24,99 @@ GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, Collect
       fp32_.push_back(at::zeros({n}, grad.options().dtype(at::kFloat)));
       fp32_entries_.emplace_back(ledger, Tier::Device, Kind::GradsFp32, n * 4);
     }
+    if (stage_ >= 2) g->release_grads();
   }
+  received_entry_ = LedgerEntry(ledger, Tier::Device, Kind::CommBuckets, 0);
+  install_hooks();
 }
 
-void GradReducer::before_backward() {
-  if (stage_ >= 2)
-    for (FlatParamGroup* g : groups_) g->materialize_grads();
-}
+GradReducer::~GradReducer() = default;
 
-void GradReducer::after_backward() {
-  if (stage_ < 2) return;
-  std::vector<CommHandle> handles;
-  std::vector<at::Tensor> received;
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    received.push_back(at::empty_like(fp32_[i]));
-    handles.push_back(comm_->reduce_scatter_sum(groups_[i]->flat_grad(), received.back()));
-  }
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    handles[i].wait();
-    fp32_[i].add_(received[i]);
-    groups_[i]->release_grads();
-  }
-}
-
-const std::vector<at::Tensor>& GradReducer::reduce_for_step() {
-  if (stage_ >= 2) return fp32_;
-  std::vector<CommHandle> handles;
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    const at::Tensor& grad = groups_[i]->flat_grad();
-    if (stage_ == 0) {
-      if (fp32_[i].data_ptr() != grad.data_ptr()) fp32_[i].copy_(grad);
-      handles.push_back(comm_->all_reduce_sum(fp32_[i]));
-    } else {
-      handles.push_back(comm_->reduce_scatter_sum(grad, fp32_[i]));
+void GradReducer::install_hooks() {
+  expected_.assign(groups_.size(), 0);
+  arrived_.assign(groups_.size(), 0);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (const auto& slot : groups_[g]->slots()) {
+      if (!slot.param.requires_grad()) continue;
+      ++expected_[g];
+      at::Tensor param = slot.param;
+      // Before autograd accumulates into the group's buffer, the buffer must exist.
+      param.register_hook([this, g](const at::Tensor& grad) {
+        groups_[g]->materialize_grads();
+        return grad;
+      });
+      auto accumulator = torch::autograd::impl::grad_accumulator(param);
+      accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, g](const torch::autograd::variable_list& outputs,
+                    const torch::autograd::variable_list&) {
+            on_accumulated(g);
+            return outputs;
+          }));
+      accumulators_.push_back(std::move(accumulator));  // keeps the hooks alive
     }
   }
-  for (auto& h : handles) h.wait();
+}
+
+void GradReducer::begin_backward(bool boundary) {
+  reducing_ = stage_ >= 2 || boundary;
+  next_ = static_cast<int>(groups_.size()) - 1;
+  std::fill(arrived_.begin(), arrived_.end(), 0);
+}
+
+void GradReducer::on_accumulated(size_t group) {
+  ++arrived_[group];
+  if (reducing_) launch_ready();
+}
+
+void GradReducer::launch_ready() {
+  while (next_ >= 0 && arrived_[next_] >= expected_[next_]) launch(next_--);
+}
+
+void GradReducer::launch(size_t g) {
+  // overlap_comm lets two groups be in flight while backward goes on; without it each
+  // group is waited for as soon as it is launched.
+  const size_t max_in_flight = overlap_ ? 2 : 1;
+  if (stage_ >= 2)
+    while (in_flight_.size() >= max_in_flight) retire_oldest();
+  groups_[g]->materialize_grads();  // a group no gradient reached this step
+  InFlight f;
+  f.group = g;
+  if (stage_ == 0) {
+    if (fp32_[g].data_ptr() != groups_[g]->flat_grad().data_ptr()) {
+      fp32_[g].copy_(groups_[g]->flat_grad());
+    }
+    f.handle = comm_->all_reduce_sum(fp32_[g]);
+  } else if (stage_ == 1) {
+    f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), fp32_[g]);
+  } else {
+    f.received = at::empty_like(fp32_[g]);
+    received_entry_.resize(received_entry_.bytes() + f.received.numel() * 4);
+    f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), f.received);
+  }
+  in_flight_.push_back(std::move(f));
+}
+
+void GradReducer::retire_oldest() {
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.erase(in_flight_.begin());
+  f.handle.wait();
+  if (stage_ >= 2) {
+    fp32_[f.group].add_(f.received);
+    received_entry_.resize(received_entry_.bytes() - f.received.numel() * 4);
+    groups_[f.group]->release_grads();
+  }
+}
+
+void GradReducer::end_backward() {
+  if (!reducing_) return;
+  // Whatever did not arrive (unused parameters) counts as zero: launch the rest.
+  while (next_ >= 0) launch(next_--);
+  if (stage_ >= 2)
+    while (!in_flight_.empty()) retire_oldest();
+}
+
+const std::vector<at::Tensor>& GradReducer::reduced() {
+  while (!in_flight_.empty()) retire_oldest();
   return fp32_;
 }
 

@@ -1,12 +1,18 @@
 #pragma once
 // Turns each rank's gradients into what its optimizer shard needs: the sum over ranks
 // (and over accumulated micro-batches) in fp32.
-//   stage 0: all-reduce of the whole buffer; the optimizer sees every element.
-//   stage 1: gradients accumulate locally across micro-batches; at the boundary one
-//            reduce-scatter per group gives this rank its shard (half an all-reduce).
-//   stage 2/3: every backward reduce-scatters into an fp32 shard accumulator and the
-//            full gradient buffer is released until the next backward.
-// Groups are reduced in their fixed order on every rank, whatever the data did.
+//   stage 0: all-reduce of each group; the optimizer sees every element.
+//   stage 1: gradients accumulate locally across micro-batches; the backward that ends
+//            the accumulation window reduce-scatters each group into this rank's shard.
+//   stage 2/3: every backward reduce-scatters each group into an fp32 shard
+//            accumulator, and the group's full gradient buffer is given back as soon
+//            as that lands; it is allocated again when its next gradient arrives.
+// A group is launched from inside backward as soon as all its gradients are in
+// (post-hooks on the AccumulateGrad nodes); overlap_comm allows two groups in flight,
+// otherwise each is waited for before the next is launched. Groups are launched in one fixed order
+// (last to first) on every rank, whatever order gradients arrive in; unused parameters count as
+// zero at the end.
+#include <memory>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -15,31 +21,56 @@
 #include "sharding/Collectives.h"
 #include "sharding/FlatParamGroup.h"
 
+namespace torch::autograd {
+struct Node;
+}
+
 namespace zeroshard {
 
 class GradReducer {
  public:
-  GradReducer(std::vector<FlatParamGroup*> groups, int stage, Collectives* comm,
+  GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool overlap, Collectives* comm,
               MemoryLedger* ledger);
+  ~GradReducer();
 
-  void before_backward();
-  void after_backward();
+  // Around each backward; `boundary` when this backward ends an accumulation window.
+  void begin_backward(bool boundary);
+  void end_backward();
   // At the accumulation boundary: per group, the fp32 gradient summed over ranks and
-  // micro-batches (the full buffer at stage 0, this rank's shard otherwise).
-  const std::vector<at::Tensor>& reduce_for_step();
-  // Global L2 norm of `grads` x `scale` across all ranks.
+  // micro-batches (the whole buffer at stage 0, this rank's shard otherwise).
+  const std::vector<at::Tensor>& reduced();
+  // Global L2 norm of the reduced gradients times `scale`, across all ranks.
   double global_norm(double scale);
-  // Whether any rank's gradients hold inf or NaN (fp16 overflow).
+  // Whether any rank's reduced gradients hold inf or NaN (fp16 overflow).
   bool any_overflow();
   void zero();
 
  private:
+  void install_hooks();
+  void on_accumulated(size_t group);
+  void launch_ready();
+  void launch(size_t group);
+  void retire_oldest();
   bool sharded_grads() const { return stage_ >= 1; }
+
   std::vector<FlatParamGroup*> groups_;
   int stage_;
+  bool overlap_;
   Collectives* comm_;
-  std::vector<at::Tensor> fp32_;  // what reduce_for_step returns
+  std::vector<at::Tensor> fp32_;  // what reduced() returns
   std::vector<LedgerEntry> fp32_entries_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<int> expected_;  // trainable parameters per group
+  std::vector<int> arrived_;
+  bool reducing_ = false;  // this backward reduces
+  int next_ = -1;          // next group to launch, counting down
+  struct InFlight {
+    size_t group;
+    CommHandle handle;
+    at::Tensor received;  // stage >= 2: the reduce-scatter's output before accumulation
+  };
+  std::vector<InFlight> in_flight_;
+  LedgerEntry received_entry_;
 };
 
 }  // namespace zeroshard

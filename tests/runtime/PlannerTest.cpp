@@ -47,13 +47,14 @@ Plan plan_for(int64_t device, int64_t host, int64_t nvme, Config c = open_config
 
 }  // namespace
 
-// Device totals per rank (MemoryModelTest): stage 0 130,000; 1 79,800; 2 73,400; 3 72,600;
+// Device totals per rank (MemoryModelTest): stage 0 130,000; 1 79,800; 2 67,000; 3 66,200;
 // stage 1 + cpu optimizer 28,600 with 55,200 on the host per rank (110,400 per node).
 TEST(Planner, PrefersTheLowestStageThatFits) {
   EXPECT_EQ(plan_for(130'000, 0, 0).option, (PlanOption{0, OD::None, OD::None}));
   EXPECT_EQ(plan_for(129'999, 0, 0).option, (PlanOption{1, OD::None, OD::None}));
   EXPECT_EQ(plan_for(79'000, 0, 0).option, (PlanOption{2, OD::None, OD::None}));
-  EXPECT_EQ(plan_for(73'000, 0, 0).option, (PlanOption{3, OD::None, OD::None}));
+  EXPECT_EQ(plan_for(67'000, 0, 0).option, (PlanOption{2, OD::None, OD::None}));
+  EXPECT_EQ(plan_for(66'999, 0, 0).option, (PlanOption{3, OD::None, OD::None}));
 }
 
 TEST(Planner, OffloadsTheOptimizerToCpuBeforeNvme) {

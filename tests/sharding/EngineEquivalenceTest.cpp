@@ -5,48 +5,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tests/sharding/RankRuns.h"
 #include "tests/sharding/TestModels.h"
-#include "tests/support/RankLauncher.h"
 
 using namespace zeroshard;
 using namespace zeroshard::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-const std::string kWorker = std::string(ZS_BINARY_DIR) + "/tests/sharding_worker";
-
-struct RankOutput {
-  std::vector<at::Tensor> params;
-  at::Tensor stats;   // steps x (stepped, scale, norm, loss)
-  at::Tensor memory;  // kinds x (current, predicted, peak)
-};
-
-std::vector<RankOutput> run_ranks(const Scenario& s, int world) {
-  const std::string prefix =
-      (fs::temp_directory_path() / ("zs_eq_" + std::to_string(getpid()))).string();
-  const auto result = launch_ranks(world, kWorker, [&] {
-    std::vector<std::string> args{prefix};
-    for (const auto& a : s.to_args()) args.push_back(a);
-    return args;
-  }());
-  EXPECT_TRUE(result.all_ok()) << result.describe();
-  std::vector<RankOutput> outputs;
-  for (int r = 0; r < world && result.all_ok(); ++r) {
-    std::vector<at::Tensor> t;
-    const std::string path = prefix + ".rank" + std::to_string(r) + ".pt";
-    torch::load(t, path);
-    fs::remove(path);
-    RankOutput o;
-    o.memory = t.back();
-    t.pop_back();
-    o.stats = t.back().view({-1, 4});
-    t.pop_back();
-    o.params = t;
-    outputs.push_back(o);
-  }
-  return outputs;
-}
 
 struct Reference {
   std::vector<at::Tensor> params;
@@ -133,6 +99,18 @@ TEST(EngineEquivalence, GradientAccumulationAndClipping) {
     s.stage = stage;
     s.accum = 4;
     s.clip = 0.05;  // small enough to clip every step
+    check_equivalence(s, 2);
+  }
+}
+
+TEST(EngineEquivalence, OverlappedReductionFromInsideBackward) {
+  for (int stage : {0, 1, 2}) {
+    Scenario s;
+    s.model = "transformer";
+    s.stage = stage;
+    s.overlap = true;
+    s.accum = 2;
+    s.unused = true;  // some groups never fire their hooks on odd steps
     check_equivalence(s, 2);
   }
 }

@@ -91,6 +91,27 @@ class TinyTransformer : public TestModel {
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
 };
 
+// Elementwise only (fp16 has no matmul on the CPU in LibTorch 1.13): y = x * w + b.
+class Elementwise : public TestModel {
+ public:
+  explicit Elementwise(int batch) : batch_(batch) {
+    w = register_parameter("w", torch::randn({64}));
+    b = register_parameter("b", torch::randn({64}));
+  }
+
+  at::Tensor loss(int step, int micro, int64_t begin, int64_t end) override {
+    auto gen = data_generator(step, micro);
+    const at::Tensor x = at::randn({batch_, 64}, gen).slice(0, begin, end);
+    const at::Tensor y = at::randn({batch_, 64}, gen).slice(0, begin, end);
+    const at::Tensor out = x.to(w.scalar_type()) * w + b;
+    return torch::mse_loss(out.to(at::kFloat), y);
+  }
+
+ private:
+  int64_t batch_;
+  at::Tensor w, b;
+};
+
 }  // namespace
 
 Scenario Scenario::parse(const std::vector<std::string>& args) {
@@ -118,6 +139,8 @@ Scenario Scenario::parse(const std::vector<std::string>& args) {
       s.frozen = value == "1";
     else if (key == "unused")
       s.unused = value == "1";
+    else if (key == "overlap")
+      s.overlap = value == "1";
     else if (key == "overflow_at")
       s.overflow_at = std::stoi(value);
     else if (key == "lr")
@@ -139,6 +162,7 @@ std::vector<std::string> Scenario::to_args() const {
           "bucket=" + std::to_string(bucket),
           std::string("frozen=") + (frozen ? "1" : "0"),
           std::string("unused=") + (unused ? "1" : "0"),
+          std::string("overlap=") + (overlap ? "1" : "0"),
           "overflow_at=" + std::to_string(overflow_at),
           "lr=" + std::to_string(lr)};
 }
@@ -149,6 +173,7 @@ Config Scenario::config() const {
   c.zero.reduce_bucket_size = bucket;
   c.zero.allgather_bucket_size = bucket;
   c.gradient_accumulation_steps = accum;
+  c.zero.overlap_comm = overlap;
   c.train_micro_batch_size_per_gpu = 1;
   c.gradient_clipping = clip;
   c.bf16 = dtype == "bf16";
@@ -164,6 +189,7 @@ std::shared_ptr<TestModel> make_model(const Scenario& s) {
   torch::manual_seed(42);
   if (s.model == "mlp") return std::make_shared<Mlp>(s, s.batch);
   if (s.model == "transformer") return std::make_shared<TinyTransformer>(s, s.batch);
+  if (s.model == "elementwise") return std::make_shared<Elementwise>(s.batch);
   fail("unknown model '{}'", s.model);
 }
 

@@ -22,6 +22,7 @@ struct Scenario {
   int64_t bucket = 300;        // reduce_bucket_size: small, so there are many groups
   bool frozen = false;         // one parameter with requires_grad = false
   bool unused = false;         // one layer used only on even steps
+  bool overlap = false;        // overlap_comm
   int overflow_at = -1;        // fp16: make this step's gradients infinite
   double lr = 1e-3;
   double weight_decay = 0.01;
