@@ -51,6 +51,40 @@ build() {
   cmake --build "$BUILD" -j "$(nproc)"
 }
 
+# Plain processes with torchrun's environment. Used for C++ programs, and for Python
+# where torchrun cannot start (torch 2.6's needs libuv, which Debian's build lacks).
+run_plain() {
+  local n=$1 port
+  shift
+  port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  local pids=() rank status=0
+  for ((rank = 0; rank < n; rank++)); do
+    RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=$n LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
+      MASTER_PORT=$port "$@" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+  return $status
+}
+
+run_ranks() {
+  [ "${1:-}" = "-n" ] && [ -n "${2:-}" ] || die "usage: ./zs run -n N PROGRAM [ARGS...]"
+  local n=$2
+  shift 2
+  [ $# -gt 0 ] || die "usage: ./zs run -n N PROGRAM [ARGS...]"
+  build >/dev/null
+  case "$1" in
+    *.py)
+      # torch 1.13's torchrun crashes on Python 3.11 without --redirects/--tee/--log_dir.
+      local logs
+      logs=$(mktemp -d)
+      PYTHONPATH="$BUILD/bindings:${PYTHONPATH:-}" "$PY" -m torch.distributed.run \
+        --nproc_per_node "$n" --redirects 1 --tee 1 --log_dir "$logs" "$@"
+      ;;
+    *) run_plain "$n" "$@" ;;
+  esac
+}
+
 usage() {
   cat <<'EOF'
 usage: ./zs VERB [ARGS]
@@ -58,6 +92,8 @@ usage: ./zs VERB [ARGS]
   test              build and run every test
   build             install missing packages and build into build/
   estimate ARGS     zeroshard-estimate: what fits where, before launch (--help for options)
+  run -n N PROG ARGS  start N local ranks of PROG (a built binary, or a .py script
+                    through torchrun) with the launcher environment zeroshard reads
   help              this list
 EOF
 }
@@ -82,6 +118,7 @@ case "$verb" in
     build >/dev/null
     exec "$BUILD/tools/zeroshard-estimate" "$@"
     ;;
+  run) run_ranks "$@" ;;
   help | -h | --help) usage ;;
   *) usage >&2; die "unknown verb '$verb'" ;;
 esac

@@ -84,6 +84,9 @@ struct Config {
   std::optional<double> gradient_clipping = 0.0;  // 0 disables clipping
   bool bf16 = false;
   bool activation_checkpointing = false;
+  // How long a collective may wait for the other ranks before this rank gives up
+  // and names the ranks that stopped answering.
+  std::optional<double> comm_timeout_seconds = 300.0;
   Fp16Config fp16;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;

@@ -93,6 +93,7 @@ std::vector<Knob> build_knobs() {
     int_knob("train_micro_batch_size_per_gpu", 1, kBig, [](Config& c) -> auto& { return c.train_micro_batch_size_per_gpu; }),
     int_knob("gradient_accumulation_steps", 1, kBig, [](Config& c) -> auto& { return c.gradient_accumulation_steps; }),
     float_knob("gradient_clipping", 0, kInf, [](Config& c) -> auto& { return c.gradient_clipping; }),
+    float_knob("comm_timeout_seconds", 0, kInf, [](Config& c) -> auto& { return c.comm_timeout_seconds; }, true),
     bool_knob("bf16.enabled", [](Config& c) -> auto& { return c.bf16; }),
     bool_knob("fp16.enabled", [](Config& c) -> auto& { return c.fp16.enabled; }),
     float_knob("fp16.loss_scale", 0, kInf, [](Config& c) -> auto& { return c.fp16.loss_scale; }),

@@ -79,7 +79,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
     fail("zero_optimization offload ({}) is not available yet; allowed: device none",
          plan_.option.label());
   }
-  dist_ = init_distributed(env, options.timeout);
+  const auto timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(*plan_.config.comm_timeout_seconds * 1000));
+  dist_ = init_distributed(env, timeout);
   comm_ = std::make_unique<Collectives>(
       dist_.group, env.rank, env.world_size, [this] { return dist_.describe_missing_ranks(); },
       &ledger_);

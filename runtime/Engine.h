@@ -29,7 +29,6 @@ class LossScaler;
 
 struct EngineOptions {
   std::optional<LaunchEnv> launch;  // default: read from the environment
-  std::chrono::milliseconds timeout{300'000};
 };
 
 struct MemoryReport {

@@ -50,6 +50,7 @@ void resolve_batch(Config& c, const WorldShape& world, std::vector<std::string>&
 
 void resolve_training(Config& c, std::vector<std::string>& r) {
   fill(c.gradient_clipping, 1.0, "gradient_clipping", "clip the global norm at 1.0", r);
+  fill(c.comm_timeout_seconds, 300.0, "comm_timeout_seconds", "five minutes", r);
   const char* dflt = "DeepSpeed's default";
   fill(c.fp16.loss_scale, 0.0, "fp16.loss_scale", "dynamic loss scaling", r);
   fill<int64_t>(c.fp16.initial_scale_power, 16, "fp16.initial_scale_power", dflt, r);

@@ -1,6 +1,8 @@
 // One rank of a multi-rank test: trains a TestModel with zeroshard::Engine and writes
 // the final parameters (fp32, in registration order) and per-step statistics.
 // usage: sharding_worker OUT_PREFIX key=value...
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -31,6 +33,10 @@ int main(int argc, char** argv) {
         loss_sum += loss.item<double>();
         if (step == s.overflow_at && micro == 0)
           loss = loss * std::numeric_limits<float>::infinity();
+        if (step == s.die_at && engine.rank() == engine.world_size() - 1) {
+          std::fprintf(stderr, "rank %d exits on purpose in step %d\n", engine.rank(), step);
+          _exit(3);  // no cleanup, as a crash or SIGKILL would leave it
+        }
         engine.backward(loss);
         stepped = engine.step();
       }

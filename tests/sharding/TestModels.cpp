@@ -139,6 +139,10 @@ Scenario Scenario::parse(const std::vector<std::string>& args) {
       s.frozen = value == "1";
     else if (key == "unused")
       s.unused = value == "1";
+    else if (key == "die_at")
+      s.die_at = std::stoi(value);
+    else if (key == "timeout")
+      s.timeout = std::stod(value);
     else if (key == "overlap")
       s.overlap = value == "1";
     else if (key == "overflow_at")
@@ -163,6 +167,7 @@ std::vector<std::string> Scenario::to_args() const {
           std::string("frozen=") + (frozen ? "1" : "0"),
           std::string("unused=") + (unused ? "1" : "0"),
           std::string("overlap=") + (overlap ? "1" : "0"),
+          "die_at=" + std::to_string(die_at), "timeout=" + std::to_string(timeout),
           "overflow_at=" + std::to_string(overflow_at),
           "lr=" + std::to_string(lr)};
 }
@@ -174,6 +179,7 @@ Config Scenario::config() const {
   c.zero.allgather_bucket_size = bucket;
   c.gradient_accumulation_steps = accum;
   c.zero.overlap_comm = overlap;
+  c.comm_timeout_seconds = timeout;
   c.train_micro_batch_size_per_gpu = 1;
   c.gradient_clipping = clip;
   c.bf16 = dtype == "bf16";

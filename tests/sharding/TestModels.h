@@ -24,6 +24,8 @@ struct Scenario {
   bool unused = false;         // one layer used only on even steps
   bool overlap = false;        // overlap_comm
   int overflow_at = -1;        // fp16: make this step's gradients infinite
+  int die_at = -1;             // the last rank exits abruptly in this step's backward
+  double timeout = 300;        // comm_timeout_seconds
   double lr = 1e-3;
   double weight_decay = 0.01;
 
