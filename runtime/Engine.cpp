@@ -10,17 +10,20 @@
 
 #include "common/Bytes.h"
 #include "common/Error.h"
+#include "runtime/GroupLayout.h"
 #include "runtime/LrSchedule.h"
 #include "sharding/Collectives.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
 #include "sharding/OptimizerShard.h"
+#include "sharding/ParamCoordinator.h"
 
 namespace zeroshard {
 namespace {
 
 // Parameters in registration order, each once (tied parameters share one tensor).
-std::vector<NamedParam> unique_parameters(torch::nn::Module& module) {
+std::vector<NamedParam> unique_parameters(const torch::nn::Module& module,
+                                          bool allow_empty = false) {
   std::vector<NamedParam> out;
   std::unordered_set<const void*> seen;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
@@ -28,7 +31,7 @@ std::vector<NamedParam> unique_parameters(torch::nn::Module& module) {
       out.push_back({item.key(), item.value()});
     }
   }
-  if (out.empty()) fail("the module has no parameters to train");
+  if (out.empty() && !allow_empty) fail("the module has no parameters to train");
   return out;
 }
 
@@ -74,19 +77,21 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
   check_contradictions(config);
   const auto params = unique_parameters(*module_);
   plan_ = plan_for(params, config, env);
-  if (*plan_.config.zero.stage == 3) fail("zero_optimization.stage 3 is not available yet");
   if (plan_.option.optimizer != OffloadDevice::None || plan_.option.params != OffloadDevice::None) {
     fail("zero_optimization offload ({}) is not available yet; allowed: device none",
          plan_.option.label());
   }
-  const auto timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(*plan_.config.comm_timeout_seconds * 1000));
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(*plan_.config.comm_timeout_seconds * 1000));
   dist_ = init_distributed(env, timeout);
-  comm_ = std::make_unique<Collectives>(
-      dist_.group, env.rank, env.world_size, [this] { return dist_.describe_missing_ranks(); },
-      &ledger_);
+  auto diagnose = [this] { return dist_.describe_missing_ranks(); };
+  comm_ = std::make_unique<Collectives>(dist_.group, env.rank, env.world_size, diagnose, &ledger_);
+  param_comm_ = std::make_unique<Collectives>(dist_.param_group, env.rank, env.world_size, diagnose,
+                                              &ledger_);
   broadcast_initial_values(params);
-  build_groups(params);
+  auto units = options.units;
+  if (units.empty()) units = module_->children();
+  build_groups(params, units);
   const auto& fp16 = plan_.config.fp16;
   if (fp16.enabled) {
     LossScalerOptions o;
@@ -109,50 +114,76 @@ void Engine::broadcast_initial_values(const std::vector<NamedParam>& params) {
   for (auto& h : handles) h.wait();
 }
 
-void Engine::build_groups(const std::vector<NamedParam>& params) {
-  const int stage = static_cast<int>(*plan_.config.zero.stage);
-  const int64_t bucket = *plan_.config.zero.reduce_bucket_size;
+void Engine::build_groups(const std::vector<NamedParam>& params,
+                          const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
+  const auto& z = plan_.config.zero;
+  const int stage = static_cast<int>(*z.stage);
+  std::vector<std::vector<NamedParam>> unit_params;
+  for (const auto& unit : units) unit_params.push_back(unique_parameters(*unit, true));
+  const auto layout = layout_groups(params, unit_params, stage, *z.reduce_bucket_size);
   const at::ScalarType dtype = compute_dtype(plan_.config);
-  std::vector<NamedParam> trainable, frozen;
-  for (const auto& p : params) (p.param.requires_grad() ? trainable : frozen).push_back(p);
-  auto add_groups = [&](const std::vector<NamedParam>& list, bool with_grads) {
-    std::vector<NamedParam> current;
-    int64_t size = 0;
-    auto flush = [&] {
-      if (current.empty()) return;
-      groups_.push_back(std::make_unique<FlatParamGroup>(current, rank(), world_size(), dtype,
-                                                         /*sharded=*/false, with_grads, &ledger_));
-      current.clear();
-      size = 0;
-    };
-    for (const auto& p : list) {
-      if (size > 0 && size + p.param.numel() > bucket) flush();
-      current.push_back(p);
-      size += p.param.numel();
-    }
-    flush();
-  };
-  add_groups(trainable, true);
-  const size_t trainable_groups = groups_.size();
-  add_groups(frozen, false);
-  std::vector<FlatParamGroup*> with_grads;
   optimizer_ = std::make_unique<OptimizerShard>(&ledger_);
-  for (size_t i = 0; i < trainable_groups; ++i) {
-    with_grads.push_back(groups_[i].get());
-    optimizer_->add_group(stage == 0 ? groups_[i]->flat() : groups_[i]->param_shard());
+  std::vector<FlatParamGroup*> trainable, sharded;
+  std::vector<int> unit_of_group;  // per trainable group: its coordinator unit or -1
+  for (const auto& spec : layout) {
+    groups_.push_back(std::make_unique<FlatParamGroup>(spec.params, rank(), world_size(), dtype,
+                                                       spec.sharded, spec.trainable, &ledger_));
+    FlatParamGroup* g = groups_.back().get();
+    if (spec.sharded) {
+      unit_index_[units[spec.unit].get()] = sharded.size();
+      sharded.push_back(g);
+    }
+    if (!spec.trainable) continue;
+    unit_of_group.push_back(spec.sharded ? static_cast<int>(sharded.size()) - 1 : -1);
+    trainable.push_back(g);
+    optimizer_->add_group(stage == 0 ? g->flat() : g->param_shard());
   }
-  reducer_ = std::make_unique<GradReducer>(with_grads, stage, plan_.config.zero.overlap_comm,
-                                           comm_.get(), &ledger_);
+  reducer_ = std::make_unique<GradReducer>(trainable, stage, z.overlap_comm, comm_.get(), &ledger_);
+  if (stage < 3) return;
+  CoordinatorOptions o;
+  o.prefetch_numel = *z.stage3_prefetch_bucket_size;
+  o.max_live_numel = *z.stage3_max_live_parameters;
+  o.persistence_numel = *z.stage3_param_persistence_threshold;
+  coordinator_ = std::make_unique<ParamCoordinator>(sharded, param_comm_.get(), o);
+  reducer_->on_group_complete([this, unit_of_group](size_t group) {
+    if (unit_of_group[group] >= 0) coordinator_->backward_done(unit_of_group[group]);
+  });
+}
+
+at::Tensor Engine::run_unit(const torch::nn::Module& unit,
+                            const std::function<at::Tensor()>& forward) {
+  if (!coordinator_) return forward();
+  const auto it = unit_index_.find(&unit);
+  if (it == unit_index_.end()) {
+    fail(
+        "run_unit: module '{}' is not a stage-3 unit with trainable parameters; declare it "
+        "in EngineOptions::units",
+        unit.name());
+  }
+  const size_t u = it->second;
+  coordinator_->before_forward(u);
+  at::Tensor out = forward();
+  if (out.requires_grad()) {
+    out.register_hook([this, u](const at::Tensor& grad) {
+      coordinator_->before_backward(u);
+      return grad;
+    });
+  }
+  coordinator_->after_forward(u);
+  return out;
 }
 
 void Engine::backward(const at::Tensor& loss) {
   ++micro_steps_;
   reducer_->begin_backward(micro_steps_ % *plan_.config.gradient_accumulation_steps == 0);
+  if (coordinator_) coordinator_->end_forward();
   if (scaler_) {
     (loss * scaler_->scale()).backward();
   } else {
     loss.backward();
   }
+  // Gathers first: a rank still inside backward may wait for one, never for a reduction.
+  if (coordinator_) coordinator_->end_backward();
   reducer_->end_backward();
 }
 
@@ -186,16 +217,38 @@ bool Engine::step() {
   if (*c.zero.stage >= 1) {
     std::vector<CommHandle> handles;
     for (size_t i = 0; i < optimizer_->states().size(); ++i) {
-      handles.push_back(comm_->all_gather(groups_[i]->flat()));
+      if (!groups_[i]->sharded()) handles.push_back(comm_->all_gather(groups_[i]->flat()));
     }
     for (auto& handle : handles) handle.wait();
   }
+  if (coordinator_) coordinator_->after_step();
   reducer_->zero();
   return true;
 }
 
 void Engine::zero_grad() {
   reducer_->zero();
+}
+
+std::vector<NamedParam> Engine::full_parameters() {
+  at::NoGradGuard no_grad;
+  std::unordered_map<const void*, at::Tensor> copies;
+  for (const auto& g : groups_) {
+    const bool gather = g->sharded() && !g->gathered();
+    if (gather) {
+      g->allocate_full();
+      param_comm_->all_gather(g->flat()).wait();
+    }
+    for (const auto& slot : g->slots()) {
+      copies[slot.param.unsafeGetTensorImpl()] = slot.param.detach().clone();
+    }
+    if (gather) g->release_full();
+  }
+  std::vector<NamedParam> out;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    out.push_back({item.key(), copies.at(item.value().unsafeGetTensorImpl())});
+  }
+  return out;
 }
 
 double Engine::loss_scale() const {

@@ -4,10 +4,19 @@
 //   auto loss = compute_loss(engine.module(), batch);
 //   engine.backward(loss);
 //   engine.step();  // steps the optimizer at each gradient-accumulation boundary
+//
+// Stage 3 shards parameters by unit. LibTorch modules have no forward hooks, so a
+// unit's forward goes through run_unit, which gathers its parameters, runs it, arranges
+// the gather again for backward, and frees them:
+//   h = engine.run_unit(*block, [&] { return block->forward(h); });
+// Units are EngineOptions::units (default: the root module's direct children); every
+// rank must call run_unit for the units it uses, in any order and with any branches.
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -26,9 +35,11 @@ class Collectives;
 class GradReducer;
 class OptimizerShard;
 class LossScaler;
+class ParamCoordinator;
 
 struct EngineOptions {
-  std::optional<LaunchEnv> launch;  // default: read from the environment
+  std::optional<LaunchEnv> launch;                        // default: read from the environment
+  std::vector<std::shared_ptr<torch::nn::Module>> units;  // stage 3
 };
 
 struct MemoryReport {
@@ -46,7 +57,13 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   torch::nn::Module& module() { return *module_; }
+  // Runs `forward` (the forward of `unit`) with the unit's parameters gathered; at
+  // stages 0-2 it only calls `forward`.
+  at::Tensor run_unit(const torch::nn::Module& unit, const std::function<at::Tensor()>& forward);
   void backward(const at::Tensor& loss);
+  // Copies of every parameter, whole, in the module's named_parameters() order. At stage
+  // 3 this gathers each unit in turn: a collective, so every rank must call it.
+  std::vector<NamedParam> full_parameters();
   // True when the optimizer stepped: at an accumulation boundary, without overflow.
   bool step();
   void zero_grad();
@@ -63,7 +80,8 @@ class Engine {
   MemoryLedger& ledger() { return ledger_; }
 
  private:
-  void build_groups(const std::vector<NamedParam>& params);
+  void build_groups(const std::vector<NamedParam>& params,
+                    const std::vector<std::shared_ptr<torch::nn::Module>>& units);
   void broadcast_initial_values(const std::vector<NamedParam>& params);
   ModelSpec spec_of_groups() const;
 
@@ -72,10 +90,13 @@ class Engine {
   DistContext dist_;
   MemoryLedger ledger_;  // before everything that registers in it
   std::unique_ptr<Collectives> comm_;
+  std::unique_ptr<Collectives> param_comm_;  // stage-3 gathers, their own order
   std::vector<std::unique_ptr<FlatParamGroup>> groups_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<OptimizerShard> optimizer_;
   std::unique_ptr<LossScaler> scaler_;
+  std::unique_ptr<ParamCoordinator> coordinator_;
+  std::unordered_map<const torch::nn::Module*, size_t> unit_index_;  // -> coordinator unit
   int64_t micro_steps_ = 0;
   double grad_norm_ = 0;
 };

@@ -3,6 +3,7 @@
 #include <thread>
 #include <vector>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -45,8 +46,13 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
     ctx.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
     auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout);
     gloo_opts->devices.push_back(gloo_device(env.master_addr));
-    ctx.group =
-        c10::make_intrusive<c10d::ProcessGroupGloo>(ctx.store, env.rank, env.world_size, gloo_opts);
+    auto make_group = [&](const std::string& prefix) {
+      auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, ctx.store);
+      return c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size,
+                                                         gloo_opts);
+    };
+    ctx.group = make_group("zs/main");
+    ctx.param_group = make_group("zs/params");
   } catch (const std::exception& e) {
     fail("rank {}: rendezvous at {}:{} with {} ranks failed ({}): {}", env.rank, env.master_addr,
          env.master_port, env.world_size, env.launcher, e.what());

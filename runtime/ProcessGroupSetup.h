@@ -19,6 +19,10 @@ struct DistContext {
   LaunchEnv env;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<compat::CommBackend> group;  // null when world_size == 1
+  // A second group for stage-3 parameter gathers, issued from inside backward in
+  // schedule order while gradient reductions go on in theirs: each group sees one
+  // fixed order on every rank.
+  c10::intrusive_ptr<compat::CommBackend> param_group;
   std::chrono::milliseconds timeout{300'000};
 
   // After a collective failed: which ranks no longer answer, e.g. "rank 1 did not

@@ -42,6 +42,10 @@ void CommHandle::wait() {
   scratch_ = LedgerEntry();
 }
 
+bool CommHandle::ready() const {
+  return owner_ == nullptr || !work_ || work_->isCompleted();
+}
+
 Collectives::Collectives(c10::intrusive_ptr<compat::CommBackend> group, int rank, int world,
                          std::function<std::string()> diagnose, MemoryLedger* ledger)
     : group_(std::move(group)),

@@ -30,6 +30,8 @@ class CommHandle {
              std::function<void()> finish, LedgerEntry scratch);
   void wait();
   bool pending() const { return owner_ != nullptr; }
+  // Done on the wire (wait() will not block), without waiting.
+  bool ready() const;
 
  private:
   const Collectives* owner_ = nullptr;

@@ -64,7 +64,7 @@ void GradReducer::begin_backward(bool boundary) {
 }
 
 void GradReducer::on_accumulated(size_t group) {
-  ++arrived_[group];
+  if (++arrived_[group] == expected_[group] && on_complete_) on_complete_(group);
   if (reducing_) launch_ready();
 }
 
@@ -73,11 +73,14 @@ void GradReducer::launch_ready() {
 }
 
 void GradReducer::launch(size_t g) {
-  // overlap_comm lets two groups be in flight while backward goes on; without it each
-  // group is waited for as soon as it is launched.
+  // overlap_comm lets two groups be in flight while backward goes on. Inside backward
+  // only finished work is retired: blocking here could wait on a rank that is itself
+  // waiting for a parameter gather (stage 3) - the rest is retired after backward.
   const size_t max_in_flight = overlap_ ? 2 : 1;
   if (stage_ >= 2)
-    while (in_flight_.size() >= max_in_flight) retire_oldest();
+    while (!in_flight_.empty() && in_flight_.size() >= max_in_flight &&
+           in_flight_.front().handle.ready())
+      retire_oldest();
   groups_[g]->materialize_grads();  // a group no gradient reached this step
   InFlight f;
   f.group = g;

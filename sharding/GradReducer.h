@@ -12,6 +12,7 @@
 // otherwise each is waited for before the next is launched. Groups are launched in one fixed order
 // (last to first) on every rank, whatever order gradients arrive in; unused parameters count as
 // zero at the end.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -44,6 +45,10 @@ class GradReducer {
   // Whether any rank's reduced gradients hold inf or NaN (fp16 overflow).
   bool any_overflow();
   void zero();
+  // Called from inside backward when every gradient of a group has been accumulated.
+  void on_group_complete(std::function<void(size_t)> callback) {
+    on_complete_ = std::move(callback);
+  }
 
  private:
   void install_hooks();
@@ -71,6 +76,7 @@ class GradReducer {
   };
   std::vector<InFlight> in_flight_;
   LedgerEntry received_entry_;
+  std::function<void(size_t)> on_complete_;
 };
 
 }  // namespace zeroshard

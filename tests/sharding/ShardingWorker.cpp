@@ -21,7 +21,13 @@ int main(int argc, char** argv) {
     const std::string out = argv[1];
     const Scenario s = Scenario::parse({argv + 2, argv + argc});
     auto model = make_model(s);
-    Engine engine(model, s.config());
+    EngineOptions options;
+    options.units = model->units();
+    Engine engine(model, s.config(), options);
+    model->run_unit = [&engine](const torch::nn::Module& unit,
+                                const std::function<at::Tensor()>& forward) {
+      return engine.run_unit(unit, forward);
+    };
     const int64_t per_rank = s.batch / engine.world_size();
     const int64_t begin = engine.rank() * per_rank;
     std::vector<double> stats;  // per step: stepped, loss scale, grad norm, loss
@@ -44,7 +50,7 @@ int main(int argc, char** argv) {
                                  engine.global_grad_norm(), loss_sum / s.accum});
     }
     std::vector<at::Tensor> params;
-    for (const auto& p : model->parameters()) params.push_back(p.detach().to(at::kFloat).clone());
+    for (const auto& p : engine.full_parameters()) params.push_back(p.param.to(at::kFloat));
     params.push_back(at::tensor(stats, at::kDouble));
     const auto report = engine.memory_report();
     std::vector<double> memory;

@@ -26,10 +26,17 @@ class Mlp : public TestModel {
     auto gen = data_generator(step, micro);
     const at::Tensor x = at::randn({batch_, 16}, gen).slice(0, begin, end);
     const at::Tensor y = at::randn({batch_, 8}, gen).slice(0, begin, end);
-    at::Tensor h = torch::tanh(fc1->forward(x.to(fc1->weight.scalar_type())));
-    if (!s_.unused || step % 2 == 0) h = torch::tanh(extra->forward(h));
-    const at::Tensor out = fc2->forward(h).to(at::kFloat);
+    at::Tensor h = run_unit(*fc1, [&] { return fc1->forward(x.to(fc1->weight.scalar_type())); });
+    h = torch::tanh(h);
+    bool use_extra = !s_.unused || step % 2 == 0;
+    if (s_.branch) use_extra = x[0][0].item<double>() > 0;  // differs between ranks
+    if (use_extra) h = torch::tanh(run_unit(*extra, [&] { return extra->forward(h); }));
+    const at::Tensor out = run_unit(*fc2, [&] { return fc2->forward(h); }).to(at::kFloat);
     return torch::mse_loss(out, y);
+  }
+
+  std::vector<std::shared_ptr<torch::nn::Module>> units() override {
+    return {fc1.ptr(), extra.ptr(), fc2.ptr()};
   }
 
  private:
@@ -38,42 +45,23 @@ class Mlp : public TestModel {
   torch::nn::Linear fc1{nullptr}, extra{nullptr}, fc2{nullptr};
 };
 
-// Embedding, one causal self-attention block with layer norms and an MLP, and an
-// output head tied to the embedding.
-class TinyTransformer : public TestModel {
- public:
-  static constexpr int64_t kVocab = 32, kDim = 16, kSeq = 8, kHeads = 2;
+constexpr int64_t kVocab = 32, kDim = 16, kSeq = 8, kHeads = 2;
 
-  TinyTransformer(const Scenario& s, int batch) : s_(s), batch_(batch) {
-    emb = register_module("emb", torch::nn::Embedding(kVocab, kDim));
+// Pre-norm causal self-attention.
+class AttentionBlock : public torch::nn::Module {
+ public:
+  AttentionBlock() {
+    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
     q = register_module("q", torch::nn::Linear(kDim, kDim));
     // No key bias: its true gradient is exactly 0 (softmax ignores a per-row shift),
     // so AdamW would only amplify rounding noise against eps.
     k = register_module("k", torch::nn::Linear(torch::nn::LinearOptions(kDim, kDim).bias(false)));
     v = register_module("v", torch::nn::Linear(kDim, kDim));
     o = register_module("o", torch::nn::Linear(kDim, kDim));
-    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
-    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
-    fc1 = register_module("fc1", torch::nn::Linear(kDim, 2 * kDim));
-    fc2 = register_module("fc2", torch::nn::Linear(2 * kDim, kDim));
-    if (s.frozen) ln2->bias.set_requires_grad(false);
   }
 
-  at::Tensor loss(int step, int micro, int64_t begin, int64_t end) override {
-    auto gen = data_generator(step, micro);
-    const at::Tensor tokens = at::randint(kVocab, {batch_, kSeq + 1}, gen).slice(0, begin, end);
-    const at::Tensor input = tokens.slice(1, 0, kSeq);
-    const at::Tensor target = tokens.slice(1, 1, kSeq + 1);
-    at::Tensor h = emb->forward(input);
-    h = h + attention(ln1->forward(h));
-    if (!s_.unused || step % 2 == 0)
-      h = h + fc2->forward(torch::gelu(fc1->forward(ln2->forward(h))));
-    const at::Tensor logits = h.matmul(emb->weight.t()).to(at::kFloat);  // tied head
-    return torch::cross_entropy_loss(logits.reshape({-1, kVocab}), target.reshape({-1}));
-  }
-
- private:
-  at::Tensor attention(const at::Tensor& x) {
+  at::Tensor forward(const at::Tensor& input) {
+    const at::Tensor x = ln->forward(input);
     const int64_t b = x.size(0), hd = kDim / kHeads;
     auto split = [&](const at::Tensor& t) { return t.view({b, kSeq, kHeads, hd}).transpose(1, 2); };
     const at::Tensor qh = split(q->forward(x)), kh = split(k->forward(x)),
@@ -84,11 +72,57 @@ class TinyTransformer : public TestModel {
     return o->forward(scores.matmul(vh).transpose(1, 2).reshape({b, kSeq, kDim}));
   }
 
+  torch::nn::LayerNorm ln{nullptr};
+  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+};
+
+class MlpBlock : public torch::nn::Module {
+ public:
+  MlpBlock() {
+    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
+    fc1 = register_module("fc1", torch::nn::Linear(kDim, 2 * kDim));
+    fc2 = register_module("fc2", torch::nn::Linear(2 * kDim, kDim));
+  }
+
+  at::Tensor forward(const at::Tensor& x) {
+    return fc2->forward(torch::gelu(fc1->forward(ln->forward(x))));
+  }
+
+  torch::nn::LayerNorm ln{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+// Embedding, an attention block and an MLP block with residuals, and an output head
+// tied to the embedding (so the embedding stays in the root, whole, at stage 3).
+class TinyTransformer : public TestModel {
+ public:
+  TinyTransformer(const Scenario& s, int batch) : s_(s), batch_(batch) {
+    emb = register_module("emb", torch::nn::Embedding(kVocab, kDim));
+    attn = register_module("attn", std::make_shared<AttentionBlock>());
+    mlp = register_module("mlp", std::make_shared<MlpBlock>());
+    if (s.frozen) mlp->ln->bias.set_requires_grad(false);
+  }
+
+  at::Tensor loss(int step, int micro, int64_t begin, int64_t end) override {
+    auto gen = data_generator(step, micro);
+    const at::Tensor tokens = at::randint(kVocab, {batch_, kSeq + 1}, gen).slice(0, begin, end);
+    const at::Tensor input = tokens.slice(1, 0, kSeq);
+    const at::Tensor target = tokens.slice(1, 1, kSeq + 1);
+    at::Tensor h = emb->forward(input);
+    h = h + run_unit(*attn, [&] { return attn->forward(h); });
+    if (!s_.unused || step % 2 == 0) h = h + run_unit(*mlp, [&] { return mlp->forward(h); });
+    const at::Tensor logits = h.matmul(emb->weight.t()).to(at::kFloat);  // tied head
+    return torch::cross_entropy_loss(logits.reshape({-1, kVocab}), target.reshape({-1}));
+  }
+
+  std::vector<std::shared_ptr<torch::nn::Module>> units() override { return {attn, mlp}; }
+
+ private:
   Scenario s_;
   int64_t batch_;
   torch::nn::Embedding emb{nullptr};
-  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr}, fc1{nullptr}, fc2{nullptr};
-  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  std::shared_ptr<AttentionBlock> attn;
+  std::shared_ptr<MlpBlock> mlp;
 };
 
 // Elementwise only (fp16 has no matmul on the CPU in LibTorch 1.13): y = x * w + b.
@@ -106,6 +140,8 @@ class Elementwise : public TestModel {
     const at::Tensor out = x.to(w.scalar_type()) * w + b;
     return torch::mse_loss(out.to(at::kFloat), y);
   }
+
+  std::vector<std::shared_ptr<torch::nn::Module>> units() override { return {}; }
 
  private:
   int64_t batch_;
@@ -143,6 +179,8 @@ Scenario Scenario::parse(const std::vector<std::string>& args) {
       s.die_at = std::stoi(value);
     else if (key == "timeout")
       s.timeout = std::stod(value);
+    else if (key == "branch")
+      s.branch = value == "1";
     else if (key == "overlap")
       s.overlap = value == "1";
     else if (key == "overflow_at")
@@ -167,7 +205,9 @@ std::vector<std::string> Scenario::to_args() const {
           std::string("frozen=") + (frozen ? "1" : "0"),
           std::string("unused=") + (unused ? "1" : "0"),
           std::string("overlap=") + (overlap ? "1" : "0"),
-          "die_at=" + std::to_string(die_at), "timeout=" + std::to_string(timeout),
+          std::string("branch=") + (branch ? "1" : "0"),
+          "die_at=" + std::to_string(die_at),
+          "timeout=" + std::to_string(timeout),
           "overflow_at=" + std::to_string(overflow_at),
           "lr=" + std::to_string(lr)};
 }

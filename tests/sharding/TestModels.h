@@ -1,6 +1,7 @@
 #pragma once
 // The models, data and scenarios the multi-rank tests train, shared by the rank worker
 // and by the single-process reference so both see the same thing.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@ struct Scenario {
   bool frozen = false;         // one parameter with requires_grad = false
   bool unused = false;         // one layer used only on even steps
   bool overlap = false;        // overlap_comm
+  bool branch = false;         // a layer runs only where the rank's own data says so
   int overflow_at = -1;        // fp16: make this step's gradients infinite
   int die_at = -1;             // the last rank exits abruptly in this step's backward
   double timeout = 300;        // comm_timeout_seconds
@@ -34,10 +36,18 @@ struct Scenario {
   Config config() const;
 };
 
+using UnitRunner =
+    std::function<at::Tensor(const torch::nn::Module&, const std::function<at::Tensor()>&)>;
+
 class TestModel : public torch::nn::Module {
  public:
   // Mean loss over rows [begin, end) of micro-batch `micro` of step `step`.
   virtual at::Tensor loss(int step, int micro, int64_t begin, int64_t end) = 0;
+  // The stage-3 units, and how their forwards are run (Engine::run_unit in a rank).
+  virtual std::vector<std::shared_ptr<torch::nn::Module>> units() = 0;
+  UnitRunner run_unit = [](const torch::nn::Module&, const std::function<at::Tensor()>& f) {
+    return f();
+  };
 };
 
 std::shared_ptr<TestModel> make_model(const Scenario& s);

@@ -1,0 +1,27 @@
+#pragma once
+// Which parameters share a flat buffer. Stages 0-2: trainable parameters in buckets of
+// reduce_bucket_size elements, in registration order. Stage 3: one sharded group per
+// unit holding the unit's trainable parameters; everything else (parameters outside
+// every unit, parameters tied across units, frozen parameters) stays whole in root
+// groups, whose optimizer state and gradients are still sharded as at stage 2.
+#include <cstdint>
+#include <vector>
+
+#include "sharding/FlatParamGroup.h"
+
+namespace zeroshard {
+
+struct GroupSpec {
+  std::vector<NamedParam> params;
+  bool sharded = false;   // stage 3: only this rank's shard kept between uses
+  bool trainable = true;  // has gradients and optimizer state
+  int unit = -1;          // index into the units, for sharded groups
+};
+
+// `units[i]` lists unit i's parameters (recursively, each once). Order of the result:
+// trainable root groups, unit groups in unit order, frozen groups.
+std::vector<GroupSpec> layout_groups(const std::vector<NamedParam>& params,
+                                     const std::vector<std::vector<NamedParam>>& units, int stage,
+                                     int64_t bucket_numel);
+
+}  // namespace zeroshard
