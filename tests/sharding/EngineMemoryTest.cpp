@@ -11,9 +11,10 @@ using namespace zeroshard::testing;
 // same model, stage and precision (the model-state kinds), within 2%.
 TEST(EngineMemory, LedgerMatchesThePlanEveryStage) {
   for (const std::string dtype : {"fp32", "bf16"}) {
-    for (int stage : {0, 1, 2}) {
+    for (int stage : {0, 1, 2, 3}) {
       Scenario s;
-      s.model = "transformer";
+      s.model = stage == 3 ? "mlp" : "transformer";  // at stage 3 every parameter in a unit
+      s.scale = 8;
       s.stage = stage;
       s.dtype = dtype;
       s.steps = 2;
@@ -34,7 +35,8 @@ TEST(EngineMemory, LedgerMatchesThePlanEveryStage) {
 TEST(EngineMemory, ModelStatesShrinkWithStageAsTheSeedFormulaSays) {
   auto states = [](int stage, int world) {
     Scenario s;
-    s.model = "transformer";
+    s.model = "mlp";
+    s.scale = 8;  // 115k parameters in three units: per-unit padding stays under 1%
     s.stage = stage;
     s.steps = 1;
     s.bucket = 100'000;  // one group: padding stays negligible
@@ -51,4 +53,30 @@ TEST(EngineMemory, ModelStatesShrinkWithStageAsTheSeedFormulaSays) {
   // 4p + 4p + 8p/4 = 10p; stage 2 4p + 4p/4 (fp32 shard) + 8p/4 = 7p.
   EXPECT_NEAR(states(1, 4) / stage0, 10.0 / 16, 0.02);
   EXPECT_NEAR(states(2, 4) / stage0, 7.0 / 16, 0.02);
+  // stage 3: 4p/4 + 4p/4 + 8p/4 = 4p, a quarter of stage 0
+  EXPECT_LE(states(3, 4) / stage0, 0.25 + 0.02);
+}
+
+// Full parameters live between gather and free never exceed the prefetch budget plus
+// the largest unit, and the ledger at rest holds none.
+TEST(EngineMemory, Stage3LiveParametersStayWithinThePrefetchBudget) {
+  Scenario s;
+  s.model = "mlp";
+  s.scale = 8;  // units of 33,024 / 65,792 / 16,448 parameters (fc1 / extra / fc2)
+  s.stage = 3;
+  s.steps = 3;
+  s.prefetch = 20'000;  // room for fc2 only
+  s.live = 100'000;
+  s.persist = 0;
+  const auto ranks = run_ranks(s, 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  const auto gathered = static_cast<int64_t>(Kind::GatheredParams);
+  for (const auto& r : ranks) {
+    const double peak = r.memory[gathered * 3 + 2].item<double>();
+    const double at_rest = r.memory[gathered * 3].item<double>();
+    const double largest_unit = 65'792 + 256;  // padded for 2 ranks
+    EXPECT_LE(peak, 4 * (20'000 + largest_unit));
+    EXPECT_GE(peak, 4 * largest_unit);  // the largest unit was gathered at some point
+    EXPECT_EQ(at_rest, 0);
+  }
 }

@@ -16,16 +16,17 @@ torch::Generator data_generator(int step, int micro) {
 class Mlp : public TestModel {
  public:
   Mlp(const Scenario& s, int batch) : s_(s), batch_(batch) {
-    fc1 = register_module("fc1", torch::nn::Linear(16, 32));
-    extra = register_module("extra", torch::nn::Linear(32, 32));
-    fc2 = register_module("fc2", torch::nn::Linear(32, 8));
+    const int64_t in = 16 * s.scale, hidden = 32 * s.scale, out = 8 * s.scale;
+    fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
+    extra = register_module("extra", torch::nn::Linear(hidden, hidden));
+    fc2 = register_module("fc2", torch::nn::Linear(hidden, out));
     if (s.frozen) fc1->bias.set_requires_grad(false);
   }
 
   at::Tensor loss(int step, int micro, int64_t begin, int64_t end) override {
     auto gen = data_generator(step, micro);
-    const at::Tensor x = at::randn({batch_, 16}, gen).slice(0, begin, end);
-    const at::Tensor y = at::randn({batch_, 8}, gen).slice(0, begin, end);
+    const at::Tensor x = at::randn({batch_, 16 * s_.scale}, gen).slice(0, begin, end);
+    const at::Tensor y = at::randn({batch_, 8 * s_.scale}, gen).slice(0, begin, end);
     at::Tensor h = run_unit(*fc1, [&] { return fc1->forward(x.to(fc1->weight.scalar_type())); });
     h = torch::tanh(h);
     bool use_extra = !s_.unused || step % 2 == 0;
@@ -179,6 +180,14 @@ Scenario Scenario::parse(const std::vector<std::string>& args) {
       s.die_at = std::stoi(value);
     else if (key == "timeout")
       s.timeout = std::stod(value);
+    else if (key == "scale")
+      s.scale = std::stoi(value);
+    else if (key == "prefetch")
+      s.prefetch = std::stoll(value);
+    else if (key == "live")
+      s.live = std::stoll(value);
+    else if (key == "persist")
+      s.persist = std::stoll(value);
     else if (key == "branch")
       s.branch = value == "1";
     else if (key == "overlap")
@@ -206,6 +215,8 @@ std::vector<std::string> Scenario::to_args() const {
           std::string("unused=") + (unused ? "1" : "0"),
           std::string("overlap=") + (overlap ? "1" : "0"),
           std::string("branch=") + (branch ? "1" : "0"),
+          "scale=" + std::to_string(scale), "prefetch=" + std::to_string(prefetch),
+          "live=" + std::to_string(live), "persist=" + std::to_string(persist),
           "die_at=" + std::to_string(die_at),
           "timeout=" + std::to_string(timeout),
           "overflow_at=" + std::to_string(overflow_at),
@@ -220,6 +231,9 @@ Config Scenario::config() const {
   c.gradient_accumulation_steps = accum;
   c.zero.overlap_comm = overlap;
   c.comm_timeout_seconds = timeout;
+  if (prefetch >= 0) c.zero.stage3_prefetch_bucket_size = prefetch;
+  if (live >= 0) c.zero.stage3_max_live_parameters = live;
+  if (persist >= 0) c.zero.stage3_param_persistence_threshold = persist;
   c.train_micro_batch_size_per_gpu = 1;
   c.gradient_clipping = clip;
   c.bf16 = dtype == "bf16";

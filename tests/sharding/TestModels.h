@@ -25,6 +25,10 @@ struct Scenario {
   bool unused = false;         // one layer used only on even steps
   bool overlap = false;        // overlap_comm
   bool branch = false;         // a layer runs only where the rank's own data says so
+  int scale = 1;               // mlp widths x scale
+  int64_t prefetch = -1;       // stage3_prefetch_bucket_size (-1: default)
+  int64_t live = -1;           // stage3_max_live_parameters
+  int64_t persist = -1;        // stage3_param_persistence_threshold
   int overflow_at = -1;        // fp16: make this step's gradients infinite
   int die_at = -1;             // the last rank exits abruptly in this step's backward
   double timeout = 300;        // comm_timeout_seconds
