@@ -92,6 +92,7 @@ usage: ./zs VERB [ARGS]
   test              build and run every test
   build             install missing packages and build into build/
   estimate ARGS     zeroshard-estimate: what fits where, before launch (--help for options)
+  bench NAME [--json] a benchmark from tools/bench (sharding), with its baseline
   run -n N PROG ARGS  start N local ranks of PROG (a built binary, or a .py script
                     through torchrun) with the launcher environment zeroshard reads
   help              this list
@@ -119,6 +120,14 @@ case "$verb" in
     exec "$BUILD/tools/zeroshard-estimate" "$@"
     ;;
   run) run_ranks "$@" ;;
+  bench)
+    name="${1:-}"
+    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding"
+    shift
+    build >/dev/null
+    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding"
+    "$BUILD/tools/zs-bench-$name" "$@"
+    ;;
   help | -h | --help) usage ;;
   *) usage >&2; die "unknown verb '$verb'" ;;
 esac

@@ -230,6 +230,10 @@ void Engine::zero_grad() {
   reducer_->zero();
 }
 
+int64_t Engine::bytes_sent() const {
+  return comm_->bytes_sent() + param_comm_->bytes_sent();
+}
+
 std::vector<NamedParam> Engine::full_parameters() {
   at::NoGradGuard no_grad;
   std::unordered_map<const void*, at::Tensor> copies;

@@ -77,6 +77,8 @@ class Engine {
   int rank() const { return dist_.env.rank; }
   int world_size() const { return dist_.env.world_size; }
   MemoryReport memory_report() const;
+  // Bytes this rank has sent in collectives so far (ring-algorithm volume).
+  int64_t bytes_sent() const;
   MemoryLedger& ledger() { return ledger_; }
 
  private:

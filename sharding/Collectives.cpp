@@ -56,6 +56,10 @@ Collectives::Collectives(c10::intrusive_ptr<compat::CommBackend> group, int rank
   if (group_) nccl_ = group_->getBackendName() == "nccl";
 }
 
+void Collectives::count(const at::Tensor& buffer, int64_t times) {
+  bytes_sent_ += times * bytes_of(buffer) * (world_ - 1) / world_;
+}
+
 bool Collectives::native_flat() const {
   return nccl_ || compat::kGlooFlatReduceScatter;
 }
@@ -70,6 +74,7 @@ CommHandle Collectives::all_reduce_sum(const at::Tensor& tensor) {
   const bool upcast =
       !nccl_ && tensor.scalar_type() == at::kBFloat16 && !compat::kGlooBf16AllReduce;
   at::Tensor wire = upcast ? tensor.to(at::kFloat) : tensor;
+  count(wire, 2);
   LedgerEntry scratch(ledger_, Tier::Device, Kind::CommBuckets, upcast ? bytes_of(wire) : 0);
   std::vector<at::Tensor> tensors{wire};
   auto work = group_->allreduce(tensors);
@@ -81,6 +86,7 @@ CommHandle Collectives::all_reduce_sum(const at::Tensor& tensor) {
 CommHandle Collectives::all_gather(const at::Tensor& flat) {
   if (world_ == 1) return {};
   at::Tensor payload = as_payload(flat);
+  count(payload, 1);
   if (native_flat()) {
     at::Tensor input = payload.chunk(world_)[rank_];
     auto work = group_->_allgather_base(payload, input);
@@ -98,6 +104,7 @@ CommHandle Collectives::reduce_scatter_sum(const at::Tensor& flat_in, const at::
     return {};
   }
   const int64_t shard = flat_in.numel() / world_;
+  count(flat_in, 1);
   if (native_flat() && flat_in.scalar_type() == shard_out.scalar_type()) {
     at::Tensor in = flat_in;
     at::Tensor out = shard_out;

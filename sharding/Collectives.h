@@ -61,6 +61,10 @@ class Collectives {
 
   [[noreturn]] void fail_collective(const std::string& op, const std::string& what) const;
 
+  // Bytes this rank has sent, counted as bandwidth-optimal (ring) algorithms send them:
+  // all-reduce 2(d-1)/d of the buffer, all-gather and reduce-scatter (d-1)/d.
+  int64_t bytes_sent() const { return bytes_sent_; }
+
  private:
   bool native_flat() const;
   c10::intrusive_ptr<compat::CommBackend> group_;
@@ -69,6 +73,8 @@ class Collectives {
   bool nccl_ = false;
   std::function<std::string()> diagnose_;
   MemoryLedger* ledger_;
+  int64_t bytes_sent_ = 0;
+  void count(const at::Tensor& buffer, int64_t times);
 };
 
 }  // namespace zeroshard

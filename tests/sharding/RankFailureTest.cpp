@@ -3,9 +3,10 @@
 #include <gtest/gtest.h>
 
 #include "tests/sharding/TestModels.h"
-#include "tests/support/RankLauncher.h"
+#include "tools/launch/RankLauncher.h"
 
 using namespace zeroshard::testing;
+using namespace zeroshard::launch;
 
 namespace {
 const std::string kWorker = std::string(ZS_BINARY_DIR) + "/tests/sharding_worker";

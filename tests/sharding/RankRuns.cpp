@@ -7,10 +7,11 @@
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 
-#include "tests/support/RankLauncher.h"
+#include "tools/launch/RankLauncher.h"
 
 namespace zeroshard::testing {
 namespace fs = std::filesystem;
+using launch::launch_ranks;
 
 namespace {
 const std::string kWorker = std::string(ZS_BINARY_DIR) + "/tests/sharding_worker";

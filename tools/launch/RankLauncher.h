@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace zeroshard::testing {
+namespace zeroshard::launch {
 
 struct RankResult {
   int exit_code = -1;  // -1: killed by a signal or by the time limit
@@ -29,4 +29,4 @@ LaunchResult launch_ranks(int world, const std::string& program,
                           const std::vector<std::string>& args,
                           std::chrono::seconds limit = std::chrono::seconds(120));
 
-}  // namespace zeroshard::testing
+}  // namespace zeroshard::launch

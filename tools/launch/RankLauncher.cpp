@@ -1,4 +1,4 @@
-#include "tests/support/RankLauncher.h"
+#include "tools/launch/RankLauncher.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 
 #include <fmt/format.h>
 
-namespace zeroshard::testing {
+namespace zeroshard::launch {
 namespace fs = std::filesystem;
 
 int free_port() {
@@ -114,4 +114,4 @@ LaunchResult launch_ranks(int world, const std::string& program,
   return result;
 }
 
-}  // namespace zeroshard::testing
+}  // namespace zeroshard::launch

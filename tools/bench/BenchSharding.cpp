@@ -1,0 +1,172 @@
+// zs bench sharding: a GPT-style model trained on N local ranks at ZeRO stages 0-3.
+// Prints, per stage, step time, bytes sent per step and model-state bytes per rank,
+// each beside stage 0 measured in the same run (ratios, since absolute times drift).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "common/Error.h"
+#include "runtime/Engine.h"
+#include "tools/bench/BenchGpt.h"
+#include "tools/launch/RankLauncher.h"
+
+namespace zeroshard::bench {
+namespace {
+
+struct Options {
+  int ranks = 2;
+  int steps = 6;
+  int warmup = 2;
+  int batch = 4;  // per rank
+  bool json = false;
+  GptShape shape;
+};
+
+Options parse(int argc, char** argv, int first) {
+  Options o;
+  for (int i = first; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] {
+      if (i + 1 >= argc) fail("{} needs a value", a);
+      return std::stoi(argv[++i]);
+    };
+    if (a == "--json")
+      o.json = true;
+    else if (a == "--ranks")
+      o.ranks = next();
+    else if (a == "--steps")
+      o.steps = next();
+    else if (a == "--layers")
+      o.shape.layers = next();
+    else if (a == "--dim")
+      o.shape.dim = next();
+    else
+      fail("unknown option '{}'; allowed: --json --ranks N --steps N --layers N --dim N", a);
+  }
+  return o;
+}
+
+int64_t block_params(const GptShape& s) {
+  return 12 * s.dim * s.dim + 13 * s.dim;
+}
+
+// One rank: train, then rank 0 writes its measurements as JSON to `out`.
+int worker(int stage, const std::string& out, const Options& o) {
+  torch::manual_seed(0);
+  auto model = std::make_shared<Gpt>(o.shape);
+  Config c;
+  c.zero.stage = stage;
+  c.zero.overlap_comm = true;
+  c.zero.reduce_bucket_size = block_params(o.shape);
+  c.zero.allgather_bucket_size = block_params(o.shape);
+  c.zero.stage3_prefetch_bucket_size = block_params(o.shape);  // one block ahead
+  c.zero.stage3_param_persistence_threshold = 4 * o.shape.dim;
+  c.gradient_clipping = 1.0;
+  EngineOptions options;
+  options.units = model->blocks();
+  Engine engine(model, c, options);
+  auto run_unit = [&](const torch::nn::Module& unit, const std::function<at::Tensor()>& f) {
+    return engine.run_unit(unit, f);
+  };
+  auto gen = at::detail::createCPUGenerator(100 + engine.rank());
+  auto train_step = [&] {
+    const at::Tensor tokens = at::randint(o.shape.vocab, {o.batch, o.shape.seq + 1}, gen);
+    engine.backward(model->loss(tokens, run_unit));
+    engine.step();
+  };
+  for (int i = 0; i < o.warmup; ++i) train_step();
+  const int64_t sent_before = engine.bytes_sent();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < o.steps; ++i) train_step();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto snapshot = engine.ledger().snapshot();
+  int64_t states = 0;
+  for (Kind k :
+       {Kind::Params, Kind::MasterParams, Kind::Grads, Kind::GradsFp32, Kind::OptimizerStates}) {
+    states += snapshot.current[0][static_cast<size_t>(k)];
+  }
+  if (engine.rank() == 0) {
+    nlohmann::json j;
+    j["stage"] = stage;
+    j["step_seconds"] = seconds / o.steps;
+    j["bytes_sent_per_step"] = (engine.bytes_sent() - sent_before) / o.steps;
+    j["model_state_bytes"] = states;
+    j["peak_device_bytes"] = snapshot.peak_total(Tier::Device);
+    std::ofstream(out) << j.dump();
+  }
+  return 0;
+}
+
+std::vector<std::string> forward_args(const Options& o) {
+  return {"--steps", std::to_string(o.steps),    "--layers", std::to_string(o.shape.layers),
+          "--dim",   std::to_string(o.shape.dim)};
+}
+
+int driver(const std::string& self, const Options& o) {
+  std::vector<nlohmann::json> rows;
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string out = fmt::format("/tmp/zs_bench_sharding_{}_{}.json", getpid(), stage);
+    std::vector<std::string> args{"--worker", std::to_string(stage), out};
+    for (const auto& a : forward_args(o)) args.push_back(a);
+    const auto result = launch::launch_ranks(o.ranks, self, args, std::chrono::seconds(600));
+    if (!result.all_ok()) fail("stage {} failed:\n{}", stage, result.describe());
+    std::ifstream in(out);
+    rows.push_back(nlohmann::json::parse(in));
+    std::remove(out.c_str());
+  }
+  const auto& base = rows[0];
+  auto ratio = [&](const nlohmann::json& r, const char* key) {
+    return r[key].get<double>() / base[key].get<double>();
+  };
+  if (o.json) {
+    nlohmann::json j;
+    j["ranks"] = o.ranks;
+    j["stages"] = rows;
+    j["stage3_time_ratio"] = ratio(rows[3], "step_seconds");
+    j["stage3_state_fraction"] = ratio(rows[3], "model_state_bytes");
+    j["stage3_bytes_ratio"] = ratio(rows[3], "bytes_sent_per_step");
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("GPT {} layers x {} dim, {} ranks over Gloo, fp32, {} timed steps\n",
+                           o.shape.layers, o.shape.dim, o.ranks, o.steps);
+  std::cout << fmt::format("{:>5} {:>10} {:>7} {:>13} {:>7} {:>14} {:>8}\n", "stage", "step ms",
+                           "x st0", "MB sent/step", "x st0", "state MB/rank", "x st0");
+  for (const auto& r : rows) {
+    std::cout << fmt::format(
+        "{:>5} {:>10.1f} {:>7.2f} {:>13.2f} {:>7.2f} {:>14.2f} {:>8.3f}\n", r["stage"].get<int>(),
+        r["step_seconds"].get<double>() * 1e3, ratio(r, "step_seconds"),
+        r["bytes_sent_per_step"].get<double>() / 1e6, ratio(r, "bytes_sent_per_step"),
+        r["model_state_bytes"].get<double>() / 1e6, ratio(r, "model_state_bytes"));
+  }
+  std::cout << "theory: bytes sent, stages 1-2 = 1.0x stage 0, stage 3 = 1.5x (parameters "
+               "gathered in forward and again in backward); model states at stage 3 = 1/d\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace zeroshard::bench
+
+int main(int argc, char** argv) {
+  using namespace zeroshard;
+  try {
+    if (argc > 3 && std::string(argv[1]) == "--worker") {
+      return bench::worker(std::stoi(argv[2]), argv[3], bench::parse(argc, argv, 4));
+    }
+    char self[4096] = {0};
+    if (readlink("/proc/self/exe", self, sizeof self - 1) <= 0) fail("cannot find myself");
+    return bench::driver(self, bench::parse(argc, argv, 1));
+  } catch (const std::exception& e) {
+    std::cerr << "zs-bench-sharding: " << e.what() << "\n";
+    return 2;
+  }
+}
