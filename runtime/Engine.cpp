@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <fmt/format.h>
 
 #include "common/Bytes.h"
@@ -43,6 +45,22 @@ at::ScalarType compute_dtype(const Config& c) {
 
 int64_t host_ram() {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+}
+
+// Stage-3 units when none are declared: the root's children, with a ModuleList or
+// Sequential child (a stack of blocks) contributing each of its blocks.
+std::vector<std::shared_ptr<torch::nn::Module>> default_units(const torch::nn::Module& root) {
+  std::vector<std::shared_ptr<torch::nn::Module>> units;
+  for (const auto& child : root.children()) {
+    const bool stack = dynamic_cast<const torch::nn::ModuleListImpl*>(child.get()) != nullptr ||
+                       dynamic_cast<const torch::nn::SequentialImpl*>(child.get()) != nullptr;
+    if (!stack) {
+      units.push_back(child);
+      continue;
+    }
+    for (const auto& block : child->children()) units.push_back(block);
+  }
+  return units;
 }
 
 ModelSpec spec_of(const std::vector<NamedParam>& params) {
@@ -89,8 +107,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
   param_comm_ = std::make_unique<Collectives>(dist_.param_group, env.rank, env.world_size, diagnose,
                                               &ledger_);
   broadcast_initial_values(params);
-  auto units = options.units;
-  if (units.empty()) units = module_->children();
+  auto units = options.units.empty() ? default_units(*module_) : options.units;
   build_groups(params, units);
   const auto& fp16 = plan_.config.fp16;
   if (fp16.enabled) {
