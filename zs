@@ -88,7 +88,8 @@ run_ranks() {
 usage() {
   cat <<'EOF'
 usage: ./zs VERB [ARGS]
-  demo              the main job (for now: the estimator on a bundled Llama-2-7b config)
+  demo [STEPS]      the main job: the planner on Llama-2-7b, then a real ZeRO-3 training
+                    run of a small GPT on 2 local ranks
   test              build and run every test
   build             install missing packages and build into build/
   estimate ARGS     zeroshard-estimate: what fits where, before launch (--help for options)
@@ -108,7 +109,10 @@ case "$verb" in
     cd "$ROOT"
     "$BUILD/tools/zeroshard-estimate" --hf-config tests/data/hf/llama2_7b.json \
       --nodes 1 --gpus-per-node 8 --gpu-mem 80GB --cpu-mem 512GB --nvme 2TB \
-      --seq 4096 --micro-batch 1 --bf16 --activation-checkpointing "$@"
+      --seq 4096 --micro-batch 1 --bf16 --activation-checkpointing
+    echo
+    echo "== training: a small GPT on 2 local ranks with configs/zero3.yaml (ZeRO-3, bf16) =="
+    run_plain 2 "$BUILD/tools/zs-demo-train" configs/zero3.yaml "$@"
     ;;
   test)
     build

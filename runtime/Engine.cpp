@@ -6,9 +6,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
-#include <fmt/format.h>
 
 #include "common/Bytes.h"
 #include "common/Error.h"
@@ -144,7 +144,8 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
   std::vector<int> unit_of_group;  // per trainable group: its coordinator unit or -1
   for (const auto& spec : layout) {
     groups_.push_back(std::make_unique<FlatParamGroup>(spec.params, rank(), world_size(), dtype,
-                                                       spec.sharded, spec.trainable, &ledger_));
+                                                       spec.sharded, spec.trainable,
+                                                       /*lazy_grads=*/stage >= 2, &ledger_));
     FlatParamGroup* g = groups_.back().get();
     if (spec.sharded) {
       unit_index_[units[spec.unit].get()] = sharded.size();
@@ -162,6 +163,7 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
   o.max_live_numel = *z.stage3_max_live_parameters;
   o.persistence_numel = *z.stage3_param_persistence_threshold;
   coordinator_ = std::make_unique<ParamCoordinator>(sharded, param_comm_.get(), o);
+  reducer_->on_wait([this] { return coordinator_->advance(); });
   reducer_->on_group_complete([this, unit_of_group](size_t group) {
     if (unit_of_group[group] >= 0) coordinator_->backward_done(unit_of_group[group]);
   });
@@ -290,6 +292,7 @@ ModelSpec Engine::spec_of_groups() const {
   spec.model_type = "module";
   for (const auto& g : groups_) {
     spec.unit_params.push_back(g->numel());
+    if (!g->sharded()) spec.whole_unit_params.push_back(g->numel());
     spec.total_params += g->numel();
   }
   spec.largest_module_params = spec.largest_unit();

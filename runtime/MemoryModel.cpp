@@ -83,7 +83,9 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
 
   MemoryBreakdown m;
   if (option.stage == 3) {
-    m.at(tier_of(option.params), Kind::Params) = kl * shard;
+    int64_t whole_rest = 0;  // of units kept whole: the part beyond this rank's shard
+    for (int64_t unit : spec.whole_unit_params) whole_rest += padded_shard_numel(unit, d) * (d - 1);
+    m.at(tier_of(option.params), Kind::Params) = kl * (shard + whole_rest);
     m.at(Tier::Device, Kind::GatheredParams) = kl * gathered_numel(spec, z);
   } else {
     m.at(Tier::Device, Kind::Params) = kl * full;

@@ -42,8 +42,11 @@ struct ModelSpec {
   int64_t heads = 0;
   int64_t vocab = 0;
   int64_t max_positions = 0;
-  std::vector<int64_t> unit_params;   // stage-3 units: blocks, then the root unit
-  int64_t largest_module_params = 0;  // DeepSpeed's largest_layer_params
+  std::vector<int64_t> unit_params;  // stage-3 units: blocks, then the root unit
+  // Units among unit_params that stage 3 keeps whole on every rank (parameters outside
+  // every declared unit); their optimizer state and gradients are still sharded.
+  std::vector<int64_t> whole_unit_params;
+  int64_t largest_module_params = 0;                       // DeepSpeed's largest_layer_params
   std::vector<std::pair<int64_t, int64_t>> tensor_counts;  // (numel, how many)
 
   int64_t largest_unit() const;

@@ -20,7 +20,7 @@ void resize_storage(const at::Tensor& t, int64_t bytes) {
 }  // namespace
 
 FlatParamGroup::FlatParamGroup(const std::vector<NamedParam>& params, int rank, int world,
-                               at::ScalarType dtype, bool sharded, bool with_grads,
+                               at::ScalarType dtype, bool sharded, bool with_grads, bool lazy_grads,
                                MemoryLedger* ledger)
     : rank_(rank), world_(world), sharded_(sharded), with_grads_(with_grads) {
   for (const auto& p : params) {
@@ -49,10 +49,17 @@ FlatParamGroup::FlatParamGroup(const std::vector<NamedParam>& params, int rank, 
     flat_entry_ = LedgerEntry(ledger, tier, Kind::Params, nbytes(padded_numel(), flat_));
   }
   if (with_grads_) {
-    flat_grad_ = at::zeros({padded_numel()}, options);
-    grad_entry_ = LedgerEntry(ledger, tier, Kind::Grads, nbytes(padded_numel(), flat_));
+    if (lazy_grads) {
+      // Views need the full size once; at::empty touches no page before it is released.
+      flat_grad_ = at::empty({padded_numel()}, options);
+      grad_entry_ = LedgerEntry(ledger, tier, Kind::Grads, 0);
+    } else {
+      flat_grad_ = at::zeros({padded_numel()}, options);
+      grad_entry_ = LedgerEntry(ledger, tier, Kind::Grads, nbytes(padded_numel(), flat_));
+    }
   }
   bind_views();
+  if (with_grads_ && lazy_grads) resize_storage(flat_grad_, 0);
   if (sharded_) release_full();
 }
 

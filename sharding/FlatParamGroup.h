@@ -34,8 +34,10 @@ class FlatParamGroup {
  public:
   // Copies the parameters' current values into the buffer (cast to `dtype`) and
   // rebinds each parameter as a view of it.
+  // `lazy_grads`: the gradient buffer starts released (stage >= 2 brings it into being
+  // when its first gradient arrives).
   FlatParamGroup(const std::vector<NamedParam>& params, int rank, int world, at::ScalarType dtype,
-                 bool sharded, bool with_grads, MemoryLedger* ledger);
+                 bool sharded, bool with_grads, bool lazy_grads, MemoryLedger* ledger);
 
   const std::vector<ParamSlot>& slots() const { return slots_; }
   int64_t numel() const { return numel_; }

@@ -1,6 +1,8 @@
 #include "sharding/GradReducer.h"
 
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
@@ -24,7 +26,6 @@ GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool ov
       fp32_.push_back(at::zeros({n}, grad.options().dtype(at::kFloat)));
       fp32_entries_.emplace_back(ledger, Tier::Device, Kind::GradsFp32, n * 4);
     }
-    if (stage_ >= 2) g->release_grads();
   }
   received_entry_ = LedgerEntry(ledger, Tier::Device, Kind::CommBuckets, 0);
   install_hooks();
@@ -73,14 +74,15 @@ void GradReducer::launch_ready() {
 }
 
 void GradReducer::launch(size_t g) {
-  // overlap_comm lets two groups be in flight while backward goes on. Inside backward
-  // only finished work is retired: blocking here could wait on a rank that is itself
-  // waiting for a parameter gather (stage 3) - the rest is retired after backward.
+  // overlap_comm lets two groups be in flight while backward goes on; without it each
+  // group is retired before the next is launched.
   const size_t max_in_flight = overlap_ ? 2 : 1;
-  if (stage_ >= 2)
-    while (!in_flight_.empty() && in_flight_.size() >= max_in_flight &&
-           in_flight_.front().handle.ready())
+  if (stage_ >= 2) {
+    while (in_flight_.size() >= max_in_flight) {
+      wait_front();
       retire_oldest();
+    }
+  }
   groups_[g]->materialize_grads();  // a group no gradient reached this step
   InFlight f;
   f.group = g;
@@ -97,6 +99,19 @@ void GradReducer::launch(size_t g) {
     f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), f.received);
   }
   in_flight_.push_back(std::move(f));
+}
+
+void GradReducer::wait_front() {
+  constexpr auto kPatience = std::chrono::milliseconds(20);
+  auto since = std::chrono::steady_clock::now();
+  while (advance_ && !in_flight_.front().handle.ready()) {
+    if (std::chrono::steady_clock::now() - since < kPatience) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      continue;
+    }
+    if (!advance_()) return;  // nothing left to issue: a plain wait cannot block a peer
+    since = std::chrono::steady_clock::now();
+  }
 }
 
 void GradReducer::retire_oldest() {

@@ -49,6 +49,10 @@ class GradReducer {
   void on_group_complete(std::function<void(size_t)> callback) {
     on_complete_ = std::move(callback);
   }
+  // Stage 3: while a reduction is waited for inside backward, `advance` issues this
+  // rank's next parameter gather (false when none is left), so a peer that waits on that
+  // gather before it can launch the reduction is never stuck.
+  void on_wait(std::function<bool()> advance) { advance_ = std::move(advance); }
 
  private:
   void install_hooks();
@@ -77,6 +81,8 @@ class GradReducer {
   std::vector<InFlight> in_flight_;
   LedgerEntry received_entry_;
   std::function<void(size_t)> on_complete_;
+  std::function<bool()> advance_;
+  void wait_front();
 };
 
 }  // namespace zeroshard

@@ -130,6 +130,13 @@ void ParamCoordinator::backward_done(size_t unit) {
   if (phase_ == Phase::Backward) release(unit);
 }
 
+bool ParamCoordinator::advance() {
+  const auto& o = order();
+  if (phase_ == Phase::Idle || cursor_ >= o.size()) return false;
+  launch_gather(o[cursor_++]);
+  return true;
+}
+
 void ParamCoordinator::end_backward() {
   const auto& o = backward_;
   while (cursor_ < o.size()) launch_gather(o[cursor_++]);

@@ -34,6 +34,8 @@ class ParamCoordinator {
   void before_backward(size_t unit);
   void backward_done(size_t unit);
   void end_backward();
+  // Issue the next gather of the current walk ahead of need; false when none is left.
+  bool advance();
   // After each optimizer step: every full copy is stale (persistent ones included), and
   // the schedule becomes rank 0's recorded order (one small broadcast).
   void after_step();

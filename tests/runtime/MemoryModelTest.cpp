@@ -88,6 +88,15 @@ TEST(MemoryModel, Stage3ShardsParamsAndHoldsGatheredUnits) {
   EXPECT_EQ(m.total(Tier::Device), 66'200);
 }
 
+TEST(MemoryModel, Stage3KeepsWholeUnitsWhole) {
+  ModelSpec s = toy_spec();
+  s.whole_unit_params = {3200};  // the second unit stays whole: +1,600 elements per rank
+  const auto m = predict_memory(s, {3, OD::None, OD::None}, toy_config(true), WorldShape{1, 2},
+                                TrainingShape{});
+  EXPECT_EQ(m.at(Tier::Device, Kind::Params), 2 * (3200 + 1600));
+  EXPECT_EQ(m.at(Tier::Device, Kind::OptimizerStates), 8 * 3200);  // still sharded
+}
+
 TEST(MemoryModel, Stage2CpuOffloadMovesOptimizerAndFp32GradsToHost) {
   const auto m = predict({2, OD::Cpu, OD::None});
   EXPECT_EQ(m.total(Tier::Device), 2 * 6400 + 0 + 3000);

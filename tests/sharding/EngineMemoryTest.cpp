@@ -78,5 +78,8 @@ TEST(EngineMemory, Stage3LiveParametersStayWithinThePrefetchBudget) {
     EXPECT_LE(peak, 4 * (20'000 + largest_unit));
     EXPECT_GE(peak, 4 * largest_unit);  // the largest unit was gathered at some point
     EXPECT_EQ(at_rest, 0);
+    // Gradient buffers: the group being reduced plus the one filling, never the model.
+    const auto grads = static_cast<int64_t>(Kind::Grads);
+    EXPECT_LE(r.memory[grads * 3 + 2].item<double>(), 4 * (largest_unit + 33'024 + 256));
   }
 }

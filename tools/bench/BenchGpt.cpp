@@ -40,6 +40,10 @@ class Block : public torch::nn::Module {
 
 Gpt::Gpt(const GptShape& shape) : shape_(shape) {
   embedding_ = register_module("emb", torch::nn::Embedding(shape.vocab, shape.dim));
+  {
+    torch::NoGradGuard no_grad;  // GPT-2's scale: the tied head starts near uniform
+    embedding_->weight.normal_(0, 0.02);
+  }
   for (int64_t i = 0; i < shape.layers; ++i) {
     blocks_.push_back(register_module("block" + std::to_string(i), std::make_shared<Block>(shape)));
   }
