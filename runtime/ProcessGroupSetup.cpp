@@ -62,17 +62,23 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
 
 std::string DistContext::describe_missing_ranks() const {
   if (!store) return "";
-  constexpr auto kWait = std::chrono::seconds(3);
+  // Survivors notice a lost peer at different moments (a rank busy computing notices at
+  // its next collective), so the roll-call waits a while for late ones.
+  constexpr auto kWindow = std::chrono::seconds(5);
   try {
     store->set("zs/alive/" + std::to_string(env.rank), std::vector<uint8_t>{1});
-    std::this_thread::sleep_for(kWait);
+    const auto deadline = std::chrono::steady_clock::now() + kWindow;
     std::vector<int> missing;
-    for (int r = 0; r < env.world_size; ++r) {
-      if (!store->check({"zs/alive/" + std::to_string(r)})) missing.push_back(r);
-    }
+    do {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      missing.clear();
+      for (int r = 0; r < env.world_size; ++r) {
+        if (!store->check({"zs/alive/" + std::to_string(r)})) missing.push_back(r);
+      }
+    } while (!missing.empty() && std::chrono::steady_clock::now() < deadline);
     if (missing.empty()) return "every rank still answers";
     return fmt::format("rank(s) {} did not respond within {} s", fmt::join(missing, ", "),
-                       kWait.count());
+                       kWindow.count());
   } catch (const std::exception&) {
     return "rank 0, which hosts the rendezvous store, is gone";
   }

@@ -26,9 +26,10 @@ TEST(RankFailure, SurvivorsStopAndNameTheLostRank) {
     EXPECT_EQ(r.ranks[2].exit_code, 3) << r.describe();
     for (int rank : {0, 1}) {
       EXPECT_EQ(r.ranks[rank].exit_code, 1) << r.describe();
-      EXPECT_NE(r.ranks[rank].output.find("rank(s) 2 did not respond"), std::string::npos)
+      // A survivor that noticed late may be listed too; the lost rank always is.
+      EXPECT_NE(r.ranks[rank].output.find("2 did not respond"), std::string::npos)
           << r.describe();
     }
-    EXPECT_LT(r.seconds, 20.0) << "slower than the configured timeout";
+    EXPECT_LT(r.seconds, 20.0) << "not within the configured timeout";
   }
 }
