@@ -51,7 +51,6 @@ void ParamCoordinator::launch_gather(size_t unit) {
   at::NoGradGuard no_grad;
   u->allocate_full();
   pending_[unit] = comm_->all_gather(u->flat());
-  peak_live_ = std::max(peak_live_, live_numel());
 }
 
 void ParamCoordinator::wait_gathered(size_t unit) {

@@ -65,7 +65,6 @@ class ParamCoordinator {
   std::vector<bool> walked_;         // gather issued in the current phase
   size_t cursor_ = 0;                // next position of the walk
   Phase phase_ = Phase::Idle;
-  int64_t peak_live_ = 0;
 };
 
 }  // namespace zeroshard
