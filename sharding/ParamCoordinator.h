@@ -41,7 +41,6 @@ class ParamCoordinator {
   void after_step();
 
   int64_t live_numel() const;  // full parameters currently gathered
-  int64_t peak_live_numel() const { return peak_live_; }
 
  private:
   enum class Phase { Idle, Forward, Backward };
