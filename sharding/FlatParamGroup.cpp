@@ -1,6 +1,7 @@
 #include "sharding/FlatParamGroup.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/native/Resize.h>
 #include <torch/csrc/autograd/variable.h>
 
