@@ -34,4 +34,15 @@ constexpr bool kGlooFlatReduceScatter = ZS_TORCH_AT_LEAST(2, 0);
 constexpr bool kGlooBf16AllReduce = ZS_TORCH_AT_LEAST(2, 0);
 constexpr bool kGlooAvg = false;  // refused on 1.13 and on 2.6
 
+// From 2.3 the TCPStore uses libuv by default, which Debian's LibTorch is built
+// without ("use_libuv was requested but PyTorch was build without libuv support").
+template <typename TcpStoreOptions>
+void use_plain_tcp_store(TcpStoreOptions& options) {
+#if ZS_TORCH_AT_LEAST(2, 3)
+  options.useLibUV = false;
+#else
+  (void)options;
+#endif
+}
+
 }  // namespace zeroshard::compat

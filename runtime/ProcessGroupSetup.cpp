@@ -42,6 +42,7 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
   opts.numWorkers = env.world_size;
   opts.waitWorkers = true;
   opts.timeout = timeout;
+  compat::use_plain_tcp_store(opts);
   try {
     ctx.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
     auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout);
