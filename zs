@@ -60,7 +60,8 @@ run_plain() {
   local pids=() rank status=0
   for ((rank = 0; rank < n; rank++)); do
     RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=$n LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
-      MASTER_PORT=$port "$@" &
+      MASTER_PORT=$port OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(($(nproc) / n > 0 ? $(nproc) / n : 1))}" \
+      "$@" &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
@@ -153,7 +154,8 @@ usage: ./zs VERB [ARGS]
                     in a Debian trixie root made once with debootstrap (--quick: host only)
   build             install missing packages and build into build/
   estimate ARGS     zeroshard-estimate: what fits where, before launch (--help for options)
-  bench NAME [--json] a benchmark from tools/bench (sharding), with its baseline
+  bench NAME [--json] a benchmark from tools/bench with its baseline: sharding (stages
+                    0-3 vs stage 0), peers (vs torch DDP/FSDP, in the LibTorch 2.x root)
   run -n N PROG ARGS  start N local ranks of PROG (a built binary, or a .py script
                     through torchrun) with the launcher environment zeroshard reads
   help              this list
@@ -190,8 +192,19 @@ case "$verb" in
   run) run_ranks "$@" ;;
   bench)
     name="${1:-}"
-    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding"
+    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, peers"
     shift
+    if [ "$name" = peers ]; then  # torch's FSDP runs only in the LibTorch 2.x root
+      [ "$(id -u)" = 0 ] || die "bench peers runs in the trixie root and needs root"
+      build >/dev/null
+      ensure_trixie_root
+      in_root "$TRIXIE_ROOT" "
+        [ -f build-trixie/build.ninja ] || cmake -S . -B build-trixie -G Ninja \
+          -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+        cmake --build build-trixie -j $(nproc) >/dev/null &&
+        python3 tools/bench/peers.py $*"
+      exit $?
+    fi
     build >/dev/null
     [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding"
     "$BUILD/tools/zs-bench-$name" "$@"

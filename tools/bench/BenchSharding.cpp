@@ -1,7 +1,10 @@
 // zs bench sharding: a GPT-style model trained on N local ranks at ZeRO stages 0-3.
 // Prints, per stage, step time, bytes sent per step and model-state bytes per rank,
 // each beside stage 0 measured in the same run (ratios, since absolute times drift).
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <chrono>
 #include <cstdio>
@@ -22,6 +25,7 @@ namespace zeroshard::bench {
 namespace {
 
 struct Options {
+  std::vector<int> stages{0, 1, 2, 3};
   int ranks = 2;
   int steps = 6;
   int warmup = 2;
@@ -29,6 +33,25 @@ struct Options {
   bool json = false;
   GptShape shape;
 };
+
+std::vector<int> parse_stages(const std::string& list) {
+  std::vector<int> stages;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) stages.push_back(std::stoi(item));
+  return stages;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
 
 Options parse(int argc, char** argv, int first) {
   Options o;
@@ -48,8 +71,15 @@ Options parse(int argc, char** argv, int first) {
       o.shape.layers = next();
     else if (a == "--dim")
       o.shape.dim = next();
+    else if (a == "--batch")
+      o.batch = next();
+    else if (a == "--stages" && i + 1 < argc)
+      o.stages = parse_stages(argv[++i]);
     else
-      fail("unknown option '{}'; allowed: --json --ranks N --steps N --layers N --dim N", a);
+      fail(
+          "unknown option '{}'; allowed: --json --ranks N --steps N --layers N --dim N "
+          "--batch N --stages 0,2,3",
+          a);
   }
   return o;
 }
@@ -77,15 +107,36 @@ int worker(int stage, const std::string& out, const Options& o) {
     return engine.run_unit(unit, f);
   };
   auto gen = at::detail::createCPUGenerator(100 + engine.rank());
+  double last_loss = 0;
+  std::vector<double> forward_s, backward_s, step_s, step_seconds;
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   auto train_step = [&] {
     const at::Tensor tokens = at::randint(o.shape.vocab, {o.batch, o.shape.seq + 1}, gen);
-    engine.backward(model->loss(tokens, run_unit));
+    auto t = Clock::now();
+    at::Tensor loss = model->loss(tokens, run_unit);
+    forward_s.push_back(since(t));
+    last_loss = loss.item<double>();
+    t = Clock::now();
+    engine.backward(loss);
+    backward_s.push_back(since(t));
+    t = Clock::now();
     engine.step();
+    step_s.push_back(since(t));
   };
   for (int i = 0; i < o.warmup; ++i) train_step();
+  forward_s.clear();
+  backward_s.clear();
+  step_s.clear();
   const int64_t sent_before = engine.bytes_sent();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < o.steps; ++i) train_step();
+  const auto start = Clock::now();
+  for (int i = 0; i < o.steps; ++i) {
+    const auto t0 = Clock::now();
+    train_step();
+    step_seconds.push_back(since(t0));
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto snapshot = engine.ledger().snapshot();
@@ -101,6 +152,12 @@ int worker(int stage, const std::string& out, const Options& o) {
     j["bytes_sent_per_step"] = (engine.bytes_sent() - sent_before) / o.steps;
     j["model_state_bytes"] = states;
     j["peak_device_bytes"] = snapshot.peak_total(Tier::Device);
+    j["median_step_seconds"] = median(step_seconds);
+    j["tokens_per_second"] = o.batch * o.shape.seq * engine.world_size() / median(step_seconds);
+    j["peak_rss_bytes"] = peak_rss_bytes();
+    j["final_loss"] = last_loss;
+    j["phase_seconds"] = {
+        {"forward", median(forward_s)}, {"backward", median(backward_s)}, {"step", median(step_s)}};
     std::ofstream(out) << j.dump();
   }
   return 0;
@@ -113,7 +170,7 @@ std::vector<std::string> forward_args(const Options& o) {
 
 int driver(const std::string& self, const Options& o) {
   std::vector<nlohmann::json> rows;
-  for (int stage = 0; stage <= 3; ++stage) {
+  for (int stage : o.stages) {
     const std::string out = fmt::format("/tmp/zs_bench_sharding_{}_{}.json", getpid(), stage);
     std::vector<std::string> args{"--worker", std::to_string(stage), out};
     for (const auto& a : forward_args(o)) args.push_back(a);
@@ -122,6 +179,10 @@ int driver(const std::string& self, const Options& o) {
     std::ifstream in(out);
     rows.push_back(nlohmann::json::parse(in));
     std::remove(out.c_str());
+  }
+  if (o.json && (o.stages.size() != 4 || o.stages[0] != 0)) {  // rows only, for bench peers
+    std::cout << nlohmann::json(rows).dump(2) << "\n";
+    return 0;
   }
   const auto& base = rows[0];
   auto ratio = [&](const nlohmann::json& r, const char* key) {

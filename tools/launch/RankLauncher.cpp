@@ -70,6 +70,7 @@ LaunchResult launch_ranks(int world, const std::string& program,
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       if (!std::getenv("ZS_NUM_THREADS")) setenv("ZS_NUM_THREADS", "1", 1);
+      setenv("OMP_NUM_THREADS", std::getenv("ZS_NUM_THREADS"), 1);  // as torchrun does
       std::vector<char*> argv{const_cast<char*>(program.c_str())};
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
