@@ -139,8 +139,13 @@ const std::vector<at::Tensor>& GradReducer::reduced() {
 }
 
 double GradReducer::global_norm(double scale) {
-  at::Tensor sq = at::zeros({1}, at::kDouble);
-  for (const auto& g : fp32_) sq += g.to(at::kDouble).pow(2).sum();
+  // One fp32 pass per buffer (no double copy of the gradients); squares summed in double.
+  double local = 0;
+  for (const auto& g : fp32_) {
+    const double norm = g.norm().item<double>();
+    local += norm * norm;
+  }
+  at::Tensor sq = at::full({1}, local, at::kDouble);
   // Stage 0 holds identical full gradients on every rank; the shards need a sum.
   if (sharded_grads()) comm_->all_reduce_sum(sq).wait();
   return std::sqrt(sq.item<double>()) * std::abs(scale);
