@@ -133,11 +133,4 @@ CommHandle Collectives::broadcast(const at::Tensor& tensor, int root) {
   return {this, "broadcast", work, nullptr, LedgerEntry()};
 }
 
-void Collectives::barrier() {
-  if (world_ == 1) return;
-  // A tiny all-reduce rather than Gloo's barrier, so failures surface the same way.
-  at::Tensor token = at::zeros({1});
-  all_reduce_sum(token).wait();
-}
-
 }  // namespace zeroshard

@@ -29,7 +29,6 @@ class CommHandle {
   CommHandle(const Collectives* owner, std::string op, c10::intrusive_ptr<c10d::Work> work,
              std::function<void()> finish, LedgerEntry scratch);
   void wait();
-  bool pending() const { return owner_ != nullptr; }
   // Done on the wire (wait() will not block), without waiting.
   bool ready() const;
 
@@ -57,7 +56,6 @@ class Collectives {
   // shard_out (any float dtype) = sum over ranks of chunk `rank` of their flat_in.
   CommHandle reduce_scatter_sum(const at::Tensor& flat_in, const at::Tensor& shard_out);
   CommHandle broadcast(const at::Tensor& tensor, int root);
-  void barrier();
 
   [[noreturn]] void fail_collective(const std::string& op, const std::string& what) const;
 

@@ -44,7 +44,6 @@ class FlatParamGroup {
   int64_t shard_numel() const { return shard_numel_; }
   int64_t padded_numel() const { return shard_numel_ * world_; }
   bool sharded() const { return sharded_; }
-  bool has_grads() const { return with_grads_; }
 
   // The full buffer (for a sharded group, valid only while gathered).
   const at::Tensor& flat() const { return flat_; }
