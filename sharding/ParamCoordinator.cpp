@@ -40,7 +40,7 @@ void ParamCoordinator::begin(Phase phase) {
 int64_t ParamCoordinator::live_numel() const {
   int64_t live = 0;
   for (const FlatParamGroup* u : units_)
-    if (u->gathered()) live += u->padded_numel();
+    if (u->gathered()) live += u->numel();
   return live;
 }
 
@@ -76,9 +76,9 @@ void ParamCoordinator::prefetch() {
   int64_t budget = options_.prefetch_numel;
   while (cursor_ < o.size()) {
     const FlatParamGroup* next = units_[o[cursor_]];
-    if (next->padded_numel() > budget) break;
-    if (live_numel() + next->padded_numel() > options_.max_live_numel) break;
-    budget -= next->padded_numel();
+    if (next->numel() > budget) break;
+    if (live_numel() + next->numel() > options_.max_live_numel) break;
+    budget -= next->numel();
     launch_gather(o[cursor_++]);
   }
 }
@@ -86,7 +86,7 @@ void ParamCoordinator::prefetch() {
 void ParamCoordinator::release(size_t unit, bool even_persistent) {
   pending_[unit].wait();
   FlatParamGroup* u = units_[unit];
-  if (!even_persistent && u->padded_numel() <= options_.persistence_numel) return;
+  if (!even_persistent && u->numel() <= options_.persistence_numel) return;
   u->release_full();
 }
 

@@ -40,7 +40,7 @@ class ParamCoordinator {
   // the schedule becomes rank 0's recorded order (one small broadcast).
   void after_step();
 
-  int64_t live_numel() const;  // full parameters currently gathered
+  int64_t live_numel() const;  // parameters currently gathered (budgets count parameters)
 
  private:
   enum class Phase { Idle, Forward, Backward };
