@@ -96,14 +96,16 @@ void ParamCoordinator::before_forward(size_t unit) {
   used_[unit] = true;
   if (walked_[unit]) {
     if (!units_[unit]->gathered()) launch_gather(unit);  // reused after release
+    prefetch();
     wait_gathered(unit);
     return;
   }
   walk_to(unit);
 }
 
+// The last unit of forward is the first of backward: it stays (on every rank alike).
 void ParamCoordinator::after_forward(size_t unit) {
-  release(unit);
+  if (unit != schedule_.back()) release(unit);
 }
 
 void ParamCoordinator::end_forward() {
@@ -111,7 +113,8 @@ void ParamCoordinator::end_forward() {
   // Units this rank did not run are gathered and freed too: the other ranks may have.
   const auto& o = order();
   while (cursor_ < o.size()) launch_gather(o[cursor_++]);
-  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (u != schedule_.back()) release(u);
   begin(Phase::Backward);
 }
 
@@ -119,6 +122,7 @@ void ParamCoordinator::before_backward(size_t unit) {
   if (phase_ != Phase::Backward) begin(Phase::Backward);
   used_[unit] = true;
   if (walked_[unit]) {
+    prefetch();
     wait_gathered(unit);
     return;
   }
