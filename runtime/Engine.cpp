@@ -1,6 +1,7 @@
 #include "runtime/Engine.h"
 
 #include <dlfcn.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <unordered_set>
@@ -54,6 +55,18 @@ void set_blas_threads(int threads) {
   }
 }
 
+// A training loop frees and allocates the same large blocks every step. glibc returns
+// large freed blocks to the OS and the next step page-faults them back (measured on
+// LibTorch 2.6, GPT bench, 2 ranks: stage-0 step 0.175 s -> 0.150 s, forward 57 -> 40 ms
+// once freed memory is kept). ZS_MALLOC_KEEP=0 leaves glibc's defaults alone.
+void keep_freed_memory() {
+  const char* keep = std::getenv("ZS_MALLOC_KEEP");
+  if (keep != nullptr && std::string(keep) == "0") return;
+  constexpr int kThreshold = 1 << 30;
+  mallopt(M_MMAP_THRESHOLD, kThreshold);
+  mallopt(M_TRIM_THRESHOLD, kThreshold);
+}
+
 int64_t host_ram() {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
 }
@@ -105,6 +118,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
   const int threads = threads_per_rank(env, [](const char* n) { return std::getenv(n); });
   at::set_num_threads(threads);
   set_blas_threads(threads);
+  keep_freed_memory();
   check_contradictions(config);
   const auto params = unique_parameters(*module_);
   plan_ = plan_for(params, config, env);
