@@ -1,0 +1,117 @@
+#include "offload/CpuAdam.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace zeroshard {
+namespace {
+
+struct Coefficients {
+  float decay;  // 1 - lr * wd (AdamW) or 1
+  float l2;     // wd (Adam) or 0
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float sqrt_bias2;
+  float eps;
+  float neg_step_size;  // -lr / (1 - beta1^t)
+  float grad_scale;
+};
+
+inline uint16_t to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// One body, compiled once per instruction set below; the loop is plain so the
+// compiler vectorizes it for each target.
+// The order of operations is ATen's: add_(g, a) is fma(g, a, m * b1); addcmul is
+// v * b2 + (a * g) * g; addcdiv is p + (-step * m) / denom. Contraction is off for this
+// file, so each operation rounds where torch's does.
+#define ZS_ADAM_BODY(FMA)                                           \
+  for (int64_t i = 0; i < n; ++i) {                                 \
+    float g = grad[i] * c.grad_scale;                               \
+    float p = param[i];                                             \
+    g = FMA(p, c.l2, g);                                            \
+    p = p * c.decay;                                                \
+    const float mi = FMA(g, c.one_minus_beta1, m[i] * c.beta1);     \
+    const float vi = v[i] * c.beta2 + (c.one_minus_beta2 * g) * g;  \
+    const float denom = __builtin_sqrtf(vi) / c.sqrt_bias2 + c.eps; \
+    p = p + (c.neg_step_size * mi) / denom;                         \
+    m[i] = mi;                                                      \
+    v[i] = vi;                                                      \
+    param[i] = p;                                                   \
+  }
+
+#define ZS_HW_FMA(a, b, c) __builtin_fmaf(a, b, c)
+#define ZS_NO_FMA(a, b, c) ((a) * (b) + (c))
+
+__attribute__((target("avx512f"))) void kernel_avx512(const Coefficients& c, float* param,
+                                                      const float* grad, float* m, float* v,
+                                                      int64_t n) {
+  ZS_ADAM_BODY(ZS_HW_FMA)
+}
+
+__attribute__((target("avx2,fma"))) void kernel_avx2(const Coefficients& c, float* param,
+                                                     const float* grad, float* m, float* v,
+                                                     int64_t n) {
+  ZS_ADAM_BODY(ZS_HW_FMA)
+}
+
+void kernel_generic(const Coefficients& c, float* param, const float* grad, float* m, float* v,
+                    int64_t n) {
+  ZS_ADAM_BODY(ZS_NO_FMA)
+}
+
+using Kernel = void (*)(const Coefficients&, float*, const float*, float*, float*, int64_t);
+
+Kernel pick_kernel() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return kernel_avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kernel_avx2;
+  return kernel_generic;
+}
+
+const Kernel kKernel = pick_kernel();
+
+}  // namespace
+
+const char* cpu_adam_isa() {
+  if (kKernel == kernel_avx512) return "avx512";
+  if (kKernel == kernel_avx2) return "avx2";
+  return "generic";
+}
+
+void cpu_adam_step(const CpuAdamStep& s, float* param, const float* grad, float* m, float* v,
+                   int64_t n, uint16_t* bf16_out) {
+  Coefficients c;
+  auto f = [](double x) { return static_cast<float>(x); };
+  c.decay = f(s.decoupled ? 1.0 - s.lr * s.weight_decay : 1.0);
+  c.l2 = f(s.decoupled ? 0.0 : s.weight_decay);
+  c.beta1 = f(s.beta1);
+  c.one_minus_beta1 = f(1.0 - s.beta1);
+  c.beta2 = f(s.beta2);
+  c.one_minus_beta2 = f(1.0 - s.beta2);
+  const double bias1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
+  const double bias2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
+  c.sqrt_bias2 = f(std::sqrt(bias2));
+  c.eps = f(s.eps);
+  c.neg_step_size = f(-s.lr / bias1);
+  c.grad_scale = f(s.grad_scale);
+  // Chunks big enough to stream, small enough to share out across the cores.
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t begin = k * kChunk;
+    const int64_t len = std::min(kChunk, n - begin);
+    kKernel(c, param + begin, grad + begin, m + begin, v + begin, len);
+    if (bf16_out != nullptr) {
+      for (int64_t i = begin; i < begin + len; ++i) bf16_out[i] = to_bf16(param[i]);
+    }
+  }
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,31 @@
+#pragma once
+// AdamW over fp32 arrays in one pass over memory (read p, g, m, v; write p, m, v),
+// vectorized for AVX-512 or AVX2 as the CPU running it allows (the build stays plain
+// x86-64), split across cores with OpenMP. Optionally in the same pass: the gradient
+// multiplied by a scale (loss-scale unscaling, averaging, clipping) and a bf16 copy of
+// the updated parameters written out. The arithmetic is torch.optim.AdamW's.
+#include <cstdint>
+
+namespace zeroshard {
+
+// Hyperparameters are doubles and every coefficient is formed in double and rounded
+// once, as torch forms its scalars (1.0f - 0.9f is not float(1 - 0.9)).
+struct CpuAdamStep {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool decoupled = true;  // AdamW; false: Adam with L2 added to the gradient
+  int64_t step = 1;       // 1 for the first step (bias correction)
+  double grad_scale = 1.0;
+};
+
+// bf16_out (may be null): the updated parameters rounded to bf16 (nearest even).
+void cpu_adam_step(const CpuAdamStep& s, float* param, const float* grad, float* m, float* v,
+                   int64_t n, uint16_t* bf16_out = nullptr);
+
+// The instruction set cpu_adam_step uses on this machine: "avx512", "avx2" or "generic".
+const char* cpu_adam_isa();
+
+}  // namespace zeroshard
