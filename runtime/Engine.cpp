@@ -14,6 +14,7 @@
 
 #include "common/Bytes.h"
 #include "common/Error.h"
+#include "offload/CpuAdam.h"
 #include "runtime/GroupLayout.h"
 #include "runtime/LrSchedule.h"
 #include "sharding/Collectives.h"
@@ -69,6 +70,25 @@ void keep_freed_memory() {
 
 int64_t host_ram() {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+}
+
+// Shards in host memory step through CpuAdam: one vectorized pass instead of eight
+// ATen passes (5.5x faster on this machine's 2 cores, at the bandwidth limit).
+AdamKernel cpu_adam_kernel() {
+  return [](const AdamHyper& h, int64_t step, double grad_scale, at::Tensor& master,
+            at::Tensor& grad, at::Tensor& m, at::Tensor& v) {
+    CpuAdamStep s;
+    s.lr = h.lr;
+    s.beta1 = h.beta1;
+    s.beta2 = h.beta2;
+    s.eps = h.eps;
+    s.weight_decay = h.weight_decay;
+    s.decoupled = h.decoupled;
+    s.step = step;
+    s.grad_scale = grad_scale;
+    cpu_adam_step(s, master.data_ptr<float>(), grad.contiguous().data_ptr<float>(),
+                  m.data_ptr<float>(), v.data_ptr<float>(), master.numel());
+  };
 }
 
 // Stage-3 units when none are declared: the root's children, with a ModuleList or
@@ -166,7 +186,8 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
   for (const auto& unit : units) unit_params.push_back(unique_parameters(*unit, true));
   const auto layout = layout_groups(params, unit_params, stage, *z.reduce_bucket_size);
   const at::ScalarType dtype = compute_dtype(plan_.config);
-  optimizer_ = std::make_unique<OptimizerShard>(&ledger_);
+  const bool on_cpu = params.front().param.device().is_cpu();
+  optimizer_ = std::make_unique<OptimizerShard>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{});
   std::vector<FlatParamGroup*> trainable, sharded;
   std::vector<int> unit_of_group;  // per trainable group: its coordinator unit or -1
   for (const auto& spec : layout) {

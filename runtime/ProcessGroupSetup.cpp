@@ -1,5 +1,6 @@
 #include "runtime/ProcessGroupSetup.h"
 
+#include <csignal>
 #include <thread>
 #include <vector>
 
@@ -36,6 +37,9 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
   ctx.env = env;
   ctx.timeout = timeout;
   if (env.world_size == 1) return ctx;
+  // A write to a peer that died must fail as an error this rank can report, not kill it
+  // with SIGPIPE (seen on LibTorch 2.6: rank 0 died of it while naming the lost rank).
+  std::signal(SIGPIPE, SIG_IGN);
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(env.master_port);
   opts.isServer = env.rank == 0;

@@ -19,6 +19,20 @@ void OptimizerShard::add_group(const at::Tensor& shard) {
   states_.push_back(std::move(s));
 }
 
+void OptimizerShard::aten_step(const AdamHyper& h, double bias1, double bias2, double grad_scale,
+                               State& s, at::Tensor g) {
+  if (grad_scale != 1.0) g.mul_(grad_scale);
+  if (h.decoupled) {
+    if (h.weight_decay != 0) s.master.mul_(1 - h.lr * h.weight_decay);
+  } else if (h.weight_decay != 0) {
+    g = g.add(s.master, h.weight_decay);
+  }
+  s.m.mul_(h.beta1).add_(g, 1 - h.beta1);
+  s.v.mul_(h.beta2).addcmul_(g, g, 1 - h.beta2);
+  const at::Tensor denom = (s.v.sqrt() / std::sqrt(bias2)).add_(h.eps);
+  s.master.addcdiv_(s.m, denom, -h.lr / bias1);
+}
+
 void OptimizerShard::step(const std::vector<at::Tensor>& grads, double grad_scale,
                           const AdamHyper& h) {
   ++steps_;
@@ -27,16 +41,11 @@ void OptimizerShard::step(const std::vector<at::Tensor>& grads, double grad_scal
   for (size_t i = 0; i < states_.size(); ++i) {
     State& s = states_[i];
     at::Tensor g = grads[i];
-    if (grad_scale != 1.0) g.mul_(grad_scale);
-    if (h.decoupled) {
-      if (h.weight_decay != 0) s.master.mul_(1 - h.lr * h.weight_decay);
-    } else if (h.weight_decay != 0) {
-      g = g.add(s.master, h.weight_decay);
+    if (kernel_) {
+      kernel_(h, steps_, grad_scale, s.master, g, s.m, s.v);
+    } else {
+      aten_step(h, bias1, bias2, grad_scale, s, g);
     }
-    s.m.mul_(h.beta1).add_(g, 1 - h.beta1);
-    s.v.mul_(h.beta2).addcmul_(g, g, 1 - h.beta2);
-    const at::Tensor denom = (s.v.sqrt() / std::sqrt(bias2)).add_(h.eps);
-    s.master.addcdiv_(s.m, denom, -h.lr / bias1);
     if (s.master.data_ptr() != s.shard.data_ptr()) s.shard.copy_(s.master);
   }
 }

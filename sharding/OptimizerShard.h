@@ -3,6 +3,7 @@
 // With fp32 compute the master is the parameter shard itself; with bf16/fp16 it is a
 // separate fp32 copy, written back to the compute-precision shard after each step.
 // The arithmetic follows torch.optim.AdamW step by step so results match it.
+#include <functional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -20,9 +21,16 @@ struct AdamHyper {
   bool decoupled = true;  // AdamW; false: Adam with L2 added to the gradient
 };
 
+// One step's arithmetic over fp32 master, grad (scaled by grad_scale first), m and v.
+// The default is ATen operations; runtime/ may hand in a faster one (CpuAdam).
+using AdamKernel = std::function<void(const AdamHyper& h, int64_t step, double grad_scale,
+                                      at::Tensor& master, at::Tensor& grad, at::Tensor& m,
+                                      at::Tensor& v)>;
+
 class OptimizerShard {
  public:
-  explicit OptimizerShard(MemoryLedger* ledger) : ledger_(ledger) {}
+  explicit OptimizerShard(MemoryLedger* ledger, AdamKernel kernel = {})
+      : ledger_(ledger), kernel_(std::move(kernel)) {}
 
   // `shard` is this rank's compute-precision parameter shard (a view it writes back to).
   void add_group(const at::Tensor& shard);
@@ -36,7 +44,10 @@ class OptimizerShard {
   const std::vector<State>& states() const { return states_; }
 
  private:
+  static void aten_step(const AdamHyper& h, double bias1, double bias2, double grad_scale,
+                        State& s, at::Tensor g);
   MemoryLedger* ledger_;
+  AdamKernel kernel_;
   std::vector<State> states_;
   std::vector<LedgerEntry> entries_;
   int64_t steps_ = 0;
