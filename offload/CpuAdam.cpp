@@ -88,17 +88,18 @@ void cpu_adam_step(const CpuAdamStep& s, float* param, const float* grad, float*
                    int64_t n, uint16_t* bf16_out) {
   Coefficients c;
   auto f = [](double x) { return static_cast<float>(x); };
-  c.decay = f(s.decoupled ? 1.0 - s.lr * s.weight_decay : 1.0);
-  c.l2 = f(s.decoupled ? 0.0 : s.weight_decay);
-  c.beta1 = f(s.beta1);
-  c.one_minus_beta1 = f(1.0 - s.beta1);
-  c.beta2 = f(s.beta2);
-  c.one_minus_beta2 = f(1.0 - s.beta2);
-  const double bias1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
-  const double bias2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
+  const AdamHyper& h = s.hyper;
+  c.decay = f(h.decoupled ? 1.0 - h.lr * h.weight_decay : 1.0);
+  c.l2 = f(h.decoupled ? 0.0 : h.weight_decay);
+  c.beta1 = f(h.beta1);
+  c.one_minus_beta1 = f(1.0 - h.beta1);
+  c.beta2 = f(h.beta2);
+  c.one_minus_beta2 = f(1.0 - h.beta2);
+  const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(s.step));
+  const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(s.step));
   c.sqrt_bias2 = f(std::sqrt(bias2));
-  c.eps = f(s.eps);
-  c.neg_step_size = f(-s.lr / bias1);
+  c.eps = f(h.eps);
+  c.neg_step_size = f(-h.lr / bias1);
   c.grad_scale = f(s.grad_scale);
   // Chunks big enough to stream, small enough to share out across the cores.
   constexpr int64_t kChunk = 1 << 16;

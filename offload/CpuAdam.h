@@ -6,18 +6,13 @@
 // the updated parameters written out. The arithmetic is torch.optim.AdamW's.
 #include <cstdint>
 
+#include "common/AdamHyper.h"
+
 namespace zeroshard {
 
-// Hyperparameters are doubles and every coefficient is formed in double and rounded
-// once, as torch forms its scalars (1.0f - 0.9f is not float(1 - 0.9)).
 struct CpuAdamStep {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  bool decoupled = true;  // AdamW; false: Adam with L2 added to the gradient
-  int64_t step = 1;       // 1 for the first step (bias correction)
+  AdamHyper hyper;
+  int64_t step = 1;  // 1 for the first step (bias correction)
   double grad_scale = 1.0;
 };
 

@@ -78,12 +78,7 @@ AdamKernel cpu_adam_kernel() {
   return [](const AdamHyper& h, int64_t step, double grad_scale, at::Tensor& master,
             at::Tensor& grad, at::Tensor& m, at::Tensor& v) {
     CpuAdamStep s;
-    s.lr = h.lr;
-    s.beta1 = h.beta1;
-    s.beta2 = h.beta2;
-    s.eps = h.eps;
-    s.weight_decay = h.weight_decay;
-    s.decoupled = h.decoupled;
+    s.hyper = h;
     s.step = step;
     s.grad_scale = grad_scale;
     cpu_adam_step(s, master.data_ptr<float>(), grad.contiguous().data_ptr<float>(),
@@ -187,7 +182,8 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
   const auto layout = layout_groups(params, unit_params, stage, *z.reduce_bucket_size);
   const at::ScalarType dtype = compute_dtype(plan_.config);
   const bool on_cpu = params.front().param.device().is_cpu();
-  optimizer_ = std::make_unique<OptimizerShard>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{});
+  optimizer_ =
+      std::make_unique<OptimizerShard>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{});
   std::vector<FlatParamGroup*> trainable, sharded;
   std::vector<int> unit_of_group;  // per trainable group: its coordinator unit or -1
   for (const auto& spec : layout) {

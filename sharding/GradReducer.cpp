@@ -160,8 +160,11 @@ bool GradReducer::any_overflow() {
 }
 
 void GradReducer::zero() {
-  for (FlatParamGroup* g : groups_) g->zero_grads();
-  for (auto& t : fp32_) t.zero_();
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    groups_[i]->zero_grads();
+    // fp32 at stages 0-1 reduces in the gradient buffer itself: already zeroed above.
+    if (!fp32_[i].is_alias_of(groups_[i]->flat_grad())) fp32_[i].zero_();
+  }
 }
 
 }  // namespace zeroshard

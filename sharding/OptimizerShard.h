@@ -8,24 +8,16 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "common/AdamHyper.h"
 #include "common/MemoryLedger.h"
 
 namespace zeroshard {
 
-struct AdamHyper {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  bool decoupled = true;  // AdamW; false: Adam with L2 added to the gradient
-};
-
 // One step's arithmetic over fp32 master, grad (scaled by grad_scale first), m and v.
 // The default is ATen operations; runtime/ may hand in a faster one (CpuAdam).
-using AdamKernel = std::function<void(const AdamHyper& h, int64_t step, double grad_scale,
-                                      at::Tensor& master, at::Tensor& grad, at::Tensor& m,
-                                      at::Tensor& v)>;
+using AdamKernel =
+    std::function<void(const AdamHyper& h, int64_t step, double grad_scale, at::Tensor& master,
+                       at::Tensor& grad, at::Tensor& m, at::Tensor& v)>;
 
 class OptimizerShard {
  public:
@@ -44,8 +36,8 @@ class OptimizerShard {
   const std::vector<State>& states() const { return states_; }
 
  private:
-  static void aten_step(const AdamHyper& h, double bias1, double bias2, double grad_scale,
-                        State& s, at::Tensor g);
+  static void aten_step(const AdamHyper& h, double bias1, double bias2, double grad_scale, State& s,
+                        at::Tensor g);
   MemoryLedger* ledger_;
   AdamKernel kernel_;
   std::vector<State> states_;

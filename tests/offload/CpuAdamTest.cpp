@@ -29,9 +29,9 @@ void compare(const Options& options, bool decoupled, double lr, double wd) {
     theirs.mutable_grad() = grad.clone();
     reference.step();
     CpuAdamStep s;
-    s.lr = lr;
-    s.weight_decay = wd;
-    s.decoupled = decoupled;
+    s.hyper.lr = lr;
+    s.hyper.weight_decay = wd;
+    s.hyper.decoupled = decoupled;
     s.step = step;
     cpu_adam_step(s, ours.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(),
                   v.data_ptr<float>(), kN);

@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   at::Tensor p = torch::randn({n}), g = torch::randn({n}), m = torch::zeros({n}),
              v = torch::zeros({n});
   zeroshard::CpuAdamStep s;
-  s.weight_decay = 0.01f;
+  s.hyper.weight_decay = 0.01;
   const double ours = best_seconds([&] {
     cpu_adam_step(s, p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
                   v.data_ptr<float>(), n);
