@@ -1,0 +1,39 @@
+#pragma once
+// A fixed set of equal host buffers, aligned for O_DIRECT, allocated once from the
+// Plan's count and size and counted in the MemoryLedger (host tier, pinned_buffers).
+// Buffers are handed out and returned by index; acquire() blocks while all are in use.
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "common/MemoryLedger.h"
+
+namespace zeroshard {
+
+class PinnedPool {
+ public:
+  PinnedPool(int64_t count, int64_t bytes_each, MemoryLedger* ledger);
+  ~PinnedPool();
+  PinnedPool(const PinnedPool&) = delete;
+  PinnedPool& operator=(const PinnedPool&) = delete;
+
+  int64_t count() const { return static_cast<int64_t>(buffers_.size()); }
+  int64_t bytes_each() const { return bytes_each_; }
+  void* buffer(int64_t index) const { return buffers_.at(static_cast<size_t>(index)); }
+  std::vector<std::pair<void*, int64_t>> all() const;
+
+  int64_t acquire();  // index of a free buffer
+  void release(int64_t index);
+
+ private:
+  int64_t bytes_each_;
+  std::vector<void*> buffers_;
+  std::vector<int64_t> free_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  LedgerEntry entry_;
+};
+
+}  // namespace zeroshard
