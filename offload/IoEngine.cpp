@@ -103,7 +103,9 @@ class IoEngine::Worker {
     if (uring_) io_uring_queue_exit(&ring_);
   }
   bool uring() const { return uring_; }
-  void start() { thread_ = std::thread([this] { uring_ ? run_uring() : run_sync(); }); }
+  void start() {
+    thread_ = std::thread([this] { uring_ ? run_uring() : run_sync(); });
+  }
 
   void push(Piece piece) {
     {
@@ -216,8 +218,9 @@ class IoEngine::Worker {
           const int fd = p->request->file.fd;
           const auto len = static_cast<size_t>(p->length - p->done);
           const off_t off = p->offset + p->done;
-          const ssize_t n = p->request->op == IoOp::Read ? ::pread(fd, p->buffer + p->done, len, off)
-                                                         : ::pwrite(fd, p->buffer + p->done, len, off);
+          const ssize_t n = p->request->op == IoOp::Read
+                                ? ::pread(fd, p->buffer + p->done, len, off)
+                                : ::pwrite(fd, p->buffer + p->done, len, off);
           failure = account(*p, apply_hook(*p, n < 0 ? -errno : static_cast<int>(n)), finished);
         }
         p->request->piece_done(failure);
@@ -245,7 +248,8 @@ IoEngine::IoEngine(const IoOptions& options)
     fail("aio.block_size: {} is not allowed; use a positive multiple of {}", options_.block_size,
          kIoAlignment);
   }
-  if (options_.queue_depth < 1) fail("aio.queue_depth: {} is not allowed; use >= 1", options_.queue_depth);
+  if (options_.queue_depth < 1)
+    fail("aio.queue_depth: {} is not allowed; use >= 1", options_.queue_depth);
   if (options_.rings < 1) {
     fail("aio.intra_op_parallelism: {} is not allowed; use >= 1", options_.rings);
   }

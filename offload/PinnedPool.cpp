@@ -11,7 +11,8 @@ PinnedPool::PinnedPool(int64_t count, int64_t bytes_each, MemoryLedger* ledger)
     : bytes_each_((bytes_each + kIoAlignment - 1) / kIoAlignment * kIoAlignment) {
   if (count < 1) fail("pinned buffer count: {} is not allowed; use >= 1", count);
   for (int64_t i = 0; i < count; ++i) {
-    void* p = std::aligned_alloc(kIoAlignment, static_cast<size_t>(std::max<int64_t>(bytes_each_, kIoAlignment)));
+    void* p = std::aligned_alloc(kIoAlignment,
+                                 static_cast<size_t>(std::max<int64_t>(bytes_each_, kIoAlignment)));
     if (p == nullptr) {
       for (void* q : buffers_) std::free(q);
       fail("cannot allocate {} pinned buffers of {} bytes", count, bytes_each_);

@@ -99,15 +99,13 @@ int SwapDir::remove_stale(const std::string& nvme_path) {
   return removed;
 }
 
-SwapFile::SwapFile(const std::string& dir, const std::string& name, int64_t bytes)
-    : bytes_(bytes) {
+SwapFile::SwapFile(const std::string& dir, const std::string& name, int64_t bytes) : bytes_(bytes) {
   file_.path = dir + "/" + name + ".swap";
   const int flags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   file_.fd = ::open(file_.path.c_str(), flags | O_DIRECT, 0600);
   file_.direct = file_.fd >= 0;
   if (file_.fd < 0 && errno == EINVAL) {
-    log_warn("the file system of '{}' refuses O_DIRECT; swap I/O goes through the page cache",
-             dir);
+    log_warn("the file system of '{}' refuses O_DIRECT; swap I/O goes through the page cache", dir);
     file_.fd = ::open(file_.path.c_str(), flags, 0600);
   }
   if (file_.fd < 0) fail("cannot create swap file '{}': {}", file_.path, std::strerror(errno));

@@ -15,8 +15,12 @@
 #include "common/Bytes.h"
 #include "common/Error.h"
 #include "offload/CpuAdam.h"
+#include "offload/IoEngine.h"
+#include "offload/SwapFile.h"
 #include "runtime/GroupLayout.h"
 #include "runtime/LrSchedule.h"
+#include "runtime/OffloadOptimizer.h"
+#include "runtime/ParamHome.h"
 #include "sharding/Collectives.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
@@ -137,10 +141,6 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
   check_contradictions(config);
   const auto params = unique_parameters(*module_);
   plan_ = plan_for(params, config, env);
-  if (plan_.option.optimizer != OffloadDevice::None || plan_.option.params != OffloadDevice::None) {
-    fail("zero_optimization offload ({}) is not available yet; allowed: device none",
-         plan_.option.label());
-  }
   const auto timeout =
       std::chrono::milliseconds(static_cast<int64_t>(*plan_.config.comm_timeout_seconds * 1000));
   dist_ = init_distributed(env, timeout);
@@ -181,26 +181,28 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
   for (const auto& unit : units) unit_params.push_back(unique_parameters(*unit, true));
   const auto layout = layout_groups(params, unit_params, stage, *z.reduce_bucket_size);
   const at::ScalarType dtype = compute_dtype(plan_.config);
-  const bool on_cpu = params.front().param.device().is_cpu();
-  optimizer_ =
-      std::make_unique<OptimizerShard>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{});
+  optimizer_ = make_optimizer(params.front().param.device().is_cpu());
   std::vector<FlatParamGroup*> trainable, sharded;
-  std::vector<int> unit_of_group;  // per trainable group: its coordinator unit or -1
   for (const auto& spec : layout) {
     groups_.push_back(std::make_unique<FlatParamGroup>(spec.params, rank(), world_size(), dtype,
                                                        spec.sharded, spec.trainable,
                                                        /*lazy_grads=*/stage >= 2, &ledger_));
     FlatParamGroup* g = groups_.back().get();
+    unit_of_flat_.push_back(spec.sharded ? static_cast<int>(sharded.size()) : -1);
     if (spec.sharded) {
       unit_index_[units[spec.unit].get()] = sharded.size();
       sharded.push_back(g);
     }
     if (!spec.trainable) continue;
-    unit_of_group.push_back(spec.sharded ? static_cast<int>(sharded.size()) - 1 : -1);
+    unit_of_group_.push_back(unit_of_flat_.back());
     trainable.push_back(g);
+    trainable_.push_back(g);
     optimizer_->add_group(stage == 0 ? g->flat() : g->param_shard());
   }
-  reducer_ = std::make_unique<GradReducer>(trainable, stage, z.overlap_comm, comm_.get(), &ledger_);
+  const bool opt_off = plan_.option.optimizer != OffloadDevice::None;
+  reducer_ = std::make_unique<GradReducer>(trainable, stage, z.overlap_comm, comm_.get(), &ledger_,
+                                           opt_off ? Tier::Host : Tier::Device);
+  if (auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get())) off->start();
   if (stage < 3) return;
   CoordinatorOptions o;
   o.prefetch_numel = *z.stage3_prefetch_bucket_size;
@@ -208,9 +210,67 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
   o.persistence_numel = *z.stage3_param_persistence_threshold;
   coordinator_ = std::make_unique<ParamCoordinator>(sharded, param_comm_.get(), o);
   reducer_->on_wait([this] { return coordinator_->advance(); });
-  reducer_->on_group_complete([this, unit_of_group](size_t group) {
-    if (unit_of_group[group] >= 0) coordinator_->backward_done(unit_of_group[group]);
+  reducer_->on_group_complete([this](size_t group) {
+    if (unit_of_group_[group] >= 0) coordinator_->backward_done(unit_of_group_[group]);
   });
+  place_param_shards(sharded);
+}
+
+const std::string& Engine::swap_dir(const std::string& nvme_path) {
+  if (!io_) {
+    const auto& aio = plan_.config.aio;
+    IoOptions o;
+    o.block_size = *aio.block_size;
+    o.queue_depth = static_cast<int>(*aio.queue_depth);
+    o.rings = static_cast<int>(*aio.intra_op_parallelism);
+    io_ = std::make_unique<IoEngine>(o);
+  }
+  swap_dirs_.push_back(std::make_unique<SwapDir>(nvme_path, fmt::format("rank{}", rank())));
+  return swap_dirs_.back()->path();
+}
+
+std::unique_ptr<ShardOptimizer> Engine::make_optimizer(bool on_cpu) {
+  const auto& z = plan_.config.zero;
+  const OffloadDevice device = plan_.option.optimizer;
+  if (device == OffloadDevice::None) {
+    return std::make_unique<OptimizerShard>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{});
+  }
+  OffloadOptimizerOptions o;
+  o.device = device;
+  o.sub_group_numel = *z.sub_group_size;
+  o.buffer_count = *z.offload_optimizer.buffer_count;
+  if (device == OffloadDevice::Nvme) {
+    o.swap_dir = swap_dir(z.offload_optimizer.nvme_path);
+    o.io = io_.get();
+  }
+  return std::make_unique<OffloadOptimizer>(o, &ledger_);
+}
+
+// Stage-3 parameter offload: each sharded unit's shard goes where the memory model
+// puts it (the same function decides both).
+void Engine::place_param_shards(const std::vector<FlatParamGroup*>& sharded) {
+  const auto& op = plan_.config.zero.offload_param;
+  const OffloadDevice device = plan_.option.params;
+  if (device == OffloadDevice::None) return;
+  const ParamPlacement placed =
+      zeroshard::place_param_shards(spec_of_groups(), device, op, world_size());
+  std::vector<bool> on_nvme(sharded.size(), device == OffloadDevice::Nvme);
+  for (size_t u : placed.in_host) on_nvme[unit_of_flat_[u]] = false;
+  for (size_t u = 0; u < sharded.size(); ++u) {
+    if (!on_nvme[u]) sharded[u]->set_shard_tier(Tier::Host, &ledger_);
+  }
+  if (device != OffloadDevice::Nvme) return;
+  param_home_ = std::make_unique<ParamHome>(sharded, on_nvme, io_ ? io_.get() : nullptr,
+                                            swap_dir(op.nvme_path), *op.buffer_count, &ledger_);
+  coordinator_->set_shard_home(param_home_.get(), static_cast<int>(*op.buffer_count) - 1);
+  auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get());
+  off->on_group(
+      [this](size_t g) {
+        if (unit_of_group_[g] >= 0) param_home_->open_for_update(unit_of_group_[g]);
+      },
+      [this](size_t g) {
+        if (unit_of_group_[g] >= 0) param_home_->store(unit_of_group_[g]);
+      });
 }
 
 at::Tensor Engine::run_unit(const torch::nn::Module& unit,
@@ -277,10 +337,11 @@ bool Engine::step() {
   h.weight_decay = *c.optimizer.weight_decay;
   h.decoupled = c.optimizer.type == "AdamW";
   optimizer_->step(grads, scale, h);
+  if (param_home_) param_home_->flush();
   if (*c.zero.stage >= 1) {
     std::vector<CommHandle> handles;
-    for (size_t i = 0; i < optimizer_->states().size(); ++i) {
-      if (!groups_[i]->sharded()) handles.push_back(comm_->all_gather(groups_[i]->flat()));
+    for (FlatParamGroup* g : trainable_) {
+      if (!g->sharded()) handles.push_back(comm_->all_gather(g->flat()));
     }
     for (auto& handle : handles) handle.wait();
   }
@@ -300,16 +361,14 @@ int64_t Engine::bytes_sent() const {
 std::vector<NamedParam> Engine::full_parameters() {
   at::NoGradGuard no_grad;
   std::unordered_map<const void*, at::Tensor> copies;
-  for (const auto& g : groups_) {
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const auto& g = groups_[i];
     const bool gather = g->sharded() && !g->gathered();
-    if (gather) {
-      g->allocate_full();
-      param_comm_->all_gather(g->flat()).wait();
-    }
+    if (gather) coordinator_->gather_now(unit_of_flat_[i]);
     for (const auto& slot : g->slots()) {
       copies[slot.param.unsafeGetTensorImpl()] = slot.param.detach().clone();
     }
-    if (gather) g->release_full();
+    if (gather) coordinator_->release_now(unit_of_flat_[i]);
   }
   std::vector<NamedParam> out;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
@@ -336,7 +395,7 @@ ModelSpec Engine::spec_of_groups() const {
   spec.model_type = "module";
   for (const auto& g : groups_) {
     spec.unit_params.push_back(g->numel());
-    if (!g->sharded()) spec.whole_unit_params.push_back(g->numel());
+    spec.unit_whole.push_back(!g->sharded());
     spec.total_params += g->numel();
   }
   spec.largest_module_params = spec.largest_unit();

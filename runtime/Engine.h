@@ -33,7 +33,10 @@ namespace zeroshard {
 
 class Collectives;
 class GradReducer;
-class OptimizerShard;
+class ShardOptimizer;
+class IoEngine;
+class SwapDir;
+class ParamHome;
 class LossScaler;
 class ParamCoordinator;
 
@@ -84,6 +87,9 @@ class Engine {
  private:
   void build_groups(const std::vector<NamedParam>& params,
                     const std::vector<std::shared_ptr<torch::nn::Module>>& units);
+  std::unique_ptr<ShardOptimizer> make_optimizer(bool on_cpu);
+  void place_param_shards(const std::vector<FlatParamGroup*>& sharded);
+  const std::string& swap_dir(const std::string& nvme_path);
   void broadcast_initial_values(const std::vector<NamedParam>& params);
   ModelSpec spec_of_groups() const;
 
@@ -94,8 +100,15 @@ class Engine {
   std::unique_ptr<Collectives> comm_;
   std::unique_ptr<Collectives> param_comm_;  // stage-3 gathers, their own order
   std::vector<std::unique_ptr<FlatParamGroup>> groups_;
+  // Offload: the I/O engine and swap directories outlive everything that swaps.
+  std::unique_ptr<IoEngine> io_;
+  std::vector<std::unique_ptr<SwapDir>> swap_dirs_;
   std::unique_ptr<GradReducer> reducer_;
-  std::unique_ptr<OptimizerShard> optimizer_;
+  std::unique_ptr<ShardOptimizer> optimizer_;
+  std::unique_ptr<ParamHome> param_home_;
+  std::vector<FlatParamGroup*> trainable_;  // the optimizer's groups, in its order
+  std::vector<int> unit_of_group_;          // per trainable group: its coordinator unit or -1
+  std::vector<int> unit_of_flat_;           // per groups_ entry: its coordinator unit or -1
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<ParamCoordinator> coordinator_;
   std::unordered_map<const torch::nn::Module*, size_t> unit_index_;  // -> coordinator unit

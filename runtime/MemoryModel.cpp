@@ -4,6 +4,7 @@
 
 #include "common/Alignment.h"
 #include "common/Error.h"
+#include "offload/IoEngine.h"
 
 namespace zeroshard {
 namespace {
@@ -35,6 +36,30 @@ int64_t gathered_numel(const ModelSpec& spec, const ZeroConfig& z) {
 }
 
 }  // namespace
+
+ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device,
+                                  const OffloadParamConfig& config, int64_t ranks) {
+  ParamPlacement p;
+  int64_t kept = 0;  // nvme: shards held in host RAM, in unit order, up to max_in_cpu
+  for (size_t u = 0; u < spec.unit_params.size(); ++u) {
+    if (spec.is_whole(u)) continue;
+    const int64_t n = padded_shard_numel(spec.unit_params[u], ranks);
+    if (device == OffloadDevice::Cpu) {
+      p.host_numel += n;
+    } else if (device != OffloadDevice::Nvme) {
+      p.device_numel += n;
+    } else if (kept + n <= config.max_in_cpu.value_or(0)) {
+      kept += n;
+      p.host_numel += n;
+      p.in_host.push_back(u);
+    } else {
+      p.nvme_numel += n;
+      p.nvme_shards.push_back(n);
+      p.largest_nvme_shard = std::max(p.largest_nvme_shard, n);
+    }
+  }
+  return p;
+}
 
 std::string PlanOption::label() const {
   std::string text = fmt::format("stage {}", stage);
@@ -82,10 +107,16 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   const int64_t reduce_bucket = std::min(*z.reduce_bucket_size, p);
 
   MemoryBreakdown m;
+  const ParamPlacement placed = place_param_shards(spec, option.params, z.offload_param, d);
   if (option.stage == 3) {
-    int64_t whole_rest = 0;  // of units kept whole: the part beyond this rank's shard
-    for (int64_t unit : spec.whole_unit_params) whole_rest += padded_shard_numel(unit, d) * (d - 1);
-    m.at(tier_of(option.params), Kind::Params) = kl * (shard + whole_rest);
+    int64_t whole = 0;  // units kept whole, in full
+    for (size_t u = 0; u < spec.unit_params.size(); ++u)
+      if (spec.is_whole(u)) whole += padded_shard_numel(spec.unit_params[u], d) * d;
+    m.at(Tier::Device, Kind::Params) = kl * (whole + placed.device_numel);
+    m.at(Tier::Host, Kind::Params) = kl * placed.host_numel;
+    // Each shard is its own swap region, aligned for O_DIRECT.
+    for (int64_t n : placed.nvme_shards)
+      m.at(Tier::Nvme, Kind::Params) += (kl * n + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
     m.at(Tier::Device, Kind::GatheredParams) = kl * gathered_numel(spec, z);
   } else {
     m.at(Tier::Device, Kind::Params) = kl * full;
@@ -113,9 +144,8 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
     // Each swap slot holds one sub-group's master, m and v.
     pinned += *z.offload_optimizer.buffer_count * std::min(*z.sub_group_size, opt_numel) * 12;
   }
-  if (option.params == OffloadDevice::Nvme) {
-    pinned += *z.offload_param.buffer_count * padded_shard_numel(spec.largest_unit(), d) * kl;
-  }
+  if (placed.nvme_numel > 0)
+    pinned += *z.offload_param.buffer_count * placed.largest_nvme_shard * kl;
   m.at(Tier::Host, Kind::PinnedBuffers) = pinned;
   return m;
 }

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/MemoryKinds.h"
 #include "runtime/Config.h"
@@ -57,6 +58,19 @@ int64_t shard_numel(const ModelSpec& spec, int64_t ranks);
 
 // `config` must be resolved (no auto left); its stage and offload devices are
 // ignored in favour of `option`.
+// Stage 3: where each sharded unit's parameter shard lives (whole units stay on the
+// device). With nvme, shards are kept in host RAM in unit order while they fit in
+// offload_param.max_in_cpu elements; the rest go to NVMe. The Engine places them with
+// this same function, so plan and ledger agree.
+struct ParamPlacement {
+  int64_t device_numel = 0, host_numel = 0, nvme_numel = 0;
+  int64_t largest_nvme_shard = 0;
+  std::vector<int64_t> nvme_shards;  // numel of each shard on NVMe, in unit order
+  std::vector<size_t> in_host;       // nvme: units whose shard stays in host RAM
+};
+ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device,
+                                  const OffloadParamConfig& config, int64_t ranks);
+
 MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
                                const Config& config, const WorldShape& world,
                                const TrainingShape& shape);

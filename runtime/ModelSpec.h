@@ -43,9 +43,11 @@ struct ModelSpec {
   int64_t vocab = 0;
   int64_t max_positions = 0;
   std::vector<int64_t> unit_params;  // stage-3 units: blocks, then the root unit
-  // Units among unit_params that stage 3 keeps whole on every rank (parameters outside
-  // every declared unit); their optimizer state and gradients are still sharded.
-  std::vector<int64_t> whole_unit_params;
+  // Per unit of unit_params (empty: none): whether stage 3 keeps it whole on every rank
+  // (parameters outside every declared unit); their optimizer state and gradients are
+  // still sharded, and parameter offload leaves them on the device.
+  std::vector<bool> unit_whole;
+  bool is_whole(size_t unit) const { return unit < unit_whole.size() && unit_whole[unit]; }
   int64_t largest_module_params = 0;                       // DeepSpeed's largest_layer_params
   std::vector<std::pair<int64_t, int64_t>> tensor_counts;  // (numel, how many)
 

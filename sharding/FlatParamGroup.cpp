@@ -100,13 +100,30 @@ void FlatParamGroup::zero_grads() {
   if (with_grads_ && grad_entry_.bytes() > 0) flat_grad_.zero_();
 }
 
-void FlatParamGroup::allocate_full() {
+void FlatParamGroup::allocate_full(bool fill_own_shard) {
   if (gathered_) return;
   const int64_t bytes = nbytes(padded_numel(), flat_);
   resize_storage(flat_, bytes);
   flat_entry_.resize(bytes);
-  flat_.narrow(0, rank_ * shard_numel_, shard_numel_).copy_(shard_);
+  if (fill_own_shard) own_slice().copy_(shard_);
   gathered_ = true;
+}
+
+void FlatParamGroup::release_shard() {
+  resize_storage(shard_, 0);
+  shard_entry_.resize(0);
+}
+
+void FlatParamGroup::materialize_shard() {
+  if (shard_resident()) return;
+  const int64_t bytes = nbytes(shard_numel_, shard_);
+  resize_storage(shard_, bytes);
+  shard_entry_.resize(bytes);
+}
+
+void FlatParamGroup::set_shard_tier(Tier tier, MemoryLedger* ledger) {
+  const int64_t bytes = shard_entry_.bytes();
+  shard_entry_ = LedgerEntry(ledger, tier, Kind::Params, bytes);
 }
 
 void FlatParamGroup::release_full() {

@@ -62,8 +62,18 @@ class FlatParamGroup {
   // Stage 3: make the full buffer's storage hold `bytes` again (its shard copied in
   // by the caller's all-gather) or give it back.
   bool gathered() const { return gathered_; }
-  void allocate_full();
+  // `fill_own_shard` false: the caller fills own_slice() (the shard lives elsewhere).
+  void allocate_full(bool fill_own_shard = true);
   void release_full();
+  at::Tensor own_slice() const { return flat_.narrow(0, rank_ * shard_numel_, shard_numel_); }
+
+  // Stage-3 parameter offload: the kept shard's storage is given back while the shard
+  // lives on another tier, and brought back (contents undefined) to be written.
+  void release_shard();
+  void materialize_shard();
+  bool shard_resident() const { return shard_entry_.bytes() > 0; }
+  // The tier the kept shard is counted under while resident.
+  void set_shard_tier(Tier tier, MemoryLedger* ledger);
 
  private:
   void bind_views();

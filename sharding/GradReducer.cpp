@@ -12,19 +12,19 @@
 namespace zeroshard {
 
 GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool overlap,
-                         Collectives* comm, MemoryLedger* ledger)
+                         Collectives* comm, MemoryLedger* ledger, Tier fp32_tier)
     : groups_(std::move(groups)), stage_(stage), overlap_(overlap), comm_(comm) {
   for (FlatParamGroup* g : groups_) {
     const at::Tensor& grad = g->flat_grad();
     // fp32 stage 0/1 reduce in place in the gradient buffer itself; otherwise a separate
     // fp32 buffer holds the reduced (and, at stage >= 2, accumulated) gradient.
-    if (grad.scalar_type() == at::kFloat && stage_ <= 1) {
+    if (grad.scalar_type() == at::kFloat && stage_ <= 1 && fp32_tier == Tier::Device) {
       fp32_.push_back(stage_ == 0 ? grad : g->grad_shard());
       fp32_entries_.emplace_back();
     } else {
       const int64_t n = stage_ == 0 ? g->padded_numel() : g->shard_numel();
       fp32_.push_back(at::zeros({n}, grad.options().dtype(at::kFloat)));
-      fp32_entries_.emplace_back(ledger, Tier::Device, Kind::GradsFp32, n * 4);
+      fp32_entries_.emplace_back(ledger, fp32_tier, Kind::GradsFp32, n * 4);
     }
   }
   received_entry_ = LedgerEntry(ledger, Tier::Device, Kind::CommBuckets, 0);

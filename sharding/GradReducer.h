@@ -30,8 +30,10 @@ namespace zeroshard {
 
 class GradReducer {
  public:
+  // `fp32_tier`: where the optimizer reads the reduced gradients; anywhere but the
+  // device they get a buffer of their own (the host copy an offloaded optimizer reads).
   GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool overlap, Collectives* comm,
-              MemoryLedger* ledger);
+              MemoryLedger* ledger, Tier fp32_tier = Tier::Device);
   ~GradReducer();
 
   // Around each backward; `boundary` when this backward ends an accumulation window.

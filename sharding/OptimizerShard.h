@@ -19,16 +19,29 @@ using AdamKernel =
     std::function<void(const AdamHyper& h, int64_t step, double grad_scale, at::Tensor& master,
                        at::Tensor& grad, at::Tensor& m, at::Tensor& v)>;
 
-class OptimizerShard {
+// What the Engine steps: this class (state where the parameters are), or runtime/'s
+// offloaded optimizer (state in host RAM or on NVMe).
+class ShardOptimizer {
+ public:
+  virtual ~ShardOptimizer() = default;
+  // `shard` is this rank's compute-precision parameter shard (a view it writes back to).
+  virtual void add_group(const at::Tensor& shard) = 0;
+  // grads[i] (fp32, same size as group i) are multiplied by `grad_scale` first.
+  virtual void step(const std::vector<at::Tensor>& grads, double grad_scale,
+                    const AdamHyper& h) = 0;
+  virtual int64_t steps() const = 0;
+  virtual size_t groups() const = 0;
+};
+
+class OptimizerShard : public ShardOptimizer {
  public:
   explicit OptimizerShard(MemoryLedger* ledger, AdamKernel kernel = {})
       : ledger_(ledger), kernel_(std::move(kernel)) {}
 
-  // `shard` is this rank's compute-precision parameter shard (a view it writes back to).
-  void add_group(const at::Tensor& shard);
-  // grads[i] (fp32, same size as group i) are multiplied by `grad_scale` first.
-  void step(const std::vector<at::Tensor>& grads, double grad_scale, const AdamHyper& h);
-  int64_t steps() const { return steps_; }
+  void add_group(const at::Tensor& shard) override;
+  void step(const std::vector<at::Tensor>& grads, double grad_scale, const AdamHyper& h) override;
+  int64_t steps() const override { return steps_; }
+  size_t groups() const override { return states_.size(); }
 
   struct State {
     at::Tensor shard, master, m, v;

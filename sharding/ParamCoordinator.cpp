@@ -49,8 +49,29 @@ void ParamCoordinator::launch_gather(size_t unit) {
   FlatParamGroup* u = units_[unit];
   if (u->gathered()) return;  // persistent, or still live from the other phase
   at::NoGradGuard no_grad;
-  u->allocate_full();
+  const bool at_home = home_ != nullptr && home_->holds(unit);
+  u->allocate_full(/*fill_own_shard=*/!at_home);
+  if (at_home) home_->fill(unit, u->own_slice());
   pending_[unit] = comm_->all_gather(u->flat());
+  if (home_ == nullptr || phase_ == Phase::Idle) return;
+  const auto& o = order();
+  for (size_t p = cursor_; p < std::min(o.size(), cursor_ + lookahead_); ++p) {
+    if (home_->holds(o[p])) home_->prefetch(o[p]);
+  }
+}
+
+void ParamCoordinator::set_shard_home(ShardHome* home, int lookahead) {
+  home_ = home;
+  lookahead_ = std::max(0, lookahead);
+}
+
+void ParamCoordinator::gather_now(size_t unit) {
+  launch_gather(unit);
+  wait_gathered(unit);
+}
+
+void ParamCoordinator::release_now(size_t unit) {
+  release(unit, /*even_persistent=*/true);
 }
 
 void ParamCoordinator::wait_gathered(size_t unit) {

@@ -17,6 +17,17 @@
 
 namespace zeroshard {
 
+// Stage-3 parameter offload: where a unit's shard lives between uses. The coordinator
+// calls prefetch() for units coming up in its walk and fill() right before a gather.
+class ShardHome {
+ public:
+  virtual ~ShardHome() = default;
+  // Whether `unit`'s shard lives here (else the group keeps it itself).
+  virtual bool holds(size_t unit) const = 0;
+  virtual void prefetch(size_t unit) = 0;                       // start bringing it back
+  virtual void fill(size_t unit, const at::Tensor& slice) = 0;  // wait; copy into slice
+};
+
 struct CoordinatorOptions {
   int64_t prefetch_numel = 0;     // stage3_prefetch_bucket_size
   int64_t max_live_numel = 0;     // stage3_max_live_parameters
@@ -41,6 +52,11 @@ class ParamCoordinator {
   void after_step();
 
   int64_t live_numel() const;  // parameters currently gathered (budgets count parameters)
+  // `lookahead`: how many units past the last gather issued are prefetched from home.
+  void set_shard_home(ShardHome* home, int lookahead);
+  // Outside forward/backward (reading parameters): gather one unit now / free it.
+  void gather_now(size_t unit);
+  void release_now(size_t unit);
 
  private:
   enum class Phase { Idle, Forward, Backward };
@@ -64,6 +80,8 @@ class ParamCoordinator {
   std::vector<bool> walked_;         // gather issued in the current phase
   size_t cursor_ = 0;                // next position of the walk
   Phase phase_ = Phase::Idle;
+  ShardHome* home_ = nullptr;
+  int lookahead_ = 0;
 };
 
 }  // namespace zeroshard

@@ -68,7 +68,10 @@ TEST_P(IoEngineRoundTrip, WrittenBytesReadBackAcrossBlocksAndRings) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, IoEngineRoundTrip,
                          ::testing::Values(Backend{"io_uring", true}, Backend{"threads", false}),
-                         [](const auto& info) { return std::string(info.param.name) == "io_uring" ? "IoUring" : "ThreadPool"; });
+                         [](const auto& info) {
+                           return std::string(info.param.name) == "io_uring" ? "IoUring"
+                                                                             : "ThreadPool";
+                         });
 
 TEST(IoEngine, ShortTransfersAreCompletedForTheRemainder) {
   const std::string dir = scratch_dir("short");
@@ -114,7 +117,9 @@ TEST(IoEngine, AnIoErrorNamesOperationFileOffsetAndErrno) {
     FAIL() << "no error";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("read of 262144 bytes at offset 524288 of " + file.file().path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("read of 262144 bytes at offset 524288 of " + file.file().path),
+              std::string::npos)
+        << msg;
     EXPECT_NE(msg.find("errno 5"), std::string::npos) << msg;
   }
 }

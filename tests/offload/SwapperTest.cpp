@@ -87,7 +87,8 @@ TEST(Swapper, AFailedReadIsNeverWrittenBack) {
     return result;
   });
   int updated = 0;
-  EXPECT_THROW(swapper.update_each({0, 1, 2, 3, 4}, pool, [&](size_t, void*) { ++updated; }), Error);
+  EXPECT_THROW(swapper.update_each({0, 1, 2, 3, 4}, pool, [&](size_t, void*) { ++updated; }),
+               Error);
   EXPECT_EQ(writes_of_region1.load(), 0);
   EXPECT_EQ(updated, 1);  // region 0 only; the pipeline stopped at the failed read
   io.set_completion_hook({});

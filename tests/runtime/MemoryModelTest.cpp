@@ -90,7 +90,7 @@ TEST(MemoryModel, Stage3ShardsParamsAndHoldsGatheredUnits) {
 
 TEST(MemoryModel, Stage3KeepsWholeUnitsWhole) {
   ModelSpec s = toy_spec();
-  s.whole_unit_params = {3200};  // the second unit stays whole: +1,600 elements per rank
+  s.unit_whole = {false, true};  // the second unit stays whole: +1,600 elements per rank
   const auto m = predict_memory(s, {3, OD::None, OD::None}, toy_config(true), WorldShape{1, 2},
                                 TrainingShape{});
   EXPECT_EQ(m.at(Tier::Device, Kind::Params), 2 * (3200 + 1600));
@@ -108,9 +108,13 @@ TEST(MemoryModel, Stage2CpuOffloadMovesOptimizerAndFp32GradsToHost) {
 }
 
 TEST(MemoryModel, Stage3NvmeEverything) {
-  const auto m = predict({3, OD::Nvme, OD::Nvme});
+  Config c = toy_config(true);
+  c.zero.offload_param.max_in_cpu = 0;  // no shard kept in host RAM
+  const auto m =
+      predict_memory(toy_spec(), {3, OD::Nvme, OD::Nvme}, c, WorldShape{1, 2}, TrainingShape{});
   EXPECT_EQ(m.total(Tier::Device), 2 * 3300 + 2000);
-  EXPECT_EQ(m.total(Tier::Nvme), 2 * 3200 + 4 * 3200 + 8 * 3200);
+  // Each unit's 1,600-element bf16 shard is a swap region aligned to 4,096 bytes.
+  EXPECT_EQ(m.total(Tier::Nvme), 2 * 4096 + 4 * 3200 + 8 * 3200);
   // Gradient staging 4,000 + 4 swap slots of 800 x 12 + 5 param buffers of a 1,600 shard x 2.
   EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 4000 + 38'400 + 16'000);
   EXPECT_EQ(m.total(Tier::Host), 4 * 3200 + 58'400);
@@ -154,4 +158,23 @@ TEST(MemoryModel, MatchesTheSeedFormulaForLlama7b) {
   near(m.at(Tier::Device, Kind::MasterParams) + m.at(Tier::Device, Kind::OptimizerStates), 12);
   EXPECT_EQ(m.at(Tier::Device, Kind::Grads), 0);
   near(m.at(Tier::Device, Kind::GradsFp32), 4);
+}
+
+TEST(MemoryModel, Stage3ParamOffloadKeepsShardsInHostUpToMaxInCpuAndTheRestOnNvme) {
+  ModelSpec s = toy_spec();
+  s.unit_params = {3200, 3200, 3200, 640};
+  s.unit_whole = {false, false, false, true};  // whole units stay on the device
+  s.total_params = 10240;
+  Config c = toy_config(true);
+  c.zero.offload_param.max_in_cpu = 1700;  // one 1,600-element shard (d = 2) fits, not two
+  const auto m = predict_memory(s, {3, OD::Nvme, OD::Nvme}, c, WorldShape{1, 2}, TrainingShape{});
+  EXPECT_EQ(m.at(Tier::Device, Kind::Params), 2 * 640);
+  EXPECT_EQ(m.at(Tier::Host, Kind::Params), 2 * 1600);
+  EXPECT_EQ(m.at(Tier::Nvme, Kind::Params), 2 * 4096);  // two 3,200-byte regions, aligned
+  const auto placed = place_param_shards(s, OD::Nvme, c.zero.offload_param, 2);
+  EXPECT_EQ(placed.in_host, std::vector<size_t>{0});
+  EXPECT_EQ(placed.largest_nvme_shard, 1600);
+  const auto cpu = predict_memory(s, {3, OD::Cpu, OD::Cpu}, c, WorldShape{1, 2}, TrainingShape{});
+  EXPECT_EQ(cpu.at(Tier::Host, Kind::Params), 2 * 4800);
+  EXPECT_EQ(cpu.at(Tier::Nvme, Kind::Params), 0);
 }

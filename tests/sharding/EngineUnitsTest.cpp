@@ -11,8 +11,8 @@ namespace {
 
 struct Stack : torch::nn::Module {
   Stack() {
-    blocks = register_module("blocks", torch::nn::ModuleList(torch::nn::Linear(8, 8),
-                                                             torch::nn::Linear(8, 8)));
+    blocks = register_module(
+        "blocks", torch::nn::ModuleList(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8)));
     head = register_module("head", torch::nn::Linear(8, 1));
   }
   torch::nn::ModuleList blocks;
@@ -37,7 +37,8 @@ TEST(EngineUnits, ModuleListChildrenAreTheDefaultUnits) {
     auto* linear = block->as<torch::nn::Linear>();
     h = engine.run_unit(*block, [&] { return linear->forward(h); });
   }
-  const at::Tensor loss = engine.run_unit(*model->head, [&] { return model->head->forward(h); }).sum();
+  const at::Tensor loss =
+      engine.run_unit(*model->head, [&] { return model->head->forward(h); }).sum();
   engine.backward(loss);
   EXPECT_TRUE(engine.step());
   // Between steps only shards are held: no gathered parameters at rest.

@@ -27,8 +27,7 @@ TEST(RankFailure, SurvivorsStopAndNameTheLostRank) {
     for (int rank : {0, 1}) {
       EXPECT_EQ(r.ranks[rank].exit_code, 1) << r.describe();
       // A survivor that noticed late may be listed too; the lost rank always is.
-      EXPECT_NE(r.ranks[rank].output.find("2 did not respond"), std::string::npos)
-          << r.describe();
+      EXPECT_NE(r.ranks[rank].output.find("2 did not respond"), std::string::npos) << r.describe();
     }
     EXPECT_LT(r.seconds, 20.0) << "not within the configured timeout";
   }

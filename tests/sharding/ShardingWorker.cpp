@@ -54,11 +54,14 @@ int main(int argc, char** argv) {
     params.push_back(at::tensor(stats, at::kDouble));
     const auto report = engine.memory_report();
     std::vector<double> memory;
-    for (size_t k = 0; k < kNumKinds; ++k) {
-      memory.push_back(static_cast<double>(report.measured.current[0][k]));
-      memory.push_back(
-          static_cast<double>(report.predicted.at(Tier::Device, static_cast<Kind>(k))));
-      memory.push_back(static_cast<double>(report.measured.peak[0][k]));
+    // tiers x kinds x (current, predicted, peak)
+    for (size_t t = 0; t < kNumTiers; ++t) {
+      for (size_t k = 0; k < kNumKinds; ++k) {
+        memory.push_back(static_cast<double>(report.measured.current[t][k]));
+        memory.push_back(
+            static_cast<double>(report.predicted.at(static_cast<Tier>(t), static_cast<Kind>(k))));
+        memory.push_back(static_cast<double>(report.measured.peak[t][k]));
+      }
     }
     params.push_back(at::tensor(memory, at::kDouble));
     torch::save(params, out + ".rank" + std::to_string(engine.rank()) + ".pt");

@@ -196,6 +196,18 @@ Scenario Scenario::parse(const std::vector<std::string>& args) {
       s.overflow_at = std::stoi(value);
     else if (key == "lr")
       s.lr = std::stod(value);
+    else if (key == "offload_opt")
+      s.offload_opt = value;
+    else if (key == "offload_param")
+      s.offload_param = value;
+    else if (key == "nvme_path")
+      s.nvme_path = value;
+    else if (key == "sub_group")
+      s.sub_group = std::stoll(value);
+    else if (key == "max_in_cpu")
+      s.max_in_cpu = std::stoll(value);
+    else if (key == "buffers")
+      s.buffers = std::stoi(value);
     else
       fail("unknown scenario key '{}'", key);
   }
@@ -215,12 +227,20 @@ std::vector<std::string> Scenario::to_args() const {
           std::string("unused=") + (unused ? "1" : "0"),
           std::string("overlap=") + (overlap ? "1" : "0"),
           std::string("branch=") + (branch ? "1" : "0"),
-          "scale=" + std::to_string(scale), "prefetch=" + std::to_string(prefetch),
-          "live=" + std::to_string(live), "persist=" + std::to_string(persist),
+          "scale=" + std::to_string(scale),
+          "prefetch=" + std::to_string(prefetch),
+          "live=" + std::to_string(live),
+          "persist=" + std::to_string(persist),
           "die_at=" + std::to_string(die_at),
           "timeout=" + std::to_string(timeout),
           "overflow_at=" + std::to_string(overflow_at),
-          "lr=" + std::to_string(lr)};
+          "lr=" + std::to_string(lr),
+          "offload_opt=" + offload_opt,
+          "offload_param=" + offload_param,
+          "nvme_path=" + nvme_path,
+          "sub_group=" + std::to_string(sub_group),
+          "max_in_cpu=" + std::to_string(max_in_cpu),
+          "buffers=" + std::to_string(buffers)};
 }
 
 Config Scenario::config() const {
@@ -242,6 +262,19 @@ Config Scenario::config() const {
   c.fp16.initial_scale_power = 8;
   c.optimizer.lr = lr;
   c.optimizer.weight_decay = weight_decay;
+  auto device = [](const std::string& d) {
+    return d == "cpu"    ? OffloadDevice::Cpu
+           : d == "nvme" ? OffloadDevice::Nvme
+                         : OffloadDevice::None;
+  };
+  auto& oo = c.zero.offload_optimizer;
+  auto& op = c.zero.offload_param;
+  oo.device = device(offload_opt);
+  op.device = device(offload_param);
+  oo.nvme_path = op.nvme_path = nvme_path;
+  oo.buffer_count = op.buffer_count = buffers;
+  if (sub_group > 0) c.zero.sub_group_size = sub_group;
+  if (max_in_cpu >= 0) op.max_in_cpu = max_in_cpu;
   return c;
 }
 

@@ -34,6 +34,12 @@ struct Scenario {
   double timeout = 300;        // comm_timeout_seconds
   double lr = 1e-3;
   double weight_decay = 0.01;
+  std::string offload_opt = "none";    // offload_optimizer.device
+  std::string offload_param = "none";  // offload_param.device
+  std::string nvme_path;               // both offloads' nvme_path
+  int64_t sub_group = -1;              // sub_group_size (-1: default)
+  int64_t max_in_cpu = -1;             // offload_param.max_in_cpu (-1: default)
+  int buffers = 3;                     // buffer_count of both offloads
 
   static Scenario parse(const std::vector<std::string>& args);  // key=value
   std::vector<std::string> to_args() const;
