@@ -192,7 +192,7 @@ case "$verb" in
   run) run_ranks "$@" ;;
   bench)
     name="${1:-}"
-    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, peers"
+    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, peers"
     shift
     if [ "$name" = peers ]; then  # torch's FSDP runs only in the LibTorch 2.x root
       [ "$(id -u)" = 0 ] || die "bench peers runs in the trixie root and needs root"
@@ -206,7 +206,7 @@ case "$verb" in
       exit $?
     fi
     build >/dev/null
-    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, cpu_adam, peers"
+    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, peers"
     "$BUILD/tools/zs-bench-$name" "$@"
     ;;
   help | -h | --help) usage ;;

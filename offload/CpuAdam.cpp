@@ -17,12 +17,12 @@ struct Coefficients {
   float grad_scale;
 };
 
+// Round to nearest even; NaN stays a (quiet) NaN. Branch-free so the loop vectorizes.
 inline uint16_t to_bf16(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
+  const auto bits = __builtin_bit_cast(uint32_t, x);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 // One body, compiled once per instruction set below; the loop is plain so the
@@ -30,7 +30,7 @@ inline uint16_t to_bf16(float x) {
 // The order of operations is ATen's: add_(g, a) is fma(g, a, m * b1); addcmul is
 // v * b2 + (a * g) * g; addcdiv is p + (-step * m) / denom. Contraction is off for this
 // file, so each operation rounds where torch's does.
-#define ZS_ADAM_BODY(FMA)                                           \
+#define ZS_ADAM_BODY(FMA, STORE_BF16)                               \
   for (int64_t i = 0; i < n; ++i) {                                 \
     float g = grad[i] * c.grad_scale;                               \
     float p = param[i];                                             \
@@ -43,33 +43,44 @@ inline uint16_t to_bf16(float x) {
     m[i] = mi;                                                      \
     v[i] = vi;                                                      \
     param[i] = p;                                                   \
+    STORE_BF16;                                                     \
   }
 
 #define ZS_HW_FMA(a, b, c) __builtin_fmaf(a, b, c)
 #define ZS_NO_FMA(a, b, c) ((a) * (b) + (c))
 
-__attribute__((target("avx512f"))) void kernel_avx512(const Coefficients& c, float* param,
-                                                      const float* grad, float* m, float* v,
-                                                      int64_t n) {
-  ZS_ADAM_BODY(ZS_HW_FMA)
+// bf16 == nullptr: no bf16 copy (a separate loop, so the common case has no test inside).
+#define ZS_ADAM_KERNEL(FMA)                   \
+  if (bf16 == nullptr) {                      \
+    ZS_ADAM_BODY(FMA, (void)0)                \
+  } else {                                    \
+    ZS_ADAM_BODY(FMA, bf16[i] = to_bf16(p))   \
+  }
+
+__attribute__((target("avx512f,avx512bw"))) void kernel_avx512(const Coefficients c,
+                                                               float* param, const float* grad,
+                                                               float* m, float* v, int64_t n,
+                                                               uint16_t* bf16) {
+  ZS_ADAM_KERNEL(ZS_HW_FMA)
 }
 
-__attribute__((target("avx2,fma"))) void kernel_avx2(const Coefficients& c, float* param,
+__attribute__((target("avx2,fma"))) void kernel_avx2(const Coefficients c, float* param,
                                                      const float* grad, float* m, float* v,
-                                                     int64_t n) {
-  ZS_ADAM_BODY(ZS_HW_FMA)
+                                                     int64_t n, uint16_t* bf16) {
+  ZS_ADAM_KERNEL(ZS_HW_FMA)
 }
 
-void kernel_generic(const Coefficients& c, float* param, const float* grad, float* m, float* v,
-                    int64_t n) {
-  ZS_ADAM_BODY(ZS_NO_FMA)
+void kernel_generic(const Coefficients c, float* param, const float* grad, float* m, float* v,
+                    int64_t n, uint16_t* bf16) {
+  ZS_ADAM_KERNEL(ZS_NO_FMA)
 }
 
-using Kernel = void (*)(const Coefficients&, float*, const float*, float*, float*, int64_t);
+using Kernel = void (*)(const Coefficients, float*, const float*, float*, float*, int64_t,
+                        uint16_t*);
 
 Kernel pick_kernel() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return kernel_avx512;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return kernel_avx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kernel_avx2;
   return kernel_generic;
 }
@@ -108,10 +119,8 @@ void cpu_adam_step(const CpuAdamStep& s, float* param, const float* grad, float*
   for (int64_t k = 0; k < chunks; ++k) {
     const int64_t begin = k * kChunk;
     const int64_t len = std::min(kChunk, n - begin);
-    kKernel(c, param + begin, grad + begin, m + begin, v + begin, len);
-    if (bf16_out != nullptr) {
-      for (int64_t i = begin; i < begin + len; ++i) bf16_out[i] = to_bf16(param[i]);
-    }
+    kKernel(c, param + begin, grad + begin, m + begin, v + begin, len,
+            bf16_out == nullptr ? nullptr : bf16_out + begin);
   }
 }
 
