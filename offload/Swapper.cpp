@@ -38,7 +38,7 @@ std::future<void> Swapper::read(size_t region, void* destination) {
 }
 
 void Swapper::update_each(const std::vector<size_t>& order, PinnedPool& pool,
-                          const std::function<void(size_t, void*)>& update) {
+                          const std::function<void(size_t, void*)>& update, bool read_first) {
   struct Transfer {
     size_t position;
     int64_t slot;
@@ -87,7 +87,15 @@ void Swapper::update_each(const std::vector<size_t>& order, PinnedPool& pool,
     for (size_t i = 0; i < order.size(); ++i) {
       while (next < order.size() && (reads.empty() || reads.size() < ahead)) {
         const int64_t slot = take_slot();
-        reads.push_back({next, slot, read(order[next], pool.buffer(slot))});
+        std::future<void> done;
+        if (read_first) {
+          done = read(order[next], pool.buffer(slot));
+        } else {
+          std::promise<void> nothing;
+          nothing.set_value();
+          done = nothing.get_future();
+        }
+        reads.push_back({next, slot, std::move(done)});
         ++next;
       }
       Transfer t = std::move(reads.front());

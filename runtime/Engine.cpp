@@ -199,10 +199,13 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
     trainable_.push_back(g);
     optimizer_->add_group(stage == 0 ? g->flat() : g->param_shard());
   }
+  // Shards leave RAM (parameter offload) before the gradient buffers are allocated, so
+  // a model as large as host RAM is never held twice.
+  if (auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get())) off->start();
+  if (stage == 3) place_param_shards(sharded);
   const bool opt_off = plan_.option.optimizer != OffloadDevice::None;
   reducer_ = std::make_unique<GradReducer>(trainable, stage, z.overlap_comm, comm_.get(), &ledger_,
                                            opt_off ? Tier::Host : Tier::Device);
-  if (auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get())) off->start();
   if (stage < 3) return;
   CoordinatorOptions o;
   o.prefetch_numel = *z.stage3_prefetch_bucket_size;
@@ -213,7 +216,10 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
   reducer_->on_group_complete([this](size_t group) {
     if (unit_of_group_[group] >= 0) coordinator_->backward_done(unit_of_group_[group]);
   });
-  place_param_shards(sharded);
+  if (param_home_) {
+    const int lookahead = static_cast<int>(*plan_.config.zero.offload_param.buffer_count) - 1;
+    coordinator_->set_shard_home(param_home_.get(), lookahead);
+  }
 }
 
 const std::string& Engine::swap_dir(const std::string& nvme_path) {
@@ -262,7 +268,6 @@ void Engine::place_param_shards(const std::vector<FlatParamGroup*>& sharded) {
   if (device != OffloadDevice::Nvme) return;
   param_home_ = std::make_unique<ParamHome>(sharded, on_nvme, io_ ? io_.get() : nullptr,
                                             swap_dir(op.nvme_path), *op.buffer_count, &ledger_);
-  coordinator_->set_shard_home(param_home_.get(), static_cast<int>(*op.buffer_count) - 1);
   auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get());
   off->on_group(
       [this](size_t g) {

@@ -76,15 +76,17 @@ void OffloadOptimizer::open_swap() {
   entries_.emplace_back(ledger_, Tier::Nvme, Kind::OptimizerStates, total * 8);
   std::vector<size_t> order(sub_groups_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  // First state: master = the parameters, m = v = 0. Written through the same pipeline
-  // (its reads return the preallocated zeros).
-  swapper_->update_each(order, *pool_, [&](size_t r, void* buffer) {
-    const SubGroup& s = sub_groups_[r];
-    auto* f = static_cast<float*>(buffer);
-    at::Tensor master = at::from_blob(f, {s.numel}, at::kFloat);
-    master.copy_(shards_[s.group].narrow(0, s.offset, s.numel));
-    std::memset(f + s.numel, 0, static_cast<size_t>(8 * s.numel));
-  });
+  // First state: master = the parameters, m = v = 0, written through the same pipeline.
+  swapper_->update_each(
+      order, *pool_,
+      [&](size_t r, void* buffer) {
+        const SubGroup& s = sub_groups_[r];
+        auto* f = static_cast<float*>(buffer);
+        at::Tensor master = at::from_blob(f, {s.numel}, at::kFloat);
+        master.copy_(shards_[s.group].narrow(0, s.offset, s.numel));
+        std::memset(f + s.numel, 0, static_cast<size_t>(8 * s.numel));
+      },
+      /*read=*/false);
 }
 
 void OffloadOptimizer::write_back(at::Tensor& shard, int64_t offset, const float* master, int64_t n,
