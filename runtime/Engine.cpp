@@ -137,10 +137,13 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
   const int threads = threads_per_rank(env, [](const char* n) { return std::getenv(n); });
   at::set_num_threads(threads);
   set_blas_threads(threads);
-  keep_freed_memory();
   check_contradictions(config);
   const auto params = unique_parameters(*module_);
   plan_ = plan_for(params, config, env);
+  // Offloaded state comes and goes by design; memory kept by glibc would stay resident
+  // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
+  if (plan_.option.optimizer == OffloadDevice::None && plan_.option.params == OffloadDevice::None)
+    keep_freed_memory();
   const auto timeout =
       std::chrono::milliseconds(static_cast<int64_t>(*plan_.config.comm_timeout_seconds * 1000));
   dist_ = init_distributed(env, timeout);

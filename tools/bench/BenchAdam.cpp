@@ -62,7 +62,8 @@ int main(int argc, char** argv) {
   at::Tensor bf16 = at::empty({n}, at::kBFloat16);
   const double with_bf16 = best_seconds([&] {
     cpu_adam_step(s, p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
-                  v.data_ptr<float>(), n, reinterpret_cast<uint16_t*>(bf16.data_ptr<at::BFloat16>()));
+                  v.data_ptr<float>(), n,
+                  reinterpret_cast<uint16_t*>(bf16.data_ptr<at::BFloat16>()));
   });
   at::Tensor tp = p.clone().set_requires_grad(true);
   tp.mutable_grad() = g.clone();
@@ -90,12 +91,13 @@ int main(int argc, char** argv) {
               << "\n";
     return 0;
   }
-  std::cout << fmt::format("AdamW step over {}M fp32 parameters, {} threads, {} kernel\n", n / 1'000'000,
-                           at::get_num_threads(), zeroshard::cpu_adam_isa());
+  std::cout << fmt::format("AdamW step over {}M fp32 parameters, {} threads, {} kernel\n",
+                           n / 1'000'000, at::get_num_threads(), zeroshard::cpu_adam_isa());
   std::cout << fmt::format("  zeroshard CpuAdam   {:8.1f} ms  {:6.1f} GB/s\n", ours * 1e3,
                            adam_gbs);
-  std::cout << fmt::format("  CpuAdam + bf16 copy {:8.1f} ms  (+{:.1f}% for writing the bf16 parameters)\n",
-                           with_bf16 * 1e3, 100 * (with_bf16 / ours - 1));
+  std::cout << fmt::format(
+      "  CpuAdam + bf16 copy {:8.1f} ms  (+{:.1f}% for writing the bf16 parameters)\n",
+      with_bf16 * 1e3, 100 * (with_bf16 / ours - 1));
   std::cout << fmt::format("  torch AdamW         {:8.1f} ms  ({:.2f}x CpuAdam's time)\n",
                            theirs * 1e3, theirs / ours);
   std::cout << fmt::format(

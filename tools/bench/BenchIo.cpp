@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -58,10 +58,14 @@ int main(int argc, char** argv) {
   int rounds = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--json") json = true;
-    else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
-    else if (a == "--size-mib" && i + 1 < argc) size_mib = std::stoll(argv[++i]);
-    else if (a == "--rounds" && i + 1 < argc) rounds = std::stoi(argv[++i]);
+    if (a == "--json")
+      json = true;
+    else if (a == "--dir" && i + 1 < argc)
+      dir = argv[++i];
+    else if (a == "--size-mib" && i + 1 < argc)
+      size_mib = std::stoll(argv[++i]);
+    else if (a == "--rounds" && i + 1 < argc)
+      rounds = std::stoi(argv[++i]);
     else {
       std::cerr << "usage: zs-bench-io [--json] [--dir DIR] [--size-mib N] [--rounds N]\n";
       return 2;

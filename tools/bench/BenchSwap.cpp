@@ -5,10 +5,10 @@
 // overlap_ratio = step time / max(pure I/O, pure Adam): 1.0 is perfect overlap, 2.0 none.
 // usage: zs-bench-swap [--json] [--dir DIR] [--params N] [--sub-group N] [--rounds N]
 #include <chrono>
-#include <thread>
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -49,11 +49,16 @@ int main(int argc, char** argv) {
   int rounds = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--json") json = true;
-    else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
-    else if (a == "--params" && i + 1 < argc) params = std::stoll(argv[++i]);
-    else if (a == "--sub-group" && i + 1 < argc) sub_group = std::stoll(argv[++i]);
-    else if (a == "--rounds" && i + 1 < argc) rounds = std::stoi(argv[++i]);
+    if (a == "--json")
+      json = true;
+    else if (a == "--dir" && i + 1 < argc)
+      dir = argv[++i];
+    else if (a == "--params" && i + 1 < argc)
+      params = std::stoll(argv[++i]);
+    else if (a == "--sub-group" && i + 1 < argc)
+      sub_group = std::stoll(argv[++i]);
+    else if (a == "--rounds" && i + 1 < argc)
+      rounds = std::stoi(argv[++i]);
     else {
       std::cerr << "usage: zs-bench-swap [--json] [--dir DIR] [--params N] [--sub-group N] "
                    "[--rounds N]\n";
@@ -94,7 +99,8 @@ int main(int argc, char** argv) {
 
     // Pure I/O: the same region sizes through the same pipeline and buffers.
     std::vector<int64_t> regions;
-    for (int64_t off = 0; off < params; off += sub_group) regions.push_back(12 * std::min(sub_group, params - off));
+    for (int64_t off = 0; off < params; off += sub_group)
+      regions.push_back(12 * std::min(sub_group, params - off));
     Swapper io_only(&io, swap.path(), "io-only", regions, &ledger, Kind::OptimizerStates);
     PinnedPool pool(4, 12 * sub_group, &ledger);
     std::vector<size_t> order(regions.size());
@@ -102,7 +108,8 @@ int main(int argc, char** argv) {
 
     double t_step = 1e30, t_io = 1e30, t_adam = 1e30;
     for (int r = 0; r < rounds; ++r) {  // interleaved, best of each
-      t_io = std::min(t_io, best_seconds(1, [&] { io_only.update_each(order, pool, [](size_t, void*) {}); }));
+      t_io = std::min(
+          t_io, best_seconds(1, [&] { io_only.update_each(order, pool, [](size_t, void*) {}); }));
       t_adam = std::min(t_adam, best_seconds(1, [&] { host.step({grad}, 1.0, h); }));
       t_step = std::min(t_step, best_seconds(1, [&] { nvme.step({grad}, 1.0, h); }));
     }
@@ -125,11 +132,13 @@ int main(int argc, char** argv) {
         "optimizer step over {}M fp32 parameters: {:.2f} GB of master+m+v on NVMe ({}), "
         "sub-groups of {}M, 4 pinned buffers\n",
         params / 1'000'000, state_gb, dir, sub_group / 1'000'000);
-    std::cout << fmt::format("  pure I/O  (read + write, pipelined) {:7.3f} s  {:5.2f} GB/s each way\n", t_io,
-                             state_gb / t_io);
+    std::cout << fmt::format(
+        "  pure I/O  (read + write, pipelined) {:7.3f} s  {:5.2f} GB/s each way\n", t_io,
+        state_gb / t_io);
     std::cout << fmt::format("  pure Adam (state in host RAM)        {:7.3f} s\n", t_adam);
-    std::cout << fmt::format("  step with state on NVMe              {:7.3f} s  = {:.2f}x max(I/O, Adam)\n",
-                             t_step, t_step / bound);
+    std::cout << fmt::format(
+        "  step with state on NVMe              {:7.3f} s  = {:.2f}x max(I/O, Adam)\n", t_step,
+        t_step / bound);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "zs-bench-swap: " << e.what() << "\n";
