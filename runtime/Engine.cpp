@@ -133,12 +133,29 @@ Plan plan_for(const std::vector<NamedParam>& params, const Config& config, const
 Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
                EngineOptions options)
     : module_(std::move(module)) {
-  const LaunchEnv env = options.launch ? *options.launch : read_launch_env();
+  const auto units = options.units.empty() ? default_units(*module_) : options.units;
+  std::vector<std::vector<NamedParam>> unit_params;
+  for (size_t u = 0; u < units.size(); ++u) {
+    unit_of_module_[units[u].get()] = u;
+    unit_params.push_back(unique_parameters(*units[u], true));
+  }
+  init(unique_parameters(*module_), unit_params, config, options.launch);
+}
+
+Engine::Engine(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
+               const Config& config, std::optional<LaunchEnv> launch) {
+  if (params.empty()) fail("the model has no parameters to train");
+  init(std::move(params), unit_params, config, launch);
+}
+
+void Engine::init(std::vector<NamedParam> params,
+                  const std::vector<std::vector<NamedParam>>& unit_params, const Config& config,
+                  const std::optional<LaunchEnv>& launch) {
+  const LaunchEnv env = launch ? *launch : read_launch_env();
   const int threads = threads_per_rank(env, [](const char* n) { return std::getenv(n); });
   at::set_num_threads(threads);
   set_blas_threads(threads);
   check_contradictions(config);
-  const auto params = unique_parameters(*module_);
   plan_ = plan_for(params, config, env);
   // Offloaded state comes and goes by design; memory kept by glibc would stay resident
   // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
@@ -152,8 +169,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
   param_comm_ = std::make_unique<Collectives>(dist_.param_group, env.rank, env.world_size, diagnose,
                                               &ledger_);
   broadcast_initial_values(params);
-  auto units = options.units.empty() ? default_units(*module_) : options.units;
-  build_groups(params, units);
+  build_groups(params, unit_params);
+  for (const auto& p : params) names_.push_back(p);
   const auto& fp16 = plan_.config.fp16;
   if (fp16.enabled) {
     LossScalerOptions o;
@@ -177,11 +194,10 @@ void Engine::broadcast_initial_values(const std::vector<NamedParam>& params) {
 }
 
 void Engine::build_groups(const std::vector<NamedParam>& params,
-                          const std::vector<std::shared_ptr<torch::nn::Module>>& units) {
+                          const std::vector<std::vector<NamedParam>>& unit_params) {
   const auto& z = plan_.config.zero;
   const int stage = static_cast<int>(*z.stage);
-  std::vector<std::vector<NamedParam>> unit_params;
-  for (const auto& unit : units) unit_params.push_back(unique_parameters(*unit, true));
+  coordinator_unit_.assign(unit_params.size(), -1);
   const auto layout = layout_groups(params, unit_params, stage, *z.reduce_bucket_size);
   const at::ScalarType dtype = compute_dtype(plan_.config);
   optimizer_ = make_optimizer(params.front().param.device().is_cpu());
@@ -193,7 +209,7 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
     FlatParamGroup* g = groups_.back().get();
     unit_of_flat_.push_back(spec.sharded ? static_cast<int>(sharded.size()) : -1);
     if (spec.sharded) {
-      unit_index_[units[spec.unit].get()] = sharded.size();
+      coordinator_unit_[spec.unit] = static_cast<int>(sharded.size());
       sharded.push_back(g);
     }
     if (!spec.trainable) continue;
@@ -284,24 +300,56 @@ void Engine::place_param_shards(const std::vector<FlatParamGroup*>& sharded) {
 at::Tensor Engine::run_unit(const torch::nn::Module& unit,
                             const std::function<at::Tensor()>& forward) {
   if (!coordinator_) return forward();
-  const auto it = unit_index_.find(&unit);
-  if (it == unit_index_.end()) {
+  const auto it = unit_of_module_.find(&unit);
+  if (it == unit_of_module_.end() || coordinator_unit_[it->second] < 0) {
     fail(
         "run_unit: module '{}' is not a stage-3 unit with trainable parameters; declare it "
         "in EngineOptions::units",
         unit.name());
   }
   const size_t u = it->second;
-  coordinator_->before_forward(u);
+  unit_forward_begin(u);
   at::Tensor out = forward();
   if (out.requires_grad()) {
     out.register_hook([this, u](const at::Tensor& grad) {
-      coordinator_->before_backward(u);
+      unit_backward_begin(u);
       return grad;
     });
   }
-  coordinator_->after_forward(u);
+  unit_forward_end(u);
   return out;
+}
+
+int Engine::checked_unit(size_t unit) const {
+  if (unit >= coordinator_unit_.size()) {
+    fail("unit {} does not exist; this model has {} units", unit, coordinator_unit_.size());
+  }
+  return coordinator_ ? coordinator_unit_[unit] : -1;
+}
+
+void Engine::unit_forward_begin(size_t unit) {
+  const int u = checked_unit(unit);
+  if (u >= 0) coordinator_->before_forward(u);
+}
+
+void Engine::unit_forward_end(size_t unit) {
+  const int u = checked_unit(unit);
+  if (u >= 0) coordinator_->after_forward(u);
+}
+
+void Engine::unit_backward_begin(size_t unit) {
+  const int u = checked_unit(unit);
+  if (u >= 0) coordinator_->before_backward(u);
+}
+
+void Engine::gather_unit(size_t unit) {
+  const int u = checked_unit(unit);
+  if (u >= 0 && !coordinator_->gathered(u)) coordinator_->gather_now(u);
+}
+
+void Engine::release_unit(size_t unit) {
+  const int u = checked_unit(unit);
+  if (u >= 0) coordinator_->release_now(u);
 }
 
 void Engine::backward(const at::Tensor& loss) {
@@ -379,6 +427,10 @@ std::vector<NamedParam> Engine::full_parameters() {
     if (gather) coordinator_->release_now(unit_of_flat_[i]);
   }
   std::vector<NamedParam> out;
+  if (!module_) {
+    for (const auto& p : names_) out.push_back({p.name, copies.at(p.param.unsafeGetTensorImpl())});
+    return out;
+  }
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     out.push_back({item.key(), copies.at(item.value().unsafeGetTensorImpl())});
   }

@@ -22,6 +22,7 @@
 #include <torch/nn/module.h>
 
 #include "common/MemoryLedger.h"
+#include "common/Error.h"
 #include "runtime/Config.h"
 #include "runtime/LaunchEnv.h"
 #include "runtime/MemoryModel.h"
@@ -55,14 +56,31 @@ class Engine {
  public:
   Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
          EngineOptions options = {});
+  // For models that are not a torch::nn::Module (the Python package): every trainable
+  // parameter once (registration order), and each stage-3 unit's parameters. Units are
+  // then driven by index through the unit_* calls (Python's module hooks).
+  Engine(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
+         const Config& config, std::optional<LaunchEnv> launch = std::nullopt);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  torch::nn::Module& module() { return *module_; }
+  torch::nn::Module& module() {
+    if (!module_) fail("this Engine was built from a parameter list, not a torch::nn::Module");
+    return *module_;
+  }
   // Runs `forward` (the forward of `unit`) with the unit's parameters gathered; at
   // stages 0-2 it only calls `forward`.
   at::Tensor run_unit(const torch::nn::Module& unit, const std::function<at::Tensor()>& forward);
+  // run_unit in pieces, by unit index (stages 0-2, and units without parameters: no-ops):
+  // before the unit's forward, after it, and when its output's gradient arrives.
+  void unit_forward_begin(size_t unit);
+  void unit_forward_end(size_t unit);
+  void unit_backward_begin(size_t unit);
+  // Outside forward/backward: a unit's full parameters, present until release_unit. A
+  // collective: every rank calls it for the same units in the same order.
+  void gather_unit(size_t unit);
+  void release_unit(size_t unit);
   void backward(const at::Tensor& loss);
   // Copies of every parameter, whole, in the module's named_parameters() order. At stage
   // 3 this gathers each unit in turn: a collective, so every rank must call it.
@@ -85,8 +103,12 @@ class Engine {
   MemoryLedger& ledger() { return ledger_; }
 
  private:
+  void init(std::vector<NamedParam> params,
+            const std::vector<std::vector<NamedParam>>& unit_params, const Config& config,
+            const std::optional<LaunchEnv>& launch);
   void build_groups(const std::vector<NamedParam>& params,
-                    const std::vector<std::shared_ptr<torch::nn::Module>>& units);
+                    const std::vector<std::vector<NamedParam>>& unit_params);
+  int checked_unit(size_t unit) const;  // its coordinator unit, or -1
   std::unique_ptr<ShardOptimizer> make_optimizer(bool on_cpu);
   void place_param_shards(const std::vector<FlatParamGroup*>& sharded);
   const std::string& swap_dir(const std::string& nvme_path);
@@ -111,7 +133,9 @@ class Engine {
   std::vector<int> unit_of_flat_;           // per groups_ entry: its coordinator unit or -1
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<ParamCoordinator> coordinator_;
-  std::unordered_map<const torch::nn::Module*, size_t> unit_index_;  // -> coordinator unit
+  std::unordered_map<const torch::nn::Module*, size_t> unit_of_module_;  // -> unit index
+  std::vector<int> coordinator_unit_;  // per unit index: its coordinator unit or -1
+  std::vector<NamedParam> names_;      // the parameters, for full_parameters()
   int64_t micro_steps_ = 0;
   double grad_norm_ = 0;
 };

@@ -56,6 +56,7 @@ class ParamCoordinator {
   void set_shard_home(ShardHome* home, int lookahead);
   // Outside forward/backward (reading parameters): gather one unit now / free it.
   void gather_now(size_t unit);
+  bool gathered(size_t unit) const { return units_.at(unit)->gathered(); }
   void release_now(size_t unit);
 
  private:
