@@ -186,7 +186,7 @@ int main(int argc, char** argv) {
       std::cout << result.dump(2) << "\n";
     } else if (ddp) {
       std::cout << fmt::format(
-          "torch DDP + AdamW (fp32, same model family, same address-space limit {}): largest "
+          "torch DDP + AdamW (fp32, same model family, same address-space limit {} GiB): largest "
           "that steps {:.3f}B\nzeroshard trains {:.2f}x the parameters DDP can on this machine; "
           "loss {}\n",
           format_gib(limit), result["ddp_largest_params"].get<double>() / 1e9,

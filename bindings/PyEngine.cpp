@@ -1,0 +1,152 @@
+// The pybind11 module zeroshard._zeroshard: argument conversion only. Everything the
+// Python package does goes through zeroshard::Engine, the Config loader and the Planner.
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/stl.h>
+
+#include "common/Error.h"
+#include "runtime/Config.h"
+#include "runtime/Engine.h"
+#include "runtime/Planner.h"
+
+namespace py = pybind11;
+using namespace zeroshard;
+
+namespace {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+std::vector<NamedParam> to_params(const NamedTensors& in) {
+  std::vector<NamedParam> out;
+  for (const auto& [name, t] : in) out.push_back({name, t});
+  return out;
+}
+
+// {tier: {kind: {"current", "peak", "predicted"}}} in bytes.
+py::dict memory_dict(const MemoryReport& r) {
+  py::dict tiers;
+  for (size_t t = 0; t < kNumTiers; ++t) {
+    py::dict kinds;
+    for (size_t k = 0; k < kNumKinds; ++k) {
+      py::dict v;
+      v["current"] = r.measured.current[t][k];
+      v["peak"] = r.measured.peak[t][k];
+      v["predicted"] = r.predicted.at(static_cast<Tier>(t), static_cast<Kind>(k));
+      kinds[kind_name(static_cast<Kind>(k))] = v;
+    }
+    tiers[tier_name(static_cast<Tier>(t))] = kinds;
+  }
+  return tiers;
+}
+
+std::unique_ptr<Engine> make_engine(const NamedTensors& params,
+                                    const std::vector<NamedTensors>& units,
+                                    const std::string& yaml, const std::string& origin) {
+  const LoadedConfig loaded = load_config_string(yaml, origin);
+  std::vector<std::vector<NamedParam>> unit_params;
+  for (const auto& u : units) unit_params.push_back(to_params(u));
+  return std::make_unique<Engine>(to_params(params), unit_params, loaded.config);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_zeroshard, m) {
+  m.doc() = "zeroshard's C++ runtime (use the zeroshard package, not this module)";
+  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      error(e.what());
+    }
+  });
+
+  m.def(
+      "config_warnings",
+      [](const std::string& yaml, const std::string& origin) {
+        return load_config_string(yaml, origin).warnings;
+      },
+      "Loads a config (YAML text) and returns the warnings; raises Error on bad input.");
+  m.def("load_config_file", [](const std::string& path) {
+    const auto loaded = load_config_file(path);
+    return py::make_tuple(emit_config_yaml(loaded.config), loaded.warnings);
+  });
+
+  m.def(
+      "plan",
+      [](int64_t total_params, const std::vector<int64_t>& unit_params,
+         int64_t largest_module_params, const std::string& yaml, int nodes, int ranks_per_node,
+         int64_t device_bytes, int64_t host_bytes, int64_t nvme_bytes) {
+        ModelSpec spec;
+        spec.source = "python";
+        spec.model_type = "module";
+        spec.total_params = total_params;
+        spec.unit_params = unit_params;
+        spec.largest_module_params = largest_module_params;
+        HardwareBudget budget;
+        budget.device_bytes = device_bytes;
+        budget.host_bytes = host_bytes;
+        budget.nvme_bytes = nvme_bytes;
+        const Config config = load_config_string(yaml, "estimate").config;
+        const Plan plan = make_plan(spec, config, WorldShape{nodes, ranks_per_node},
+                                    TrainingShape{}, budget);
+        py::list options;
+        for (const auto& o : plan.options) {
+          py::dict d;
+          d["option"] = o.option.label();
+          d["allowed"] = o.allowed;
+          d["fits"] = o.fits;
+          d["verdict"] = o.verdict;
+          py::dict per_tier;
+          for (size_t t = 0; t < kNumTiers; ++t)
+            per_tier[tier_name(static_cast<Tier>(t))] = o.bytes.total(static_cast<Tier>(t));
+          d["bytes_per_rank"] = per_tier;
+          options.append(d);
+        }
+        py::dict out;
+        out["summary"] = plan.summary;
+        out["fits"] = plan.fits;
+        out["recommended"] = plan.option.label();
+        out["reasons"] = plan.reasons;
+        out["options"] = options;
+        out["config_yaml"] = emit_config_yaml(plan.config);
+        return out;
+      },
+      py::arg("total_params"), py::arg("unit_params"), py::arg("largest_module_params"),
+      py::arg("config_yaml"), py::arg("nodes"), py::arg("ranks_per_node"),
+      py::arg("device_bytes"), py::arg("host_bytes"), py::arg("nvme_bytes"));
+
+  py::class_<Engine>(m, "Engine")
+      .def(py::init(&make_engine), py::arg("params"), py::arg("units"), py::arg("config_yaml"),
+           py::arg("origin"))
+      .def("unit_forward_begin", &Engine::unit_forward_begin, py::call_guard<py::gil_scoped_release>())
+      .def("unit_forward_end", &Engine::unit_forward_end, py::call_guard<py::gil_scoped_release>())
+      .def("unit_backward_begin", &Engine::unit_backward_begin,
+           py::call_guard<py::gil_scoped_release>())
+      .def("gather_unit", &Engine::gather_unit, py::call_guard<py::gil_scoped_release>())
+      .def("release_unit", &Engine::release_unit, py::call_guard<py::gil_scoped_release>())
+      .def("backward", &Engine::backward, py::call_guard<py::gil_scoped_release>())
+      .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
+      .def("zero_grad", &Engine::zero_grad)
+      .def("full_parameters",
+           [](Engine& e) {
+             NamedTensors out;
+             for (auto& p : e.full_parameters()) out.emplace_back(p.name, p.param);
+             return out;
+           })
+      .def_property_readonly("loss_scale", &Engine::loss_scale)
+      .def_property_readonly("global_grad_norm", &Engine::global_grad_norm)
+      .def_property_readonly("lr", &Engine::lr)
+      .def_property_readonly("optimizer_steps", &Engine::optimizer_steps)
+      .def_property_readonly("rank", &Engine::rank)
+      .def_property_readonly("world_size", &Engine::world_size)
+      .def_property_readonly("stage", [](const Engine& e) { return *e.config().zero.stage; })
+      .def_property_readonly("gradient_accumulation_steps",
+                             [](const Engine& e) { return *e.config().gradient_accumulation_steps; })
+      .def_property_readonly("micro_batch_size",
+                             [](const Engine& e) { return *e.config().train_micro_batch_size_per_gpu; })
+      .def_property_readonly("plan_label", [](const Engine& e) { return e.plan().option.label(); })
+      .def_property_readonly("config_yaml", [](const Engine& e) { return emit_config_yaml(e.config()); })
+      .def("memory_report", [](const Engine& e) { return memory_dict(e.memory_report()); })
+      .def("bytes_sent", &Engine::bytes_sent);
+}

@@ -1,0 +1,46 @@
+"""zeroshard.estimate: what fits where for a real model, before launch, from the same
+Planner as the zeroshard-estimate CLI."""
+import os
+
+from . import _zeroshard
+from .config import load_config
+from .engine import default_units
+
+
+def _count(params):
+    seen, total = set(), 0
+    for p in params:
+        if id(p) not in seen:  # shared (tied) parameters once
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def estimate(model, config=None, nodes=1, gpus_per_node=1, gpu_memory="80GB",
+             host_memory=None, nvme=None, units=None):
+    """Returns the plan as a dict: summary, recommended option, per-option bytes per rank
+    per tier, and the resolved config YAML."""
+    units = default_units(model) if units is None else units
+    in_units, unit_counts = set(), []
+    for u in units:
+        ps = [p for p in u.parameters() if id(p) not in in_units]
+        in_units.update(id(p) for p in ps)
+        unit_counts.append(_count(ps))
+    rest = _count(p for p in model.parameters() if id(p) not in in_units)
+    if rest:
+        unit_counts.append(rest)
+    total = _count(model.parameters())
+    text = load_config(config)[0] if config is not None else "{}"
+    host = host_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return _zeroshard.plan(total, unit_counts, max(unit_counts or [total]), text, nodes,
+                           gpus_per_node, _bytes(gpu_memory), _bytes(host), _bytes(nvme or 0))
+
+
+def _bytes(v):
+    if isinstance(v, (int, float)):
+        return int(v)
+    s = str(v).strip().upper().replace("IB", "B")
+    for suffix, scale in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if s.endswith(suffix):
+            return int(float(s[: -len(suffix)]) * scale)
+    return int(float(s))
