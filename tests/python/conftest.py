@@ -1,0 +1,56 @@
+"""Shared helpers: start real rank processes (the environment torchrun would give them)
+and read back what each wrote."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BUILD = os.environ.get("ZS_BUILD_DIR", os.path.join(ROOT, "build"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank, world, port):
+    env = dict(os.environ)
+    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+               LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               PYTHONPATH=os.path.join(BUILD, "python"), ZS_NUM_THREADS="1",
+               OMP_NUM_THREADS="1")
+    return env
+
+
+def run_ranks(args, world, out, timeout=300):
+    """Runs `python args...` as `world` ranks; returns each rank's JSON output."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable] + args, env=rank_env(r, world, port),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"ranks did not finish in {timeout} s: {args}")
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{logs[r][-3000:]}"
+    results = []
+    for r in range(world):
+        with open(f"{out}.rank{r}.json") as f:
+            results.append(json.load(f))
+    return results
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    return tmp_path

@@ -1,0 +1,82 @@
+"""Models the Python tests train, shared by the DDP reference and the zeroshard ranks."""
+import torch
+import torch.nn as nn
+
+VOCAB, DIM, SEQ = 64, 32, 16
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(DIM)
+        self.fc1 = nn.Linear(DIM, 2 * DIM)
+        self.fc2 = nn.Linear(2 * DIM, DIM)
+
+    def forward(self, x):
+        return x + self.fc2(torch.tanh(self.fc1(self.ln(x))))
+
+
+class TinyGpt(nn.Module):
+    """Token embedding tied to the output head, a stack of blocks."""
+
+    def __init__(self, layers=3):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.blocks = nn.ModuleList(Block() for _ in range(layers))
+        self.ln_f = nn.LayerNorm(DIM)
+
+    def forward(self, tokens):
+        x = self.emb(tokens[:, :-1])
+        for b in self.blocks:
+            x = b(x)
+        logits = self.ln_f(x) @ self.emb.weight.t()
+        return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+class HfStyle(nn.Module):
+    """What Hugging Face models do: tied input/output embeddings, a frozen module, a
+    module used twice per forward, and a module skipped on some steps (data-dependent)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(VOCAB, DIM)
+        self.position = nn.Embedding(SEQ, DIM)
+        self.position.weight.requires_grad_(False)  # frozen
+        self.layers = nn.ModuleList(Block() for _ in range(3))
+        self.shared = Block()  # used twice
+        self.optional = Block()  # skipped when the batch's first token is even
+        self.norm = nn.LayerNorm(DIM)
+        self.lm_head = nn.Linear(DIM, VOCAB, bias=False)
+        self.lm_head.weight = self.embed_tokens.weight  # tied
+
+    def forward(self, tokens):
+        inp = tokens[:, :-1]
+        x = self.embed_tokens(inp) + self.position(torch.arange(inp.shape[1]))
+        x = self.shared(x)
+        for layer in self.layers:
+            x = layer(x)
+        x = self.shared(x)
+        if int(tokens[0, 0]) % 2 == 1:
+            x = self.optional(x)
+        logits = self.lm_head(self.norm(x))
+        return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def make(name):
+    torch.manual_seed(1234)
+    return {"gpt": TinyGpt, "hf": HfStyle}[name]()
+
+
+def units_of(name, model):
+    if name == "hf":
+        return list(model.layers) + [model.shared, model.optional]
+    return None  # the default: the largest ModuleList's blocks
+
+
+def batch(step, rank, world, rows_per_rank=4):
+    """Rank `rank`'s slice of step `step`'s global batch; the first token of the global
+    batch (it decides the optional branch) is the same on every rank."""
+    g = torch.Generator().manual_seed(1000 + step)
+    tokens = torch.randint(VOCAB, (rows_per_rank * world, SEQ + 1), generator=g)
+    tokens[:, 0] = tokens[0, 0]
+    return tokens[rank * rows_per_rank:(rank + 1) * rows_per_rank]

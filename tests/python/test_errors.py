@@ -1,0 +1,68 @@
+"""Bad use of the Python API ends in a clear error that names what was wrong."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import BUILD, free_port, rank_env
+
+SNIPPET = """
+import torch, zeroshard
+model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+{body}
+"""
+
+
+def run_one(body, launched=True):
+    env = rank_env(0, 1, free_port()) if launched else dict(
+        os.environ, PYTHONPATH=os.path.join(BUILD, "python"))
+    if not launched:
+        for v in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+            env.pop(v, None)
+    r = subprocess.run([sys.executable, "-c", SNIPPET.format(body=body)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_unknown_config_key_is_named_with_a_suggestion():
+    code, out = run_one("zeroshard.initialize(model=model, config={'zero_optimisation': {'stage': 2}})")
+    assert code != 0
+    assert "zeroshard._zeroshard.Error" in out and "zero_optimisation" in out
+    assert "did you mean 'zero_optimization'" in out
+
+
+def test_missing_config_file():
+    code, out = run_one("zeroshard.initialize(model=model, config='no/such.yaml')")
+    assert code != 0 and "config file 'no/such.yaml' does not exist" in out
+
+
+def test_step_before_backward():
+    code, out = run_one(
+        "engine, *_ = zeroshard.initialize(model=model, config={'zero_optimization': {'stage': 1}})\n"
+        "engine(torch.ones(2, 4))\nengine.step()")
+    assert code != 0 and "engine.step() called before engine.backward(loss)" in out
+
+
+def test_no_process_group_environment():
+    code, out = run_one("zeroshard.initialize(model=model, config={})", launched=False)
+    assert code != 0 and "no process-group environment" in out and "torchrun" in out
+
+
+def test_bad_value_names_key_value_and_what_is_allowed():
+    code, out = run_one(
+        "zeroshard.initialize(model=model, config={'zero_optimization': {'stage': 7}})")
+    assert code != 0 and "stage" in out and "7" in out and "allowed" in out
+
+
+def test_estimate_counts_tied_parameters_once():
+    code, out = run_one(
+        "m = torch.nn.Module()\nm.emb = torch.nn.Embedding(10, 4)\n"
+        "m.blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))\n"
+        "m.head = torch.nn.Linear(4, 10, bias=False)\nm.head.weight = m.emb.weight\n"
+        "plan = zeroshard.estimate(m, gpus_per_node=2, gpu_memory='1GB')\n"
+        "print('total', sum(p.numel() for p in set(m.parameters())))\n"
+        "print(plan['recommended'], plan['fits'])")
+    assert code == 0, out
+    assert "total 80" in out  # 40 (tied) + 2 x 20
+    assert "stage 0 True" in out

@@ -1,0 +1,51 @@
+"""One rank of a Python test: trains a model from models.py with torch DDP + AdamW
+(mode ddp) or zeroshard (mode zs, a config given as JSON) and writes the per-step
+losses (this rank's) to OUT.rankN.json.
+usage: train_worker.py ddp|zs MODEL STEPS OUT [CONFIG_JSON]"""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
+LR, BETAS, EPS, WD, CLIP = 1e-2, (0.9, 0.95), 1e-8, 0.1, 1.0
+
+
+def main():
+    mode, name, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    model = models.make(name)
+    losses = []
+    if mode == "ddp":
+        dist.init_process_group("gloo")
+        ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=(name == "hf"))
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
+                                betas=BETAS, eps=EPS, weight_decay=WD)
+        for step in range(steps):
+            opt.zero_grad()
+            loss = ddp(models.batch(step, rank, world))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            opt.step()
+            losses.append(loss.item())
+    else:
+        import zeroshard
+        config = json.loads(sys.argv[5])
+        engine, _, _, _ = zeroshard.initialize(model=model, config=config,
+                                               units=models.units_of(name, model))
+        for step in range(steps):
+            loss = engine(models.batch(step, rank, world))
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+    with open(f"{out}.rank{rank}.json", "w") as f:
+        json.dump(losses, f)
+
+
+if __name__ == "__main__":
+    main()
