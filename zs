@@ -79,7 +79,7 @@ run_ranks() {
       # torch 1.13's torchrun crashes on Python 3.11 without --redirects/--tee/--log_dir.
       local logs
       logs=$(mktemp -d)
-      PYTHONPATH="$BUILD/bindings:${PYTHONPATH:-}" "$PY" -m torch.distributed.run \
+      PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" "$PY" -m torch.distributed.run \
         --nproc_per_node "$n" --redirects 1 --tee 1 --log_dir "$logs" "$@"
       ;;
     *) run_plain "$n" "$@" ;;
@@ -148,8 +148,9 @@ test_trixie_leg() {
 usage() {
   cat <<'EOF'
 usage: ./zs VERB [ARGS]
-  demo [STEPS]      the main job: the planner on Llama-2-7b, then a real ZeRO-3 training
-                    run of a small GPT on 2 local ranks
+  demo [ARGS]       the main job: the planner on Llama-2-7b, then examples/train_gpt.py:
+                    a GPT trained from Python on 2 local ranks, ZeRO-3, Adam state on NVMe
+                    (ARGS go to it, e.g. --steps 100)
   test [--quick]    build and run every test: the host's LibTorch 1.13, then LibTorch 2.x
                     in a Debian trixie root made once with debootstrap (--quick: host only)
   build             install missing packages and build into build/
@@ -173,8 +174,11 @@ case "$verb" in
       --nodes 1 --gpus-per-node 8 --gpu-mem 80GB --cpu-mem 512GB --nvme 2TB \
       --seq 4096 --micro-batch 1 --bf16 --activation-checkpointing
     echo
-    echo "== training: a small GPT on 2 local ranks with configs/zero3.yaml (ZeRO-3, bf16) =="
-    run_plain 2 "$BUILD/tools/zs-demo-train" configs/zero3.yaml "$@"
+    echo "== training from Python: a character-level GPT on 2 local ranks, ZeRO-3, Adam state on NVMe =="
+    echo "   (examples/train_gpt.py, configs/demo_zero3_nvme.yaml; the swap files go under build/nvme-demo)"
+    run_ranks -n 2 examples/train_gpt.py --config configs/demo_zero3_nvme.yaml "$@" 2>&1 |
+      grep --line-buffered -v -e '^\*\*\*' -e 'OMP_NUM_THREADS' -e '^WARNING:__main__' -e '^\[default1\]' |
+      sed -u 's/^\[default0\]://'
     ;;
   test)
     quick=0

@@ -22,26 +22,33 @@ std::vector<NamedParam> to_params(const NamedTensors& in) {
   return out;
 }
 
-// {tier: {kind: {"current", "peak", "predicted"}}} in bytes.
+// {tier: {"current", "peak", "predicted", "kinds": {kind: {"current", "peak",
+// "predicted"}}}} in bytes; a tier's peak is the peak of its sum.
 py::dict memory_dict(const MemoryReport& r) {
   py::dict tiers;
   for (size_t t = 0; t < kNumTiers; ++t) {
+    const auto tier = static_cast<Tier>(t);
     py::dict kinds;
     for (size_t k = 0; k < kNumKinds; ++k) {
       py::dict v;
       v["current"] = r.measured.current[t][k];
       v["peak"] = r.measured.peak[t][k];
-      v["predicted"] = r.predicted.at(static_cast<Tier>(t), static_cast<Kind>(k));
+      v["predicted"] = r.predicted.at(tier, static_cast<Kind>(k));
       kinds[kind_name(static_cast<Kind>(k))] = v;
     }
-    tiers[tier_name(static_cast<Tier>(t))] = kinds;
+    py::dict entry;
+    entry["current"] = r.measured.current_total(tier);
+    entry["peak"] = r.measured.tier_peaks[t];
+    entry["predicted"] = r.predicted.total(tier);
+    entry["kinds"] = kinds;
+    tiers[tier_name(tier)] = entry;
   }
   return tiers;
 }
 
 std::unique_ptr<Engine> make_engine(const NamedTensors& params,
-                                    const std::vector<NamedTensors>& units,
-                                    const std::string& yaml, const std::string& origin) {
+                                    const std::vector<NamedTensors>& units, const std::string& yaml,
+                                    const std::string& origin) {
   const LoadedConfig loaded = load_config_string(yaml, origin);
   std::vector<std::vector<NamedParam>> unit_params;
   for (const auto& u : units) unit_params.push_back(to_params(u));
@@ -88,8 +95,8 @@ PYBIND11_MODULE(_zeroshard, m) {
         budget.host_bytes = host_bytes;
         budget.nvme_bytes = nvme_bytes;
         const Config config = load_config_string(yaml, "estimate").config;
-        const Plan plan = make_plan(spec, config, WorldShape{nodes, ranks_per_node},
-                                    TrainingShape{}, budget);
+        const Plan plan =
+            make_plan(spec, config, WorldShape{nodes, ranks_per_node}, TrainingShape{}, budget);
         py::list options;
         for (const auto& o : plan.options) {
           py::dict d;
@@ -113,13 +120,14 @@ PYBIND11_MODULE(_zeroshard, m) {
         return out;
       },
       py::arg("total_params"), py::arg("unit_params"), py::arg("largest_module_params"),
-      py::arg("config_yaml"), py::arg("nodes"), py::arg("ranks_per_node"),
-      py::arg("device_bytes"), py::arg("host_bytes"), py::arg("nvme_bytes"));
+      py::arg("config_yaml"), py::arg("nodes"), py::arg("ranks_per_node"), py::arg("device_bytes"),
+      py::arg("host_bytes"), py::arg("nvme_bytes"));
 
   py::class_<Engine>(m, "Engine")
       .def(py::init(&make_engine), py::arg("params"), py::arg("units"), py::arg("config_yaml"),
            py::arg("origin"))
-      .def("unit_forward_begin", &Engine::unit_forward_begin, py::call_guard<py::gil_scoped_release>())
+      .def("unit_forward_begin", &Engine::unit_forward_begin,
+           py::call_guard<py::gil_scoped_release>())
       .def("unit_forward_end", &Engine::unit_forward_end, py::call_guard<py::gil_scoped_release>())
       .def("unit_backward_begin", &Engine::unit_backward_begin,
            py::call_guard<py::gil_scoped_release>())
@@ -141,12 +149,15 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly("rank", &Engine::rank)
       .def_property_readonly("world_size", &Engine::world_size)
       .def_property_readonly("stage", [](const Engine& e) { return *e.config().zero.stage; })
-      .def_property_readonly("gradient_accumulation_steps",
-                             [](const Engine& e) { return *e.config().gradient_accumulation_steps; })
-      .def_property_readonly("micro_batch_size",
-                             [](const Engine& e) { return *e.config().train_micro_batch_size_per_gpu; })
+      .def_property_readonly(
+          "gradient_accumulation_steps",
+          [](const Engine& e) { return *e.config().gradient_accumulation_steps; })
+      .def_property_readonly(
+          "micro_batch_size",
+          [](const Engine& e) { return *e.config().train_micro_batch_size_per_gpu; })
       .def_property_readonly("plan_label", [](const Engine& e) { return e.plan().option.label(); })
-      .def_property_readonly("config_yaml", [](const Engine& e) { return emit_config_yaml(e.config()); })
+      .def_property_readonly("config_yaml",
+                             [](const Engine& e) { return emit_config_yaml(e.config()); })
       .def("memory_report", [](const Engine& e) { return memory_dict(e.memory_report()); })
       .def("bytes_sent", &Engine::bytes_sent);
 }

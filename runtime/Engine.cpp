@@ -125,7 +125,9 @@ Plan plan_for(const std::vector<NamedParam>& params, const Config& config, const
   budget.host_bytes = host_ram();
   WorldShape world{env.world_size / std::max(1, env.local_world_size), env.local_world_size};
   if (world.ranks() != env.world_size) world = WorldShape{1, env.world_size};
-  return make_plan(spec_of(params), config, world, TrainingShape{}, budget);
+  TrainingShape shape;
+  shape.device_is_host = params.front().param.device().is_cpu();
+  return make_plan(spec_of(params), config, world, shape, budget);
 }
 
 }  // namespace
@@ -157,6 +159,7 @@ void Engine::init(std::vector<NamedParam> params,
   set_blas_threads(threads);
   check_contradictions(config);
   plan_ = plan_for(params, config, env);
+  device_is_host_ = params.front().param.device().is_cpu();
   // Offloaded state comes and goes by design; memory kept by glibc would stay resident
   // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
   if (plan_.option.optimizer == OffloadDevice::None && plan_.option.params == OffloadDevice::None)
@@ -466,9 +469,9 @@ MemoryReport Engine::memory_report() const {
   MemoryReport r;
   r.measured = ledger_.snapshot();
   WorldShape world{1, world_size()};
-  r.predicted =
-      predict_memory(spec_of_groups(), plan_.option, plan_.config, world, TrainingShape{});
-  r.predicted.at(Tier::Device, Kind::CommBuckets) = 0;  // transient; compared as peaks
+  TrainingShape shape;
+  shape.device_is_host = device_is_host_;
+  r.predicted = predict_memory(spec_of_groups(), plan_.option, plan_.config, world, shape);
   return r;
 }
 

@@ -137,6 +137,7 @@ class Engine {
   std::vector<int> coordinator_unit_;  // per unit index: its coordinator unit or -1
   std::vector<NamedParam> names_;      // the parameters, for full_parameters()
   int64_t micro_steps_ = 0;
+  bool device_is_host_ = true;
   double grad_norm_ = 0;
 };
 

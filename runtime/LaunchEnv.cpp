@@ -49,6 +49,8 @@ void read_torchrun(const Env& env, LaunchEnv& out) {
   if (!env.has("MASTER_ADDR")) fail("environment variable MASTER_ADDR is not set (RANK is)");
   out.master_addr = env.text("MASTER_ADDR");
   out.master_port = env.number("MASTER_PORT", 1, 0, true);
+  out.agent_store = env.has("TORCHELASTIC_USE_AGENT_STORE") &&
+                    env.text("TORCHELASTIC_USE_AGENT_STORE") == "True";
 }
 
 void read_slurm(const Env& env, LaunchEnv& out) {

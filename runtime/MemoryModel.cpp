@@ -139,13 +139,20 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   m.at(Tier::Device, Kind::CommBuckets) = buckets;
 
   int64_t pinned = 0;
-  if (opt_off) pinned += 2 * kl * reduce_bucket;  // double-buffered gradient staging
+  if (opt_off && !shape.device_is_host) pinned += 2 * kl * reduce_bucket;  // gradient staging
   if (option.optimizer == OffloadDevice::Nvme) {
-    // Each swap slot holds one sub-group's master, m and v.
-    pinned += *z.offload_optimizer.buffer_count * std::min(*z.sub_group_size, opt_numel) * 12;
+    // Each swap slot holds one sub-group's master, m and v; sub-groups split each unit's shard.
+    const int64_t largest_shard = option.stage >= 1 ? padded_shard_numel(spec.largest_unit(), d)
+                                                    : padded_shard_numel(spec.largest_unit(), 1);
+    const int64_t slot = std::min(*z.sub_group_size, largest_shard) * 12;
+    const int64_t aligned_slot = (slot + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
+    pinned += *z.offload_optimizer.buffer_count * aligned_slot;
   }
-  if (placed.nvme_numel > 0)
-    pinned += *z.offload_param.buffer_count * placed.largest_nvme_shard * kl;
+  if (placed.nvme_numel > 0) {
+    const int64_t slot = placed.largest_nvme_shard * kl;
+    const int64_t aligned_slot = (slot + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
+    pinned += *z.offload_param.buffer_count * aligned_slot;
+  }
   m.at(Tier::Host, Kind::PinnedBuffers) = pinned;
   return m;
 }

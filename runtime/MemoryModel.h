@@ -22,6 +22,9 @@ struct TrainingShape {
   int64_t seq = 1;
   int64_t micro_batch = 1;
   bool activation_checkpointing = false;
+  // Training on the CPU: the "device" is host memory, so offloaded gradients need no
+  // pinned staging copy.
+  bool device_is_host = false;
 };
 
 // One row of the estimator's table: a ZeRO stage and where optimizer state and

@@ -42,7 +42,7 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
   std::signal(SIGPIPE, SIG_IGN);
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(env.master_port);
-  opts.isServer = env.rank == 0;
+  opts.isServer = env.rank == 0 && !env.agent_store;
   opts.numWorkers = env.world_size;
   opts.waitWorkers = true;
   opts.timeout = timeout;

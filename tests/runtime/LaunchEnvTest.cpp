@@ -46,6 +46,13 @@ TEST(LaunchEnv, Torchrun) {
   EXPECT_EQ(e.local_world_size, 2);
   EXPECT_EQ(e.master_addr, "10.0.0.1");
   EXPECT_EQ(e.master_port, 1234);
+  EXPECT_FALSE(e.agent_store);  // plain RANK/WORLD_SIZE: rank 0 serves the store
+}
+
+TEST(LaunchEnv, TorchrunsAgentServesTheStore) {
+  const LaunchEnv e = from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                            {"MASTER_PORT", "29500"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  EXPECT_TRUE(e.agent_store);
 }
 
 TEST(LaunchEnv, SlurmTakesTheFirstNodeAndAJobPort) {

@@ -115,9 +115,10 @@ TEST(MemoryModel, Stage3NvmeEverything) {
   EXPECT_EQ(m.total(Tier::Device), 2 * 3300 + 2000);
   // Each unit's 1,600-element bf16 shard is a swap region aligned to 4,096 bytes.
   EXPECT_EQ(m.total(Tier::Nvme), 2 * 4096 + 4 * 3200 + 8 * 3200);
-  // Gradient staging 4,000 + 4 swap slots of 800 x 12 + 5 param buffers of a 1,600 shard x 2.
-  EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 4000 + 38'400 + 16'000);
-  EXPECT_EQ(m.total(Tier::Host), 4 * 3200 + 58'400);
+  // Gradient staging 4,000 + 4 swap slots of 800 x 12 (9,600 bytes, aligned to 12,288) +
+  // 5 param buffers of a 1,600 shard x 2 (3,200 bytes, aligned to 4,096).
+  EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 4000 + 4 * 12'288 + 5 * 4096);
+  EXPECT_EQ(m.total(Tier::Host), 4 * 3200 + 4000 + 4 * 12'288 + 5 * 4096);
 }
 
 TEST(MemoryModel, Fp32TrainingNeedsNoMasterCopy) {
