@@ -156,7 +156,10 @@ usage: ./zs VERB [ARGS]
   build             install missing packages and build into build/
   estimate ARGS     zeroshard-estimate: what fits where, before launch (--help for options)
   bench NAME [--json] a benchmark from tools/bench with its baseline: sharding (stages
-                    0-3 vs stage 0), peers (vs torch DDP/FSDP, in the LibTorch 2.x root)
+                    0-3 vs stage 0), adam (CpuAdam vs torch AdamW and the bandwidth limit),
+                    io (IoEngine vs fio), swap (NVMe optimizer step vs pure I/O and Adam),
+                    capacity (largest trainable model vs torch DDP), python (the package
+                    vs torch DDP), peers (vs torch DDP/FSDP, in the LibTorch 2.x root)
   run -n N PROG ARGS  start N local ranks of PROG (a built binary, or a .py script
                     through torchrun) with the launcher environment zeroshard reads
   help              this list
@@ -196,7 +199,7 @@ case "$verb" in
   run) run_ranks "$@" ;;
   bench)
     name="${1:-}"
-    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, peers"
+    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers"
     shift
     if [ "$name" = peers ]; then  # torch's FSDP runs only in the LibTorch 2.x root
       [ "$(id -u)" = 0 ] || die "bench peers runs in the trixie root and needs root"
@@ -210,7 +213,10 @@ case "$verb" in
       exit $?
     fi
     build >/dev/null
-    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, peers"
+    if [ "$name" = python ]; then
+      PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/python_bench.py "$@"
+    fi
+    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers"
     "$BUILD/tools/zs-bench-$name" "$@"
     ;;
   help | -h | --help) usage ;;

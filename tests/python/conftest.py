@@ -24,7 +24,7 @@ def rank_env(rank, world, port):
     env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                PYTHONPATH=os.path.join(BUILD, "python"), ZS_NUM_THREADS="1",
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", USE_LIBUV="0")  # Debian's torch 2.x has no libuv
     return env
 
 
