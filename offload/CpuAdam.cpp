@@ -25,6 +25,14 @@ inline uint16_t to_bf16(float x) {
   return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
+// Gradients arrive in fp32 or as bf16 bits (widened exactly: bf16 is fp32's top half).
+inline float load_grad(float g) {
+  return g;
+}
+inline float load_grad(uint16_t g) {
+  return __builtin_bit_cast(float, static_cast<uint32_t>(g) << 16);
+}
+
 // One body, compiled once per instruction set below; the loop is plain so the
 // compiler vectorizes it for each target.
 // The order of operations is ATen's: add_(g, a) is fma(g, a, m * b1); addcmul is
@@ -32,7 +40,7 @@ inline uint16_t to_bf16(float x) {
 // file, so each operation rounds where torch's does.
 #define ZS_ADAM_BODY(FMA, STORE_BF16)                               \
   for (int64_t i = 0; i < n; ++i) {                                 \
-    float g = grad[i] * c.grad_scale;                               \
+    float g = load_grad(grad[i]) * c.grad_scale;                    \
     float p = param[i];                                             \
     g = FMA(p, c.l2, g);                                            \
     p = p * c.decay;                                                \
@@ -50,53 +58,73 @@ inline uint16_t to_bf16(float x) {
 #define ZS_NO_FMA(a, b, c) ((a) * (b) + (c))
 
 // bf16 == nullptr: no bf16 copy (a separate loop, so the common case has no test inside).
-#define ZS_ADAM_KERNEL(FMA)                   \
-  if (bf16 == nullptr) {                      \
-    ZS_ADAM_BODY(FMA, (void)0)                \
-  } else {                                    \
-    ZS_ADAM_BODY(FMA, bf16[i] = to_bf16(p))   \
+#define ZS_ADAM_KERNEL(FMA)                 \
+  if (bf16 == nullptr) {                    \
+    ZS_ADAM_BODY(FMA, (void)0)              \
+  } else {                                  \
+    ZS_ADAM_BODY(FMA, bf16[i] = to_bf16(p)) \
   }
 
-__attribute__((target("avx512f,avx512bw"))) void kernel_avx512(const Coefficients c,
-                                                               float* param, const float* grad,
-                                                               float* m, float* v, int64_t n,
-                                                               uint16_t* bf16) {
+template <typename G>
+__attribute__((target("avx512f,avx512bw"))) void kernel_avx512(const Coefficients c, float* param,
+                                                               const G* grad, float* m, float* v,
+                                                               int64_t n, uint16_t* bf16) {
   ZS_ADAM_KERNEL(ZS_HW_FMA)
 }
 
+template <typename G>
 __attribute__((target("avx2,fma"))) void kernel_avx2(const Coefficients c, float* param,
-                                                     const float* grad, float* m, float* v,
-                                                     int64_t n, uint16_t* bf16) {
+                                                     const G* grad, float* m, float* v, int64_t n,
+                                                     uint16_t* bf16) {
   ZS_ADAM_KERNEL(ZS_HW_FMA)
 }
 
-void kernel_generic(const Coefficients c, float* param, const float* grad, float* m, float* v,
+template <typename G>
+void kernel_generic(const Coefficients c, float* param, const G* grad, float* m, float* v,
                     int64_t n, uint16_t* bf16) {
   ZS_ADAM_KERNEL(ZS_NO_FMA)
 }
 
-using Kernel = void (*)(const Coefficients, float*, const float*, float*, float*, int64_t,
-                        uint16_t*);
+template <typename G>
+using Kernel = void (*)(const Coefficients, float*, const G*, float*, float*, int64_t, uint16_t*);
 
-Kernel pick_kernel() {
+enum class Isa { Avx512, Avx2, Generic };
+
+Isa pick_isa() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return kernel_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kernel_avx2;
-  return kernel_generic;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return Isa::Avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::Avx2;
+  return Isa::Generic;
 }
 
-const Kernel kKernel = pick_kernel();
+const Isa kIsa = pick_isa();
+
+template <typename G>
+Kernel<G> kernel() {
+  switch (kIsa) {
+    case Isa::Avx512:
+      return kernel_avx512<G>;
+    case Isa::Avx2:
+      return kernel_avx2<G>;
+    default:
+      return kernel_generic<G>;
+  }
+}
 
 }  // namespace
 
 const char* cpu_adam_isa() {
-  if (kKernel == kernel_avx512) return "avx512";
-  if (kKernel == kernel_avx2) return "avx2";
+  if (kIsa == Isa::Avx512) return "avx512";
+  if (kIsa == Isa::Avx2) return "avx2";
   return "generic";
 }
 
-void cpu_adam_step(const CpuAdamStep& s, float* param, const float* grad, float* m, float* v,
-                   int64_t n, uint16_t* bf16_out) {
+namespace {
+
+template <typename G>
+void adam_step(const CpuAdamStep& s, float* param, const G* grad, float* m, float* v, int64_t n,
+               uint16_t* bf16_out) {
+  const Kernel<G> run = kernel<G>();
   Coefficients c;
   auto f = [](double x) { return static_cast<float>(x); };
   const AdamHyper& h = s.hyper;
@@ -119,9 +147,21 @@ void cpu_adam_step(const CpuAdamStep& s, float* param, const float* grad, float*
   for (int64_t k = 0; k < chunks; ++k) {
     const int64_t begin = k * kChunk;
     const int64_t len = std::min(kChunk, n - begin);
-    kKernel(c, param + begin, grad + begin, m + begin, v + begin, len,
-            bf16_out == nullptr ? nullptr : bf16_out + begin);
+    run(c, param + begin, grad + begin, m + begin, v + begin, len,
+        bf16_out == nullptr ? nullptr : bf16_out + begin);
   }
+}
+
+}  // namespace
+
+void cpu_adam_step(const CpuAdamStep& s, float* param, const float* grad, float* m, float* v,
+                   int64_t n, uint16_t* bf16_out) {
+  adam_step(s, param, grad, m, v, n, bf16_out);
+}
+
+void cpu_adam_step(const CpuAdamStep& s, float* param, const uint16_t* bf16_grad, float* m,
+                   float* v, int64_t n, uint16_t* bf16_out) {
+  adam_step(s, param, bf16_grad, m, v, n, bf16_out);
 }
 
 }  // namespace zeroshard

@@ -20,6 +20,10 @@ struct CpuAdamStep {
 void cpu_adam_step(const CpuAdamStep& s, float* param, const float* grad, float* m, float* v,
                    int64_t n, uint16_t* bf16_out = nullptr);
 
+// The same with the gradients in bf16 (their bits), read as such: no conversion pass.
+void cpu_adam_step(const CpuAdamStep& s, float* param, const uint16_t* bf16_grad, float* m,
+                   float* v, int64_t n, uint16_t* bf16_out = nullptr);
+
 // The instruction set cpu_adam_step uses on this machine: "avx512", "avx2" or "generic".
 const char* cpu_adam_isa();
 

@@ -67,6 +67,29 @@ TEST(CpuAdam, GradScaleAndBf16CopyInTheSamePass) {
   EXPECT_TRUE(torch::equal(bf16, scaled_p.to(torch::kBFloat16)));  // torch's own rounding
 }
 
+TEST(CpuAdam, Bf16GradientsAreReadAsTheirFp32Values) {
+  torch::manual_seed(6);
+  const at::Tensor p0 = torch::randn({kN});
+  const at::Tensor grad16 = torch::randn({kN}).to(torch::kBFloat16);
+  at::Tensor a = p0.clone(), ma = torch::zeros({kN}), va = torch::zeros({kN});
+  at::Tensor b = p0.clone(), mb = torch::zeros({kN}), vb = torch::zeros({kN});
+  const at::Tensor grad32 = grad16.to(torch::kFloat);  // exact: what the kernel must read
+  CpuAdamStep s;
+  s.hyper.weight_decay = 0.1;
+  for (int64_t step = 1; step <= 3; ++step) {
+    s.step = step;
+    cpu_adam_step(s, a.data_ptr<float>(),
+                  reinterpret_cast<const uint16_t*>(grad16.data_ptr<at::BFloat16>()),
+                  ma.data_ptr<float>(), va.data_ptr<float>(), kN);
+    cpu_adam_step(s, b.data_ptr<float>(), grad32.data_ptr<float>(), mb.data_ptr<float>(),
+                  vb.data_ptr<float>(), kN);
+  }
+  EXPECT_TRUE(torch::equal(a, b));
+  EXPECT_TRUE(torch::equal(ma, mb));
+  EXPECT_TRUE(torch::equal(va, vb));
+  EXPECT_FALSE(torch::equal(a, p0));
+}
+
 TEST(CpuAdam, ChoosesAnInstructionSetThisMachineHas) {
   const std::string isa = cpu_adam_isa();
   EXPECT_TRUE(isa == "avx512" || isa == "avx2" || isa == "generic") << isa;

@@ -27,9 +27,14 @@ def main():
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
                                 betas=BETAS, eps=EPS, weight_decay=WD)
         for step in range(steps):
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=False)
             loss = ddp(models.batch(step, rank, world))
             loss.backward()
+            # A parameter no rank used has a zero gradient (DDP 1.13's result; 2.x leaves
+            # it None, and AdamW would then skip it): zeroshard's rule on every version.
+            for p in model.parameters():
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
             torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
             opt.step()
             losses.append(loss.item())
