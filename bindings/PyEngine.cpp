@@ -137,6 +137,8 @@ PYBIND11_MODULE(_zeroshard, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("gather_unit", &Engine::gather_unit, py::call_guard<py::gil_scoped_release>())
       .def("release_unit", &Engine::release_unit, py::call_guard<py::gil_scoped_release>())
+      .def("commit_parameters", &Engine::commit_parameters,
+           py::call_guard<py::gil_scoped_release>())
       .def("backward", &Engine::backward, py::call_guard<py::gil_scoped_release>())
       .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
       .def("zero_grad", &Engine::zero_grad)

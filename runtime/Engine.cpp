@@ -4,6 +4,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 #include <ATen/ATen.h>
@@ -353,6 +354,40 @@ void Engine::gather_unit(size_t unit) {
 void Engine::release_unit(size_t unit) {
   const int u = checked_unit(unit);
   if (u >= 0) coordinator_->release_now(u);
+}
+
+void Engine::commit_parameters(int src_rank) {
+  if (src_rank < 0 || src_rank >= world_size()) {
+    fail("modifier rank {} does not exist; allowed: 0 to {}", src_rank, world_size() - 1);
+  }
+  at::NoGradGuard no_grad;
+  std::vector<CommHandle> handles;
+  for (const auto& g : groups_) {
+    if (!g->sharded() || g->gathered()) handles.push_back(comm_->broadcast(g->flat(), src_rank));
+  }
+  for (auto& h : handles) h.wait();
+  std::vector<bool> trainable_group(groups_.size(), false);
+  for (size_t i = 0; i < trainable_.size(); ++i) {
+    FlatParamGroup* g = trainable_[i];
+    const int u = unit_of_group_[i];
+    if (g->sharded() && !g->gathered()) continue;
+    const bool at_home = param_home_ && u >= 0 && param_home_->holds(u);
+    if (at_home) param_home_->open_for_update(u);
+    if (g->sharded()) g->keep_own_slice();
+    optimizer_->reload_master(i);
+    if (at_home) param_home_->store(u);
+  }
+  for (size_t i = 0; i < groups_.size(); ++i) {  // frozen units: their shard only
+    FlatParamGroup* g = groups_[i].get();
+    const bool trainable = std::find(trainable_.begin(), trainable_.end(), g) != trainable_.end();
+    if (trainable || !g->sharded() || !g->gathered()) continue;
+    const int u = unit_of_flat_[i];
+    const bool at_home = param_home_ && param_home_->holds(u);
+    if (at_home) param_home_->open_for_update(u);
+    g->keep_own_slice();
+    if (at_home) param_home_->store(u);
+  }
+  if (param_home_) param_home_->flush();
 }
 
 void Engine::backward(const at::Tensor& loss) {

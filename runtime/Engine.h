@@ -81,6 +81,10 @@ class Engine {
   // collective: every rank calls it for the same units in the same order.
   void gather_unit(size_t unit);
   void release_unit(size_t unit);
+  // After parameters were written outside training (gathered units, units kept whole):
+  // `src_rank`'s values go to every rank, each keeps its shard of them, and the
+  // optimizer's fp32 master restarts from them. A collective.
+  void commit_parameters(int src_rank);
   void backward(const at::Tensor& loss);
   // Copies of every parameter, whole, in the module's named_parameters() order. At stage
   // 3 this gathers each unit in turn: a collective, so every rank must call it.

@@ -142,4 +142,20 @@ void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_sc
   });
 }
 
+void OffloadOptimizer::reload_master(size_t group) {
+  const at::Tensor& shard = shards_.at(group);
+  if (options_.device == OffloadDevice::Cpu) {
+    master_[group].copy_(shard);
+    return;
+  }
+  if (!swapper_) open_swap();
+  std::vector<size_t> order;
+  for (size_t r = 0; r < sub_groups_.size(); ++r)
+    if (sub_groups_[r].group == group) order.push_back(r);
+  swapper_->update_each(order, *pool_, [&](size_t r, void* buffer) {
+    const SubGroup& s = sub_groups_[r];
+    at::from_blob(buffer, {s.numel}, at::kFloat).copy_(shard.narrow(0, s.offset, s.numel));
+  });
+}
+
 }  // namespace zeroshard

@@ -37,6 +37,7 @@ class OffloadOptimizer : public ShardOptimizer {
   void step(const std::vector<at::Tensor>& grads, double grad_scale, const AdamHyper& h) override;
   int64_t steps() const override { return steps_; }
   size_t groups() const override { return shards_.size(); }
+  void reload_master(size_t group) override;
   // After the last add_group: writes the initial state to NVMe (else the first step does).
   void start();
   // Called before a group's first update and after its last (parameter offload brings

@@ -65,6 +65,8 @@ class FlatParamGroup {
   // `fill_own_shard` false: the caller fills own_slice() (the shard lives elsewhere).
   void allocate_full(bool fill_own_shard = true);
   void release_full();
+  // Stage 3, after the full parameters were written: keep this rank's part of them.
+  void keep_own_slice() { shard_.copy_(own_slice()); }
   at::Tensor own_slice() const { return flat_.narrow(0, rank_ * shard_numel_, shard_numel_); }
 
   // Stage-3 parameter offload: the kept shard's storage is given back while the shard

@@ -50,4 +50,9 @@ void OptimizerShard::step(const std::vector<at::Tensor>& grads, double grad_scal
   }
 }
 
+void OptimizerShard::reload_master(size_t group) {
+  State& s = states_.at(group);
+  if (s.master.data_ptr() != s.shard.data_ptr()) s.master.copy_(s.shard);
+}
+
 }  // namespace zeroshard

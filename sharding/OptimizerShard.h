@@ -31,6 +31,9 @@ class ShardOptimizer {
                     const AdamHyper& h) = 0;
   virtual int64_t steps() const = 0;
   virtual size_t groups() const = 0;
+  // The parameters of `group` were overwritten (outside training): the fp32 master
+  // restarts from its shard; Adam's moments are kept.
+  virtual void reload_master(size_t group) = 0;
 };
 
 class OptimizerShard : public ShardOptimizer {
@@ -42,6 +45,7 @@ class OptimizerShard : public ShardOptimizer {
   void step(const std::vector<at::Tensor>& grads, double grad_scale, const AdamHyper& h) override;
   int64_t steps() const override { return steps_; }
   size_t groups() const override { return states_.size(); }
+  void reload_master(size_t group) override;
 
   struct State {
     at::Tensor shard, master, m, v;

@@ -179,17 +179,23 @@ class ZeroShardEngine:
         return out
 
     @contextlib.contextmanager
-    def gathered_parameters(self, module=None):
+    def gathered_parameters(self, module=None, modifier_rank=None):
         """Full parameters of the stage-3 units holding `module`'s parameters (all units
-        when None) while inside the block, for reading them outside forward. A collective:
-        every rank enters it for the same module."""
+        when None) while inside the block, to read them outside forward, or to write them
+        (initialisation, tying): with modifier_rank=R, rank R's values when the block ends
+        become every rank's, sharded again, and the optimizer's fp32 master restarts from
+        them (DeepSpeed's GatheredParameters). A collective: every rank enters it for the
+        same module."""
         wanted = {id(p) for p in (module or self.module).parameters()}
         indices = [i for i, u in enumerate(self._units)
                    if any(id(p) in wanted for p in u.parameters())]
         for i in indices:
             self._engine.gather_unit(i)
         try:
-            yield
+            with torch.no_grad():
+                yield
+            if modifier_rank is not None:
+                self._engine.commit_parameters(modifier_rank)
         finally:
             for i in indices:
                 self._engine.release_unit(i)

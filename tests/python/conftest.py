@@ -28,10 +28,11 @@ def rank_env(rank, world, port):
     return env
 
 
-def run_ranks(args, world, out, timeout=300):
+def run_ranks(args, world, out, timeout=300, extra_env=None):
     """Runs `python args...` as `world` ranks; returns each rank's JSON output."""
     port = free_port()
-    procs = [subprocess.Popen([sys.executable] + args, env=rank_env(r, world, port),
+    procs = [subprocess.Popen([sys.executable] + args,
+                              env=dict(rank_env(r, world, port), **(extra_env or {})),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(world)]
     logs = []

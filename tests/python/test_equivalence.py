@@ -41,9 +41,10 @@ def with_reference_optimizer(config, nvme_dir):
     return config
 
 
-def zs_losses(model, config, scratch, tag):
+def zs_losses(model, config, scratch, tag, extra_env=None):
     out = str(scratch / f"zs-{tag}")
-    return run_ranks([WORKER, "zs", model, str(STEPS), out, json.dumps(config)], WORLD, out)
+    return run_ranks([WORKER, "zs", model, str(STEPS), out, json.dumps(config)], WORLD, out,
+                     extra_env=extra_env)
 
 
 def assert_same(got, want):
@@ -74,3 +75,21 @@ def test_hugging_face_style_model_matches_ddp(stage, scratch):
     """Tied embeddings, a frozen module, a module used twice, a branch skipped on some steps."""
     config = with_reference_optimizer({"zero_optimization": {"stage": stage}}, scratch)
     assert_same(zs_losses("hf", config, scratch, f"hf{stage}"), ddp_losses("hf", scratch))
+
+
+@pytest.mark.parametrize("offload", ["none", "nvme"])
+def test_parameters_written_in_gathered_parameters_are_trained_from(offload, scratch):
+    """Rank 0 overwrites a stage-3 unit's weight and a whole parameter inside
+    gathered_parameters(modifier_rank=0); training then matches DDP started from the
+    same values (the shards and the fp32 master took them, on NVMe too)."""
+    zero = {"stage": 3}
+    if offload == "nvme":
+        zero["offload_optimizer"] = {"device": "nvme"}
+        zero["offload_param"] = {"device": "nvme"}
+    config = with_reference_optimizer({"zero_optimization": zero}, scratch)
+    write = {"ZS_TEST_WRITE": "1"}
+    out = str(scratch / "ddp-written")
+    want = run_ranks([WORKER, "ddp", "gpt", str(STEPS), out], WORLD, out, extra_env=write)
+    got = zs_losses("gpt", config, scratch, "written-" + offload, extra_env=write)
+    assert_same(got, want)
+    assert abs(got[0][0] - ddp_losses("gpt", scratch)[0][0]) > 1e-3  # the write mattered

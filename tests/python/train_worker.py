@@ -20,9 +20,14 @@ def main():
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     model = models.make(name)
+    write = os.environ.get("ZS_TEST_WRITE") == "1"  # overwrite parameters before training
     losses = []
     if mode == "ddp":
         dist.init_process_group("gloo")
+        if write:
+            with torch.no_grad():
+                model.blocks[0].fc1.weight.fill_(0.01)
+                model.ln_f.weight.fill_(0.9)
         ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=(name == "hf"))
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
                                 betas=BETAS, eps=EPS, weight_decay=WD)
@@ -43,6 +48,11 @@ def main():
         config = json.loads(sys.argv[5])
         engine, _, _, _ = zeroshard.initialize(model=model, config=config,
                                                units=models.units_of(name, model))
+        if write:  # rank 0 writes; the others must receive its values
+            with engine.gathered_parameters(model, modifier_rank=0):
+                if rank == 0:
+                    model.blocks[0].fc1.weight.fill_(0.01)
+                    model.ln_f.weight.fill_(0.9)
         for step in range(steps):
             loss = engine(models.batch(step, rank, world))
             engine.backward(loss)
