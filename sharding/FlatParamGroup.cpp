@@ -1,5 +1,7 @@
 #include "sharding/FlatParamGroup.h"
 
+#include <limits>
+
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/native/Resize.h>
@@ -66,12 +68,28 @@ FlatParamGroup::FlatParamGroup(const std::vector<NamedParam>& params, int rank, 
 
 void FlatParamGroup::bind_views() {
   for (auto& s : slots_) {
-    at::Tensor view = flat_.narrow(0, s.offset, s.numel).view(s.shape);
-    s.param.set_data(view);
+    bind_param(s);
     if (with_grads_ && s.param.requires_grad()) {
       s.param.mutable_grad() = flat_grad_.narrow(0, s.offset, s.numel).view(s.shape);
     }
   }
+}
+
+void FlatParamGroup::bind_param(ParamSlot& s) {
+  at::NoGradGuard no_grad;
+  s.param.set_data(flat_.narrow(0, s.offset, s.numel).view(s.shape));
+}
+
+// A released parameter must not point into storage that is gone (reading it would
+// crash): it becomes one NaN spread over its shape, so a read outside a gather shows
+// up as NaN and a write fails in torch ("more than one element ... refers to a single
+// memory location"), and both leave the flat buffer alone.
+void FlatParamGroup::poison_params() {
+  at::NoGradGuard no_grad;
+  if (!poison_.defined()) {
+    poison_ = at::full({1}, std::numeric_limits<double>::quiet_NaN(), flat_.options());
+  }
+  for (auto& s : slots_) s.param.set_data(poison_.expand(s.shape));
 }
 
 at::Tensor FlatParamGroup::param_shard() const {
@@ -106,6 +124,7 @@ void FlatParamGroup::allocate_full(bool fill_own_shard) {
   resize_storage(flat_, bytes);
   flat_entry_.resize(bytes);
   if (fill_own_shard) own_slice().copy_(shard_);
+  for (auto& s : slots_) bind_param(s);
   gathered_ = true;
 }
 
@@ -128,6 +147,7 @@ void FlatParamGroup::set_shard_tier(Tier tier, MemoryLedger* ledger) {
 
 void FlatParamGroup::release_full() {
   if (!gathered_) return;
+  poison_params();
   resize_storage(flat_, 0);
   flat_entry_.resize(0);
   gathered_ = false;

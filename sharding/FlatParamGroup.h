@@ -79,6 +79,8 @@ class FlatParamGroup {
 
  private:
   void bind_views();
+  void bind_param(ParamSlot& slot);
+  void poison_params();
   std::vector<ParamSlot> slots_;
   int rank_;
   int world_;
@@ -88,7 +90,8 @@ class FlatParamGroup {
   int64_t numel_ = 0;
   int64_t shard_numel_ = 0;
   at::Tensor flat_;
-  at::Tensor shard_;  // stage 3 only
+  at::Tensor shard_;   // stage 3 only
+  at::Tensor poison_;  // what released parameters point at
   at::Tensor flat_grad_;
   LedgerEntry flat_entry_;
   LedgerEntry shard_entry_;

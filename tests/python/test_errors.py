@@ -66,3 +66,27 @@ def test_estimate_counts_tied_parameters_once():
     assert code == 0, out
     assert "total 80" in out  # 40 (tied) + 2 x 20
     assert "stage 0 True" in out
+
+
+def test_a_stage3_parameter_outside_its_unit_reads_nan_and_refuses_writes():
+    """Outside forward and gathered_parameters a stage-3 parameter has no storage of
+    its own: reading it must not crash (it reads NaN), writing it raises, and inside
+    gathered_parameters it has its real values."""
+    code, out = run_one(
+        "m = torch.nn.Module()\n"
+        "m.blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))\n"
+        "m.forward = lambda x: m.blocks[1](m.blocks[0](x)).sum()\n"
+        "engine, *_ = zeroshard.initialize(model=m, config={'zero_optimization': {'stage': 3}})\n"
+        "engine.backward(engine(torch.ones(2, 4))); engine.step()\n"
+        "w = m.blocks[0].weight\n"
+        "print('shape', tuple(w.shape), 'nan', bool(w.isnan().all()))\n"
+        "with engine.gathered_parameters(m.blocks[0]):\n"
+        "    print('inside finite', bool(w.isfinite().all()))\n"
+        "try:\n"
+        "    with torch.no_grad(): w.add_(1)\n"
+        "except RuntimeError as e:\n"
+        "    print('write refused:', str(e).splitlines()[0][:60])\n")
+    assert code == 0, out
+    assert "shape (4, 4) nan True" in out
+    assert "inside finite True" in out
+    assert "write refused:" in out
