@@ -10,7 +10,7 @@ DEB_PACKAGES=(
   cmake ninja-build g++ ccache pkg-config
   libtorch-dev python3-torch libopenblas0-pthread
   liburing-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev pybind11-dev libgtest-dev
-  libgloo-dev fio python3-pytest python3-matplotlib python3-yaml
+  libgloo-dev zlib1g-dev fio python3-pytest python3-matplotlib python3-yaml
 )
 
 die() { echo "zs: $*" >&2; exit 1; }

@@ -139,6 +139,10 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def("release_unit", &Engine::release_unit, py::call_guard<py::gil_scoped_release>())
       .def("commit_parameters", &Engine::commit_parameters,
            py::call_guard<py::gil_scoped_release>())
+      .def("save_checkpoint", &Engine::save_checkpoint, py::arg("dir"), py::arg("tag"),
+           py::arg("client_state_json"), py::call_guard<py::gil_scoped_release>())
+      .def("load_checkpoint", &Engine::load_checkpoint, py::arg("dir"), py::arg("tag"),
+           py::call_guard<py::gil_scoped_release>())
       .def("backward", &Engine::backward, py::call_guard<py::gil_scoped_release>())
       .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
       .def("zero_grad", &Engine::zero_grad)

@@ -444,6 +444,10 @@ bool Engine::step() {
   return true;
 }
 
+void Engine::reducer_zero() {
+  reducer_->zero();
+}
+
 void Engine::zero_grad() {
   reducer_->zero();
 }

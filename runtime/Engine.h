@@ -21,8 +21,9 @@
 
 #include <torch/nn/module.h>
 
-#include "common/MemoryLedger.h"
 #include "common/Error.h"
+#include "common/MemoryLedger.h"
+#include "runtime/Checkpoint.h"
 #include "runtime/Config.h"
 #include "runtime/LaunchEnv.h"
 #include "runtime/MemoryModel.h"
@@ -106,13 +107,29 @@ class Engine {
   int64_t bytes_sent() const;
   MemoryLedger& ledger() { return ledger_; }
 
+  // Sharded checkpoints (DeepSpeed's names). Each rank writes its own shards; rank 0
+  // the manifest; DIR/latest moves last. Returns the tag (default global_stepN).
+  // client_state: JSON text stored in the manifest. Collectives: every rank calls them.
+  std::string save_checkpoint(const std::string& dir, std::string tag = "",
+                              const std::string& client_state_json = "{}");
+  // Loads DIR/TAG (TAG empty: DIR/latest) saved at any world size and stage; every file
+  // and the layout are checked before anything changes. Returns the client_state JSON.
+  std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
+
  private:
-  void init(std::vector<NamedParam> params,
-            const std::vector<std::vector<NamedParam>>& unit_params, const Config& config,
-            const std::optional<LaunchEnv>& launch);
+  void init(std::vector<NamedParam> params, const std::vector<std::vector<NamedParam>>& unit_params,
+            const Config& config, const std::optional<LaunchEnv>& launch);
   void build_groups(const std::vector<NamedParam>& params,
                     const std::vector<std::vector<NamedParam>>& unit_params);
   int checked_unit(size_t unit) const;  // its coordinator unit, or -1
+  Manifest checkpoint_layout() const;
+  void write_group_slice(size_t group, const std::function<void(const void*, int64_t)>& write);
+  void publish_checkpoint(const std::string& dir, Manifest& manifest);
+  void check_layout(const CheckpointReader& reader, const std::string& dir) const;
+  void read_range(const CheckpointReader& reader, const FlatParamGroup& group, int array,
+                  int64_t begin, int64_t count, float* out) const;
+  void load_group(const CheckpointReader& reader, size_t group);
+  void reducer_zero();
   std::unique_ptr<ShardOptimizer> make_optimizer(bool on_cpu);
   void place_param_shards(const std::vector<FlatParamGroup*>& sharded);
   const std::string& swap_dir(const std::string& nvme_path);
@@ -142,6 +159,7 @@ class Engine {
   std::vector<NamedParam> names_;      // the parameters, for full_parameters()
   int64_t micro_steps_ = 0;
   bool device_is_host_ = true;
+  int64_t checkpoint_serial_ = 0;
   double grad_norm_ = 0;
 };
 

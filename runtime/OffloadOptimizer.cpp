@@ -149,13 +149,60 @@ void OffloadOptimizer::reload_master(size_t group) {
     return;
   }
   if (!swapper_) open_swap();
-  std::vector<size_t> order;
-  for (size_t r = 0; r < sub_groups_.size(); ++r)
-    if (sub_groups_[r].group == group) order.push_back(r);
-  swapper_->update_each(order, *pool_, [&](size_t r, void* buffer) {
+  swapper_->update_each(sub_groups_of(group), *pool_, [&](size_t r, void* buffer) {
     const SubGroup& s = sub_groups_[r];
     at::from_blob(buffer, {s.numel}, at::kFloat).copy_(shard.narrow(0, s.offset, s.numel));
   });
+}
+
+std::vector<size_t> OffloadOptimizer::sub_groups_of(size_t group) const {
+  std::vector<size_t> order;
+  for (size_t r = 0; r < sub_groups_.size(); ++r)
+    if (sub_groups_[r].group == group) order.push_back(r);
+  return order;
+}
+
+void OffloadOptimizer::read_state(size_t group, float* master, float* m, float* v) {
+  const int64_t n = shards_.at(group).numel();
+  if (options_.device == OffloadDevice::Cpu) {
+    std::memcpy(master, master_[group].data_ptr<float>(), n * 4);
+    std::memcpy(m, m_[group].data_ptr<float>(), n * 4);
+    std::memcpy(v, v_[group].data_ptr<float>(), n * 4);
+    return;
+  }
+  if (!swapper_) open_swap();
+  // Streamed one sub-group at a time through the pinned buffers.
+  swapper_->update_each(sub_groups_of(group), *pool_, [&](size_t r, void* buffer) {
+    const SubGroup& s = sub_groups_[r];
+    const auto* f = static_cast<const float*>(buffer);
+    std::memcpy(master + s.offset, f, s.numel * 4);
+    std::memcpy(m + s.offset, f + s.numel, s.numel * 4);
+    std::memcpy(v + s.offset, f + 2 * s.numel, s.numel * 4);
+  });
+}
+
+void OffloadOptimizer::write_state(size_t group, const float* master, const float* m,
+                                   const float* v) {
+  at::Tensor& shard = shards_.at(group);
+  const int64_t n = shard.numel();
+  if (options_.device == OffloadDevice::Cpu) {
+    std::memcpy(master_[group].data_ptr<float>(), master, n * 4);
+    std::memcpy(m_[group].data_ptr<float>(), m, n * 4);
+    std::memcpy(v_[group].data_ptr<float>(), v, n * 4);
+  } else {
+    if (!swapper_) open_swap();
+    swapper_->update_each(
+        sub_groups_of(group), *pool_,
+        [&](size_t r, void* buffer) {
+          const SubGroup& s = sub_groups_[r];
+          auto* f = static_cast<float*>(buffer);
+          std::memcpy(f, master + s.offset, s.numel * 4);
+          std::memcpy(f + s.numel, m + s.offset, s.numel * 4);
+          std::memcpy(f + 2 * s.numel, v + s.offset, s.numel * 4);
+        },
+        /*read=*/false);
+  }
+  shard.copy_(at::from_blob(const_cast<float*>(master), {n}, at::kFloat));
 }
 
 }  // namespace zeroshard

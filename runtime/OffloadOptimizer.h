@@ -38,6 +38,10 @@ class OffloadOptimizer : public ShardOptimizer {
   int64_t steps() const override { return steps_; }
   size_t groups() const override { return shards_.size(); }
   void reload_master(size_t group) override;
+  int64_t group_numel(size_t group) const override { return shards_.at(group).numel(); }
+  void read_state(size_t group, float* master, float* m, float* v) override;
+  void write_state(size_t group, const float* master, const float* m, const float* v) override;
+  void set_steps(int64_t steps) override { steps_ = steps; }
   // After the last add_group: writes the initial state to NVMe (else the first step does).
   void start();
   // Called before a group's first update and after its last (parameter offload brings
@@ -52,6 +56,7 @@ class OffloadOptimizer : public ShardOptimizer {
     size_t group;
     int64_t offset, numel;
   };
+  std::vector<size_t> sub_groups_of(size_t group) const;
   void open_swap();  // nvme: lays out every sub-group and writes the initial state
   static void write_back(at::Tensor& shard, int64_t offset, const float* master, int64_t n,
                          const uint16_t* bf16);

@@ -18,6 +18,18 @@ class LossScaler {
  public:
   explicit LossScaler(const LossScalerOptions& options);
   double scale() const { return scale_; }
+  // Checkpoints: everything that decides the next scale.
+  struct State {
+    double scale;
+    int64_t hysteresis_left, iteration, last_overflow;
+  };
+  State state() const { return {scale_, hysteresis_left_, iteration_, last_overflow_}; }
+  void restore(const State& s) {
+    scale_ = s.scale;
+    hysteresis_left_ = s.hysteresis_left;
+    iteration_ = s.iteration;
+    last_overflow_ = s.last_overflow;
+  }
   // Records one step's outcome; returns true when the step must be skipped.
   bool update(bool overflow);
 

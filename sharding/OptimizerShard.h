@@ -34,6 +34,12 @@ class ShardOptimizer {
   // The parameters of `group` were overwritten (outside training): the fp32 master
   // restarts from its shard; Adam's moments are kept.
   virtual void reload_master(size_t group) = 0;
+  // Checkpoints, one whole group at a time: its fp32 master, m and v (numel each);
+  // write_state also sets the compute-precision shard from the master.
+  virtual int64_t group_numel(size_t group) const = 0;
+  virtual void read_state(size_t group, float* master, float* m, float* v) = 0;
+  virtual void write_state(size_t group, const float* master, const float* m, const float* v) = 0;
+  virtual void set_steps(int64_t steps) = 0;
 };
 
 class OptimizerShard : public ShardOptimizer {
@@ -46,6 +52,10 @@ class OptimizerShard : public ShardOptimizer {
   int64_t steps() const override { return steps_; }
   size_t groups() const override { return states_.size(); }
   void reload_master(size_t group) override;
+  int64_t group_numel(size_t group) const override { return states_.at(group).m.numel(); }
+  void read_state(size_t group, float* master, float* m, float* v) override;
+  void write_state(size_t group, const float* master, const float* m, const float* v) override;
+  void set_steps(int64_t steps) override { steps_ = steps; }
 
   struct State {
     at::Tensor shard, master, m, v;

@@ -3,6 +3,7 @@ sharded by the C++ Engine; at stage 3 each unit's parameters are gathered by for
 pre-hooks, freed by forward hooks, and gathered again when the gradient of the unit's
 output arrives in backward."""
 import contextlib
+import json
 import os
 
 import torch
@@ -177,6 +178,21 @@ class ZeroShardEngine:
                 if b is not None and name not in mod._non_persistent_buffers_set:
                     out[dot + name] = b.detach().clone()
         return out
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None):
+        """Each rank writes its shards to save_dir/tag, rank 0 the manifest; save_dir/latest
+        moves last. client_state must be plain data (JSON). A collective. Returns the tag."""
+        try:
+            text = json.dumps(client_state or {})
+        except TypeError as e:
+            raise _zeroshard.Error(f"client_state must be plain data (JSON): {e}") from None
+        return self._engine.save_checkpoint(os.fspath(save_dir), tag or "", text)
+
+    def load_checkpoint(self, load_dir, tag=None):
+        """Loads load_dir/tag (default: load_dir/latest), saved at any world size and stage.
+        Returns (path, client_state) as DeepSpeed does."""
+        state = self._engine.load_checkpoint(os.fspath(load_dir), tag or "")
+        return os.path.join(os.fspath(load_dir), tag or "latest"), json.loads(state)
 
     @contextlib.contextmanager
     def gathered_parameters(self, module=None, modifier_rank=None):

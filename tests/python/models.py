@@ -73,10 +73,15 @@ def units_of(name, model):
     return None  # the default: the largest ModuleList's blocks
 
 
-def batch(step, rank, world, rows_per_rank=4):
-    """Rank `rank`'s slice of step `step`'s global batch; the first token of the global
-    batch (it decides the optional branch) is the same on every rank."""
+GLOBAL_ROWS = 8
+
+
+def batch(step, rank, world):
+    """Rank `rank`'s slice of step `step`'s global batch (the same 8 rows whatever the
+    world size, so runs at different world sizes train on the same data); the first
+    token (it decides the optional branch) is the same on every rank."""
     g = torch.Generator().manual_seed(1000 + step)
-    tokens = torch.randint(VOCAB, (rows_per_rank * world, SEQ + 1), generator=g)
+    tokens = torch.randint(VOCAB, (GLOBAL_ROWS, SEQ + 1), generator=g)
     tokens[:, 0] = tokens[0, 0]
-    return tokens[rank * rows_per_rank:(rank + 1) * rows_per_rank]
+    rows = GLOBAL_ROWS // world
+    return tokens[rank * rows:(rank + 1) * rows]

@@ -53,11 +53,22 @@ def main():
                 if rank == 0:
                     model.blocks[0].fc1.weight.fill_(0.01)
                     model.ln_f.weight.fill_(0.9)
-        for step in range(steps):
+        first = 0
+        if os.environ.get("ZS_CKPT_LOAD"):
+            _, client = engine.load_checkpoint(os.environ["ZS_CKPT_LOAD"])
+            first = client["next_step"]
+        save_at = int(os.environ.get("ZS_CKPT_SAVE_AT", "-1"))
+        for step in range(first, steps):
+            if step == save_at:
+                engine.save_checkpoint(os.environ["ZS_CKPT_DIR"], client_state={"next_step": step})
+                if os.environ.get("ZS_CKPT_STOP") == "1":
+                    break
             loss = engine(models.batch(step, rank, world))
             engine.backward(loss)
             engine.step()
             losses.append(loss.item())
+        if os.environ.get("ZS_DUMP_PARAMS") == "1":
+            torch.save(engine.state_dict(), f"{out}.rank{rank}.pt")
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump(losses, f)
 

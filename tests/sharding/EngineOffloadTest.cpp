@@ -87,7 +87,9 @@ void check(const Case& c) {
     // The swap and parameter buffers, as planned (no gradient staging: CPU training).
     const double pinned = memory(r, Tier::Host, Kind::PinnedBuffers, 1);
     EXPECT_EQ(memory(r, Tier::Host, Kind::PinnedBuffers, 0), pinned);
-    if (c.opt == "nvme") EXPECT_GT(pinned, 0);
+    if (c.opt == "nvme") {
+      EXPECT_GT(pinned, 0);
+    }
     // Nothing of the optimizer stays on the device.
     EXPECT_EQ(memory(r, Tier::Device, Kind::OptimizerStates, 0), 0);
     if (c.param != "none") {

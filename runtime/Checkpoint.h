@@ -1,0 +1,94 @@
+#pragma once
+// The on-disk format of a sharded checkpoint, and the pieces that read and write it
+// safely. A checkpoint DIR/TAG holds one file per rank (rankR.bin: for each group, this
+// rank's slice [R*S, (R+1)*S) of the padded flat buffer: fp32 master, Adam m and v for
+// trainable groups, the parameters for frozen ones; then its RNG state) and
+// manifest.json (rank 0): format, config, world size, stage, step, loss scale, client
+// state, every group's parameters (name, shape, offset) and each file's size and CRC-32.
+// DIR/latest names the newest complete tag. Because every element is addressed by
+// parameter name and offset, a checkpoint loads into any world size and stage: the
+// reader re-slices on load.
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace zeroshard {
+
+constexpr int kCheckpointFormat = 1;
+
+struct SavedParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // in the group's flat buffer
+  int64_t numel = 0;
+};
+
+struct SavedGroup {
+  int64_t shard_numel = 0;  // S: each rank's slice of the padded flat buffer
+  bool trainable = true;
+  std::string dtype;        // of the parameters (frozen groups store them)
+  int64_t file_offset = 0;  // where the group's arrays start in each rank file
+  std::vector<SavedParam> params;
+  // Bytes of the group's arrays in a rank file: 3 fp32 arrays, or one in `dtype`.
+  int64_t bytes() const;
+};
+
+struct SavedFile {
+  std::string name;
+  int64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+
+struct Manifest {
+  int format = kCheckpointFormat;
+  std::string tag;
+  int world_size = 1;
+  int stage = 0;
+  int64_t optimizer_steps = 0;
+  int64_t micro_steps = 0;
+  nlohmann::json loss_scale;  // null without fp16
+  nlohmann::json client_state;
+  std::string config_yaml;
+  int64_t rng_offset = 0, rng_bytes = 0;  // in each rank file
+  std::vector<SavedGroup> groups;
+  std::vector<SavedFile> files;
+
+  nlohmann::json to_json() const;
+  static Manifest from_json(const nlohmann::json& j, const std::string& origin);
+};
+
+// Reads DIR/TAG/manifest.json (TAG empty: the one DIR/latest names) and checks that
+// every rank file is there, whole, and matches its checksum. Errors name the file.
+Manifest read_manifest(const std::string& dir, std::string tag);
+
+// Writes `bytes` to `path` through a temporary name, fsync, rename, fsync of the folder:
+// a crash leaves the old file or the new one, never a mix.
+void write_file_atomically(const std::string& path, const std::string& bytes);
+void fsync_path(const std::string& path);
+uint32_t file_crc32(const std::string& path);
+
+// Element ranges of saved parameters, gathered from the rank files by name.
+class CheckpointReader {
+ public:
+  CheckpointReader(const std::string& dir, Manifest manifest);
+  ~CheckpointReader();
+  const Manifest& manifest() const { return manifest_; }
+  // The saved parameter `name`: its group and entry, or an Error naming it.
+  const SavedParam& param(const std::string& name, size_t* group = nullptr) const;
+  // Elements [begin, begin+count) of parameter `name`, from array `array` (0 master,
+  // 1 m, 2 v for trainable groups; 0 the parameters for frozen ones), as fp32.
+  void read(const std::string& name, int array, int64_t begin, int64_t count, float* out) const;
+  std::string read_rng(int rank) const;
+
+ private:
+  std::string dir_;
+  Manifest manifest_;
+  std::vector<int> fds_;
+  std::unordered_map<std::string, std::pair<size_t, size_t>> index_;  // name -> group, param
+};
+
+}  // namespace zeroshard

@@ -1,0 +1,304 @@
+// Engine::save_checkpoint / load_checkpoint (the format: runtime/Checkpoint.h).
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "common/Error.h"
+#include "runtime/Checkpoint.h"
+#include "runtime/Engine.h"
+#include "runtime/ParamHome.h"
+#include "sharding/Collectives.h"
+#include "sharding/LossScaler.h"
+#include "sharding/OptimizerShard.h"
+#include "sharding/ParamCoordinator.h"
+
+namespace zeroshard {
+namespace {
+
+std::string dtype_name(at::ScalarType t) {
+  if (t == at::kBFloat16) return "bf16";
+  if (t == at::kHalf) return "fp16";
+  return "fp32";
+}
+
+void make_dir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+    fail("checkpoint: cannot create '{}': {}", path, std::strerror(errno));
+  }
+}
+
+// Test hook for crash-safety tests: ZS_TEST_KILL_AT=<point> (and ZS_TEST_KILL_RANK)
+// kills this process with SIGKILL there, as a crash would.
+void maybe_die(const char* point, int rank) {
+  const char* at = std::getenv("ZS_TEST_KILL_AT");
+  if (at == nullptr || std::string(at) != point) return;
+  const char* who = std::getenv("ZS_TEST_KILL_RANK");
+  if (who != nullptr && std::stoi(who) != rank) return;
+  ::raise(SIGKILL);
+}
+
+class FileWriter {
+ public:
+  explicit FileWriter(std::string path) : path_(std::move(path)), out_(path_, std::ios::binary) {
+    if (!out_) fail("checkpoint: cannot create '{}': {}", path_, std::strerror(errno));
+  }
+  void write(const void* data, int64_t bytes) {
+    out_.write(static_cast<const char*>(data), bytes);
+    if (!out_)
+      fail("checkpoint: writing '{}' failed (disk full?): {}", path_, std::strerror(errno));
+  }
+  void finish() {
+    out_.flush();
+    out_.close();
+    if (!out_) fail("checkpoint: writing '{}' failed (disk full?)", path_);
+    fsync_path(path_);
+  }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace
+
+Manifest Engine::checkpoint_layout() const {
+  Manifest m;
+  m.world_size = world_size();
+  m.stage = static_cast<int>(*plan_.config.zero.stage);
+  m.optimizer_steps = optimizer_->steps();
+  m.micro_steps = micro_steps_;
+  m.config_yaml = emit_config_yaml(plan_.config);
+  int64_t offset = 0;
+  for (const auto& g : groups_) {
+    SavedGroup sg;
+    sg.shard_numel = g->shard_numel();
+    sg.trainable = std::find(trainable_.begin(), trainable_.end(), g.get()) != trainable_.end();
+    sg.dtype = dtype_name(g->flat().scalar_type());
+    sg.file_offset = offset;
+    for (const auto& s : g->slots()) sg.params.push_back({s.name, s.shape, s.offset, s.numel});
+    offset += sg.bytes();
+    m.groups.push_back(std::move(sg));
+  }
+  m.rng_offset = offset;
+  m.rng_bytes = at::detail::getDefaultCPUGenerator().get_state().numel();
+  if (scaler_) {
+    const auto s = scaler_->state();
+    m.loss_scale = {{"scale", s.scale},
+                    {"hysteresis_left", s.hysteresis_left},
+                    {"iteration", s.iteration},
+                    {"last_overflow", s.last_overflow}};
+  }
+  return m;
+}
+
+std::string Engine::save_checkpoint(const std::string& dir, std::string tag,
+                                    const std::string& client_state_json) {
+  if (tag.empty()) tag = fmt::format("global_step{}", optimizer_->steps());
+  if (tag.find('/') != std::string::npos || tag == "latest" || tag[0] == '.') {
+    fail("checkpoint tag '{}' is not allowed; allowed: a plain name (no '/', not 'latest')", tag);
+  }
+  Manifest m = checkpoint_layout();
+  m.tag = tag;
+  try {
+    m.client_state = nlohmann::json::parse(client_state_json.empty() ? "{}" : client_state_json);
+  } catch (const nlohmann::json::exception& e) {
+    fail("client_state is not plain data (JSON): {}", e.what());
+  }
+  const std::string folder = dir + "/" + tag;
+  make_dir(dir);
+  make_dir(folder);
+  const std::string file = fmt::format("rank{}.bin", rank());
+  FileWriter out(folder + "/" + file + ".tmp");
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    write_group_slice(i, [&](const void* data, int64_t bytes) { out.write(data, bytes); });
+    if (i == 0) maybe_die("rank_file", rank());
+  }
+  const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+  out.write(rng.data_ptr(), rng.numel());
+  out.finish();
+  if (::rename((folder + "/" + file + ".tmp").c_str(), (folder + "/" + file).c_str()) != 0) {
+    fail("checkpoint: cannot rename '{}': {}", folder + "/" + file, std::strerror(errno));
+  }
+  fsync_path(folder);
+  publish_checkpoint(dir, m);
+  return tag;
+}
+
+void Engine::publish_checkpoint(const std::string& dir, Manifest& m) {
+  // Every rank's file is complete before the manifest names it, and `latest` moves only
+  // after the manifest: a crash at any point leaves the previous tag loadable.
+  const std::string folder = dir + "/" + m.tag;
+  const std::string mine = fmt::format("rank{}.bin", rank());
+  struct stat st {};
+  ::stat((folder + "/" + mine).c_str(), &st);
+  const std::string entry =
+      fmt::format("{} {}", file_crc32(folder + "/" + mine), static_cast<int64_t>(st.st_size));
+  const std::string key = fmt::format("zs/ckpt/{}/{}", ++checkpoint_serial_, m.tag);
+  if (world_size() > 1)
+    dist_.store->set(key + "/rank" + std::to_string(rank()),
+                     std::vector<uint8_t>(entry.begin(), entry.end()));
+  if (rank() == 0) {
+    for (int r = 0; r < world_size(); ++r) {
+      std::string text = entry;
+      if (r != 0 || world_size() > 1) {
+        const auto got = dist_.store->get(key + "/rank" + std::to_string(r));
+        text.assign(got.begin(), got.end());
+      }
+      SavedFile f;
+      f.name = fmt::format("rank{}.bin", r);
+      std::sscanf(text.c_str(), "%u %ld", &f.crc32, &f.bytes);
+      m.files.push_back(f);
+    }
+    maybe_die("manifest", 0);
+    write_file_atomically(folder + "/manifest.json", m.to_json().dump(1));
+    maybe_die("latest", 0);
+    write_file_atomically(dir + "/latest", m.tag + "\n");
+    if (world_size() > 1) dist_.store->set(key + "/done", std::vector<uint8_t>{1});
+  } else {
+    dist_.store->get(key + "/done");  // returns once rank 0 has published
+  }
+}
+
+// This rank's slice [r*S, (r+1)*S) of group `i`: fp32 master, m, v if trainable, the
+// parameters otherwise. Offloaded state is streamed from its tier one group at a time.
+void Engine::write_group_slice(size_t i, const std::function<void(const void*, int64_t)>& write) {
+  FlatParamGroup* g = groups_[i].get();
+  const int64_t S = g->shard_numel();
+  const auto t = std::find(trainable_.begin(), trainable_.end(), g) - trainable_.begin();
+  if (static_cast<size_t>(t) < trainable_.size()) {
+    const int64_t n = optimizer_->group_numel(static_cast<size_t>(t));
+    std::vector<float> master(n), m(n), v(n);
+    optimizer_->read_state(static_cast<size_t>(t), master.data(), m.data(), v.data());
+    const int64_t from = n == S ? 0 : rank() * S;  // stage 0: the optimizer holds it all
+    for (const auto* a : {&master, &m, &v}) write(a->data() + from, S * 4);
+    return;
+  }
+  const int u = unit_of_flat_[i];
+  at::Tensor values;
+  if (!g->sharded()) {
+    values = g->own_slice();
+  } else if (param_home_ && param_home_->holds(u)) {
+    values = at::empty({S}, g->flat().options());
+    param_home_->fill(u, values);
+  } else {
+    values = g->param_shard();
+  }
+  values = values.contiguous();
+  write(values.data_ptr(), S * static_cast<int64_t>(values.element_size()));
+}
+
+std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  const Manifest m = read_manifest(dir, tag);
+  const CheckpointReader reader(dir, m);
+  check_layout(reader, dir);  // before anything changes
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < groups_.size(); ++i) load_group(reader, i);
+  std::vector<CommHandle> handles;
+  for (FlatParamGroup* g : trainable_) {
+    if (!g->sharded() && *plan_.config.zero.stage >= 1)
+      handles.push_back(comm_->all_gather(g->flat()));
+  }
+  for (auto& h : handles) h.wait();
+  if (param_home_) param_home_->flush();
+  optimizer_->set_steps(m.optimizer_steps);
+  micro_steps_ = m.micro_steps;
+  if (scaler_ && !m.loss_scale.is_null()) {
+    scaler_->restore({m.loss_scale.at("scale").get<double>(),
+                      m.loss_scale.at("hysteresis_left").get<int64_t>(),
+                      m.loss_scale.at("iteration").get<int64_t>(),
+                      m.loss_scale.at("last_overflow").get<int64_t>()});
+  }
+  reducer_zero();
+  if (m.world_size == world_size()) {  // each rank's own random stream, when it exists
+    const std::string rng = reader.read_rng(rank());
+    at::Tensor state = at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
+    std::memcpy(state.data_ptr(), rng.data(), rng.size());
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
+  return m.client_state.dump();
+}
+
+void Engine::check_layout(const CheckpointReader& reader, const std::string& dir) const {
+  std::unordered_set<std::string> mine;
+  for (const auto& g : groups_) {
+    for (const auto& s : g->slots()) {
+      mine.insert(s.name);
+      const SavedParam& p = reader.param(s.name);
+      if (p.shape != s.shape) {
+        fail("checkpoint '{}/{}': parameter '{}' has shape [{}] there and [{}] in the model", dir,
+             reader.manifest().tag, s.name, fmt::join(p.shape, ", "), fmt::join(s.shape, ", "));
+      }
+    }
+  }
+  for (const auto& g : reader.manifest().groups) {
+    for (const auto& p : g.params) {
+      if (!mine.count(p.name)) {
+        fail("checkpoint '{}/{}' has parameter '{}', which the model does not have", dir,
+             reader.manifest().tag, p.name);
+      }
+    }
+  }
+}
+
+// Fills `out` (count elements: group `g`'s flat buffer from `begin`) from the saved
+// parameters' array `array`; padding stays zero.
+void Engine::read_range(const CheckpointReader& reader, const FlatParamGroup& g, int array,
+                        int64_t begin, int64_t count, float* out) const {
+  std::fill(out, out + count, 0.0f);
+  for (const auto& s : g.slots()) {
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(begin + count, s.offset + s.numel);
+    if (lo >= hi) continue;
+    size_t saved_group = 0;
+    reader.param(s.name, &saved_group);
+    const bool saved_trainable = reader.manifest().groups[saved_group].trainable;
+    if (array > 0 && !saved_trainable) continue;  // frozen when saved: no Adam state
+    reader.read(s.name, array, lo - s.offset, hi - lo, out + (lo - begin));
+  }
+}
+
+void Engine::load_group(const CheckpointReader& reader, size_t i) {
+  FlatParamGroup* g = groups_[i].get();
+  const int64_t S = g->shard_numel();
+  const int u = unit_of_flat_[i];
+  const bool at_home = param_home_ && u >= 0 && param_home_->holds(u);
+  const auto t =
+      static_cast<size_t>(std::find(trainable_.begin(), trainable_.end(), g) - trainable_.begin());
+  if (t < trainable_.size()) {
+    const int64_t n = optimizer_->group_numel(t);
+    const int64_t begin = n == S ? rank() * S : 0;
+    std::vector<float> master(n), m(n), v(n);
+    read_range(reader, *g, 0, begin, n, master.data());
+    read_range(reader, *g, 1, begin, n, m.data());
+    read_range(reader, *g, 2, begin, n, v.data());
+    if (at_home) param_home_->open_for_update(u);
+    optimizer_->write_state(t, master.data(), m.data(), v.data());
+    if (at_home) param_home_->store(u);
+    if (g->sharded() && g->gathered() && u >= 0) coordinator_->release_now(u);
+    return;
+  }
+  const int64_t begin = g->sharded() ? rank() * S : 0;
+  const int64_t n = g->sharded() ? S : g->padded_numel();
+  std::vector<float> values(n);
+  read_range(reader, *g, 0, begin, n, values.data());
+  const at::Tensor src = at::from_blob(values.data(), {n}, at::kFloat);
+  if (!g->sharded()) {
+    g->flat().copy_(src);
+    return;
+  }
+  if (at_home) param_home_->open_for_update(u);
+  g->param_shard().copy_(src);
+  if (at_home) param_home_->store(u);
+  if (g->gathered() && u >= 0) coordinator_->release_now(u);
+}
+
+}  // namespace zeroshard
