@@ -125,6 +125,7 @@ class Engine {
   Manifest checkpoint_layout() const;
   void write_group_slice(size_t group, const std::function<void(const void*, int64_t)>& write);
   void publish_checkpoint(const std::string& dir, Manifest& manifest);
+  std::vector<uint8_t> wait_for_key(const std::string& key, const std::string& tag);
   void check_layout(const CheckpointReader& reader, const std::string& dir) const;
   void read_range(const CheckpointReader& reader, const FlatParamGroup& group, int array,
                   int64_t begin, int64_t count, float* out) const;

@@ -132,6 +132,16 @@ std::string Engine::save_checkpoint(const std::string& dir, std::string tag,
   return tag;
 }
 
+std::vector<uint8_t> Engine::wait_for_key(const std::string& key, const std::string& tag) {
+  try {
+    return dist_.store->get(key);
+  } catch (const std::exception& e) {
+    fail("rank {}: saving checkpoint '{}' failed: another rank did not finish its part ({}); "
+         "{}; the previous checkpoint stays the latest",
+         rank(), tag, e.what(), dist_.describe_missing_ranks());
+  }
+}
+
 void Engine::publish_checkpoint(const std::string& dir, Manifest& m) {
   // Every rank's file is complete before the manifest names it, and `latest` moves only
   // after the manifest: a crash at any point leaves the previous tag loadable.
@@ -149,7 +159,7 @@ void Engine::publish_checkpoint(const std::string& dir, Manifest& m) {
     for (int r = 0; r < world_size(); ++r) {
       std::string text = entry;
       if (r != 0 || world_size() > 1) {
-        const auto got = dist_.store->get(key + "/rank" + std::to_string(r));
+        const auto got = wait_for_key(key + "/rank" + std::to_string(r), m.tag);
         text.assign(got.begin(), got.end());
       }
       SavedFile f;
@@ -163,7 +173,7 @@ void Engine::publish_checkpoint(const std::string& dir, Manifest& m) {
     write_file_atomically(dir + "/latest", m.tag + "\n");
     if (world_size() > 1) dist_.store->set(key + "/done", std::vector<uint8_t>{1});
   } else {
-    dist_.store->get(key + "/done");  // returns once rank 0 has published
+    wait_for_key(key + "/done", m.tag);  // returns once rank 0 has published
   }
 }
 

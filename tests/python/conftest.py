@@ -28,8 +28,9 @@ def rank_env(rank, world, port):
     return env
 
 
-def run_ranks(args, world, out, timeout=300, extra_env=None):
-    """Runs `python args...` as `world` ranks; returns each rank's JSON output."""
+def run_ranks(args, world, out, timeout=300, extra_env=None, expect_ok=True):
+    """Runs `python args...` as `world` ranks; returns each rank's JSON output (with
+    expect_ok False: each rank's (exit status, log))."""
     port = free_port()
     procs = [subprocess.Popen([sys.executable] + args,
                               env=dict(rank_env(r, world, port), **(extra_env or {})),
@@ -43,6 +44,8 @@ def run_ranks(args, world, out, timeout=300, extra_env=None):
             for q in procs:
                 q.kill()
             pytest.fail(f"ranks did not finish in {timeout} s: {args}")
+    if not expect_ok:
+        return [(p.returncode, log) for p, log in zip(procs, logs)]
     for r, p in enumerate(procs):
         assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{logs[r][-3000:]}"
     results = []

@@ -11,7 +11,7 @@ from conftest import HERE, run_ranks
 from test_equivalence import with_reference_optimizer
 
 WORKER = os.path.join(HERE, "train_worker.py")
-STEPS = 12
+STEPS = 12  # the workers train to step 12 unless told otherwise
 
 
 def train(scratch, tag, config, world, env):
@@ -67,3 +67,81 @@ def test_saved_at_four_ranks_stage3_continues_at_another_world_size_and_stage(wo
     resumed = train(scratch, "resumed", config_for(stage, "none", scratch), world,
                     {"ZS_CKPT_LOAD": ckpt})
     assert_params(resumed[0], whole[0], exact=False)
+
+
+@pytest.mark.parametrize("point,rank", [("rank_file", 1), ("manifest", 0), ("latest", 0)])
+def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint_loadable(point, rank, scratch):
+    """Save at step 4, then a rank is SIGKILLed at `point` while saving step 8: the others
+    stop with an error (no hang), latest still names step 4, and it loads and trains."""
+    ckpt = str(scratch / "ckpt")
+    config = dict(config_for(3, "none", scratch), comm_timeout_seconds=10)
+    out = str(scratch / "crash")
+    env = {"ZS_CKPT_DIR": ckpt, "ZS_CKPT_SAVE_AT": "4", "ZS_DUMP_PARAMS": "1"}
+    run_ranks([WORKER, "zs", "gpt", "8", out, json.dumps(config)], 2, out, extra_env=env)
+    env.update(ZS_CKPT_SAVE_AT="8", ZS_TEST_KILL_AT=point, ZS_TEST_KILL_RANK=str(rank))
+    results = run_ranks([WORKER, "zs", "gpt", "12", out + "b", json.dumps(config)], 2,
+                        out + "b", extra_env=env, expect_ok=False, timeout=120)
+    assert results[rank][0] == -9, results[rank][1][-2000:]  # SIGKILL
+    survivor_code, survivor_log = results[1 - rank]
+    if point == "rank_file":  # rank 0 waits for rank 1's file and must give up, not hang
+        assert survivor_code != 0, survivor_log[-2000:]
+        assert "saving checkpoint 'global_step8' failed" in survivor_log, survivor_log[-2000:]
+        assert "rank(s) 1 did not respond" in survivor_log, survivor_log[-2000:]
+    assert open(os.path.join(ckpt, "latest")).read().strip() == "global_step4"
+    assert not os.path.exists(os.path.join(ckpt, "global_step8", "manifest.json")) or point == "latest"
+    resumed = train(scratch, "resumed", config, 2, {"ZS_CKPT_LOAD": ckpt})
+    whole = train(scratch, "whole", config, 2, {})
+    assert_params(resumed[0], whole[0], exact=True)
+
+
+BAD = """
+import os, shutil, torch, zeroshard
+def make(width):
+    torch.manual_seed(0)
+    m = torch.nn.Module()
+    m.blocks = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(2))
+    m.forward = lambda x: m.blocks[1](m.blocks[0](x)).sum()
+    return m
+m = make(8)
+engine, *_ = zeroshard.initialize(model=m, config={{'zero_optimization': {{'stage': 3}}}})
+engine.backward(engine(torch.ones(2, 8))); engine.step()
+d = {ckpt!r}
+engine.save_checkpoint(d, 'good')
+engine.backward(engine(torch.ones(2, 8))); engine.step()
+before = engine.state_dict()
+f = os.path.join(d, 'good', 'rank0.bin')
+case = {case!r}
+if case == 'missing':
+    os.remove(f)
+elif case == 'truncated':
+    os.truncate(f, os.path.getsize(f) - 10)
+elif case == 'corrupt':
+    with open(f, 'r+b') as fh:
+        fh.seek(100); b = fh.read(1); fh.seek(100); fh.write(bytes([b[0] ^ 0xFF]))
+elif case == 'shape':
+    m = make(4)
+    engine, *_ = zeroshard.initialize(model=m, config={{'zero_optimization': {{'stage': 3}}}})
+    before = engine.state_dict()
+try:
+    engine.load_checkpoint(d)
+    print('LOADED')
+except zeroshard.Error as e:
+    print('ERROR', e)
+after = engine.state_dict()
+print('unchanged', all(torch.equal(before[k], after[k]) for k in before))
+"""
+
+
+@pytest.mark.parametrize("case,message", [
+    ("missing", "checkpoint file '{f}' is missing"),
+    ("truncated", "checkpoint file '{f}' has"),
+    ("corrupt", "checkpoint file '{f}' does not match its checksum"),
+    ("shape", "parameter 'blocks.0.weight' has shape [8, 8] there and [4, 4] in the model"),
+])
+def test_a_bad_checkpoint_is_refused_before_anything_changes(case, message, scratch):
+    from test_errors import run_one
+    ckpt = str(scratch / "ckpt")
+    code, out = run_one(BAD.format(ckpt=ckpt, case=case))
+    assert code == 0, out
+    assert "ERROR " in out and message.format(f=os.path.join(ckpt, "good", "rank0.bin")) in out, out
+    assert "unchanged True" in out
