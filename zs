@@ -160,6 +160,8 @@ usage: ./zs VERB [ARGS]
                     io (IoEngine vs fio), swap (NVMe optimizer step vs pure I/O and Adam),
                     capacity (largest trainable model vs torch DDP), python (the package
                     vs torch DDP), peers (vs torch DDP/FSDP, in the LibTorch 2.x root)
+  consolidate CKPT OUT.pt [--dtype bf16] [--per-tensor]
+                    one ordinary state_dict from a sharded checkpoint
   run -n N PROG ARGS  start N local ranks of PROG (a built binary, or a .py script
                     through torchrun) with the launcher environment zeroshard reads
   help              this list
@@ -197,6 +199,10 @@ case "$verb" in
     exec "$BUILD/tools/zeroshard-estimate" "$@"
     ;;
   run) run_ranks "$@" ;;
+  consolidate)
+    build >/dev/null
+    PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/consolidate/zeroshard-consolidate "$@"
+    ;;
   bench)
     name="${1:-}"
     [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers"

@@ -143,6 +143,7 @@ PYBIND11_MODULE(_zeroshard, m) {
            py::arg("client_state_json"), py::call_guard<py::gil_scoped_release>())
       .def("load_checkpoint", &Engine::load_checkpoint, py::arg("dir"), py::arg("tag"),
            py::call_guard<py::gil_scoped_release>())
+      .def("set_aliases", &Engine::set_aliases)
       .def("backward", &Engine::backward, py::call_guard<py::gil_scoped_release>())
       .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
       .def("zero_grad", &Engine::zero_grad)

@@ -73,7 +73,8 @@ nlohmann::json Manifest::to_json() const {
           {"rng_offset", rng_offset},
           {"rng_bytes", rng_bytes},
           {"groups", groups_json},
-          {"files", files_json}};
+          {"files", files_json},
+          {"aliases", aliases}};
 }
 
 Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin) {
@@ -106,6 +107,9 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin)
                              p.at("offset").get<int64_t>(), p.at("numel").get<int64_t>()});
       }
       m.groups.push_back(std::move(sg));
+    }
+    if (j.contains("aliases")) {
+      m.aliases = j.at("aliases").get<std::vector<std::pair<std::string, std::string>>>();
     }
     for (const auto& f : j.at("files")) {
       m.files.push_back({f.at("name").get<std::string>(), f.at("bytes").get<int64_t>(),

@@ -56,6 +56,8 @@ struct Manifest {
   int64_t rng_offset = 0, rng_bytes = 0;  // in each rank file
   std::vector<SavedGroup> groups;
   std::vector<SavedFile> files;
+  // Tied parameters: (another name, the saved name it shares storage with).
+  std::vector<std::pair<std::string, std::string>> aliases;
 
   nlohmann::json to_json() const;
   static Manifest from_json(const nlohmann::json& j, const std::string& origin);

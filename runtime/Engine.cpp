@@ -143,6 +143,11 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
     unit_params.push_back(unique_parameters(*units[u], true));
   }
   init(unique_parameters(*module_), unit_params, config, options.launch);
+  std::unordered_map<const void*, std::string> first;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    const auto [it, fresh] = first.emplace(item.value().unsafeGetTensorImpl(), item.key());
+    if (!fresh) aliases_.emplace_back(item.key(), it->second);
+  }
 }
 
 Engine::Engine(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,

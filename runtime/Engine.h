@@ -115,6 +115,12 @@ class Engine {
   // Loads DIR/TAG (TAG empty: DIR/latest) saved at any world size and stage; every file
   // and the layout are checked before anything changes. Returns the client_state JSON.
   std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
+  // Names under which a parameter is also reachable (tied weights): recorded in
+  // checkpoints so a consolidated state_dict has every name. Found from the module in
+  // the module constructor; the Python package passes them.
+  void set_aliases(std::vector<std::pair<std::string, std::string>> aliases) {
+    aliases_ = std::move(aliases);
+  }
 
  private:
   void init(std::vector<NamedParam> params, const std::vector<std::vector<NamedParam>>& unit_params,
@@ -161,6 +167,7 @@ class Engine {
   int64_t micro_steps_ = 0;
   bool device_is_host_ = true;
   int64_t checkpoint_serial_ = 0;
+  std::vector<std::pair<std::string, std::string>> aliases_;
   double grad_norm_ = 0;
 };
 

@@ -86,6 +86,7 @@ Manifest Engine::checkpoint_layout() const {
     offset += sg.bytes();
     m.groups.push_back(std::move(sg));
   }
+  m.aliases = aliases_;
   m.rng_offset = offset;
   m.rng_bytes = at::detail::getDefaultCPUGenerator().get_state().numel();
   if (scaler_) {
@@ -136,9 +137,10 @@ std::vector<uint8_t> Engine::wait_for_key(const std::string& key, const std::str
   try {
     return dist_.store->get(key);
   } catch (const std::exception& e) {
-    fail("rank {}: saving checkpoint '{}' failed: another rank did not finish its part ({}); "
-         "{}; the previous checkpoint stays the latest",
-         rank(), tag, e.what(), dist_.describe_missing_ranks());
+    fail(
+        "rank {}: saving checkpoint '{}' failed: another rank did not finish its part ({}); "
+        "{}; the previous checkpoint stays the latest",
+        rank(), tag, e.what(), dist_.describe_missing_ranks());
   }
 }
 

@@ -49,8 +49,8 @@ void read_torchrun(const Env& env, LaunchEnv& out) {
   if (!env.has("MASTER_ADDR")) fail("environment variable MASTER_ADDR is not set (RANK is)");
   out.master_addr = env.text("MASTER_ADDR");
   out.master_port = env.number("MASTER_PORT", 1, 0, true);
-  out.agent_store = env.has("TORCHELASTIC_USE_AGENT_STORE") &&
-                    env.text("TORCHELASTIC_USE_AGENT_STORE") == "True";
+  out.agent_store =
+      env.has("TORCHELASTIC_USE_AGENT_STORE") && env.text("TORCHELASTIC_USE_AGENT_STORE") == "True";
 }
 
 void read_slurm(const Env& env, LaunchEnv& out) {
@@ -78,8 +78,9 @@ void read_openmpi(const Env& env, LaunchEnv& out) {
   out.local_rank = env.number("OMPI_COMM_WORLD_LOCAL_RANK", 0, 0, false);
   out.local_world_size = env.number("OMPI_COMM_WORLD_LOCAL_SIZE", 1, out.world_size, false);
   if (out.world_size > 1 && !env.has("MASTER_ADDR")) {
-    fail("environment variable MASTER_ADDR is not set; under mpirun pass "
-         "-x MASTER_ADDR=<first host> (and optionally -x MASTER_PORT)");
+    fail(
+        "environment variable MASTER_ADDR is not set; under mpirun pass "
+        "-x MASTER_ADDR=<first host> (and optionally -x MASTER_PORT)");
   }
   out.master_addr = env.text("MASTER_ADDR", "127.0.0.1");
   out.master_port = env.number("MASTER_PORT", 1, 29500, false);

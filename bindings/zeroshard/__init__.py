@@ -10,7 +10,8 @@ models, a C++ runtime behind a deepspeed.initialize-shaped API.
 """
 from ._zeroshard import Error
 from .config import load_config
+from .consolidate import consolidate
 from .engine import ZeroShardEngine, initialize
 from .estimate import estimate
 
-__all__ = ["Error", "ZeroShardEngine", "initialize", "estimate", "load_config"]
+__all__ = ["Error", "ZeroShardEngine", "initialize", "estimate", "load_config", "consolidate"]

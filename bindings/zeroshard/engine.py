@@ -34,6 +34,36 @@ def _unique_params(module):
     return out
 
 
+def _aliases(model):
+    """(name, first name) for every parameter reachable under a second name (tied)."""
+    first, out = {}, []
+    for prefix, mod in model.named_modules(remove_duplicate=False) if _has_remove_duplicate(
+            model) else _all_modules(model):
+        dot = prefix + "." if prefix else ""
+        for name, p in mod._parameters.items():
+            if p is None:
+                continue
+            full = dot + name
+            if id(p) in first:
+                if first[id(p)] != full:
+                    out.append((full, first[id(p)]))
+            else:
+                first[id(p)] = full
+    return out
+
+
+def _has_remove_duplicate(model):
+    import inspect
+    return "remove_duplicate" in inspect.signature(model.named_modules).parameters
+
+
+def _all_modules(model, prefix=""):
+    yield prefix, model
+    for name, child in model._modules.items():
+        if child is not None:
+            yield from _all_modules(child, prefix + ("." if prefix else "") + name)
+
+
 def default_units(model):
     """The blocks of the model's largest ModuleList (by parameter count), FSDP-style."""
     best, best_count = None, -1
@@ -72,6 +102,7 @@ class ZeroShardEngine:
         params = _unique_params(model)
         unit_params = [_unique_params(u) for u in self._units]
         self._engine = _zeroshard.Engine(params, unit_params, text, origin)
+        self._engine.set_aliases(_aliases(model))
         self._pending_backward = False
         self._hooks = []
         if self._engine.stage == 3:
