@@ -41,7 +41,7 @@ def config_for(stage, offload, scratch):
 
 
 @pytest.mark.parametrize("stage,offload", [(0, "none"), (1, "none"), (2, "none"), (3, "none"),
-                                           (2, "cpu"), (3, "nvme")])
+                                           (2, "cpu"), (3, "cpu"), (3, "nvme")])
 def test_resume_is_bit_identical(stage, offload, scratch):
     config = config_for(stage, offload, scratch)
     whole = train(scratch, "whole", config, 2, {})
