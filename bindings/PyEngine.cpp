@@ -4,6 +4,7 @@
 
 #include <pybind11/stl.h>
 
+#include "common/Bytes.h"
 #include "common/Error.h"
 #include "runtime/Config.h"
 #include "runtime/Engine.h"
@@ -78,6 +79,8 @@ PYBIND11_MODULE(_zeroshard, m) {
         return load_config_string(yaml, origin).warnings;
       },
       "Loads a config (YAML text) and returns the warnings; raises Error on bad input.");
+  m.def("parse_bytes", &parse_bytes, py::arg("text"), py::arg("what"),
+        "\"80GB\" (10^9), \"1.5TiB\" (2^40), \"4096\": the CLI's size parser");
   m.def("load_config_file", [](const std::string& path) {
     const auto loaded = load_config_file(path);
     return py::make_tuple(emit_config_yaml(loaded.config), loaded.warnings);

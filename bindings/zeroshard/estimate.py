@@ -33,14 +33,14 @@ def estimate(model, config=None, nodes=1, gpus_per_node=1, gpu_memory="80GB",
     text = load_config(config)[0] if config is not None else "{}"
     host = host_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return _zeroshard.plan(total, unit_counts, max(unit_counts or [total]), text, nodes,
-                           gpus_per_node, _bytes(gpu_memory), _bytes(host), _bytes(nvme or 0))
+                           gpus_per_node, _bytes(gpu_memory, "gpu_memory"),
+                           _bytes(host, "host_memory"), _bytes(nvme, "nvme"))
 
 
-def _bytes(v):
-    if isinstance(v, (int, float)):
-        return int(v)
-    s = str(v).strip().upper().replace("IB", "B")
-    for suffix, scale in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if s.endswith(suffix):
-            return int(float(s[: -len(suffix)]) * scale)
-    return int(float(s))
+def _bytes(value, what):
+    """Sizes as the CLI takes them ("80GB" = 80e9, "80GiB" = 80 x 2^30) or numbers."""
+    if not value:
+        return 0
+    if isinstance(value, (int, float)):
+        return int(value)
+    return _zeroshard.parse_bytes(str(value), what)
