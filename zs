@@ -145,6 +145,37 @@ test_trixie_leg() {
     ctest --test-dir build-trixie --output-on-failure -j $(nproc)"
 }
 
+# --- fuzzing: libFuzzer targets for every parser, built with clang + ASan/UBSan -------
+fuzz() {
+  local seconds="${1:-60}" t status=0
+  command -v clang++ >/dev/null || die "fuzzing needs clang (apt-get install clang libclang-rt-14-dev)"
+  ensure_packages
+  local dir="$ROOT/build-fuzz"
+  [ -f "$dir/build.ninja" ] || CC=clang CXX=clang++ cmake -S "$ROOT" -B "$dir" -G Ninja \
+    -DZS_FUZZ=ON -DZS_PYTHON=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
+    -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+  cmake --build "$dir" -j "$(nproc)" >/dev/null
+  for t in config hf bytes manifest; do
+    local corpus="$dir/corpus-$t"
+    mkdir -p "$corpus" "$dir/crashes-$t"
+    cp -n "$ROOT/tests/fuzz/corpus/$t/"* "$corpus/" 2>/dev/null || true
+    # Earlier findings run first: each must now end in a clear error.
+    if ls "$ROOT/tests/fuzz/regressions/$t/"* >/dev/null 2>&1; then
+      "$dir/tests/fuzz/fuzz_$t" "$ROOT/tests/fuzz/regressions/$t/"* >/dev/null 2>&1 ||
+        { echo "fuzz $t: a kept regression input fails again"; status=1; }
+    fi
+    if "$dir/tests/fuzz/fuzz_$t" "$corpus" -max_total_time="$seconds" -max_len=16384 \
+        -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$dir/crashes-$t/" \
+        -print_final_stats=1 >"$dir/fuzz-$t.log" 2>&1; then
+      echo "fuzz $t: $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$dir/fuzz-$t.log" | grep -o '[0-9]*$') inputs in ${seconds} s, no crash, leak or hang"
+    else
+      echo "fuzz $t: FAILED, see $dir/fuzz-$t.log and $dir/crashes-$t/"; status=1
+    fi
+  done
+  return $status
+}
+
 usage() {
   cat <<'EOF'
 usage: ./zs VERB [ARGS]
@@ -162,6 +193,8 @@ usage: ./zs VERB [ARGS]
                     vs torch DDP), peers (vs torch DDP/FSDP, in the LibTorch 2.x root)
   consolidate CKPT OUT.pt [--dtype bf16] [--per-tensor]
                     one ordinary state_dict from a sharded checkpoint
+  fuzz [SECONDS]    libFuzzer (clang, ASan, UBSan) on the config, config.json, size and
+                    checkpoint-manifest parsers, SECONDS each (default 60)
   run -n N PROG ARGS  start N local ranks of PROG (a built binary, or a .py script
                     through torchrun) with the launcher environment zeroshard reads
   help              this list
@@ -199,6 +232,7 @@ case "$verb" in
     exec "$BUILD/tools/zeroshard-estimate" "$@"
     ;;
   run) run_ranks "$@" ;;
+  fuzz) fuzz "$@" ;;
   consolidate)
     build >/dev/null
     PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/consolidate/zeroshard-consolidate "$@"

@@ -37,6 +37,44 @@ std::string parent_of(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+// A manifest's numbers must describe files that can exist: every read the loader
+// does is then inside a rank file (whose size the manifest also states).
+void check_consistent(const Manifest& m, const std::string& origin) {
+  int64_t end = 0;
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    const SavedGroup& sg = m.groups[g];
+    if (sg.shard_numel <= 0 || sg.shard_numel > (int64_t{1} << 40) || sg.file_offset != end) {
+      fail("checkpoint manifest '{}': group {} has shard_numel {} at byte {} (expected {})", origin,
+           g, sg.shard_numel, sg.file_offset, end);
+    }
+    end += sg.bytes();
+    for (const auto& p : sg.params) {
+      int64_t numel = 1;
+      for (int64_t d : p.shape) {
+        if (d < 0 || d > (int64_t{1} << 40)) numel = -1;
+        if (numel >= 0) numel *= d;
+        if (numel > (int64_t{1} << 42)) numel = -1;
+      }
+      if (numel != p.numel || p.offset < 0 || p.offset + p.numel > sg.shard_numel * m.world_size) {
+        fail(
+            "checkpoint manifest '{}': parameter '{}' (offset {}, numel {}) does not fit its "
+            "group or its shape",
+            origin, p.name, p.offset, p.numel);
+      }
+    }
+  }
+  if (m.rng_offset != end || m.rng_bytes < 0 || m.rng_bytes > (1 << 20)) {
+    fail("checkpoint manifest '{}': RNG state at byte {} ({} bytes), expected at byte {}", origin,
+         m.rng_offset, m.rng_bytes, end);
+  }
+  for (const auto& f : m.files) {
+    if (f.bytes != end + m.rng_bytes) {
+      fail("checkpoint manifest '{}': file '{}' of {} bytes, the layout needs {}", origin, f.name,
+           f.bytes, end + m.rng_bytes);
+    }
+  }
+}
+
 }  // namespace
 
 int64_t SavedGroup::bytes() const {
@@ -119,6 +157,7 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin)
       fail("checkpoint manifest '{}': {} rank files for world size {}", origin, m.files.size(),
            m.world_size);
     }
+    check_consistent(m, origin);
     return m;
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint manifest '{}' is not valid: {}", origin, e.what());
