@@ -7,6 +7,12 @@
 namespace zeroshard {
 namespace {
 
+std::future<void> done_now() {
+  std::promise<void> done;
+  done.set_value();
+  return done.get_future();
+}
+
 int64_t aligned(int64_t bytes) {
   return (bytes + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
 }
@@ -38,7 +44,7 @@ std::future<void> Swapper::read(size_t region, void* destination) {
 }
 
 void Swapper::update_each(const std::vector<size_t>& order, PinnedPool& pool,
-                          const std::function<void(size_t, void*)>& update, bool read_first) {
+                          const std::function<void(size_t, void*)>& update, Pass pass) {
   struct Transfer {
     size_t position;
     int64_t slot;
@@ -87,15 +93,8 @@ void Swapper::update_each(const std::vector<size_t>& order, PinnedPool& pool,
     for (size_t i = 0; i < order.size(); ++i) {
       while (next < order.size() && (reads.empty() || reads.size() < ahead)) {
         const int64_t slot = take_slot();
-        std::future<void> done;
-        if (read_first) {
-          done = read(order[next], pool.buffer(slot));
-        } else {
-          std::promise<void> nothing;
-          nothing.set_value();
-          done = nothing.get_future();
-        }
-        reads.push_back({next, slot, std::move(done)});
+        reads.push_back(
+            {next, slot, pass == Pass::Fill ? done_now() : read(order[next], pool.buffer(slot))});
         ++next;
       }
       Transfer t = std::move(reads.front());
@@ -103,12 +102,12 @@ void Swapper::update_each(const std::vector<size_t>& order, PinnedPool& pool,
       writes.push_back({t.position, t.slot, {}});  // owns the slot from here on
       t.done.get();
       update(order[i], pool.buffer(t.slot));
-      writes.back().done = write(order[i], pool.buffer(t.slot));
+      writes.back().done = pass == Pass::Drain ? done_now() : write(order[i], pool.buffer(t.slot));
     }
   } catch (...) {
     for (auto* q : {&reads, &writes}) {
       for (auto& t : *q) {
-        if (!t.done.valid()) t.done = std::async(std::launch::deferred, [] {});
+        if (!t.done.valid()) t.done = done_now();
       }
     }
     try {

@@ -36,10 +36,12 @@ class Swapper {
   // For each region in `order`: read it into a buffer of `pool`, call update(region,
   // buffer), write it back. Returns after every write has completed; on an error, the
   // first one is thrown once all transfers in flight have ended.
-  // `read` false: the buffers start undefined and update() fills them (a first write).
+  // Fill: the buffers start undefined and update() fills them (nothing is read).
+  // Drain: update() only looks at the buffers (nothing is written back).
+  enum class Pass { Update, Fill, Drain };
   void update_each(const std::vector<size_t>& order, PinnedPool& pool,
                    const std::function<void(size_t region, void* buffer)>& update,
-                   bool read = true);
+                   Pass pass = Pass::Update);
 
   const IoFile& file() const { return file_->file(); }
 

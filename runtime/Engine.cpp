@@ -15,8 +15,7 @@
 
 #include "common/Bytes.h"
 #include "common/Error.h"
-#include "offload/CpuAdam.h"
-#include "offload/IoEngine.h"
+#include "offload/IoEngine.h"  // the members it destroys
 #include "offload/SwapFile.h"
 #include "runtime/GroupLayout.h"
 #include "runtime/LrSchedule.h"
@@ -75,20 +74,6 @@ void keep_freed_memory() {
 
 int64_t host_ram() {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
-}
-
-// Shards in host memory step through CpuAdam: one vectorized pass instead of eight
-// ATen passes (5.5x faster on this machine's 2 cores, at the bandwidth limit).
-AdamKernel cpu_adam_kernel() {
-  return [](const AdamHyper& h, int64_t step, double grad_scale, at::Tensor& master,
-            at::Tensor& grad, at::Tensor& m, at::Tensor& v) {
-    CpuAdamStep s;
-    s.hyper = h;
-    s.step = step;
-    s.grad_scale = grad_scale;
-    cpu_adam_step(s, master.data_ptr<float>(), grad.contiguous().data_ptr<float>(),
-                  m.data_ptr<float>(), v.data_ptr<float>(), master.numel());
-  };
 }
 
 // Stage-3 units when none are declared: the root's children, with a ModuleList or
@@ -221,6 +206,7 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
       coordinator_unit_[spec.unit] = static_cast<int>(sharded.size());
       sharded.push_back(g);
     }
+    optimizer_group_.push_back(spec.trainable ? static_cast<int>(trainable_.size()) : -1);
     if (!spec.trainable) continue;
     unit_of_group_.push_back(unit_of_flat_.back());
     trainable.push_back(g);
@@ -248,151 +234,6 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
     const int lookahead = static_cast<int>(*plan_.config.zero.offload_param.buffer_count) - 1;
     coordinator_->set_shard_home(param_home_.get(), lookahead);
   }
-}
-
-const std::string& Engine::swap_dir(const std::string& nvme_path) {
-  if (!io_) {
-    const auto& aio = plan_.config.aio;
-    IoOptions o;
-    o.block_size = *aio.block_size;
-    o.queue_depth = static_cast<int>(*aio.queue_depth);
-    o.rings = static_cast<int>(*aio.intra_op_parallelism);
-    io_ = std::make_unique<IoEngine>(o);
-  }
-  swap_dirs_.push_back(std::make_unique<SwapDir>(nvme_path, fmt::format("rank{}", rank())));
-  return swap_dirs_.back()->path();
-}
-
-std::unique_ptr<ShardOptimizer> Engine::make_optimizer(bool on_cpu) {
-  const auto& z = plan_.config.zero;
-  const OffloadDevice device = plan_.option.optimizer;
-  if (device == OffloadDevice::None) {
-    return std::make_unique<OptimizerShard>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{});
-  }
-  OffloadOptimizerOptions o;
-  o.device = device;
-  o.sub_group_numel = *z.sub_group_size;
-  o.buffer_count = *z.offload_optimizer.buffer_count;
-  if (device == OffloadDevice::Nvme) {
-    o.swap_dir = swap_dir(z.offload_optimizer.nvme_path);
-    o.io = io_.get();
-  }
-  return std::make_unique<OffloadOptimizer>(o, &ledger_);
-}
-
-// Stage-3 parameter offload: each sharded unit's shard goes where the memory model
-// puts it (the same function decides both).
-void Engine::place_param_shards(const std::vector<FlatParamGroup*>& sharded) {
-  const auto& op = plan_.config.zero.offload_param;
-  const OffloadDevice device = plan_.option.params;
-  if (device == OffloadDevice::None) return;
-  const ParamPlacement placed =
-      zeroshard::place_param_shards(spec_of_groups(), device, op, world_size());
-  std::vector<bool> on_nvme(sharded.size(), device == OffloadDevice::Nvme);
-  for (size_t u : placed.in_host) on_nvme[unit_of_flat_[u]] = false;
-  for (size_t u = 0; u < sharded.size(); ++u) {
-    if (!on_nvme[u]) sharded[u]->set_shard_tier(Tier::Host, &ledger_);
-  }
-  if (device != OffloadDevice::Nvme) return;
-  param_home_ = std::make_unique<ParamHome>(sharded, on_nvme, io_ ? io_.get() : nullptr,
-                                            swap_dir(op.nvme_path), *op.buffer_count, &ledger_);
-  auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get());
-  off->on_group(
-      [this](size_t g) {
-        if (unit_of_group_[g] >= 0) param_home_->open_for_update(unit_of_group_[g]);
-      },
-      [this](size_t g) {
-        if (unit_of_group_[g] >= 0) param_home_->store(unit_of_group_[g]);
-      });
-}
-
-at::Tensor Engine::run_unit(const torch::nn::Module& unit,
-                            const std::function<at::Tensor()>& forward) {
-  if (!coordinator_) return forward();
-  const auto it = unit_of_module_.find(&unit);
-  if (it == unit_of_module_.end() || coordinator_unit_[it->second] < 0) {
-    fail(
-        "run_unit: module '{}' is not a stage-3 unit with trainable parameters; declare it "
-        "in EngineOptions::units",
-        unit.name());
-  }
-  const size_t u = it->second;
-  unit_forward_begin(u);
-  at::Tensor out = forward();
-  if (out.requires_grad()) {
-    out.register_hook([this, u](const at::Tensor& grad) {
-      unit_backward_begin(u);
-      return grad;
-    });
-  }
-  unit_forward_end(u);
-  return out;
-}
-
-int Engine::checked_unit(size_t unit) const {
-  if (unit >= coordinator_unit_.size()) {
-    fail("unit {} does not exist; this model has {} units", unit, coordinator_unit_.size());
-  }
-  return coordinator_ ? coordinator_unit_[unit] : -1;
-}
-
-void Engine::unit_forward_begin(size_t unit) {
-  const int u = checked_unit(unit);
-  if (u >= 0) coordinator_->before_forward(u);
-}
-
-void Engine::unit_forward_end(size_t unit) {
-  const int u = checked_unit(unit);
-  if (u >= 0) coordinator_->after_forward(u);
-}
-
-void Engine::unit_backward_begin(size_t unit) {
-  const int u = checked_unit(unit);
-  if (u >= 0) coordinator_->before_backward(u);
-}
-
-void Engine::gather_unit(size_t unit) {
-  const int u = checked_unit(unit);
-  if (u >= 0 && !coordinator_->gathered(u)) coordinator_->gather_now(u);
-}
-
-void Engine::release_unit(size_t unit) {
-  const int u = checked_unit(unit);
-  if (u >= 0) coordinator_->release_now(u);
-}
-
-void Engine::commit_parameters(int src_rank) {
-  if (src_rank < 0 || src_rank >= world_size()) {
-    fail("modifier rank {} does not exist; allowed: 0 to {}", src_rank, world_size() - 1);
-  }
-  at::NoGradGuard no_grad;
-  std::vector<CommHandle> handles;
-  for (const auto& g : groups_) {
-    if (!g->sharded() || g->gathered()) handles.push_back(comm_->broadcast(g->flat(), src_rank));
-  }
-  for (auto& h : handles) h.wait();
-  std::vector<bool> trainable_group(groups_.size(), false);
-  for (size_t i = 0; i < trainable_.size(); ++i) {
-    FlatParamGroup* g = trainable_[i];
-    const int u = unit_of_group_[i];
-    if (g->sharded() && !g->gathered()) continue;
-    const bool at_home = param_home_ && u >= 0 && param_home_->holds(u);
-    if (at_home) param_home_->open_for_update(u);
-    if (g->sharded()) g->keep_own_slice();
-    optimizer_->reload_master(i);
-    if (at_home) param_home_->store(u);
-  }
-  for (size_t i = 0; i < groups_.size(); ++i) {  // frozen units: their shard only
-    FlatParamGroup* g = groups_[i].get();
-    const bool trainable = std::find(trainable_.begin(), trainable_.end(), g) != trainable_.end();
-    if (trainable || !g->sharded() || !g->gathered()) continue;
-    const int u = unit_of_flat_[i];
-    const bool at_home = param_home_ && param_home_->holds(u);
-    if (at_home) param_home_->open_for_update(u);
-    g->keep_own_slice();
-    if (at_home) param_home_->store(u);
-  }
-  if (param_home_) param_home_->flush();
 }
 
 void Engine::backward(const at::Tensor& loss) {
@@ -447,10 +288,6 @@ bool Engine::step() {
   if (coordinator_) coordinator_->after_step();
   reducer_->zero();
   return true;
-}
-
-void Engine::reducer_zero() {
-  reducer_->zero();
 }
 
 void Engine::zero_grad() {

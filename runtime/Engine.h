@@ -136,7 +136,6 @@ class Engine {
   void read_range(const CheckpointReader& reader, const FlatParamGroup& group, int array,
                   int64_t begin, int64_t count, float* out) const;
   void load_group(const CheckpointReader& reader, size_t group);
-  void reducer_zero();
   std::unique_ptr<ShardOptimizer> make_optimizer(bool on_cpu);
   void place_param_shards(const std::vector<FlatParamGroup*>& sharded);
   const std::string& swap_dir(const std::string& nvme_path);
@@ -159,6 +158,7 @@ class Engine {
   std::vector<FlatParamGroup*> trainable_;  // the optimizer's groups, in its order
   std::vector<int> unit_of_group_;          // per trainable group: its coordinator unit or -1
   std::vector<int> unit_of_flat_;           // per groups_ entry: its coordinator unit or -1
+  std::vector<int> optimizer_group_;        // per groups_ entry: its index in trainable_, or -1
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<ParamCoordinator> coordinator_;
   std::unordered_map<const torch::nn::Module*, size_t> unit_of_module_;  // -> unit index

@@ -15,6 +15,7 @@
 #include "runtime/Engine.h"
 #include "runtime/ParamHome.h"
 #include "sharding/Collectives.h"
+#include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
 #include "sharding/OptimizerShard.h"
 #include "sharding/ParamCoordinator.h"
@@ -76,10 +77,11 @@ Manifest Engine::checkpoint_layout() const {
   m.micro_steps = micro_steps_;
   m.config_yaml = emit_config_yaml(plan_.config);
   int64_t offset = 0;
-  for (const auto& g : groups_) {
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const auto& g = groups_[i];
     SavedGroup sg;
     sg.shard_numel = g->shard_numel();
-    sg.trainable = std::find(trainable_.begin(), trainable_.end(), g.get()) != trainable_.end();
+    sg.trainable = optimizer_group_[i] >= 0;
     sg.dtype = dtype_name(g->flat().scalar_type());
     sg.file_offset = offset;
     for (const auto& s : g->slots()) sg.params.push_back({s.name, s.shape, s.offset, s.numel});
@@ -184,11 +186,11 @@ void Engine::publish_checkpoint(const std::string& dir, Manifest& m) {
 void Engine::write_group_slice(size_t i, const std::function<void(const void*, int64_t)>& write) {
   FlatParamGroup* g = groups_[i].get();
   const int64_t S = g->shard_numel();
-  const auto t = std::find(trainable_.begin(), trainable_.end(), g) - trainable_.begin();
-  if (static_cast<size_t>(t) < trainable_.size()) {
-    const int64_t n = optimizer_->group_numel(static_cast<size_t>(t));
+  if (optimizer_group_[i] >= 0) {
+    const auto t = static_cast<size_t>(optimizer_group_[i]);
+    const int64_t n = optimizer_->group_numel(t);
     std::vector<float> master(n), m(n), v(n);
-    optimizer_->read_state(static_cast<size_t>(t), master.data(), m.data(), v.data());
+    optimizer_->read_state(t, master.data(), m.data(), v.data());
     const int64_t from = n == S ? 0 : rank() * S;  // stage 0: the optimizer holds it all
     for (const auto* a : {&master, &m, &v}) write(a->data() + from, S * 4);
     return;
@@ -228,7 +230,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
                       m.loss_scale.at("iteration").get<int64_t>(),
                       m.loss_scale.at("last_overflow").get<int64_t>()});
   }
-  reducer_zero();
+  reducer_->zero();
   if (m.world_size == world_size()) {  // each rank's own random stream, when it exists
     const std::string rng = reader.read_rng(rank());
     at::Tensor state = at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
@@ -283,9 +285,8 @@ void Engine::load_group(const CheckpointReader& reader, size_t i) {
   const int64_t S = g->shard_numel();
   const int u = unit_of_flat_[i];
   const bool at_home = param_home_ && u >= 0 && param_home_->holds(u);
-  const auto t =
-      static_cast<size_t>(std::find(trainable_.begin(), trainable_.end(), g) - trainable_.begin());
-  if (t < trainable_.size()) {
+  if (optimizer_group_[i] >= 0) {
+    const auto t = static_cast<size_t>(optimizer_group_[i]);
     const int64_t n = optimizer_->group_numel(t);
     const int64_t begin = n == S ? rank() * S : 0;
     std::vector<float> master(n), m(n), v(n);

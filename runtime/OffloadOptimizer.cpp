@@ -86,7 +86,7 @@ void OffloadOptimizer::open_swap() {
         master.copy_(shards_[s.group].narrow(0, s.offset, s.numel));
         std::memset(f + s.numel, 0, static_cast<size_t>(8 * s.numel));
       },
-      /*read=*/false);
+      Swapper::Pass::Fill);
 }
 
 void OffloadOptimizer::write_back(at::Tensor& shard, int64_t offset, const float* master, int64_t n,
@@ -172,13 +172,16 @@ void OffloadOptimizer::read_state(size_t group, float* master, float* m, float* 
   }
   if (!swapper_) open_swap();
   // Streamed one sub-group at a time through the pinned buffers.
-  swapper_->update_each(sub_groups_of(group), *pool_, [&](size_t r, void* buffer) {
-    const SubGroup& s = sub_groups_[r];
-    const auto* f = static_cast<const float*>(buffer);
-    std::memcpy(master + s.offset, f, s.numel * 4);
-    std::memcpy(m + s.offset, f + s.numel, s.numel * 4);
-    std::memcpy(v + s.offset, f + 2 * s.numel, s.numel * 4);
-  });
+  swapper_->update_each(
+      sub_groups_of(group), *pool_,
+      [&](size_t r, void* buffer) {
+        const SubGroup& s = sub_groups_[r];
+        const auto* f = static_cast<const float*>(buffer);
+        std::memcpy(master + s.offset, f, s.numel * 4);
+        std::memcpy(m + s.offset, f + s.numel, s.numel * 4);
+        std::memcpy(v + s.offset, f + 2 * s.numel, s.numel * 4);
+      },
+      Swapper::Pass::Drain);
 }
 
 void OffloadOptimizer::write_state(size_t group, const float* master, const float* m,
@@ -200,7 +203,7 @@ void OffloadOptimizer::write_state(size_t group, const float* master, const floa
           std::memcpy(f + s.numel, m + s.offset, s.numel * 4);
           std::memcpy(f + 2 * s.numel, v + s.offset, s.numel * 4);
         },
-        /*read=*/false);
+        Swapper::Pass::Fill);
   }
   shard.copy_(at::from_blob(const_cast<float*>(master), {n}, at::kFloat));
 }

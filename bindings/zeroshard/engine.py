@@ -37,27 +37,21 @@ def _unique_params(module):
 def _aliases(model):
     """(name, first name) for every parameter reachable under a second name (tied)."""
     first, out = {}, []
-    for prefix, mod in model.named_modules(remove_duplicate=False) if _has_remove_duplicate(
-            model) else _all_modules(model):
+    for prefix, mod in _all_modules(model):
         dot = prefix + "." if prefix else ""
         for name, p in mod._parameters.items():
             if p is None:
                 continue
             full = dot + name
-            if id(p) in first:
-                if first[id(p)] != full:
-                    out.append((full, first[id(p)]))
-            else:
+            if id(p) not in first:
                 first[id(p)] = full
+            elif first[id(p)] != full:
+                out.append((full, first[id(p)]))
     return out
 
 
-def _has_remove_duplicate(model):
-    import inspect
-    return "remove_duplicate" in inspect.signature(model.named_modules).parameters
-
-
 def _all_modules(model, prefix=""):
+    """Every (name, module), a module shared by two parents under both names."""
     yield prefix, model
     for name, child in model._modules.items():
         if child is not None:

@@ -15,21 +15,17 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/offload/Scratch.h"
+
 #include "common/Error.h"
 #include "offload/PinnedPool.h"
 #include "offload/SwapFile.h"
 
 using namespace zeroshard;
+using zeroshard::testing::scratch_dir;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string scratch_dir(const std::string& name) {
-  const fs::path dir = fs::path(ZS_BINARY_DIR) / "test-scratch" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
 
 void fill_random(void* p, int64_t bytes, unsigned seed) {
   std::mt19937 gen(seed);

@@ -8,19 +8,15 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/offload/Scratch.h"
+
 #include "common/Error.h"
 
 using namespace zeroshard;
+using zeroshard::testing::scratch_dir;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string scratch_dir(const std::string& name) {
-  const fs::path dir = fs::path(ZS_BINARY_DIR) / "test-scratch" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
 
 // Regions of uneven sizes (in floats), none a multiple of the I/O alignment.
 const std::vector<int64_t> kFloats{1000, 70'001, 3, 40'000, 65'536};

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "common/MemoryKinds.h"
+#include "tests/offload/Scratch.h"
 #include "tests/sharding/RankRuns.h"
 
 using namespace zeroshard;
@@ -13,13 +14,6 @@ using namespace zeroshard::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string nvme_dir(const std::string& name) {
-  const fs::path dir = fs::path(ZS_BINARY_DIR) / "test-scratch" / ("offload-" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
 
 Scenario base(int stage, const std::string& dtype) {
   Scenario s;
@@ -69,7 +63,8 @@ void check(const Case& c) {
   Scenario s = base(c.stage, c.dtype);
   s.offload_opt = c.opt;
   s.offload_param = c.param;
-  s.nvme_path = nvme_dir(c.opt + c.param + std::to_string(c.stage) + c.dtype);
+  s.nvme_path = zeroshard::testing::scratch_dir("offload-" + c.opt + c.param +
+                                                std::to_string(c.stage) + c.dtype);
   s.max_in_cpu = 0;  // every parameter shard on NVMe
   const auto off = run_ranks(s, 2);
   ASSERT_EQ(off.size(), 2u);

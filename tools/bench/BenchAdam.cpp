@@ -14,20 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "offload/CpuAdam.h"
+#include "tools/bench/BestSeconds.h"
 
 namespace {
-
-template <typename F>
-double best_seconds(F&& f, int repeats = 5) {
-  double best = 1e30;
-  for (int i = 0; i < repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
 
 // Adam's memory traffic with next to no arithmetic: read p, g, m, v; write p, m, v.
 // What a step over these arrays cannot beat on this machine.
@@ -55,12 +44,12 @@ int main(int argc, char** argv) {
              v = torch::zeros({n});
   zeroshard::CpuAdamStep s;
   s.hyper.weight_decay = 0.01;
-  const double ours = best_seconds([&] {
+  const double ours = zeroshard::bench::best_seconds([&] {
     cpu_adam_step(s, p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
                   v.data_ptr<float>(), n);
   });
   at::Tensor bf16 = at::empty({n}, at::kBFloat16);
-  const double with_bf16 = best_seconds([&] {
+  const double with_bf16 = zeroshard::bench::best_seconds([&] {
     cpu_adam_step(s, p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
                   v.data_ptr<float>(), n,
                   reinterpret_cast<uint16_t*>(bf16.data_ptr<at::BFloat16>()));
@@ -68,8 +57,8 @@ int main(int argc, char** argv) {
   at::Tensor tp = p.clone().set_requires_grad(true);
   tp.mutable_grad() = g.clone();
   torch::optim::AdamW torch_adam({tp}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
-  const double theirs = best_seconds([&] { torch_adam.step(); });
-  const double limit = best_seconds([&] {
+  const double theirs = zeroshard::bench::best_seconds([&] { torch_adam.step(); });
+  const double limit = zeroshard::bench::best_seconds([&] {
     same_traffic(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
                  n);
   });

@@ -21,25 +21,12 @@
 #include "offload/SwapFile.h"
 #include "offload/Swapper.h"
 #include "runtime/OffloadOptimizer.h"
+#include "tools/bench/BestSeconds.h"
 
 using namespace zeroshard;
 namespace fs = std::filesystem;
 
-namespace {
-
-template <typename F>
-double best_seconds(int rounds, F&& f) {
-  double best = 1e30;
-  for (int i = 0; i < rounds; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 int main(int argc, char** argv) {
   bool json = false;
@@ -109,9 +96,10 @@ int main(int argc, char** argv) {
     double t_step = 1e30, t_io = 1e30, t_adam = 1e30;
     for (int r = 0; r < rounds; ++r) {  // interleaved, best of each
       t_io = std::min(
-          t_io, best_seconds(1, [&] { io_only.update_each(order, pool, [](size_t, void*) {}); }));
-      t_adam = std::min(t_adam, best_seconds(1, [&] { host.step({grad}, 1.0, h); }));
-      t_step = std::min(t_step, best_seconds(1, [&] { nvme.step({grad}, 1.0, h); }));
+          t_io,
+          bench::best_seconds([&] { io_only.update_each(order, pool, [](size_t, void*) {}); }, 1));
+      t_adam = std::min(t_adam, bench::best_seconds([&] { host.step({grad}, 1.0, h); }, 1));
+      t_step = std::min(t_step, bench::best_seconds([&] { nvme.step({grad}, 1.0, h); }, 1));
     }
     const double bound = std::max(t_io, t_adam);
     const double state_gb = params * 12 / 1e9;
