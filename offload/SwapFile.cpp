@@ -43,7 +43,7 @@ std::vector<std::string> entries(const std::string& dir) {
 void remove_swap_dir(const std::string& dir) {
   for (const auto& name : entries(dir)) {
     const bool swap = name.size() > 5 && name.substr(name.size() - 5) == ".swap";
-    const bool ours = name == kLockName || swap;
+    const bool ours = name == kLockName || name == std::string(kLockName) + ".new" || swap;
     if (ours) ::unlink((dir + "/" + name).c_str());
   }
   ::rmdir(dir.c_str());
@@ -70,9 +70,14 @@ SwapDir::SwapDir(const std::string& nvme_path, const std::string& tag) {
     fail("nvme_path: cannot create a swap directory in '{}': {}", nvme_path, std::strerror(errno));
   }
   path_ = buf.data();
+  // The lock is taken under another name and then renamed into place: a process
+  // sweeping stale directories must never find the lock file unlocked and remove a
+  // directory that is being born (seen with two ranks starting together).
   const std::string lock = path_ + "/" + kLockName;
-  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (lock_fd_ < 0 || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+  const std::string unborn = lock + ".new";
+  lock_fd_ = ::open(unborn.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (lock_fd_ < 0 || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0 ||
+      ::rename(unborn.c_str(), lock.c_str()) != 0) {
     fail("cannot lock swap directory '{}': {}", path_, std::strerror(errno));
   }
 }

@@ -15,6 +15,7 @@
 
 #include "common/Bytes.h"
 #include "common/Error.h"
+#include "common/FaultPoint.h"
 #include "offload/IoEngine.h"  // the members it destroys
 #include "offload/SwapFile.h"
 #include "runtime/GroupLayout.h"
@@ -238,6 +239,7 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
 
 void Engine::backward(const at::Tensor& loss) {
   ++micro_steps_;
+  fault_point("backward.begin");
   reducer_->begin_backward(micro_steps_ % *plan_.config.gradient_accumulation_steps == 0);
   if (coordinator_) coordinator_->end_forward();
   if (scaler_) {
@@ -247,6 +249,7 @@ void Engine::backward(const at::Tensor& loss) {
   }
   // Gathers first: a rank still inside backward may wait for one, never for a reduction.
   if (coordinator_) coordinator_->end_backward();
+  fault_point("backward.end");
   reducer_->end_backward();
 }
 
@@ -263,6 +266,7 @@ bool Engine::step() {
       return false;
     }
   }
+  fault_point("step.norm");
   grad_norm_ = reducer_->global_norm(scale);
   const double max_norm = *c.gradient_clipping;
   if (max_norm > 0) {
@@ -276,8 +280,10 @@ bool Engine::step() {
   h.eps = *c.optimizer.eps;
   h.weight_decay = *c.optimizer.weight_decay;
   h.decoupled = c.optimizer.type == "AdamW";
+  fault_point("step.update");
   optimizer_->step(grads, scale, h);
   if (param_home_) param_home_->flush();
+  fault_point("step.gather");
   if (*c.zero.stage >= 1) {
     std::vector<CommHandle> handles;
     for (FlatParamGroup* g : trainable_) {

@@ -131,7 +131,7 @@ class Engine {
   Manifest checkpoint_layout() const;
   void write_group_slice(size_t group, const std::function<void(const void*, int64_t)>& write);
   void publish_checkpoint(const std::string& dir, Manifest& manifest);
-  std::vector<uint8_t> wait_for_key(const std::string& key, const std::string& tag);
+  void agree_on_checkpoint(const std::string& tag, const std::function<void()>& collective);
   void check_layout(const CheckpointReader& reader, const std::string& dir) const;
   void read_range(const CheckpointReader& reader, const FlatParamGroup& group, int array,
                   int64_t begin, int64_t count, float* out) const;
@@ -166,7 +166,6 @@ class Engine {
   std::vector<NamedParam> names_;      // the parameters, for full_parameters()
   int64_t micro_steps_ = 0;
   bool device_is_host_ = true;
-  int64_t checkpoint_serial_ = 0;
   std::vector<std::pair<std::string, std::string>> aliases_;
   double grad_norm_ = 0;
 };

@@ -1,5 +1,4 @@
 // Engine::save_checkpoint / load_checkpoint (the format: runtime/Checkpoint.h).
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "common/Error.h"
+#include "common/FaultPoint.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Engine.h"
 #include "runtime/ParamHome.h"
@@ -33,16 +33,6 @@ void make_dir(const std::string& path) {
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
     fail("checkpoint: cannot create '{}': {}", path, std::strerror(errno));
   }
-}
-
-// Test hook for crash-safety tests: ZS_TEST_KILL_AT=<point> (and ZS_TEST_KILL_RANK)
-// kills this process with SIGKILL there, as a crash would.
-void maybe_die(const char* point, int rank) {
-  const char* at = std::getenv("ZS_TEST_KILL_AT");
-  if (at == nullptr || std::string(at) != point) return;
-  const char* who = std::getenv("ZS_TEST_KILL_RANK");
-  if (who != nullptr && std::stoi(who) != rank) return;
-  ::raise(SIGKILL);
 }
 
 class FileWriter {
@@ -107,6 +97,7 @@ std::string Engine::save_checkpoint(const std::string& dir, std::string tag,
   if (tag.find('/') != std::string::npos || tag == "latest" || tag[0] == '.') {
     fail("checkpoint tag '{}' is not allowed; allowed: a plain name (no '/', not 'latest')", tag);
   }
+  fault_point("save.begin");
   Manifest m = checkpoint_layout();
   m.tag = tag;
   try {
@@ -122,7 +113,7 @@ std::string Engine::save_checkpoint(const std::string& dir, std::string tag,
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < groups_.size(); ++i) {
     write_group_slice(i, [&](const void* data, int64_t bytes) { out.write(data, bytes); });
-    if (i == 0) maybe_die("rank_file", rank());
+    fault_point("save.rank_file");
   }
   const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   out.write(rng.data_ptr(), rng.numel());
@@ -135,14 +126,14 @@ std::string Engine::save_checkpoint(const std::string& dir, std::string tag,
   return tag;
 }
 
-std::vector<uint8_t> Engine::wait_for_key(const std::string& key, const std::string& tag) {
+// A collective, not a store wait: a peer that died fails it at once (its sockets close)
+// instead of after the whole timeout.
+void Engine::agree_on_checkpoint(const std::string& tag, const std::function<void()>& collective) {
   try {
-    return dist_.store->get(key);
-  } catch (const std::exception& e) {
-    fail(
-        "rank {}: saving checkpoint '{}' failed: another rank did not finish its part ({}); "
-        "{}; the previous checkpoint stays the latest",
-        rank(), tag, e.what(), dist_.describe_missing_ranks());
+    collective();
+  } catch (const Error& e) {
+    fail("rank {}: saving checkpoint '{}' failed: {}; the previous checkpoint stays the latest",
+         rank(), tag, e.what());
   }
 }
 
@@ -153,31 +144,38 @@ void Engine::publish_checkpoint(const std::string& dir, Manifest& m) {
   const std::string mine = fmt::format("rank{}.bin", rank());
   struct stat st {};
   ::stat((folder + "/" + mine).c_str(), &st);
-  const std::string entry =
-      fmt::format("{} {}", file_crc32(folder + "/" + mine), static_cast<int64_t>(st.st_size));
-  const std::string key = fmt::format("zs/ckpt/{}/{}", ++checkpoint_serial_, m.tag);
-  if (world_size() > 1)
-    dist_.store->set(key + "/rank" + std::to_string(rank()),
-                     std::vector<uint8_t>(entry.begin(), entry.end()));
+  at::Tensor files = at::zeros({world_size(), 2}, at::kLong);  // (crc, bytes) per rank
+  files[rank()][0] = static_cast<int64_t>(file_crc32(folder + "/" + mine));
+  files[rank()][1] = static_cast<int64_t>(st.st_size);
+  fault_point("save.publish");
+  agree_on_checkpoint(m.tag, [&] { comm_->all_gather(files.view({-1})).wait(); });
+  at::Tensor published = at::zeros({1}, at::kLong);
+  std::string failure;
   if (rank() == 0) {
     for (int r = 0; r < world_size(); ++r) {
-      std::string text = entry;
-      if (r != 0 || world_size() > 1) {
-        const auto got = wait_for_key(key + "/rank" + std::to_string(r), m.tag);
-        text.assign(got.begin(), got.end());
-      }
       SavedFile f;
       f.name = fmt::format("rank{}.bin", r);
-      std::sscanf(text.c_str(), "%u %ld", &f.crc32, &f.bytes);
+      f.crc32 = static_cast<uint32_t>(files[r][0].item<int64_t>());
+      f.bytes = files[r][1].item<int64_t>();
       m.files.push_back(f);
     }
-    maybe_die("manifest", 0);
-    write_file_atomically(folder + "/manifest.json", m.to_json().dump(1));
-    maybe_die("latest", 0);
-    write_file_atomically(dir + "/latest", m.tag + "\n");
-    if (world_size() > 1) dist_.store->set(key + "/done", std::vector<uint8_t>{1});
-  } else {
-    wait_for_key(key + "/done", m.tag);  // returns once rank 0 has published
+    try {
+      fault_point("save.manifest");
+      write_file_atomically(folder + "/manifest.json", m.to_json().dump(1));
+      fault_point("save.latest");
+      write_file_atomically(dir + "/latest", m.tag + "\n");
+      published.fill_(1);
+    } catch (const Error& e) {
+      failure = e.what();  // told to the other ranks before it is raised here
+    }
+  }
+  agree_on_checkpoint(m.tag, [&] { comm_->broadcast(published, 0).wait(); });
+  if (!failure.empty()) fail("rank 0: saving checkpoint '{}' failed: {}", m.tag, failure);
+  if (published.item<int64_t>() == 0) {
+    fail(
+        "rank {}: saving checkpoint '{}' failed: rank 0 could not write its manifest (its "
+        "message says why); the previous checkpoint stays the latest",
+        rank(), m.tag);
   }
 }
 
@@ -214,7 +212,10 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   const CheckpointReader reader(dir, m);
   check_layout(reader, dir);  // before anything changes
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < groups_.size(); ++i) load_group(reader, i);
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    fault_point("load.group");
+    load_group(reader, i);
+  }
   std::vector<CommHandle> handles;
   for (FlatParamGroup* g : trainable_) {
     if (!g->sharded() && *plan_.config.zero.stage >= 1)

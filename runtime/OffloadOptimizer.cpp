@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "common/Error.h"
+#include "common/FaultPoint.h"
 #include "offload/CpuAdam.h"
 #include "offload/IoEngine.h"
 #include "offload/PinnedPool.h"
@@ -116,6 +117,7 @@ void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_sc
   };
   if (options_.device == OffloadDevice::Cpu) {
     for (size_t i = 0; i < shards_.size(); ++i) {
+      fault_point("step.cpu_group");
       if (begin_group_) begin_group_(i);
       const int64_t n = master_[i].numel();
       uint16_t* bf16 = fused_bf16(i, 0);
@@ -131,6 +133,7 @@ void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_sc
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   swapper_->update_each(order, *pool_, [&](size_t r, void* buffer) {
     const SubGroup& sg = sub_groups_[r];
+    fault_point("step.nvme_sub_group");
     if (sg.offset == 0 && begin_group_) begin_group_(sg.group);
     auto* f = static_cast<float*>(buffer);
     uint16_t* bf16 = fused_bf16(sg.group, sg.offset);

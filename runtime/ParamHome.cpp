@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "common/Error.h"
+#include "common/FaultPoint.h"
 #include "offload/IoEngine.h"
 #include "offload/PinnedPool.h"
 #include "offload/Swapper.h"
@@ -97,6 +98,7 @@ void ParamHome::finish_read(size_t unit) {
 }
 
 void ParamHome::fill(size_t unit, const at::Tensor& slice) {
+  fault_point("nvme.param_read");
   if (reads_[unit].slot < 0) {
     const int64_t slot = take_slot(/*may_wait=*/true);
     reads_[unit] = {slot, swapper_->read(region_[unit], pool_->buffer(slot))};
@@ -114,6 +116,7 @@ void ParamHome::open_for_update(size_t unit) {
 
 void ParamHome::store(size_t unit) {
   if (!on_nvme_[unit]) return;
+  fault_point("nvme.param_write");
   if (reads_[unit].slot >= 0) finish_read(unit);
   const int64_t slot = take_slot(/*may_wait=*/true);
   FlatParamGroup* g = units_[unit];

@@ -1,5 +1,6 @@
 #include "runtime/ProcessGroupSetup.h"
 
+#include <algorithm>
 #include <csignal>
 #include <thread>
 #include <vector>
@@ -68,8 +69,9 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
 std::string DistContext::describe_missing_ranks() const {
   if (!store) return "";
   // Survivors notice a lost peer at different moments (a rank busy computing notices at
-  // its next collective), so the roll-call waits a while for late ones.
-  constexpr auto kWindow = std::chrono::seconds(5);
+  // its next collective), so the roll-call waits a while for late ones: 5 s, or a third
+  // of the timeout where that is shorter, so that survivors stop within the timeout.
+  const auto kWindow = std::min<std::chrono::milliseconds>(std::chrono::seconds(5), timeout / 3);
   try {
     store->set("zs/alive/" + std::to_string(env.rank), std::vector<uint8_t>{1});
     const auto deadline = std::chrono::steady_clock::now() + kWindow;
@@ -82,8 +84,8 @@ std::string DistContext::describe_missing_ranks() const {
       }
     } while (!missing.empty() && std::chrono::steady_clock::now() < deadline);
     if (missing.empty()) return "every rank still answers";
-    return fmt::format("rank(s) {} did not respond within {} s", fmt::join(missing, ", "),
-                       kWindow.count());
+    return fmt::format("rank(s) {} did not respond within {:.1f} s", fmt::join(missing, ", "),
+                       kWindow.count() / 1000.0);
   } catch (const std::exception&) {
     return "rank 0, which hosts the rendezvous store, is gone";
   }

@@ -9,6 +9,8 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "common/FaultPoint.h"
+
 namespace zeroshard {
 
 GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool overlap,
@@ -83,6 +85,7 @@ void GradReducer::launch(size_t g) {
       retire_oldest();
     }
   }
+  fault_point("backward.reduce");
   groups_[g]->materialize_grads();  // a group no gradient reached this step
   InFlight f;
   f.group = g;

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "common/Error.h"
+#include "common/FaultPoint.h"
 
 namespace zeroshard {
 
@@ -48,6 +49,7 @@ void ParamCoordinator::launch_gather(size_t unit) {
   walked_[unit] = true;
   FlatParamGroup* u = units_[unit];
   if (u->gathered()) return;  // persistent, or still live from the other phase
+  fault_point(phase_ == Phase::Backward ? "backward.gather" : "forward.gather");
   at::NoGradGuard no_grad;
   const bool at_home = home_ != nullptr && home_->holds(unit);
   u->allocate_full(/*fill_own_shard=*/!at_home);
@@ -126,6 +128,7 @@ void ParamCoordinator::before_forward(size_t unit) {
 
 // The last unit of forward is the first of backward: it stays (on every rank alike).
 void ParamCoordinator::after_forward(size_t unit) {
+  fault_point("forward.release");
   if (unit != schedule_.back()) release(unit);
 }
 
@@ -174,6 +177,7 @@ void ParamCoordinator::after_step() {
   std::vector<int64_t> mine(recorded_.begin(), recorded_.end());
   for (size_t u = 0; u < units_.size(); ++u)
     if (std::find(recorded_.begin(), recorded_.end(), u) == recorded_.end()) mine.push_back(u);
+  fault_point("step.schedule");
   at::Tensor order = at::tensor(mine, at::kLong);
   comm_->broadcast(order, 0).wait();
   const auto* data = order.data_ptr<int64_t>();

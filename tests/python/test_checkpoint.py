@@ -69,7 +69,7 @@ def test_saved_at_four_ranks_stage3_continues_at_another_world_size_and_stage(wo
     assert_params(resumed[0], whole[0], exact=False)
 
 
-@pytest.mark.parametrize("point,rank", [("rank_file", 1), ("manifest", 0), ("latest", 0)])
+@pytest.mark.parametrize("point,rank", [("save.rank_file", 1), ("save.manifest", 0), ("save.latest", 0)])
 def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint_loadable(point, rank, scratch):
     """Save at step 4, then a rank is SIGKILLed at `point` while saving step 8: the others
     stop with an error (no hang), latest still names step 4, and it loads and trains."""
@@ -83,12 +83,12 @@ def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint_loadable(point, r
                         out + "b", extra_env=env, expect_ok=False, timeout=120)
     assert results[rank][0] == -9, results[rank][1][-2000:]  # SIGKILL
     survivor_code, survivor_log = results[1 - rank]
-    if point == "rank_file":  # rank 0 waits for rank 1's file and must give up, not hang
+    if point == "save.rank_file":  # rank 0 waits for rank 1's file and must give up, not hang
         assert survivor_code != 0, survivor_log[-2000:]
         assert "saving checkpoint 'global_step8' failed" in survivor_log, survivor_log[-2000:]
         assert "rank(s) 1 did not respond" in survivor_log, survivor_log[-2000:]
     assert open(os.path.join(ckpt, "latest")).read().strip() == "global_step4"
-    assert not os.path.exists(os.path.join(ckpt, "global_step8", "manifest.json")) or point == "latest"
+    assert not os.path.exists(os.path.join(ckpt, "global_step8", "manifest.json")) or point == "save.latest"
     resumed = train(scratch, "resumed", config, 2, {"ZS_CKPT_LOAD": ckpt})
     whole = train(scratch, "whole", config, 2, {})
     assert_params(resumed[0], whole[0], exact=True)
