@@ -6,6 +6,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BUILD="${ZS_BUILD_DIR:-$ROOT/build}"
 PY=/usr/bin/python3 # Debian's interpreter, the one with python3-torch
 
+CI_FUZZ_SECONDS=45 # per parser, in ./zs test
+
 DEB_PACKAGES=(
   cmake ninja-build g++ ccache pkg-config
   libtorch-dev python3-torch libopenblas0-pthread
@@ -13,11 +15,14 @@ DEB_PACKAGES=(
   libgloo-dev zlib1g-dev fio python3-pytest python3-matplotlib python3-yaml
 )
 
+# The fuzzers' compiler and runtime (host leg only; trixie's clang is another version).
+FUZZ_PACKAGES=(clang libclang-rt-14-dev)
+
 die() { echo "zs: $*" >&2; exit 1; }
 
 missing_packages() {
   local p
-  for p in "${DEB_PACKAGES[@]}"; do
+  for p in "${DEB_PACKAGES[@]}" "${FUZZ_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
   done
 }
@@ -145,11 +150,42 @@ test_trixie_leg() {
     ctest --test-dir build-trixie --output-on-failure -j $(nproc)"
 }
 
+# --- sanitizers: the C++ suite again under ASan + UBSan + LSan, the swap engine under TSan
+SANITIZER_FLAGS="-O1 -g1 -fno-omit-frame-pointer"
+
+sanitize() {
+  ensure_packages
+  local status=0 supp="$ROOT/tests/sanitizers"
+  local asan="$ROOT/build-asan" tsan="$ROOT/build-tsan"
+  # No Python package here: an instrumented extension cannot load into the plain
+  # interpreter. Every C++ test, multi-rank workers included, runs instrumented.
+  [ -f "$asan/build.ninja" ] || cmake -S "$ROOT" -B "$asan" -G Ninja -DZS_PYTHON=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$SANITIZER_FLAGS -DNDEBUG" \
+    -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+  [ -f "$tsan/build.ninja" ] || cmake -S "$ROOT" -B "$tsan" -G Ninja -DZS_TSAN=ON \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$SANITIZER_FLAGS -DNDEBUG" \
+    -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
+  cmake --build "$asan" -j "$(nproc)" | grep -v '^\[' || true
+  cmake --build "$tsan" -j "$(nproc)" | grep -v '^\[' || true
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer + LeakSanitizer: every C++ test =="
+  ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_order=1" \
+    LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0" \
+    UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp" \
+    ctest --test-dir "$asan" --output-on-failure -j "$(nproc)" "$@" || status=1
+  echo "== ThreadSanitizer: the swap engine (IoEngine, PinnedPool, SwapFile, Swapper) =="
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp" \
+    ctest --test-dir "$tsan" --output-on-failure -j "$(nproc)" || status=1
+  return $status
+}
+
 # --- fuzzing: libFuzzer targets for every parser, built with clang + ASan/UBSan -------
 fuzz() {
   local seconds="${1:-60}" t status=0
-  command -v clang++ >/dev/null || die "fuzzing needs clang (apt-get install clang libclang-rt-14-dev)"
   ensure_packages
+  command -v clang++ >/dev/null || die "fuzzing needs clang (apt-get install ${FUZZ_PACKAGES[*]})"
   local dir="$ROOT/build-fuzz"
   [ -f "$dir/build.ninja" ] || CC=clang CXX=clang++ cmake -S "$ROOT" -B "$dir" -G Ninja \
     -DZS_FUZZ=ON -DZS_PYTHON=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -183,7 +219,10 @@ usage: ./zs VERB [ARGS]
                     a GPT trained from Python on 2 local ranks, ZeRO-3, Adam state on NVMe
                     (ARGS go to it, e.g. --steps 100)
   test [--quick]    build and run every test: the host's LibTorch 1.13, then LibTorch 2.x
-                    in a Debian trixie root made once with debootstrap (--quick: host only)
+                    in a Debian trixie root made once with debootstrap, then the C++
+                    suite under ASan+UBSan+LSan and the swap engine under TSan, then each
+                    parser fuzzed 45 s (--quick: the host leg only; --sanitize: only the
+                    sanitizers; --fuzz [SECONDS]: only the fuzzers)
   build             install missing packages and build into build/
   estimate ARGS     zeroshard-estimate: what fits where, before launch (--help for options)
   bench NAME [--json] a benchmark from tools/bench with its baseline: sharding (stages
@@ -219,12 +258,20 @@ case "$verb" in
       sed -u 's/^\[default0\]://'
     ;;
   test)
+    case "${1:-}" in
+      --sanitize) shift; sanitize "$@"; exit $? ;;
+      --fuzz) fuzz "${2:-$CI_FUZZ_SECONDS}"; exit $? ;;
+    esac
     quick=0
     [ "${1:-}" = "--quick" ] && quick=1 && shift
     build
     echo "== LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev) leg (host) =="
     ctest --test-dir "$BUILD" --output-on-failure -j "$(nproc)" "$@"
-    [ "$quick" = 1 ] || test_trixie_leg
+    [ "$quick" = 1 ] && exit 0
+    test_trixie_leg
+    sanitize
+    echo "== fuzzing: each parser ${CI_FUZZ_SECONDS} s from its seed corpus, kept regressions first =="
+    fuzz "$CI_FUZZ_SECONDS"
     ;;
   build) build ;;
   estimate)
