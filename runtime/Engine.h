@@ -130,7 +130,8 @@ class Engine {
   int checked_unit(size_t unit) const;  // its coordinator unit, or -1
   Manifest checkpoint_layout() const;
   void write_group_slice(size_t group, const std::function<void(const void*, int64_t)>& write);
-  void publish_checkpoint(const std::string& dir, Manifest& manifest);
+  void write_rank_file(const std::string& folder);
+  void publish_checkpoint(const std::string& dir, Manifest& m, const std::string& failure_here);
   void agree_on_checkpoint(const std::string& tag, const std::function<void()>& collective);
   void check_layout(const CheckpointReader& reader, const std::string& dir) const;
   void read_range(const CheckpointReader& reader, const FlatParamGroup& group, int array,

@@ -1,16 +1,18 @@
 // Engine::save_checkpoint / load_checkpoint (the format: runtime/Checkpoint.h).
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/ranges.h>
 
 #include "common/Error.h"
 #include "common/FaultPoint.h"
+#include "offload/SwapFile.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Engine.h"
 #include "runtime/ParamHome.h"
@@ -35,26 +37,50 @@ void make_dir(const std::string& path) {
   }
 }
 
+// A rank file written to its temporary name; any failure (a full disk most often)
+// removes what was written, so a failed save leaves no partial file taking the space.
 class FileWriter {
  public:
-  explicit FileWriter(std::string path) : path_(std::move(path)), out_(path_, std::ios::binary) {
-    if (!out_) fail("checkpoint: cannot create '{}': {}", path_, std::strerror(errno));
+  explicit FileWriter(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd_ < 0) fail("checkpoint: cannot create '{}': {}", path_, std::strerror(errno));
+  }
+  ~FileWriter() {
+    if (fd_ < 0) return;
+    ::close(fd_);
+    ::unlink(path_.c_str());  // not finished: an error is on its way up
   }
   void write(const void* data, int64_t bytes) {
-    out_.write(static_cast<const char*>(data), bytes);
-    if (!out_)
-      fail("checkpoint: writing '{}' failed (disk full?): {}", path_, std::strerror(errno));
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd_, p, static_cast<size_t>(bytes));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) give_up("writing", errno);
+      p += n;
+      bytes -= n;
+      written_ += n;
+    }
   }
   void finish() {
-    out_.flush();
-    out_.close();
-    if (!out_) fail("checkpoint: writing '{}' failed (disk full?)", path_);
-    fsync_path(path_);
+    if (::fsync(fd_) != 0) give_up("syncing", errno);
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      ::unlink(path_.c_str());
+      fail("checkpoint: closing '{}' failed: {}", path_, std::strerror(errno));
+    }
+    fd_ = -1;
   }
 
  private:
+  [[noreturn]] void give_up(const char* what, int error) {
+    const int64_t free = free_bytes(path_.substr(0, path_.rfind('/')));
+    fail("checkpoint: {} '{}' failed after {} bytes: {} (errno {}); {} bytes free there", what,
+         path_, written_, std::strerror(error), error,
+         free >= 0 ? std::to_string(free) : "unknown");
+  }
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
+  int64_t written_ = 0;
 };
 
 }  // namespace
@@ -108,8 +134,19 @@ std::string Engine::save_checkpoint(const std::string& dir, std::string tag,
   const std::string folder = dir + "/" + tag;
   make_dir(dir);
   make_dir(folder);
-  const std::string file = fmt::format("rank{}.bin", rank());
-  FileWriter out(folder + "/" + file + ".tmp");
+  std::string failure;
+  try {
+    write_rank_file(folder);
+  } catch (const Error& e) {
+    failure = e.what();  // the other ranks hear of it in publish_checkpoint
+  }
+  publish_checkpoint(dir, m, failure);
+  return tag;
+}
+
+void Engine::write_rank_file(const std::string& folder) {
+  const std::string file = folder + fmt::format("/rank{}.bin", rank());
+  FileWriter out(file + ".tmp");
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < groups_.size(); ++i) {
     write_group_slice(i, [&](const void* data, int64_t bytes) { out.write(data, bytes); });
@@ -118,12 +155,10 @@ std::string Engine::save_checkpoint(const std::string& dir, std::string tag,
   const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   out.write(rng.data_ptr(), rng.numel());
   out.finish();
-  if (::rename((folder + "/" + file + ".tmp").c_str(), (folder + "/" + file).c_str()) != 0) {
-    fail("checkpoint: cannot rename '{}': {}", folder + "/" + file, std::strerror(errno));
+  if (::rename((file + ".tmp").c_str(), file.c_str()) != 0) {
+    fail("checkpoint: cannot rename '{}': {}", file, std::strerror(errno));
   }
   fsync_path(folder);
-  publish_checkpoint(dir, m);
-  return tag;
 }
 
 // A collective, not a store wait: a peer that died fails it at once (its sockets close)
@@ -137,26 +172,43 @@ void Engine::agree_on_checkpoint(const std::string& tag, const std::function<voi
   }
 }
 
-void Engine::publish_checkpoint(const std::string& dir, Manifest& m) {
+void Engine::publish_checkpoint(const std::string& dir, Manifest& m,
+                                const std::string& failure_here) {
   // Every rank's file is complete before the manifest names it, and `latest` moves only
   // after the manifest: a crash at any point leaves the previous tag loadable.
   const std::string folder = dir + "/" + m.tag;
   const std::string mine = fmt::format("rank{}.bin", rank());
-  struct stat st {};
-  ::stat((folder + "/" + mine).c_str(), &st);
-  at::Tensor files = at::zeros({world_size(), 2}, at::kLong);  // (crc, bytes) per rank
-  files[rank()][0] = static_cast<int64_t>(file_crc32(folder + "/" + mine));
-  files[rank()][1] = static_cast<int64_t>(st.st_size);
+  at::Tensor files = at::zeros({world_size(), 3}, at::kLong);  // (written, crc, bytes)
+  if (failure_here.empty()) {
+    struct stat st {};
+    ::stat((folder + "/" + mine).c_str(), &st);
+    files[rank()][0] = 1;
+    files[rank()][1] = static_cast<int64_t>(file_crc32(folder + "/" + mine));
+    files[rank()][2] = static_cast<int64_t>(st.st_size);
+  }
   fault_point("save.publish");
   agree_on_checkpoint(m.tag, [&] { comm_->all_gather(files.view({-1})).wait(); });
+  if (!failure_here.empty()) {
+    fail("rank {}: saving checkpoint '{}' failed: {}; the previous checkpoint stays the latest",
+         rank(), m.tag, failure_here);
+  }
+  std::vector<int> unwritten;
+  for (int r = 0; r < world_size(); ++r)
+    if (files[r][0].item<int64_t>() == 0) unwritten.push_back(r);
+  if (!unwritten.empty()) {
+    fail(
+        "rank {}: saving checkpoint '{}' failed: rank(s) {} could not write their file (their "
+        "messages say why); the previous checkpoint stays the latest",
+        rank(), m.tag, fmt::join(unwritten, ", "));
+  }
   at::Tensor published = at::zeros({1}, at::kLong);
   std::string failure;
   if (rank() == 0) {
     for (int r = 0; r < world_size(); ++r) {
       SavedFile f;
       f.name = fmt::format("rank{}.bin", r);
-      f.crc32 = static_cast<uint32_t>(files[r][0].item<int64_t>());
-      f.bytes = files[r][1].item<int64_t>();
+      f.crc32 = static_cast<uint32_t>(files[r][1].item<int64_t>());
+      f.bytes = files[r][2].item<int64_t>();
       m.files.push_back(f);
     }
     try {

@@ -57,9 +57,9 @@ def main():
         if os.environ.get("ZS_CKPT_LOAD"):
             _, client = engine.load_checkpoint(os.environ["ZS_CKPT_LOAD"])
             first = client["next_step"]
-        save_at = int(os.environ.get("ZS_CKPT_SAVE_AT", "-1"))
+        save_at = [int(s) for s in os.environ.get("ZS_CKPT_SAVE_AT", "").split(",") if s]
         for step in range(first, steps):
-            if step == save_at:
+            if step in save_at:
                 engine.save_checkpoint(os.environ["ZS_CKPT_DIR"], client_state={"next_step": step})
                 if os.environ.get("ZS_CKPT_STOP") == "1":
                     break
