@@ -45,4 +45,17 @@ void use_plain_tcp_store(TcpStoreOptions& options) {
 #endif
 }
 
+// From 2.4 the store server takes a listening socket zeroshard bound to the rendezvous
+// address itself (masterListenFd); 1.13 listens on every interface and takes none.
+constexpr bool kStoreTakesListenFd = ZS_TORCH_AT_LEAST(2, 4);
+template <typename TcpStoreOptions>
+void set_store_listen_fd(TcpStoreOptions& options, int fd) {
+#if ZS_TORCH_AT_LEAST(2, 4)
+  options.masterListenFd = fd;
+#else
+  (void)options;
+  (void)fd;
+#endif
+}
+
 }  // namespace zeroshard::compat

@@ -155,6 +155,10 @@ void apply_knob(const Knob& knob, const YAML::Node& node, Config& config,
 void walk(const YAML::Node& map, const std::string& section, LoadedConfig& out,
           const std::string& origin) {
   for (const auto& entry : map) {
+    if (!entry.first.IsScalar()) {  // YAML allows a mapping or a list as a key ("? ...")
+      fail("{}: a config key {} is not a plain name; got '{}'", origin,
+           section.empty() ? "at the top level" : "under '" + section + "'", shown(entry.first));
+    }
     const std::string key = entry.first.as<std::string>();
     const std::string path = join_path(section, key);
     const YAML::Node& value = entry.second;

@@ -1,7 +1,13 @@
 #include "runtime/ProcessGroupSetup.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -31,6 +37,38 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// A socket listening on exactly the rendezvous address (not every interface), for the
+// store server to take over.
+int listen_on(const std::string& addr, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(addr.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    fail("MASTER_ADDR: cannot resolve '{}': {}", addr, ::gai_strerror(rc));
+  }
+  int fd = -1;
+  int error = 0;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int on = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+      error = errno;
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(found);
+  if (fd < 0) {
+    fail("rendezvous: cannot listen on {}:{}: {} (is another job using MASTER_PORT {}?)", addr,
+         port, std::strerror(error), port);
+  }
+  return fd;
+}
+
 }  // namespace
 
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout) {
@@ -48,6 +86,9 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
   opts.waitWorkers = true;
   opts.timeout = timeout;
   compat::use_plain_tcp_store(opts);
+  if (opts.isServer && compat::kStoreTakesListenFd) {
+    compat::set_store_listen_fd(opts, listen_on(env.master_addr, env.master_port));
+  }
   try {
     ctx.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
     auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout);

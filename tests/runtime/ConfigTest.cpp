@@ -78,6 +78,13 @@ TEST(Config, MisspelledKeySuggestsTheRealOne) {
                   "did you mean 'gradient_accumulation_steps'");
 }
 
+// Found by the config fuzzer: YAML's explicit keys ("? ...") may be lists or mappings.
+TEST(Config, AKeyThatIsNoPlainNameIsAClearError) {
+  const std::string msg = load_error("optimizer:\n  params:\n    ? [lr, eps]\n    : 1\n");
+  expect_contains(msg, "test.yaml: a config key under 'optimizer.params' is not a plain name");
+  expect_contains(msg, "got 'a list'");
+}
+
 TEST(Config, UnknownKeyWithoutNeighbourListsAllowedKeys) {
   const std::string msg = load_error("aio:\n  something_else: 1\n");
   expect_contains(msg, "'aio.something_else' is not known");
