@@ -4,32 +4,41 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BUILD="${ZS_BUILD_DIR:-$ROOT/build}"
-PY=/usr/bin/python3 # Debian's interpreter, the one with python3-torch
+VENV="${ZS_VENV:-$ROOT/.venv}"   # the main leg: PyPI torch and every Python package, pinned
+REQUIREMENTS="$ROOT/requirements.txt"
+PY="$VENV/bin/python"
 
 CI_FUZZ_SECONDS=45 # per parser, in ./zs test
 
-DEB_PACKAGES=(
+# The host builds against the venv's torch; these are the C++ libraries around it.
+HOST_PACKAGES=(
+  cmake ninja-build g++ ccache pkg-config
+  liburing-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libgtest-dev
+  zlib1g-dev fio debootstrap
+)
+# The fuzzers' compiler and runtime (host leg only; trixie's clang is another version).
+FUZZ_PACKAGES=(clang libclang-rt-14-dev)
+# The oldest torch zeroshard supports: Debian trixie's LibTorch 2.6, in a debootstrap root.
+# OpenBLAS: without it Debian's LibTorch multiplies on the reference BLAS (25x slower).
+TRIXIE_PACKAGES=(
   cmake ninja-build g++ ccache pkg-config
   libtorch-dev python3-torch libopenblas0-pthread
   liburing-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev pybind11-dev libgtest-dev
   libgloo-dev zlib1g-dev fio python3-pytest python3-matplotlib python3-yaml
 )
 
-# The fuzzers' compiler and runtime (host leg only; trixie's clang is another version).
-FUZZ_PACKAGES=(clang libclang-rt-14-dev)
-
 die() { echo "zs: $*" >&2; exit 1; }
 
 missing_packages() {
   local p
-  for p in "${DEB_PACKAGES[@]}" "${FUZZ_PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
   done
 }
 
 ensure_packages() {
   local missing
-  missing=$(missing_packages | tr '\n' ' ')
+  missing=$(missing_packages "${HOST_PACKAGES[@]}" "${FUZZ_PACKAGES[@]}" $(base_python_packages) | tr '\n' ' ')
   [ -z "${missing// /}" ] && return 0
   if [ "$(id -u)" != 0 ]; then
     die "missing Debian packages: $missing; run as root or: sudo apt-get install -y $missing"
@@ -39,6 +48,34 @@ ensure_packages() {
   apt-get update -qq
   # shellcheck disable=SC2086
   apt-get install -y -qq --no-install-recommends $missing >/dev/null
+}
+
+# The interpreter the venv is made from: ZS_BASE_PYTHON, else a Python 3.12 (the GPU
+# machine's), else Debian's python3 (3.11 on bookworm, with python3-venv and -dev).
+base_python() {
+  if [ -n "${ZS_BASE_PYTHON:-}" ]; then echo "$ZS_BASE_PYTHON"; return; fi
+  local p
+  for p in /usr/bin/python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12; do
+    [ -x "$p" ] && { echo "$p"; return; }
+  done
+  echo /usr/bin/python3
+}
+
+base_python_packages() {
+  [ "$(base_python)" = /usr/bin/python3 ] && echo python3-venv python3-dev
+  return 0
+}
+
+# .venv holds exactly requirements.txt; it is remade when that file changes. pip's cache
+# (~/.cache/pip) stays, so a second install on the same machine downloads nothing.
+ensure_venv() {
+  local stamp="$VENV/.zs-requirements"
+  if [ -x "$PY" ] && cmp -s "$REQUIREMENTS" "$stamp"; then return 0; fi
+  ensure_packages
+  echo "zs: installing the Python environment $VENV from requirements.txt (torch's wheel is large: once per machine)" >&2
+  [ -x "$PY" ] || "$(base_python)" -m venv "$VENV"
+  "$PY" -m pip install -q --disable-pip-version-check -r "$REQUIREMENTS"
+  cp "$REQUIREMENTS" "$stamp"
 }
 
 configure() {
@@ -92,8 +129,7 @@ run_ranks() {
 }
 
 # --- the LibTorch 2.x leg: the same build and tests in a Debian trixie root ---------
-TRIXIE_PACKAGES="${DEB_PACKAGES[*]}"
-TRIXIE_ROOT="$HOME/.cache/zeroshard/trixie-$(echo "$TRIXIE_PACKAGES" | md5sum | cut -c1-12)"
+TRIXIE_ROOT="$HOME/.cache/zeroshard/trixie-$(echo "${TRIXIE_PACKAGES[*]}" | md5sum | cut -c1-12)"
 
 host_mirror() {
   # The mirror the host already uses, never a name written into the repository.
@@ -114,7 +150,7 @@ ensure_trixie_root() {
   debootstrap --variant=minbase trixie "$tmp" "$(host_mirror)" >/dev/null
   cp /etc/resolv.conf "$tmp/etc/resolv.conf"
   in_root "$tmp" "export DEBIAN_FRONTEND=noninteractive; apt-get update -qq &&
-    apt-get install -y -qq --no-install-recommends $TRIXIE_PACKAGES >/dev/null"
+    apt-get install -y -qq --no-install-recommends ${TRIXIE_PACKAGES[*]} >/dev/null"
   rm -rf "$TRIXIE_ROOT"
   mv "$tmp" "$TRIXIE_ROOT"
   rm -rf "$HOME"/.cache/zeroshard/trixie-*.tmp

@@ -1,0 +1,25 @@
+# One fmt for the whole build. PyPI's torch ships fmt's headers (12.x) in its include
+# folder, which every TU that includes a torch header sees before /usr/include; linking
+# those TUs against Debian's libfmt (9.x) would mix two fmts. So where torch carries fmt,
+# every TU uses those headers, header-only; elsewhere (Debian's LibTorch, which uses the
+# system fmt itself) Debian's libfmt.
+add_library(zs_fmt INTERFACE)
+set(ZS_TORCH_FMT_DIR "")
+foreach(dir ${TORCH_INCLUDE_DIRS})
+  if(NOT ZS_TORCH_FMT_DIR AND EXISTS "${dir}/fmt/base.h")
+    set(ZS_TORCH_FMT_DIR "${dir}")
+  endif()
+endforeach()
+if(ZS_TORCH_FMT_DIR)
+  # Only fmt/ is wanted from that folder: a copy of it keeps torch's other headers out
+  # of the targets that do not use LibTorch (config/, the estimator, the fuzzers).
+  set(ZS_FMT_COPY "${PROJECT_BINARY_DIR}/torch-fmt")
+  file(COPY "${ZS_TORCH_FMT_DIR}/fmt" DESTINATION "${ZS_FMT_COPY}")
+  target_include_directories(zs_fmt SYSTEM BEFORE INTERFACE "${ZS_FMT_COPY}")
+  target_compile_definitions(zs_fmt INTERFACE FMT_HEADER_ONLY=1)
+  message(STATUS "zeroshard: fmt from torch's headers (${ZS_TORCH_FMT_DIR}/fmt), header-only")
+else()
+  find_package(fmt REQUIRED)
+  target_link_libraries(zs_fmt INTERFACE fmt::fmt)
+  message(STATUS "zeroshard: fmt ${fmt_VERSION} from the system")
+endif()
