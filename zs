@@ -78,18 +78,27 @@ ensure_venv() {
   cp "$REQUIREMENTS" "$stamp"
 }
 
+# The one place host builds are configured: DIR, then extra CMake arguments. Every one
+# builds against the venv's torch and interpreter; the lines CMake prints about what
+# zeroshard found (fmt, CUDA, NCCL) are shown, the rest kept quiet.
 configure() {
-  if [ ! -f "$BUILD/build.ninja" ]; then
-    local launcher=()
-    command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-    cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DPython3_EXECUTABLE="$PY" "${launcher[@]}" >/dev/null
-  fi
+  local dir=$1
+  shift
+  [ -f "$dir/build.ninja" ] && return 0
+  ensure_venv
+  local launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_PREFIX_PATH="$(cd / && "$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" \
+    -DPython3_EXECUTABLE="$PY" "${launcher[@]}" "$@" | { grep '^-- zeroshard:' || true; }
 }
+
+torch_version() { (cd / && "$PY" -c 'import torch; print(torch.__version__)'); }
 
 build() {
   ensure_packages
-  configure
+  ensure_venv
+  configure "$BUILD"
   cmake --build "$BUILD" -j "$(nproc)"
 }
 

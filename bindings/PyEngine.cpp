@@ -65,11 +65,7 @@ PYBIND11_MODULE(_zeroshard, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-#if PYBIND11_VERSION_HEX >= 0x020C0000  // pybind11 2.12 (trixie) deprecates operator()
       py::set_error(error, e.what());
-#else
-      error(e.what());
-#endif
     }
   });
 

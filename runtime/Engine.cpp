@@ -158,7 +158,7 @@ void Engine::init(std::vector<NamedParam> params,
     keep_freed_memory();
   const auto timeout =
       std::chrono::milliseconds(static_cast<int64_t>(*plan_.config.comm_timeout_seconds * 1000));
-  dist_ = init_distributed(env, timeout);
+  dist_ = init_distributed(env, timeout, params.front().param.device());
   auto diagnose = [this] { return dist_.describe_missing_ranks(); };
   comm_ = std::make_unique<Collectives>(dist_.group, env.rank, env.world_size, diagnose, &ledger_);
   param_comm_ = std::make_unique<Collectives>(dist_.param_group, env.rank, env.world_size, diagnose,

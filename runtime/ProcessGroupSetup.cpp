@@ -19,6 +19,8 @@
 
 #include "common/Error.h"
 #include "common/Logging.h"
+#include "common/TorchCompat.h"
+#include "runtime/NcclGroup.h"
 
 namespace zeroshard {
 namespace {
@@ -71,7 +73,8 @@ int listen_on(const std::string& addr, int port) {
 
 }  // namespace
 
-DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
+                             c10::Device device) {
   DistContext ctx;
   ctx.env = env;
   ctx.timeout = timeout;
@@ -86,11 +89,19 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
   opts.waitWorkers = true;
   opts.timeout = timeout;
   compat::use_plain_tcp_store(opts);
-  if (opts.isServer && compat::kStoreTakesListenFd) {
-    compat::set_store_listen_fd(opts, listen_on(env.master_addr, env.master_port));
-  }
+  if (opts.isServer) opts.masterListenFd = listen_on(env.master_addr, env.master_port);
   try {
     ctx.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    if (device.is_cuda()) {
+      const int index = device.has_index() ? device.index() : env.local_rank;
+      auto make_group = [&](const std::string& prefix, bool high_priority) {
+        auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, ctx.store);
+        return make_nccl_group(store, env.rank, env.world_size, index, timeout, high_priority);
+      };
+      ctx.group = make_group("zs/main", false);
+      ctx.param_group = make_group("zs/params", true);  // gathers: compute waits for them
+      return ctx;
+    }
     auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout);
     gloo_opts->devices.push_back(gloo_device(env.master_addr));
     auto make_group = [&](const std::string& prefix) {

@@ -8,8 +8,8 @@
 namespace zeroshard {
 namespace {
 
-// Gloo moves bytes for all-gather and alltoall without looking at them, so a bf16
-// payload travels as fp16 (a type 1.13's Gloo accepts) bit for bit.
+// Gloo moves bytes for all-gather, alltoall and broadcast without looking at them, so
+// a bf16 payload travels as fp16 bit for bit: one 16-bit type on the wire.
 at::Tensor as_payload(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
 }
@@ -46,7 +46,7 @@ bool CommHandle::ready() const {
   return owner_ == nullptr || !work_ || work_->isCompleted();
 }
 
-Collectives::Collectives(c10::intrusive_ptr<compat::CommBackend> group, int rank, int world,
+Collectives::Collectives(c10::intrusive_ptr<c10d::Backend> group, int rank, int world,
                          std::function<std::string()> diagnose, MemoryLedger* ledger)
     : group_(std::move(group)),
       rank_(rank),
@@ -60,9 +60,7 @@ void Collectives::count(const at::Tensor& buffer, int64_t times) {
   bytes_sent_ += times * bytes_of(buffer) * (world_ - 1) / world_;
 }
 
-// Gloo accepts the flat ops from 2.0 on, but they are slower there than the list
-// all-gather and alltoall reduce-scatter (measured on 2.6, GPT bench, 2 ranks: stage-3
-// step 0.23 s flat vs 0.16 s list/alltoall), so only NCCL uses them.
+// Only NCCL takes the flat ops: on Gloo they measured slower (see Collectives.h).
 bool Collectives::native_flat() const {
   return nccl_;
 }
@@ -74,16 +72,10 @@ void Collectives::fail_collective(const std::string& op, const std::string& what
 
 CommHandle Collectives::all_reduce_sum(const at::Tensor& tensor) {
   if (world_ == 1) return {};
-  const bool upcast =
-      !nccl_ && tensor.scalar_type() == at::kBFloat16 && !compat::kGlooBf16AllReduce;
-  at::Tensor wire = upcast ? tensor.to(at::kFloat) : tensor;
-  count(wire, 2);
-  LedgerEntry scratch(ledger_, Tier::Device, Kind::CommBuckets, upcast ? bytes_of(wire) : 0);
-  std::vector<at::Tensor> tensors{wire};
+  count(tensor, 2);
+  std::vector<at::Tensor> tensors{tensor};
   auto work = group_->allreduce(tensors);
-  std::function<void()> finish;
-  if (upcast) finish = [tensor, wire] { tensor.copy_(wire); };
-  return {this, "all-reduce", work, finish, std::move(scratch)};
+  return {this, "all-reduce", work, nullptr, LedgerEntry()};
 }
 
 CommHandle Collectives::all_gather(const at::Tensor& flat) {

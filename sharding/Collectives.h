@@ -1,11 +1,10 @@
 #pragma once
-// Asynchronous all-reduce, all-gather and reduce-scatter over a c10d process group,
-// on the path chosen up front from the backend and the LibTorch version (never by
-// trying and catching: Gloo in 1.13 is unsafe to use after it refuses an op).
+// Asynchronous all-reduce, all-gather and reduce-scatter over a c10d process group, on
+// a path chosen up front from the backend:
 //   Gloo: all-gather through the list form into views of the flat buffer;
-//   reduce-scatter through alltoall_base plus a local sum in fp32; bf16 moved as
-//   16-bit payload, reduced in fp32. (1.13 refuses the flat ops; 2.6 has them but they
-//   measured slower.)
+//   reduce-scatter through alltoall_base plus a local sum in fp32. Gloo has the flat
+//   ops, but they measured slower (LibTorch 2.6, GPT bench, 2 ranks: stage-3 step
+//   0.23 s flat vs 0.16 s list/alltoall).
 //   NCCL: the native flat ops.
 #include <functional>
 #include <string>
@@ -15,7 +14,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "common/MemoryLedger.h"
-#include "common/TorchCompat.h"
 
 namespace zeroshard {
 
@@ -44,7 +42,7 @@ class CommHandle {
 class Collectives {
  public:
   // `group` may be null for one process; `diagnose` explains a failure.
-  Collectives(c10::intrusive_ptr<compat::CommBackend> group, int rank, int world,
+  Collectives(c10::intrusive_ptr<c10d::Backend> group, int rank, int world,
               std::function<std::string()> diagnose, MemoryLedger* ledger);
 
   int rank() const { return rank_; }
@@ -66,7 +64,7 @@ class Collectives {
 
  private:
   bool native_flat() const;
-  c10::intrusive_ptr<compat::CommBackend> group_;
+  c10::intrusive_ptr<c10d::Backend> group_;
   int rank_;
   int world_;
   bool nccl_ = false;
