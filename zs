@@ -11,10 +11,13 @@ PY="$VENV/bin/python"
 CI_FUZZ_SECONDS=45 # per parser, in ./zs test
 
 # The host builds against the venv's torch; these are the C++ libraries around it.
+# libgloo-dev: headers only. PyPI's torch links Gloo in but ships no gloo/ headers, which
+# its ProcessGroupGloo.hpp includes; zeroshard holds gloo types by pointer only.
+# libaio-dev: DeepSpeed's NVMe offload (its async_io op, built on first use) in bench peers.
 HOST_PACKAGES=(
   cmake ninja-build g++ ccache pkg-config
-  liburing-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libgtest-dev
-  zlib1g-dev fio debootstrap
+  liburing-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libgtest-dev libgloo-dev
+  zlib1g-dev fio debootstrap libaio-dev
 )
 # The fuzzers' compiler and runtime (host leg only; trixie's clang is another version).
 FUZZ_PACKAGES=(clang libclang-rt-14-dev)
@@ -66,15 +69,25 @@ base_python_packages() {
   return 0
 }
 
-# .venv holds exactly requirements.txt; it is remade when that file changes. pip's cache
-# (~/.cache/pip) stays, so a second install on the same machine downloads nothing.
+# .venv holds exactly requirements.txt; it is made again when that file changes. Every
+# wheel is kept in a wheelhouse of this machine (~/.cache/zeroshard/wheels; DeepSpeed's
+# sdist built once into one), and the venv is installed from there without the index,
+# so a second install, a fresh clone's included, downloads nothing. (pip's own HTTP
+# cache was seen keeping none of these downloads here.)
+WHEELS="${ZS_WHEELS:-$HOME/.cache/zeroshard/wheels}"
+
 ensure_venv() {
   local stamp="$VENV/.zs-requirements"
   if [ -x "$PY" ] && cmp -s "$REQUIREMENTS" "$stamp"; then return 0; fi
   ensure_packages
-  echo "zs: installing the Python environment $VENV from requirements.txt (torch's wheel is large: once per machine)" >&2
   [ -x "$PY" ] || "$(base_python)" -m venv "$VENV"
-  "$PY" -m pip install -q --disable-pip-version-check -r "$REQUIREMENTS"
+  local pip=("$PY" -m pip -q --disable-pip-version-check)
+  if ! "${pip[@]}" install --no-index --find-links "$WHEELS" -r "$REQUIREMENTS" 2>/dev/null; then
+    echo "zs: downloading the wheels of requirements.txt into $WHEELS (torch's are large: once per machine)" >&2
+    mkdir -p "$WHEELS"
+    "${pip[@]}" wheel --find-links "$WHEELS" -w "$WHEELS" -r "$REQUIREMENTS"
+    "${pip[@]}" install --no-index --find-links "$WHEELS" -r "$REQUIREMENTS"
+  fi
   cp "$REQUIREMENTS" "$stamp"
 }
 
@@ -127,7 +140,7 @@ run_ranks() {
   build >/dev/null
   case "$1" in
     *.py)
-      # torch 1.13's torchrun crashes on Python 3.11 without --redirects/--tee/--log_dir.
+      # Each rank's output is kept in its own log and shown with a [defaultN] prefix.
       local logs
       logs=$(mktemp -d)
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" "$PY" -m torch.distributed.run \
@@ -204,13 +217,11 @@ sanitize() {
   local asan="$ROOT/build-asan" tsan="$ROOT/build-tsan"
   # No Python package here: an instrumented extension cannot load into the plain
   # interpreter. Every C++ test, multi-rank workers included, runs instrumented.
-  [ -f "$asan/build.ninja" ] || cmake -S "$ROOT" -B "$asan" -G Ninja -DZS_PYTHON=OFF \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+  configure "$asan" -DZS_PYTHON=OFF \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$SANITIZER_FLAGS -DNDEBUG" \
     -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
-  [ -f "$tsan/build.ninja" ] || cmake -S "$ROOT" -B "$tsan" -G Ninja -DZS_TSAN=ON \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+  configure "$tsan" -DZS_TSAN=ON \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$SANITIZER_FLAGS -DNDEBUG" \
     -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
   cmake --build "$asan" -j "$(nproc)" | grep -v '^\[' || true
@@ -232,10 +243,8 @@ fuzz() {
   ensure_packages
   command -v clang++ >/dev/null || die "fuzzing needs clang (apt-get install ${FUZZ_PACKAGES[*]})"
   local dir="$ROOT/build-fuzz"
-  [ -f "$dir/build.ninja" ] || CC=clang CXX=clang++ cmake -S "$ROOT" -B "$dir" -G Ninja \
-    -DZS_FUZZ=ON -DZS_PYTHON=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
-    -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+  configure "$dir" -DZS_FUZZ=ON -DZS_PYTHON=OFF -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" >/dev/null
   cmake --build "$dir" -j "$(nproc)" >/dev/null
   for t in config hf bytes manifest; do
     local corpus="$dir/corpus-$t"
@@ -274,7 +283,8 @@ usage: ./zs VERB [ARGS]
                     0-3 vs stage 0), adam (CpuAdam vs torch AdamW and the bandwidth limit),
                     io (IoEngine vs fio), swap (NVMe optimizer step vs pure I/O and Adam),
                     capacity (largest trainable model vs torch DDP), python (the package
-                    vs torch DDP), peers (vs torch DDP/FSDP, in the LibTorch 2.x root)
+                    vs torch DDP), peers (vs DeepSpeed ZeRO 1-3 and offload, FSDP2,
+                    FSDP1 and DDP, all in one run)
   consolidate CKPT OUT.pt [--dtype bf16] [--per-tensor]
                     one ordinary state_dict from a sharded checkpoint
   fuzz [SECONDS]    libFuzzer (clang, ASan, UBSan) on the config, config.json, size and
@@ -310,7 +320,7 @@ case "$verb" in
     quick=0
     [ "${1:-}" = "--quick" ] && quick=1 && shift
     build
-    echo "== LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev) leg (host) =="
+    echo "== torch $(torch_version) leg (PyPI, $VENV) =="
     ctest --test-dir "$BUILD" --output-on-failure -j "$(nproc)" "$@"
     [ "$quick" = 1 ] && exit 0
     test_trixie_leg
@@ -333,16 +343,9 @@ case "$verb" in
     name="${1:-}"
     [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers"
     shift
-    if [ "$name" = peers ]; then  # torch's FSDP runs only in the LibTorch 2.x root
-      [ "$(id -u)" = 0 ] || die "bench peers runs in the trixie root and needs root"
+    if [ "$name" = peers ]; then  # DeepSpeed, FSDP2, FSDP1, DDP: the venv's, same run
       build >/dev/null
-      ensure_trixie_root
-      in_root "$TRIXIE_ROOT" "
-        [ -f build-trixie/build.ninja ] || cmake -S . -B build-trixie -G Ninja \
-          -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
-        cmake --build build-trixie -j $(nproc) >/dev/null &&
-        python3 tools/bench/peers.py $*"
-      exit $?
+      exec "$PY" tools/bench/peers.py --zs-bench "$BUILD/tools/zs-bench-sharding" "$@"
     fi
     build >/dev/null
     if [ "$name" = python ]; then

@@ -8,8 +8,18 @@ models, a C++ runtime behind a deepspeed.initialize-shaped API.
         engine.backward(loss)
         engine.step()
 """
-from ._zeroshard import Error
-from .config import load_config
+import torch as _torch
+
+from ._build_info import TORCH_VERSION as _BUILT_FOR
+
+if _torch.__version__.split("+")[0] != _BUILT_FOR:
+    raise ImportError(
+        f"zeroshard was built against torch {_BUILT_FOR}, but this interpreter imports torch "
+        f"{_torch.__version__} ({_torch.__file__}); rebuild zeroshard against it "
+        "(pip install --force-reinstall ., or ./zs build)")
+
+from ._zeroshard import Error  # noqa: E402
+from .config import load_config  # noqa: E402
 from .consolidate import consolidate
 from .engine import ZeroShardEngine, initialize
 from .estimate import estimate

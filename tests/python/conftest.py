@@ -29,11 +29,13 @@ def rank_env(rank, world, port):
     return env
 
 
-def run_ranks(args, world, out, timeout=300, extra_env=None, expect_ok=True):
-    """Runs `python args...` as `world` ranks; returns each rank's JSON output (with
-    expect_ok False: each rank's (exit status, log))."""
+def run_ranks(args, world, out, timeout=300, extra_env=None, expect_ok=True, python=None,
+              cwd=None):
+    """Runs `python args...` as `world` ranks (this interpreter unless `python` names
+    another); returns each rank's JSON output (with expect_ok False: each rank's (exit
+    status, log))."""
     port = free_port()
-    procs = [subprocess.Popen([sys.executable] + args,
+    procs = [subprocess.Popen([python or sys.executable] + args, cwd=cwd,
                               env=dict(rank_env(r, world, port), **(extra_env or {})),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(world)]

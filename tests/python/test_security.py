@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from conftest import free_port, rank_env
 
@@ -51,9 +50,6 @@ def run(tmp_path_factory):
     return out
 
 
-@pytest.mark.skipif(tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 4),
-                    reason="LibTorch before 2.4 gives the store no way to take a bound socket: "
-                           "its server listens on every interface (docs/reliability.md)")
 def test_the_store_listens_only_on_its_address(run):
     listening = json.load(open(run + ".listen"))
     assert listening == ["0100007F"], f"listening on {listening} (hex), not only 127.0.0.1"

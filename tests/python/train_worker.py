@@ -35,8 +35,8 @@ def main():
             opt.zero_grad(set_to_none=False)
             loss = ddp(models.batch(step, rank, world))
             loss.backward()
-            # A parameter no rank used has a zero gradient (DDP 1.13's result; 2.x leaves
-            # it None, and AdamW would then skip it): zeroshard's rule on every version.
+            # A parameter no rank used has a zero gradient under zeroshard (its rule, and
+            # DeepSpeed's); torch 2.x's DDP leaves it None and AdamW would skip it.
             for p in model.parameters():
                 if p.requires_grad and p.grad is None:
                     p.grad = torch.zeros_like(p)

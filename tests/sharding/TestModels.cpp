@@ -126,7 +126,7 @@ class TinyTransformer : public TestModel {
   std::shared_ptr<MlpBlock> mlp;
 };
 
-// Elementwise only (fp16 has no matmul on the CPU in LibTorch 1.13): y = x * w + b.
+// Elementwise only, so every precision runs the same arithmetic on the CPU: y = x * w + b.
 class Elementwise : public TestModel {
  public:
   explicit Elementwise(int batch) : batch_(batch) {

@@ -35,7 +35,7 @@ void same_traffic(float* __restrict p, const float* __restrict g, float* __restr
 int main(int argc, char** argv) {
   const bool json = argc > 1 && std::string(argv[1]) == "--json";
   const int64_t n = 100'000'000;  // 400 MB per array, far beyond the caches
-  // The same cores for all three (LibTorch 1.13 defaults to one intra-op thread).
+  // The same cores for all three, whatever LibTorch and OpenMP default to.
   const int threads = static_cast<int>(std::thread::hardware_concurrency());
   at::set_num_threads(threads);
   omp_set_num_threads(threads);

@@ -32,7 +32,18 @@ struct Options {
   int batch = 4;  // per rank
   bool json = false;
   GptShape shape;
+  // Offload, as `zero_optimization.offload_*.device` (bench peers' offload rows).
+  std::string offload_optimizer = "none";
+  std::string offload_param = "none";
+  std::string nvme_path = "/tmp";
 };
+
+OffloadDevice offload_device(const std::string& option, const std::string& value) {
+  if (value == "none") return OffloadDevice::None;
+  if (value == "cpu") return OffloadDevice::Cpu;
+  if (value == "nvme") return OffloadDevice::Nvme;
+  fail("{}: '{}' is not a device; allowed: none, cpu, nvme", option, value);
+}
 
 std::vector<int> parse_stages(const std::string& list) {
   std::vector<int> stages;
@@ -75,10 +86,17 @@ Options parse(int argc, char** argv, int first) {
       o.batch = next();
     else if (a == "--stages" && i + 1 < argc)
       o.stages = parse_stages(argv[++i]);
+    else if (a == "--offload-optimizer" && i + 1 < argc)
+      o.offload_optimizer = argv[++i];
+    else if (a == "--offload-param" && i + 1 < argc)
+      o.offload_param = argv[++i];
+    else if (a == "--nvme-path" && i + 1 < argc)
+      o.nvme_path = argv[++i];
     else
       fail(
           "unknown option '{}'; allowed: --json --ranks N --steps N --layers N --dim N "
-          "--batch N --stages 0,2,3",
+          "--batch N --stages 0,2,3 --offload-optimizer none|cpu|nvme "
+          "--offload-param none|cpu|nvme --nvme-path DIR",
           a);
   }
   return o;
@@ -100,6 +118,11 @@ int worker(int stage, const std::string& out, const Options& o) {
   c.zero.stage3_prefetch_bucket_size = block_params(o.shape);  // one block ahead
   c.zero.stage3_param_persistence_threshold = 4 * o.shape.dim;
   c.gradient_clipping = 1.0;
+  c.zero.offload_optimizer.device = offload_device("--offload-optimizer", o.offload_optimizer);
+  c.zero.offload_optimizer.nvme_path = o.nvme_path;
+  c.zero.offload_param.device = offload_device("--offload-param", o.offload_param);
+  c.zero.offload_param.nvme_path = o.nvme_path;
+  if (c.zero.offload_param.device == OffloadDevice::Nvme) c.zero.offload_param.max_in_cpu = 0;
   EngineOptions options;
   options.units = model->blocks();
   Engine engine(model, c, options);
@@ -164,8 +187,20 @@ int worker(int stage, const std::string& out, const Options& o) {
 }
 
 std::vector<std::string> forward_args(const Options& o) {
-  return {"--steps", std::to_string(o.steps),    "--layers", std::to_string(o.shape.layers),
-          "--dim",   std::to_string(o.shape.dim)};
+  return {"--steps",
+          std::to_string(o.steps),
+          "--layers",
+          std::to_string(o.shape.layers),
+          "--dim",
+          std::to_string(o.shape.dim),
+          "--batch",
+          std::to_string(o.batch),
+          "--offload-optimizer",
+          o.offload_optimizer,
+          "--offload-param",
+          o.offload_param,
+          "--nvme-path",
+          o.nvme_path};
 }
 
 int driver(const std::string& self, const Options& o) {

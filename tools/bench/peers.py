@@ -1,137 +1,58 @@
 #!/usr/bin/env python3
-"""zs bench peers: zeroshard beside torch's own DDP and FSDP on the same model and data.
+"""zs bench peers: zeroshard beside torch's DDP, FSDP1 and FSDP2 and DeepSpeed's ZeRO, on
+the same model, data and seed, in one run.
 
-The GPT here is built exactly as tools/bench/BenchGpt.cpp builds it (same modules in
-the same order, same seed, same data generator), so the final losses are comparable.
-Every configuration runs on 2 local ranks over Gloo with one thread per rank; torch's
-runs are plain processes (torchrun needs libuv, which Debian's torch 2.x lacks).
-Run inside the LibTorch 2.x root: ./zs bench peers [--json].
+Every configuration runs on 2 local ranks over Gloo with one thread per rank, on the
+main leg's torch (the venv's); the peers run tools/bench/peer_worker.py, zeroshard
+runs zs-bench-sharding. A peer that crashes, or ends at another loss than DDP, keeps
+its row with what it printed: that is a result too. Run: ./zs bench peers [--json].
 """
 import argparse
 import json
 import os
-import resource
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-SHAPE = dict(vocab=2048, dim=256, layers=4, heads=4, seq=128)
-TORCH_MODES = ["ddp", "fsdp_no_shard", "fsdp_shard_grad_op", "fsdp_full_shard"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from peer_worker import MODES, SHAPE  # noqa: E402
 
-
-def build_model(torch):
-    nn = torch.nn
-    F = torch.nn.functional
-
-    class Block(nn.Module):
-        def __init__(self, dim, heads):
-            super().__init__()
-            self.heads = heads
-            self.ln1 = nn.LayerNorm(dim)
-            self.qkv = nn.Linear(dim, 3 * dim)
-            self.proj = nn.Linear(dim, dim)
-            self.ln2 = nn.LayerNorm(dim)
-            self.fc1 = nn.Linear(dim, 4 * dim)
-            self.fc2 = nn.Linear(4 * dim, dim)
-
-        def forward(self, x):
-            b, t, d = x.shape
-            hd = d // self.heads
-            q, k, v = self.qkv(self.ln1(x)).chunk(3, -1)
-            split = lambda p: p.view(b, t, self.heads, hd).transpose(1, 2)
-            scores = split(q) @ split(k).transpose(-2, -1) / hd**0.5
-            mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-            scores = scores.masked_fill(mask, -1e4).softmax(-1)
-            attended = (scores @ split(v)).transpose(1, 2).reshape(b, t, d)
-            h = x + self.proj(attended)
-            return h + self.fc2(F.gelu(self.fc1(self.ln2(h))))
-
-    class Gpt(nn.Module):
-        def __init__(self, s):
-            super().__init__()
-            self.s = s
-            self.emb = nn.Embedding(s["vocab"], s["dim"])
-            with torch.no_grad():
-                self.emb.weight.normal_(0, 0.02)
-            self.blocks = nn.ModuleList(Block(s["dim"], s["heads"]) for _ in range(s["layers"]))
-            self.ln_f = nn.LayerNorm(s["dim"])
-
-        def forward(self, tokens):
-            inp, target = tokens[:, : self.s["seq"]], tokens[:, 1:]
-            h = self.emb(inp)
-            for block in self.blocks:
-                h = block(h)
-            logits = self.ln_f(h) @ self.emb.weight.t()  # tied head
-            return F.cross_entropy(logits.reshape(-1, self.s["vocab"]), target.reshape(-1))
-
-    return Gpt, Block
-
-
-def wrap(torch, mode, model, block_type):
-    if mode == "ddp":
-        return torch.nn.parallel.DistributedDataParallel(model)
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-    strategy = {
-        "fsdp_no_shard": ShardingStrategy.NO_SHARD,
-        "fsdp_shard_grad_op": ShardingStrategy.SHARD_GRAD_OP,
-        "fsdp_full_shard": ShardingStrategy.FULL_SHARD,
-    }[mode]
-    return FSDP(model, sharding_strategy=strategy, auto_wrap_policy=ModuleWrapPolicy({block_type}),
-                device_id=torch.device("cpu"))
-
-
-def worker(mode, out, steps, warmup, batch):
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    Gpt, Block = build_model(torch)
-    torch.manual_seed(0)
-    model = wrap(torch, mode, Gpt(SHAPE), Block)
-    # zeroshard's defaults, as the C++ bench uses them: AdamW lr 1e-3, weight decay 0.01
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    gen = torch.Generator().manual_seed(100 + rank)
-    phases = {"forward": [], "backward": [], "step": []}
-    totals, loss = [], None
-    for i in range(warmup + steps):
-        tokens = torch.randint(SHAPE["vocab"], (batch, SHAPE["seq"] + 1), generator=gen)
-        t0 = time.perf_counter()
-        loss = model(tokens)
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        if mode == "ddp":
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        else:
-            model.clip_grad_norm_(1.0)
-        opt.step()
-        opt.zero_grad()
-        t3 = time.perf_counter()
-        if i >= warmup:
-            phases["forward"].append(t1 - t0)
-            phases["backward"].append(t2 - t1)
-            phases["step"].append(t3 - t2)
-            totals.append(t3 - t0)
-    if rank == 0:
-        median = statistics.median(totals)
-        with open(out, "w") as f:
-            json.dump({
-                "system": mode,
-                "median_step_seconds": median,
-                "tokens_per_second": batch * SHAPE["seq"] * dist.get_world_size() / median,
-                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                "final_loss": loss.item(),
-                "phase_seconds": {k: statistics.median(v) for k, v in phases.items()},
-            }, f)
-    dist.destroy_process_group()
+RANKS = 2
+LOSS_TOLERANCE = 1e-3  # relative, final loss against DDP's (fp32 throughout)
+# zeroshard's rows: (name, extra zs-bench-sharding arguments)
+ZS_RUNS = [
+    ("zeroshard_stage{stage}", ["--stages", "0,2,3"]),
+    ("zeroshard_stage3_offload_cpu", ["--stages", "3", "--offload-optimizer", "cpu"]),
+    ("zeroshard_stage3_offload_nvme",
+     ["--stages", "3", "--offload-optimizer", "nvme", "--offload-param", "nvme"]),
+]
+# (key, ours, peer, what is compared)
+RATIOS = [
+    ("zs3_vs_fsdp_full_shard_throughput", "zeroshard_stage3", "fsdp_full_shard", "tokens_per_second"),
+    ("zs3_vs_fsdp_full_shard_peak_rss", "zeroshard_stage3", "fsdp_full_shard", "peak_rss_bytes"),
+    ("zs2_vs_fsdp_shard_grad_op_throughput", "zeroshard_stage2", "fsdp_shard_grad_op",
+     "tokens_per_second"),
+    ("zs0_vs_ddp_throughput", "zeroshard_stage0", "ddp", "tokens_per_second"),
+    ("zs3_vs_deepspeed_z3_throughput", "zeroshard_stage3", "deepspeed_z3", "tokens_per_second"),
+    ("zs3_vs_deepspeed_z3_peak_rss", "zeroshard_stage3", "deepspeed_z3", "peak_rss_bytes"),
+    ("zs3_vs_fsdp2_throughput", "zeroshard_stage3", "fsdp2", "tokens_per_second"),
+    ("zs3_vs_fsdp2_peak_rss", "zeroshard_stage3", "fsdp2", "peak_rss_bytes"),
+    ("zs3_offload_vs_deepspeed_offload_throughput", "zeroshard_stage3_offload_cpu",
+     "deepspeed_z3_offload_cpu", "tokens_per_second"),
+]
+# (what, the check, the target as a reader sees it)
+TARGETS = [
+    ("zeroshard stage 3 vs FSDP2 tokens/s", lambda r: r["zs3_vs_fsdp2_throughput"] >= 1.15, ">= 1.15"),
+    ("zeroshard stage 3 vs DeepSpeed ZeRO-3 tokens/s",
+     lambda r: r["zs3_vs_deepspeed_z3_throughput"] >= 1.2, ">= 1.2"),
+    ("zeroshard stage 3 peak RSS vs the smaller of FSDP2's and DeepSpeed ZeRO-3's",
+     lambda r: max(r["zs3_vs_fsdp2_peak_rss"], r["zs3_vs_deepspeed_z3_peak_rss"]) <= 0.8, "<= 0.8"),
+    ("zeroshard stage 3 + CPU optimizer vs DeepSpeed ZeRO-3 + CPU offload tokens/s",
+     lambda r: r["zs3_offload_vs_deepspeed_offload_throughput"] >= 1.2, ">= 1.2"),
+    ("zeroshard stage 0 vs DDP tokens/s", lambda r: r["zs0_vs_ddp_throughput"] >= 0.95, ">= 0.95"),
+]
 
 
 def free_port():
@@ -140,98 +61,121 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_torch(mode, args, ranks=2):
-    out = tempfile.mktemp(suffix=".json")
+def failed_row(system, what):
+    return {"system": system, "error": what[-2000:]}
+
+
+def run_peer(mode, args, scratch):
+    out = os.path.join(scratch, mode)
+    nvme = os.path.join(scratch, f"{mode}-nvme")
+    os.makedirs(nvme, exist_ok=True)
     port = free_port()
     procs = []
-    for rank in range(ranks):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), USE_LIBUV="0",
+    for rank in range(RANKS):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(RANKS),
+                   LOCAL_WORLD_SIZE=str(RANKS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1")
-        cmd = [sys.executable, __file__, "--worker", mode, out, "--steps", str(args.steps),
-               "--batch", str(args.batch)]
+        cmd = [sys.executable, os.path.join(HERE, "peer_worker.py"), mode, out, str(args.steps),
+               str(args.batch), nvme]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=900)[0] for p in procs]
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=1200)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            return failed_row(mode, "did not finish in 1200 s")
     if any(p.returncode != 0 for p in procs):
-        sys.exit(f"{mode} failed:\n" + "\n".join(logs))
-    with open(out) as f:
-        row = json.load(f)
-    os.remove(out)
+        bad = next(r for r, p in enumerate(procs) if p.returncode != 0)
+        return failed_row(mode, f"rank {bad} exited {procs[bad].returncode}:\n{logs[bad]}")
+    return merge_ranks([json.load(open(f"{out}.rank{r}.json")) for r in range(RANKS)])
+
+
+def merge_ranks(rows):
+    """Rank 0's times and loss; the largest peak RSS of any rank."""
+    row = dict(rows[0])
+    row["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in rows)
     return row
 
 
-def run_zeroshard(args):
-    cmd = [args.zs_bench, "--json", "--stages", "0,2,3", "--steps", str(args.steps),
-           "--batch", str(args.batch)]
-    rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    for r in rows:
-        r["system"] = f"zeroshard_stage{r['stage']}"
+def run_zeroshard(args, scratch):
+    rows = []
+    for name, extra in ZS_RUNS:
+        cmd = [args.zs_bench, "--json", "--ranks", str(RANKS), "--steps", str(args.steps),
+               "--batch", str(args.batch), "--nvme-path", scratch] + extra
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            rows.append(failed_row(name.format(stage=3), run.stdout + run.stderr))
+            continue
+        for r in json.loads(run.stdout):
+            r["system"] = name.format(stage=r["stage"])
+            rows.append(r)
     return rows
 
 
 def compare(rows):
-    by = {r["system"]: r for r in rows}
+    by = {r["system"]: r for r in rows if "error" not in r}
+    ratios = {}
+    for key, ours, peer, what in RATIOS:
+        ok = ours in by and peer in by
+        ratios[key] = by[ours][what] / by[peer][what] if ok else None
+    reference = by.get("ddp", {}).get("final_loss")
+    for r in rows:
+        if "error" not in r and reference is not None:
+            r["loss_differs_from_ddp"] = abs(r["final_loss"] - reference) > LOSS_TOLERANCE * abs(reference)
+    results = []
+    for what, check, target in TARGETS:
+        try:
+            results.append({"target": f"{what} {target}", "met": bool(check(ratios))})
+        except TypeError:  # a row it needs failed
+            results.append({"target": f"{what} {target}", "met": None})
+    return ratios, results
 
-    def ratio(a, b, key):
-        return by[a][key] / by[b][key]
 
-    result = {
-        "zs3_vs_fsdp_full_shard_throughput": ratio("zeroshard_stage3", "fsdp_full_shard",
-                                                   "tokens_per_second"),
-        "zs3_vs_fsdp_full_shard_peak_rss": ratio("zeroshard_stage3", "fsdp_full_shard",
-                                                 "peak_rss_bytes"),
-        "zs2_vs_fsdp_shard_grad_op_throughput": ratio("zeroshard_stage2", "fsdp_shard_grad_op",
-                                                      "tokens_per_second"),
-        "zs0_vs_ddp_throughput": ratio("zeroshard_stage0", "ddp", "tokens_per_second"),
-    }
-    targets = [("zs3_vs_fsdp_full_shard_throughput", 1.0, "zeroshard_stage3", "fsdp_full_shard"),
-               ("zs2_vs_fsdp_shard_grad_op_throughput", 1.0, "zeroshard_stage2",
-                "fsdp_shard_grad_op"),
-               ("zs0_vs_ddp_throughput", 0.95, "zeroshard_stage0", "ddp")]
-    shortfalls = []
-    for key, target, ours, peer in targets:
-        if result[key] >= target:
+def print_table(rows, ratios, targets, args):
+    print(f"GPT {SHAPE['layers']} layers x {SHAPE['dim']}, {RANKS} ranks over Gloo, fp32, "
+          f"{args.steps} timed steps, batch {args.batch} x {SHAPE['seq']} tokens per rank")
+    print(f"{'system':<32}{'median ms':>10}{'tokens/s':>10}{'peak RSS MB':>13}{'final loss':>12}"
+          f"{'fwd ms':>8}{'bwd ms':>8}{'step ms':>8}")
+    for r in rows:
+        if "error" in r:
+            last = [line for line in r["error"].splitlines() if line.strip()][-1:] or ["?"]
+            print(f"{r['system']:<32}FAILED: {last[0][:150]}")
             continue
-        diffs = {p: by[ours]["phase_seconds"][p] - by[peer]["phase_seconds"][p]
-                 for p in ("forward", "backward", "step")}
-        worst = max(diffs, key=diffs.get)
-        shortfalls.append(f"{ours} is {result[key]:.2f}x {peer} (target {target}); the "
-                          f"{worst} phase costs {diffs[worst] * 1e3:.1f} ms more per step")
-    result["shortfalls"] = shortfalls
-    return result
+        p = r["phase_seconds"]
+        flag = "  (loss differs from DDP)" if r.get("loss_differs_from_ddp") else ""
+        print(f"{r['system']:<32}{r['median_step_seconds'] * 1e3:>10.1f}"
+              f"{r['tokens_per_second']:>10.0f}{r['peak_rss_bytes'] / 1e6:>13.1f}"
+              f"{r['final_loss']:>12.4f}{p['forward'] * 1e3:>8.1f}{p['backward'] * 1e3:>8.1f}"
+              f"{p['step'] * 1e3:>8.1f}{flag}")
+    for key, value in ratios.items():
+        print(f"{key}: {'n/a (a row failed)' if value is None else f'{value:.3f}'}")
+    for t in targets:
+        state = {True: "met", False: "NOT met", None: "not measured (a row failed)"}[t["met"]]
+        print(f"target {t['target']}: {state}")
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", nargs=2, metavar=("MODE", "OUT"))
-    parser.add_argument("--zs-bench", default="build-trixie/tools/zs-bench-sharding")
+    parser.add_argument("--zs-bench", default="build/tools/zs-bench-sharding")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--only", help="comma-separated peer modes to run (default: all)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if args.worker:
-        return worker(args.worker[0], args.worker[1], args.steps, 2, args.batch)
-    rows = [run_torch(mode, args) for mode in TORCH_MODES] + run_zeroshard(args)
-    summary = compare(rows)
+    modes = args.only.split(",") if args.only else MODES
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        sys.exit(f"--only: unknown mode(s) {', '.join(unknown)}; allowed: {', '.join(MODES)}")
+    with tempfile.TemporaryDirectory(prefix="zs-bench-peers-") as scratch:
+        rows = [run_peer(mode, args, scratch) for mode in modes] + run_zeroshard(args, scratch)
+    ratios, targets = compare(rows)
     if args.json:
-        print(json.dumps({"systems": rows, **summary}, indent=2))
-        return
-    print(f"GPT {SHAPE['layers']} layers x {SHAPE['dim']}, 2 ranks over Gloo, fp32, "
-          f"{args.steps} timed steps, batch {args.batch} x {SHAPE['seq']} tokens per rank")
-    print(f"{'system':<22}{'median ms':>10}{'tokens/s':>10}{'peak RSS MB':>13}{'final loss':>12}"
-          f"{'fwd ms':>8}{'bwd ms':>8}{'step ms':>8}")
-    for r in rows:
-        p = r["phase_seconds"]
-        print(f"{r['system']:<22}{r['median_step_seconds'] * 1e3:>10.1f}"
-              f"{r['tokens_per_second']:>10.0f}{r['peak_rss_bytes'] / 1e6:>13.1f}"
-              f"{r['final_loss']:>12.4f}{p['forward'] * 1e3:>8.1f}{p['backward'] * 1e3:>8.1f}"
-              f"{p['step'] * 1e3:>8.1f}")
-    for key, value in summary.items():
-        if key != "shortfalls":
-            print(f"{key}: {value:.3f}")
-    for line in summary["shortfalls"]:
-        print("short:", line)
+        print(json.dumps({"systems": rows, **ratios, "targets": targets}, indent=2))
+    else:
+        print_table(rows, ratios, targets, args)
 
 
 if __name__ == "__main__":

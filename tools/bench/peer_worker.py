@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""One rank of a peer in `zs bench peers` (tools/bench/peers.py starts them): torch DDP,
+FSDP1, FSDP2 (fully_shard) and DeepSpeed ZeRO, on the CPU over Gloo, training the GPT
+that tools/bench/BenchGpt.cpp builds (same modules in the same order, same seed, same
+data generator), so the final losses are comparable with zeroshard's.
+
+usage: peer_worker.py MODE OUT STEPS BATCH NVME_DIR   (environment as torchrun sets it)
+Each rank writes OUT.rankN.json."""
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+SHAPE = dict(vocab=2048, dim=256, layers=4, heads=4, seq=128)
+WARMUP = 2
+LR, WEIGHT_DECAY, CLIP = 1e-3, 0.01, 1.0  # zeroshard's defaults, as BenchSharding uses them
+
+TORCH_MODES = ["ddp", "fsdp_no_shard", "fsdp_shard_grad_op", "fsdp_full_shard", "fsdp2",
+               "fsdp2_cpu_offload"]
+DEEPSPEED_MODES = {  # mode: zero_optimization
+    "deepspeed_z1": {"stage": 1},
+    "deepspeed_z2": {"stage": 2},
+    "deepspeed_z3": {"stage": 3},
+    "deepspeed_z3_offload_cpu": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+    "deepspeed_z3_offload_nvme": {"stage": 3, "offload_optimizer": {"device": "nvme"},
+                                  "offload_param": {"device": "nvme"}},
+}
+MODES = TORCH_MODES + list(DEEPSPEED_MODES)
+
+
+def build_model(torch):
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self, dim, heads):
+            super().__init__()
+            self.heads = heads
+            self.ln1 = nn.LayerNorm(dim)
+            self.qkv = nn.Linear(dim, 3 * dim)
+            self.proj = nn.Linear(dim, dim)
+            self.ln2 = nn.LayerNorm(dim)
+            self.fc1 = nn.Linear(dim, 4 * dim)
+            self.fc2 = nn.Linear(4 * dim, dim)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            hd = d // self.heads
+            q, k, v = self.qkv(self.ln1(x)).chunk(3, -1)
+            split = lambda p: p.view(b, t, self.heads, hd).transpose(1, 2)
+            scores = split(q) @ split(k).transpose(-2, -1) / hd**0.5
+            mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+            scores = scores.masked_fill(mask, -1e4).softmax(-1)
+            attended = (scores @ split(v)).transpose(1, 2).reshape(b, t, d)
+            h = x + self.proj(attended)
+            return h + self.fc2(F.gelu(self.fc1(self.ln2(h))))
+
+    class Gpt(nn.Module):
+        def __init__(self, s):
+            super().__init__()
+            self.s = s
+            self.emb = nn.Embedding(s["vocab"], s["dim"])
+            with torch.no_grad():
+                self.emb.weight.normal_(0, 0.02)
+            self.blocks = nn.ModuleList(Block(s["dim"], s["heads"]) for _ in range(s["layers"]))
+            self.ln_f = nn.LayerNorm(s["dim"])
+
+        def forward(self, tokens):
+            inp, target = tokens[:, : self.s["seq"]], tokens[:, 1:]
+            h = self.emb(inp)
+            for block in self.blocks:
+                h = block(h)
+            logits = self.ln_f(h) @ self.emb.weight.t()  # tied head
+            return F.cross_entropy(logits.reshape(-1, self.s["vocab"]), target.reshape(-1))
+
+    return Gpt, Block
+
+
+
+def wrap_fsdp1(torch, mode, model, block_type):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    strategy = {
+        "fsdp_no_shard": ShardingStrategy.NO_SHARD,
+        "fsdp_shard_grad_op": ShardingStrategy.SHARD_GRAD_OP,
+        "fsdp_full_shard": ShardingStrategy.FULL_SHARD,
+    }[mode]
+    return FSDP(model, sharding_strategy=strategy, auto_wrap_policy=ModuleWrapPolicy({block_type}),
+                device_id=torch.device("cpu"))
+
+
+def wrap_fsdp2(torch, mode, model):
+    """FSDP2 as its docs show it: each block, then the root (the tied embedding)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    kwargs = {"mesh": mesh}
+    if mode == "fsdp2_cpu_offload":
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def torch_trainer(torch, mode, model, Block):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if mode == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    elif mode.startswith("fsdp2"):
+        model = wrap_fsdp2(torch, mode, model)
+    else:
+        model = wrap_fsdp1(torch, mode, model, Block)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+
+    def backward(loss):
+        loss.backward()
+
+    def step():
+        if mode.startswith("fsdp_"):
+            model.clip_grad_norm_(CLIP)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+
+    return model, backward, step
+
+
+def deepspeed_trainer(torch, mode, model, batch, nvme_dir):
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    zero = json.loads(json.dumps(DEEPSPEED_MODES[mode]))
+    offload = "offload_optimizer" in zero
+    for key in ("offload_optimizer", "offload_param"):
+        if zero.get(key, {}).get("device") == "nvme":
+            zero[key]["nvme_path"] = nvme_dir
+    config = {
+        "train_micro_batch_size_per_gpu": batch,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": CLIP,
+        # Offloaded: DeepSpeed's own CPU Adam, as its users get it; otherwise torch's AdamW
+        # (its fused Adam is a CUDA kernel).
+        "optimizer": {"type": "AdamW", "params": dict({"lr": LR, "weight_decay": WEIGHT_DECAY},
+                                                      **({} if offload else {"torch_adam": True}))},
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config)
+    return engine, engine.backward, engine.step
+
+
+def main():
+    mode, out, steps, batch, nvme_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), \
+        int(sys.argv[4]), sys.argv[5]
+    if mode.startswith("deepspeed"):
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    Gpt, Block = build_model(torch)
+    torch.manual_seed(0)
+    model = Gpt(SHAPE)
+    if mode.startswith("deepspeed"):
+        model, backward, step = deepspeed_trainer(torch, mode, model, batch, nvme_dir)
+    else:
+        model, backward, step = torch_trainer(torch, mode, model, Block)
+    rank = dist.get_rank()
+    gen = torch.Generator().manual_seed(100 + rank)
+    phases = {"forward": [], "backward": [], "step": []}
+    totals, loss = [], None
+    for i in range(WARMUP + steps):
+        tokens = torch.randint(SHAPE["vocab"], (batch, SHAPE["seq"] + 1), generator=gen)
+        t0 = time.perf_counter()
+        loss = model(tokens)
+        t1 = time.perf_counter()
+        backward(loss)
+        t2 = time.perf_counter()
+        step()
+        t3 = time.perf_counter()
+        if i >= WARMUP:
+            for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
+                phases[name].append(seconds)
+            totals.append(t3 - t0)
+    median = statistics.median(totals)
+    with open(f"{out}.rank{rank}.json", "w") as f:
+        json.dump({
+            "system": mode,
+            "median_step_seconds": median,
+            "tokens_per_second": batch * SHAPE["seq"] * dist.get_world_size() / median,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "final_loss": loss.item(),
+            "phase_seconds": {k: statistics.median(v) for k, v in phases.items()},
+        }, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
