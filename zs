@@ -272,12 +272,13 @@ usage: ./zs VERB [ARGS]
   demo [ARGS]       the main job: the planner on Llama-2-7b, then examples/train_gpt.py:
                     a GPT trained from Python on 2 local ranks, ZeRO-3, Adam state on NVMe
                     (ARGS go to it, e.g. --steps 100)
-  test [--quick]    build and run every test: the host's LibTorch 1.13, then LibTorch 2.x
-                    in a Debian trixie root made once with debootstrap, then the C++
+  test [--quick]    build and run every test: PyPI's torch 2.11 (.venv), then Debian
+                    trixie's LibTorch 2.6 in a root made once with debootstrap, then the C++
                     suite under ASan+UBSan+LSan and the swap engine under TSan, then each
-                    parser fuzzed 45 s (--quick: the host leg only; --sanitize: only the
-                    sanitizers; --fuzz [SECONDS]: only the fuzzers)
-  build             install missing packages and build into build/
+                    parser fuzzed 45 s (--quick: the main leg only; --trixie: only the
+                    LibTorch 2.6 leg; --sanitize: only the sanitizers; --fuzz [SECONDS]:
+                    only the fuzzers)
+  build             install missing packages and the venv, build into build/
   estimate ARGS     zeroshard-estimate: what fits where, before launch (--help for options)
   bench NAME [--json] a benchmark from tools/bench with its baseline: sharding (stages
                     0-3 vs stage 0), adam (CpuAdam vs torch AdamW and the bandwidth limit),
@@ -315,6 +316,7 @@ case "$verb" in
   test)
     case "${1:-}" in
       --sanitize) shift; sanitize "$@"; exit $? ;;
+      --trixie) test_trixie_leg; exit $? ;;
       --fuzz) fuzz "${2:-$CI_FUZZ_SECONDS}"; exit $? ;;
     esac
     quick=0
