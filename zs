@@ -9,6 +9,10 @@ REQUIREMENTS="$ROOT/requirements.txt"
 PY="$VENV/bin/python"
 
 CI_FUZZ_SECONDS=45 # per parser, in ./zs test
+# Objects are cached by their command line alone, not by the build folder they are made
+# in (-g would add it), so the wheel's build (pip install ., tests/python/test_wheel.py)
+# gets back the objects of ./zs build.
+export CCACHE_NOHASHDIR=1
 
 # The host builds against the venv's torch; these are the C++ libraries around it.
 # libgloo-dev: headers only. PyPI's torch links Gloo in but ships no gloo/ headers, which

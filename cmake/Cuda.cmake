@@ -15,16 +15,20 @@ endif()
 
 set(ZS_NCCL_INCLUDE_DIR "")
 if(Python3_EXECUTABLE)
+  # -I: under pip's build isolation too, the interpreter's own site-packages (as for torch).
   execute_process(
-    COMMAND "${Python3_EXECUTABLE}" -c
+    COMMAND "${Python3_EXECUTABLE}" -I -c
             "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'include'))"
-    OUTPUT_VARIABLE ZS_WHEEL_NCCL OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    WORKING_DIRECTORY / OUTPUT_VARIABLE ZS_WHEEL_NCCL OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
   if(ZS_WHEEL_NCCL AND EXISTS "${ZS_WHEEL_NCCL}/nccl.h")
     set(ZS_NCCL_INCLUDE_DIR "${ZS_WHEEL_NCCL}")
   endif()
 endif()
 if(NOT ZS_NCCL_INCLUDE_DIR)
-  find_path(ZS_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  find_path(ZS_TOOLKIT_NCCL_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  if(ZS_TOOLKIT_NCCL_DIR)
+    set(ZS_NCCL_INCLUDE_DIR "${ZS_TOOLKIT_NCCL_DIR}")
+  endif()
 endif()
 if(NOT ZS_NCCL_INCLUDE_DIR)
   message(FATAL_ERROR "LibTorch has CUDA but no nccl.h was found (pip install nvidia-nccl-cu13, "

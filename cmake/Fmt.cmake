@@ -11,11 +11,11 @@ foreach(dir ${TORCH_INCLUDE_DIRS})
   endif()
 endforeach()
 if(ZS_TORCH_FMT_DIR)
-  # Only fmt/ is wanted from that folder: a copy of it keeps torch's other headers out
-  # of the targets that do not use LibTorch (config/, the estimator, the fuzzers).
-  set(ZS_FMT_COPY "${PROJECT_BINARY_DIR}/torch-fmt")
-  file(COPY "${ZS_TORCH_FMT_DIR}/fmt" DESTINATION "${ZS_FMT_COPY}")
-  target_include_directories(zs_fmt SYSTEM BEFORE INTERFACE "${ZS_FMT_COPY}")
+  # The targets that do not use LibTorch (config/, the estimator, the fuzzers) then see
+  # torch's include folder too; they include nothing else from it. The folder itself,
+  # not a copy in the build tree, so that every build of this tree (./zs, pip's wheel)
+  # compiles with the same command lines and shares ccache's objects.
+  target_include_directories(zs_fmt SYSTEM BEFORE INTERFACE "${ZS_TORCH_FMT_DIR}")
   target_compile_definitions(zs_fmt INTERFACE FMT_HEADER_ONLY=1)
   message(STATUS "zeroshard: fmt from torch's headers (${ZS_TORCH_FMT_DIR}/fmt), header-only")
 else()

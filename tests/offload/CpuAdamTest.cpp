@@ -93,5 +93,7 @@ TEST(CpuAdam, Bf16GradientsAreReadAsTheirFp32Values) {
 TEST(CpuAdam, ChoosesAnInstructionSetThisMachineHas) {
   const std::string isa = cpu_adam_isa();
   EXPECT_TRUE(isa == "avx512" || isa == "avx2" || isa == "generic") << isa;
-  if (__builtin_cpu_supports("avx512f")) EXPECT_EQ(isa, "avx512");
+  if (__builtin_cpu_supports("avx512f")) {
+    EXPECT_EQ(isa, "avx512");
+  }
 }

@@ -23,9 +23,10 @@ def test_thousand_steps_of_the_demo_hold_memory_flat(scratch):
         rss = r["rss"]
         base = sum(rss[WARM:WARM + 100]) / 100
         end = sum(rss[-100:]) / 100
+        means = [f"{sum(rss[i:i + 100]) / 100 / 2**20:.1f}" for i in range(0, STEPS, 100)]
         assert end <= base * (1 + GROWTH), (
             f"rank {rank}: mean RSS {base / 2**20:.1f} MiB over steps {WARM}-{WARM + 100}, "
-            f"{end / 2**20:.1f} MiB over the last 100")
+            f"{end / 2**20:.1f} MiB over the last 100 (MiB per 100 steps: {' '.join(means)})")
         for key, start in r["at_warm"].items():
             top = r["largest"][key]
             assert top <= start * (1 + GROWTH), (
