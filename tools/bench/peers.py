@@ -151,9 +151,9 @@ def print_table(rows, ratios, targets, args):
               f"{r['final_loss']:>12.4f}{p['forward'] * 1e3:>8.1f}{p['backward'] * 1e3:>8.1f}"
               f"{p['step'] * 1e3:>8.1f}{flag}")
     for key, value in ratios.items():
-        print(f"{key}: {'n/a (a row failed)' if value is None else f'{value:.3f}'}")
+        print(f"{key}: {'n/a (a row it needs failed or was not run)' if value is None else f'{value:.3f}'}")
     for t in targets:
-        state = {True: "met", False: "NOT met", None: "not measured (a row failed)"}[t["met"]]
+        state = {True: "met", False: "NOT met", None: "not measured (a row it needs failed or was not run)"}[t["met"]]
         print(f"target {t['target']}: {state}")
 
 
