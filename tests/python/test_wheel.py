@@ -33,7 +33,12 @@ def build_wheel(dist):
     objects back instead of compiling everything again."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    env["CMAKE_ARGS"] = "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
+    # The compiler by the name ./zs build's CMake chose (c++, where pip's would be g++:
+    # the same program, but ccache hashes the name too).
+    with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+        cxx = next(line.split("=", 1)[1].strip() for line in f
+                   if line.startswith("CMAKE_CXX_COMPILER:"))
+    env["CMAKE_ARGS"] = f"-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER={cxx}"
     env["CCACHE_NOHASHDIR"] = "1"
     run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(dist), ROOT],
                          env=env, capture_output=True, text=True, timeout=3000)

@@ -62,9 +62,9 @@ double rss_gib() {
 
 nlohmann::json ddp_largest(int64_t limit, int64_t max_params) {
   const std::string cmd = fmt::format(
-      "/usr/bin/python3 tools/bench/ddp_capacity.py --dim {} --heads {} --vocab {} --seq {} "
+      "'{}' tools/bench/ddp_capacity.py --dim {} --heads {} --vocab {} --seq {} "
       "--address-limit {} --max-params {}",
-      kDim, kHeads, kVocab, kSeq, limit, max_params);
+      ZS_PYTHON_EXECUTABLE, kDim, kHeads, kVocab, kSeq, limit, max_params);
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
