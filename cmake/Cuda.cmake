@@ -14,15 +14,10 @@ if(NOT ZS_CUDA)
 endif()
 
 set(ZS_NCCL_INCLUDE_DIR "")
-if(Python3_EXECUTABLE)
-  # -I: under pip's build isolation too, the interpreter's own site-packages (as for torch).
-  execute_process(
-    COMMAND "${Python3_EXECUTABLE}" -I -c
-            "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'include'))"
-    WORKING_DIRECTORY / OUTPUT_VARIABLE ZS_WHEEL_NCCL OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-  if(ZS_WHEEL_NCCL AND EXISTS "${ZS_WHEEL_NCCL}/nccl.h")
-    set(ZS_NCCL_INCLUDE_DIR "${ZS_WHEEL_NCCL}")
-  endif()
+zs_python_print(ZS_WHEEL_NCCL
+  "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'include'))")
+if(ZS_WHEEL_NCCL AND EXISTS "${ZS_WHEEL_NCCL}/nccl.h")
+  set(ZS_NCCL_INCLUDE_DIR "${ZS_WHEEL_NCCL}")
 endif()
 if(NOT ZS_NCCL_INCLUDE_DIR)
   find_path(ZS_TOOLKIT_NCCL_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)

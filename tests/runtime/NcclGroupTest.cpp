@@ -2,7 +2,6 @@
 // The GPU cases skip with one line where no device is visible (as on CI).
 #include "runtime/NcclGroup.h"
 
-#include <cstdio>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -10,25 +9,13 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "common/Error.h"
+#include "tests/common/BuildPython.h"
 
 namespace zeroshard {
 namespace {
 
-// What the build's Python torch says of itself, e.g. "13.0" or "None".
-std::string python_torch_cuda() {
-  const std::string command = std::string("cd / && '") + ZS_PYTHON_EXECUTABLE +
-                              "' -c 'import torch; print(torch.version.cuda)' 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  char buffer[128] = {0};
-  const bool read = pipe && fgets(buffer, sizeof buffer, pipe) != nullptr;
-  if (pipe) pclose(pipe);
-  std::string out = read ? buffer : "";
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
-
 TEST(NcclGroup, BuiltExactlyWhenTorchHasCuda) {
-  const std::string cuda = python_torch_cuda();
+  const std::string cuda = testing::build_python_prints("import torch; print(torch.version.cuda)");
   ASSERT_FALSE(cuda.empty());
   EXPECT_EQ(nccl_built(), cuda != "None") << "torch.version.cuda is " << cuda;
 }
