@@ -7,11 +7,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -150,15 +154,29 @@ TEST(IoEngine, RejectsABlockSizeThatDirectIoCannotUse) {
 TEST(SwapFile, PreallocationFailsUpFrontWithBytesNeededAndFree) {
   const std::string dir = scratch_dir("enospc");
   SwapDir swap(dir, "test");
-  const int64_t too_much = free_bytes(dir) + (int64_t{1} << 40);
+  const int64_t free_before = free_bytes(dir);
+  const int64_t too_much = free_before + (int64_t{1} << 40);
+  // The refusal must not take the disk's space even for a moment: other processes
+  // (the other tests of this run among them) write there too.
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> least_free{free_before};
+  std::thread watch([&] {
+    while (!done) {
+      least_free = std::min<int64_t>(least_free, free_bytes(dir));
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
   try {
     SwapFile file(swap.path(), "huge", too_much);
-    FAIL() << "no error";
+    ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find(std::to_string(too_much) + " bytes"), std::string::npos) << msg;
     EXPECT_NE(msg.find("free there"), std::string::npos) << msg;
   }
+  done = true;
+  watch.join();
+  EXPECT_GT(least_free, free_before / 2) << "free bytes fell from " << free_before;
   EXPECT_FALSE(fs::exists(swap.path() + "/huge.swap"));  // nothing half-made is left
 }
 
