@@ -47,13 +47,57 @@ py::dict memory_dict(const MemoryReport& r) {
   return tiers;
 }
 
+// A parameter group's hyperparameters as the package passes them: {"lr", "betas",
+// "eps", "weight_decay", "decoupled"}, each optional.
+ParamGroupOptions to_group_options(const py::dict& d) {
+  ParamGroupOptions o;
+  for (const auto& [key, value] : d) {
+    const std::string k = py::str(key);
+    if (k == "lr") {
+      o.lr = value.cast<double>();
+    } else if (k == "betas") {
+      const auto betas = value.cast<std::pair<double, double>>();
+      o.beta1 = betas.first;
+      o.beta2 = betas.second;
+    } else if (k == "eps") {
+      o.eps = value.cast<double>();
+    } else if (k == "weight_decay") {
+      o.weight_decay = value.cast<double>();
+    } else if (k == "decoupled") {
+      o.decoupled = value.cast<bool>();
+    } else {
+      fail(
+          "parameter group key '{}' is not known here; allowed: lr, betas, eps, weight_decay, "
+          "decoupled",
+          k);
+    }
+  }
+  return o;
+}
+
+py::dict hyper_dict(const AdamHyper& h) {
+  py::dict d;
+  d["lr"] = h.lr;
+  d["betas"] = py::make_tuple(h.beta1, h.beta2);
+  d["eps"] = h.eps;
+  d["weight_decay"] = h.weight_decay;
+  d["decoupled"] = h.decoupled;
+  return d;
+}
+
+using GroupsArg = std::vector<std::pair<std::vector<at::Tensor>, py::dict>>;
+
 std::unique_ptr<Engine> make_engine(const NamedTensors& params,
                                     const std::vector<NamedTensors>& units, const std::string& yaml,
-                                    const std::string& origin) {
+                                    const std::string& origin, const GroupsArg& groups) {
   const LoadedConfig loaded = load_config_string(yaml, origin);
   std::vector<std::vector<NamedParam>> unit_params;
   for (const auto& u : units) unit_params.push_back(to_params(u));
-  return std::make_unique<Engine>(to_params(params), unit_params, loaded.config);
+  std::vector<ParamGroup> param_groups;
+  for (const auto& [tensors, options] : groups)
+    param_groups.push_back({tensors, to_group_options(options)});
+  return std::make_unique<Engine>(to_params(params), unit_params, loaded.config, std::nullopt,
+                                  std::move(param_groups));
 }
 
 }  // namespace
@@ -75,6 +119,12 @@ PYBIND11_MODULE(_zeroshard, m) {
         return load_config_string(yaml, origin).warnings;
       },
       "Loads a config (YAML text) and returns the warnings; raises Error on bad input.");
+  m.def(
+      "config_top_level_keys",
+      [](const std::string& yaml, const std::string& origin) {
+        return load_config_string(yaml, origin).top_level_keys;
+      },
+      "The keys a config (YAML text) sets at its top level, as written.");
   m.def("parse_bytes", &parse_bytes, py::arg("text"), py::arg("what"),
         "\"80GB\" (10^9), \"1.5TiB\" (2^40), \"4096\": the CLI's size parser");
   m.def("load_config_file", [](const std::string& path) {
@@ -128,7 +178,17 @@ PYBIND11_MODULE(_zeroshard, m) {
 
   py::class_<Engine>(m, "Engine")
       .def(py::init(&make_engine), py::arg("params"), py::arg("units"), py::arg("config_yaml"),
-           py::arg("origin"))
+           py::arg("origin"), py::arg("param_groups") = GroupsArg{})
+      .def("set_param_group",
+           [](Engine& e, size_t group, const py::dict& options) {
+             e.set_param_group(group, to_group_options(options));
+           })
+      .def("param_group_hypers",
+           [](const Engine& e) {
+             py::list out;
+             for (const auto& h : e.param_group_hypers()) out.append(hyper_dict(h));
+             return out;
+           })
       .def("unit_forward_begin", &Engine::unit_forward_begin,
            py::call_guard<py::gil_scoped_release>())
       .def("unit_forward_end", &Engine::unit_forward_end, py::call_guard<py::gil_scoped_release>())
@@ -165,6 +225,8 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly(
           "micro_batch_size",
           [](const Engine& e) { return *e.config().train_micro_batch_size_per_gpu; })
+      .def_property_readonly("scheduled",
+                             [](const Engine& e) { return e.config().scheduler.type != "none"; })
       .def_property_readonly("plan_label", [](const Engine& e) { return e.plan().option.label(); })
       .def_property_readonly("config_yaml",
                              [](const Engine& e) { return emit_config_yaml(e.config()); })

@@ -251,6 +251,7 @@ LoadedConfig load_config_string(const std::string& yaml_text, const std::string&
   if (root.IsNull()) return out;  // an empty file means every default
   if (!root.IsMap()) fail("{}: a config must be a mapping of keys; got {}", origin, shown(root));
   walk(root, "", out, origin);
+  for (const auto& item : root) out.top_level_keys.push_back(item.first.as<std::string>());
   check_contradictions(out.config);
   return out;
 }

@@ -102,6 +102,7 @@ struct Config {
 struct LoadedConfig {
   Config config;
   std::vector<std::string> warnings;
+  std::vector<std::string> top_level_keys;  // as written (e.g. whether "optimizer" was given)
 };
 
 LoadedConfig load_config_file(const std::string& path);

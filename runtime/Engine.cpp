@@ -128,7 +128,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
     unit_of_module_[units[u].get()] = u;
     unit_params.push_back(unique_parameters(*units[u], true));
   }
-  init(unique_parameters(*module_), unit_params, config, options.launch);
+  init(unique_parameters(*module_), unit_params, config, options.launch,
+       std::move(options.param_groups));
   std::unordered_map<const void*, std::string> first;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     const auto [it, fresh] = first.emplace(item.value().unsafeGetTensorImpl(), item.key());
@@ -137,14 +138,17 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
 }
 
 Engine::Engine(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
-               const Config& config, std::optional<LaunchEnv> launch) {
+               const Config& config, std::optional<LaunchEnv> launch,
+               std::vector<ParamGroup> param_groups) {
   if (params.empty()) fail("the model has no parameters to train");
-  init(std::move(params), unit_params, config, launch);
+  init(std::move(params), unit_params, config, launch, std::move(param_groups));
 }
 
 void Engine::init(std::vector<NamedParam> params,
                   const std::vector<std::vector<NamedParam>>& unit_params, const Config& config,
-                  const std::optional<LaunchEnv>& launch) {
+                  const std::optional<LaunchEnv>& launch, std::vector<ParamGroup> param_groups) {
+  // Checked before any collective: every rank refuses the same groups alike.
+  param_groups_ = ParamGroupTable(std::move(param_groups), params);
   const LaunchEnv env = launch ? *launch : read_launch_env();
   const int threads = threads_per_rank(env, [](const char* n) { return std::getenv(n); });
   at::set_num_threads(threads);
@@ -212,7 +216,9 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
     unit_of_group_.push_back(unit_of_flat_.back());
     trainable.push_back(g);
     trainable_.push_back(g);
-    optimizer_->add_group(stage == 0 ? g->flat() : g->param_shard());
+    const int64_t begin = stage == 0 ? 0 : rank() * g->shard_numel();
+    const at::Tensor shard = stage == 0 ? g->flat() : g->param_shard();
+    optimizer_->add_group(shard, param_groups_.spans(*g, begin, shard.numel()));
   }
   // Shards leave RAM (parameter offload) before the gradient buffers are allocated, so
   // a model as large as host RAM is never held twice.
@@ -273,15 +279,8 @@ bool Engine::step() {
     const double coefficient = max_norm / (grad_norm_ + 1e-6);  // torch's clip_grad_norm_
     if (coefficient < 1) scale *= coefficient;
   }
-  AdamHyper h;
-  h.lr = lr();
-  h.beta1 = *c.optimizer.beta1;
-  h.beta2 = *c.optimizer.beta2;
-  h.eps = *c.optimizer.eps;
-  h.weight_decay = *c.optimizer.weight_decay;
-  h.decoupled = c.optimizer.type == "AdamW";
   fault_point("step.update");
-  optimizer_->step(grads, scale, h);
+  optimizer_->step(grads, scale, param_group_hypers());
   if (param_home_) param_home_->flush();
   fault_point("step.gather");
   if (*c.zero.stage >= 1) {
@@ -332,7 +331,18 @@ double Engine::loss_scale() const {
 }
 
 double Engine::lr() const {
-  return learning_rate(plan_.config, optimizer_->steps());
+  return param_group_hypers().front().lr;
+}
+
+void Engine::set_param_group(size_t group, const ParamGroupOptions& options) {
+  param_groups_.set_options(group, options);
+}
+
+std::vector<AdamHyper> Engine::param_group_hypers() const {
+  const Config& c = plan_.config;
+  std::optional<double> scheduled;
+  if (c.scheduler.type != "none") scheduled = learning_rate(c, optimizer_->steps());
+  return param_groups_.resolve(c.optimizer, scheduled);
 }
 
 int64_t Engine::optimizer_steps() const {

@@ -27,6 +27,7 @@
 #include "runtime/Config.h"
 #include "runtime/LaunchEnv.h"
 #include "runtime/MemoryModel.h"
+#include "runtime/ParamGroups.h"
 #include "runtime/Planner.h"
 #include "runtime/ProcessGroupSetup.h"
 #include "sharding/FlatParamGroup.h"
@@ -45,6 +46,7 @@ class ParamCoordinator;
 struct EngineOptions {
   std::optional<LaunchEnv> launch;                        // default: read from the environment
   std::vector<std::shared_ptr<torch::nn::Module>> units;  // stage 3
+  std::vector<ParamGroup> param_groups;  // default: one group, the config's optimizer values
 };
 
 struct MemoryReport {
@@ -61,7 +63,8 @@ class Engine {
   // parameter once (registration order), and each stage-3 unit's parameters. Units are
   // then driven by index through the unit_* calls (Python's module hooks).
   Engine(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
-         const Config& config, std::optional<LaunchEnv> launch = std::nullopt);
+         const Config& config, std::optional<LaunchEnv> launch = std::nullopt,
+         std::vector<ParamGroup> param_groups = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -96,7 +99,13 @@ class Engine {
 
   double loss_scale() const;
   double global_grad_norm() const { return grad_norm_; }
-  double lr() const;
+  double lr() const;  // parameter group 0's
+  // Optimizer parameter groups: their options as given (or set since), and the
+  // hyperparameters each will step with next (a config scheduler's lr included).
+  size_t param_group_count() const { return param_groups_.size(); }
+  const ParamGroupOptions& param_group(size_t group) const { return param_groups_.options(group); }
+  void set_param_group(size_t group, const ParamGroupOptions& options);
+  std::vector<AdamHyper> param_group_hypers() const;
   int64_t optimizer_steps() const;
   const Plan& plan() const { return plan_; }
   const Config& config() const { return plan_.config; }
@@ -124,7 +133,8 @@ class Engine {
 
  private:
   void init(std::vector<NamedParam> params, const std::vector<std::vector<NamedParam>>& unit_params,
-            const Config& config, const std::optional<LaunchEnv>& launch);
+            const Config& config, const std::optional<LaunchEnv>& launch,
+            std::vector<ParamGroup> param_groups);
   void build_groups(const std::vector<NamedParam>& params,
                     const std::vector<std::vector<NamedParam>>& unit_params);
   int checked_unit(size_t unit) const;  // its coordinator unit, or -1
@@ -156,6 +166,7 @@ class Engine {
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ShardOptimizer> optimizer_;
   std::unique_ptr<ParamHome> param_home_;
+  ParamGroupTable param_groups_;
   std::vector<FlatParamGroup*> trainable_;  // the optimizer's groups, in its order
   std::vector<int> unit_of_group_;          // per trainable group: its coordinator unit or -1
   std::vector<int> unit_of_flat_;           // per groups_ entry: its coordinator unit or -1

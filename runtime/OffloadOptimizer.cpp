@@ -35,10 +35,11 @@ OffloadOptimizer::OffloadOptimizer(const OffloadOptimizerOptions& options, Memor
 
 OffloadOptimizer::~OffloadOptimizer() = default;
 
-void OffloadOptimizer::add_group(const at::Tensor& shard) {
+void OffloadOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan> spans) {
   if (swapper_) fail("OffloadOptimizer: add_group after the first step");
   const size_t group = shards_.size();
   shards_.push_back(shard);
+  spans_.push_back(std::move(spans));
   const int64_t n = shard.numel();
   if (options_.device == OffloadDevice::Cpu) {
     const auto host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
@@ -98,14 +99,10 @@ void OffloadOptimizer::write_back(at::Tensor& shard, int64_t offset, const float
 }
 
 void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_scale,
-                            const AdamHyper& h) {
+                            const std::vector<AdamHyper>& hypers) {
   if (grads.size() != shards_.size())
     fail("OffloadOptimizer: {} gradients for {} groups", grads.size(), shards_.size());
   ++steps_;
-  CpuAdamStep s;
-  s.hyper = h;
-  s.step = steps_;
-  s.grad_scale = grad_scale;
   std::vector<at::Tensor> host_grads;
   for (const auto& g : grads) host_grads.push_back(g.to(at::kCPU, at::kFloat).contiguous());
   // bf16 parameters on the host: CpuAdam writes them in the same pass.
@@ -115,15 +112,25 @@ void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_sc
       return nullptr;
     return reinterpret_cast<uint16_t*>(shard.data_ptr<at::BFloat16>()) + offset;
   };
+  // Adam over elements [begin, begin + count) of `group`, whose master, m and v start at
+  // the given pointers (element `first` of the group), span by span.
+  auto adam = [&](size_t group, int64_t first, int64_t count, float* master, float* m, float* v) {
+    const float* grad = host_grads[group].data_ptr<float>();
+    for_each_span(spans_[group], hypers, first, count,
+                  [&](int64_t begin, int64_t n, const AdamHyper& h) {
+                    const int64_t at = begin - first;
+                    uint16_t* bf16 = fused_bf16(group, begin);
+                    cpu_adam_step(CpuAdamStep{h, steps_, grad_scale}, master + at, grad + begin,
+                                  m + at, v + at, n, bf16);
+                  });
+    write_back(shards_[group], first, master, count, fused_bf16(group, first));
+  };
   if (options_.device == OffloadDevice::Cpu) {
     for (size_t i = 0; i < shards_.size(); ++i) {
       fault_point("step.cpu_group");
       if (begin_group_) begin_group_(i);
-      const int64_t n = master_[i].numel();
-      uint16_t* bf16 = fused_bf16(i, 0);
-      cpu_adam_step(s, master_[i].data_ptr<float>(), host_grads[i].data_ptr<float>(),
-                    m_[i].data_ptr<float>(), v_[i].data_ptr<float>(), n, bf16);
-      write_back(shards_[i], 0, master_[i].data_ptr<float>(), n, bf16);
+      adam(i, 0, master_[i].numel(), master_[i].data_ptr<float>(), m_[i].data_ptr<float>(),
+           v_[i].data_ptr<float>());
       if (end_group_) end_group_(i);
     }
     return;
@@ -136,10 +143,7 @@ void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_sc
     fault_point("step.nvme_sub_group");
     if (sg.offset == 0 && begin_group_) begin_group_(sg.group);
     auto* f = static_cast<float*>(buffer);
-    uint16_t* bf16 = fused_bf16(sg.group, sg.offset);
-    cpu_adam_step(s, f, host_grads[sg.group].data_ptr<float>() + sg.offset, f + sg.numel,
-                  f + 2 * sg.numel, sg.numel, bf16);
-    write_back(shards_[sg.group], sg.offset, f, sg.numel, bf16);
+    adam(sg.group, sg.offset, sg.numel, f, f + sg.numel, f + 2 * sg.numel);
     const bool last = sg.offset + sg.numel == shards_[sg.group].numel();
     if (last && end_group_) end_group_(sg.group);
   });

@@ -33,8 +33,10 @@ class OffloadOptimizer : public ShardOptimizer {
   OffloadOptimizer(const OffloadOptimizerOptions& options, MemoryLedger* ledger);
   ~OffloadOptimizer() override;
 
-  void add_group(const at::Tensor& shard) override;
-  void step(const std::vector<at::Tensor>& grads, double grad_scale, const AdamHyper& h) override;
+  void add_group(const at::Tensor& shard, std::vector<HyperSpan> spans = {}) override;
+  using ShardOptimizer::step;
+  void step(const std::vector<at::Tensor>& grads, double grad_scale,
+            const std::vector<AdamHyper>& hypers) override;
   int64_t steps() const override { return steps_; }
   size_t groups() const override { return shards_.size(); }
   void reload_master(size_t group) override;
@@ -64,7 +66,8 @@ class OffloadOptimizer : public ShardOptimizer {
   OffloadOptimizerOptions options_;
   MemoryLedger* ledger_;
   std::vector<at::Tensor> shards_;
-  std::vector<at::Tensor> master_, m_, v_;  // cpu
+  std::vector<std::vector<HyperSpan>> spans_;  // per group
+  std::vector<at::Tensor> master_, m_, v_;     // cpu
   std::vector<LedgerEntry> entries_;
   std::vector<SubGroup> sub_groups_;  // nvme
   std::unique_ptr<Swapper> swapper_;

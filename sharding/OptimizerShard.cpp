@@ -6,9 +6,10 @@
 
 namespace zeroshard {
 
-void OptimizerShard::add_group(const at::Tensor& shard) {
+void OptimizerShard::add_group(const at::Tensor& shard, std::vector<HyperSpan> spans) {
   State s;
   s.shard = shard;
+  s.spans = std::move(spans);
   const bool fp32 = shard.scalar_type() == at::kFloat;
   s.master = fp32 ? shard : shard.to(at::kFloat);
   s.m = at::zeros_like(s.master);
@@ -19,33 +20,40 @@ void OptimizerShard::add_group(const at::Tensor& shard) {
   states_.push_back(std::move(s));
 }
 
-void OptimizerShard::aten_step(const AdamHyper& h, double bias1, double bias2, double grad_scale,
-                               State& s, at::Tensor g) {
+void OptimizerShard::aten_step(const AdamHyper& h, int64_t step, double grad_scale,
+                               at::Tensor master, at::Tensor g, at::Tensor m, at::Tensor v) {
+  const double bias1 = 1 - std::pow(h.beta1, static_cast<double>(step));
+  const double bias2 = 1 - std::pow(h.beta2, static_cast<double>(step));
   if (grad_scale != 1.0) g.mul_(grad_scale);
   if (h.decoupled) {
-    if (h.weight_decay != 0) s.master.mul_(1 - h.lr * h.weight_decay);
+    if (h.weight_decay != 0) master.mul_(1 - h.lr * h.weight_decay);
   } else if (h.weight_decay != 0) {
-    g = g.add(s.master, h.weight_decay);
+    g = g.add(master, h.weight_decay);
   }
-  s.m.mul_(h.beta1).add_(g, 1 - h.beta1);
-  s.v.mul_(h.beta2).addcmul_(g, g, 1 - h.beta2);
-  const at::Tensor denom = (s.v.sqrt() / std::sqrt(bias2)).add_(h.eps);
-  s.master.addcdiv_(s.m, denom, -h.lr / bias1);
+  m.mul_(h.beta1).add_(g, 1 - h.beta1);
+  v.mul_(h.beta2).addcmul_(g, g, 1 - h.beta2);
+  const at::Tensor denom = (v.sqrt() / std::sqrt(bias2)).add_(h.eps);
+  master.addcdiv_(m, denom, -h.lr / bias1);
 }
 
 void OptimizerShard::step(const std::vector<at::Tensor>& grads, double grad_scale,
-                          const AdamHyper& h) {
+                          const std::vector<AdamHyper>& hypers) {
   ++steps_;
-  const double bias1 = 1 - std::pow(h.beta1, static_cast<double>(steps_));
-  const double bias2 = 1 - std::pow(h.beta2, static_cast<double>(steps_));
   for (size_t i = 0; i < states_.size(); ++i) {
     State& s = states_[i];
-    at::Tensor g = grads[i];
-    if (kernel_) {
-      kernel_(h, steps_, grad_scale, s.master, g, s.m, s.v);
-    } else {
-      aten_step(h, bias1, bias2, grad_scale, s, g);
-    }
+    const at::Tensor& grad = grads[i];
+    for_each_span(s.spans, hypers, 0, s.master.numel(),
+                  [&](int64_t begin, int64_t count, const AdamHyper& h) {
+                    at::Tensor master = s.master.narrow(0, begin, count);
+                    at::Tensor g = grad.narrow(0, begin, count);
+                    at::Tensor m = s.m.narrow(0, begin, count);
+                    at::Tensor v = s.v.narrow(0, begin, count);
+                    if (kernel_) {
+                      kernel_(h, steps_, grad_scale, master, g, m, v);
+                    } else {
+                      aten_step(h, steps_, grad_scale, master, g, m, v);
+                    }
+                  });
     if (s.master.data_ptr() != s.shard.data_ptr()) s.shard.copy_(s.master);
   }
 }

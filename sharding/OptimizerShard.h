@@ -24,11 +24,17 @@ using AdamKernel =
 class ShardOptimizer {
  public:
   virtual ~ShardOptimizer() = default;
-  // `shard` is this rank's compute-precision parameter shard (a view it writes back to).
-  virtual void add_group(const at::Tensor& shard) = 0;
-  // grads[i] (fp32, same size as group i) are multiplied by `grad_scale` first.
+  // `shard` is this rank's compute-precision parameter shard (a view it writes back to);
+  // `spans`: which parameter group each of its elements belongs to (none: group 0).
+  virtual void add_group(const at::Tensor& shard, std::vector<HyperSpan> spans = {}) = 0;
+  // grads[i] (fp32, same size as group i) are multiplied by `grad_scale` first;
+  // hypers[g] are parameter group g's hyperparameters.
   virtual void step(const std::vector<at::Tensor>& grads, double grad_scale,
-                    const AdamHyper& h) = 0;
+                    const std::vector<AdamHyper>& hypers) = 0;
+  // One parameter group.
+  void step(const std::vector<at::Tensor>& grads, double grad_scale, const AdamHyper& h) {
+    step(grads, grad_scale, std::vector<AdamHyper>{h});
+  }
   virtual int64_t steps() const = 0;
   virtual size_t groups() const = 0;
   // The parameters of `group` were overwritten (outside training): the fp32 master
@@ -47,8 +53,10 @@ class OptimizerShard : public ShardOptimizer {
   explicit OptimizerShard(MemoryLedger* ledger, AdamKernel kernel = {})
       : ledger_(ledger), kernel_(std::move(kernel)) {}
 
-  void add_group(const at::Tensor& shard) override;
-  void step(const std::vector<at::Tensor>& grads, double grad_scale, const AdamHyper& h) override;
+  void add_group(const at::Tensor& shard, std::vector<HyperSpan> spans = {}) override;
+  using ShardOptimizer::step;
+  void step(const std::vector<at::Tensor>& grads, double grad_scale,
+            const std::vector<AdamHyper>& hypers) override;
   int64_t steps() const override { return steps_; }
   size_t groups() const override { return states_.size(); }
   void reload_master(size_t group) override;
@@ -59,12 +67,13 @@ class OptimizerShard : public ShardOptimizer {
 
   struct State {
     at::Tensor shard, master, m, v;
+    std::vector<HyperSpan> spans;
   };
   const std::vector<State>& states() const { return states_; }
 
  private:
-  static void aten_step(const AdamHyper& h, double bias1, double bias2, double grad_scale, State& s,
-                        at::Tensor g);
+  static void aten_step(const AdamHyper& h, int64_t step, double grad_scale, at::Tensor master,
+                        at::Tensor g, at::Tensor m, at::Tensor v);
   MemoryLedger* ledger_;
   AdamKernel kernel_;
   std::vector<State> states_;

@@ -21,7 +21,9 @@ if _torch.__version__.split("+")[0] != _BUILT_FOR:
 from ._zeroshard import Error  # noqa: E402
 from .config import load_config  # noqa: E402
 from .consolidate import consolidate
-from .engine import ZeroShardEngine, initialize
+from .engine import ZeroShardEngine
+from .initialize import initialize
+from .optimizer import ZeroShardOptimizer
 from .estimate import estimate
 
-__all__ = ["Error", "ZeroShardEngine", "initialize", "estimate", "load_config", "consolidate"]
+__all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "estimate", "load_config", "consolidate"]

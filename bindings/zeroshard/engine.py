@@ -10,6 +10,7 @@ import torch
 
 from . import _zeroshard
 from .config import load_config
+from .optimizer import ZeroShardOptimizer, client_scheduler, engine_options, parameter_groups
 
 _LAUNCH_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
 
@@ -23,6 +24,18 @@ def _require_launch_env():
         "with `torchrun --nproc_per_node N script.py`, `./zs run -n N script.py`, srun or "
         "mpirun, or for one process set RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 "
         "MASTER_PORT=29500")
+
+
+def _refuse_twice_named(text, origin, optimizer, lr_scheduler):
+    """DeepSpeed's rule, said as an error: the optimizer and the scheduler come from the
+    config or from the client, never both."""
+    keys = _zeroshard.config_top_level_keys(text, origin)
+    for given, key in ((optimizer, "optimizer"), (lr_scheduler, "scheduler")):
+        if given is not None and key in keys:
+            arg = "optimizer" if key == "optimizer" else "lr_scheduler"
+            raise _zeroshard.Error(
+                f"{arg}: given to initialize() and as '{key}' in {origin}; one of them must go "
+                f"(remove the config's '{key}' section to use the client's)")
 
 
 def _unique_params(module):
@@ -86,17 +99,28 @@ def _resolve_units(model, units):
 
 
 class ZeroShardEngine:
-    def __init__(self, model, config, units=None):
+    def __init__(self, model, config, units=None, model_parameters=None, optimizer=None,
+                 lr_scheduler=None):
         _require_launch_env()
         if not isinstance(model, torch.nn.Module):
             raise _zeroshard.Error(f"model: a {type(model).__name__}; allowed: a torch.nn.Module")
         text, origin = load_config(config)
+        _refuse_twice_named(text, origin, optimizer, lr_scheduler)
         self.module = model
         self._units = _resolve_units(model, units)
+        client, groups, decoupled = parameter_groups(model, model_parameters, optimizer)
         params = _unique_params(model)
         unit_params = [_unique_params(u) for u in self._units]
-        self._engine = _zeroshard.Engine(params, unit_params, text, origin)
+        engine_groups = [(list(g["params"]), engine_options(g, d))
+                         for g, d in zip(groups, decoupled)]
+        self._engine = _zeroshard.Engine(params, unit_params, text, origin, engine_groups)
         self._engine.set_aliases(_aliases(model))
+        self.optimizer = ZeroShardOptimizer(self, groups, decoupled)
+        # A client scheduler, stepped after each optimizer step as DeepSpeed does.
+        self.lr_scheduler = client_scheduler(lr_scheduler, self.optimizer, client)
+        self._scheduled = self._engine.scheduled  # a config scheduler sets every lr
+        if self._scheduled:
+            self.optimizer.show_scheduled_lr()
         self._pending_backward = False
         self._hooks = []
         if self._engine.stage == 3:
@@ -138,13 +162,25 @@ class ZeroShardEngine:
                 "engine.step() called before engine.backward(loss): there are no gradients "
                 "to step with; call engine.backward(loss) after each forward")
         self._pending_backward = False
-        return self._engine.step()
+        self.optimizer.push_groups()
+        stepped = self._engine.step()
+        if stepped and self._scheduled:
+            self.optimizer.show_scheduled_lr()
+        if stepped and self.lr_scheduler is not None:
+            # torch's schedulers warn unless their optimizer's step() ran first; here the
+            # engine stepped it.
+            bound = getattr(self.lr_scheduler, "optimizer", None)
+            if bound is not None:
+                bound._opt_called = True
+            self.lr_scheduler.step()
+        return stepped
 
     def zero_grad(self):
         self._engine.zero_grad()
 
     def get_lr(self):
-        return [self._engine.lr]
+        """Every parameter group's lr for the next step."""
+        return [g["lr"] for g in self.optimizer.param_groups]
 
     @property
     def loss_scale(self):
@@ -251,57 +287,3 @@ def _tensors(output):
     elif isinstance(output, dict):
         for o in output.values():
             yield from _tensors(o)
-
-
-class _OptimizerView:
-    """What initialize() returns as the optimizer: stepping belongs to the engine."""
-
-    def __init__(self, engine):
-        self._engine = engine
-
-    @property
-    def param_groups(self):
-        return [{"lr": self._engine.get_lr()[0], "params": list(self._engine.module.parameters())}]
-
-    def step(self):
-        raise _zeroshard.Error("call engine.step(), not optimizer.step(): the engine steps the "
-                               "sharded optimizer at each accumulation boundary")
-
-    def zero_grad(self, set_to_none=True):
-        self._engine.zero_grad()
-
-
-class _SchedulerView:
-    """The config's scheduler (WarmupLR, WarmupDecayLR, WarmupCosineLR), stepped by the engine."""
-
-    def __init__(self, engine):
-        self._engine = engine
-
-    def get_last_lr(self):
-        return self._engine.get_lr()
-
-    def step(self):
-        pass  # the engine advances it with each optimizer step
-
-
-def initialize(model=None, config=None, model_parameters=None, training_data=None,
-               units=None, args=None, **_):
-    """deepspeed.initialize's shape: returns (engine, optimizer, dataloader, scheduler).
-    `units`: stage-3 units (modules or their names); default the blocks of the model's
-    largest ModuleList. model_parameters is accepted for compatibility; every parameter
-    of the model is trained (requires_grad=False ones are kept frozen)."""
-    if model is None:
-        raise _zeroshard.Error("zeroshard.initialize: model is required")
-    if config is None:
-        config = getattr(args, "deepspeed_config", None)
-    if config is None:
-        raise _zeroshard.Error("zeroshard.initialize: config is required (a path or a dict)")
-    engine = ZeroShardEngine(model, config, units=units)
-    loader = None
-    if training_data is not None:
-        sampler = torch.utils.data.distributed.DistributedSampler(
-            training_data, num_replicas=engine.world_size, rank=engine.rank)
-        loader = torch.utils.data.DataLoader(training_data,
-                                             batch_size=engine._engine.micro_batch_size,
-                                             sampler=sampler)
-    return engine, _OptimizerView(engine), loader, _SchedulerView(engine)

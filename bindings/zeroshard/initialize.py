@@ -1,0 +1,96 @@
+"""zeroshard.initialize: deepspeed.initialize's signature, every keyword honoured or
+refused with a reason; none is dropped. Returns (engine, optimizer, dataloader,
+lr_scheduler) as DeepSpeed does."""
+import os
+
+import torch
+
+from . import _zeroshard
+from .engine import ZeroShardEngine
+
+
+def _error(message):
+    return _zeroshard.Error(f"zeroshard.initialize: {message}")
+
+
+class ConfigScheduler:
+    """The config's scheduler (WarmupLR, WarmupDecayLR, WarmupCosineLR): the engine
+    advances it with each optimizer step, and writes its lr into every group."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def get_last_lr(self):
+        return self._engine.get_lr()
+
+    get_lr = get_last_lr
+
+    def step(self):
+        pass  # the engine advances it with each optimizer step
+
+
+def _check_port(distributed_port):
+    """DeepSpeed's rendezvous port: used where the launcher set none."""
+    if distributed_port is None:
+        return
+    set_port = os.environ.get("MASTER_PORT")
+    if set_port is None:
+        os.environ["MASTER_PORT"] = str(distributed_port)
+    elif set_port != str(distributed_port):
+        raise _error(f"distributed_port={distributed_port}, but the launcher set MASTER_PORT="
+                     f"{set_port}; pass the same port or leave distributed_port out")
+
+
+def _refuse_unsupported(mpu, mesh_param):
+    if mpu is not None:
+        raise _error("mpu: tensor or pipeline model parallelism is not supported; allowed: None "
+                     "(every rank is a data-parallel rank)")
+    if mesh_param is not None:
+        raise _error(f"mesh_param={mesh_param!r}: device meshes are not supported; allowed: None")
+
+
+def _dataloader(training_data, engine, collate_fn):
+    if training_data is None:
+        if collate_fn is not None:
+            raise _error("collate_fn is given without training_data; it only shapes the "
+                         "dataloader built from training_data")
+        return None
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        training_data, num_replicas=engine.world_size, rank=engine.rank)
+    return torch.utils.data.DataLoader(training_data, batch_size=engine._engine.micro_batch_size,
+                                       sampler=sampler, collate_fn=collate_fn)
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
+               lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None,
+               collate_fn=None, config=None, mesh_param=None, config_params=None, units=None):
+    """deepspeed.initialize's shape: returns (engine, optimizer, dataloader, lr_scheduler).
+
+    model_parameters: tensors (one group) or dicts with 'params' and any of lr, betas,
+    eps, weight_decay (parameter groups; unset keys from the config's optimizer).
+    optimizer: a torch.optim.AdamW or Adam (its groups and hyperparameters are used, the
+    sharded optimizer steps), or a callable making one from the model parameters.
+    lr_scheduler: a scheduler on that optimizer, or a callable taking the optimizer
+    initialize returns; stepped after each optimizer step.
+    dist_init_required: accepted; zeroshard makes its own process groups either way.
+    units: stage-3 units (modules or their names); default the blocks of the model's
+    largest ModuleList."""
+    if model is None:
+        raise _error("model is required")
+    if config is not None and config_params is not None:
+        raise _error("config and config_params are both given; config_params is the older "
+                     "name of config: pass one")
+    config = config if config is not None else config_params
+    if config is None:
+        config = getattr(args, "deepspeed_config", None)
+    if config is None:
+        raise _error("config is required (a path or a dict, or args.deepspeed_config)")
+    _refuse_unsupported(mpu, mesh_param)
+    _check_port(distributed_port)
+    engine = ZeroShardEngine(model, config, units=units, model_parameters=model_parameters,
+                             optimizer=optimizer, lr_scheduler=lr_scheduler)
+    loader = _dataloader(training_data, engine, collate_fn)
+    scheduler = engine.lr_scheduler
+    if scheduler is None and engine._scheduled:
+        scheduler = ConfigScheduler(engine)
+    return engine, engine.optimizer, loader, scheduler

@@ -1,0 +1,193 @@
+"""The optimizer initialize() returns, and where its parameter groups come from.
+
+Groups come from DeepSpeed's `model_parameters` (tensors, or dicts holding "params" and
+hyperparameters) or from a client torch.optim.Adam/AdamW, whose groups and
+hyperparameters are read and whose stepping the sharded optimizer takes over.
+ZeroShardOptimizer is a torch.optim.Optimizer so that torch's LR schedulers drive it:
+they write param_groups[i]["lr"], and the engine reads every group before each step.
+With a client optimizer its own group dicts are the ones shown and read, so a
+scheduler built on it works unchanged."""
+import torch
+
+from . import _zeroshard
+
+HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
+# Keys of torch's Adam/AdamW groups that choose an implementation or are the
+# scheduler's bookkeeping: the sharded optimizer has its own implementation.
+_IMPLEMENTATION_KEYS = {"foreach", "fused", "capturable", "initial_lr", "decoupled_weight_decay"}
+# Options of torch's Adam/AdamW the sharded optimizer does not have: refused when on.
+_UNSUPPORTED_FLAGS = ("amsgrad", "maximize", "differentiable")
+# Hyperparameters of other torch optimizers: a group carrying one was meant for another.
+_OTHER_OPTIMIZERS_KEYS = {"momentum", "dampening", "nesterov", "lr_decay", "rho", "alpha",
+                          "centered", "lambd", "momentum_decay", "etas", "step_sizes"}
+SUPPORTED = (torch.optim.AdamW, torch.optim.Adam)
+
+
+def _error(message):
+    return _zeroshard.Error(message)
+
+
+def _check_group(where, group):
+    for flag in _UNSUPPORTED_FLAGS:
+        if group.get(flag):
+            raise _error(f"{where}: {flag}=True is not supported; allowed: {flag}=False "
+                         "(the sharded optimizer is Adam/AdamW without it)")
+    other = sorted(_OTHER_OPTIMIZERS_KEYS & set(group))
+    if other:
+        raise _error(f"{where}: key '{other[0]}' belongs to another optimizer; allowed keys: "
+                     f"params, {', '.join(HYPER_KEYS)}")
+    betas = group.get("betas")
+    if betas is not None and (not isinstance(betas, (tuple, list)) or len(betas) != 2):
+        raise _error(f"{where}.betas: {betas!r} is not allowed; allowed: a pair (beta1, beta2)")
+
+
+def _groups_from_model_parameters(model_parameters):
+    items = list(model_parameters)
+    if all(isinstance(p, torch.Tensor) for p in items):
+        return [{"params": items}]
+    if all(isinstance(g, dict) for g in items):
+        groups = []
+        for i, g in enumerate(items):
+            if "params" not in g:
+                raise _error(f"model_parameters[{i}]: a group without 'params'; allowed: "
+                             "{'params': [...], 'lr': ..., 'weight_decay': ..., 'betas': ..., "
+                             "'eps': ...}")
+            _check_group(f"model_parameters[{i}]", g)
+            params = g["params"]
+            params = [params] if isinstance(params, torch.Tensor) else list(params)
+            groups.append(dict(g, params=params))
+        return groups
+    kinds = sorted({type(p).__name__ for p in items})
+    raise _error(f"model_parameters: a mix of {', '.join(kinds)}; allowed: tensors (one group) "
+                 "or dicts with 'params' (parameter groups)")
+
+
+def _client_groups(optimizer, model_parameters):
+    if not isinstance(optimizer, SUPPORTED):
+        raise _error(f"optimizer: {type(optimizer).__module__}.{type(optimizer).__name__} is not "
+                     "supported; allowed: torch.optim.AdamW or torch.optim.Adam (their groups "
+                     "and hyperparameters are taken over by the sharded optimizer), or the "
+                     "config's 'optimizer' section")
+    if optimizer.state:
+        raise _error(f"optimizer: this {type(optimizer).__name__} has already stepped (it holds "
+                     f"state for {len(optimizer.state)} tensors, which would be lost); pass a "
+                     "fresh one, or resume with engine.load_checkpoint")
+    for i, g in enumerate(optimizer.param_groups):
+        _check_group(f"optimizer.param_groups[{i}]", g)
+    if model_parameters is not None:
+        given = {id(p) for g in _groups_from_model_parameters(model_parameters)
+                 for p in g["params"]}
+        held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        if given != held:
+            raise _error("model_parameters and optimizer name different parameters "
+                         f"({len(given)} vs {len(held)}); pass one of them, the optimizer's "
+                         "groups are what is trained")
+    decoupled = isinstance(optimizer, torch.optim.AdamW)
+    return optimizer.param_groups, [decoupled or bool(g.get("decoupled_weight_decay"))
+                                    for g in optimizer.param_groups]
+
+
+def parameter_groups(model, model_parameters, optimizer):
+    """(client optimizer or None, groups, decoupled): the group dicts (a client
+    optimizer's own), and per group whether weight decay is decoupled (None: the
+    config's optimizer type decides)."""
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        if not callable(optimizer):
+            raise _error(f"optimizer: a {type(optimizer).__name__}; allowed: a torch.optim.AdamW "
+                         "or Adam, or a callable that makes one from the model parameters")
+        params = model_parameters if model_parameters is not None else model.parameters()
+        optimizer, model_parameters = optimizer(params), None  # DeepSpeed's callable form
+    if optimizer is not None:
+        return (optimizer,) + _client_groups(optimizer, model_parameters)
+    if model_parameters is None:
+        groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    else:
+        groups = _groups_from_model_parameters(model_parameters)
+    return None, groups, [None] * len(groups)
+
+
+def client_scheduler(scheduler, optimizer, client_optimizer):
+    """DeepSpeed's lr_scheduler argument: a scheduler built on the client optimizer, or
+    a callable that builds one from the optimizer initialize() returns."""
+    if scheduler is None:
+        return None
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise _error("lr_scheduler: ReduceLROnPlateau steps on a metric the engine does not "
+                     "have; keep it outside and call its step(metric) yourself")
+    if hasattr(scheduler, "step") and not isinstance(scheduler, type):
+        bound = getattr(scheduler, "optimizer", None)
+        if bound is not None and bound is not client_optimizer:
+            raise _error("lr_scheduler: it is bound to an optimizer that initialize() was not "
+                         "given; build it on the optimizer you pass as optimizer=, or pass a "
+                         "callable that takes the optimizer and returns the scheduler")
+        return scheduler
+    if callable(scheduler):
+        made = scheduler(optimizer)
+        if not hasattr(made, "step"):
+            raise _error(f"lr_scheduler: the callable returned a {type(made).__name__}, which "
+                         "has no step(); allowed: a callable returning an LR scheduler")
+        return made
+    raise _error(f"lr_scheduler: a {type(scheduler).__name__}; allowed: an LR scheduler on the "
+                 "client optimizer, or a callable taking the optimizer")
+
+
+def engine_options(group, decoupled):
+    """What the C++ engine takes of a group: its hyperparameters, nothing else."""
+    out = {k: group[k] for k in HYPER_KEYS if group.get(k) is not None}
+    if "betas" in out:
+        out["betas"] = tuple(float(b) for b in out["betas"])
+    if decoupled is not None:
+        out["decoupled"] = decoupled
+    return out
+
+
+class ZeroShardOptimizer(torch.optim.Optimizer):
+    """The sharded Adam/AdamW, as a torch Optimizer: param_groups are the real groups,
+    and setting a group's lr, betas, eps or weight_decay takes effect at the next step.
+    Stepping belongs to the engine (engine.step())."""
+
+    def __init__(self, engine, groups, decoupled):
+        hypers = engine._engine.param_group_hypers()
+        defaults = {k: v for k, v in hypers[0].items() if k != "decoupled"}
+        super().__init__([{"params": g["params"]} for g in groups], defaults)
+        self.param_groups = groups  # a client optimizer's own dicts, shared
+        for g, h in zip(groups, hypers):
+            for key in HYPER_KEYS:
+                if g.get(key) is None:
+                    g[key] = h[key]
+        self._zs_engine = engine
+        self._decoupled = decoupled
+        self._pushed = [engine_options(g, d) for g, d in zip(groups, decoupled)]
+
+    def push_groups(self):
+        """Hands changed groups to the engine; called by the engine before each step."""
+        if len(self.param_groups) != len(self._pushed):
+            raise _error(f"optimizer.param_groups: {len(self.param_groups)} groups, the engine "
+                         f"was built with {len(self._pushed)}; groups cannot be added after "
+                         "initialize")
+        for i, (g, d) in enumerate(zip(self.param_groups, self._decoupled)):
+            options = engine_options(g, d)
+            if options != self._pushed[i]:
+                self._zs_engine._engine.set_param_group(i, options)
+                self._pushed[i] = options
+
+    def show_scheduled_lr(self):
+        """After a step under a config scheduler: its lr into every group."""
+        for g, h in zip(self.param_groups, self._zs_engine._engine.param_group_hypers()):
+            g["lr"] = h["lr"]
+        self._pushed = [engine_options(g, d) for g, d in zip(self.param_groups, self._decoupled)]
+
+    def step(self, closure=None):
+        raise _error("call engine.step(), not optimizer.step(): the engine steps the sharded "
+                     "optimizer at each accumulation boundary")
+
+    def zero_grad(self, set_to_none=True):
+        self._zs_engine.zero_grad()
+
+    def state_dict(self):
+        raise _error("optimizer.state_dict(): the optimizer state is sharded across ranks; "
+                     "save it with engine.save_checkpoint(dir)")
+
+    def load_state_dict(self, state_dict):
+        raise _error("optimizer.load_state_dict(): the optimizer state is sharded across ranks; "
+                     "load it with engine.load_checkpoint(dir)")

@@ -1,0 +1,124 @@
+"""initialize()'s optimizer contract on real ranks: parameter groups from model_parameters,
+a client torch optimizer and LR scheduler, each equal to torch's own run of the same
+optimizer under DDP (20 steps, 2 ranks, within 1e-5); and every way to get it wrong ends
+in an error that names what was wrong."""
+import json
+
+import pytest
+
+from conftest import run_ranks
+from test_equivalence import STEPS, WORKER, WORLD, assert_same, with_reference_optimizer
+from test_errors import run_one
+
+
+def both(how, zero, scratch, model="gpt"):
+    env = {"ZS_TEST_OPTIMIZER": how}
+    config = with_reference_optimizer({"zero_optimization": zero}, scratch / "nvme")
+    (scratch / "nvme").mkdir(exist_ok=True)
+    runs = []
+    for mode in ("ddp", "zs"):
+        out = str(scratch / f"{mode}-{how}")
+        args = [WORKER, mode, model, str(STEPS), out] + ([json.dumps(config)]
+                                                        if mode == "zs" else [])
+        runs.append(run_ranks(args, WORLD, out, extra_env=env))
+    return runs
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_groups_with_and_without_decay_equal_torch_adamw(stage, scratch):
+    want, got = both("groups", {"stage": stage}, scratch)
+    assert_same(got, want)
+    if stage != 0:
+        return
+    plain = run_ranks([WORKER, "ddp", "gpt", str(STEPS), str(scratch / "plain")], WORLD,
+                      str(scratch / "plain"))
+    assert abs(plain[0][-1] - want[0][-1]) > 1e-4  # the groups changed the training
+
+
+@pytest.mark.parametrize("offload", ["cpu", "nvme"])
+def test_groups_with_offloaded_optimizer(offload, scratch):
+    """Spans of the groups cut across NVMe sub-groups (sub_group_size 1000)."""
+    zero = {"stage": 3, "offload_optimizer": {"device": offload}}
+    want, got = both("groups", zero, scratch)
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_client_adamw_and_callable_scheduler_equal_their_own_run(stage, scratch):
+    want, got = both("client", {"stage": stage}, scratch)
+    assert_same(got, want)
+
+
+def test_client_adam_with_l2_decay_and_its_step_lr(scratch):
+    want, got = both("client_adam", {"stage": 1}, scratch, model="hf")
+    assert_same(got, want)
+
+
+GROUPS = """
+decay = [model[0].weight]
+rest = [model[0].bias]
+"""
+
+
+def test_lr_set_in_param_groups_takes_effect():
+    code, out = run_one(GROUPS + """
+engine, opt, _, _ = zeroshard.initialize(model=model, config={}, model_parameters=[
+    {'params': decay}, {'params': rest, 'lr': 0.5, 'weight_decay': 0.0}])
+assert [g['lr'] for g in opt.param_groups] == [1e-3, 0.5], opt.param_groups
+opt.param_groups[1]['lr'] = 0.0
+bias = model[0].bias.detach().clone(); weight = model[0].weight.detach().clone()
+loss = engine(torch.ones(2, 4)).square().sum(); engine.backward(loss); engine.step()
+assert torch.equal(model[0].bias, bias), 'lr 0 still moved the bias'
+assert not torch.equal(model[0].weight, weight)
+print('OK', engine.get_lr())
+""")
+    assert code == 0 and "OK [0.001, 0.0]" in out, out
+
+
+def test_config_scheduler_sets_every_group_lr():
+    code, out = run_one(GROUPS + """
+config = {'scheduler': {'type': 'WarmupLR', 'params': {'warmup_min_lr': 0.0,
+          'warmup_max_lr': 0.1, 'warmup_num_steps': 4, 'warmup_type': 'linear'}}}
+engine, opt, _, sched = zeroshard.initialize(model=model, config=config, model_parameters=[
+    {'params': decay}, {'params': rest, 'lr': 0.5}])
+for _ in range(2):
+    loss = engine(torch.ones(2, 4)).square().sum(); engine.backward(loss); engine.step()
+print('LR', [g['lr'] for g in opt.param_groups], sched.get_last_lr())
+""")
+    assert code == 0 and "LR [0.05, 0.05] [0.05, 0.05]" in out, out
+
+
+@pytest.mark.parametrize("body, message", [
+    ("model_parameters=[{'params': decay + rest}, {'params': rest}]",
+     "parameter '0.bias' is in param_groups[0] and param_groups[1]"),
+    ("model_parameters=[{'params': decay}]",
+     "1 trainable parameter(s) are in no parameter group: 0.bias"),
+    ("model_parameters=[{'params': decay, 'lr': -1.0}, {'params': rest}]",
+     "param_groups[0].lr: -1 is not allowed; allowed: >= 0"),
+    ("model_parameters=[{'params': decay, 'momentum': 0.9}, {'params': rest}]",
+     "model_parameters[0]: key 'momentum' belongs to another optimizer"),
+    ("model_parameters=[{'params': decay}, rest[0]]", "model_parameters: a mix of"),
+    ("optimizer=torch.optim.SGD(model.parameters(), lr=0.1)",
+     "optimizer: torch.optim.sgd.SGD is not supported; allowed: torch.optim.AdamW or"),
+    ("optimizer=torch.optim.AdamW(model.parameters(), amsgrad=True)",
+     "optimizer.param_groups[0]: amsgrad=True is not supported"),
+    ("optimizer=torch.optim.AdamW(model.parameters()), "
+     "model_parameters=decay", "model_parameters and optimizer name different parameters"),
+    ("optimizer=torch.optim.AdamW(model.parameters()), "
+     "lr_scheduler=torch.optim.lr_scheduler.StepLR(torch.optim.AdamW(model.parameters()), 1)",
+     "lr_scheduler: it is bound to an optimizer that initialize() was not given"),
+    ("mpu=object()", "mpu: tensor or pipeline model parallelism is not supported"),
+    ("config_params={}", "config and config_params are both given"),
+    ("distributed_port=1", "distributed_port=1, but the launcher set MASTER_PORT="),
+    ("no_such_argument=1", "got an unexpected keyword argument 'no_such_argument'"),
+])
+def test_initialize_refuses_with_the_reason(body, message):
+    code, out = run_one(GROUPS + f"zeroshard.initialize(model=model, config={{}}, {body})")
+    assert code != 0 and message in out, out
+
+
+def test_client_optimizer_and_config_optimizer_together_are_refused():
+    code, out = run_one(
+        "zeroshard.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), "
+        "config={'optimizer': {'type': 'AdamW', 'params': {'lr': 0.1}}})")
+    assert code != 0 and "optimizer: given to initialize() and as 'optimizer' in config dict" in out
