@@ -197,6 +197,8 @@ in_root() {
   )
 }
 
+# Every test again on the oldest supported LibTorch, but the 1,000-step soak: leaks are
+# the runtime's, measured on the main leg (the soak is 579 s of this leg's 1,370 s of tests).
 test_trixie_leg() {
   if [ "$(id -u)" != 0 ]; then
     echo "zs: LibTorch 2.x leg skipped: creating and entering the trixie root needs root"
@@ -209,7 +211,7 @@ test_trixie_leg() {
       -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
       -DPython3_EXECUTABLE=/usr/bin/python3 >/dev/null
     cmake --build build-trixie -j $(nproc) &&
-    ctest --test-dir build-trixie --output-on-failure -j $(nproc)"
+    ctest --test-dir build-trixie --output-on-failure -j $(nproc) -E '^python_test_soak\$'"
 }
 
 # --- sanitizers: the C++ suite again under ASan + UBSan + LSan, the swap engine under TSan
