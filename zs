@@ -199,6 +199,7 @@ in_root() {
 
 # Every test again on the oldest supported LibTorch, but the 1,000-step soak: leaks are
 # the runtime's, measured on the main leg (the soak is 579 s of this leg's 1,370 s of tests).
+# Nor are the benchmarks built here: they are measured on the main leg.
 test_trixie_leg() {
   if [ "$(id -u)" != 0 ]; then
     echo "zs: LibTorch 2.x leg skipped: creating and entering the trixie root needs root"
@@ -209,7 +210,7 @@ test_trixie_leg() {
   in_root "$TRIXIE_ROOT" "
     [ -f build-trixie/build.ninja ] || cmake -S . -B build-trixie -G Ninja \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
-      -DPython3_EXECUTABLE=/usr/bin/python3 >/dev/null
+      -DPython3_EXECUTABLE=/usr/bin/python3 -DZS_BENCH=OFF >/dev/null
     cmake --build build-trixie -j $(nproc) &&
     ctest --test-dir build-trixie --output-on-failure -j $(nproc) -E '^python_test_soak\$'"
 }
@@ -222,8 +223,9 @@ sanitize() {
   local status=0 supp="$ROOT/tests/sanitizers"
   local asan="$ROOT/build-asan" tsan="$ROOT/build-tsan"
   # No Python package here: an instrumented extension cannot load into the plain
-  # interpreter. Every C++ test, multi-rank workers included, runs instrumented.
-  configure "$asan" -DZS_PYTHON=OFF \
+  # interpreter. Every C++ test, multi-rank workers included, runs instrumented; the
+  # benchmarks are not built (no test runs them).
+  configure "$asan" -DZS_PYTHON=OFF -DZS_BENCH=OFF \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$SANITIZER_FLAGS -DNDEBUG" \
     -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
