@@ -294,8 +294,9 @@ usage: ./zs VERB [ARGS]
                     capacity (largest trainable model vs torch DDP), python (the package
                     vs torch DDP), peers (vs DeepSpeed ZeRO 1-3 and offload, FSDP2,
                     FSDP1 and DDP, all in one run)
-  consolidate CKPT OUT.pt [--dtype bf16] [--per-tensor]
-                    one ordinary state_dict from a sharded checkpoint
+  consolidate CKPT OUT.pt [--dtype bf16] [--per-tensor] [--format safetensors --hf-config F]
+                    one ordinary state_dict from a sharded checkpoint (or Hugging
+                    Face's safetensors layout, OUT a folder)
   fuzz [SECONDS]    libFuzzer (clang, ASan, UBSan) on the config, config.json, size and
                     checkpoint-manifest parsers, SECONDS each (default 60)
   run -n N PROG ARGS  start N local ranks of PROG (a built binary, or a .py script

@@ -231,5 +231,6 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly("config_yaml",
                              [](const Engine& e) { return emit_config_yaml(e.config()); })
       .def("memory_report", [](const Engine& e) { return memory_dict(e.memory_report()); })
-      .def("bytes_sent", &Engine::bytes_sent);
+      .def("bytes_sent", &Engine::bytes_sent)
+      .def("barrier", &Engine::barrier, py::call_guard<py::gil_scoped_release>());
 }

@@ -303,6 +303,11 @@ int64_t Engine::bytes_sent() const {
   return comm_->bytes_sent() + param_comm_->bytes_sent();
 }
 
+void Engine::barrier() {
+  at::Tensor token = at::zeros({1});
+  comm_->all_reduce_sum(token).wait();
+}
+
 std::vector<NamedParam> Engine::full_parameters() {
   at::NoGradGuard no_grad;
   std::unordered_map<const void*, at::Tensor> copies;

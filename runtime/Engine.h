@@ -114,6 +114,9 @@ class Engine {
   MemoryReport memory_report() const;
   // Bytes this rank has sent in collectives so far (ring-algorithm volume).
   int64_t bytes_sent() const;
+  // Returns once every rank has called it (a rank that is gone fails it as any
+  // collective does): for files one rank writes and every rank may read next.
+  void barrier();
   MemoryLedger& ledger() { return ledger_; }
 
   // Sharded checkpoints (DeepSpeed's names). Each rank writes its own shards; rank 0

@@ -1,12 +1,15 @@
 """zeroshard.consolidate: one ordinary state_dict from a sharded checkpoint, for
-torch.load and model.load_state_dict, with tied parameters under every name.
+torch.load and model.load_state_dict, with tied parameters under every name; or, with
+format="safetensors", Hugging Face's layout that from_pretrained loads.
 
 It streams: each parameter is assembled from the rank files' slices with positioned
 reads, converted, and added to the output, so beyond the output itself the memory it
 needs is one parameter. With per_tensor=True each tensor goes to its own file as soon
-as it is assembled (OUT/<name>.pt plus OUT/index.json), for outputs larger than RAM."""
+as it is assembled (OUT/<name>.pt plus OUT/index.json), for outputs larger than RAM.
+With format="safetensors" the memory is one shard (max_shard_size)."""
 import json
 import os
+import shutil
 import sys
 
 import torch
@@ -51,35 +54,143 @@ def _assemble(folder, manifest, group, param, files):
     return out.view(param["shape"]).to(torch.float32)
 
 
-def consolidate(ckpt_dir, out, tag=None, dtype="fp32", per_tensor=False):
-    """Writes the consolidated state_dict to `out` (a .pt file, or a folder with
-    per_tensor=True). Returns the number of tensors written."""
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype '{dtype}' is not allowed; allowed: fp32, bf16, fp16")
-    folder, manifest = _manifest(ckpt_dir, tag)
+def _tensors(folder, manifest, dtype):
+    """(name, aliases, tensor) for every parameter, one assembled at a time."""
     files = [open(os.path.join(folder, f["name"]), "rb") for f in manifest["files"]]
     aliases = {}
     for alias, name in manifest.get("aliases", []):
         aliases.setdefault(name, []).append(alias)
-    state, index = {}, {}
-    if per_tensor:
-        os.makedirs(out, exist_ok=True)
     try:
         for group in manifest["groups"]:
             for param in group["params"]:
                 t = _assemble(folder, manifest, group, param, files).to(_DTYPES[dtype])
-                names = [param["name"]] + aliases.get(param["name"], [])
-                if per_tensor:
-                    file = param["name"] + ".pt"
-                    torch.save(t, os.path.join(out, file))
-                    for n in names:
-                        index[n] = file
-                else:
-                    for n in names:
-                        state[n] = t
+                yield param["name"], aliases.get(param["name"], []), t
     finally:
         for f in files:
             f.close()
+
+
+# Hugging Face's file names (transformers' SAFE_WEIGHTS_NAME and its index).
+_WEIGHTS, _INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def _is_weights_file(name):
+    return name in (_WEIGHTS, _INDEX) or (name.startswith("model-") and name.endswith(".safetensors"))
+
+
+def publish_folder(target, write):
+    """Calls write(tmp) on a new sibling folder, then moves its files into `target`
+    one by one (each move atomic), weight shards first and the index and config.json
+    last, then removes weight files of an earlier save that the new one did not write.
+    Other files in `target` stay. A save that fails leaves `target` as it was."""
+    tmp = f"{target.rstrip(os.sep)}.zeroshard-tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        write(tmp)
+        os.makedirs(target, exist_ok=True)
+        written = sorted(os.listdir(tmp), key=lambda n: (n in (_INDEX, "config.json"), n))
+        for name in written:
+            os.replace(os.path.join(tmp, name), os.path.join(target, name))
+        for name in os.listdir(target):
+            if _is_weights_file(name) and name not in written:
+                os.remove(os.path.join(target, name))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_safetensors(tensors, folder, max_shard_bytes, hf_config):
+    """Shards of at most max_shard_bytes (a larger tensor gets one of its own) named as
+    Hugging Face names them, the index when there are several, a copy of the config.json
+    hf_config names when given.
+    Tied aliases are left out, as Hugging Face leaves them out: from_pretrained ties them
+    again (and safetensors refuses one storage under two names)."""
+    from safetensors.torch import save_file
+    shards, current, size, total = [], {}, 0, 0
+
+    def flush():
+        if current:
+            path = os.path.join(folder, f"shard-{len(shards)}.tmp")
+            save_file(current, path, metadata={"format": "pt"})
+            shards.append((path, list(current)))
+
+    for name, _aliases, t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if current and size + nbytes > max_shard_bytes:
+            flush()
+            current, size = {}, 0
+        current[name] = t
+        size += nbytes
+        total += nbytes
+    flush()
+    if len(shards) == 1:
+        os.replace(shards[0][0], os.path.join(folder, _WEIGHTS))
+    else:
+        weight_map = {}
+        for i, (path, names) in enumerate(shards):
+            file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            os.replace(path, os.path.join(folder, file))
+            weight_map.update((n, file) for n in names)
+        with open(os.path.join(folder, _INDEX), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    if hf_config is not None:
+        shutil.copyfile(hf_config, os.path.join(folder, "config.json"))
+    return sum(len(names) for _, names in shards)
+
+
+def _shard_bytes(max_shard_size):
+    if isinstance(max_shard_size, int) and max_shard_size > 0:
+        return max_shard_size
+    from . import _zeroshard
+    try:
+        return _zeroshard.parse_bytes(str(max_shard_size), "max_shard_size")
+    except _zeroshard.Error as e:
+        raise ValueError(str(e)) from None
+
+
+FORMATS = ("pt", "safetensors")
+
+
+def consolidate(ckpt_dir, out, tag=None, dtype="fp32", per_tensor=False, format="pt",
+                hf_config=None, max_shard_size="5GB"):
+    """Writes the consolidated state_dict to `out`: a .pt file, or a folder with
+    per_tensor=True; with format="safetensors", a folder in Hugging Face's layout
+    (safetensors shards of at most max_shard_size, their index, and config.json copied
+    from hf_config: a config.json or a folder holding one). Returns the number of
+    tensors written."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype '{dtype}' is not allowed; allowed: fp32, bf16, fp16")
+    if format not in FORMATS:
+        raise ValueError(f"format '{format}' is not allowed; allowed: {', '.join(FORMATS)}")
+    if format == "safetensors" and per_tensor:
+        raise ValueError("per_tensor is for format 'pt'; safetensors output is sharded by "
+                         "max_shard_size instead")
+    folder, manifest = _manifest(ckpt_dir, tag)
+    if format == "safetensors":
+        limit = _shard_bytes(max_shard_size)
+        if hf_config is not None:
+            hf_config = os.fspath(hf_config)
+            if os.path.isdir(hf_config):
+                hf_config = os.path.join(hf_config, "config.json")
+            if not os.path.isfile(hf_config):
+                raise ValueError(f"hf_config '{hf_config}' is neither a config.json nor a "
+                                 "folder holding one")
+        count = []
+        publish_folder(out, lambda tmp: count.append(_write_safetensors(
+            _tensors(folder, manifest, dtype), tmp, limit, hf_config)))
+        return count[0]
+    state, index = {}, {}
+    if per_tensor:
+        os.makedirs(out, exist_ok=True)
+    for name, aliases, t in _tensors(folder, manifest, dtype):
+        if per_tensor:
+            file = name + ".pt"
+            torch.save(t, os.path.join(out, file))
+            for n in [name] + aliases:
+                index[n] = file
+        else:
+            for n in [name] + aliases:
+                state[n] = t
     if per_tensor:
         with open(os.path.join(out, "index.json"), "w") as f:
             json.dump(index, f, indent=1)
@@ -95,13 +206,19 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="zeroshard-consolidate",
                                 description="one ordinary state_dict from a sharded checkpoint")
     p.add_argument("ckpt_dir")
-    p.add_argument("out", help="OUT.pt, or a folder with --per-tensor")
+    p.add_argument("out", help="OUT.pt, or a folder with --per-tensor or --format safetensors")
     p.add_argument("--tag", help="default: the one CKPT_DIR/latest names")
     p.add_argument("--dtype", default="fp32", choices=sorted(_DTYPES))
     p.add_argument("--per-tensor", action="store_true", help="one file per tensor")
+    p.add_argument("--format", default="pt", choices=FORMATS,
+                   help="safetensors: Hugging Face's layout, for from_pretrained")
+    p.add_argument("--hf-config", help="config.json (or its folder) to copy beside the "
+                   "safetensors shards")
+    p.add_argument("--max-shard-size", default="5GB", help="safetensors shard size (5GB)")
     a = p.parse_args(argv)
     try:
-        n = consolidate(a.ckpt_dir, a.out, a.tag, a.dtype, a.per_tensor)
+        n = consolidate(a.ckpt_dir, a.out, a.tag, a.dtype, a.per_tensor, a.format,
+                        a.hf_config, a.max_shard_size)
     except (ValueError, OSError) as e:
         print(f"zeroshard-consolidate: {e}", file=sys.stderr)
         return 2

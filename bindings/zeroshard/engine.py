@@ -240,6 +240,35 @@ class ZeroShardEngine:
                     out[dot + name] = b.detach().clone()
         return out
 
+    def save_pretrained(self, save_directory, **kwargs):
+        """Hugging Face's layout in save_directory: safetensors shards (with their index
+        when there are several) and config.json, which `from_pretrained` loads. The
+        model's own save_pretrained writes it from the full parameters (tied ones once,
+        as Hugging Face does); its other keywords (max_shard_size, variant, ...) pass
+        through. A collective: every rank calls it, rank 0 writes, and it returns on every
+        rank once the folder is complete. Files written first in a sibling folder are
+        moved in one by one, the index and config.json last; other files already in the
+        folder (a tokenizer, say) stay, old weight shards go."""
+        save = getattr(self.module, "save_pretrained", None)
+        if save is None:
+            raise _zeroshard.Error(
+                f"save_pretrained: the model is a {type(self.module).__name__}, which has no "
+                "save_pretrained (it is not a Hugging Face PreTrainedModel); use "
+                "engine.state_dict(), or save_checkpoint() and zeroshard.consolidate(..., "
+                "format='safetensors')")
+        for key in ("state_dict", "is_main_process", "push_to_hub"):
+            if key in kwargs:
+                raise _zeroshard.Error(
+                    f"save_pretrained: '{key}' is not allowed here: zeroshard gathers the "
+                    "state_dict and writes from rank 0 (push the folder afterwards with "
+                    "huggingface_hub if you need to)")
+        state = self.state_dict()  # every rank: a collective at stage 3
+        if self.rank == 0:
+            from .consolidate import publish_folder
+            publish_folder(os.fspath(save_directory),
+                           lambda tmp: save(tmp, state_dict=state, **kwargs))
+        self._engine.barrier()
+
     def save_checkpoint(self, save_dir, tag=None, client_state=None):
         """Each rank writes its shards to save_dir/tag, rank 0 the manifest; save_dir/latest
         moves last. client_state must be plain data (JSON). A collective. Returns the tag."""

@@ -14,11 +14,12 @@ WORKER = os.path.join(HERE, "train_worker.py")
 _reference = {}
 
 
-def ddp_losses(model, scratch):
-    if model not in _reference:
+def ddp_losses(model, scratch, worker=WORKER):
+    """torch DDP's losses for `model` (run once per worker and model)."""
+    if (worker, model) not in _reference:
         out = str(scratch / f"ddp-{model}")
-        _reference[model] = run_ranks([WORKER, "ddp", model, str(STEPS), out], WORLD, out)
-    return _reference[model]
+        _reference[worker, model] = run_ranks([worker, "ddp", model, str(STEPS), out], WORLD, out)
+    return _reference[worker, model]
 
 
 def with_reference_optimizer(config, nvme_dir):

@@ -44,6 +44,15 @@ def test_step_before_backward():
     assert code != 0 and "engine.step() called before engine.backward(loss)" in out
 
 
+def test_save_pretrained_of_a_model_that_is_not_hugging_faces():
+    code, out = run_one(
+        "engine, *_ = zeroshard.initialize(model=model, config={'zero_optimization': {'stage': 3}})\n"
+        "engine.save_pretrained('out')")
+    assert code != 0
+    assert "save_pretrained: the model is a Sequential, which has no save_pretrained" in out
+    assert "format='safetensors'" in out
+
+
 def test_no_process_group_environment():
     code, out = run_one("zeroshard.initialize(model=model, config={})", launched=False)
     assert code != 0 and "no process-group environment" in out and "torchrun" in out
