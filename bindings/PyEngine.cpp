@@ -199,9 +199,20 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def("commit_parameters", &Engine::commit_parameters,
            py::call_guard<py::gil_scoped_release>())
       .def("save_checkpoint", &Engine::save_checkpoint, py::arg("dir"), py::arg("tag"),
-           py::arg("client_state_json"), py::call_guard<py::gil_scoped_release>())
-      .def("load_checkpoint", &Engine::load_checkpoint, py::arg("dir"), py::arg("tag"),
+           py::arg("client_state_json"), py::arg("lr_scheduler_json"),
            py::call_guard<py::gil_scoped_release>())
+      // (client_state JSON, lr_scheduler JSON)
+      .def(
+          "load_checkpoint",
+          [](Engine& e, const std::string& dir, const std::string& tag) {
+            Engine::Loaded loaded;
+            {
+              py::gil_scoped_release release;
+              loaded = e.load_checkpoint(dir, tag);
+            }
+            return py::make_tuple(loaded.client_state_json, loaded.lr_scheduler_json);
+          },
+          py::arg("dir"), py::arg("tag"))
       .def("set_aliases", &Engine::set_aliases)
       .def("backward", &Engine::backward, py::call_guard<py::gil_scoped_release>())
       .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())

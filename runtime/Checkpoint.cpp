@@ -107,6 +107,8 @@ nlohmann::json Manifest::to_json() const {
           {"micro_steps", micro_steps},
           {"loss_scale", loss_scale},
           {"client_state", client_state},
+          {"param_groups", param_groups},
+          {"lr_scheduler", lr_scheduler},
           {"config_yaml", config_yaml},
           {"rng_offset", rng_offset},
           {"rng_bytes", rng_bytes},
@@ -130,6 +132,8 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin)
     m.micro_steps = j.at("micro_steps").get<int64_t>();
     m.loss_scale = j.at("loss_scale");
     m.client_state = j.at("client_state");
+    m.param_groups = j.value("param_groups", nlohmann::json());
+    m.lr_scheduler = j.value("lr_scheduler", nlohmann::json());
     m.config_yaml = j.at("config_yaml").get<std::string>();
     m.rng_offset = j.at("rng_offset").get<int64_t>();
     m.rng_bytes = j.at("rng_bytes").get<int64_t>();

@@ -52,6 +52,11 @@ struct Manifest {
   int64_t micro_steps = 0;
   nlohmann::json loss_scale;  // null without fp16
   nlohmann::json client_state;
+  // The optimizer's parameter groups as set when saved (each group's lr, beta1, beta2,
+  // eps, weight_decay, decoupled where set), and the state of a client LR scheduler
+  // (its state_dict, given by the Python package): null in checkpoints without them.
+  nlohmann::json param_groups;
+  nlohmann::json lr_scheduler;
   std::string config_yaml;
   int64_t rng_offset = 0, rng_bytes = 0;  // in each rank file
   std::vector<SavedGroup> groups;

@@ -121,12 +121,20 @@ class Engine {
 
   // Sharded checkpoints (DeepSpeed's names). Each rank writes its own shards; rank 0
   // the manifest; DIR/latest moves last. Returns the tag (default global_stepN).
-  // client_state: JSON text stored in the manifest. Collectives: every rank calls them.
+  // client_state: JSON text stored in the manifest; so are the parameter groups' options
+  // and lr_scheduler, a client scheduler's state (JSON text, empty: none), as DeepSpeed
+  // stores both. Collectives: every rank calls them.
   std::string save_checkpoint(const std::string& dir, std::string tag = "",
-                              const std::string& client_state_json = "{}");
+                              const std::string& client_state_json = "{}",
+                              const std::string& lr_scheduler_json = "");
   // Loads DIR/TAG (TAG empty: DIR/latest) saved at any world size and stage; every file
-  // and the layout are checked before anything changes. Returns the client_state JSON.
-  std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
+  // and the layout are checked before anything changes. The parameter groups' options
+  // come back (the checkpoint must hold as many groups as the engine has).
+  struct Loaded {
+    std::string client_state_json;
+    std::string lr_scheduler_json;  // "null" when the checkpoint holds none
+  };
+  Loaded load_checkpoint(const std::string& dir, const std::string& tag = "");
   // Names under which a parameter is also reachable (tied weights): recorded in
   // checkpoints so a consolidated state_dict has every name. Found from the module in
   // the module constructor; the Python package passes them.
@@ -147,6 +155,8 @@ class Engine {
   void publish_checkpoint(const std::string& dir, Manifest& m, const std::string& failure_here);
   void agree_on_checkpoint(const std::string& tag, const std::function<void()>& collective);
   void check_layout(const CheckpointReader& reader, const std::string& dir) const;
+  std::vector<ParamGroupOptions> saved_param_groups(const Manifest& m,
+                                                    const std::string& dir) const;
   void read_range(const CheckpointReader& reader, const FlatParamGroup& group, int array,
                   int64_t begin, int64_t count, float* out) const;
   void load_group(const CheckpointReader& reader, size_t group);

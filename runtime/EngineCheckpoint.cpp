@@ -31,6 +31,35 @@ std::string dtype_name(at::ScalarType t) {
   return "fp32";
 }
 
+// Every option of a group with its manifest key (`Options`: const or not).
+template <typename Options, typename Fn>
+void for_each_option(Options& o, Fn&& fn) {
+  fn("lr", o.lr);
+  fn("beta1", o.beta1);
+  fn("beta2", o.beta2);
+  fn("eps", o.eps);
+  fn("weight_decay", o.weight_decay);
+  fn("decoupled", o.decoupled);
+}
+
+// A group's options as set (unset ones stay unset: they follow the config).
+nlohmann::json options_json(const ParamGroupOptions& o) {
+  nlohmann::json j = nlohmann::json::object();
+  for_each_option(o, [&j](const char* key, const auto& value) {
+    if (value) j[key] = *value;
+  });
+  return j;
+}
+
+ParamGroupOptions options_from_json(const nlohmann::json& j) {
+  ParamGroupOptions o;
+  for_each_option(o, [&j](const char* key, auto& value) {
+    using T = typename std::decay_t<decltype(value)>::value_type;
+    if (j.contains(key)) value = j.at(key).get<T>();
+  });
+  return o;
+}
+
 void make_dir(const std::string& path) {
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
     fail("checkpoint: cannot create '{}': {}", path, std::strerror(errno));
@@ -118,7 +147,8 @@ Manifest Engine::checkpoint_layout() const {
 }
 
 std::string Engine::save_checkpoint(const std::string& dir, std::string tag,
-                                    const std::string& client_state_json) {
+                                    const std::string& client_state_json,
+                                    const std::string& lr_scheduler_json) {
   if (tag.empty()) tag = fmt::format("global_step{}", optimizer_->steps());
   if (tag.find('/') != std::string::npos || tag == "latest" || tag[0] == '.') {
     fail("checkpoint tag '{}' is not allowed; allowed: a plain name (no '/', not 'latest')", tag);
@@ -130,6 +160,15 @@ std::string Engine::save_checkpoint(const std::string& dir, std::string tag,
     m.client_state = nlohmann::json::parse(client_state_json.empty() ? "{}" : client_state_json);
   } catch (const nlohmann::json::exception& e) {
     fail("client_state is not plain data (JSON): {}", e.what());
+  }
+  try {
+    if (!lr_scheduler_json.empty()) m.lr_scheduler = nlohmann::json::parse(lr_scheduler_json);
+  } catch (const nlohmann::json::exception& e) {
+    fail("lr_scheduler state is not plain data (JSON): {}", e.what());
+  }
+  m.param_groups = nlohmann::json::array();
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    m.param_groups.push_back(options_json(param_groups_.options(g)));
   }
   const std::string folder = dir + "/" + tag;
   make_dir(dir);
@@ -259,10 +298,11 @@ void Engine::write_group_slice(size_t i, const std::function<void(const void*, i
   write(values.data_ptr(), S * static_cast<int64_t>(values.element_size()));
 }
 
-std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+Engine::Loaded Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   const Manifest m = read_manifest(dir, tag);
   const CheckpointReader reader(dir, m);
   check_layout(reader, dir);  // before anything changes
+  const std::vector<ParamGroupOptions> groups = saved_param_groups(m, dir);
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < groups_.size(); ++i) {
     fault_point("load.group");
@@ -277,6 +317,7 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
   if (param_home_) param_home_->flush();
   optimizer_->set_steps(m.optimizer_steps);
   micro_steps_ = m.micro_steps;
+  for (size_t g = 0; g < groups.size(); ++g) param_groups_.set_options(g, groups[g]);
   if (scaler_ && !m.loss_scale.is_null()) {
     scaler_->restore({m.loss_scale.at("scale").get<double>(),
                       m.loss_scale.at("hysteresis_left").get<int64_t>(),
@@ -292,7 +333,30 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(state);
   }
-  return m.client_state.dump();
+  return {m.client_state.dump(), m.lr_scheduler.dump()};
+}
+
+// The saved groups' options, checked before anything changes: as many groups as this
+// engine has (none saved: a checkpoint from before groups were stored keeps the
+// engine's own).
+std::vector<ParamGroupOptions> Engine::saved_param_groups(const Manifest& m,
+                                                          const std::string& dir) const {
+  std::vector<ParamGroupOptions> out;
+  if (m.param_groups.is_null()) return out;
+  if (m.param_groups.size() != param_groups_.size()) {
+    fail(
+        "checkpoint '{}/{}' holds {} optimizer parameter group(s), this engine has {}; load "
+        "it into an engine built with the same groups (model_parameters or the client "
+        "optimizer's param_groups)",
+        dir, m.tag, m.param_groups.size(), param_groups_.size());
+  }
+  try {
+    for (const auto& j : m.param_groups) out.push_back(options_from_json(j));
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint '{}/{}': param_groups in manifest.json are malformed: {}", dir, m.tag,
+         e.what());
+  }
+  return out;
 }
 
 void Engine::check_layout(const CheckpointReader& reader, const std::string& dir) const {

@@ -271,17 +271,34 @@ class ZeroShardEngine:
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None):
         """Each rank writes its shards to save_dir/tag, rank 0 the manifest; save_dir/latest
-        moves last. client_state must be plain data (JSON). A collective. Returns the tag."""
+        moves last. client_state must be plain data (JSON). The parameter groups'
+        hyperparameters and a client LR scheduler's state_dict are stored too, as
+        DeepSpeed stores them. A collective. Returns the tag."""
         try:
             text = json.dumps(client_state or {})
         except TypeError as e:
             raise _zeroshard.Error(f"client_state must be plain data (JSON): {e}") from None
-        return self._engine.save_checkpoint(os.fspath(save_dir), tag or "", text)
+        scheduler = ""
+        if self.lr_scheduler is not None:
+            try:
+                scheduler = json.dumps(self.lr_scheduler.state_dict())
+            except TypeError as e:
+                raise _zeroshard.Error(
+                    f"lr_scheduler: the state_dict of the {type(self.lr_scheduler).__name__} "
+                    f"is not plain data (JSON), so the checkpoint cannot hold it: {e}") from None
+        self.optimizer.push_groups()  # the groups as they are now
+        return self._engine.save_checkpoint(os.fspath(save_dir), tag or "", text, scheduler)
 
     def load_checkpoint(self, load_dir, tag=None):
-        """Loads load_dir/tag (default: load_dir/latest), saved at any world size and stage.
-        Returns (path, client_state) as DeepSpeed does."""
-        state = self._engine.load_checkpoint(os.fspath(load_dir), tag or "")
+        """Loads load_dir/tag (default: load_dir/latest), saved at any world size and stage:
+        the model, optimizer state, the parameter groups' hyperparameters and the client
+        LR scheduler's state where the checkpoint holds one. Returns (path, client_state)
+        as DeepSpeed does."""
+        state, scheduler = self._engine.load_checkpoint(os.fspath(load_dir), tag or "")
+        self.optimizer.pull_groups()
+        scheduler = json.loads(scheduler)
+        if scheduler is not None and self.lr_scheduler is not None:
+            self.lr_scheduler.load_state_dict(scheduler)
         return os.path.join(os.fspath(load_dir), tag or "latest"), json.loads(state)
 
     @contextlib.contextmanager

@@ -171,6 +171,14 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                 self._zs_engine._engine.set_param_group(i, options)
                 self._pushed[i] = options
 
+    def pull_groups(self):
+        """After a checkpoint load: every group's hyperparameters as the checkpoint
+        restored them in the engine."""
+        for g, h in zip(self.param_groups, self._zs_engine._engine.param_group_hypers()):
+            for key in HYPER_KEYS:
+                g[key] = h[key]
+        self._pushed = [engine_options(g, d) for g, d in zip(self.param_groups, self._decoupled)]
+
     def show_scheduled_lr(self):
         """After a step under a config scheduler: its lr into every group."""
         for g, h in zip(self.param_groups, self._zs_engine._engine.param_group_hypers()):

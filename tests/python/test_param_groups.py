@@ -135,3 +135,39 @@ def test_initialize_refuses_with_the_reason():
     lines = {line.split(":", 1)[0]: line for line in out.splitlines() if line.startswith("CASE")}
     for i, (body, message) in enumerate(REFUSALS):
         assert message in lines.get(f"CASE {i}", ""), f"{body}: {lines.get(f'CASE {i}')}"
+
+
+def test_resume_goes_on_with_the_client_scheduler_and_the_groups(scratch):
+    """Saved after 8 steps and resumed in new processes: the client LambdaLR goes on from
+    step 8 (its state is in the checkpoint, as DeepSpeed keeps it), and each group its
+    own lr, so every later loss is the uninterrupted run's. Without the scheduler's
+    state the resumed run would restart it at lr 1e-2 (step 0's) instead of 2.9e-3."""
+    zero = {"stage": 3}
+    _, straight = both("client", zero, scratch)
+    config = json.dumps(with_reference_optimizer({"zero_optimization": zero}, scratch / "nvme"))
+    ckpt = str(scratch / "ckpt")
+    env = {"ZS_TEST_OPTIMIZER": "client", "ZS_CKPT_DIR": ckpt, "ZS_CKPT_SAVE_AT": "8",
+           "ZS_CKPT_STOP": "1"}
+    out = str(scratch / "first")
+    run_ranks([WORKER, "zs", "gpt", str(STEPS), out, config], WORLD, out, extra_env=env)
+    env = {"ZS_TEST_OPTIMIZER": "client", "ZS_CKPT_LOAD": ckpt}
+    out = str(scratch / "resumed")
+    resumed = run_ranks([WORKER, "zs", "gpt", str(STEPS), out, config], WORLD, out, extra_env=env)
+    for rank in range(WORLD):
+        assert resumed[rank] == straight[rank][8:], f"rank {rank}"
+
+
+def test_a_checkpoint_with_other_groups_is_refused_before_anything_changes(scratch):
+    config = json.dumps(with_reference_optimizer({"zero_optimization": {"stage": 2}},
+                                                 scratch / "nvme"))
+    ckpt = str(scratch / "ckpt")
+    out = str(scratch / "groups")
+    run_ranks([WORKER, "zs", "gpt", "2", out, config], WORLD, out,
+              extra_env={"ZS_TEST_OPTIMIZER": "groups", "ZS_CKPT_DIR": ckpt,
+                         "ZS_CKPT_SAVE_AT": "1", "ZS_CKPT_STOP": "1"})
+    out = str(scratch / "one")
+    results = run_ranks([WORKER, "zs", "gpt", "2", out, config], WORLD, out, expect_ok=False,
+                        extra_env={"ZS_CKPT_LOAD": ckpt})
+    for code, log in results:
+        assert code != 0
+        assert "holds 2 optimizer parameter group(s), this engine has 1" in log, log[-2000:]
