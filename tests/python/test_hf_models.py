@@ -6,19 +6,22 @@ optimizer on the host, and with optimizer and parameters on NVMe, every step's l
 torch DDP's within 1e-5 over 20 steps. engine.save_pretrained and
 zeroshard.consolidate(..., format="safetensors") write folders that from_pretrained
 loads to the tensors the engine trained."""
+import importlib.util
 import json
 import os
 
 import pytest
+import torch
 
-pytest.importorskip("transformers", reason="transformers is not installed beside this "
-                    "interpreter (the trixie leg): the main leg runs these tests")
+from conftest import HERE, run_ranks
+from test_equivalence import STEPS, WORLD, assert_same, ddp_losses, with_reference_optimizer
 
-import torch  # noqa: E402
-
-from conftest import HERE, run_ranks  # noqa: E402
-from test_equivalence import (STEPS, WORLD, assert_same, ddp_losses,  # noqa: E402
-                              with_reference_optimizer)
+# Marked, not skipped at import: a file skipped whole collects nothing, and pytest then
+# exits 5, which ctest counts as a failure.
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="transformers is not installed beside this interpreter (the trixie leg): the "
+           "main leg runs these tests")
 
 WORKER = os.path.join(HERE, "hf_worker.py")
 SETUPS = {
