@@ -4,19 +4,17 @@ the Trainer's decay and no-decay groups, linear warmup and decay, gradient accum
 2, clipping at 1.0) log the same loss and grad norm every step (within 1e-5), and
 save_model writes a folder from_pretrained loads to DDP's trained weights. Config values
 that contradict TrainingArguments are refused naming both."""
-import importlib.util
 import json
 import os
 
 import pytest
-import torch
 
-from conftest import HERE, run_ranks
+pytest.importorskip("accelerate", reason="accelerate (the Trainer's dependency) is not "
+                    "installed beside this interpreter (the trixie leg): the main leg runs these")
 
-pytestmark = pytest.mark.skipif(  # a mark, not a skip at import (see test_hf_models.py)
-    importlib.util.find_spec("accelerate") is None,
-    reason="accelerate (the Trainer's dependency) is not installed beside this interpreter "
-           "(the trixie leg): the main leg runs these tests")
+import torch  # noqa: E402
+
+from conftest import HERE, run_ranks  # noqa: E402
 
 WORKER = os.path.join(HERE, "trainer_worker.py")
 STEPS, WORLD = 6, 2

@@ -8,7 +8,6 @@ ZS_TEST_OPTIMIZER picks how the optimizer is set up, the same way in both modes:
   client       torch.optim.AdamW over those groups and a LambdaLR made by a callable,
                zeroshard given both as initialize(optimizer=, lr_scheduler=)
   client_adam  torch.optim.Adam (L2 decay) over those groups and a StepLR built on it
-ZS_TEST_MODULE_ZERO_GRAD=1: a zeroshard run calls model.zero_grad() before each forward.
 ZS_TEST_INIT_DIST=1: a zeroshard run initialises torch.distributed first, as scripts
 that call deepspeed.init_distributed() (or accelerate) do, and makes a first engine
 before the one it trains with."""
@@ -109,8 +108,6 @@ def main():
                 engine.save_checkpoint(os.environ["ZS_CKPT_DIR"], client_state={"next_step": step})
                 if os.environ.get("ZS_CKPT_STOP") == "1":
                     break
-            if os.environ.get("ZS_TEST_MODULE_ZERO_GRAD") == "1":
-                model.zero_grad()  # set_to_none, as the Hugging Face Trainer calls it
             loss = engine(models.batch(step, rank, world))
             engine.backward(loss)
             engine.step()
