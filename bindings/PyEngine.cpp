@@ -89,14 +89,17 @@ using GroupsArg = std::vector<std::pair<std::vector<at::Tensor>, py::dict>>;
 
 std::unique_ptr<Engine> make_engine(const NamedTensors& params,
                                     const std::vector<NamedTensors>& units, const std::string& yaml,
-                                    const std::string& origin, const GroupsArg& groups) {
+                                    const std::string& origin, const GroupsArg& groups,
+                                    bool store_served) {
   const LoadedConfig loaded = load_config_string(yaml, origin);
   std::vector<std::vector<NamedParam>> unit_params;
   for (const auto& u : units) unit_params.push_back(to_params(u));
   std::vector<ParamGroup> param_groups;
   for (const auto& [tensors, options] : groups)
     param_groups.push_back({tensors, to_group_options(options)});
-  return std::make_unique<Engine>(to_params(params), unit_params, loaded.config, std::nullopt,
+  LaunchEnv launch = read_launch_env();
+  launch.agent_store = launch.agent_store || store_served;
+  return std::make_unique<Engine>(to_params(params), unit_params, loaded.config, launch,
                                   std::move(param_groups));
 }
 
@@ -178,7 +181,10 @@ PYBIND11_MODULE(_zeroshard, m) {
 
   py::class_<Engine>(m, "Engine")
       .def(py::init(&make_engine), py::arg("params"), py::arg("units"), py::arg("config_yaml"),
-           py::arg("origin"), py::arg("param_groups") = GroupsArg{})
+           py::arg("origin"), py::arg("param_groups") = GroupsArg{},
+           // torch.distributed, initialised in this process, serves the store at
+           // MASTER_ADDR:MASTER_PORT: join it rather than listen there again.
+           py::arg("store_served") = false)
       .def("set_param_group",
            [](Engine& e, size_t group, const py::dict& options) {
              e.set_param_group(group, to_group_options(options));

@@ -16,8 +16,9 @@ struct LaunchEnv {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  // torchrun's agent already serves the rendezvous store at MASTER_ADDR:MASTER_PORT
-  // (TORCHELASTIC_USE_AGENT_STORE=True): every rank connects to it as a client.
+  // The rendezvous store at MASTER_ADDR:MASTER_PORT is already served, by torchrun's
+  // agent (TORCHELASTIC_USE_AGENT_STORE=True) or by torch.distributed initialised in
+  // this process (the Python package says so): every rank connects to it as a client.
   bool agent_store = false;
 };
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -91,15 +92,22 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
   compat::use_plain_tcp_store(opts);
   if (opts.isServer) opts.masterListenFd = listen_on(env.master_addr, env.master_port);
   try {
-    ctx.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    // Each engine's keys under their own prefix: a store served by someone else
+    // (torchrun's agent, torch.distributed's) outlives engines, and keys of an earlier
+    // engine would be read as this one's. Every rank builds its engines in the same
+    // order, so the numbers agree.
+    static std::atomic<int> engines_made{0};
+    ctx.store = c10::make_intrusive<c10d::PrefixStore>(
+        fmt::format("zs/{}", engines_made++),
+        c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts));
     if (device.is_cuda()) {
       const int index = device.has_index() ? device.index() : env.local_rank;
       auto make_group = [&](const std::string& prefix, bool high_priority) {
         auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, ctx.store);
         return make_nccl_group(store, env.rank, env.world_size, index, timeout, high_priority);
       };
-      ctx.group = make_group("zs/main", false);
-      ctx.param_group = make_group("zs/params", true);  // gathers: compute waits for them
+      ctx.group = make_group("main", false);
+      ctx.param_group = make_group("params", true);  // gathers: compute waits for them
       return ctx;
     }
     auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -109,8 +117,8 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
       return c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size,
                                                          gloo_opts);
     };
-    ctx.group = make_group("zs/main");
-    ctx.param_group = make_group("zs/params");
+    ctx.group = make_group("main");
+    ctx.param_group = make_group("params");
   } catch (const std::exception& e) {
     fail("rank {}: rendezvous at {}:{} with {} ranks failed ({}): {}", env.rank, env.master_addr,
          env.master_port, env.world_size, env.launcher, e.what());
@@ -125,14 +133,14 @@ std::string DistContext::describe_missing_ranks() const {
   // of the timeout where that is shorter, so that survivors stop within the timeout.
   const auto kWindow = std::min<std::chrono::milliseconds>(std::chrono::seconds(5), timeout / 3);
   try {
-    store->set("zs/alive/" + std::to_string(env.rank), std::vector<uint8_t>{1});
+    store->set("alive/" + std::to_string(env.rank), std::vector<uint8_t>{1});
     const auto deadline = std::chrono::steady_clock::now() + kWindow;
     std::vector<int> missing;
     do {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       missing.clear();
       for (int r = 0; r < env.world_size; ++r) {
-        if (!store->check({"zs/alive/" + std::to_string(r)})) missing.push_back(r);
+        if (!store->check({"alive/" + std::to_string(r)})) missing.push_back(r);
       }
     } while (!missing.empty() && std::chrono::steady_clock::now() < deadline);
     if (missing.empty()) return "every rank still answers";

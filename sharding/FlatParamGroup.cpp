@@ -114,6 +114,15 @@ void FlatParamGroup::materialize_grads() {
   flat_grad_.zero_();
 }
 
+void FlatParamGroup::keep_grad_view(size_t slot) {
+  ParamSlot& s = slots_.at(slot);
+  const at::Tensor& grad = s.param.grad();
+  const auto* view_start =
+      static_cast<const char*>(flat_grad_.data_ptr()) + s.offset * flat_grad_.element_size();
+  if (grad.defined() && grad.data_ptr() == view_start) return;
+  s.param.mutable_grad() = flat_grad_.narrow(0, s.offset, s.numel).view(s.shape);
+}
+
 void FlatParamGroup::zero_grads() {
   if (with_grads_ && grad_entry_.bytes() > 0) flat_grad_.zero_();
 }

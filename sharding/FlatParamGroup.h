@@ -57,6 +57,11 @@ class FlatParamGroup {
   // back (zeroed) before the next backward.
   void release_grads();
   void materialize_grads();
+  // Makes slot `slot`'s .grad the view of the flat gradient buffer again where it is
+  // not: model.zero_grad() (set_to_none, torch's default; the Hugging Face Trainer calls
+  // it) drops the views, and autograd would then accumulate into tensors of its own
+  // that no reduction reads. Called before each accumulation.
+  void keep_grad_view(size_t slot);
   void zero_grads();
 
   // Stage 3: make the full buffer's storage hold `bytes` again (its shard copied in

@@ -39,13 +39,16 @@ void GradReducer::install_hooks() {
   expected_.assign(groups_.size(), 0);
   arrived_.assign(groups_.size(), 0);
   for (size_t g = 0; g < groups_.size(); ++g) {
-    for (const auto& slot : groups_[g]->slots()) {
-      if (!slot.param.requires_grad()) continue;
+    const auto& slots = groups_[g]->slots();
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (!slots[i].param.requires_grad()) continue;
       ++expected_[g];
-      at::Tensor param = slot.param;
-      // Before autograd accumulates into the group's buffer, the buffer must exist.
-      param.register_hook([this, g](const at::Tensor& grad) {
+      at::Tensor param = slots[i].param;
+      // Before autograd accumulates into the group's buffer, the buffer must exist and
+      // the parameter's .grad be its view again.
+      param.register_hook([this, g, i](const at::Tensor& grad) {
         groups_[g]->materialize_grads();
+        groups_[g]->keep_grad_view(i);
         return grad;
       });
       auto accumulator = torch::autograd::impl::grad_accumulator(param);

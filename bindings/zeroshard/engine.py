@@ -26,6 +26,21 @@ def _require_launch_env():
         "MASTER_PORT=29500")
 
 
+def _store_already_served():
+    """True when torch.distributed, initialised in this process (by the script,
+    deepspeed.init_distributed, accelerate, the Hugging Face Trainer), serves the
+    rendezvous store at MASTER_PORT, where zeroshard's rank 0 would listen: every rank
+    then joins that store as a client (its keys under their own prefix)."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    store = dist.distributed_c10d._get_default_store()
+    while hasattr(store, "underlying_store"):  # torch's PrefixStores
+        store = store.underlying_store
+    port = getattr(store, "port", None)
+    return port is None or str(port) == os.environ.get("MASTER_PORT")
+
+
 def _refuse_twice_named(text, origin, optimizer, lr_scheduler):
     """DeepSpeed's rule, said as an error: the optimizer and the scheduler come from the
     config or from the client, never both."""
@@ -113,7 +128,8 @@ class ZeroShardEngine:
         unit_params = [_unique_params(u) for u in self._units]
         engine_groups = [(list(g["params"]), engine_options(g, d))
                          for g, d in zip(groups, decoupled)]
-        self._engine = _zeroshard.Engine(params, unit_params, text, origin, engine_groups)
+        self._engine = _zeroshard.Engine(params, unit_params, text, origin, engine_groups,
+                                         _store_already_served())
         self._engine.set_aliases(_aliases(model))
         self.optimizer = ZeroShardOptimizer(self, groups, decoupled)
         # A client scheduler, stepped after each optimizer step as DeepSpeed does.

@@ -185,7 +185,13 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
             g["lr"] = h["lr"]
         self._pushed = [engine_options(g, d) for g, d in zip(self.param_groups, self._decoupled)]
 
+    # Set by zeroshard.integrations.ZeroShardTrainer, whose training_step already ran
+    # engine.step(): the Trainer's own optimizer.step() call then does nothing.
+    stepped_by_engine = False
+
     def step(self, closure=None):
+        if self.stepped_by_engine:
+            return None
         raise _error("call engine.step(), not optimizer.step(): the engine steps the sharded "
                      "optimizer at each accumulation boundary")
 

@@ -1,8 +1,13 @@
 """One rank of the soak: the demo (examples/train_gpt.py's model, configs/demo_zero3_nvme.yaml
-with nvme_path moved) for STEPS steps, recording after every step this process's RSS and
-the ledger's bytes per tier/kind: their values at step WARM and their largest after it
-(kept as running maxima, so the record itself does not grow).
+with nvme_path moved) for STEPS steps, recording after every step this process's RSS, the
+bytes malloc has live, the blocks Python's allocator has live, and as exact counts the
+ledger's bytes per tier/kind, the threads and the open file descriptors: those counts at
+step WARM and their largest after it (kept as running maxima, so the record itself does
+not grow).
 usage: soak_worker.py STEPS WARM NVME_DIR OUT"""
+import array
+import ctypes
+import gc
 import importlib.util
 import json
 import os
@@ -17,6 +22,37 @@ spec = importlib.util.spec_from_file_location("train_gpt", os.path.join(ROOT, "e
 demo = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(demo)
 import zeroshard  # noqa: E402  (after train_gpt, which imports it the same way)
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                 "uordblks", "fordblks", "keepcost")]
+
+
+_libc = ctypes.CDLL(None)
+_libc.mallinfo2.restype = _Mallinfo2
+
+
+def malloc_live_bytes():
+    """Bytes malloc has handed out and not had back (glibc's mallinfo2: in-use chunks of
+    every arena plus mmapped blocks): a leak raises it, a cache kept by the allocator
+    (which RSS also shows) does not."""
+    info = _libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def exact_counts(engine):
+    """What must not move at all once warm: the ledger per tier/kind, threads, files."""
+    row = {}
+    for tier, t in engine.memory_report().items():
+        row[f"{tier} peak"] = t["peak"]
+        for kind, k in t["kinds"].items():
+            row[f"{tier}/{kind}"] = k["current"]
+            row[f"{tier}/{kind} peak"] = k["peak"]
+    row["threads"] = len(os.listdir("/proc/self/task"))
+    row["open file descriptors"] = len(os.listdir("/proc/self/fd"))
+    return row
 
 
 def rss_bytes():
@@ -38,7 +74,10 @@ def main():
     engine, _, _, _ = zeroshard.initialize(model=model, config=config)
     micro = engine._engine.micro_batch_size
     gen = torch.Generator().manual_seed(100 + engine.rank)
-    rss, losses = [0] * steps, [0.0] * steps
+    # Typed arrays, not lists: a list would keep one new int object a step, which the
+    # count of Python's blocks would show as a leak.
+    rss, live, blocks = (array.array("q", bytes(8 * steps)) for _ in range(3))
+    losses = array.array("d", bytes(8 * steps))
     at_warm, largest = {}, {}
     for step in range(steps):
         starts = torch.randint(len(data) - seq - 1, (micro,), generator=gen)
@@ -48,18 +87,23 @@ def main():
         engine.step()
         losses[step] = loss.item()
         rss[step] = rss_bytes()
-        row = {}
-        for tier, t in engine.memory_report().items():
-            row[f"{tier} peak"] = t["peak"]
-            for kind, k in t["kinds"].items():
-                row[f"{tier}/{kind}"] = k["current"]
-                row[f"{tier}/{kind} peak"] = k["peak"]
+        live[step] = malloc_live_bytes()
+        # Python's count after a full collection (52 ms, so every 10th step): between
+        # collections it also holds garbage in cycles that the collector frees later.
+        if step % 10 == 0:
+            gc.collect()
+            blocks[step] = sys.getallocatedblocks()
+        else:
+            blocks[step] = blocks[step - 1]
+        row = exact_counts(engine)
         if step == warm:
             at_warm = row
         elif step > warm:
             largest = {k: max(v, largest.get(k, 0)) for k, v in row.items()}
     with open(f"{out}.rank{engine.rank}.json", "w") as f:
-        json.dump({"rss": rss, "at_warm": at_warm, "largest": largest, "losses": losses}, f)
+        json.dump({"rss": rss.tolist(), "malloc_live": live.tolist(),
+                   "python_blocks": blocks.tolist(), "at_warm": at_warm, "largest": largest,
+                   "losses": losses.tolist()}, f)
 
 
 if __name__ == "__main__":

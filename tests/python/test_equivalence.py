@@ -94,3 +94,24 @@ def test_parameters_written_in_gathered_parameters_are_trained_from(offload, scr
     got = zs_losses("gpt", config, scratch, "written-" + offload, extra_env=write)
     assert_same(got, want)
     assert abs(got[0][0] - ddp_losses("gpt", scratch)[0][0]) > 1e-3  # the write mattered
+
+
+def test_a_script_that_initialised_torch_distributed_first(scratch):
+    """dist.init_process_group("gloo") before initialize (deepspeed.init_distributed(),
+    accelerate and the Trainer do it): torch's rank 0 then serves the store at
+    MASTER_PORT, and zeroshard joins it instead of failing to listen there. Twice in a
+    row in the same store: each engine's keys are its own."""
+    config = with_reference_optimizer({"zero_optimization": {"stage": 3}}, scratch)
+    got = zs_losses("gpt", config, scratch, "after-dist", extra_env={"ZS_TEST_INIT_DIST": "1"})
+    assert_same(got, ddp_losses("gpt", scratch))
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_model_zero_grad_between_steps_changes_nothing(stage, scratch):
+    """model.zero_grad() (set_to_none) drops the .grad views into the engine's buffers;
+    the next backward binds them again (it trained nothing before: the Hugging Face
+    Trainer calls it)."""
+    config = with_reference_optimizer({"zero_optimization": {"stage": stage}}, scratch)
+    got = zs_losses("gpt", config, scratch, f"zero-grad{stage}",
+                    extra_env={"ZS_TEST_MODULE_ZERO_GRAD": "1"})
+    assert_same(got, ddp_losses("gpt", scratch))

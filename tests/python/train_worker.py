@@ -7,7 +7,11 @@ ZS_TEST_OPTIMIZER picks how the optimizer is set up, the same way in both modes:
                zeroshard given them as model_parameters
   client       torch.optim.AdamW over those groups and a LambdaLR made by a callable,
                zeroshard given both as initialize(optimizer=, lr_scheduler=)
-  client_adam  torch.optim.Adam (L2 decay) over those groups and a StepLR built on it"""
+  client_adam  torch.optim.Adam (L2 decay) over those groups and a StepLR built on it
+ZS_TEST_MODULE_ZERO_GRAD=1: a zeroshard run calls model.zero_grad() before each forward.
+ZS_TEST_INIT_DIST=1: a zeroshard run initialises torch.distributed first, as scripts
+that call deepspeed.init_distributed() (or accelerate) do, and makes a first engine
+before the one it trains with."""
 import json
 import os
 import sys
@@ -77,6 +81,11 @@ def main():
     else:
         import zeroshard
         config = json.loads(sys.argv[5])
+        if os.environ.get("ZS_TEST_INIT_DIST") == "1":  # as deepspeed.init_distributed() does
+            dist.init_process_group("gloo")
+            # A first engine in the same store (on a model of its own), gone before the
+            # real one: the second must not read the first's keys.
+            zeroshard.initialize(model=models.make(name), config=config)
         kwargs = {}
         if how == "groups":
             kwargs["model_parameters"] = param_groups(model)
@@ -100,6 +109,8 @@ def main():
                 engine.save_checkpoint(os.environ["ZS_CKPT_DIR"], client_state={"next_step": step})
                 if os.environ.get("ZS_CKPT_STOP") == "1":
                     break
+            if os.environ.get("ZS_TEST_MODULE_ZERO_GRAD") == "1":
+                model.zero_grad()  # set_to_none, as the Hugging Face Trainer calls it
             loss = engine(models.batch(step, rank, world))
             engine.backward(loss)
             engine.step()

@@ -1,0 +1,181 @@
+"""zeroshard.integrations.ZeroShardTrainer: the Hugging Face Trainer, trained by
+zeroshard's engine. A Trainer script switches with one import and one argument:
+
+    from zeroshard.integrations import ZeroShardTrainer as Trainer
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      zeroshard_config="ds_config.json")   # DeepSpeed's keys
+
+How the Trainer and the engine share the work (the Trainer's loop is kept whole):
+- The Trainer builds its optimizer (AdamW over its decay and no-decay groups) and its
+  LR scheduler from TrainingArguments, as always. The engine takes the optimizer over
+  (initialize(optimizer=...)); the scheduler sets the real groups' lr, which the engine
+  reads before each step. A config 'optimizer' section replaces the Trainer's optimizer
+  (its 'auto' values from TrainingArguments); a config 'scheduler' is refused: the
+  Trainer's lr_scheduler_type and warmup drive the lr.
+- Config values the Trainer also has are filled from TrainingArguments where missing or
+  'auto' (train_micro_batch_size_per_gpu, gradient_accumulation_steps,
+  gradient_clipping, bf16, fp16), as Hugging Face does for DeepSpeed; a value that
+  contradicts TrainingArguments is an error naming both.
+- training_step runs forward, engine.backward and engine.step (which steps at the
+  accumulation boundary, clipping included); the Trainer's optimizer.step() is then a
+  no-op and its grad norm is the engine's.
+- save_model writes Hugging Face's layout through engine.save_pretrained; the
+  Trainer's checkpoints (save_strategy) hold the engine's sharded checkpoint in
+  checkpoint-N/zeroshard/ and resume from it.
+torch.distributed, which accelerate initialises, and the engine share the rendezvous
+store (zeroshard joins it)."""
+import os
+
+import torch
+import transformers
+
+from . import _zeroshard
+from .config import load_config
+from .initialize import initialize
+
+_SCHEDULER_FILE = "scheduler.pt"
+
+
+def _error(message):
+    return _zeroshard.Error(f"ZeroShardTrainer: {message}")
+
+
+def _config_dict(config):
+    """The config as a dict (a path to YAML or JSON, or a dict)."""
+    import yaml  # a dependency of transformers
+    text, origin = load_config(config)
+    loaded = yaml.safe_load(text) or {}
+    if not isinstance(loaded, dict):
+        raise _error(f"{origin}: a {type(loaded).__name__} at the top level; allowed: a mapping")
+    return loaded, origin
+
+
+def _fill(config, path, value, arg, origin):
+    """config[path] = value where missing or 'auto'; an error where it says otherwise."""
+    *parents, key = path.split(".")
+    node = config
+    for p in parents:
+        node = node.setdefault(p, {})
+    given = node.get(key, "auto")
+    if given == "auto":
+        node[key] = value
+    elif given != value:
+        raise _error(f"{origin}: {path} is {given!r} but TrainingArguments.{arg} is {value!r}; "
+                     f"set one of them to match the other (or {path}: auto)")
+
+
+def _fill_optimizer(config, args, origin):
+    params = config["optimizer"].setdefault("params", {})
+    for key, value in (("lr", args.learning_rate), ("weight_decay", args.weight_decay),
+                       ("betas", [args.adam_beta1, args.adam_beta2]), ("eps", args.adam_epsilon)):
+        if params.get(key, "auto") == "auto":
+            params[key] = value
+
+
+def trainer_config(config, args):
+    """zeroshard's config for a Trainer run: `config` with the values TrainingArguments
+    also holds filled in and checked."""
+    config, origin = _config_dict(config)
+    if "scheduler" in config:
+        raise _error(f"{origin}: a 'scheduler' section is not allowed with the Trainer; its "
+                     "lr_scheduler_type, warmup_steps and learning_rate drive every group's lr")
+    _fill(config, "train_micro_batch_size_per_gpu", args.per_device_train_batch_size,
+          "per_device_train_batch_size", origin)
+    _fill(config, "gradient_accumulation_steps", args.gradient_accumulation_steps,
+          "gradient_accumulation_steps", origin)
+    _fill(config, "gradient_clipping", float(args.max_grad_norm), "max_grad_norm", origin)
+    _fill(config, "bf16.enabled", bool(args.bf16), "bf16", origin)
+    _fill(config, "fp16.enabled", bool(args.fp16), "fp16", origin)
+    if "optimizer" in config:
+        _fill_optimizer(config, args, origin)
+    return config
+
+
+class _EngineModule(torch.nn.Module):
+    """What the Trainer's loop calls: the model, through the engine's hooks (stage 3
+    gathers each unit as it runs). Not a DDP or FSDP wrapper, so accelerate leaves it."""
+
+    def __init__(self, engine):
+        super().__init__()
+        self.module = engine.module
+        self.engine = engine
+
+    def forward(self, *args, **kwargs):
+        return self.engine(*args, **kwargs)
+
+
+class ZeroShardTrainer(transformers.Trainer):
+    def __init__(self, *args, zeroshard_config, units=None, **kwargs):
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        for name in ("deepspeed", "fsdp"):
+            if training_args is not None and getattr(training_args, name, None):
+                raise _error(f"TrainingArguments.{name} is set; zeroshard does the sharding "
+                             f"here: leave {name} unset and give the config as "
+                             "zeroshard_config (DeepSpeed's keys)")
+        super().__init__(*args, **kwargs)
+        self.zeroshard_config = zeroshard_config
+        self.zeroshard_units = units
+        self.zeroshard_engine = None
+        self._engine_module = None
+        # Each micro-batch's mean loss: the engine averages over ranks and accumulation.
+        self.model_accepts_loss_kwargs = False
+        # The engine places parameters and optimizer state; accelerate would read the
+        # sharded optimizer's state_dict to move it (batches are placed by the Trainer).
+        self.accelerator.device_placement = False
+
+    def _start_engine(self):
+        config = trainer_config(self.zeroshard_config, self.args)
+        client = None if "optimizer" in config else self.optimizer
+        engine, optimizer, _, _ = initialize(model=self.model, config=config, optimizer=client,
+                                             units=self.zeroshard_units)
+        optimizer.stepped_by_engine = True  # see ZeroShardOptimizer.step
+        self.zeroshard_engine = engine
+        self._engine_module = _EngineModule(engine)
+        self.optimizer = optimizer
+
+    def _wrap_model(self, model, training=True, dataloader=None):
+        if self.zeroshard_engine is None:
+            if self.optimizer is None:
+                self.create_optimizer()
+            self._start_engine()
+        return self._engine_module
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        self.zeroshard_engine.backward(loss)
+        self.zeroshard_engine.step()  # steps at the accumulation boundary
+        return loss.detach() / self.args.gradient_accumulation_steps
+
+    def _clip_grad_norm(self, model):
+        return self.zeroshard_engine.global_grad_norm  # clipped in engine.step
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        return self.zeroshard_engine.global_grad_norm
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        """Hugging Face's layout (safetensors, config.json) through
+        engine.save_pretrained; a collective: every rank calls it, as Trainer scripts do."""
+        output_dir = output_dir or self.args.output_dir
+        if self.zeroshard_engine is None:  # not trained yet: the model is whole
+            return super().save_model(output_dir, _internal_call)
+        self.zeroshard_engine.save_pretrained(output_dir)
+        if self.args.should_save:
+            if self.processing_class is not None:
+                self.processing_class.save_pretrained(output_dir)
+            torch.save(self.args, os.path.join(output_dir, transformers.trainer.TRAINING_ARGS_NAME))
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        self.zeroshard_engine.save_checkpoint(os.path.join(output_dir, "zeroshard"))
+        if self.args.should_save and self.lr_scheduler is not None:
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, _SCHEDULER_FILE))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is None:
+            return
+        self.zeroshard_engine.load_checkpoint(os.path.join(checkpoint, "zeroshard"))
+        path = os.path.join(checkpoint, _SCHEDULER_FILE)
+        if self.lr_scheduler is not None and os.path.isfile(path):
+            self.lr_scheduler.load_state_dict(torch.load(path, weights_only=True))

@@ -1,0 +1,91 @@
+"""The Hugging Face Trainer with zeroshard (zeroshard.integrations.ZeroShardTrainer) on
+2 real ranks against the same Trainer under DDP: the same TrainingArguments (AdamW with
+the Trainer's decay and no-decay groups, linear warmup and decay, gradient accumulation
+2, clipping at 1.0) log the same loss and grad norm every step (within 1e-5), and
+save_model writes a folder from_pretrained loads to DDP's trained weights. Config values
+that contradict TrainingArguments are refused naming both."""
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import HERE, run_ranks
+
+pytestmark = pytest.mark.skipif(  # a mark, not a skip at import (see test_hf_models.py)
+    importlib.util.find_spec("accelerate") is None,
+    reason="accelerate (the Trainer's dependency) is not installed beside this interpreter "
+           "(the trixie leg): the main leg runs these tests")
+
+WORKER = os.path.join(HERE, "trainer_worker.py")
+STEPS, WORLD = 6, 2
+_reference = {}
+
+
+def trainer_run(mode, scratch, config=None, tag=None, env=None):
+    out = str(scratch / (tag or mode))
+    args = [WORKER, mode, str(STEPS), out] + ([json.dumps(config)] if config else [])
+    return run_ranks(args, WORLD, out, timeout=600, extra_env=env), out
+
+
+def ddp(scratch):
+    if not _reference:
+        _reference["run"] = trainer_run("ddp", scratch)
+    return _reference["run"]
+
+
+@pytest.mark.parametrize("zero", [{"stage": 3}, {"stage": 2, "offload_optimizer": {"device": "cpu"}}],
+                         ids=["stage3", "stage2-cpu-optimizer"])
+def test_trainer_logs_ddps_losses_and_saves_its_weights(zero, scratch):
+    import transformers
+    want, want_out = ddp(scratch)
+    got, got_out = trainer_run("zs", scratch, {"zero_optimization": zero,
+                                               "gradient_accumulation_steps": "auto"})
+    for rank in range(WORLD):
+        assert len(got[rank]) == len(want[rank]) == STEPS
+        for step, ((loss, norm), (loss_ddp, norm_ddp)) in enumerate(zip(got[rank], want[rank])):
+            assert abs(loss - loss_ddp) <= 1e-5 * abs(loss_ddp), f"step {step}: {loss} vs {loss_ddp}"
+            assert abs(norm - norm_ddp) <= 1e-4 * abs(norm_ddp), f"step {step}: {norm} vs {norm_ddp}"
+    assert got[0][-1][0] < got[0][0][0], "the loss did not fall"
+    mine = transformers.LlamaForCausalLM.from_pretrained(got_out + ".model").state_dict()
+    theirs = transformers.LlamaForCausalLM.from_pretrained(want_out + ".model").state_dict()
+    assert set(mine) == set(theirs)
+    for name, t in theirs.items():
+        assert torch.allclose(mine[name], t, rtol=1e-4, atol=1e-6), name
+
+
+def test_trainer_checkpoints_resume_where_they_stopped(scratch):
+    """save_strategy "steps" every 3 steps at stage 3; a new run resumed from
+    checkpoint-3 (the engine's sharded state in checkpoint-3/zeroshard, the Trainer's
+    scheduler, data position and RNG beside it) logs the uninterrupted run's last 3
+    steps."""
+    config = {"zero_optimization": {"stage": 3}}
+    full, out = trainer_run("zs", scratch, config, tag="full", env={"ZS_TRAINER_SAVE_STEPS": "3"})
+    ckpt = out + ".trainer/checkpoint-3"
+    assert os.path.isfile(os.path.join(ckpt, "zeroshard", "latest")), os.listdir(ckpt)
+    resumed, _ = trainer_run("zs", scratch, config, tag="resumed", env={"ZS_TRAINER_RESUME": ckpt})
+    for rank in range(WORLD):
+        assert len(resumed[rank]) == STEPS - 3
+        for (loss, norm), (want, want_norm) in zip(resumed[rank], full[rank][3:]):
+            assert abs(loss - want) <= 1e-6 * abs(want) and abs(norm - want_norm) <= 1e-5 * want_norm
+
+
+def test_config_values_that_contradict_training_arguments_are_refused(tmp_path):
+    import transformers
+    import zeroshard
+    from zeroshard.integrations import trainer_config
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), gradient_accumulation_steps=2,
+                                          per_device_train_batch_size=4, max_grad_norm=1.0,
+                                          use_cpu=True, report_to=[])
+    filled = trainer_config({"zero_optimization": {"stage": 3}, "gradient_clipping": "auto",
+                             "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, args)
+    assert filled["gradient_accumulation_steps"] == 2
+    assert filled["train_micro_batch_size_per_gpu"] == 4
+    assert filled["gradient_clipping"] == 1.0
+    assert filled["optimizer"]["params"]["lr"] == args.learning_rate
+    with pytest.raises(zeroshard.Error, match="gradient_accumulation_steps is 4 but "
+                       "TrainingArguments.gradient_accumulation_steps is 2"):
+        trainer_config({"gradient_accumulation_steps": 4}, args)
+    with pytest.raises(zeroshard.Error, match="a 'scheduler' section is not allowed with the Trainer"):
+        trainer_config({"scheduler": {"type": "WarmupLR"}}, args)

@@ -1,0 +1,74 @@
+"""One rank of a Hugging Face Trainer run: hf_worker's Llama trained by
+transformers.Trainer under DDP (mode ddp: the Trainer wraps it itself, as it does when
+started by torchrun), or by zeroshard.integrations.ZeroShardTrainer (mode zs, a
+zeroshard config given as JSON), with the same TrainingArguments: AdamW with decay and
+no-decay groups, linear warmup and decay, gradient accumulation 2, clipping at 1.0.
+Writes the losses and grad norms the Trainer logged, one per step, to OUT.rankN.json;
+then saves the model with trainer.save_model(OUT.model) (rank 0 of a DDP run alone
+writes; every rank of a zeroshard run takes part).
+With ZS_TRAINER_SAVE_STEPS=N the Trainer checkpoints every N steps (save_strategy
+"steps"); with ZS_TRAINER_RESUME=DIR it resumes from that checkpoint.
+usage: trainer_worker.py ddp|zs STEPS OUT [CONFIG_JSON]"""
+import json
+import os
+import sys
+
+import torch
+import transformers
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_worker  # noqa: E402
+import models  # noqa: E402
+
+ROWS = 64  # the dataset: random token rows (models.VOCAB, models.SEQ + 1 tokens)
+
+
+class Rows(torch.utils.data.Dataset):
+    def __init__(self):
+        g = torch.Generator().manual_seed(7)
+        self.tokens = torch.randint(models.VOCAB, (ROWS, models.SEQ + 1), generator=g)
+
+    def __len__(self):
+        return ROWS
+
+    def __getitem__(self, i):
+        return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
+
+
+class Record(transformers.TrainerCallback):
+    def __init__(self):
+        self.logged = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.logged.append([logs["loss"], float(logs["grad_norm"])])
+
+
+def main():
+    mode, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    torch.set_num_threads(1)
+    save_steps = int(os.environ.get("ZS_TRAINER_SAVE_STEPS", "0"))
+    args = transformers.TrainingArguments(
+        output_dir=out + ".trainer", max_steps=steps, per_device_train_batch_size=4,
+        gradient_accumulation_steps=2, learning_rate=1e-2, weight_decay=0.1, adam_beta1=0.9,
+        adam_beta2=0.95, adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="linear",
+        warmup_steps=2, optim="adamw_torch", logging_steps=1,
+        save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
+        report_to=[], use_cpu=True, seed=1234, data_seed=1234, disable_tqdm=True,
+        dataloader_drop_last=True)
+    record = Record()
+    kwargs = dict(model=hf_worker.make("llama"), args=args, train_dataset=Rows(),
+                  callbacks=[record])
+    if mode == "ddp":
+        trainer = transformers.Trainer(**kwargs)
+    else:
+        from zeroshard.integrations import ZeroShardTrainer
+        trainer = ZeroShardTrainer(zeroshard_config=json.loads(sys.argv[4]), **kwargs)
+    trainer.train(resume_from_checkpoint=os.environ.get("ZS_TRAINER_RESUME"))
+    trainer.save_model(out + ".model")
+    with open(f"{out}.rank{int(os.environ['RANK'])}.json", "w") as f:
+        json.dump(record.logged, f)
+
+
+if __name__ == "__main__":
+    main()
