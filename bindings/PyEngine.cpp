@@ -90,7 +90,7 @@ using GroupsArg = std::vector<std::pair<std::vector<at::Tensor>, py::dict>>;
 std::unique_ptr<Engine> make_engine(const NamedTensors& params,
                                     const std::vector<NamedTensors>& units, const std::string& yaml,
                                     const std::string& origin, const GroupsArg& groups,
-                                    bool store_served) {
+                                    bool store_served, const py::object& materialize) {
   const LoadedConfig loaded = load_config_string(yaml, origin);
   std::vector<std::vector<NamedParam>> unit_params;
   for (const auto& u : units) unit_params.push_back(to_params(u));
@@ -99,8 +99,17 @@ std::unique_ptr<Engine> make_engine(const NamedTensors& params,
     param_groups.push_back({tensors, to_group_options(options)});
   LaunchEnv launch = read_launch_env();
   launch.agent_store = launch.agent_store || store_served;
+  MaterializeParams fill;
+  if (!materialize.is_none()) {
+    fill = [&materialize](const std::vector<NamedParam>& group) {
+      py::gil_scoped_acquire gil;
+      std::vector<at::Tensor> tensors;
+      for (const auto& p : group) tensors.push_back(p.param);
+      materialize(tensors);
+    };
+  }
   return std::make_unique<Engine>(to_params(params), unit_params, loaded.config, launch,
-                                  std::move(param_groups));
+                                  std::move(param_groups), fill);
 }
 
 }  // namespace
@@ -128,6 +137,20 @@ PYBIND11_MODULE(_zeroshard, m) {
         return load_config_string(yaml, origin).top_level_keys;
       },
       "The keys a config (YAML text) sets at its top level, as written.");
+  m.def(
+      "launch_env",
+      [] {
+        const LaunchEnv env = read_launch_env();
+        py::dict d;
+        d["rank"] = env.rank;
+        d["world_size"] = env.world_size;
+        d["master_addr"] = env.master_addr;
+        d["master_port"] = env.master_port;
+        d["launcher"] = env.launcher;
+        return d;
+      },
+      "The rank, world size and rendezvous address the engine will use (torchrun, srun or "
+      "mpirun variables).");
   m.def("parse_bytes", &parse_bytes, py::arg("text"), py::arg("what"),
         "\"80GB\" (10^9), \"1.5TiB\" (2^40), \"4096\": the CLI's size parser");
   m.def("load_config_file", [](const std::string& path) {
@@ -184,7 +207,10 @@ PYBIND11_MODULE(_zeroshard, m) {
            py::arg("origin"), py::arg("param_groups") = GroupsArg{},
            // torch.distributed, initialised in this process, serves the store at
            // MASTER_ADDR:MASTER_PORT: join it rather than listen there again.
-           py::arg("store_served") = false)
+           py::arg("store_served") = false,
+           // Called with each group's parameters before the engine copies them: brings
+           // parameters built sharded (zeroshard.init) back whole, one group at a time.
+           py::arg("materialize") = py::none())
       .def("set_param_group",
            [](Engine& e, size_t group, const py::dict& options) {
              e.set_param_group(group, to_group_options(options));

@@ -129,7 +129,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
     unit_params.push_back(unique_parameters(*units[u], true));
   }
   init(unique_parameters(*module_), unit_params, config, options.launch,
-       std::move(options.param_groups));
+       std::move(options.param_groups), {});
   std::unordered_map<const void*, std::string> first;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     const auto [it, fresh] = first.emplace(item.value().unsafeGetTensorImpl(), item.key());
@@ -139,14 +139,15 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
 
 Engine::Engine(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
                const Config& config, std::optional<LaunchEnv> launch,
-               std::vector<ParamGroup> param_groups) {
+               std::vector<ParamGroup> param_groups, MaterializeParams materialize) {
   if (params.empty()) fail("the model has no parameters to train");
-  init(std::move(params), unit_params, config, launch, std::move(param_groups));
+  init(std::move(params), unit_params, config, launch, std::move(param_groups), materialize);
 }
 
 void Engine::init(std::vector<NamedParam> params,
                   const std::vector<std::vector<NamedParam>>& unit_params, const Config& config,
-                  const std::optional<LaunchEnv>& launch, std::vector<ParamGroup> param_groups) {
+                  const std::optional<LaunchEnv>& launch, std::vector<ParamGroup> param_groups,
+                  const MaterializeParams& materialize) {
   // Checked before any collective: every rank refuses the same groups alike.
   param_groups_ = ParamGroupTable(std::move(param_groups), params);
   const LaunchEnv env = launch ? *launch : read_launch_env();
@@ -167,8 +168,10 @@ void Engine::init(std::vector<NamedParam> params,
   comm_ = std::make_unique<Collectives>(dist_.group, env.rank, env.world_size, diagnose, &ledger_);
   param_comm_ = std::make_unique<Collectives>(dist_.param_group, env.rank, env.world_size, diagnose,
                                               &ledger_);
-  broadcast_initial_values(params);
-  build_groups(params, unit_params);
+  const MaterializeParams from_rank0 = [this](const std::vector<NamedParam>& group) {
+    broadcast_initial_values(group);
+  };
+  build_groups(params, unit_params, materialize ? materialize : from_rank0);
   for (const auto& p : params) names_.push_back(p);
   const auto& fp16 = plan_.config.fp16;
   if (fp16.enabled) {
@@ -193,7 +196,8 @@ void Engine::broadcast_initial_values(const std::vector<NamedParam>& params) {
 }
 
 void Engine::build_groups(const std::vector<NamedParam>& params,
-                          const std::vector<std::vector<NamedParam>>& unit_params) {
+                          const std::vector<std::vector<NamedParam>>& unit_params,
+                          const MaterializeParams& materialize) {
   const auto& z = plan_.config.zero;
   const int stage = static_cast<int>(*z.stage);
   coordinator_unit_.assign(unit_params.size(), -1);
@@ -202,6 +206,7 @@ void Engine::build_groups(const std::vector<NamedParam>& params,
   optimizer_ = make_optimizer(params.front().param.device().is_cpu());
   std::vector<FlatParamGroup*> trainable, sharded;
   for (const auto& spec : layout) {
+    materialize(spec.params);
     groups_.push_back(std::make_unique<FlatParamGroup>(spec.params, rank(), world_size(), dtype,
                                                        spec.sharded, spec.trainable,
                                                        /*lazy_grads=*/stage >= 2, &ledger_));

@@ -43,6 +43,13 @@ class ParamHome;
 class LossScaler;
 class ParamCoordinator;
 
+// Brings one group's parameters to their initial values, the same on every rank, just
+// before the engine copies them into its buffers: a collective, called for each group in
+// the same order on every rank. The default broadcasts rank 0's values. The Python
+// package passes one that gathers parameters built sharded (zeroshard.init), so that no
+// rank ever holds more than its shards plus one group whole.
+using MaterializeParams = std::function<void(const std::vector<NamedParam>&)>;
+
 struct EngineOptions {
   std::optional<LaunchEnv> launch;                        // default: read from the environment
   std::vector<std::shared_ptr<torch::nn::Module>> units;  // stage 3
@@ -64,7 +71,7 @@ class Engine {
   // then driven by index through the unit_* calls (Python's module hooks).
   Engine(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
          const Config& config, std::optional<LaunchEnv> launch = std::nullopt,
-         std::vector<ParamGroup> param_groups = {});
+         std::vector<ParamGroup> param_groups = {}, MaterializeParams materialize = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -145,9 +152,10 @@ class Engine {
  private:
   void init(std::vector<NamedParam> params, const std::vector<std::vector<NamedParam>>& unit_params,
             const Config& config, const std::optional<LaunchEnv>& launch,
-            std::vector<ParamGroup> param_groups);
+            std::vector<ParamGroup> param_groups, const MaterializeParams& materialize);
   void build_groups(const std::vector<NamedParam>& params,
-                    const std::vector<std::vector<NamedParam>>& unit_params);
+                    const std::vector<std::vector<NamedParam>>& unit_params,
+                    const MaterializeParams& materialize);
   int checked_unit(size_t unit) const;  // its coordinator unit, or -1
   Manifest checkpoint_layout() const;
   void write_group_slice(size_t group, const std::function<void(const void*, int64_t)>& write);

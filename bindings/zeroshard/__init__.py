@@ -21,9 +21,11 @@ if _torch.__version__.split("+")[0] != _BUILT_FOR:
 from ._zeroshard import Error  # noqa: E402
 from .config import load_config  # noqa: E402
 from .consolidate import consolidate
+from .construction import init
 from .engine import ZeroShardEngine
 from .initialize import initialize
 from .optimizer import ZeroShardOptimizer
 from .estimate import estimate
 
-__all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "estimate", "load_config", "consolidate"]
+__all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "init", "estimate",
+           "load_config", "consolidate"]

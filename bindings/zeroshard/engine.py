@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from . import _zeroshard
+from . import _zeroshard, construction
 from .config import load_config
 from .optimizer import ZeroShardOptimizer, client_scheduler, engine_options, parameter_groups
 
@@ -38,7 +38,7 @@ def _store_already_served():
     while hasattr(store, "underlying_store"):  # torch's PrefixStores
         store = store.underlying_store
     port = getattr(store, "port", None)
-    return port is None or str(port) == os.environ.get("MASTER_PORT")
+    return port is None or port == _zeroshard.launch_env()["master_port"]
 
 
 def _refuse_twice_named(text, origin, optimizer, lr_scheduler):
@@ -128,8 +128,11 @@ class ZeroShardEngine:
         unit_params = [_unique_params(u) for u in self._units]
         engine_groups = [(list(g["params"]), engine_options(g, d))
                          for g, d in zip(groups, decoupled)]
+        # Parameters built sharded (zeroshard.init) or on the meta device come whole one
+        # group at a time, as the engine copies them.
+        materialize = construction.prepare(model)
         self._engine = _zeroshard.Engine(params, unit_params, text, origin, engine_groups,
-                                         _store_already_served())
+                                         _store_already_served(), materialize)
         self._engine.set_aliases(_aliases(model))
         self.optimizer = ZeroShardOptimizer(self, groups, decoupled)
         # A client scheduler, stepped after each optimizer step as DeepSpeed does.
