@@ -24,6 +24,9 @@ Design notes.
 - initialize() gives the engine a materialize callback: just before it copies a group of
   parameters into its flat buffers it gathers that group (the engine's own groups, one
   unit at a time), so building the engine holds at most one unit whole too.
+- A parameter set on a module after its __init__ (from_pretrained builds on the meta
+  device, then sets each tensor it loads) is sharded as it is set: a checkpoint is
+  loaded tensor by tensor, never whole.
 - Parameters made on the meta device (FSDP2's flow, `with torch.device("meta")`) are left
   alone here; initialize() materialises them group by group through the owning
   modules' reset_parameters(). Collectives go through torch.distributed (Gloo), which the
@@ -34,6 +37,7 @@ import ctypes
 import math
 import os
 import sys
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -93,6 +97,7 @@ class _Sharder:
         self.pending = {}   # id -> parameter registered, not yet sharded
         self.touched = {}   # id -> sharded parameter gathered by an operation
         self.busy = False   # inside its own operations, which the mode lets through
+        self.attached = weakref.WeakSet()  # modules whose __init__ is over
 
     @contextlib.contextmanager
     def own_operations(self):
@@ -142,13 +147,22 @@ class _Sharder:
             param.data = _poison(param.shape, param.dtype)
 
     def on_parameter(self, module, name, param):
-        if param is not None and not param.is_meta and not is_sharded(param):
+        if param is None or param.is_meta or is_sharded(param):
+            return
+        if module in self.attached:
+            # Set after construction (from_pretrained loading a tensor into a module
+            # built on meta, a re-tied head): its value is final, shard it now.
+            self.flush()
+            self.shard(param)
+            _give_back_freed_memory()
+        else:
             self.pending[id(param)] = param
 
     def on_module(self, parent, name, child):
         self.flush()
         if child is None:
             return
+        self.attached.update(child.modules())
         sharded = 0
         for p in child.parameters():
             if self.pending.pop(id(p), None) is not None:

@@ -5,6 +5,7 @@ MODE:
            (whole, from the engine) and the losses of 5 steps
   sharded  the same, the model built under zeroshard.init
   meta     built under torch.device("meta"), made by initialize (reset_parameters)
+  pretrained  from_pretrained(ZS_PRETRAINED) under zeroshard.init (MODEL: its name)
   peak     a large GPT (0.4 GB) built under zeroshard.init (MODEL sharded) or with it
            disabled (MODEL plain), then initialize: peak RSS (the kernel's high-water
            mark, reset before each) of the construction and of initialize
@@ -92,6 +93,13 @@ def main():
         if mode == "sharded":
             with zeroshard.init(config=CONFIG):
                 model = build(name)
+            sharded = sum(p.numel() for p in model.parameters()
+                          if zeroshard.construction.is_sharded(p))
+        elif mode == "pretrained":
+            import transformers
+            with zeroshard.init(config=CONFIG):
+                model = transformers.AutoModelForCausalLM.from_pretrained(
+                    os.environ["ZS_PRETRAINED"], attn_implementation="eager")
             sharded = sum(p.numel() for p in model.parameters()
                           if zeroshard.construction.is_sharded(p))
         elif mode == "meta":

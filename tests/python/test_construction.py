@@ -16,9 +16,9 @@ WORKER = os.path.join(HERE, "construction_worker.py")
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
-def run(scratch, mode, model):
+def run(scratch, mode, model, extra_env=None):
     out = str(scratch / f"{mode}_{model}")
-    return run_ranks([WORKER, mode, model, out], 2, out, timeout=600)
+    return run_ranks([WORKER, mode, model, out], 2, out, timeout=600, extra_env=extra_env)
 
 
 def max_difference(a, b):
@@ -40,6 +40,20 @@ def test_built_sharded_starts_and_trains_as_built_plainly(scratch, model):
         assert sharded[rank]["sharded_numel"] == sharded[rank]["numel"] > 0
         assert max_difference(plain[rank]["initial"], sharded[rank]["initial"]) == 0
         assert sharded[rank]["losses"] == pytest.approx(plain[rank]["losses"], abs=1e-6)
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="no transformers")
+def test_from_pretrained_under_the_context_loads_sharded(scratch):
+    import sys
+    sys.path.insert(0, HERE)
+    import hf_worker
+    hf_worker.make("llama").save_pretrained(scratch / "llama")  # the plain mode's weights
+    loaded = run(scratch, "pretrained", "llama", {"ZS_PRETRAINED": str(scratch / "llama")})
+    plain = run(scratch, "plain", "llama")
+    for rank in range(2):
+        assert loaded[rank]["sharded_numel"] == loaded[rank]["numel"] > 0
+        assert max_difference(plain[rank]["initial"], loaded[rank]["initial"]) == 0
+        assert loaded[rank]["losses"] == pytest.approx(plain[rank]["losses"], abs=1e-6)
 
 
 def test_a_model_built_on_meta_is_made_by_reset_parameters(scratch):
