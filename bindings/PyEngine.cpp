@@ -6,9 +6,9 @@
 
 #include "common/Bytes.h"
 #include "common/Error.h"
-#include "runtime/Config.h"
-#include "runtime/Engine.h"
-#include "runtime/Planner.h"
+#include "config/Config.h"
+#include "engine/Engine.h"
+#include "plan/Planner.h"
 
 namespace py = pybind11;
 using namespace zeroshard;

@@ -7,6 +7,9 @@ namespace zeroshard {
 // aligned for vector loads and O_DIRECT I/O whatever the element size (64 x 4 B = 256 B).
 constexpr int64_t kShardAlignElements = 64;
 
+// Alignment O_DIRECT needs for buffers, sizes and offsets.
+constexpr int64_t kIoAlignment = 4096;
+
 constexpr int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }

@@ -12,10 +12,9 @@
 #include <utility>
 #include <vector>
 
-namespace zeroshard {
+#include "common/Alignment.h"
 
-// Alignment O_DIRECT needs for buffers, sizes and offsets.
-constexpr int64_t kIoAlignment = 4096;
+namespace zeroshard {
 
 struct IoOptions {
   int64_t block_size = 1 << 20;  // aio.block_size

@@ -2,13 +2,14 @@
 
 #include <cstdlib>
 
+#include "common/Alignment.h"
 #include "common/Error.h"
 #include "offload/IoEngine.h"
 
 namespace zeroshard {
 
 PinnedPool::PinnedPool(int64_t count, int64_t bytes_each, MemoryLedger* ledger)
-    : bytes_each_((bytes_each + kIoAlignment - 1) / kIoAlignment * kIoAlignment) {
+    : bytes_each_(round_up(bytes_each, kIoAlignment)) {
   if (count < 1) fail("pinned buffer count: {} is not allowed; use >= 1", count);
   for (int64_t i = 0; i < count; ++i) {
     void* p = std::aligned_alloc(kIoAlignment,

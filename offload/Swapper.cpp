@@ -2,6 +2,7 @@
 
 #include <deque>
 
+#include "common/Alignment.h"
 #include "common/Error.h"
 
 namespace zeroshard {
@@ -14,7 +15,7 @@ std::future<void> done_now() {
 }
 
 int64_t aligned(int64_t bytes) {
-  return (bytes + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
+  return round_up(bytes, kIoAlignment);
 }
 
 }  // namespace

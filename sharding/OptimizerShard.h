@@ -14,12 +14,12 @@
 namespace zeroshard {
 
 // One step's arithmetic over fp32 master, grad (scaled by grad_scale first), m and v.
-// The default is ATen operations; runtime/ may hand in a faster one (CpuAdam).
+// The default is ATen operations; engine/ may hand in a faster one (CpuAdam).
 using AdamKernel =
     std::function<void(const AdamHyper& h, int64_t step, double grad_scale, at::Tensor& master,
                        at::Tensor& grad, at::Tensor& m, at::Tensor& v)>;
 
-// What the Engine steps: this class (state where the parameters are), or runtime/'s
+// What the Engine steps: this class (state where the parameters are), or engine/'s
 // offloaded optimizer (state in host RAM or on NVMe).
 class ShardOptimizer {
  public:

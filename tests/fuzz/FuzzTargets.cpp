@@ -10,9 +10,9 @@
 
 #include "common/Bytes.h"
 #include "common/Error.h"
-#include "runtime/Checkpoint.h"
-#include "runtime/Config.h"
-#include "runtime/HfConfig.h"
+#include "config/Config.h"
+#include "engine/Checkpoint.h"
+#include "plan/HfConfig.h"
 
 using namespace zeroshard;
 

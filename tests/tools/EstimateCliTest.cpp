@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "runtime/Config.h"
+#include "config/Config.h"
 
 namespace fs = std::filesystem;
 

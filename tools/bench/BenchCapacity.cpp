@@ -21,8 +21,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/Bytes.h"
+#include "engine/Engine.h"
 #include "offload/SwapFile.h"
-#include "runtime/Engine.h"
 #include "tools/bench/BenchGpt.h"
 
 using namespace zeroshard;

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/Error.h"
-#include "runtime/Engine.h"
+#include "engine/Engine.h"
 #include "tools/bench/BenchGpt.h"
 #include "tools/launch/RankLauncher.h"
 

@@ -16,11 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "common/MemoryLedger.h"
+#include "engine/OffloadOptimizer.h"
 #include "offload/IoEngine.h"
 #include "offload/PinnedPool.h"
 #include "offload/SwapFile.h"
 #include "offload/Swapper.h"
-#include "runtime/OffloadOptimizer.h"
 #include "tools/bench/BestSeconds.h"
 
 using namespace zeroshard;

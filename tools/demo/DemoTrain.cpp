@@ -8,7 +8,7 @@
 #include <torch/torch.h>
 
 #include "common/Bytes.h"
-#include "runtime/Engine.h"
+#include "engine/Engine.h"
 #include "tools/bench/BenchGpt.h"
 
 using namespace zeroshard;

@@ -12,7 +12,7 @@
 #include "common/Bytes.h"
 #include "common/DidYouMean.h"
 #include "common/Error.h"
-#include "runtime/HfConfig.h"
+#include "plan/HfConfig.h"
 
 namespace zeroshard::estimate {
 namespace {

@@ -3,10 +3,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/Config.h"
-#include "runtime/MemoryModel.h"
-#include "runtime/ModelSpec.h"
-#include "runtime/Planner.h"
+#include "config/Config.h"
+#include "plan/MemoryModel.h"
+#include "plan/ModelSpec.h"
+#include "plan/Planner.h"
 
 namespace zeroshard::estimate {
 

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/Bytes.h"
-#include "runtime/DeepSpeedEstimate.h"
+#include "plan/DeepSpeedEstimate.h"
 
 namespace zeroshard::estimate {
 namespace {

@@ -2,7 +2,7 @@
 // zeroshard-estimate's output: the human table and the JSON form of a Plan.
 #include <string>
 
-#include "runtime/Planner.h"
+#include "plan/Planner.h"
 #include "tools/estimate/EstimateArgs.h"
 
 namespace zeroshard::estimate {

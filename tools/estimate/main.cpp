@@ -4,7 +4,7 @@
 #include <iostream>
 
 #include "common/Error.h"
-#include "runtime/Planner.h"
+#include "plan/Planner.h"
 #include "tools/estimate/EstimateArgs.h"
 #include "tools/estimate/EstimateReport.h"
 

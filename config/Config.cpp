@@ -1,0 +1,267 @@
+#include "config/Config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/ranges.h>
+#include <yaml-cpp/yaml.h>
+
+#include "common/DidYouMean.h"
+#include "common/Error.h"
+#include "config/ConfigSchema.h"
+
+namespace zeroshard {
+namespace {
+
+std::string join_path(const std::string& section, const std::string& key) {
+  return section.empty() ? key : section + "." + key;
+}
+
+// A scalar's text as the user wrote it, for error messages.
+std::string shown(const YAML::Node& node) {
+  if (node.IsScalar()) return node.Scalar();
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+[[noreturn]] void bad_value(const Knob& knob, const YAML::Node& node, const std::string& origin) {
+  fail("{}: config key '{}': value '{}' is not allowed; allowed: {}", origin, knob.path,
+       shown(node), knob.allowed());
+}
+
+bool is_auto(const YAML::Node& node) {
+  return node.IsScalar() && node.Scalar() == "auto";
+}
+
+bool parse_number(const YAML::Node& node, double& out) {
+  if (!node.IsScalar() || node.Scalar().empty()) return false;
+  const std::string& text = node.Scalar();
+  char* end = nullptr;
+  errno = 0;
+  out = std::strtod(text.c_str(), &end);
+  return *end == '\0' && errno == 0 && std::isfinite(out);
+}
+
+bool in_range(const Knob& knob, double v) {
+  const bool above_min = knob.min_exclusive ? v > knob.min : v >= knob.min;
+  return above_min && v <= knob.max;
+}
+
+std::optional<double> parse_float(const Knob& knob, const YAML::Node& node,
+                                  const std::string& origin) {
+  if (is_auto(node) && knob.auto_ok) return std::nullopt;
+  double v = 0;
+  if (!parse_number(node, v) || !in_range(knob, v)) bad_value(knob, node, origin);
+  return v;
+}
+
+std::optional<int64_t> parse_int(const Knob& knob, const YAML::Node& node,
+                                 const std::string& origin) {
+  if (is_auto(node) && knob.auto_ok) return std::nullopt;
+  double v = 0;
+  // DeepSpeed configs write sizes as 5e8, so integral floats are integers too.
+  if (!parse_number(node, v) || v != std::floor(v) || !in_range(knob, v)) {
+    bad_value(knob, node, origin);
+  }
+  const auto value = static_cast<int64_t>(v);
+  if (value % knob.multiple_of != 0) bad_value(knob, node, origin);
+  return value;
+}
+
+bool parse_bool(const Knob& knob, const YAML::Node& node, const std::string& origin) {
+  if (node.IsScalar()) {
+    const std::string& t = node.Scalar();
+    if (t == "true" || t == "True") return true;
+    if (t == "false" || t == "False") return false;
+  }
+  bad_value(knob, node, origin);
+}
+
+OffloadDevice parse_offload(const Knob& knob, const YAML::Node& node, const std::string& origin) {
+  if (node.IsScalar()) {
+    const std::string& t = node.Scalar();
+    if (t == "none" || t == "None") return OffloadDevice::None;
+    if (t == "cpu") return OffloadDevice::Cpu;
+    if (t == "nvme") return OffloadDevice::Nvme;
+    if (t == "auto") return OffloadDevice::Auto;
+  }
+  bad_value(knob, node, origin);
+}
+
+void apply_knob(const Knob& knob, const YAML::Node& node, Config& config,
+                const std::string& origin) {
+  switch (knob.type) {
+    case Knob::Type::Bool:
+      knob.as_bool(config) = parse_bool(knob, node, origin);
+      return;
+    case Knob::Type::Int:
+      knob.as_int(config) = parse_int(knob, node, origin);
+      return;
+    case Knob::Type::Float:
+      knob.as_float(config) = parse_float(knob, node, origin);
+      return;
+    case Knob::Type::Betas: {
+      auto [beta1, beta2] = knob.as_betas(config);
+      if (is_auto(node)) {
+        *beta1 = *beta2 = std::nullopt;
+        return;
+      }
+      double b1 = 0, b2 = 0;
+      if (!node.IsSequence() || node.size() != 2 || !parse_number(node[0], b1) ||
+          !parse_number(node[1], b2) || b1 < 0 || b1 >= 1 || b2 < 0 || b2 >= 1) {
+        bad_value(knob, node, origin);
+      }
+      *beta1 = b1;
+      *beta2 = b2;
+      return;
+    }
+    case Knob::Type::Choice: {
+      const std::string text = node.IsScalar() ? node.Scalar() : "";
+      if (std::find(knob.choices.begin(), knob.choices.end(), text) == knob.choices.end()) {
+        bad_value(knob, node, origin);
+      }
+      knob.as_text(config) = text;
+      return;
+    }
+    case Knob::Type::Text:
+      if (!node.IsScalar()) bad_value(knob, node, origin);
+      knob.as_text(config) = node.Scalar();
+      return;
+    case Knob::Type::Offload:
+      knob.as_offload(config) = parse_offload(knob, node, origin);
+      return;
+  }
+}
+
+[[noreturn]] void unknown_key(const std::string& section, const std::string& key,
+                              const std::string& origin) {
+  const auto children = section_children(section);
+  const std::string guess = closest_match(key, children);
+  const std::string where = section.empty() ? "at the top level" : "under '" + section + "'";
+  if (!guess.empty()) {
+    fail("{}: config key '{}' is not known; did you mean '{}'?", origin, join_path(section, key),
+         join_path(section, guess));
+  }
+  fail("{}: config key '{}' is not known; allowed {}: {}", origin, join_path(section, key), where,
+       fmt::format("{}", fmt::join(children, ", ")));
+}
+
+void walk(const YAML::Node& map, const std::string& section, LoadedConfig& out,
+          const std::string& origin) {
+  for (const auto& entry : map) {
+    if (!entry.first.IsScalar()) {  // YAML allows a mapping or a list as a key ("? ...")
+      fail("{}: a config key {} is not a plain name; got '{}'", origin,
+           section.empty() ? "at the top level" : "under '" + section + "'", shown(entry.first));
+    }
+    const std::string key = entry.first.as<std::string>();
+    const std::string path = join_path(section, key);
+    const YAML::Node& value = entry.second;
+    if (const char* reason = ignored_key_reason(path)) {
+      out.warnings.push_back(
+          fmt::format("config key '{}' is accepted and ignored: {}", path, reason));
+    } else if (const Knob* knob = find_knob(path)) {
+      if (value.IsNull())
+        fail("{}: config key '{}' has no value; allowed: {}", origin, path, knob->allowed());
+      apply_knob(*knob, value, out.config, origin);
+    } else if (is_config_section(path)) {
+      if (!value.IsMap()) {
+        fail("{}: config key '{}' must be a mapping of keys ({}); got '{}'", origin, path,
+             fmt::format("{}", fmt::join(section_children(path), ", ")), shown(value));
+      }
+      walk(value, path, out, origin);
+    } else {
+      unknown_key(section, key, origin);
+    }
+  }
+}
+
+bool offloads(OffloadDevice d) {
+  return d == OffloadDevice::Cpu || d == OffloadDevice::Nvme;
+}
+
+}  // namespace
+
+const char* offload_device_name(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::Auto:
+      return "auto";
+    case OffloadDevice::None:
+      return "none";
+    case OffloadDevice::Cpu:
+      return "cpu";
+    case OffloadDevice::Nvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+void check_contradictions(const Config& c) {
+  if (c.bf16 && c.fp16.enabled) {
+    fail("config keys 'bf16.enabled' and 'fp16.enabled' are both true; allowed: at most one");
+  }
+  const auto& oo = c.zero.offload_optimizer;
+  const auto& op = c.zero.offload_param;
+  if (c.zero.stage && offloads(op.device) && *c.zero.stage < 3) {
+    fail(
+        "config key 'zero_optimization.offload_param.device' is '{}' with "
+        "'zero_optimization.stage' {}; allowed: parameter offload needs stage 3 (or stage auto)",
+        offload_device_name(op.device), *c.zero.stage);
+  }
+  if (c.zero.stage && offloads(oo.device) && *c.zero.stage < 1) {
+    fail(
+        "config key 'zero_optimization.offload_optimizer.device' is '{}' with "
+        "'zero_optimization.stage' 0; allowed: optimizer offload needs stage 1, 2 or 3",
+        offload_device_name(oo.device));
+  }
+  if (oo.device == OffloadDevice::Nvme && oo.nvme_path.empty()) {
+    fail(
+        "config key 'zero_optimization.offload_optimizer.nvme_path' is missing; "
+        "allowed: a directory on a local file system, required with device nvme");
+  }
+  if (op.device == OffloadDevice::Nvme && op.nvme_path.empty()) {
+    fail(
+        "config key 'zero_optimization.offload_param.nvme_path' is missing; "
+        "allowed: a directory on a local file system, required with device nvme");
+  }
+  const auto& s = c.scheduler;
+  if (s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") {
+    if (s.warmup_num_steps && s.total_num_steps && *s.warmup_num_steps > *s.total_num_steps) {
+      fail(
+          "config key 'scheduler.params.warmup_num_steps' is {} but 'total_num_steps' is {}; "
+          "allowed: warmup_num_steps <= total_num_steps",
+          *s.warmup_num_steps, *s.total_num_steps);
+    }
+  }
+}
+
+LoadedConfig load_config_string(const std::string& yaml_text, const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    fail("{}: not valid YAML or JSON: {}", origin, e.what());
+  }
+  LoadedConfig out;
+  if (root.IsNull()) return out;  // an empty file means every default
+  if (!root.IsMap()) fail("{}: a config must be a mapping of keys; got {}", origin, shown(root));
+  walk(root, "", out, origin);
+  for (const auto& item : root) out.top_level_keys.push_back(item.first.as<std::string>());
+  check_contradictions(out.config);
+  return out;
+}
+
+LoadedConfig load_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("config file '{}' cannot be read: {}", path, std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  return load_config_string(text.str(), path);
+}
+
+}  // namespace zeroshard

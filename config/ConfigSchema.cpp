@@ -1,0 +1,258 @@
+#include "config/ConfigSchema.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace zeroshard {
+namespace {
+
+constexpr double kBig = 1e15;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+using IntRef = std::function<std::optional<int64_t>&(Config&)>;
+using FloatRef = std::function<std::optional<double>&(Config&)>;
+
+Knob int_knob(std::string path, double min, double max, IntRef ref, int64_t multiple_of = 1) {
+  Knob k;
+  k.path = std::move(path);
+  k.type = Knob::Type::Int;
+  k.min = min;
+  k.max = max;
+  k.multiple_of = multiple_of;
+  k.as_int = std::move(ref);
+  return k;
+}
+
+Knob float_knob(std::string path, double min, double max, FloatRef ref,
+                bool min_exclusive = false) {
+  Knob k;
+  k.path = std::move(path);
+  k.type = Knob::Type::Float;
+  k.min = min;
+  k.max = max;
+  k.min_exclusive = min_exclusive;
+  k.as_float = std::move(ref);
+  return k;
+}
+
+Knob bool_knob(std::string path, std::function<bool&(Config&)> ref) {
+  Knob k;
+  k.path = std::move(path);
+  k.type = Knob::Type::Bool;
+  k.auto_ok = false;
+  k.as_bool = std::move(ref);
+  return k;
+}
+
+Knob choice_knob(std::string path, std::vector<std::string> choices,
+                 std::function<std::string&(Config&)> ref) {
+  Knob k;
+  k.path = std::move(path);
+  k.type = Knob::Type::Choice;
+  k.auto_ok = false;
+  k.choices = std::move(choices);
+  k.as_text = std::move(ref);
+  return k;
+}
+
+Knob text_knob(std::string path, std::function<std::string&(Config&)> ref) {
+  Knob k;
+  k.path = std::move(path);
+  k.type = Knob::Type::Text;
+  k.auto_ok = false;
+  k.as_text = std::move(ref);
+  return k;
+}
+
+Knob offload_knob(std::string path, std::function<OffloadDevice&(Config&)> ref) {
+  Knob k;
+  k.path = std::move(path);
+  k.type = Knob::Type::Offload;
+  k.choices = {"none", "cpu", "nvme"};
+  k.as_offload = std::move(ref);
+  return k;
+}
+
+std::vector<Knob> build_knobs() {
+  const std::string z = "zero_optimization.";
+  const std::string oo = z + "offload_optimizer.";
+  const std::string op = z + "offload_param.";
+  Knob betas;
+  betas.path = "optimizer.params.betas";
+  betas.type = Knob::Type::Betas;
+  betas.min = 0;
+  betas.max = 1;
+  betas.as_betas = [](Config& c) { return std::make_pair(&c.optimizer.beta1, &c.optimizer.beta2); };
+  // clang-format off
+  return {
+    int_knob("train_batch_size", 1, kBig, [](Config& c) -> auto& { return c.train_batch_size; }),
+    int_knob("train_micro_batch_size_per_gpu", 1, kBig, [](Config& c) -> auto& { return c.train_micro_batch_size_per_gpu; }),
+    int_knob("gradient_accumulation_steps", 1, kBig, [](Config& c) -> auto& { return c.gradient_accumulation_steps; }),
+    float_knob("gradient_clipping", 0, kInf, [](Config& c) -> auto& { return c.gradient_clipping; }),
+    float_knob("comm_timeout_seconds", 0, kInf, [](Config& c) -> auto& { return c.comm_timeout_seconds; }, true),
+    bool_knob("bf16.enabled", [](Config& c) -> auto& { return c.bf16; }),
+    bool_knob("fp16.enabled", [](Config& c) -> auto& { return c.fp16.enabled; }),
+    float_knob("fp16.loss_scale", 0, kInf, [](Config& c) -> auto& { return c.fp16.loss_scale; }),
+    int_knob("fp16.initial_scale_power", 0, 64, [](Config& c) -> auto& { return c.fp16.initial_scale_power; }),
+    int_knob("fp16.loss_scale_window", 1, kBig, [](Config& c) -> auto& { return c.fp16.loss_scale_window; }),
+    int_knob("fp16.hysteresis", 1, kBig, [](Config& c) -> auto& { return c.fp16.hysteresis; }),
+    float_knob("fp16.min_loss_scale", 0, kInf, [](Config& c) -> auto& { return c.fp16.min_loss_scale; }, true),
+    choice_knob("optimizer.type", {"AdamW", "Adam"}, [](Config& c) -> auto& { return c.optimizer.type; }),
+    float_knob("optimizer.params.lr", 0, kInf, [](Config& c) -> auto& { return c.optimizer.lr; }),
+    betas,
+    float_knob("optimizer.params.eps", 0, 1, [](Config& c) -> auto& { return c.optimizer.eps; }, true),
+    float_knob("optimizer.params.weight_decay", 0, kInf, [](Config& c) -> auto& { return c.optimizer.weight_decay; }),
+    choice_knob("scheduler.type", {"none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}, [](Config& c) -> auto& { return c.scheduler.type; }),
+    float_knob("scheduler.params.warmup_min_lr", 0, kInf, [](Config& c) -> auto& { return c.scheduler.warmup_min_lr; }),
+    float_knob("scheduler.params.warmup_max_lr", 0, kInf, [](Config& c) -> auto& { return c.scheduler.warmup_max_lr; }),
+    int_knob("scheduler.params.warmup_num_steps", 0, kBig, [](Config& c) -> auto& { return c.scheduler.warmup_num_steps; }),
+    int_knob("scheduler.params.total_num_steps", 1, kBig, [](Config& c) -> auto& { return c.scheduler.total_num_steps; }),
+    choice_knob("scheduler.params.warmup_type", {"log", "linear"}, [](Config& c) -> auto& { return c.scheduler.warmup_type; }),
+    bool_knob("activation_checkpointing.enabled", [](Config& c) -> auto& { return c.activation_checkpointing; }),
+    int_knob(z + "stage", 0, 3, [](Config& c) -> auto& { return c.zero.stage; }),
+    bool_knob(z + "overlap_comm", [](Config& c) -> auto& { return c.zero.overlap_comm; }),
+    bool_knob(z + "contiguous_gradients", [](Config& c) -> auto& { return c.zero.contiguous_gradients; }),
+    int_knob(z + "reduce_bucket_size", 1, kBig, [](Config& c) -> auto& { return c.zero.reduce_bucket_size; }),
+    int_knob(z + "allgather_bucket_size", 1, kBig, [](Config& c) -> auto& { return c.zero.allgather_bucket_size; }),
+    int_knob(z + "stage3_prefetch_bucket_size", 0, kBig, [](Config& c) -> auto& { return c.zero.stage3_prefetch_bucket_size; }),
+    int_knob(z + "stage3_max_live_parameters", 0, kBig, [](Config& c) -> auto& { return c.zero.stage3_max_live_parameters; }),
+    int_knob(z + "stage3_param_persistence_threshold", 0, kBig, [](Config& c) -> auto& { return c.zero.stage3_param_persistence_threshold; }),
+    int_knob(z + "sub_group_size", 1, kBig, [](Config& c) -> auto& { return c.zero.sub_group_size; }),
+    offload_knob(oo + "device", [](Config& c) -> auto& { return c.zero.offload_optimizer.device; }),
+    text_knob(oo + "nvme_path", [](Config& c) -> auto& { return c.zero.offload_optimizer.nvme_path; }),
+    bool_knob(oo + "pin_memory", [](Config& c) -> auto& { return c.zero.offload_optimizer.pin_memory; }),
+    int_knob(oo + "buffer_count", 1, 1024, [](Config& c) -> auto& { return c.zero.offload_optimizer.buffer_count; }),
+    offload_knob(op + "device", [](Config& c) -> auto& { return c.zero.offload_param.device; }),
+    text_knob(op + "nvme_path", [](Config& c) -> auto& { return c.zero.offload_param.nvme_path; }),
+    bool_knob(op + "pin_memory", [](Config& c) -> auto& { return c.zero.offload_param.pin_memory; }),
+    int_knob(op + "buffer_count", 1, 1024, [](Config& c) -> auto& { return c.zero.offload_param.buffer_count; }),
+    int_knob(op + "max_in_cpu", 0, kBig, [](Config& c) -> auto& { return c.zero.offload_param.max_in_cpu; }),
+    int_knob("aio.block_size", 4096, 1 << 30, [](Config& c) -> auto& { return c.aio.block_size; }, 4096),
+    int_knob("aio.queue_depth", 1, 4096, [](Config& c) -> auto& { return c.aio.queue_depth; }),
+    int_knob("aio.intra_op_parallelism", 1, 256, [](Config& c) -> auto& { return c.aio.intra_op_parallelism; }),
+    bool_knob("aio.single_submit", [](Config& c) -> auto& { return c.aio.single_submit; }),
+    bool_knob("aio.overlap_events", [](Config& c) -> auto& { return c.aio.overlap_events; }),
+  };
+  // clang-format on
+}
+
+const std::map<std::string, const char*>& ignored_keys() {
+  static const auto* keys = new std::map<std::string, const char*>{
+      {"steps_per_print", "zeroshard logs through its own reports"},
+      {"wall_clock_breakdown", "timings come from tools/ benchmarks"},
+      {"dump_state", "engine.memory_report() shows the state"},
+      {"prescale_gradients", "gradients are averaged after reduction in fp32"},
+      {"gradient_predivide_factor", "gradients are averaged after reduction in fp32"},
+      {"zero_allow_untested_optimizer", "only AdamW/Adam are offered"},
+      {"communication_data_type", "the reduction dtype is chosen per backend"},
+      {"flops_profiler", "not implemented"},
+      {"tensorboard", "not implemented"},
+      {"wandb", "not implemented"},
+      {"csv_monitor", "not implemented"},
+      {"comms_logger", "not implemented"},
+      {"fp16.auto_cast", "autocast is left to the model"},
+      {"fp16.consecutive_hysteresis", "hysteresis counts every overflow"},
+      {"zero_optimization.round_robin_gradients", "buckets are reduced in a fixed order"},
+      {"zero_optimization.reduce_scatter", "reduce-scatter is always used from stage 2"},
+      {"zero_optimization.allgather_partitions", "all-gather is always used"},
+      {"zero_optimization.elastic_checkpoint", "checkpoints reshard on load"},
+      {"zero_optimization.ignore_unused_parameters", "unused parameters count as zero"},
+      {"zero_optimization.load_from_fp32_weights", "checkpoints load fp32 masters"},
+      {"zero_optimization.memory_efficient_linear", "not needed"},
+      {"zero_optimization.stage3_max_reuse_distance", "the prefetch budget bounds reuse"},
+      {"zero_optimization.stage3_gather_16bit_weights_on_model_save",
+       "consolidation is a separate streaming step"},
+      {"zero_optimization.stage3_gather_fp16_weights_on_model_save",
+       "consolidation is a separate streaming step"},
+      {"zero_optimization.offload_param.buffer_size", "buffers are sized from the largest unit"},
+      {"zero_optimization.offload_optimizer.ratio", "offload is all or nothing"},
+      {"zero_optimization.offload_optimizer.fast_init", "not needed"},
+      {"zero_optimization.offload_optimizer.pipeline_read", "the Swapper always pipelines"},
+      {"zero_optimization.offload_optimizer.pipeline_write", "the Swapper always pipelines"},
+      {"activation_checkpointing.partition_activations", "not implemented"},
+      {"activation_checkpointing.cpu_checkpointing", "not implemented"},
+      {"activation_checkpointing.contiguous_memory_optimization", "not implemented"},
+      {"activation_checkpointing.number_checkpoints", "not implemented"},
+      {"activation_checkpointing.synchronize_checkpoint_boundary", "not implemented"},
+      {"activation_checkpointing.profile", "not implemented"},
+  };
+  return *keys;
+}
+
+std::string number_text(double v) {
+  if (v >= kBig) return "inf";
+  return fmt::format("{}", v);
+}
+
+}  // namespace
+
+std::string Knob::allowed() const {
+  const std::string auto_text = auto_ok ? " or auto" : "";
+  switch (type) {
+    case Type::Bool:
+      return "true or false";
+    case Type::Int: {
+      std::string text = fmt::format("integer {}..{}", number_text(min), number_text(max));
+      if (multiple_of > 1) text += fmt::format(", a multiple of {}", multiple_of);
+      return text + auto_text;
+    }
+    case Type::Float:
+      return fmt::format("number {}{}..{}{}", min_exclusive ? ">" : "", number_text(min),
+                         number_text(max), auto_text);
+    case Type::Betas:
+      return "a list of two numbers in [0, 1), e.g. [0.9, 0.999], or auto";
+    case Type::Choice:
+      return fmt::format("one of {}", fmt::join(choices, ", "));
+    case Type::Text:
+      return "a string";
+    case Type::Offload:
+      return "one of none, cpu, nvme or auto";
+  }
+  return "";
+}
+
+const std::vector<Knob>& config_knobs() {
+  static const auto* knobs = new std::vector<Knob>(build_knobs());
+  return *knobs;
+}
+
+const Knob* find_knob(const std::string& path) {
+  for (const auto& knob : config_knobs()) {
+    if (knob.path == path) return &knob;
+  }
+  return nullptr;
+}
+
+const char* ignored_key_reason(const std::string& path) {
+  const auto& keys = ignored_keys();
+  const auto it = keys.find(path);
+  return it == keys.end() ? nullptr : it->second;
+}
+
+bool is_config_section(const std::string& path) {
+  if (path.empty()) return true;
+  return std::any_of(config_knobs().begin(), config_knobs().end(), [&](const Knob& k) {
+    return k.path.compare(0, path.size() + 1, path + ".") == 0;
+  });
+}
+
+std::vector<std::string> section_children(const std::string& section) {
+  std::vector<std::string> children;
+  auto add = [&](const std::string& path) {
+    if (section.empty() ? true : path.compare(0, section.size() + 1, section + ".") == 0) {
+      const std::string rest = section.empty() ? path : path.substr(section.size() + 1);
+      const std::string child = rest.substr(0, rest.find('.'));
+      if (std::find(children.begin(), children.end(), child) == children.end())
+        children.push_back(child);
+    }
+  };
+  for (const auto& knob : config_knobs()) add(knob.path);
+  for (const auto& entry : ignored_keys()) add(entry.first);
+  return children;
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,46 @@
+#pragma once
+// The table of every config knob: its key path, type, allowed values and where it
+// lives in Config. Loading, validation, did-you-mean and emission all read it, so
+// a knob is declared once.
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/Config.h"
+
+namespace zeroshard {
+
+struct Knob {
+  enum class Type { Bool, Int, Float, Betas, Choice, Text, Offload };
+  std::string path;  // e.g. "zero_optimization.offload_optimizer.device"
+  Type type = Type::Int;
+  double min = 0;
+  double max = 0;
+  int64_t multiple_of = 1;  // Int only
+  bool min_exclusive = false;
+  bool auto_ok = true;
+  std::vector<std::string> choices;  // Choice only
+  std::function<bool&(Config&)> as_bool;
+  std::function<std::optional<int64_t>&(Config&)> as_int;
+  std::function<std::optional<double>&(Config&)> as_float;
+  std::function<std::pair<std::optional<double>*, std::optional<double>*>(Config&)> as_betas;
+  std::function<std::string&(Config&)> as_text;
+  std::function<OffloadDevice&(Config&)> as_offload;
+
+  std::string allowed() const;  // "integer 0..3 or auto", for error messages
+};
+
+const std::vector<Knob>& config_knobs();
+const Knob* find_knob(const std::string& path);
+
+// Keys DeepSpeed knows that zeroshard accepts and ignores (whole subtrees where the
+// key names a section), with the reason shown in the warning; nullptr if not one.
+const char* ignored_key_reason(const std::string& path);
+
+// Section paths ("", "zero_optimization", ...) and the child names each may hold.
+bool is_config_section(const std::string& path);
+std::vector<std::string> section_children(const std::string& section);
+
+}  // namespace zeroshard

@@ -1,0 +1,327 @@
+#include "engine/Checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include "common/Error.h"
+
+namespace zeroshard {
+namespace {
+
+int64_t element_size(const std::string& dtype) {
+  if (dtype == "fp32") return 4;
+  if (dtype == "bf16" || dtype == "fp16") return 2;
+  fail("checkpoint: unknown dtype '{}'; allowed: fp32, bf16, fp16", dtype);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("checkpoint: cannot read '{}': {}", path, std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string parent_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// A manifest's numbers must describe files that can exist: every read the loader
+// does is then inside a rank file (whose size the manifest also states).
+void check_consistent(const Manifest& m, const std::string& origin) {
+  int64_t end = 0;
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    const SavedGroup& sg = m.groups[g];
+    if (sg.shard_numel <= 0 || sg.shard_numel > (int64_t{1} << 40) || sg.file_offset != end) {
+      fail("checkpoint manifest '{}': group {} has shard_numel {} at byte {} (expected {})", origin,
+           g, sg.shard_numel, sg.file_offset, end);
+    }
+    end += sg.bytes();
+    for (const auto& p : sg.params) {
+      int64_t numel = 1;
+      for (int64_t d : p.shape) {
+        if (d < 0 || d > (int64_t{1} << 40)) numel = -1;
+        if (numel >= 0) numel *= d;
+        if (numel > (int64_t{1} << 42)) numel = -1;
+      }
+      if (numel != p.numel || p.offset < 0 || p.offset + p.numel > sg.shard_numel * m.world_size) {
+        fail(
+            "checkpoint manifest '{}': parameter '{}' (offset {}, numel {}) does not fit its "
+            "group or its shape",
+            origin, p.name, p.offset, p.numel);
+      }
+    }
+  }
+  if (m.rng_offset != end || m.rng_bytes < 0 || m.rng_bytes > (1 << 20)) {
+    fail("checkpoint manifest '{}': RNG state at byte {} ({} bytes), expected at byte {}", origin,
+         m.rng_offset, m.rng_bytes, end);
+  }
+  for (const auto& f : m.files) {
+    if (f.bytes != end + m.rng_bytes) {
+      fail("checkpoint manifest '{}': file '{}' of {} bytes, the layout needs {}", origin, f.name,
+           f.bytes, end + m.rng_bytes);
+    }
+  }
+}
+
+}  // namespace
+
+int64_t SavedGroup::bytes() const {
+  return trainable ? 12 * shard_numel : element_size(dtype) * shard_numel;
+}
+
+nlohmann::json Manifest::to_json() const {
+  nlohmann::json groups_json = nlohmann::json::array();
+  for (const auto& g : groups) {
+    nlohmann::json params_json = nlohmann::json::array();
+    for (const auto& p : g.params) {
+      params_json.push_back(
+          {{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel}});
+    }
+    groups_json.push_back({{"shard_numel", g.shard_numel},
+                           {"trainable", g.trainable},
+                           {"dtype", g.dtype},
+                           {"file_offset", g.file_offset},
+                           {"params", params_json}});
+  }
+  nlohmann::json files_json = nlohmann::json::array();
+  for (const auto& f : files) {
+    files_json.push_back({{"name", f.name}, {"bytes", f.bytes}, {"crc32", f.crc32}});
+  }
+  return {{"format", format},
+          {"tag", tag},
+          {"world_size", world_size},
+          {"stage", stage},
+          {"optimizer_steps", optimizer_steps},
+          {"micro_steps", micro_steps},
+          {"loss_scale", loss_scale},
+          {"client_state", client_state},
+          {"param_groups", param_groups},
+          {"lr_scheduler", lr_scheduler},
+          {"config_yaml", config_yaml},
+          {"rng_offset", rng_offset},
+          {"rng_bytes", rng_bytes},
+          {"groups", groups_json},
+          {"files", files_json},
+          {"aliases", aliases}};
+}
+
+Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin) {
+  try {
+    Manifest m;
+    m.format = j.at("format").get<int>();
+    if (m.format != kCheckpointFormat) {
+      fail("checkpoint manifest '{}': format {} is not allowed; this zeroshard reads format {}",
+           origin, m.format, kCheckpointFormat);
+    }
+    m.tag = j.at("tag").get<std::string>();
+    m.world_size = j.at("world_size").get<int>();
+    m.stage = j.at("stage").get<int>();
+    m.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+    m.micro_steps = j.at("micro_steps").get<int64_t>();
+    m.loss_scale = j.at("loss_scale");
+    m.client_state = j.at("client_state");
+    m.param_groups = j.value("param_groups", nlohmann::json());
+    m.lr_scheduler = j.value("lr_scheduler", nlohmann::json());
+    m.config_yaml = j.at("config_yaml").get<std::string>();
+    m.rng_offset = j.at("rng_offset").get<int64_t>();
+    m.rng_bytes = j.at("rng_bytes").get<int64_t>();
+    for (const auto& g : j.at("groups")) {
+      SavedGroup sg;
+      sg.shard_numel = g.at("shard_numel").get<int64_t>();
+      sg.trainable = g.at("trainable").get<bool>();
+      sg.dtype = g.at("dtype").get<std::string>();
+      sg.file_offset = g.at("file_offset").get<int64_t>();
+      for (const auto& p : g.at("params")) {
+        sg.params.push_back({p.at("name").get<std::string>(),
+                             p.at("shape").get<std::vector<int64_t>>(),
+                             p.at("offset").get<int64_t>(), p.at("numel").get<int64_t>()});
+      }
+      m.groups.push_back(std::move(sg));
+    }
+    if (j.contains("aliases")) {
+      m.aliases = j.at("aliases").get<std::vector<std::pair<std::string, std::string>>>();
+    }
+    for (const auto& f : j.at("files")) {
+      m.files.push_back({f.at("name").get<std::string>(), f.at("bytes").get<int64_t>(),
+                         f.at("crc32").get<uint32_t>()});
+    }
+    if (m.world_size < 1 || static_cast<int>(m.files.size()) != m.world_size) {
+      fail("checkpoint manifest '{}': {} rank files for world size {}", origin, m.files.size(),
+           m.world_size);
+    }
+    check_consistent(m, origin);
+    return m;
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint manifest '{}' is not valid: {}", origin, e.what());
+  }
+}
+
+uint32_t file_crc32(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("checkpoint: cannot open '{}': {}", path, std::strerror(errno));
+  std::vector<unsigned char> buf(4 << 20);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0) {
+      ::close(fd);
+      fail("checkpoint: cannot read '{}': {}", path, std::strerror(errno));
+    }
+    if (n == 0) break;
+    crc = crc32(crc, buf.data(), static_cast<uInt>(n));
+  }
+  ::close(fd);
+  return static_cast<uint32_t>(crc);
+}
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) fail("checkpoint: cannot create '{}': {}", tmp, std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      fail("checkpoint: writing '{}' failed: {}", tmp, std::strerror(e));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) fail("checkpoint: cannot sync '{}'", tmp);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    fail("checkpoint: cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno));
+  }
+  fsync_path(parent_of(path));
+}
+
+Manifest read_manifest(const std::string& dir, std::string tag) {
+  if (tag.empty()) {
+    const std::string latest = dir + "/latest";
+    struct stat st {};
+    if (::stat(latest.c_str(), &st) != 0) {
+      fail("checkpoint: '{}' has no 'latest' file; give a tag, or save a checkpoint there first",
+           dir);
+    }
+    tag = read_text(latest);
+    while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+  }
+  const std::string path = dir + "/" + tag + "/manifest.json";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint manifest '{}' is not valid JSON: {}", path, e.what());
+  }
+  Manifest m = Manifest::from_json(j, path);
+  for (const auto& f : m.files) {
+    const std::string file = dir + "/" + tag + "/" + f.name;
+    struct stat st {};
+    if (::stat(file.c_str(), &st) != 0) fail("checkpoint file '{}' is missing", file);
+    if (st.st_size != f.bytes) {
+      fail("checkpoint file '{}' has {} bytes, the manifest says {} (truncated?)", file,
+           static_cast<int64_t>(st.st_size), f.bytes);
+    }
+    const uint32_t crc = file_crc32(file);
+    if (crc != f.crc32) {
+      fail("checkpoint file '{}' does not match its checksum (CRC-32 {:08x}, manifest {:08x})",
+           file, crc, f.crc32);
+    }
+  }
+  return m;
+}
+
+CheckpointReader::CheckpointReader(const std::string& dir, Manifest manifest)
+    : dir_(dir + "/" + manifest.tag), manifest_(std::move(manifest)) {
+  for (const auto& f : manifest_.files) {
+    const std::string path = dir_ + "/" + f.name;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("checkpoint: cannot open '{}': {}", path, std::strerror(errno));
+    fds_.push_back(fd);
+  }
+  for (size_t g = 0; g < manifest_.groups.size(); ++g) {
+    for (size_t p = 0; p < manifest_.groups[g].params.size(); ++p) {
+      index_[manifest_.groups[g].params[p].name] = {g, p};
+    }
+  }
+}
+
+CheckpointReader::~CheckpointReader() {
+  for (int fd : fds_) ::close(fd);
+}
+
+const SavedParam& CheckpointReader::param(const std::string& name, size_t* group) const {
+  const auto it = index_.find(name);
+  if (it == index_.end()) {
+    fail("checkpoint '{}' has no parameter '{}' (the model has it): a different model?", dir_,
+         name);
+  }
+  if (group != nullptr) *group = it->second.first;
+  return manifest_.groups[it->second.first].params[it->second.second];
+}
+
+void CheckpointReader::read(const std::string& name, int array, int64_t begin, int64_t count,
+                            float* out) const {
+  size_t gi = 0;
+  const SavedParam& p = param(name, &gi);
+  const SavedGroup& g = manifest_.groups[gi];
+  const int64_t S = g.shard_numel;
+  const int64_t elem = g.trainable ? 4 : element_size(g.dtype);
+  std::vector<char> raw;
+  int64_t idx = p.offset + begin;
+  while (count > 0) {
+    const int64_t rank = idx / S, pos = idx % S;
+    const int64_t take = std::min(count, S - pos);
+    const int64_t at = g.file_offset + (g.trainable ? array * S * 4 : 0) + pos * elem;
+    raw.resize(static_cast<size_t>(take * elem));
+    const ssize_t n = ::pread(fds_.at(static_cast<size_t>(rank)), raw.data(), raw.size(), at);
+    if (n != static_cast<ssize_t>(raw.size())) {
+      fail("checkpoint file '{}/{}': short read of '{}' at byte {}", dir_,
+           manifest_.files[static_cast<size_t>(rank)].name, name, at);
+    }
+    if (elem == 4) {
+      std::memcpy(out, raw.data(), raw.size());
+    } else if (g.dtype == "bf16") {
+      const auto* h = reinterpret_cast<const c10::BFloat16*>(raw.data());
+      for (int64_t i = 0; i < take; ++i) out[i] = static_cast<float>(h[i]);
+    } else {
+      const auto* h = reinterpret_cast<const c10::Half*>(raw.data());
+      for (int64_t i = 0; i < take; ++i) out[i] = static_cast<float>(h[i]);
+    }
+    out += take;
+    idx += take;
+    count -= take;
+  }
+}
+
+std::string CheckpointReader::read_rng(int rank) const {
+  std::string bytes(static_cast<size_t>(manifest_.rng_bytes), '\0');
+  if (manifest_.rng_bytes == 0) return bytes;
+  const ssize_t n =
+      ::pread(fds_.at(static_cast<size_t>(rank)), bytes.data(), bytes.size(), manifest_.rng_offset);
+  if (n != static_cast<ssize_t>(bytes.size()))
+    fail("checkpoint: short read of rank {}'s RNG", rank);
+  return bytes;
+}
+
+}  // namespace zeroshard

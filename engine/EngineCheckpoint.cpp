@@ -1,0 +1,434 @@
+// Engine::save_checkpoint / load_checkpoint (the format: engine/Checkpoint.h).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/ranges.h>
+
+#include "common/Error.h"
+#include "common/FaultPoint.h"
+#include "engine/Checkpoint.h"
+#include "engine/Engine.h"
+#include "engine/ParamHome.h"
+#include "offload/SwapFile.h"
+#include "sharding/Collectives.h"
+#include "sharding/GradReducer.h"
+#include "sharding/LossScaler.h"
+#include "sharding/OptimizerShard.h"
+#include "sharding/ParamCoordinator.h"
+
+namespace zeroshard {
+namespace {
+
+std::string dtype_name(at::ScalarType t) {
+  if (t == at::kBFloat16) return "bf16";
+  if (t == at::kHalf) return "fp16";
+  return "fp32";
+}
+
+// Every option of a group with its manifest key (`Options`: const or not).
+template <typename Options, typename Fn>
+void for_each_option(Options& o, Fn&& fn) {
+  fn("lr", o.lr);
+  fn("beta1", o.beta1);
+  fn("beta2", o.beta2);
+  fn("eps", o.eps);
+  fn("weight_decay", o.weight_decay);
+  fn("decoupled", o.decoupled);
+}
+
+// A group's options as set (unset ones stay unset: they follow the config).
+nlohmann::json options_json(const ParamGroupOptions& o) {
+  nlohmann::json j = nlohmann::json::object();
+  for_each_option(o, [&j](const char* key, const auto& value) {
+    if (value) j[key] = *value;
+  });
+  return j;
+}
+
+ParamGroupOptions options_from_json(const nlohmann::json& j) {
+  ParamGroupOptions o;
+  for_each_option(o, [&j](const char* key, auto& value) {
+    using T = typename std::decay_t<decltype(value)>::value_type;
+    if (j.contains(key)) value = j.at(key).get<T>();
+  });
+  return o;
+}
+
+void make_dir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+    fail("checkpoint: cannot create '{}': {}", path, std::strerror(errno));
+  }
+}
+
+// A rank file written to its temporary name; any failure (a full disk most often)
+// removes what was written, so a failed save leaves no partial file taking the space.
+class FileWriter {
+ public:
+  explicit FileWriter(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd_ < 0) fail("checkpoint: cannot create '{}': {}", path_, std::strerror(errno));
+  }
+  ~FileWriter() {
+    if (fd_ < 0) return;
+    ::close(fd_);
+    ::unlink(path_.c_str());  // not finished: an error is on its way up
+  }
+  void write(const void* data, int64_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd_, p, static_cast<size_t>(bytes));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) give_up("writing", errno);
+      p += n;
+      bytes -= n;
+      written_ += n;
+    }
+  }
+  void finish() {
+    if (::fsync(fd_) != 0) give_up("syncing", errno);
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      ::unlink(path_.c_str());
+      fail("checkpoint: closing '{}' failed: {}", path_, std::strerror(errno));
+    }
+    fd_ = -1;
+  }
+
+ private:
+  [[noreturn]] void give_up(const char* what, int error) {
+    const int64_t free = free_bytes(path_.substr(0, path_.rfind('/')));
+    fail("checkpoint: {} '{}' failed after {} bytes: {} (errno {}); {} bytes free there", what,
+         path_, written_, std::strerror(error), error,
+         free >= 0 ? std::to_string(free) : "unknown");
+  }
+  std::string path_;
+  int fd_ = -1;
+  int64_t written_ = 0;
+};
+
+}  // namespace
+
+Manifest Engine::checkpoint_layout() const {
+  Manifest m;
+  m.world_size = world_size();
+  m.stage = static_cast<int>(*plan_.config.zero.stage);
+  m.optimizer_steps = optimizer_->steps();
+  m.micro_steps = micro_steps_;
+  m.config_yaml = emit_config_yaml(plan_.config);
+  int64_t offset = 0;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const auto& g = groups_[i];
+    SavedGroup sg;
+    sg.shard_numel = g->shard_numel();
+    sg.trainable = optimizer_group_[i] >= 0;
+    sg.dtype = dtype_name(g->flat().scalar_type());
+    sg.file_offset = offset;
+    for (const auto& s : g->slots()) sg.params.push_back({s.name, s.shape, s.offset, s.numel});
+    offset += sg.bytes();
+    m.groups.push_back(std::move(sg));
+  }
+  m.aliases = aliases_;
+  m.rng_offset = offset;
+  m.rng_bytes = at::detail::getDefaultCPUGenerator().get_state().numel();
+  if (scaler_) {
+    const auto s = scaler_->state();
+    m.loss_scale = {{"scale", s.scale},
+                    {"hysteresis_left", s.hysteresis_left},
+                    {"iteration", s.iteration},
+                    {"last_overflow", s.last_overflow}};
+  }
+  return m;
+}
+
+std::string Engine::save_checkpoint(const std::string& dir, std::string tag,
+                                    const std::string& client_state_json,
+                                    const std::string& lr_scheduler_json) {
+  if (tag.empty()) tag = fmt::format("global_step{}", optimizer_->steps());
+  if (tag.find('/') != std::string::npos || tag == "latest" || tag[0] == '.') {
+    fail("checkpoint tag '{}' is not allowed; allowed: a plain name (no '/', not 'latest')", tag);
+  }
+  fault_point("save.begin");
+  Manifest m = checkpoint_layout();
+  m.tag = tag;
+  try {
+    m.client_state = nlohmann::json::parse(client_state_json.empty() ? "{}" : client_state_json);
+  } catch (const nlohmann::json::exception& e) {
+    fail("client_state is not plain data (JSON): {}", e.what());
+  }
+  try {
+    if (!lr_scheduler_json.empty()) m.lr_scheduler = nlohmann::json::parse(lr_scheduler_json);
+  } catch (const nlohmann::json::exception& e) {
+    fail("lr_scheduler state is not plain data (JSON): {}", e.what());
+  }
+  m.param_groups = nlohmann::json::array();
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    m.param_groups.push_back(options_json(param_groups_.options(g)));
+  }
+  const std::string folder = dir + "/" + tag;
+  make_dir(dir);
+  make_dir(folder);
+  std::string failure;
+  try {
+    write_rank_file(folder);
+  } catch (const Error& e) {
+    failure = e.what();  // the other ranks hear of it in publish_checkpoint
+  }
+  publish_checkpoint(dir, m, failure);
+  return tag;
+}
+
+void Engine::write_rank_file(const std::string& folder) {
+  const std::string file = folder + fmt::format("/rank{}.bin", rank());
+  FileWriter out(file + ".tmp");
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    write_group_slice(i, [&](const void* data, int64_t bytes) { out.write(data, bytes); });
+    fault_point("save.rank_file");
+  }
+  const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+  out.write(rng.data_ptr(), rng.numel());
+  out.finish();
+  if (::rename((file + ".tmp").c_str(), file.c_str()) != 0) {
+    fail("checkpoint: cannot rename '{}': {}", file, std::strerror(errno));
+  }
+  fsync_path(folder);
+}
+
+// A collective, not a store wait: a peer that died fails it at once (its sockets close)
+// instead of after the whole timeout.
+void Engine::agree_on_checkpoint(const std::string& tag, const std::function<void()>& collective) {
+  try {
+    collective();
+  } catch (const Error& e) {
+    fail("rank {}: saving checkpoint '{}' failed: {}; the previous checkpoint stays the latest",
+         rank(), tag, e.what());
+  }
+}
+
+void Engine::publish_checkpoint(const std::string& dir, Manifest& m,
+                                const std::string& failure_here) {
+  // Every rank's file is complete before the manifest names it, and `latest` moves only
+  // after the manifest: a crash at any point leaves the previous tag loadable.
+  const std::string folder = dir + "/" + m.tag;
+  const std::string mine = fmt::format("rank{}.bin", rank());
+  at::Tensor files = at::zeros({world_size(), 3}, at::kLong);  // (written, crc, bytes)
+  if (failure_here.empty()) {
+    struct stat st {};
+    ::stat((folder + "/" + mine).c_str(), &st);
+    files[rank()][0] = 1;
+    files[rank()][1] = static_cast<int64_t>(file_crc32(folder + "/" + mine));
+    files[rank()][2] = static_cast<int64_t>(st.st_size);
+  }
+  fault_point("save.publish");
+  agree_on_checkpoint(m.tag, [&] { comm_->all_gather(files.view({-1})).wait(); });
+  if (!failure_here.empty()) {
+    fail("rank {}: saving checkpoint '{}' failed: {}; the previous checkpoint stays the latest",
+         rank(), m.tag, failure_here);
+  }
+  std::vector<int> unwritten;
+  for (int r = 0; r < world_size(); ++r)
+    if (files[r][0].item<int64_t>() == 0) unwritten.push_back(r);
+  if (!unwritten.empty()) {
+    fail(
+        "rank {}: saving checkpoint '{}' failed: rank(s) {} could not write their file (their "
+        "messages say why); the previous checkpoint stays the latest",
+        rank(), m.tag, fmt::join(unwritten, ", "));
+  }
+  at::Tensor published = at::zeros({1}, at::kLong);
+  std::string failure;
+  if (rank() == 0) {
+    for (int r = 0; r < world_size(); ++r) {
+      SavedFile f;
+      f.name = fmt::format("rank{}.bin", r);
+      f.crc32 = static_cast<uint32_t>(files[r][1].item<int64_t>());
+      f.bytes = files[r][2].item<int64_t>();
+      m.files.push_back(f);
+    }
+    try {
+      fault_point("save.manifest");
+      write_file_atomically(folder + "/manifest.json", m.to_json().dump(1));
+      fault_point("save.latest");
+      write_file_atomically(dir + "/latest", m.tag + "\n");
+      published.fill_(1);
+    } catch (const Error& e) {
+      failure = e.what();  // told to the other ranks before it is raised here
+    }
+  }
+  agree_on_checkpoint(m.tag, [&] { comm_->broadcast(published, 0).wait(); });
+  if (!failure.empty()) fail("rank 0: saving checkpoint '{}' failed: {}", m.tag, failure);
+  if (published.item<int64_t>() == 0) {
+    fail(
+        "rank {}: saving checkpoint '{}' failed: rank 0 could not write its manifest (its "
+        "message says why); the previous checkpoint stays the latest",
+        rank(), m.tag);
+  }
+}
+
+// This rank's slice [r*S, (r+1)*S) of group `i`: fp32 master, m, v if trainable, the
+// parameters otherwise. Offloaded state is streamed from its tier one group at a time.
+void Engine::write_group_slice(size_t i, const std::function<void(const void*, int64_t)>& write) {
+  FlatParamGroup* g = groups_[i].get();
+  const int64_t S = g->shard_numel();
+  if (optimizer_group_[i] >= 0) {
+    const auto t = static_cast<size_t>(optimizer_group_[i]);
+    const int64_t n = optimizer_->group_numel(t);
+    std::vector<float> master(n), m(n), v(n);
+    optimizer_->read_state(t, master.data(), m.data(), v.data());
+    const int64_t from = n == S ? 0 : rank() * S;  // stage 0: the optimizer holds it all
+    for (const auto* a : {&master, &m, &v}) write(a->data() + from, S * 4);
+    return;
+  }
+  const int u = unit_of_flat_[i];
+  at::Tensor values;
+  if (!g->sharded()) {
+    values = g->own_slice();
+  } else if (param_home_ && param_home_->holds(u)) {
+    values = at::empty({S}, g->flat().options());
+    param_home_->fill(u, values);
+  } else {
+    values = g->param_shard();
+  }
+  values = values.contiguous();
+  write(values.data_ptr(), S * static_cast<int64_t>(values.element_size()));
+}
+
+Engine::Loaded Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  const Manifest m = read_manifest(dir, tag);
+  const CheckpointReader reader(dir, m);
+  check_layout(reader, dir);  // before anything changes
+  const std::vector<ParamGroupOptions> groups = saved_param_groups(m, dir);
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    fault_point("load.group");
+    load_group(reader, i);
+  }
+  std::vector<CommHandle> handles;
+  for (FlatParamGroup* g : trainable_) {
+    if (!g->sharded() && *plan_.config.zero.stage >= 1)
+      handles.push_back(comm_->all_gather(g->flat()));
+  }
+  for (auto& h : handles) h.wait();
+  if (param_home_) param_home_->flush();
+  optimizer_->set_steps(m.optimizer_steps);
+  micro_steps_ = m.micro_steps;
+  for (size_t g = 0; g < groups.size(); ++g) param_groups_.set_options(g, groups[g]);
+  if (scaler_ && !m.loss_scale.is_null()) {
+    scaler_->restore({m.loss_scale.at("scale").get<double>(),
+                      m.loss_scale.at("hysteresis_left").get<int64_t>(),
+                      m.loss_scale.at("iteration").get<int64_t>(),
+                      m.loss_scale.at("last_overflow").get<int64_t>()});
+  }
+  reducer_->zero();
+  if (m.world_size == world_size()) {  // each rank's own random stream, when it exists
+    const std::string rng = reader.read_rng(rank());
+    at::Tensor state = at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
+    std::memcpy(state.data_ptr(), rng.data(), rng.size());
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
+  return {m.client_state.dump(), m.lr_scheduler.dump()};
+}
+
+// The saved groups' options, checked before anything changes: as many groups as this
+// engine has (none saved: a checkpoint from before groups were stored keeps the
+// engine's own).
+std::vector<ParamGroupOptions> Engine::saved_param_groups(const Manifest& m,
+                                                          const std::string& dir) const {
+  std::vector<ParamGroupOptions> out;
+  if (m.param_groups.is_null()) return out;
+  if (m.param_groups.size() != param_groups_.size()) {
+    fail(
+        "checkpoint '{}/{}' holds {} optimizer parameter group(s), this engine has {}; load "
+        "it into an engine built with the same groups (model_parameters or the client "
+        "optimizer's param_groups)",
+        dir, m.tag, m.param_groups.size(), param_groups_.size());
+  }
+  try {
+    for (const auto& j : m.param_groups) out.push_back(options_from_json(j));
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint '{}/{}': param_groups in manifest.json are malformed: {}", dir, m.tag,
+         e.what());
+  }
+  return out;
+}
+
+void Engine::check_layout(const CheckpointReader& reader, const std::string& dir) const {
+  std::unordered_set<std::string> mine;
+  for (const auto& g : groups_) {
+    for (const auto& s : g->slots()) {
+      mine.insert(s.name);
+      const SavedParam& p = reader.param(s.name);
+      if (p.shape != s.shape) {
+        fail("checkpoint '{}/{}': parameter '{}' has shape [{}] there and [{}] in the model", dir,
+             reader.manifest().tag, s.name, fmt::join(p.shape, ", "), fmt::join(s.shape, ", "));
+      }
+    }
+  }
+  for (const auto& g : reader.manifest().groups) {
+    for (const auto& p : g.params) {
+      if (!mine.count(p.name)) {
+        fail("checkpoint '{}/{}' has parameter '{}', which the model does not have", dir,
+             reader.manifest().tag, p.name);
+      }
+    }
+  }
+}
+
+// Fills `out` (count elements: group `g`'s flat buffer from `begin`) from the saved
+// parameters' array `array`; padding stays zero.
+void Engine::read_range(const CheckpointReader& reader, const FlatParamGroup& g, int array,
+                        int64_t begin, int64_t count, float* out) const {
+  std::fill(out, out + count, 0.0f);
+  for (const auto& s : g.slots()) {
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(begin + count, s.offset + s.numel);
+    if (lo >= hi) continue;
+    size_t saved_group = 0;
+    reader.param(s.name, &saved_group);
+    const bool saved_trainable = reader.manifest().groups[saved_group].trainable;
+    if (array > 0 && !saved_trainable) continue;  // frozen when saved: no Adam state
+    reader.read(s.name, array, lo - s.offset, hi - lo, out + (lo - begin));
+  }
+}
+
+void Engine::load_group(const CheckpointReader& reader, size_t i) {
+  FlatParamGroup* g = groups_[i].get();
+  const int64_t S = g->shard_numel();
+  const int u = unit_of_flat_[i];
+  const bool at_home = param_home_ && u >= 0 && param_home_->holds(u);
+  if (optimizer_group_[i] >= 0) {
+    const auto t = static_cast<size_t>(optimizer_group_[i]);
+    const int64_t n = optimizer_->group_numel(t);
+    const int64_t begin = n == S ? rank() * S : 0;
+    std::vector<float> master(n), m(n), v(n);
+    read_range(reader, *g, 0, begin, n, master.data());
+    read_range(reader, *g, 1, begin, n, m.data());
+    read_range(reader, *g, 2, begin, n, v.data());
+    if (at_home) param_home_->open_for_update(u);
+    optimizer_->write_state(t, master.data(), m.data(), v.data());
+    if (at_home) param_home_->store(u);
+    if (g->sharded() && g->gathered() && u >= 0) coordinator_->release_now(u);
+    return;
+  }
+  const int64_t begin = g->sharded() ? rank() * S : 0;
+  const int64_t n = g->sharded() ? S : g->padded_numel();
+  std::vector<float> values(n);
+  read_range(reader, *g, 0, begin, n, values.data());
+  const at::Tensor src = at::from_blob(values.data(), {n}, at::kFloat);
+  if (!g->sharded()) {
+    g->flat().copy_(src);
+    return;
+  }
+  if (at_home) param_home_->open_for_update(u);
+  g->param_shard().copy_(src);
+  if (at_home) param_home_->store(u);
+  if (g->gathered() && u >= 0) coordinator_->release_now(u);
+}
+
+}  // namespace zeroshard

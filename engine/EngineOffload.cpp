@@ -1,0 +1,89 @@
+// The Engine's offload wiring: which optimizer steps the shards, the swap directories
+// and I/O engine, and where stage-3 parameter shards live.
+#include "common/Error.h"
+#include "engine/Engine.h"
+#include "engine/OffloadOptimizer.h"
+#include "engine/ParamHome.h"
+#include "offload/CpuAdam.h"
+#include "offload/IoEngine.h"
+#include "offload/SwapFile.h"
+#include "plan/MemoryModel.h"
+#include "sharding/OptimizerShard.h"
+#include "sharding/ParamCoordinator.h"
+
+namespace zeroshard {
+namespace {
+
+// Shards in host memory step through CpuAdam: one vectorized pass instead of eight
+// ATen passes (5.5x faster on this machine's 2 cores, at the bandwidth limit).
+AdamKernel cpu_adam_kernel() {
+  return [](const AdamHyper& h, int64_t step, double grad_scale, at::Tensor& master,
+            at::Tensor& grad, at::Tensor& m, at::Tensor& v) {
+    CpuAdamStep s;
+    s.hyper = h;
+    s.step = step;
+    s.grad_scale = grad_scale;
+    cpu_adam_step(s, master.data_ptr<float>(), grad.contiguous().data_ptr<float>(),
+                  m.data_ptr<float>(), v.data_ptr<float>(), master.numel());
+  };
+}
+
+}  // namespace
+
+const std::string& Engine::swap_dir(const std::string& nvme_path) {
+  if (!io_) {
+    const auto& aio = plan_.config.aio;
+    IoOptions o;
+    o.block_size = *aio.block_size;
+    o.queue_depth = static_cast<int>(*aio.queue_depth);
+    o.rings = static_cast<int>(*aio.intra_op_parallelism);
+    io_ = std::make_unique<IoEngine>(o);
+  }
+  swap_dirs_.push_back(std::make_unique<SwapDir>(nvme_path, fmt::format("rank{}", rank())));
+  return swap_dirs_.back()->path();
+}
+
+std::unique_ptr<ShardOptimizer> Engine::make_optimizer(bool on_cpu) {
+  const auto& z = plan_.config.zero;
+  const OffloadDevice device = plan_.option.optimizer;
+  if (device == OffloadDevice::None) {
+    return std::make_unique<OptimizerShard>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{});
+  }
+  OffloadOptimizerOptions o;
+  o.device = device;
+  o.sub_group_numel = *z.sub_group_size;
+  o.buffer_count = *z.offload_optimizer.buffer_count;
+  if (device == OffloadDevice::Nvme) {
+    o.swap_dir = swap_dir(z.offload_optimizer.nvme_path);
+    o.io = io_.get();
+  }
+  return std::make_unique<OffloadOptimizer>(o, &ledger_);
+}
+
+// Stage-3 parameter offload: each sharded unit's shard goes where the memory model
+// puts it (the same function decides both).
+void Engine::place_param_shards(const std::vector<FlatParamGroup*>& sharded) {
+  const auto& op = plan_.config.zero.offload_param;
+  const OffloadDevice device = plan_.option.params;
+  if (device == OffloadDevice::None) return;
+  const ParamPlacement placed =
+      zeroshard::place_param_shards(spec_of_groups(), device, op, world_size());
+  std::vector<bool> on_nvme(sharded.size(), device == OffloadDevice::Nvme);
+  for (size_t u : placed.in_host) on_nvme[unit_of_flat_[u]] = false;
+  for (size_t u = 0; u < sharded.size(); ++u) {
+    if (!on_nvme[u]) sharded[u]->set_shard_tier(Tier::Host, &ledger_);
+  }
+  if (device != OffloadDevice::Nvme) return;
+  param_home_ = std::make_unique<ParamHome>(sharded, on_nvme, io_ ? io_.get() : nullptr,
+                                            swap_dir(op.nvme_path), *op.buffer_count, &ledger_);
+  auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get());
+  off->on_group(
+      [this](size_t g) {
+        if (unit_of_group_[g] >= 0) param_home_->open_for_update(unit_of_group_[g]);
+      },
+      [this](size_t g) {
+        if (unit_of_group_[g] >= 0) param_home_->store(unit_of_group_[g]);
+      });
+}
+
+}  // namespace zeroshard

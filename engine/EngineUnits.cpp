@@ -1,0 +1,103 @@
+// Stage-3 units driven from outside the Engine (run_unit for LibTorch modules, the
+// unit_* calls for Python's module hooks), and parameters written outside training.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include "common/Error.h"
+#include "engine/Engine.h"
+#include "engine/ParamHome.h"
+#include "sharding/Collectives.h"
+#include "sharding/OptimizerShard.h"
+#include "sharding/ParamCoordinator.h"
+
+namespace zeroshard {
+
+at::Tensor Engine::run_unit(const torch::nn::Module& unit,
+                            const std::function<at::Tensor()>& forward) {
+  if (!coordinator_) return forward();
+  const auto it = unit_of_module_.find(&unit);
+  if (it == unit_of_module_.end() || coordinator_unit_[it->second] < 0) {
+    fail(
+        "run_unit: module '{}' is not a stage-3 unit with trainable parameters; declare it "
+        "in EngineOptions::units",
+        unit.name());
+  }
+  const size_t u = it->second;
+  unit_forward_begin(u);
+  at::Tensor out = forward();
+  if (out.requires_grad()) {
+    out.register_hook([this, u](const at::Tensor& grad) {
+      unit_backward_begin(u);
+      return grad;
+    });
+  }
+  unit_forward_end(u);
+  return out;
+}
+
+int Engine::checked_unit(size_t unit) const {
+  if (unit >= coordinator_unit_.size()) {
+    fail("unit {} does not exist; this model has {} units", unit, coordinator_unit_.size());
+  }
+  return coordinator_ ? coordinator_unit_[unit] : -1;
+}
+
+void Engine::unit_forward_begin(size_t unit) {
+  const int u = checked_unit(unit);
+  if (u >= 0) coordinator_->before_forward(u);
+}
+
+void Engine::unit_forward_end(size_t unit) {
+  const int u = checked_unit(unit);
+  if (u >= 0) coordinator_->after_forward(u);
+}
+
+void Engine::unit_backward_begin(size_t unit) {
+  const int u = checked_unit(unit);
+  if (u >= 0) coordinator_->before_backward(u);
+}
+
+void Engine::gather_unit(size_t unit) {
+  const int u = checked_unit(unit);
+  if (u >= 0 && !coordinator_->gathered(u)) coordinator_->gather_now(u);
+}
+
+void Engine::release_unit(size_t unit) {
+  const int u = checked_unit(unit);
+  if (u >= 0) coordinator_->release_now(u);
+}
+
+void Engine::commit_parameters(int src_rank) {
+  if (src_rank < 0 || src_rank >= world_size()) {
+    fail("modifier rank {} does not exist; allowed: 0 to {}", src_rank, world_size() - 1);
+  }
+  at::NoGradGuard no_grad;
+  std::vector<CommHandle> handles;
+  for (const auto& g : groups_) {
+    if (!g->sharded() || g->gathered()) handles.push_back(comm_->broadcast(g->flat(), src_rank));
+  }
+  for (auto& h : handles) h.wait();
+  std::vector<bool> trainable_group(groups_.size(), false);
+  for (size_t i = 0; i < trainable_.size(); ++i) {
+    FlatParamGroup* g = trainable_[i];
+    const int u = unit_of_group_[i];
+    if (g->sharded() && !g->gathered()) continue;
+    const bool at_home = param_home_ && u >= 0 && param_home_->holds(u);
+    if (at_home) param_home_->open_for_update(u);
+    if (g->sharded()) g->keep_own_slice();
+    optimizer_->reload_master(i);
+    if (at_home) param_home_->store(u);
+  }
+  for (size_t i = 0; i < groups_.size(); ++i) {  // frozen units: their shard only
+    FlatParamGroup* g = groups_[i].get();
+    if (optimizer_group_[i] >= 0 || !g->sharded() || !g->gathered()) continue;
+    const int u = unit_of_flat_[i];
+    const bool at_home = param_home_ && param_home_->holds(u);
+    if (at_home) param_home_->open_for_update(u);
+    g->keep_own_slice();
+    if (at_home) param_home_->store(u);
+  }
+  if (param_home_) param_home_->flush();
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,218 @@
+#include "engine/OffloadOptimizer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <ATen/ATen.h>
+
+#include "common/Error.h"
+#include "common/FaultPoint.h"
+#include "offload/CpuAdam.h"
+#include "offload/IoEngine.h"
+#include "offload/PinnedPool.h"
+#include "offload/Swapper.h"
+
+namespace zeroshard {
+namespace {
+
+// A region holds master, m and v of n elements back to back.
+int64_t region_bytes(int64_t n) {
+  return 12 * n;
+}
+
+}  // namespace
+
+OffloadOptimizer::OffloadOptimizer(const OffloadOptimizerOptions& options, MemoryLedger* ledger)
+    : options_(options), ledger_(ledger) {
+  if (options_.device != OffloadDevice::Cpu && options_.device != OffloadDevice::Nvme) {
+    fail("offload_optimizer.device: '{}' is not an offload device; allowed: cpu, nvme",
+         offload_device_name(options_.device));
+  }
+  if (options_.sub_group_numel < 1) {
+    fail("zero_optimization.sub_group_size: {} is not allowed; use >= 1", options_.sub_group_numel);
+  }
+}
+
+OffloadOptimizer::~OffloadOptimizer() = default;
+
+void OffloadOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan> spans) {
+  if (swapper_) fail("OffloadOptimizer: add_group after the first step");
+  const size_t group = shards_.size();
+  shards_.push_back(shard);
+  spans_.push_back(std::move(spans));
+  const int64_t n = shard.numel();
+  if (options_.device == OffloadDevice::Cpu) {
+    const auto host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
+    master_.push_back(shard.to(host, /*non_blocking=*/false, /*copy=*/true));
+    m_.push_back(at::zeros({n}, host));
+    v_.push_back(at::zeros({n}, host));
+    entries_.emplace_back(ledger_, Tier::Host, Kind::MasterParams, n * 4);
+    entries_.emplace_back(ledger_, Tier::Host, Kind::OptimizerStates, n * 8);
+    return;
+  }
+  for (int64_t off = 0; off < n; off += options_.sub_group_numel) {
+    sub_groups_.push_back({group, off, std::min(options_.sub_group_numel, n - off)});
+  }
+}
+
+void OffloadOptimizer::start() {
+  if (options_.device == OffloadDevice::Nvme && !swapper_) open_swap();
+}
+
+void OffloadOptimizer::open_swap() {
+  std::vector<int64_t> bytes;
+  int64_t largest = 0;
+  for (const auto& s : sub_groups_) {
+    bytes.push_back(region_bytes(s.numel));
+    largest = std::max(largest, s.numel);
+  }
+  const int64_t slots = std::max<int64_t>(1, options_.buffer_count);
+  pool_ = std::make_unique<PinnedPool>(slots, region_bytes(largest), ledger_);
+  options_.io->register_buffers(pool_->all());
+  // The swap regions hold master and m+v: counted under those two kinds.
+  swapper_ = std::make_unique<Swapper>(options_.io, options_.swap_dir, "optimizer", bytes, nullptr,
+                                       Kind::OptimizerStates);
+  int64_t total = 0;
+  for (const auto& s : sub_groups_) total += s.numel;
+  entries_.emplace_back(ledger_, Tier::Nvme, Kind::MasterParams, total * 4);
+  entries_.emplace_back(ledger_, Tier::Nvme, Kind::OptimizerStates, total * 8);
+  std::vector<size_t> order(sub_groups_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  // First state: master = the parameters, m = v = 0, written through the same pipeline.
+  swapper_->update_each(
+      order, *pool_,
+      [&](size_t r, void* buffer) {
+        const SubGroup& s = sub_groups_[r];
+        auto* f = static_cast<float*>(buffer);
+        at::Tensor master = at::from_blob(f, {s.numel}, at::kFloat);
+        master.copy_(shards_[s.group].narrow(0, s.offset, s.numel));
+        std::memset(f + s.numel, 0, static_cast<size_t>(8 * s.numel));
+      },
+      Swapper::Pass::Fill);
+}
+
+void OffloadOptimizer::write_back(at::Tensor& shard, int64_t offset, const float* master, int64_t n,
+                                  const uint16_t* bf16) {
+  at::Tensor dst = shard.narrow(0, offset, n);
+  if (bf16 != nullptr) return;  // CpuAdam wrote the bf16 copy in place
+  dst.copy_(at::from_blob(const_cast<float*>(master), {n}, at::kFloat));
+}
+
+void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_scale,
+                            const std::vector<AdamHyper>& hypers) {
+  if (grads.size() != shards_.size())
+    fail("OffloadOptimizer: {} gradients for {} groups", grads.size(), shards_.size());
+  ++steps_;
+  std::vector<at::Tensor> host_grads;
+  for (const auto& g : grads) host_grads.push_back(g.to(at::kCPU, at::kFloat).contiguous());
+  // bf16 parameters on the host: CpuAdam writes them in the same pass.
+  auto fused_bf16 = [&](size_t group, int64_t offset) -> uint16_t* {
+    const at::Tensor& shard = shards_[group];
+    if (shard.scalar_type() != at::kBFloat16 || !shard.device().is_cpu() || !shard.is_contiguous())
+      return nullptr;
+    return reinterpret_cast<uint16_t*>(shard.data_ptr<at::BFloat16>()) + offset;
+  };
+  // Adam over elements [begin, begin + count) of `group`, whose master, m and v start at
+  // the given pointers (element `first` of the group), span by span.
+  auto adam = [&](size_t group, int64_t first, int64_t count, float* master, float* m, float* v) {
+    const float* grad = host_grads[group].data_ptr<float>();
+    for_each_span(spans_[group], hypers, first, count,
+                  [&](int64_t begin, int64_t n, const AdamHyper& h) {
+                    const int64_t at = begin - first;
+                    uint16_t* bf16 = fused_bf16(group, begin);
+                    cpu_adam_step(CpuAdamStep{h, steps_, grad_scale}, master + at, grad + begin,
+                                  m + at, v + at, n, bf16);
+                  });
+    write_back(shards_[group], first, master, count, fused_bf16(group, first));
+  };
+  if (options_.device == OffloadDevice::Cpu) {
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      fault_point("step.cpu_group");
+      if (begin_group_) begin_group_(i);
+      adam(i, 0, master_[i].numel(), master_[i].data_ptr<float>(), m_[i].data_ptr<float>(),
+           v_[i].data_ptr<float>());
+      if (end_group_) end_group_(i);
+    }
+    return;
+  }
+  if (!swapper_) open_swap();
+  std::vector<size_t> order(sub_groups_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  swapper_->update_each(order, *pool_, [&](size_t r, void* buffer) {
+    const SubGroup& sg = sub_groups_[r];
+    fault_point("step.nvme_sub_group");
+    if (sg.offset == 0 && begin_group_) begin_group_(sg.group);
+    auto* f = static_cast<float*>(buffer);
+    adam(sg.group, sg.offset, sg.numel, f, f + sg.numel, f + 2 * sg.numel);
+    const bool last = sg.offset + sg.numel == shards_[sg.group].numel();
+    if (last && end_group_) end_group_(sg.group);
+  });
+}
+
+void OffloadOptimizer::reload_master(size_t group) {
+  const at::Tensor& shard = shards_.at(group);
+  if (options_.device == OffloadDevice::Cpu) {
+    master_[group].copy_(shard);
+    return;
+  }
+  if (!swapper_) open_swap();
+  swapper_->update_each(sub_groups_of(group), *pool_, [&](size_t r, void* buffer) {
+    const SubGroup& s = sub_groups_[r];
+    at::from_blob(buffer, {s.numel}, at::kFloat).copy_(shard.narrow(0, s.offset, s.numel));
+  });
+}
+
+std::vector<size_t> OffloadOptimizer::sub_groups_of(size_t group) const {
+  std::vector<size_t> order;
+  for (size_t r = 0; r < sub_groups_.size(); ++r)
+    if (sub_groups_[r].group == group) order.push_back(r);
+  return order;
+}
+
+void OffloadOptimizer::read_state(size_t group, float* master, float* m, float* v) {
+  const int64_t n = shards_.at(group).numel();
+  if (options_.device == OffloadDevice::Cpu) {
+    std::memcpy(master, master_[group].data_ptr<float>(), n * 4);
+    std::memcpy(m, m_[group].data_ptr<float>(), n * 4);
+    std::memcpy(v, v_[group].data_ptr<float>(), n * 4);
+    return;
+  }
+  if (!swapper_) open_swap();
+  // Streamed one sub-group at a time through the pinned buffers.
+  swapper_->update_each(
+      sub_groups_of(group), *pool_,
+      [&](size_t r, void* buffer) {
+        const SubGroup& s = sub_groups_[r];
+        const auto* f = static_cast<const float*>(buffer);
+        std::memcpy(master + s.offset, f, s.numel * 4);
+        std::memcpy(m + s.offset, f + s.numel, s.numel * 4);
+        std::memcpy(v + s.offset, f + 2 * s.numel, s.numel * 4);
+      },
+      Swapper::Pass::Drain);
+}
+
+void OffloadOptimizer::write_state(size_t group, const float* master, const float* m,
+                                   const float* v) {
+  at::Tensor& shard = shards_.at(group);
+  const int64_t n = shard.numel();
+  if (options_.device == OffloadDevice::Cpu) {
+    std::memcpy(master_[group].data_ptr<float>(), master, n * 4);
+    std::memcpy(m_[group].data_ptr<float>(), m, n * 4);
+    std::memcpy(v_[group].data_ptr<float>(), v, n * 4);
+  } else {
+    if (!swapper_) open_swap();
+    swapper_->update_each(
+        sub_groups_of(group), *pool_,
+        [&](size_t r, void* buffer) {
+          const SubGroup& s = sub_groups_[r];
+          auto* f = static_cast<float*>(buffer);
+          std::memcpy(f, master + s.offset, s.numel * 4);
+          std::memcpy(f + s.numel, m + s.offset, s.numel * 4);
+          std::memcpy(f + 2 * s.numel, v + s.offset, s.numel * 4);
+        },
+        Swapper::Pass::Fill);
+  }
+  shard.copy_(at::from_blob(const_cast<float*>(master), {n}, at::kFloat));
+}
+
+}  // namespace zeroshard

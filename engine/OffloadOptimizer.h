@@ -1,0 +1,79 @@
+#pragma once
+// The optimizer with its state off the device (ZeRO-Offload / ZeRO-Infinity): fp32
+// master weights, Adam m and v in host RAM (device cpu) or on NVMe (device nvme),
+// stepped by CpuAdam on the host, the updated parameters written back to the
+// compute-precision shard. On NVMe each group's shard is cut into sub-groups of at
+// most sub_group_size elements, each a swap region [master | m | v] that the Swapper
+// streams through the pinned buffers: read ahead, Adam, write behind.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/MemoryLedger.h"
+#include "config/Config.h"
+#include "sharding/OptimizerShard.h"
+
+namespace zeroshard {
+
+class IoEngine;
+class PinnedPool;
+class Swapper;
+
+struct OffloadOptimizerOptions {
+  OffloadDevice device = OffloadDevice::Cpu;
+  int64_t sub_group_numel = 100'000'000;
+  int64_t buffer_count = 4;
+  IoEngine* io = nullptr;  // nvme
+  std::string swap_dir;    // nvme: this rank's swap directory
+};
+
+class OffloadOptimizer : public ShardOptimizer {
+ public:
+  OffloadOptimizer(const OffloadOptimizerOptions& options, MemoryLedger* ledger);
+  ~OffloadOptimizer() override;
+
+  void add_group(const at::Tensor& shard, std::vector<HyperSpan> spans = {}) override;
+  using ShardOptimizer::step;
+  void step(const std::vector<at::Tensor>& grads, double grad_scale,
+            const std::vector<AdamHyper>& hypers) override;
+  int64_t steps() const override { return steps_; }
+  size_t groups() const override { return shards_.size(); }
+  void reload_master(size_t group) override;
+  int64_t group_numel(size_t group) const override { return shards_.at(group).numel(); }
+  void read_state(size_t group, float* master, float* m, float* v) override;
+  void write_state(size_t group, const float* master, const float* m, const float* v) override;
+  void set_steps(int64_t steps) override { steps_ = steps; }
+  // After the last add_group: writes the initial state to NVMe (else the first step does).
+  void start();
+  // Called before a group's first update and after its last (parameter offload brings
+  // the shard's storage back and writes it out).
+  void on_group(std::function<void(size_t)> begin, std::function<void(size_t)> end) {
+    begin_group_ = std::move(begin);
+    end_group_ = std::move(end);
+  }
+
+ private:
+  struct SubGroup {
+    size_t group;
+    int64_t offset, numel;
+  };
+  std::vector<size_t> sub_groups_of(size_t group) const;
+  void open_swap();  // nvme: lays out every sub-group and writes the initial state
+  static void write_back(at::Tensor& shard, int64_t offset, const float* master, int64_t n,
+                         const uint16_t* bf16);
+
+  OffloadOptimizerOptions options_;
+  MemoryLedger* ledger_;
+  std::vector<at::Tensor> shards_;
+  std::vector<std::vector<HyperSpan>> spans_;  // per group
+  std::vector<at::Tensor> master_, m_, v_;     // cpu
+  std::vector<LedgerEntry> entries_;
+  std::vector<SubGroup> sub_groups_;  // nvme
+  std::unique_ptr<Swapper> swapper_;
+  std::unique_ptr<PinnedPool> pool_;
+  std::function<void(size_t)> begin_group_, end_group_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace zeroshard

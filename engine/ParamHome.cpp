@@ -1,0 +1,138 @@
+#include "engine/ParamHome.h"
+
+#include <cstring>
+
+#include <ATen/ATen.h>
+
+#include "common/Error.h"
+#include "common/FaultPoint.h"
+#include "offload/IoEngine.h"
+#include "offload/PinnedPool.h"
+#include "offload/Swapper.h"
+
+namespace zeroshard {
+
+ParamHome::ParamHome(std::vector<FlatParamGroup*> units, std::vector<bool> on_nvme, IoEngine* io,
+                     const std::string& swap_dir, int64_t buffer_count, MemoryLedger* ledger)
+    : units_(std::move(units)), on_nvme_(std::move(on_nvme)) {
+  std::vector<int64_t> bytes;
+  int64_t largest = 0;
+  region_.assign(units_.size(), 0);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!on_nvme_[u]) continue;
+    region_[u] = bytes.size();
+    bytes.push_back(bytes_of(u));
+    largest = std::max(largest, bytes_of(u));
+  }
+  reads_.resize(units_.size());
+  if (bytes.empty()) return;
+  pool_ = std::make_unique<PinnedPool>(std::max<int64_t>(1, buffer_count), largest, ledger);
+  io->register_buffers(pool_->all());
+  for (int64_t i = 0; i < pool_->count(); ++i) free_.push_back(pool_->acquire());
+  swapper_ = std::make_unique<Swapper>(io, swap_dir, "params", bytes, ledger, Kind::Params);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (on_nvme_[u]) store(u);
+  }
+  flush();
+}
+
+ParamHome::~ParamHome() {
+  try {
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (reads_[u].slot >= 0) reads_[u].done.wait();
+    for (auto& w : writes_) w.done.wait();
+  } catch (...) {
+  }
+  if (pool_) {
+    for (auto& r : reads_)
+      if (r.slot >= 0) free_.push_back(r.slot);
+    for (auto& w : writes_) free_.push_back(w.slot);
+    for (int64_t s : free_) pool_->release(s);
+  }
+}
+
+int64_t ParamHome::bytes_of(size_t unit) const {
+  const FlatParamGroup* g = units_[unit];
+  return g->shard_numel() * static_cast<int64_t>(g->flat().element_size());
+}
+
+// A free buffer; with `may_wait`, the oldest write is waited for, or else a prefetched
+// shard nobody has asked for yet gives its buffer up. -1 when none is free right now.
+int64_t ParamHome::take_slot(bool may_wait) {
+  if (free_.empty() && !writes_.empty()) {
+    auto& oldest = writes_.front();
+    const bool ready = oldest.done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    if (ready || may_wait) {
+      Transfer w = std::move(oldest);
+      writes_.pop_front();
+      free_.push_back(w.slot);
+      w.done.get();
+    }
+  }
+  if (free_.empty() && may_wait) {
+    for (size_t u = 0; u < reads_.size() && free_.empty(); ++u) {
+      if (reads_[u].slot < 0) continue;
+      reads_[u].done.wait();
+      free_.push_back(reads_[u].slot);
+      reads_[u] = Transfer{};
+    }
+  }
+  if (free_.empty()) return -1;
+  const int64_t slot = free_.back();
+  free_.pop_back();
+  return slot;
+}
+
+void ParamHome::prefetch(size_t unit) {
+  if (!on_nvme_[unit] || reads_[unit].slot >= 0) return;
+  const int64_t slot = take_slot(/*may_wait=*/false);
+  if (slot < 0) return;  // no buffer free: fill() reads it when it is needed
+  reads_[unit] = {slot, swapper_->read(region_[unit], pool_->buffer(slot))};
+}
+
+void ParamHome::finish_read(size_t unit) {
+  Transfer t = std::move(reads_[unit]);
+  reads_[unit] = Transfer{};
+  free_.push_back(t.slot);
+  t.done.get();
+}
+
+void ParamHome::fill(size_t unit, const at::Tensor& slice) {
+  fault_point("nvme.param_read");
+  if (reads_[unit].slot < 0) {
+    const int64_t slot = take_slot(/*may_wait=*/true);
+    reads_[unit] = {slot, swapper_->read(region_[unit], pool_->buffer(slot))};
+  }
+  const int64_t slot = reads_[unit].slot;
+  finish_read(unit);  // the buffer is only reused by this thread, after the copy below
+  std::memcpy(slice.data_ptr(), pool_->buffer(slot), static_cast<size_t>(bytes_of(unit)));
+}
+
+void ParamHome::open_for_update(size_t unit) {
+  if (!on_nvme_[unit]) return;
+  if (reads_[unit].slot >= 0) finish_read(unit);  // a prefetch of the old values
+  units_[unit]->materialize_shard();
+}
+
+void ParamHome::store(size_t unit) {
+  if (!on_nvme_[unit]) return;
+  fault_point("nvme.param_write");
+  if (reads_[unit].slot >= 0) finish_read(unit);
+  const int64_t slot = take_slot(/*may_wait=*/true);
+  FlatParamGroup* g = units_[unit];
+  std::memcpy(pool_->buffer(slot), g->param_shard().data_ptr(),
+              static_cast<size_t>(bytes_of(unit)));
+  writes_.push_back({slot, swapper_->write(region_[unit], pool_->buffer(slot))});
+  g->release_shard();
+}
+
+void ParamHome::flush() {
+  while (!writes_.empty()) {
+    Transfer w = std::move(writes_.front());
+    writes_.pop_front();
+    free_.push_back(w.slot);
+    w.done.get();
+  }
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,154 @@
+#include "engine/ProcessGroupSetup.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <fmt/ranges.h>
+
+#include "common/Error.h"
+#include "common/Logging.h"
+#include "common/TorchCompat.h"
+#include "engine/NcclGroup.h"
+
+namespace zeroshard {
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  // All ranks on this machine: bind where the rendezvous is, not to whatever the
+  // host name resolves to.
+  if (is_loopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// A socket listening on exactly the rendezvous address (not every interface), for the
+// store server to take over.
+int listen_on(const std::string& addr, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(addr.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    fail("MASTER_ADDR: cannot resolve '{}': {}", addr, ::gai_strerror(rc));
+  }
+  int fd = -1;
+  int error = 0;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int on = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+      error = errno;
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(found);
+  if (fd < 0) {
+    fail("rendezvous: cannot listen on {}:{}: {} (is another job using MASTER_PORT {}?)", addr,
+         port, std::strerror(error), port);
+  }
+  return fd;
+}
+
+}  // namespace
+
+DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
+                             c10::Device device) {
+  DistContext ctx;
+  ctx.env = env;
+  ctx.timeout = timeout;
+  if (env.world_size == 1) return ctx;
+  // A write to a peer that died must fail as an error this rank can report, not kill it
+  // with SIGPIPE (seen on LibTorch 2.6: rank 0 died of it while naming the lost rank).
+  std::signal(SIGPIPE, SIG_IGN);
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(env.master_port);
+  opts.isServer = env.rank == 0 && !env.agent_store;
+  opts.numWorkers = env.world_size;
+  opts.waitWorkers = true;
+  opts.timeout = timeout;
+  compat::use_plain_tcp_store(opts);
+  if (opts.isServer) opts.masterListenFd = listen_on(env.master_addr, env.master_port);
+  try {
+    // Each engine's keys under their own prefix: a store served by someone else
+    // (torchrun's agent, torch.distributed's) outlives engines, and keys of an earlier
+    // engine would be read as this one's. Every rank builds its engines in the same
+    // order, so the numbers agree.
+    static std::atomic<int> engines_made{0};
+    ctx.store = c10::make_intrusive<c10d::PrefixStore>(
+        fmt::format("zs/{}", engines_made++),
+        c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts));
+    if (device.is_cuda()) {
+      const int index = device.has_index() ? device.index() : env.local_rank;
+      auto make_group = [&](const std::string& prefix, bool high_priority) {
+        auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, ctx.store);
+        return make_nccl_group(store, env.rank, env.world_size, index, timeout, high_priority);
+      };
+      ctx.group = make_group("main", false);
+      ctx.param_group = make_group("params", true);  // gathers: compute waits for them
+      return ctx;
+    }
+    auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    gloo_opts->devices.push_back(gloo_device(env.master_addr));
+    auto make_group = [&](const std::string& prefix) {
+      auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, ctx.store);
+      return c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size,
+                                                         gloo_opts);
+    };
+    ctx.group = make_group("main");
+    ctx.param_group = make_group("params");
+  } catch (const std::exception& e) {
+    fail("rank {}: rendezvous at {}:{} with {} ranks failed ({}): {}", env.rank, env.master_addr,
+         env.master_port, env.world_size, env.launcher, e.what());
+  }
+  return ctx;
+}
+
+std::string DistContext::describe_missing_ranks() const {
+  if (!store) return "";
+  // Survivors notice a lost peer at different moments (a rank busy computing notices at
+  // its next collective), so the roll-call waits a while for late ones: 5 s, or a third
+  // of the timeout where that is shorter, so that survivors stop within the timeout.
+  const auto kWindow = std::min<std::chrono::milliseconds>(std::chrono::seconds(5), timeout / 3);
+  try {
+    store->set("alive/" + std::to_string(env.rank), std::vector<uint8_t>{1});
+    const auto deadline = std::chrono::steady_clock::now() + kWindow;
+    std::vector<int> missing;
+    do {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      missing.clear();
+      for (int r = 0; r < env.world_size; ++r) {
+        if (!store->check({"alive/" + std::to_string(r)})) missing.push_back(r);
+      }
+    } while (!missing.empty() && std::chrono::steady_clock::now() < deadline);
+    if (missing.empty()) return "every rank still answers";
+    return fmt::format("rank(s) {} did not respond within {:.1f} s", fmt::join(missing, ", "),
+                       kWindow.count() / 1000.0);
+  } catch (const std::exception&) {
+    return "rank 0, which hosts the rendezvous store, is gone";
+  }
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,38 @@
+#pragma once
+// Rendezvous through c10d's TCPStore, then process groups for the model's device:
+// Gloo for CPU tensors, NCCL for CUDA tensors (engine/NcclGroup). One process (world
+// size 1) gets no group: every collective is then a no-op.
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <c10/core/Device.h>
+
+#include "config/LaunchEnv.h"
+
+namespace zeroshard {
+
+struct DistContext {
+  LaunchEnv env;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> group;  // null when world_size == 1
+  // A second group for stage-3 parameter gathers, issued from inside backward in
+  // schedule order while gradient reductions go on in theirs: each group sees one
+  // fixed order on every rank.
+  c10::intrusive_ptr<c10d::Backend> param_group;
+  std::chrono::milliseconds timeout{300'000};
+
+  // After a collective failed: which ranks no longer answer, e.g. "rank 1 did not
+  // respond within 3 s" (asks the survivors through the store).
+  std::string describe_missing_ranks() const;
+};
+
+// `device`: where the model's parameters are; its groups carry tensors of that device.
+DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
+                             c10::Device device = c10::Device(c10::kCPU));
+
+}  // namespace zeroshard

@@ -1,0 +1,15 @@
+#pragma once
+// Hugging Face config.json → ModelSpec, with the exact parameter count derived
+// from the architecture of each supported model family.
+#include <string>
+#include <vector>
+
+#include "plan/ModelSpec.h"
+
+namespace zeroshard {
+
+std::vector<std::string> supported_model_types();
+ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& origin);
+ModelSpec spec_from_hf_file(const std::string& path);
+
+}  // namespace zeroshard

@@ -1,0 +1,159 @@
+#include "plan/MemoryModel.h"
+
+#include <algorithm>
+
+#include "common/Alignment.h"
+#include "common/Error.h"
+
+namespace zeroshard {
+namespace {
+
+Tier tier_of(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::Cpu:
+      return Tier::Host;
+    case OffloadDevice::Nvme:
+      return Tier::Nvme;
+    default:
+      return Tier::Device;
+  }
+}
+
+bool offloaded(OffloadDevice d) {
+  return d == OffloadDevice::Cpu || d == OffloadDevice::Nvme;
+}
+
+// Full parameters live on the device between a stage-3 gather and its free: the unit
+// running plus what is prefetched, bounded by stage3_max_live_parameters but never
+// below one whole unit; small tensors are never partitioned (persistence threshold).
+int64_t gathered_numel(const ModelSpec& spec, const ZeroConfig& z) {
+  const int64_t unit = spec.largest_unit();
+  const int64_t wanted =
+      std::min(*z.stage3_max_live_parameters, unit + *z.stage3_prefetch_bucket_size);
+  const int64_t live = std::min(spec.total_params, std::max(unit, wanted));
+  return live + spec.persistent_params(*z.stage3_param_persistence_threshold);
+}
+
+}  // namespace
+
+ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device,
+                                  const OffloadParamConfig& config, int64_t ranks) {
+  ParamPlacement p;
+  int64_t kept = 0;  // nvme: shards held in host RAM, in unit order, up to max_in_cpu
+  for (size_t u = 0; u < spec.unit_params.size(); ++u) {
+    if (spec.is_whole(u)) continue;
+    const int64_t n = padded_shard_numel(spec.unit_params[u], ranks);
+    if (device == OffloadDevice::Cpu) {
+      p.host_numel += n;
+    } else if (device != OffloadDevice::Nvme) {
+      p.device_numel += n;
+    } else if (kept + n <= config.max_in_cpu.value_or(0)) {
+      kept += n;
+      p.host_numel += n;
+      p.in_host.push_back(u);
+    } else {
+      p.nvme_numel += n;
+      p.nvme_shards.push_back(n);
+      p.largest_nvme_shard = std::max(p.largest_nvme_shard, n);
+    }
+  }
+  return p;
+}
+
+std::string PlanOption::label() const {
+  std::string text = fmt::format("stage {}", stage);
+  if (offloaded(optimizer)) text += fmt::format(", optimizer {}", offload_device_name(optimizer));
+  if (offloaded(params)) text += fmt::format(", params {}", offload_device_name(params));
+  return text;
+}
+
+int64_t MemoryBreakdown::total(Tier tier) const {
+  int64_t sum = 0;
+  for (size_t k = 0; k < kNumKinds; ++k) sum += at(tier, static_cast<Kind>(k));
+  return sum;
+}
+
+int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) {
+  if (!spec.has_shape()) return 0;
+  const int64_t s = t.seq, b = t.micro_batch, h = spec.hidden, L = spec.layers, a = spec.heads;
+  // Korthikanti et al. 2022, per layer: s·b·h·(16·k_l + 2) + (2·k_l + 1)·a·s²·b
+  const int64_t per_layer = s * b * h * (16 * kl + 2) + (2 * kl + 1) * a * s * s * b;
+  // Logits in compute precision plus the fp32 copy the loss reads.
+  const int64_t logits = s * b * spec.vocab * (kl + 4);
+  if (t.activation_checkpointing) return 2 * s * b * h * L * kl + per_layer + logits;
+  return per_layer * L + logits;
+}
+
+int64_t shard_numel(const ModelSpec& spec, int64_t ranks) {
+  int64_t total = 0;
+  for (int64_t unit : spec.unit_params) total += padded_shard_numel(unit, ranks);
+  return total;
+}
+
+MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
+                               const Config& config, const WorldShape& world,
+                               const TrainingShape& shape) {
+  const ZeroConfig& z = config.zero;
+  const int64_t p = spec.total_params;
+  const int64_t d = world.ranks();
+  const int64_t kl = config.compute_bytes();
+  const bool mixed = kl == 2;
+  const int64_t shard = shard_numel(spec, d);
+  const int64_t full = shard * d;  // flat buffers hold every unit padded to d aligned shards
+  const int64_t opt_numel = option.stage >= 1 ? shard : full;  // what this rank's optimizer owns
+  const bool opt_off = offloaded(option.optimizer);
+  const Tier opt_tier = tier_of(option.optimizer);
+  const int64_t reduce_bucket = std::min(*z.reduce_bucket_size, p);
+
+  MemoryBreakdown m;
+  const ParamPlacement placed = place_param_shards(spec, option.params, z.offload_param, d);
+  if (option.stage == 3) {
+    int64_t whole = 0;  // units kept whole, in full
+    for (size_t u = 0; u < spec.unit_params.size(); ++u)
+      if (spec.is_whole(u)) whole += padded_shard_numel(spec.unit_params[u], d) * d;
+    m.at(Tier::Device, Kind::Params) = kl * (whole + placed.device_numel);
+    m.at(Tier::Host, Kind::Params) = kl * placed.host_numel;
+    // Each shard is its own swap region, aligned for O_DIRECT.
+    for (int64_t n : placed.nvme_shards)
+      m.at(Tier::Nvme, Kind::Params) += round_up(kl * n, kIoAlignment);
+    m.at(Tier::Device, Kind::GatheredParams) = kl * gathered_numel(spec, z);
+  } else {
+    m.at(Tier::Device, Kind::Params) = kl * full;
+  }
+  // The optimizer updates fp32 weights: a separate master copy in mixed precision,
+  // and the host/NVMe copy CPU Adam works on when offloaded.
+  if (mixed || opt_off) m.at(opt_tier, Kind::MasterParams) = 4 * opt_numel;
+  m.at(opt_tier, Kind::OptimizerStates) = 8 * opt_numel;  // Adam m and v
+  // Stage >= 2 reduces each bucket inside backward and frees it: no whole gradient
+  // buffer at rest, only an fp32 accumulator of this rank's shard.
+  m.at(Tier::Device, Kind::Grads) = option.stage >= 2 ? 0 : kl * full;
+  if (opt_off) {
+    m.at(Tier::Host, Kind::GradsFp32) = 4 * opt_numel;
+  } else if (mixed || option.stage >= 2) {
+    m.at(Tier::Device, Kind::GradsFp32) = 4 * opt_numel;
+  }
+  m.at(Tier::Device, Kind::Activations) = activation_bytes(spec, shape, static_cast<int>(kl));
+  int64_t buckets = kl * reduce_bucket * (z.overlap_comm ? 2 : 1);
+  if (option.stage == 1 || option.stage == 2) buckets += kl * std::min(*z.allgather_bucket_size, p);
+  m.at(Tier::Device, Kind::CommBuckets) = buckets;
+
+  int64_t pinned = 0;
+  if (opt_off && !shape.device_is_host) pinned += 2 * kl * reduce_bucket;  // gradient staging
+  if (option.optimizer == OffloadDevice::Nvme) {
+    // Each swap slot holds one sub-group's master, m and v; sub-groups split each unit's shard.
+    const int64_t largest_shard = option.stage >= 1 ? padded_shard_numel(spec.largest_unit(), d)
+                                                    : padded_shard_numel(spec.largest_unit(), 1);
+    const int64_t slot = std::min(*z.sub_group_size, largest_shard) * 12;
+    const int64_t aligned_slot = round_up(slot, kIoAlignment);
+    pinned += *z.offload_optimizer.buffer_count * aligned_slot;
+  }
+  if (placed.nvme_numel > 0) {
+    const int64_t slot = placed.largest_nvme_shard * kl;
+    const int64_t aligned_slot = round_up(slot, kIoAlignment);
+    pinned += *z.offload_param.buffer_count * aligned_slot;
+  }
+  m.at(Tier::Host, Kind::PinnedBuffers) = pinned;
+  return m;
+}
+
+}  // namespace zeroshard

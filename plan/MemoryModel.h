@@ -1,0 +1,81 @@
+#pragma once
+// Predicted bytes per rank, per tier and kind, for one stage/offload choice.
+// The derivation of every term is written down in docs/memory-model.md.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/MemoryKinds.h"
+#include "config/Config.h"
+#include "plan/ModelSpec.h"
+
+namespace zeroshard {
+
+struct WorldShape {
+  int64_t nodes = 1;
+  int64_t ranks_per_node = 1;
+  int64_t ranks() const { return nodes * ranks_per_node; }
+};
+
+struct TrainingShape {
+  int64_t seq = 1;
+  int64_t micro_batch = 1;
+  bool activation_checkpointing = false;
+  // Training on the CPU: the "device" is host memory, so offloaded gradients need no
+  // pinned staging copy.
+  bool device_is_host = false;
+};
+
+// One row of the estimator's table: a ZeRO stage and where optimizer state and
+// parameters live (None = on the device).
+struct PlanOption {
+  int stage = 0;
+  OffloadDevice optimizer = OffloadDevice::None;
+  OffloadDevice params = OffloadDevice::None;
+  std::string label() const;  // "stage 3, optimizer nvme, params cpu"
+  bool operator==(const PlanOption& o) const {
+    return stage == o.stage && optimizer == o.optimizer && params == o.params;
+  }
+};
+
+class MemoryBreakdown {
+ public:
+  int64_t& at(Tier tier, Kind kind) { return bytes_[index(tier, kind)]; }
+  int64_t at(Tier tier, Kind kind) const { return bytes_[index(tier, kind)]; }
+  int64_t total(Tier tier) const;
+
+ private:
+  static size_t index(Tier t, Kind k) {
+    return static_cast<size_t>(t) * kNumKinds + static_cast<size_t>(k);
+  }
+  std::array<int64_t, kNumTiers * kNumKinds> bytes_{};
+};
+
+// Transformer activations of one micro-batch (0 when the model's shape is unknown).
+int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& shape, int compute_bytes);
+
+// Elements of a stage-sharded copy of all parameters that one rank owns, with each
+// unit padded so every rank's shard is equal and aligned.
+int64_t shard_numel(const ModelSpec& spec, int64_t ranks);
+
+// `config` must be resolved (no auto left); its stage and offload devices are
+// ignored in favour of `option`.
+// Stage 3: where each sharded unit's parameter shard lives (whole units stay on the
+// device). With nvme, shards are kept in host RAM in unit order while they fit in
+// offload_param.max_in_cpu elements; the rest go to NVMe. The Engine places them with
+// this same function, so plan and ledger agree.
+struct ParamPlacement {
+  int64_t device_numel = 0, host_numel = 0, nvme_numel = 0;
+  int64_t largest_nvme_shard = 0;
+  std::vector<int64_t> nvme_shards;  // numel of each shard on NVMe, in unit order
+  std::vector<size_t> in_host;       // nvme: units whose shard stays in host RAM
+};
+ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device,
+                                  const OffloadParamConfig& config, int64_t ranks);
+
+MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
+                               const Config& config, const WorldShape& world,
+                               const TrainingShape& shape);
+
+}  // namespace zeroshard

@@ -1,0 +1,220 @@
+#include "plan/Planner.h"
+
+#include <limits>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/Bytes.h"
+#include "common/Error.h"
+
+namespace zeroshard {
+namespace {
+
+using OD = OffloadDevice;
+
+template <typename T>
+void fill(std::optional<T>& knob, T value, const char* path, const char* why,
+          std::vector<std::string>& reasons) {
+  if (knob) return;
+  knob = value;
+  reasons.push_back(fmt::format("{}: auto -> {} ({})", path, value, why));
+}
+
+void resolve_batch(Config& c, const WorldShape& world, std::vector<std::string>& reasons) {
+  fill<int64_t>(c.train_micro_batch_size_per_gpu, 1, "train_micro_batch_size_per_gpu",
+                "one sample per rank; raise it while the plan still fits", reasons);
+  const int64_t micro = *c.train_micro_batch_size_per_gpu;
+  if (c.train_batch_size && !c.gradient_accumulation_steps) {
+    const int64_t per_step = micro * world.ranks();
+    if (*c.train_batch_size % per_step != 0) {
+      fail(
+          "config key 'train_batch_size' is {}, not a multiple of micro batch {} x {} ranks; "
+          "allowed: a multiple of {}",
+          *c.train_batch_size, micro, world.ranks(), per_step);
+    }
+    fill<int64_t>(c.gradient_accumulation_steps, *c.train_batch_size / per_step,
+                  "gradient_accumulation_steps", "train_batch_size / (micro batch x ranks)",
+                  reasons);
+  }
+  fill<int64_t>(c.gradient_accumulation_steps, 1, "gradient_accumulation_steps", "no accumulation",
+                reasons);
+  const int64_t product = micro * *c.gradient_accumulation_steps * world.ranks();
+  if (c.train_batch_size && *c.train_batch_size != product) {
+    fail(
+        "config key 'train_batch_size' is {} but train_micro_batch_size_per_gpu {} x "
+        "gradient_accumulation_steps {} x {} ranks = {}; allowed: equal values",
+        *c.train_batch_size, micro, *c.gradient_accumulation_steps, world.ranks(), product);
+  }
+}
+
+void resolve_training(Config& c, std::vector<std::string>& r) {
+  fill(c.gradient_clipping, 1.0, "gradient_clipping", "clip the global norm at 1.0", r);
+  fill(c.comm_timeout_seconds, 300.0, "comm_timeout_seconds", "five minutes", r);
+  const char* dflt = "DeepSpeed's default";
+  fill(c.fp16.loss_scale, 0.0, "fp16.loss_scale", "dynamic loss scaling", r);
+  fill<int64_t>(c.fp16.initial_scale_power, 16, "fp16.initial_scale_power", dflt, r);
+  fill<int64_t>(c.fp16.loss_scale_window, 1000, "fp16.loss_scale_window", dflt, r);
+  fill<int64_t>(c.fp16.hysteresis, 2, "fp16.hysteresis", dflt, r);
+  fill(c.fp16.min_loss_scale, 1.0, "fp16.min_loss_scale", dflt, r);
+  const char* torch_default = "torch.optim.AdamW's default";
+  fill(c.optimizer.lr, 1e-3, "optimizer.params.lr", torch_default, r);
+  fill(c.optimizer.beta1, 0.9, "optimizer.params.betas[0]", torch_default, r);
+  fill(c.optimizer.beta2, 0.999, "optimizer.params.betas[1]", torch_default, r);
+  fill(c.optimizer.eps, 1e-8, "optimizer.params.eps", torch_default, r);
+  fill(c.optimizer.weight_decay, 0.01, "optimizer.params.weight_decay", torch_default, r);
+  auto& s = c.scheduler;
+  fill(s.warmup_min_lr, 0.0, "scheduler.params.warmup_min_lr", dflt, r);
+  fill(s.warmup_max_lr, *c.optimizer.lr, "scheduler.params.warmup_max_lr", "optimizer lr", r);
+  fill<int64_t>(s.warmup_num_steps, 1000, "scheduler.params.warmup_num_steps", dflt, r);
+  fill<int64_t>(s.total_num_steps, 10000, "scheduler.params.total_num_steps", dflt, r);
+}
+
+void resolve_zero(Config& c, const ModelSpec& spec, std::vector<std::string>& r) {
+  auto& z = c.zero;
+  const int64_t h = spec.hidden;
+  // Hugging Face's DeepSpeed integration fills these from the hidden size.
+  const char* hf = "Hugging Face's rule for auto, from the hidden size";
+  const char* dflt = "DeepSpeed's default";
+  const bool known = h > 0;
+  fill<int64_t>(z.reduce_bucket_size, known ? h * h : 500'000'000, "reduce_bucket_size",
+                known ? hf : dflt, r);
+  fill<int64_t>(z.allgather_bucket_size, known ? h * h : 500'000'000, "allgather_bucket_size",
+                known ? hf : dflt, r);
+  fill<int64_t>(z.stage3_prefetch_bucket_size, known ? 9 * h * h / 10 : 50'000'000,
+                "stage3_prefetch_bucket_size", known ? hf : dflt, r);
+  fill<int64_t>(z.stage3_param_persistence_threshold, known ? 10 * h : 100'000,
+                "stage3_param_persistence_threshold", known ? hf : dflt, r);
+  fill<int64_t>(z.stage3_max_live_parameters, 1'000'000'000, "stage3_max_live_parameters", dflt, r);
+  fill<int64_t>(z.sub_group_size, 100'000'000, "sub_group_size",
+                "1e8: NVMe swap slots of 1.2 GB with large I/O", r);
+  fill<int64_t>(z.offload_optimizer.buffer_count, 4, "offload_optimizer.buffer_count",
+                "read next, step current, write previous, one spare", r);
+  fill<int64_t>(z.offload_param.buffer_count, 5, "offload_param.buffer_count", dflt, r);
+  fill<int64_t>(z.offload_param.max_in_cpu, 1'000'000'000, "offload_param.max_in_cpu", dflt, r);
+  fill<int64_t>(c.aio.block_size, 1 << 20, "aio.block_size", dflt, r);
+  fill<int64_t>(c.aio.queue_depth, 8, "aio.queue_depth", dflt, r);
+  fill<int64_t>(c.aio.intra_op_parallelism, 1, "aio.intra_op_parallelism", dflt, r);
+}
+
+bool permitted(const Config& c, const PlanOption& o) {
+  if (c.zero.stage && *c.zero.stage != o.stage) return false;
+  const OD opt = c.zero.offload_optimizer.device;
+  const OD par = c.zero.offload_param.device;
+  return (opt == OD::Auto || opt == o.optimizer) && (par == OD::Auto || par == o.params);
+}
+
+void judge(OptionEstimate& e, const WorldShape& world, const HardwareBudget& b) {
+  const double keep = 1.0 - b.headroom;
+  const int64_t device = e.bytes.total(Tier::Device);
+  const int64_t host = e.bytes.total(Tier::Host) * world.ranks_per_node;
+  const int64_t nvme = e.bytes.total(Tier::Nvme) * world.ranks_per_node;
+  const auto usable_device = static_cast<int64_t>(b.device_bytes * keep);
+  const auto usable_host = static_cast<int64_t>(b.host_bytes * keep);
+  std::vector<std::string> short_by;
+  e.overflow_bytes = 0;
+  auto check = [&](int64_t need, int64_t have, const char* what, int64_t per) {
+    if (need <= have) return;
+    e.overflow_bytes += (need - have) * (per == 1 ? world.ranks_per_node : 1);
+    short_by.push_back(fmt::format("{} short by {} GiB{}", what,
+                                   format_gib(static_cast<double>(need - have)),
+                                   per == 1 ? "/rank" : "/node"));
+  };
+  check(device, usable_device, "device", 1);
+  check(host, usable_host, "host", 0);
+  check(nvme, b.nvme_bytes, "nvme", 0);
+  e.fits = short_by.empty();
+  e.verdict = e.fits ? "fits" : fmt::format("{}", fmt::join(short_by, "; "));
+}
+
+void apply_choice(Plan& plan, const OptionEstimate& chosen) {
+  plan.option = chosen.option;
+  plan.predicted = chosen.bytes;
+  auto& z = plan.config.zero;
+  z.stage = chosen.option.stage;
+  z.offload_optimizer.device = chosen.option.optimizer;
+  z.offload_param.device = chosen.option.params;
+  for (auto* path : {&z.offload_optimizer.nvme_path, &z.offload_param.nvme_path}) {
+    if (path->empty()) *path = "/local_nvme";
+  }
+  if (chosen.option.optimizer == OD::Nvme || chosen.option.params == OD::Nvme) {
+    plan.reasons.push_back(
+        "nvme_path: /local_nvme is a placeholder; point it at a directory "
+        "on a local NVMe file system");
+  }
+}
+
+// When activations are most of the device bytes, say what checkpointing would save.
+std::string activation_hint(const ModelSpec& spec, const Config& c, const MemoryBreakdown& m,
+                            const TrainingShape& shape) {
+  const int64_t activations = m.at(Tier::Device, Kind::Activations);
+  if (shape.activation_checkpointing || 2 * activations < m.total(Tier::Device)) return "";
+  TrainingShape checkpointed = shape;
+  checkpointed.activation_checkpointing = true;
+  const int64_t smaller = activation_bytes(spec, checkpointed, c.compute_bytes());
+  return fmt::format("; activations are {} GiB of it, {} GiB with activation checkpointing",
+                     format_gib(static_cast<double>(activations)),
+                     format_gib(static_cast<double>(smaller)));
+}
+
+}  // namespace
+
+const std::vector<PlanOption>& plan_options() {
+  static const std::vector<PlanOption> options{
+      {0, OD::None, OD::None}, {1, OD::None, OD::None}, {2, OD::None, OD::None},
+      {3, OD::None, OD::None}, {1, OD::Cpu, OD::None},  {2, OD::Cpu, OD::None},
+      {3, OD::Cpu, OD::None},  {1, OD::Nvme, OD::None}, {2, OD::Nvme, OD::None},
+      {3, OD::Nvme, OD::None}, {3, OD::Cpu, OD::Cpu},   {3, OD::Nvme, OD::Cpu},
+      {3, OD::Cpu, OD::Nvme},  {3, OD::Nvme, OD::Nvme},
+  };
+  return options;
+}
+
+Config resolve_auto_knobs(const Config& config, const ModelSpec& spec, const WorldShape& world,
+                          std::vector<std::string>& reasons) {
+  Config c = config;
+  resolve_batch(c, world, reasons);
+  resolve_training(c, reasons);
+  resolve_zero(c, spec, reasons);
+  return c;
+}
+
+Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& world,
+               const TrainingShape& shape, const HardwareBudget& budget) {
+  if (world.nodes < 1 || world.ranks_per_node < 1) fail("nodes and ranks per node must be >= 1");
+  Plan plan;
+  plan.config = resolve_auto_knobs(config, spec, world, plan.reasons);
+  const OptionEstimate* chosen = nullptr;
+  const OptionEstimate* closest = nullptr;
+  plan.options.reserve(plan_options().size());
+  for (const auto& option : plan_options()) {
+    OptionEstimate e;
+    e.option = option;
+    e.bytes = predict_memory(spec, option, plan.config, world, shape);
+    e.allowed = permitted(config, option);
+    judge(e, world, budget);
+    plan.options.push_back(e);
+  }
+  for (const auto& e : plan.options) {
+    if (!e.allowed) continue;
+    if (e.fits && !chosen) chosen = &e;
+    if (!closest || e.overflow_bytes < closest->overflow_bytes) closest = &e;
+  }
+  if (!closest) fail("no stage/offload choice is allowed by the config's fixed keys");
+  plan.fits = chosen != nullptr;
+  apply_choice(plan, chosen ? *chosen : *closest);
+  if (chosen) {
+    plan.summary = fmt::format(
+        "recommended: {}: the first choice that fits in the order no "
+        "offload, optimizer cpu, optimizer nvme, params cpu, params nvme",
+        chosen->option.label());
+  } else {
+    plan.summary = fmt::format("nothing fits: the closest, {}, has {}", closest->option.label(),
+                               closest->verdict);
+    plan.summary += activation_hint(spec, plan.config, closest->bytes, shape);
+  }
+  plan.reasons.insert(plan.reasons.begin(), plan.summary);
+  return plan;
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,52 @@
+#pragma once
+// The Planner: fills every `auto` knob and picks where each kind of state lives,
+// preferring, in order: no offload at the lowest stage that fits, optimizer to CPU,
+// optimizer to NVMe, parameters to CPU, parameters to NVMe.
+#include <string>
+#include <vector>
+
+#include "config/Config.h"
+#include "plan/MemoryModel.h"
+#include "plan/ModelSpec.h"
+
+namespace zeroshard {
+
+struct HardwareBudget {
+  int64_t device_bytes = 0;  // per rank
+  int64_t host_bytes = 0;    // per node
+  int64_t nvme_bytes = 0;    // per node; 0 = no NVMe
+  // Device and host fraction kept free for the CUDA context, the allocator's
+  // fragmentation, the OS and data loading.
+  double headroom = 0.10;
+};
+
+struct OptionEstimate {
+  PlanOption option;
+  MemoryBreakdown bytes;  // per rank
+  bool allowed = true;    // permitted by the config's fixed keys
+  bool fits = false;
+  std::string verdict;         // "fits", or the tier that overflows and by how much
+  int64_t overflow_bytes = 0;  // sum over tiers of what does not fit (per node)
+};
+
+struct Plan {
+  PlanOption option;          // the recommended choice
+  Config config;              // resolved: no auto left, stage/offload set
+  MemoryBreakdown predicted;  // per rank, for the recommended choice
+  bool fits = false;
+  std::vector<std::string> reasons;  // one line per decision
+  std::vector<OptionEstimate> options;
+  std::string summary;  // one line: what was chosen, or by how much nothing fits
+};
+
+// Every stage/offload choice, in the order of preference.
+const std::vector<PlanOption>& plan_options();
+
+// Fills the auto knobs that do not depend on the stage/offload choice.
+Config resolve_auto_knobs(const Config& config, const ModelSpec& spec, const WorldShape& world,
+                          std::vector<std::string>& reasons);
+
+Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& world,
+               const TrainingShape& shape, const HardwareBudget& budget);
+
+}  // namespace zeroshard

@@ -1,0 +1,178 @@
+#include "config/Config.h"
+
+#include <gtest/gtest.h>
+
+#include "common/Error.h"
+
+using namespace zeroshard;
+
+namespace {
+
+// The message of the Error that loading `yaml` throws ("" if it loads).
+std::string load_error(const std::string& yaml) {
+  try {
+    load_config_string(yaml, "test.yaml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_contains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "missing '" << part << "' in: " << text;
+}
+
+}  // namespace
+
+TEST(Config, EmptyFileGivesDeepSpeedDefaults) {
+  const Config c = load_config_string("", "empty").config;
+  EXPECT_EQ(c.zero.stage, 0);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 500'000'000);
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50'000'000);
+  EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 100'000);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::None);
+  EXPECT_EQ(c.aio.block_size, 1 << 20);
+  EXPECT_EQ(c.compute_bytes(), 4);
+}
+
+TEST(Config, ReadsDeepSpeedJsonAsIs) {
+  const auto loaded = load_config_string(R"({
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": 1.0,
+    "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,
+                  "weight_decay": 0.1}},
+    "zero_optimization": {"stage": 3, "overlap_comm": true, "reduce_bucket_size": 5e8,
+      "stage3_prefetch_bucket_size": "auto",
+      "offload_optimizer": {"device": "cpu", "pin_memory": true},
+      "offload_param": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 6}},
+    "steps_per_print": 10
+  })",
+                                         "ds.json");
+  const Config& c = loaded.config;
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  EXPECT_FALSE(c.gradient_accumulation_steps.has_value());  // auto
+  EXPECT_TRUE(c.bf16);
+  EXPECT_EQ(c.compute_bytes(), 2);
+  EXPECT_DOUBLE_EQ(*c.optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(*c.optimizer.beta2, 0.95);
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_TRUE(c.zero.overlap_comm);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 500'000'000);
+  EXPECT_FALSE(c.zero.stage3_prefetch_bucket_size.has_value());
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::Cpu);
+  EXPECT_TRUE(c.zero.offload_optimizer.pin_memory);
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::Nvme);
+  EXPECT_EQ(c.zero.offload_param.buffer_count, 6);
+  ASSERT_EQ(loaded.warnings.size(), 1u);
+  expect_contains(loaded.warnings[0], "steps_per_print");
+}
+
+TEST(Config, MisspelledKeySuggestsTheRealOne) {
+  const std::string msg = load_error("zero_optimization:\n  stgae: 2\n");
+  expect_contains(msg, "test.yaml");
+  expect_contains(msg, "'zero_optimization.stgae' is not known");
+  expect_contains(msg, "did you mean 'zero_optimization.stage'");
+  expect_contains(load_error("gradient_acumulation_steps: 2\n"),
+                  "did you mean 'gradient_accumulation_steps'");
+}
+
+// Found by the config fuzzer: YAML's explicit keys ("? ...") may be lists or mappings.
+TEST(Config, AKeyThatIsNoPlainNameIsAClearError) {
+  const std::string msg = load_error("optimizer:\n  params:\n    ? [lr, eps]\n    : 1\n");
+  expect_contains(msg, "test.yaml: a config key under 'optimizer.params' is not a plain name");
+  expect_contains(msg, "got 'a list'");
+}
+
+TEST(Config, UnknownKeyWithoutNeighbourListsAllowedKeys) {
+  const std::string msg = load_error("aio:\n  something_else: 1\n");
+  expect_contains(msg, "'aio.something_else' is not known");
+  expect_contains(msg, "block_size, queue_depth");
+}
+
+TEST(Config, WrongTypeNamesKeyValueAndAllowed) {
+  std::string msg = load_error("zero_optimization:\n  stage: two\n");
+  expect_contains(msg, "'zero_optimization.stage'");
+  expect_contains(msg, "'two'");
+  expect_contains(msg, "integer 0..3 or auto");
+  expect_contains(load_error("zero_optimization: {stage: 4}"), "integer 0..3");
+  expect_contains(load_error("zero_optimization: {stage: 2.5}"), "'2.5'");
+  expect_contains(load_error("bf16: {enabled: maybe}"), "true or false");
+  expect_contains(load_error("aio: {block_size: 1000}"), "a multiple of 4096");
+  expect_contains(load_error("optimizer: {params: {betas: [0.9]}}"), "two numbers");
+  expect_contains(load_error("optimizer: {type: SGD}"), "one of AdamW, Adam");
+  expect_contains(load_error("zero_optimization: {offload_optimizer: {device: gpu}}"),
+                  "none, cpu, nvme or auto");
+  expect_contains(load_error("zero_optimization: 3"), "must be a mapping");
+  expect_contains(load_error("gradient_clipping: -1"), "'gradient_clipping'");
+  expect_contains(load_error("fp16: {enabled: auto}"), "true or false");
+  expect_contains(load_error("train_micro_batch_size_per_gpu:\n"), "has no value");
+}
+
+TEST(Config, ContradictionsAreErrors) {
+  expect_contains(load_error("bf16: {enabled: true}\nfp16: {enabled: true}\n"),
+                  "'bf16.enabled' and 'fp16.enabled' are both true");
+  expect_contains(load_error("zero_optimization: {stage: 2, offload_param: {device: cpu}}"),
+                  "parameter offload needs stage 3");
+  expect_contains(load_error("zero_optimization: {stage: 0, offload_optimizer: {device: cpu}}"),
+                  "optimizer offload needs stage 1, 2 or 3");
+  expect_contains(load_error("zero_optimization: {stage: 3, offload_optimizer: {device: nvme}}"),
+                  "'zero_optimization.offload_optimizer.nvme_path' is missing");
+  expect_contains(load_error("scheduler: {type: WarmupDecayLR, params: {warmup_num_steps: 20, "
+                             "total_num_steps: 10}}"),
+                  "warmup_num_steps <= total_num_steps");
+  // With stage auto the planner may still choose stage 3, so no contradiction.
+  EXPECT_EQ(load_error("zero_optimization: {stage: auto, offload_param: {device: cpu}}"), "");
+}
+
+TEST(Config, AutoIsAcceptedForNumbersAndOffload) {
+  const Config c = load_config_string(
+                       "zero_optimization:\n  stage: auto\n  reduce_bucket_size: auto\n"
+                       "  offload_optimizer: {device: auto}\noptimizer:\n  params: {betas: auto}\n",
+                       "t")
+                       .config;
+  EXPECT_FALSE(c.zero.stage.has_value());
+  EXPECT_FALSE(c.zero.reduce_bucket_size.has_value());
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::Auto);
+  EXPECT_FALSE(c.optimizer.beta1.has_value());
+}
+
+TEST(Config, BadYamlNamesTheFile) {
+  expect_contains(load_error("zero_optimization: {stage: [1,\n"), "test.yaml: not valid YAML");
+  expect_contains(load_error("- 1\n- 2\n"), "must be a mapping");
+}
+
+TEST(Config, MissingFileIsAClearError) {
+  try {
+    load_config_file("/nonexistent/zs.yaml");
+    FAIL();
+  } catch (const Error& e) {
+    expect_contains(e.what(), "'/nonexistent/zs.yaml' cannot be read");
+  }
+}
+
+TEST(Config, EmittedYamlLoadsBackToTheSameConfig) {
+  Config c;
+  c.bf16 = true;
+  c.zero.stage = 3;
+  c.zero.reduce_bucket_size.reset();
+  c.zero.offload_optimizer.device = OffloadDevice::Nvme;
+  c.zero.offload_optimizer.nvme_path = "/mnt/nvme0";
+  c.optimizer.lr = 2.5e-4;
+  c.optimizer.beta2 = 0.95;
+  c.gradient_clipping = 0.5;
+  const std::string text = emit_config_yaml(c);
+  const auto loaded = load_config_string(text, "emitted");
+  EXPECT_TRUE(loaded.warnings.empty());
+  const Config& back = loaded.config;
+  EXPECT_TRUE(back.bf16);
+  EXPECT_EQ(back.zero.stage, 3);
+  EXPECT_FALSE(back.zero.reduce_bucket_size.has_value());
+  EXPECT_EQ(back.zero.offload_optimizer.device, OffloadDevice::Nvme);
+  EXPECT_EQ(back.zero.offload_optimizer.nvme_path, "/mnt/nvme0");
+  EXPECT_DOUBLE_EQ(*back.optimizer.lr, 2.5e-4);
+  EXPECT_DOUBLE_EQ(*back.optimizer.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(*back.gradient_clipping, 0.5);
+  EXPECT_EQ(emit_config_yaml(back), text);
+}

@@ -1,0 +1,122 @@
+// Optimizer and parameter offload (host RAM, NVMe through io_uring) on real ranks:
+// training ends at the same parameters as without offload, the ledger's host and NVMe
+// bytes are the plan's, and no swap file outlives the run.
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "common/MemoryKinds.h"
+#include "tests/engine/RankRuns.h"
+#include "tests/offload/Scratch.h"
+
+using namespace zeroshard;
+using namespace zeroshard::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+Scenario base(int stage, const std::string& dtype) {
+  Scenario s;
+  s.model = "transformer";
+  s.stage = stage;
+  s.dtype = dtype;
+  s.steps = 10;
+  s.clip = 1.0;
+  s.sub_group = 1000;  // several sub-groups per shard: the swap pipeline really pipelines
+  return s;
+}
+
+double memory(const RankOutput& r, Tier tier, Kind kind, int column) {
+  const int64_t index = (static_cast<int64_t>(tier) * kNumKinds + static_cast<int64_t>(kind)) * 3;
+  return r.memory[index + column].item<double>();
+}
+
+void expect_same_parameters(const std::vector<RankOutput>& got,
+                            const std::vector<RankOutput>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t r = 0; r < got.size(); ++r) {
+    ASSERT_EQ(got[r].params.size(), want[r].params.size());
+    for (size_t i = 0; i < got[r].params.size(); ++i) {
+      const double scale = want[r].params[i].abs().max().item<double>();
+      const double diff = (got[r].params[i] - want[r].params[i]).abs().max().item<double>();
+      EXPECT_LE(diff, 1e-6 * std::max(scale, 1e-12)) << "rank " << r << " parameter " << i;
+    }
+  }
+}
+
+int swap_dirs_left(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    n += e.path().filename().string().rfind("zeroshard-swap-", 0) == 0;
+  return n;
+}
+
+struct Case {
+  int stage;
+  std::string dtype, opt, param;
+};
+
+void check(const Case& c) {
+  SCOPED_TRACE("stage " + std::to_string(c.stage) + " " + c.dtype + " optimizer " + c.opt +
+               " params " + c.param);
+  const auto plain = run_ranks(base(c.stage, c.dtype), 2);
+  Scenario s = base(c.stage, c.dtype);
+  s.offload_opt = c.opt;
+  s.offload_param = c.param;
+  s.nvme_path = zeroshard::testing::scratch_dir("offload-" + c.opt + c.param +
+                                                std::to_string(c.stage) + c.dtype);
+  s.max_in_cpu = 0;  // every parameter shard on NVMe
+  const auto off = run_ranks(s, 2);
+  ASSERT_EQ(off.size(), 2u);
+  expect_same_parameters(off, plain);
+  const Tier opt_tier = c.opt == "nvme" ? Tier::Nvme : Tier::Host;
+  for (const auto& r : off) {
+    for (auto [tier, kind] :
+         {std::pair{opt_tier, Kind::MasterParams}, std::pair{opt_tier, Kind::OptimizerStates},
+          std::pair{Tier::Host, Kind::GradsFp32}}) {
+      const double predicted = memory(r, tier, kind, 1);
+      EXPECT_GT(predicted, 0) << tier_name(tier) << " " << kind_name(kind);
+      EXPECT_NEAR(memory(r, tier, kind, 0), predicted, 0.02 * predicted)
+          << tier_name(tier) << " " << kind_name(kind);
+    }
+    // The swap and parameter buffers, as planned (no gradient staging: CPU training).
+    const double pinned = memory(r, Tier::Host, Kind::PinnedBuffers, 1);
+    EXPECT_EQ(memory(r, Tier::Host, Kind::PinnedBuffers, 0), pinned);
+    if (c.opt == "nvme") {
+      EXPECT_GT(pinned, 0);
+    }
+    // Nothing of the optimizer stays on the device.
+    EXPECT_EQ(memory(r, Tier::Device, Kind::OptimizerStates, 0), 0);
+    if (c.param != "none") {
+      const Tier param_tier = c.param == "nvme" ? Tier::Nvme : Tier::Host;
+      const double predicted = memory(r, param_tier, Kind::Params, 1);
+      EXPECT_GT(predicted, 0);
+      EXPECT_NEAR(memory(r, param_tier, Kind::Params, 0), predicted, 0.02 * predicted);
+      EXPECT_NEAR(memory(r, Tier::Device, Kind::Params, 0),
+                  memory(r, Tier::Device, Kind::Params, 1),
+                  1.0);  // whole units only
+    }
+  }
+  EXPECT_EQ(swap_dirs_left(s.nvme_path), 0);
+}
+
+}  // namespace
+
+TEST(EngineOffload, OptimizerToCpuStage2And3) {
+  check({2, "fp32", "cpu", "none"});
+  check({3, "bf16", "cpu", "none"});
+}
+
+TEST(EngineOffload, OptimizerToNvmeStage2And3) {
+  check({2, "bf16", "nvme", "none"});
+  check({3, "fp32", "nvme", "none"});
+}
+
+TEST(EngineOffload, ParametersAndOptimizerToNvmeStage3) {
+  check({3, "fp32", "nvme", "nvme"});
+  check({3, "bf16", "nvme", "nvme"});
+}
+
+TEST(EngineOffload, ParametersToCpuStage3) {
+  check({3, "fp32", "cpu", "cpu"});
+}

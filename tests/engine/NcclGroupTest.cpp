@@ -1,0 +1,67 @@
+// The NCCL group: built whenever the build's torch has CUDA, and working on a GPU.
+// The GPU cases skip with one line where no device is visible (as on CI).
+#include "engine/NcclGroup.h"
+
+#include <string>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "common/Error.h"
+#include "tests/common/BuildPython.h"
+
+namespace zeroshard {
+namespace {
+
+TEST(NcclGroup, BuiltExactlyWhenTorchHasCuda) {
+  const std::string cuda = testing::build_python_prints("import torch; print(torch.version.cuda)");
+  ASSERT_FALSE(cuda.empty());
+  EXPECT_EQ(nccl_built(), cuda != "None") << "torch.version.cuda is " << cuda;
+}
+
+TEST(NcclGroup, WithoutCudaTheErrorSaysWhatToDo) {
+  if (nccl_built()) GTEST_SKIP() << "this build has CUDA: the refusal is for builds without it";
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  try {
+    make_nccl_group(store, 0, 1, 0, std::chrono::seconds(10), false);
+    FAIL() << "a build without CUDA made an NCCL group";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("without CUDA, so it has no NCCL"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(cuda_device_count(), 0);
+}
+
+TEST(NcclGroup, OneRankCollectivesOnTheGpu) {
+  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = make_nccl_group(store, 0, 1, 0, std::chrono::seconds(60), true);
+  EXPECT_EQ(group->getBackendName(), "nccl");
+  const auto opts = at::TensorOptions().device(at::kCUDA, 0);
+  at::Tensor x = at::arange(1024, opts.dtype(at::kFloat));
+  std::vector<at::Tensor> tensors{x};
+  group->allreduce(tensors)->wait();
+  EXPECT_TRUE(at::equal(x.cpu(), at::arange(1024, at::kFloat)));
+  at::Tensor gathered = at::empty({1024}, opts.dtype(at::kBFloat16));
+  at::Tensor mine = at::arange(1024, opts.dtype(at::kBFloat16));
+  group->_allgather_base(gathered, mine)->wait();
+  EXPECT_TRUE(at::equal(gathered.cpu(), mine.cpu()));
+}
+
+TEST(NcclGroup, AskingForAMissingDeviceNamesIt) {
+  if (!nccl_built()) GTEST_SKIP() << "this build has no CUDA";
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const int missing = cuda_device_count();  // one past the last device
+  try {
+    make_nccl_group(store, 0, 1, missing, std::chrono::seconds(10), false);
+    FAIL() << "made a group on a device that does not exist";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the model is on cuda:" + std::to_string(missing)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace zeroshard

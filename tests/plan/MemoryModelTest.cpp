@@ -1,0 +1,181 @@
+// Every figure here is derived by hand from docs/memory-model.md, not from the code.
+#include "plan/MemoryModel.h"
+
+#include <gtest/gtest.h>
+
+#include "plan/HfConfig.h"
+
+using namespace zeroshard;
+using OD = OffloadDevice;
+
+namespace {
+
+// Two units of 3,200 parameters: with 2 ranks each shard is 1,600 elements, already a
+// multiple of the 64-element alignment, so the numbers below stay round.
+ModelSpec toy_spec() {
+  ModelSpec s;
+  s.total_params = 6400;
+  s.unit_params = {3200, 3200};
+  s.largest_module_params = 3200;
+  s.tensor_counts = {{3200, 2}};
+  return s;
+}
+
+Config toy_config(bool bf16) {
+  Config c;
+  c.bf16 = bf16;
+  c.zero.reduce_bucket_size = 1000;
+  c.zero.allgather_bucket_size = 500;
+  c.zero.stage3_prefetch_bucket_size = 100;
+  c.zero.stage3_max_live_parameters = 5000;
+  c.zero.stage3_param_persistence_threshold = 10;
+  c.zero.sub_group_size = 800;
+  c.zero.offload_optimizer.buffer_count = 4;
+  c.zero.offload_param.buffer_count = 5;
+  return c;
+}
+
+MemoryBreakdown predict(const PlanOption& o, bool bf16 = true, bool overlap = false) {
+  Config c = toy_config(bf16);
+  c.zero.overlap_comm = overlap;
+  return predict_memory(toy_spec(), o, c, WorldShape{1, 2}, TrainingShape{});
+}
+
+}  // namespace
+
+TEST(MemoryModel, Stage0Bf16HoldsEverythingOnDevice) {
+  const auto m = predict({0, OD::None, OD::None});
+  EXPECT_EQ(m.at(Tier::Device, Kind::Params), 2 * 6400);
+  EXPECT_EQ(m.at(Tier::Device, Kind::MasterParams), 4 * 6400);
+  EXPECT_EQ(m.at(Tier::Device, Kind::OptimizerStates), 8 * 6400);
+  EXPECT_EQ(m.at(Tier::Device, Kind::Grads), 2 * 6400);
+  EXPECT_EQ(m.at(Tier::Device, Kind::GradsFp32), 4 * 6400);
+  EXPECT_EQ(m.at(Tier::Device, Kind::CommBuckets), 2 * 1000);
+  EXPECT_EQ(m.total(Tier::Device), 130'000);
+  EXPECT_EQ(m.total(Tier::Host), 0);
+  EXPECT_EQ(m.total(Tier::Nvme), 0);
+}
+
+TEST(MemoryModel, OverlapCommDoublesTheReduceBucket) {
+  EXPECT_EQ(predict({0, OD::None, OD::None}, true, true).at(Tier::Device, Kind::CommBuckets), 4000);
+}
+
+TEST(MemoryModel, Stage1ShardsOptimizerState) {
+  const auto m = predict({1, OD::None, OD::None});
+  EXPECT_EQ(m.at(Tier::Device, Kind::MasterParams), 4 * 3200);
+  EXPECT_EQ(m.at(Tier::Device, Kind::OptimizerStates), 8 * 3200);
+  EXPECT_EQ(m.at(Tier::Device, Kind::Grads), 2 * 6400);
+  EXPECT_EQ(m.at(Tier::Device, Kind::CommBuckets), 2 * 1000 + 2 * 500);
+  EXPECT_EQ(m.total(Tier::Device), 79'800);
+}
+
+// Stage 2 reduces buckets inside backward: only the fp32 shard accumulator stays.
+TEST(MemoryModel, Stage2ShardsGradients) {
+  const auto m = predict({2, OD::None, OD::None});
+  EXPECT_EQ(m.at(Tier::Device, Kind::Grads), 0);
+  EXPECT_EQ(m.at(Tier::Device, Kind::GradsFp32), 4 * 3200);
+  EXPECT_EQ(m.total(Tier::Device), 67'000);
+  // fp32 training keeps the same accumulator.
+  EXPECT_EQ(predict({2, OD::None, OD::None}, false).at(Tier::Device, Kind::GradsFp32), 4 * 3200);
+}
+
+TEST(MemoryModel, Stage3ShardsParamsAndHoldsGatheredUnits) {
+  const auto m = predict({3, OD::None, OD::None});
+  EXPECT_EQ(m.at(Tier::Device, Kind::Params), 2 * 3200);
+  // One unit (3,200) plus the 100-element prefetch bucket, under the live limit of 5,000.
+  EXPECT_EQ(m.at(Tier::Device, Kind::GatheredParams), 2 * 3300);
+  EXPECT_EQ(m.at(Tier::Device, Kind::CommBuckets), 2 * 1000);
+  EXPECT_EQ(m.total(Tier::Device), 66'200);
+}
+
+TEST(MemoryModel, Stage3KeepsWholeUnitsWhole) {
+  ModelSpec s = toy_spec();
+  s.unit_whole = {false, true};  // the second unit stays whole: +1,600 elements per rank
+  const auto m = predict_memory(s, {3, OD::None, OD::None}, toy_config(true), WorldShape{1, 2},
+                                TrainingShape{});
+  EXPECT_EQ(m.at(Tier::Device, Kind::Params), 2 * (3200 + 1600));
+  EXPECT_EQ(m.at(Tier::Device, Kind::OptimizerStates), 8 * 3200);  // still sharded
+}
+
+TEST(MemoryModel, Stage2CpuOffloadMovesOptimizerAndFp32GradsToHost) {
+  const auto m = predict({2, OD::Cpu, OD::None});
+  EXPECT_EQ(m.total(Tier::Device), 2 * 6400 + 0 + 3000);
+  EXPECT_EQ(m.at(Tier::Host, Kind::MasterParams), 4 * 3200);
+  EXPECT_EQ(m.at(Tier::Host, Kind::OptimizerStates), 8 * 3200);
+  EXPECT_EQ(m.at(Tier::Host, Kind::GradsFp32), 4 * 3200);
+  EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 2 * 2 * 1000);
+  EXPECT_EQ(m.total(Tier::Host), 55'200);
+}
+
+TEST(MemoryModel, Stage3NvmeEverything) {
+  Config c = toy_config(true);
+  c.zero.offload_param.max_in_cpu = 0;  // no shard kept in host RAM
+  const auto m =
+      predict_memory(toy_spec(), {3, OD::Nvme, OD::Nvme}, c, WorldShape{1, 2}, TrainingShape{});
+  EXPECT_EQ(m.total(Tier::Device), 2 * 3300 + 2000);
+  // Each unit's 1,600-element bf16 shard is a swap region aligned to 4,096 bytes.
+  EXPECT_EQ(m.total(Tier::Nvme), 2 * 4096 + 4 * 3200 + 8 * 3200);
+  // Gradient staging 4,000 + 4 swap slots of 800 x 12 (9,600 bytes, aligned to 12,288) +
+  // 5 param buffers of a 1,600 shard x 2 (3,200 bytes, aligned to 4,096).
+  EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 4000 + 4 * 12'288 + 5 * 4096);
+  EXPECT_EQ(m.total(Tier::Host), 4 * 3200 + 4000 + 4 * 12'288 + 5 * 4096);
+}
+
+TEST(MemoryModel, Fp32TrainingNeedsNoMasterCopy) {
+  const auto m = predict({0, OD::None, OD::None}, false);
+  EXPECT_EQ(m.at(Tier::Device, Kind::MasterParams), 0);
+  EXPECT_EQ(m.at(Tier::Device, Kind::GradsFp32), 0);
+  EXPECT_EQ(m.total(Tier::Device), 4 * 6400 + 8 * 6400 + 4 * 6400 + 4 * 1000);
+}
+
+TEST(MemoryModel, ActivationsFollowKorthikanti) {
+  ModelSpec s = toy_spec();
+  s.layers = 2;
+  s.hidden = 8;
+  s.heads = 2;
+  s.vocab = 10;
+  // s=4, b=3, k_l=2: per layer 4*3*8*34 + 5*2*16*3 = 3,744; logits 4*3*10*(2+4) = 720.
+  EXPECT_EQ(activation_bytes(s, TrainingShape{4, 3, false}, 2), 2 * 3744 + 720);
+  // Checkpointed: 2*s*b*h*L*k_l = 768, plus one layer and the logits.
+  EXPECT_EQ(activation_bytes(s, TrainingShape{4, 3, true}, 2), 768 + 3744 + 720);
+  EXPECT_EQ(activation_bytes(toy_spec(), TrainingShape{4, 3, false}, 2), 0);
+}
+
+// The seed formula (docs/memory-model.md) for Llama-2-7b, stage 3, 8 ranks, bf16:
+// M_m = 2p/8, M_o = 12p/8; gradients live as the fp32 shard 4p/8 (M_g with k = 4). Shards are
+// padded per unit, so each term may exceed p/8 by at most 64 elements per unit.
+TEST(MemoryModel, MatchesTheSeedFormulaForLlama7b) {
+  const ModelSpec s =
+      spec_from_hf_file(std::string(ZS_SOURCE_DIR) + "/tests/data/hf/llama2_7b.json");
+  Config c = toy_config(true);
+  const auto m = predict_memory(s, {3, OD::None, OD::None}, c, WorldShape{1, 8}, TrainingShape{});
+  const int64_t p = s.total_params;
+  const int64_t slack = 33 * 64;
+  auto near = [&](int64_t got, int64_t bytes_per_param) {
+    EXPECT_GE(got, bytes_per_param * p / 8);
+    EXPECT_LE(got, bytes_per_param * (p / 8 + slack));
+  };
+  near(m.at(Tier::Device, Kind::Params), 2);
+  near(m.at(Tier::Device, Kind::MasterParams) + m.at(Tier::Device, Kind::OptimizerStates), 12);
+  EXPECT_EQ(m.at(Tier::Device, Kind::Grads), 0);
+  near(m.at(Tier::Device, Kind::GradsFp32), 4);
+}
+
+TEST(MemoryModel, Stage3ParamOffloadKeepsShardsInHostUpToMaxInCpuAndTheRestOnNvme) {
+  ModelSpec s = toy_spec();
+  s.unit_params = {3200, 3200, 3200, 640};
+  s.unit_whole = {false, false, false, true};  // whole units stay on the device
+  s.total_params = 10240;
+  Config c = toy_config(true);
+  c.zero.offload_param.max_in_cpu = 1700;  // one 1,600-element shard (d = 2) fits, not two
+  const auto m = predict_memory(s, {3, OD::Nvme, OD::Nvme}, c, WorldShape{1, 2}, TrainingShape{});
+  EXPECT_EQ(m.at(Tier::Device, Kind::Params), 2 * 640);
+  EXPECT_EQ(m.at(Tier::Host, Kind::Params), 2 * 1600);
+  EXPECT_EQ(m.at(Tier::Nvme, Kind::Params), 2 * 4096);  // two 3,200-byte regions, aligned
+  const auto placed = place_param_shards(s, OD::Nvme, c.zero.offload_param, 2);
+  EXPECT_EQ(placed.in_host, std::vector<size_t>{0});
+  EXPECT_EQ(placed.largest_nvme_shard, 1600);
+  const auto cpu = predict_memory(s, {3, OD::Cpu, OD::Cpu}, c, WorldShape{1, 2}, TrainingShape{});
+  EXPECT_EQ(cpu.at(Tier::Host, Kind::Params), 2 * 4800);
+  EXPECT_EQ(cpu.at(Tier::Nvme, Kind::Params), 0);
+}

@@ -1,0 +1,150 @@
+#include "plan/Planner.h"
+
+#include <fmt/ranges.h>
+#include <gtest/gtest.h>
+
+#include "common/Error.h"
+#include "plan/HfConfig.h"
+
+using namespace zeroshard;
+using OD = OffloadDevice;
+
+namespace {
+
+ModelSpec toy_spec() {
+  ModelSpec s;
+  s.total_params = 6400;
+  s.unit_params = {3200, 3200};
+  s.largest_module_params = 3200;
+  s.tensor_counts = {{3200, 2}};
+  return s;
+}
+
+// Everything open to the planner, with the toy sizes of MemoryModelTest.
+Config open_config() {
+  Config c;
+  c.bf16 = true;
+  c.zero.stage.reset();
+  c.zero.offload_optimizer.device = OD::Auto;
+  c.zero.offload_param.device = OD::Auto;
+  c.zero.reduce_bucket_size = 1000;
+  c.zero.allgather_bucket_size = 500;
+  c.zero.stage3_prefetch_bucket_size = 100;
+  c.zero.stage3_max_live_parameters = 5000;
+  c.zero.stage3_param_persistence_threshold = 10;
+  c.zero.sub_group_size = 800;
+  return c;
+}
+
+Plan plan_for(int64_t device, int64_t host, int64_t nvme, Config c = open_config()) {
+  HardwareBudget b;
+  b.device_bytes = device;
+  b.host_bytes = host;
+  b.nvme_bytes = nvme;
+  b.headroom = 0;
+  return make_plan(toy_spec(), c, WorldShape{1, 2}, TrainingShape{}, b);
+}
+
+}  // namespace
+
+// Device totals per rank (MemoryModelTest): stage 0 130,000; 1 79,800; 2 67,000; 3 66,200;
+// stage 1 + cpu optimizer 28,600 with 55,200 on the host per rank (110,400 per node).
+TEST(Planner, PrefersTheLowestStageThatFits) {
+  EXPECT_EQ(plan_for(130'000, 0, 0).option, (PlanOption{0, OD::None, OD::None}));
+  EXPECT_EQ(plan_for(129'999, 0, 0).option, (PlanOption{1, OD::None, OD::None}));
+  EXPECT_EQ(plan_for(79'000, 0, 0).option, (PlanOption{2, OD::None, OD::None}));
+  EXPECT_EQ(plan_for(67'000, 0, 0).option, (PlanOption{2, OD::None, OD::None}));
+  EXPECT_EQ(plan_for(66'999, 0, 0).option, (PlanOption{3, OD::None, OD::None}));
+}
+
+TEST(Planner, OffloadsTheOptimizerToCpuBeforeNvme) {
+  const Plan cpu = plan_for(30'000, 110'400, 1 << 30);
+  EXPECT_TRUE(cpu.fits);
+  EXPECT_EQ(cpu.option, (PlanOption{1, OD::Cpu, OD::None}));
+  EXPECT_EQ(cpu.config.zero.stage, 1);
+  EXPECT_EQ(cpu.config.zero.offload_optimizer.device, OD::Cpu);
+  // Small sub-groups shrink the NVMe swap slots: 21,600 host bytes per rank, where
+  // CPU offload needs 55,200.
+  Config small_groups = open_config();
+  small_groups.zero.sub_group_size = 100;
+  const Plan nvme = plan_for(30'000, 100'000, 1 << 30, small_groups);
+  EXPECT_TRUE(nvme.fits);
+  EXPECT_EQ(nvme.option.optimizer, OD::Nvme);
+  EXPECT_EQ(nvme.config.zero.offload_optimizer.nvme_path, "/local_nvme");
+}
+
+TEST(Planner, SaysByHowMuchNothingFits) {
+  const Plan plan = plan_for(1000, 1000, 0);
+  EXPECT_FALSE(plan.fits);
+  EXPECT_NE(plan.summary.find("nothing fits"), std::string::npos) << plan.summary;
+  EXPECT_NE(plan.summary.find("short by"), std::string::npos) << plan.summary;
+  for (const auto& e : plan.options) EXPECT_FALSE(e.fits);
+}
+
+TEST(Planner, FixedKeysBoundTheChoice) {
+  Config c = open_config();
+  c.zero.stage = 3;
+  c.zero.offload_optimizer.device = OD::None;
+  c.zero.offload_param.device = OD::None;
+  const Plan plan = plan_for(1'000'000, 0, 0, c);
+  EXPECT_EQ(plan.option, (PlanOption{3, OD::None, OD::None}));
+  int allowed = 0;
+  for (const auto& e : plan.options) allowed += e.allowed;
+  EXPECT_EQ(allowed, 1);
+}
+
+TEST(Planner, HeadroomIsKeptFree) {
+  HardwareBudget b;
+  b.device_bytes = 130'000;
+  b.headroom = 0.10;
+  const Plan plan = make_plan(toy_spec(), open_config(), WorldShape{1, 2}, TrainingShape{}, b);
+  EXPECT_EQ(plan.option.stage, 1);  // 130,000 needs all of it; 117,000 usable
+}
+
+TEST(Planner, AutoKnobsFollowHiddenSize) {
+  const ModelSpec s = spec_from_hf_file(std::string(ZS_SOURCE_DIR) + "/tests/data/hf/gpt2.json");
+  Config c;
+  c.zero.reduce_bucket_size.reset();
+  c.zero.stage3_prefetch_bucket_size.reset();
+  c.zero.stage3_param_persistence_threshold.reset();
+  c.zero.sub_group_size.reset();
+  c.optimizer.lr.reset();
+  std::vector<std::string> reasons;
+  const Config r = resolve_auto_knobs(c, s, WorldShape{1, 1}, reasons);
+  EXPECT_EQ(r.zero.reduce_bucket_size, 768 * 768);
+  EXPECT_EQ(r.zero.stage3_prefetch_bucket_size, 9 * 768 * 768 / 10);
+  EXPECT_EQ(r.zero.stage3_param_persistence_threshold, 7680);
+  EXPECT_EQ(r.zero.sub_group_size, 100'000'000);
+  EXPECT_DOUBLE_EQ(*r.optimizer.lr, 1e-3);
+  EXPECT_EQ(reasons.size(), 5u);
+  const std::string all = fmt::format("{}", fmt::join(reasons, "\n"));
+  EXPECT_NE(all.find("reduce_bucket_size: auto -> 589824 (Hugging Face"), std::string::npos) << all;
+}
+
+TEST(Planner, TrainBatchSizeDerivesAccumulationOrMustAgree) {
+  Config c;
+  c.train_batch_size = 64;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.gradient_accumulation_steps.reset();
+  std::vector<std::string> reasons;
+  EXPECT_EQ(
+      resolve_auto_knobs(c, toy_spec(), WorldShape{1, 8}, reasons).gradient_accumulation_steps, 4);
+  c.gradient_accumulation_steps = 3;
+  try {
+    resolve_auto_knobs(c, toy_spec(), WorldShape{1, 8}, reasons);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'train_batch_size' is 64"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("= 48"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Planner, ResolvedConfigHasNoAutoLeft) {
+  Config c = open_config();
+  c.zero.reduce_bucket_size.reset();
+  c.optimizer.beta1.reset();
+  const Plan plan = plan_for(1'000'000, 0, 0, c);
+  const std::string yaml = emit_config_yaml(plan.config);
+  EXPECT_EQ(yaml.find("auto"), std::string::npos) << yaml;
+  EXPECT_NO_THROW(load_config_string(yaml, "plan"));
+}
