@@ -13,6 +13,7 @@
 
 #include "common/DidYouMean.h"
 #include "common/Error.h"
+#include "common/Files.h"
 #include "config/ConfigSchema.h"
 
 namespace zeroshard {
@@ -257,11 +258,7 @@ LoadedConfig load_config_string(const std::string& yaml_text, const std::string&
 }
 
 LoadedConfig load_config_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail("config file '{}' cannot be read: {}", path, std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  return load_config_string(text.str(), path);
+  return load_config_string(read_whole_file(path, "config file"), path);
 }
 
 }  // namespace zeroshard

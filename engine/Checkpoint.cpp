@@ -14,6 +14,7 @@
 #include <c10/util/Half.h>
 
 #include "common/Error.h"
+#include "common/Files.h"
 
 namespace zeroshard {
 namespace {
@@ -22,19 +23,6 @@ int64_t element_size(const std::string& dtype) {
   if (dtype == "fp32") return 4;
   if (dtype == "bf16" || dtype == "fp16") return 2;
   fail("checkpoint: unknown dtype '{}'; allowed: fp32, bf16, fp16", dtype);
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail("checkpoint: cannot read '{}': {}", path, std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string parent_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
 // A manifest's numbers must describe files that can exist: every read the loader
@@ -186,35 +174,6 @@ uint32_t file_crc32(const std::string& path) {
   return static_cast<uint32_t>(crc);
 }
 
-void fsync_path(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
-void write_file_atomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) fail("checkpoint: cannot create '{}': {}", tmp, std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      fail("checkpoint: writing '{}' failed: {}", tmp, std::strerror(e));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) fail("checkpoint: cannot sync '{}'", tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    fail("checkpoint: cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno));
-  }
-  fsync_path(parent_of(path));
-}
-
 Manifest read_manifest(const std::string& dir, std::string tag) {
   if (tag.empty()) {
     const std::string latest = dir + "/latest";
@@ -223,13 +182,13 @@ Manifest read_manifest(const std::string& dir, std::string tag) {
       fail("checkpoint: '{}' has no 'latest' file; give a tag, or save a checkpoint there first",
            dir);
     }
-    tag = read_text(latest);
+    tag = read_whole_file(latest, "checkpoint");
     while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
   }
   const std::string path = dir + "/" + tag + "/manifest.json";
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_text(path));
+    j = nlohmann::json::parse(read_whole_file(path, "checkpoint"));
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint manifest '{}' is not valid JSON: {}", path, e.what());
   }

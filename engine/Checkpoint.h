@@ -72,10 +72,6 @@ struct Manifest {
 // every rank file is there, whole, and matches its checksum. Errors name the file.
 Manifest read_manifest(const std::string& dir, std::string tag);
 
-// Writes `bytes` to `path` through a temporary name, fsync, rename, fsync of the folder:
-// a crash leaves the old file or the new one, never a mix.
-void write_file_atomically(const std::string& path, const std::string& bytes);
-void fsync_path(const std::string& path);
 uint32_t file_crc32(const std::string& path);
 
 // Element ranges of saved parameters, gathered from the rank files by name.

@@ -12,6 +12,7 @@
 
 #include "common/Error.h"
 #include "common/FaultPoint.h"
+#include "common/Files.h"
 #include "engine/Checkpoint.h"
 #include "engine/Engine.h"
 #include "engine/ParamHome.h"
@@ -194,10 +195,7 @@ void Engine::write_rank_file(const std::string& folder) {
   const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   out.write(rng.data_ptr(), rng.numel());
   out.finish();
-  if (::rename((file + ".tmp").c_str(), file.c_str()) != 0) {
-    fail("checkpoint: cannot rename '{}': {}", file, std::strerror(errno));
-  }
-  fsync_path(folder);
+  publish_file(file + ".tmp", file, "checkpoint");
 }
 
 // A collective, not a store wait: a peer that died fails it at once (its sockets close)
@@ -252,9 +250,9 @@ void Engine::publish_checkpoint(const std::string& dir, Manifest& m,
     }
     try {
       fault_point("save.manifest");
-      write_file_atomically(folder + "/manifest.json", m.to_json().dump(1));
+      write_file_atomically(folder + "/manifest.json", m.to_json().dump(1), "checkpoint");
       fault_point("save.latest");
-      write_file_atomically(dir + "/latest", m.tag + "\n");
+      write_file_atomically(dir + "/latest", m.tag + "\n", "checkpoint");
       published.fill_(1);
     } catch (const Error& e) {
       failure = e.what();  // told to the other ranks before it is raised here

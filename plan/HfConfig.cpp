@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/Error.h"
+#include "common/Files.h"
 
 namespace zeroshard {
 namespace {
@@ -184,11 +185,7 @@ ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& ori
 }
 
 ModelSpec spec_from_hf_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail("--hf-config: '{}' cannot be read: {}", path, std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  return spec_from_hf_json(text.str(), path);
+  return spec_from_hf_json(read_whole_file(path, "--hf-config"), path);
 }
 
 }  // namespace zeroshard

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "common/Error.h"
+#include "common/Files.h"
 #include "plan/Planner.h"
 #include "tools/estimate/EstimateArgs.h"
 #include "tools/estimate/EstimateReport.h"
@@ -14,16 +15,11 @@ constexpr int kExitNothingFits = 1;
 constexpr int kExitBadInput = 2;
 
 void write_config(const std::string& path, const zeroshard::Config& config) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << "# written by zeroshard-estimate; load with zeroshard.initialize(config=...)\n"
-        << zeroshard::emit_config_yaml(config);
-    if (!out) zeroshard::fail("--emit-config: cannot write '{}'", path);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    zeroshard::fail("--emit-config: cannot move '{}' to '{}'", tmp, path);
-  }
+  zeroshard::write_file_atomically(
+      path,
+      "# written by zeroshard-estimate; load with zeroshard.initialize(config=...)\n" +
+          zeroshard::emit_config_yaml(config),
+      "--emit-config");
 }
 
 }  // namespace

@@ -16,6 +16,8 @@
 
 #include <fmt/format.h>
 
+#include "common/Files.h"
+
 namespace zeroshard::launch {
 namespace fs = std::filesystem;
 
@@ -106,10 +108,8 @@ LaunchResult launch_ranks(int world, const std::string& program,
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (int rank = 0; rank < world; ++rank) {
-    std::ifstream in(logs / fmt::format("rank{}.log", rank));
-    std::stringstream s;
-    s << in.rdbuf();
-    result.ranks[rank].output = s.str();
+    result.ranks[rank].output =
+        read_whole_file((logs / fmt::format("rank{}.log", rank)).string(), "launcher");
   }
   fs::remove_all(logs);
   return result;
