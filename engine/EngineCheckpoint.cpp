@@ -399,7 +399,6 @@ void Engine::load_group(const CheckpointReader& reader, size_t i) {
   FlatParamGroup* g = groups_[i].get();
   const int64_t S = g->shard_numel();
   const int u = unit_of_flat_[i];
-  const bool at_home = param_home_ && u >= 0 && param_home_->holds(u);
   if (optimizer_group_[i] >= 0) {
     const auto t = static_cast<size_t>(optimizer_group_[i]);
     const int64_t n = optimizer_->group_numel(t);
@@ -408,9 +407,10 @@ void Engine::load_group(const CheckpointReader& reader, size_t i) {
     read_range(reader, *g, 0, begin, n, master.data());
     read_range(reader, *g, 1, begin, n, m.data());
     read_range(reader, *g, 2, begin, n, v.data());
-    if (at_home) param_home_->open_for_update(u);
-    optimizer_->write_state(t, master.data(), m.data(), v.data());
-    if (at_home) param_home_->store(u);
+    {
+      ShardUpdate update(param_home_.get(), u);
+      optimizer_->write_state(t, master.data(), m.data(), v.data());
+    }
     if (g->sharded() && g->gathered() && u >= 0) coordinator_->release_now(u);
     return;
   }
@@ -423,9 +423,10 @@ void Engine::load_group(const CheckpointReader& reader, size_t i) {
     g->flat().copy_(src);
     return;
   }
-  if (at_home) param_home_->open_for_update(u);
-  g->param_shard().copy_(src);
-  if (at_home) param_home_->store(u);
+  {
+    ShardUpdate update(param_home_.get(), u);
+    g->param_shard().copy_(src);
+  }
   if (g->gathered() && u >= 0) coordinator_->release_now(u);
 }
 

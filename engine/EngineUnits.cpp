@@ -82,20 +82,15 @@ void Engine::commit_parameters(int src_rank) {
     FlatParamGroup* g = trainable_[i];
     const int u = unit_of_group_[i];
     if (g->sharded() && !g->gathered()) continue;
-    const bool at_home = param_home_ && u >= 0 && param_home_->holds(u);
-    if (at_home) param_home_->open_for_update(u);
+    ShardUpdate update(param_home_.get(), u);
     if (g->sharded()) g->keep_own_slice();
     optimizer_->reload_master(i);
-    if (at_home) param_home_->store(u);
   }
   for (size_t i = 0; i < groups_.size(); ++i) {  // frozen units: their shard only
     FlatParamGroup* g = groups_[i].get();
     if (optimizer_group_[i] >= 0 || !g->sharded() || !g->gathered()) continue;
-    const int u = unit_of_flat_[i];
-    const bool at_home = param_home_ && param_home_->holds(u);
-    if (at_home) param_home_->open_for_update(u);
+    ShardUpdate update(param_home_.get(), unit_of_flat_[i]);
     g->keep_own_slice();
-    if (at_home) param_home_->store(u);
   }
   if (param_home_) param_home_->flush();
 }

@@ -1,6 +1,7 @@
 #include "engine/ParamHome.h"
 
 #include <cstring>
+#include <exception>
 
 #include <ATen/ATen.h>
 
@@ -133,6 +134,17 @@ void ParamHome::flush() {
     free_.push_back(w.slot);
     w.done.get();
   }
+}
+
+ShardUpdate::ShardUpdate(ParamHome* home, int unit) : exceptions_(std::uncaught_exceptions()) {
+  if (home == nullptr || unit < 0 || !home->holds(static_cast<size_t>(unit))) return;
+  home_ = home;
+  unit_ = static_cast<size_t>(unit);
+  home_->open_for_update(unit_);
+}
+
+ShardUpdate::~ShardUpdate() noexcept(false) {
+  if (home_ != nullptr && std::uncaught_exceptions() == exceptions_) home_->store(unit_);
 }
 
 }  // namespace zeroshard

@@ -57,4 +57,21 @@ class ParamHome : public ShardHome {
   LedgerEntry entry_;
 };
 
+// ParamHome's open_for_update/store bracket as a scope: while it lives, `unit`'s shard
+// is in memory and may be written; when it ends the shard is written back. Nothing
+// happens for no home, a negative unit or a unit kept in memory. Left by an exception
+// it does not store (the shard stays resident; the error ends the step).
+class ShardUpdate {
+ public:
+  ShardUpdate(ParamHome* home, int unit);
+  ~ShardUpdate() noexcept(false);
+  ShardUpdate(const ShardUpdate&) = delete;
+  ShardUpdate& operator=(const ShardUpdate&) = delete;
+
+ private:
+  ParamHome* home_ = nullptr;
+  size_t unit_ = 0;
+  int exceptions_ = 0;
+};
+
 }  // namespace zeroshard
