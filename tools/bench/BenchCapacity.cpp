@@ -23,6 +23,7 @@
 #include "common/Bytes.h"
 #include "engine/Engine.h"
 #include "offload/SwapFile.h"
+#include "tools/bench/BenchArgs.h"
 #include "tools/bench/BenchGpt.h"
 
 using namespace zeroshard;
@@ -81,25 +82,14 @@ int main(int argc, char** argv) {
   std::string dir = "build/bench-capacity";
   int64_t params = 3'000'000'000;
   int steps = 3;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json")
-      json = true;
-    else if (a == "--no-ddp")
-      ddp = false;
-    else if (a == "--dir" && i + 1 < argc)
-      dir = argv[++i];
-    else if (a == "--params" && i + 1 < argc)
-      params = std::stoll(argv[++i]);
-    else if (a == "--steps" && i + 1 < argc)
-      steps = std::stoi(argv[++i]);
-    else {
-      std::cerr << "usage: zs-bench-capacity [--json] [--dir DIR] [--params N] [--steps N] "
-                   "[--no-ddp]\n";
-      return 2;
-    }
-  }
   try {
+    zeroshard::bench::BenchArgs()
+        .flag("--json", &json)
+        .option("--dir", &dir)
+        .option("--params", &params)
+        .option("--steps", &steps)
+        .flag("--no-ddp", &ddp, false)
+        .parse(argc, argv);
     fs::create_directories(dir);
     const int64_t limit = host_ram();
     // fp32 parameters (4 bytes) + master, m, v (12) on NVMe, plus 2% for alignment.

@@ -18,6 +18,7 @@
 #include "offload/IoEngine.h"
 #include "offload/PinnedPool.h"
 #include "offload/SwapFile.h"
+#include "tools/bench/BenchArgs.h"
 
 using namespace zeroshard;
 namespace fs = std::filesystem;
@@ -56,22 +57,13 @@ int main(int argc, char** argv) {
   std::string dir = "build/bench-io";
   int64_t size_mib = 1024;
   int rounds = 3;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json")
-      json = true;
-    else if (a == "--dir" && i + 1 < argc)
-      dir = argv[++i];
-    else if (a == "--size-mib" && i + 1 < argc)
-      size_mib = std::stoll(argv[++i]);
-    else if (a == "--rounds" && i + 1 < argc)
-      rounds = std::stoi(argv[++i]);
-    else {
-      std::cerr << "usage: zs-bench-io [--json] [--dir DIR] [--size-mib N] [--rounds N]\n";
-      return 2;
-    }
-  }
   try {
+    zeroshard::bench::BenchArgs()
+        .flag("--json", &json)
+        .option("--dir", &dir)
+        .option("--size-mib", &size_mib)
+        .option("--rounds", &rounds)
+        .parse(argc, argv);
     fs::create_directories(dir);
     const int64_t bytes = size_mib << 20;
     const std::string fio_file = dir + "/fio.dat";

@@ -18,6 +18,7 @@
 
 #include "common/Error.h"
 #include "engine/Engine.h"
+#include "tools/bench/BenchArgs.h"
 #include "tools/bench/BenchGpt.h"
 #include "tools/launch/RankLauncher.h"
 
@@ -66,39 +67,18 @@ int64_t peak_rss_bytes() {
 
 Options parse(int argc, char** argv, int first) {
   Options o;
-  for (int i = first; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] {
-      if (i + 1 >= argc) fail("{} needs a value", a);
-      return std::stoi(argv[++i]);
-    };
-    if (a == "--json")
-      o.json = true;
-    else if (a == "--ranks")
-      o.ranks = next();
-    else if (a == "--steps")
-      o.steps = next();
-    else if (a == "--layers")
-      o.shape.layers = next();
-    else if (a == "--dim")
-      o.shape.dim = next();
-    else if (a == "--batch")
-      o.batch = next();
-    else if (a == "--stages" && i + 1 < argc)
-      o.stages = parse_stages(argv[++i]);
-    else if (a == "--offload-optimizer" && i + 1 < argc)
-      o.offload_optimizer = argv[++i];
-    else if (a == "--offload-param" && i + 1 < argc)
-      o.offload_param = argv[++i];
-    else if (a == "--nvme-path" && i + 1 < argc)
-      o.nvme_path = argv[++i];
-    else
-      fail(
-          "unknown option '{}'; allowed: --json --ranks N --steps N --layers N --dim N "
-          "--batch N --stages 0,2,3 --offload-optimizer none|cpu|nvme "
-          "--offload-param none|cpu|nvme --nvme-path DIR",
-          a);
-  }
+  BenchArgs()
+      .flag("--json", &o.json)
+      .option("--ranks", &o.ranks)
+      .option("--steps", &o.steps)
+      .option("--layers", &o.shape.layers)
+      .option("--dim", &o.shape.dim)
+      .option("--batch", &o.batch)
+      .option("--stages", "0,2,3", [&o](const std::string& v) { o.stages = parse_stages(v); })
+      .option("--offload-optimizer", &o.offload_optimizer, "none|cpu|nvme")
+      .option("--offload-param", &o.offload_param, "none|cpu|nvme")
+      .option("--nvme-path", &o.nvme_path)
+      .parse(argc, argv, first);
   return o;
 }
 

@@ -21,6 +21,7 @@
 #include "offload/PinnedPool.h"
 #include "offload/SwapFile.h"
 #include "offload/Swapper.h"
+#include "tools/bench/BenchArgs.h"
 #include "tools/bench/BestSeconds.h"
 
 using namespace zeroshard;
@@ -34,25 +35,14 @@ int main(int argc, char** argv) {
   int64_t params = 200'000'000;  // 2.4 GB of master + m + v
   int64_t sub_group = 8'000'000;
   int rounds = 3;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json")
-      json = true;
-    else if (a == "--dir" && i + 1 < argc)
-      dir = argv[++i];
-    else if (a == "--params" && i + 1 < argc)
-      params = std::stoll(argv[++i]);
-    else if (a == "--sub-group" && i + 1 < argc)
-      sub_group = std::stoll(argv[++i]);
-    else if (a == "--rounds" && i + 1 < argc)
-      rounds = std::stoi(argv[++i]);
-    else {
-      std::cerr << "usage: zs-bench-swap [--json] [--dir DIR] [--params N] [--sub-group N] "
-                   "[--rounds N]\n";
-      return 2;
-    }
-  }
   try {
+    zeroshard::bench::BenchArgs()
+        .flag("--json", &json)
+        .option("--dir", &dir)
+        .option("--params", &params)
+        .option("--sub-group", &sub_group)
+        .option("--rounds", &rounds)
+        .parse(argc, argv);
     at::set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));
     fs::create_directories(dir);
     const int64_t need = params * 12 + (int64_t{1} << 30);
