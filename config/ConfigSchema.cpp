@@ -16,10 +16,16 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 using IntRef = std::function<std::optional<int64_t>&(Config&)>;
 using FloatRef = std::function<std::optional<double>&(Config&)>;
 
-Knob int_knob(std::string path, double min, double max, IntRef ref, int64_t multiple_of = 1) {
+// What every knob has: its path in the config and its type.
+Knob base_knob(std::string path, Knob::Type type) {
   Knob k;
   k.path = std::move(path);
-  k.type = Knob::Type::Int;
+  k.type = type;
+  return k;
+}
+
+Knob int_knob(std::string path, double min, double max, IntRef ref, int64_t multiple_of = 1) {
+  Knob k = base_knob(std::move(path), Knob::Type::Int);
   k.min = min;
   k.max = max;
   k.multiple_of = multiple_of;
@@ -29,9 +35,7 @@ Knob int_knob(std::string path, double min, double max, IntRef ref, int64_t mult
 
 Knob float_knob(std::string path, double min, double max, FloatRef ref,
                 bool min_exclusive = false) {
-  Knob k;
-  k.path = std::move(path);
-  k.type = Knob::Type::Float;
+  Knob k = base_knob(std::move(path), Knob::Type::Float);
   k.min = min;
   k.max = max;
   k.min_exclusive = min_exclusive;
@@ -40,9 +44,7 @@ Knob float_knob(std::string path, double min, double max, FloatRef ref,
 }
 
 Knob bool_knob(std::string path, std::function<bool&(Config&)> ref) {
-  Knob k;
-  k.path = std::move(path);
-  k.type = Knob::Type::Bool;
+  Knob k = base_knob(std::move(path), Knob::Type::Bool);
   k.auto_ok = false;
   k.as_bool = std::move(ref);
   return k;
@@ -50,9 +52,7 @@ Knob bool_knob(std::string path, std::function<bool&(Config&)> ref) {
 
 Knob choice_knob(std::string path, std::vector<std::string> choices,
                  std::function<std::string&(Config&)> ref) {
-  Knob k;
-  k.path = std::move(path);
-  k.type = Knob::Type::Choice;
+  Knob k = base_knob(std::move(path), Knob::Type::Choice);
   k.auto_ok = false;
   k.choices = std::move(choices);
   k.as_text = std::move(ref);
@@ -60,18 +60,14 @@ Knob choice_knob(std::string path, std::vector<std::string> choices,
 }
 
 Knob text_knob(std::string path, std::function<std::string&(Config&)> ref) {
-  Knob k;
-  k.path = std::move(path);
-  k.type = Knob::Type::Text;
+  Knob k = base_knob(std::move(path), Knob::Type::Text);
   k.auto_ok = false;
   k.as_text = std::move(ref);
   return k;
 }
 
 Knob offload_knob(std::string path, std::function<OffloadDevice&(Config&)> ref) {
-  Knob k;
-  k.path = std::move(path);
-  k.type = Knob::Type::Offload;
+  Knob k = base_knob(std::move(path), Knob::Type::Offload);
   k.choices = {"none", "cpu", "nvme"};
   k.as_offload = std::move(ref);
   return k;

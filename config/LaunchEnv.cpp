@@ -40,12 +40,25 @@ class Env {
   const EnvLookup& lookup_;
 };
 
+// The four numbers every launcher sets, under its own names: rank and world size are
+// required; the local ones default to `local_rank` and the whole world (one node).
+struct RankNames {
+  const char* rank;
+  const char* world;
+  const char* local_rank;
+  const char* local_world;
+};
+
+void read_ranks(const Env& env, const RankNames& names, int local_rank, LaunchEnv& out) {
+  out.rank = env.number(names.rank, 0, 0, true);
+  out.world_size = env.number(names.world, 1, 1, true);
+  out.local_rank = env.number(names.local_rank, 0, local_rank < 0 ? out.rank : local_rank, false);
+  out.local_world_size = env.number(names.local_world, 1, out.world_size, false);
+}
+
 void read_torchrun(const Env& env, LaunchEnv& out) {
   out.launcher = "torchrun";
-  out.rank = env.number("RANK", 0, 0, true);
-  out.world_size = env.number("WORLD_SIZE", 1, 1, true);
-  out.local_rank = env.number("LOCAL_RANK", 0, out.rank, false);
-  out.local_world_size = env.number("LOCAL_WORLD_SIZE", 1, out.world_size, false);
+  read_ranks(env, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}, -1, out);
   if (!env.has("MASTER_ADDR")) fail("environment variable MASTER_ADDR is not set (RANK is)");
   out.master_addr = env.text("MASTER_ADDR");
   out.master_port = env.number("MASTER_PORT", 1, 0, true);
@@ -55,10 +68,8 @@ void read_torchrun(const Env& env, LaunchEnv& out) {
 
 void read_slurm(const Env& env, LaunchEnv& out) {
   out.launcher = "slurm";
-  out.rank = env.number("SLURM_PROCID", 0, 0, true);
-  out.world_size = env.number("SLURM_NTASKS", 1, 1, true);
-  out.local_rank = env.number("SLURM_LOCALID", 0, 0, false);
-  out.local_world_size = env.number("SLURM_NTASKS_PER_NODE", 1, out.world_size, false);
+  read_ranks(env, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}, 0,
+             out);
   if (env.has("MASTER_ADDR")) {
     out.master_addr = env.text("MASTER_ADDR");
   } else {
@@ -73,10 +84,10 @@ void read_slurm(const Env& env, LaunchEnv& out) {
 
 void read_openmpi(const Env& env, LaunchEnv& out) {
   out.launcher = "openmpi";
-  out.rank = env.number("OMPI_COMM_WORLD_RANK", 0, 0, true);
-  out.world_size = env.number("OMPI_COMM_WORLD_SIZE", 1, 1, true);
-  out.local_rank = env.number("OMPI_COMM_WORLD_LOCAL_RANK", 0, 0, false);
-  out.local_world_size = env.number("OMPI_COMM_WORLD_LOCAL_SIZE", 1, out.world_size, false);
+  read_ranks(env,
+             {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+              "OMPI_COMM_WORLD_LOCAL_SIZE"},
+             0, out);
   if (out.world_size > 1 && !env.has("MASTER_ADDR")) {
     fail(
         "environment variable MASTER_ADDR is not set; under mpirun pass "

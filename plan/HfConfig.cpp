@@ -94,13 +94,21 @@ TransformerArch gemma(const Reader& r) {
   return a;
 }
 
-TransformerArch gpt2(const Reader& r) {
+// Plain multi-head attention (as many key/value heads as heads), the sizes under the
+// family's own names.
+TransformerArch multi_head(const Reader& r, const char* hidden, const char* layers,
+                           const char* heads) {
   TransformerArch a;
   a.vocab = r.required("vocab_size");
-  a.hidden = r.required("n_embd");
-  a.layers = r.required("n_layer");
-  a.heads = a.kv_heads = r.required("n_head");
+  a.hidden = r.required(hidden);
+  a.layers = r.required(layers);
+  a.heads = a.kv_heads = r.required(heads);
   a.head_dim = a.hidden / a.heads;
+  return a;
+}
+
+TransformerArch gpt2(const Reader& r) {
+  TransformerArch a = multi_head(r, "n_embd", "n_layer", "n_head");
   a.intermediate = r.optional("n_inner", 4 * a.hidden);
   a.max_positions = r.required("n_positions");
   a.tied_embeddings = r.flag("tie_word_embeddings", true);
@@ -111,12 +119,7 @@ TransformerArch gpt2(const Reader& r) {
 }
 
 TransformerArch gpt_neox(const Reader& r) {
-  TransformerArch a;
-  a.vocab = r.required("vocab_size");
-  a.hidden = r.required("hidden_size");
-  a.layers = r.required("num_hidden_layers");
-  a.heads = a.kv_heads = r.required("num_attention_heads");
-  a.head_dim = a.hidden / a.heads;
+  TransformerArch a = multi_head(r, "hidden_size", "num_hidden_layers", "num_attention_heads");
   a.intermediate = r.required("intermediate_size");
   a.max_positions = r.optional("max_position_embeddings", 0);
   a.tied_embeddings = r.flag("tie_word_embeddings", false);
@@ -129,16 +132,8 @@ TransformerArch gpt_neox(const Reader& r) {
 
 // Phi (phi-1/1.5/2): parallel attention and MLP after one LayerNorm, biases everywhere.
 TransformerArch phi(const Reader& r) {
-  TransformerArch a;
-  a.vocab = r.required("vocab_size");
-  a.hidden = r.required("hidden_size");
-  a.layers = r.required("num_hidden_layers");
-  a.heads = r.required("num_attention_heads");
-  a.kv_heads = r.optional("num_key_value_heads", a.heads);
-  a.head_dim = a.hidden / a.heads;
-  a.intermediate = r.required("intermediate_size");
-  a.max_positions = r.optional("max_position_embeddings", 0);
-  a.tied_embeddings = r.flag("tie_word_embeddings", false);
+  TransformerArch a = llama_like(r);
+  a.head_dim = a.hidden / a.heads;  // phi has no head_dim key of its own
   a.qkv_bias = a.out_bias = a.mlp_bias = a.norm_bias = a.lm_head_bias = true;
   a.gated_mlp = false;
   a.norms_per_block = 1;
