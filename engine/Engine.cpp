@@ -1,396 +1,121 @@
+// zeroshard::Engine's public calls: each forwards to EngineImpl (engine/EngineImpl.h),
+// so the public header carries no member of the implementation.
 #include "engine/Engine.h"
 
-#include <dlfcn.h>
-#include <malloc.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <unordered_set>
-
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <fmt/format.h>
-#include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/container/sequential.h>
-
-#include "common/Bytes.h"
-#include "common/Error.h"
-#include "common/FaultPoint.h"
-#include "config/LrSchedule.h"
-#include "engine/GroupLayout.h"
-#include "engine/OffloadOptimizer.h"
-#include "engine/ParamHome.h"
-#include "offload/IoEngine.h"  // the members it destroys
-#include "offload/SwapFile.h"
-#include "sharding/Collectives.h"
-#include "sharding/GradReducer.h"
-#include "sharding/LossScaler.h"
-#include "sharding/OptimizerShard.h"
-#include "sharding/ParamCoordinator.h"
+#include "engine/EngineImpl.h"
 
 namespace zeroshard {
-namespace {
-
-// Parameters in registration order, each once (tied parameters share one tensor).
-std::vector<NamedParam> unique_parameters(const torch::nn::Module& module,
-                                          bool allow_empty = false) {
-  std::vector<NamedParam> out;
-  std::unordered_set<const void*> seen;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
-      out.push_back({item.key(), item.value()});
-    }
-  }
-  if (out.empty() && !allow_empty) fail("the module has no parameters to train");
-  return out;
-}
-
-at::ScalarType compute_dtype(const Config& c) {
-  if (c.bf16) return at::kBFloat16;
-  if (c.fp16.enabled) return at::kHalf;
-  return at::kFloat;
-}
-
-// Debian's libblas.so.3 is OpenBLAS, whose own thread pool is sized from the environment
-// when it loads and is not reached by at::set_num_threads: several ranks on one machine
-// would each start one BLAS thread per core (measured: 2.2x slower steps, 2 ranks).
-void set_blas_threads(int threads) {
-  using SetThreads = void (*)(int);
-  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    set(threads);
-  }
-}
-
-// A training loop frees and allocates the same large blocks every step. glibc returns
-// large freed blocks to the OS and the next step page-faults them back (measured on
-// LibTorch 2.6, GPT bench, 2 ranks: stage-0 step 0.175 s -> 0.150 s, forward 57 -> 40 ms
-// once freed memory is kept). ZS_MALLOC_KEEP=0 leaves glibc's defaults alone.
-void keep_freed_memory() {
-  const char* keep = std::getenv("ZS_MALLOC_KEEP");
-  if (keep != nullptr && std::string(keep) == "0") return;
-  constexpr int kThreshold = 1 << 30;
-  mallopt(M_MMAP_THRESHOLD, kThreshold);
-  mallopt(M_TRIM_THRESHOLD, kThreshold);
-}
-
-int64_t host_ram() {
-  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
-}
-
-// Stage-3 units when none are declared: the root's children, with a ModuleList or
-// Sequential child (a stack of blocks) contributing each of its blocks.
-std::vector<std::shared_ptr<torch::nn::Module>> default_units(const torch::nn::Module& root) {
-  std::vector<std::shared_ptr<torch::nn::Module>> units;
-  for (const auto& child : root.children()) {
-    const bool stack = dynamic_cast<const torch::nn::ModuleListImpl*>(child.get()) != nullptr ||
-                       dynamic_cast<const torch::nn::SequentialImpl*>(child.get()) != nullptr;
-    if (!stack) {
-      units.push_back(child);
-      continue;
-    }
-    for (const auto& block : child->children()) units.push_back(block);
-  }
-  return units;
-}
-
-ModelSpec spec_of(const std::vector<NamedParam>& params) {
-  ModelSpec spec;
-  spec.source = "module";
-  spec.model_type = "module";
-  for (const auto& p : params) {
-    spec.total_params += p.param.numel();
-    spec.tensor_counts.push_back({p.param.numel(), 1});
-  }
-  spec.unit_params = {spec.total_params};
-  spec.largest_module_params = spec.total_params;
-  return spec;
-}
-
-Plan plan_for(const std::vector<NamedParam>& params, const Config& config, const LaunchEnv& env) {
-  HardwareBudget budget;  // CPU tensors: the device is host memory
-  budget.device_bytes = host_ram() / std::max(1, env.local_world_size);
-  budget.host_bytes = host_ram();
-  WorldShape world{env.world_size / std::max(1, env.local_world_size), env.local_world_size};
-  if (world.ranks() != env.world_size) world = WorldShape{1, env.world_size};
-  TrainingShape shape;
-  shape.device_is_host = params.front().param.device().is_cpu();
-  return make_plan(spec_of(params), config, world, shape, budget);
-}
-
-}  // namespace
 
 Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
                EngineOptions options)
-    : module_(std::move(module)) {
-  const auto units = options.units.empty() ? default_units(*module_) : options.units;
-  std::vector<std::vector<NamedParam>> unit_params;
-  for (size_t u = 0; u < units.size(); ++u) {
-    unit_of_module_[units[u].get()] = u;
-    unit_params.push_back(unique_parameters(*units[u], true));
-  }
-  init(unique_parameters(*module_), unit_params, config, options.launch,
-       std::move(options.param_groups), {});
-  std::unordered_map<const void*, std::string> first;
-  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    const auto [it, fresh] = first.emplace(item.value().unsafeGetTensorImpl(), item.key());
-    if (!fresh) aliases_.emplace_back(item.key(), it->second);
-  }
-}
+    : impl_(std::make_unique<EngineImpl>(std::move(module), config, std::move(options))) {}
 
 Engine::Engine(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
                const Config& config, std::optional<LaunchEnv> launch,
-               std::vector<ParamGroup> param_groups, MaterializeParams materialize) {
-  if (params.empty()) fail("the model has no parameters to train");
-  init(std::move(params), unit_params, config, launch, std::move(param_groups), materialize);
-}
-
-void Engine::init(std::vector<NamedParam> params,
-                  const std::vector<std::vector<NamedParam>>& unit_params, const Config& config,
-                  const std::optional<LaunchEnv>& launch, std::vector<ParamGroup> param_groups,
-                  const MaterializeParams& materialize) {
-  // Checked before any collective: every rank refuses the same groups alike.
-  param_groups_ = ParamGroupTable(std::move(param_groups), params);
-  const LaunchEnv env = launch ? *launch : read_launch_env();
-  const int threads = threads_per_rank(env, [](const char* n) { return std::getenv(n); });
-  at::set_num_threads(threads);
-  set_blas_threads(threads);
-  check_contradictions(config);
-  plan_ = plan_for(params, config, env);
-  device_is_host_ = params.front().param.device().is_cpu();
-  // Offloaded state comes and goes by design; memory kept by glibc would stay resident
-  // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
-  if (plan_.option.optimizer == OffloadDevice::None && plan_.option.params == OffloadDevice::None)
-    keep_freed_memory();
-  const auto timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(*plan_.config.comm_timeout_seconds * 1000));
-  dist_ = init_distributed(env, timeout, params.front().param.device());
-  auto diagnose = [this] { return dist_.describe_missing_ranks(); };
-  comm_ = std::make_unique<Collectives>(dist_.group, env.rank, env.world_size, diagnose, &ledger_);
-  param_comm_ = std::make_unique<Collectives>(dist_.param_group, env.rank, env.world_size, diagnose,
-                                              &ledger_);
-  const MaterializeParams from_rank0 = [this](const std::vector<NamedParam>& group) {
-    broadcast_initial_values(group);
-  };
-  build_groups(params, unit_params, materialize ? materialize : from_rank0);
-  for (const auto& p : params) names_.push_back(p);
-  const auto& fp16 = plan_.config.fp16;
-  if (fp16.enabled) {
-    LossScalerOptions o;
-    o.static_scale = *fp16.loss_scale;
-    o.initial_scale_power = *fp16.initial_scale_power;
-    o.window = *fp16.loss_scale_window;
-    o.hysteresis = *fp16.hysteresis;
-    o.min_scale = *fp16.min_loss_scale;
-    scaler_ = std::make_unique<LossScaler>(o);
-  }
-}
+               std::vector<ParamGroup> param_groups, MaterializeParams materialize)
+    : impl_(std::make_unique<EngineImpl>(std::move(params), std::move(unit_params), config,
+                                         std::move(launch), std::move(param_groups),
+                                         std::move(materialize))) {}
 
 Engine::~Engine() = default;
 
-void Engine::broadcast_initial_values(const std::vector<NamedParam>& params) {
-  // Every rank starts from rank 0's values, whatever each rank's initialisation did.
-  std::vector<CommHandle> handles;
-  at::NoGradGuard no_grad;
-  for (const auto& p : params) handles.push_back(comm_->broadcast(p.param.data(), 0));
-  for (auto& h : handles) h.wait();
+torch::nn::Module& Engine::module() {
+  return impl_->module();
 }
-
-void Engine::build_groups(const std::vector<NamedParam>& params,
-                          const std::vector<std::vector<NamedParam>>& unit_params,
-                          const MaterializeParams& materialize) {
-  const auto& z = plan_.config.zero;
-  const int stage = static_cast<int>(*z.stage);
-  coordinator_unit_.assign(unit_params.size(), -1);
-  const auto layout = layout_groups(params, unit_params, stage, *z.reduce_bucket_size);
-  const at::ScalarType dtype = compute_dtype(plan_.config);
-  optimizer_ = make_optimizer(params.front().param.device().is_cpu());
-  std::vector<FlatParamGroup*> trainable, sharded;
-  for (const auto& spec : layout) {
-    materialize(spec.params);
-    groups_.push_back(std::make_unique<FlatParamGroup>(spec.params, rank(), world_size(), dtype,
-                                                       spec.sharded, spec.trainable,
-                                                       /*lazy_grads=*/stage >= 2, &ledger_));
-    FlatParamGroup* g = groups_.back().get();
-    unit_of_flat_.push_back(spec.sharded ? static_cast<int>(sharded.size()) : -1);
-    if (spec.sharded) {
-      coordinator_unit_[spec.unit] = static_cast<int>(sharded.size());
-      sharded.push_back(g);
-    }
-    optimizer_group_.push_back(spec.trainable ? static_cast<int>(trainable_.size()) : -1);
-    if (!spec.trainable) continue;
-    unit_of_group_.push_back(unit_of_flat_.back());
-    trainable.push_back(g);
-    trainable_.push_back(g);
-    const int64_t begin = stage == 0 ? 0 : rank() * g->shard_numel();
-    const at::Tensor shard = stage == 0 ? g->flat() : g->param_shard();
-    optimizer_->add_group(shard, param_groups_.spans(*g, begin, shard.numel()));
-  }
-  // Shards leave RAM (parameter offload) before the gradient buffers are allocated, so
-  // a model as large as host RAM is never held twice.
-  if (auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get())) off->start();
-  if (stage == 3) place_param_shards(sharded);
-  const bool opt_off = plan_.option.optimizer != OffloadDevice::None;
-  reducer_ = std::make_unique<GradReducer>(trainable, stage, z.overlap_comm, comm_.get(), &ledger_,
-                                           opt_off ? Tier::Host : Tier::Device);
-  if (stage < 3) return;
-  CoordinatorOptions o;
-  o.prefetch_numel = *z.stage3_prefetch_bucket_size;
-  o.max_live_numel = *z.stage3_max_live_parameters;
-  o.persistence_numel = *z.stage3_param_persistence_threshold;
-  coordinator_ = std::make_unique<ParamCoordinator>(sharded, param_comm_.get(), o);
-  reducer_->on_wait([this] { return coordinator_->advance(); });
-  reducer_->on_group_complete([this](size_t group) {
-    if (unit_of_group_[group] >= 0) coordinator_->backward_done(unit_of_group_[group]);
-  });
-  if (param_home_) {
-    const int lookahead = static_cast<int>(*plan_.config.zero.offload_param.buffer_count) - 1;
-    coordinator_->set_shard_home(param_home_.get(), lookahead);
-  }
+at::Tensor Engine::run_unit(const torch::nn::Module& unit,
+                            const std::function<at::Tensor()>& forward) {
+  return impl_->run_unit(unit, forward);
 }
-
+void Engine::unit_forward_begin(size_t unit) {
+  impl_->unit_forward_begin(unit);
+}
+void Engine::unit_forward_end(size_t unit) {
+  impl_->unit_forward_end(unit);
+}
+void Engine::unit_backward_begin(size_t unit) {
+  impl_->unit_backward_begin(unit);
+}
+void Engine::gather_unit(size_t unit) {
+  impl_->gather_unit(unit);
+}
+void Engine::release_unit(size_t unit) {
+  impl_->release_unit(unit);
+}
+void Engine::commit_parameters(int src_rank) {
+  impl_->commit_parameters(src_rank);
+}
 void Engine::backward(const at::Tensor& loss) {
-  ++micro_steps_;
-  fault_point("backward.begin");
-  reducer_->begin_backward(micro_steps_ % *plan_.config.gradient_accumulation_steps == 0);
-  if (coordinator_) coordinator_->end_forward();
-  if (scaler_) {
-    (loss * scaler_->scale()).backward();
-  } else {
-    loss.backward();
-  }
-  // Gathers first: a rank still inside backward may wait for one, never for a reduction.
-  if (coordinator_) coordinator_->end_backward();
-  fault_point("backward.end");
-  reducer_->end_backward();
+  impl_->backward(loss);
 }
-
-bool Engine::step() {
-  const auto& c = plan_.config;
-  const int64_t accumulation = *c.gradient_accumulation_steps;
-  if (micro_steps_ == 0 || micro_steps_ % accumulation != 0) return false;
-  const auto& grads = reducer_->reduced();
-  double scale = 1.0 / static_cast<double>(world_size() * accumulation);
-  if (scaler_) {
-    scale /= scaler_->scale();
-    if (scaler_->update(reducer_->any_overflow())) {
-      reducer_->zero();
-      return false;
-    }
-  }
-  fault_point("step.norm");
-  grad_norm_ = reducer_->global_norm(scale);
-  const double max_norm = *c.gradient_clipping;
-  if (max_norm > 0) {
-    const double coefficient = max_norm / (grad_norm_ + 1e-6);  // torch's clip_grad_norm_
-    if (coefficient < 1) scale *= coefficient;
-  }
-  fault_point("step.update");
-  optimizer_->step(grads, scale, param_group_hypers());
-  if (param_home_) param_home_->flush();
-  fault_point("step.gather");
-  if (*c.zero.stage >= 1) {
-    std::vector<CommHandle> handles;
-    for (FlatParamGroup* g : trainable_) {
-      if (!g->sharded()) handles.push_back(comm_->all_gather(g->flat()));
-    }
-    for (auto& handle : handles) handle.wait();
-  }
-  if (coordinator_) coordinator_->after_step();
-  reducer_->zero();
-  return true;
-}
-
-void Engine::zero_grad() {
-  reducer_->zero();
-}
-
-int64_t Engine::bytes_sent() const {
-  return comm_->bytes_sent() + param_comm_->bytes_sent();
-}
-
-void Engine::barrier() {
-  at::Tensor token = at::zeros({1});
-  comm_->all_reduce_sum(token).wait();
-}
-
 std::vector<NamedParam> Engine::full_parameters() {
-  at::NoGradGuard no_grad;
-  std::unordered_map<const void*, at::Tensor> copies;
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    const auto& g = groups_[i];
-    const bool gather = g->sharded() && !g->gathered();
-    if (gather) coordinator_->gather_now(unit_of_flat_[i]);
-    for (const auto& slot : g->slots()) {
-      copies[slot.param.unsafeGetTensorImpl()] = slot.param.detach().clone();
-    }
-    if (gather) coordinator_->release_now(unit_of_flat_[i]);
-  }
-  std::vector<NamedParam> out;
-  if (!module_) {
-    for (const auto& p : names_) out.push_back({p.name, copies.at(p.param.unsafeGetTensorImpl())});
-    return out;
-  }
-  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    out.push_back({item.key(), copies.at(item.value().unsafeGetTensorImpl())});
-  }
-  return out;
+  return impl_->full_parameters();
+}
+bool Engine::step() {
+  return impl_->step();
+}
+void Engine::zero_grad() {
+  impl_->zero_grad();
 }
 
 double Engine::loss_scale() const {
-  return scaler_ ? scaler_->scale() : 1.0;
+  return impl_->loss_scale();
 }
-
+double Engine::global_grad_norm() const {
+  return impl_->global_grad_norm();
+}
 double Engine::lr() const {
-  return param_group_hypers().front().lr;
+  return impl_->lr();
 }
-
+size_t Engine::param_group_count() const {
+  return impl_->param_group_count();
+}
+const ParamGroupOptions& Engine::param_group(size_t group) const {
+  return impl_->param_group(group);
+}
 void Engine::set_param_group(size_t group, const ParamGroupOptions& options) {
-  param_groups_.set_options(group, options);
+  impl_->set_param_group(group, options);
 }
-
 std::vector<AdamHyper> Engine::param_group_hypers() const {
-  const Config& c = plan_.config;
-  std::optional<double> scheduled;
-  if (c.scheduler.type != "none") scheduled = learning_rate(c, optimizer_->steps());
-  return param_groups_.resolve(c.optimizer, scheduled);
+  return impl_->param_group_hypers();
 }
-
 int64_t Engine::optimizer_steps() const {
-  return optimizer_->steps();
+  return impl_->optimizer_steps();
 }
-
-ModelSpec Engine::spec_of_groups() const {
-  ModelSpec spec;
-  spec.source = "module";
-  spec.model_type = "module";
-  for (const auto& g : groups_) {
-    spec.unit_params.push_back(g->numel());
-    spec.unit_whole.push_back(!g->sharded());
-    spec.total_params += g->numel();
-  }
-  spec.largest_module_params = spec.largest_unit();
-  return spec;
+const Plan& Engine::plan() const {
+  return impl_->plan();
 }
-
+const Config& Engine::config() const {
+  return impl_->config();
+}
+int Engine::rank() const {
+  return impl_->rank();
+}
+int Engine::world_size() const {
+  return impl_->world_size();
+}
 MemoryReport Engine::memory_report() const {
-  MemoryReport r;
-  r.measured = ledger_.snapshot();
-  WorldShape world{1, world_size()};
-  TrainingShape shape;
-  shape.device_is_host = device_is_host_;
-  r.predicted = predict_memory(spec_of_groups(), plan_.option, plan_.config, world, shape);
-  return r;
+  return impl_->memory_report();
+}
+int64_t Engine::bytes_sent() const {
+  return impl_->bytes_sent();
+}
+void Engine::barrier() {
+  impl_->barrier();
+}
+MemoryLedger& Engine::ledger() {
+  return impl_->ledger();
 }
 
-std::string MemoryReport::to_string() const {
-  std::string out =
-      fmt::format("{:<18} {:>12} {:>12} {:>12}\n", "kind (bytes)", "current", "peak", "predicted");
-  for (size_t k = 0; k < kNumKinds; ++k) {
-    const auto kind = static_cast<Kind>(k);
-    out += fmt::format("{:<18} {:>12} {:>12} {:>12}\n", kind_name(kind), measured.current[0][k],
-                       measured.peak[0][k], predicted.at(Tier::Device, kind));
-  }
-  return out;
+std::string Engine::save_checkpoint(const std::string& dir, std::string tag,
+                                    const std::string& client_state_json,
+                                    const std::string& lr_scheduler_json) {
+  return impl_->save_checkpoint(dir, std::move(tag), client_state_json, lr_scheduler_json);
+}
+Engine::Loaded Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  return impl_->load_checkpoint(dir, tag);
+}
+void Engine::set_aliases(std::vector<std::pair<std::string, std::string>> aliases) {
+  impl_->set_aliases(std::move(aliases));
 }
 
 }  // namespace zeroshard

@@ -11,37 +11,25 @@
 //   h = engine.run_unit(*block, [&] { return block->forward(h); });
 // Units are EngineOptions::units (default: the root module's direct children); every
 // rank must call run_unit for the units it uses, in any order and with any branches.
-#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include <torch/nn/module.h>
 
-#include "common/Error.h"
 #include "common/MemoryLedger.h"
 #include "config/Config.h"
 #include "config/LaunchEnv.h"
-#include "engine/Checkpoint.h"
 #include "engine/ParamGroups.h"
-#include "engine/ProcessGroupSetup.h"
 #include "plan/MemoryModel.h"
 #include "plan/Planner.h"
 #include "sharding/FlatParamGroup.h"
 
 namespace zeroshard {
 
-class Collectives;
-class GradReducer;
-class ShardOptimizer;
-class IoEngine;
-class SwapDir;
-class ParamHome;
-class LossScaler;
-class ParamCoordinator;
+class EngineImpl;
 
 // Brings one group's parameters to their initial values, the same on every rank, just
 // before the engine copies them into its buffers: a collective, called for each group in
@@ -76,10 +64,7 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  torch::nn::Module& module() {
-    if (!module_) fail("this Engine was built from a parameter list, not a torch::nn::Module");
-    return *module_;
-  }
+  torch::nn::Module& module();
   // Runs `forward` (the forward of `unit`) with the unit's parameters gathered; at
   // stages 0-2 it only calls `forward`.
   at::Tensor run_unit(const torch::nn::Module& unit, const std::function<at::Tensor()>& forward);
@@ -105,26 +90,26 @@ class Engine {
   void zero_grad();
 
   double loss_scale() const;
-  double global_grad_norm() const { return grad_norm_; }
+  double global_grad_norm() const;
   double lr() const;  // parameter group 0's
   // Optimizer parameter groups: their options as given (or set since), and the
   // hyperparameters each will step with next (a config scheduler's lr included).
-  size_t param_group_count() const { return param_groups_.size(); }
-  const ParamGroupOptions& param_group(size_t group) const { return param_groups_.options(group); }
+  size_t param_group_count() const;
+  const ParamGroupOptions& param_group(size_t group) const;
   void set_param_group(size_t group, const ParamGroupOptions& options);
   std::vector<AdamHyper> param_group_hypers() const;
   int64_t optimizer_steps() const;
-  const Plan& plan() const { return plan_; }
-  const Config& config() const { return plan_.config; }
-  int rank() const { return dist_.env.rank; }
-  int world_size() const { return dist_.env.world_size; }
+  const Plan& plan() const;
+  const Config& config() const;
+  int rank() const;
+  int world_size() const;
   MemoryReport memory_report() const;
   // Bytes this rank has sent in collectives so far (ring-algorithm volume).
   int64_t bytes_sent() const;
   // Returns once every rank has called it (a rank that is gone fails it as any
   // collective does): for files one rank writes and every rank may read next.
   void barrier();
-  MemoryLedger& ledger() { return ledger_; }
+  MemoryLedger& ledger();
 
   // Sharded checkpoints (DeepSpeed's names). Each rank writes its own shards; rank 0
   // the manifest; DIR/latest moves last. Returns the tag (default global_stepN).
@@ -145,62 +130,10 @@ class Engine {
   // Names under which a parameter is also reachable (tied weights): recorded in
   // checkpoints so a consolidated state_dict has every name. Found from the module in
   // the module constructor; the Python package passes them.
-  void set_aliases(std::vector<std::pair<std::string, std::string>> aliases) {
-    aliases_ = std::move(aliases);
-  }
+  void set_aliases(std::vector<std::pair<std::string, std::string>> aliases);
 
  private:
-  void init(std::vector<NamedParam> params, const std::vector<std::vector<NamedParam>>& unit_params,
-            const Config& config, const std::optional<LaunchEnv>& launch,
-            std::vector<ParamGroup> param_groups, const MaterializeParams& materialize);
-  void build_groups(const std::vector<NamedParam>& params,
-                    const std::vector<std::vector<NamedParam>>& unit_params,
-                    const MaterializeParams& materialize);
-  int checked_unit(size_t unit) const;  // its coordinator unit, or -1
-  Manifest checkpoint_layout() const;
-  void write_group_slice(size_t group, const std::function<void(const void*, int64_t)>& write);
-  void write_rank_file(const std::string& folder);
-  void publish_checkpoint(const std::string& dir, Manifest& m, const std::string& failure_here);
-  void agree_on_checkpoint(const std::string& tag, const std::function<void()>& collective);
-  void check_layout(const CheckpointReader& reader, const std::string& dir) const;
-  std::vector<ParamGroupOptions> saved_param_groups(const Manifest& m,
-                                                    const std::string& dir) const;
-  void read_range(const CheckpointReader& reader, const FlatParamGroup& group, int array,
-                  int64_t begin, int64_t count, float* out) const;
-  void load_group(const CheckpointReader& reader, size_t group);
-  std::unique_ptr<ShardOptimizer> make_optimizer(bool on_cpu);
-  void place_param_shards(const std::vector<FlatParamGroup*>& sharded);
-  const std::string& swap_dir(const std::string& nvme_path);
-  void broadcast_initial_values(const std::vector<NamedParam>& params);
-  ModelSpec spec_of_groups() const;
-
-  std::shared_ptr<torch::nn::Module> module_;
-  Plan plan_;
-  DistContext dist_;
-  MemoryLedger ledger_;  // before everything that registers in it
-  std::unique_ptr<Collectives> comm_;
-  std::unique_ptr<Collectives> param_comm_;  // stage-3 gathers, their own order
-  std::vector<std::unique_ptr<FlatParamGroup>> groups_;
-  // Offload: the I/O engine and swap directories outlive everything that swaps.
-  std::unique_ptr<IoEngine> io_;
-  std::vector<std::unique_ptr<SwapDir>> swap_dirs_;
-  std::unique_ptr<GradReducer> reducer_;
-  std::unique_ptr<ShardOptimizer> optimizer_;
-  std::unique_ptr<ParamHome> param_home_;
-  ParamGroupTable param_groups_;
-  std::vector<FlatParamGroup*> trainable_;  // the optimizer's groups, in its order
-  std::vector<int> unit_of_group_;          // per trainable group: its coordinator unit or -1
-  std::vector<int> unit_of_flat_;           // per groups_ entry: its coordinator unit or -1
-  std::vector<int> optimizer_group_;        // per groups_ entry: its index in trainable_, or -1
-  std::unique_ptr<LossScaler> scaler_;
-  std::unique_ptr<ParamCoordinator> coordinator_;
-  std::unordered_map<const torch::nn::Module*, size_t> unit_of_module_;  // -> unit index
-  std::vector<int> coordinator_unit_;  // per unit index: its coordinator unit or -1
-  std::vector<NamedParam> names_;      // the parameters, for full_parameters()
-  int64_t micro_steps_ = 0;
-  bool device_is_host_ = true;
-  std::vector<std::pair<std::string, std::string>> aliases_;
-  double grad_norm_ = 0;
+  std::unique_ptr<EngineImpl> impl_;
 };
 
 }  // namespace zeroshard

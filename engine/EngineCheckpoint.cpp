@@ -1,4 +1,4 @@
-// Engine::save_checkpoint / load_checkpoint (the format: engine/Checkpoint.h).
+// EngineImpl::save_checkpoint / load_checkpoint (the format: engine/Checkpoint.h).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 #include "common/FaultPoint.h"
 #include "common/Files.h"
 #include "engine/Checkpoint.h"
-#include "engine/Engine.h"
+#include "engine/EngineImpl.h"
 #include "engine/ParamHome.h"
 #include "offload/SwapFile.h"
 #include "sharding/Collectives.h"
@@ -115,7 +115,7 @@ class FileWriter {
 
 }  // namespace
 
-Manifest Engine::checkpoint_layout() const {
+Manifest EngineImpl::checkpoint_layout() const {
   Manifest m;
   m.world_size = world_size();
   m.stage = static_cast<int>(*plan_.config.zero.stage);
@@ -147,9 +147,9 @@ Manifest Engine::checkpoint_layout() const {
   return m;
 }
 
-std::string Engine::save_checkpoint(const std::string& dir, std::string tag,
-                                    const std::string& client_state_json,
-                                    const std::string& lr_scheduler_json) {
+std::string EngineImpl::save_checkpoint(const std::string& dir, std::string tag,
+                                        const std::string& client_state_json,
+                                        const std::string& lr_scheduler_json) {
   if (tag.empty()) tag = fmt::format("global_step{}", optimizer_->steps());
   if (tag.find('/') != std::string::npos || tag == "latest" || tag[0] == '.') {
     fail("checkpoint tag '{}' is not allowed; allowed: a plain name (no '/', not 'latest')", tag);
@@ -184,7 +184,7 @@ std::string Engine::save_checkpoint(const std::string& dir, std::string tag,
   return tag;
 }
 
-void Engine::write_rank_file(const std::string& folder) {
+void EngineImpl::write_rank_file(const std::string& folder) {
   const std::string file = folder + fmt::format("/rank{}.bin", rank());
   FileWriter out(file + ".tmp");
   at::NoGradGuard no_grad;
@@ -200,7 +200,8 @@ void Engine::write_rank_file(const std::string& folder) {
 
 // A collective, not a store wait: a peer that died fails it at once (its sockets close)
 // instead of after the whole timeout.
-void Engine::agree_on_checkpoint(const std::string& tag, const std::function<void()>& collective) {
+void EngineImpl::agree_on_checkpoint(const std::string& tag,
+                                     const std::function<void()>& collective) {
   try {
     collective();
   } catch (const Error& e) {
@@ -209,8 +210,8 @@ void Engine::agree_on_checkpoint(const std::string& tag, const std::function<voi
   }
 }
 
-void Engine::publish_checkpoint(const std::string& dir, Manifest& m,
-                                const std::string& failure_here) {
+void EngineImpl::publish_checkpoint(const std::string& dir, Manifest& m,
+                                    const std::string& failure_here) {
   // Every rank's file is complete before the manifest names it, and `latest` moves only
   // after the manifest: a crash at any point leaves the previous tag loadable.
   const std::string folder = dir + "/" + m.tag;
@@ -270,7 +271,8 @@ void Engine::publish_checkpoint(const std::string& dir, Manifest& m,
 
 // This rank's slice [r*S, (r+1)*S) of group `i`: fp32 master, m, v if trainable, the
 // parameters otherwise. Offloaded state is streamed from its tier one group at a time.
-void Engine::write_group_slice(size_t i, const std::function<void(const void*, int64_t)>& write) {
+void EngineImpl::write_group_slice(size_t i,
+                                   const std::function<void(const void*, int64_t)>& write) {
   FlatParamGroup* g = groups_[i].get();
   const int64_t S = g->shard_numel();
   if (optimizer_group_[i] >= 0) {
@@ -296,7 +298,7 @@ void Engine::write_group_slice(size_t i, const std::function<void(const void*, i
   write(values.data_ptr(), S * static_cast<int64_t>(values.element_size()));
 }
 
-Engine::Loaded Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+Engine::Loaded EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag) {
   const Manifest m = read_manifest(dir, tag);
   const CheckpointReader reader(dir, m);
   check_layout(reader, dir);  // before anything changes
@@ -337,8 +339,8 @@ Engine::Loaded Engine::load_checkpoint(const std::string& dir, const std::string
 // The saved groups' options, checked before anything changes: as many groups as this
 // engine has (none saved: a checkpoint from before groups were stored keeps the
 // engine's own).
-std::vector<ParamGroupOptions> Engine::saved_param_groups(const Manifest& m,
-                                                          const std::string& dir) const {
+std::vector<ParamGroupOptions> EngineImpl::saved_param_groups(const Manifest& m,
+                                                              const std::string& dir) const {
   std::vector<ParamGroupOptions> out;
   if (m.param_groups.is_null()) return out;
   if (m.param_groups.size() != param_groups_.size()) {
@@ -357,7 +359,7 @@ std::vector<ParamGroupOptions> Engine::saved_param_groups(const Manifest& m,
   return out;
 }
 
-void Engine::check_layout(const CheckpointReader& reader, const std::string& dir) const {
+void EngineImpl::check_layout(const CheckpointReader& reader, const std::string& dir) const {
   std::unordered_set<std::string> mine;
   for (const auto& g : groups_) {
     for (const auto& s : g->slots()) {
@@ -381,8 +383,8 @@ void Engine::check_layout(const CheckpointReader& reader, const std::string& dir
 
 // Fills `out` (count elements: group `g`'s flat buffer from `begin`) from the saved
 // parameters' array `array`; padding stays zero.
-void Engine::read_range(const CheckpointReader& reader, const FlatParamGroup& g, int array,
-                        int64_t begin, int64_t count, float* out) const {
+void EngineImpl::read_range(const CheckpointReader& reader, const FlatParamGroup& g, int array,
+                            int64_t begin, int64_t count, float* out) const {
   std::fill(out, out + count, 0.0f);
   for (const auto& s : g.slots()) {
     const int64_t lo = std::max(begin, s.offset), hi = std::min(begin + count, s.offset + s.numel);
@@ -395,7 +397,7 @@ void Engine::read_range(const CheckpointReader& reader, const FlatParamGroup& g,
   }
 }
 
-void Engine::load_group(const CheckpointReader& reader, size_t i) {
+void EngineImpl::load_group(const CheckpointReader& reader, size_t i) {
   FlatParamGroup* g = groups_[i].get();
   const int64_t S = g->shard_numel();
   const int u = unit_of_flat_[i];

@@ -1,7 +1,7 @@
 // The Engine's offload wiring: which optimizer steps the shards, the swap directories
 // and I/O engine, and where stage-3 parameter shards live.
 #include "common/Error.h"
-#include "engine/Engine.h"
+#include "engine/EngineImpl.h"
 #include "engine/OffloadOptimizer.h"
 #include "engine/ParamHome.h"
 #include "offload/CpuAdam.h"
@@ -30,7 +30,7 @@ AdamKernel cpu_adam_kernel() {
 
 }  // namespace
 
-const std::string& Engine::swap_dir(const std::string& nvme_path) {
+const std::string& EngineImpl::swap_dir(const std::string& nvme_path) {
   if (!io_) {
     const auto& aio = plan_.config.aio;
     IoOptions o;
@@ -43,7 +43,7 @@ const std::string& Engine::swap_dir(const std::string& nvme_path) {
   return swap_dirs_.back()->path();
 }
 
-std::unique_ptr<ShardOptimizer> Engine::make_optimizer(bool on_cpu) {
+std::unique_ptr<ShardOptimizer> EngineImpl::make_optimizer(bool on_cpu) {
   const auto& z = plan_.config.zero;
   const OffloadDevice device = plan_.option.optimizer;
   if (device == OffloadDevice::None) {
@@ -62,7 +62,7 @@ std::unique_ptr<ShardOptimizer> Engine::make_optimizer(bool on_cpu) {
 
 // Stage-3 parameter offload: each sharded unit's shard goes where the memory model
 // puts it (the same function decides both).
-void Engine::place_param_shards(const std::vector<FlatParamGroup*>& sharded) {
+void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded) {
   const auto& op = plan_.config.zero.offload_param;
   const OffloadDevice device = plan_.option.params;
   if (device == OffloadDevice::None) return;

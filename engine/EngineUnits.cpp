@@ -4,7 +4,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "common/Error.h"
-#include "engine/Engine.h"
+#include "engine/EngineImpl.h"
 #include "engine/ParamHome.h"
 #include "sharding/Collectives.h"
 #include "sharding/OptimizerShard.h"
@@ -12,8 +12,8 @@
 
 namespace zeroshard {
 
-at::Tensor Engine::run_unit(const torch::nn::Module& unit,
-                            const std::function<at::Tensor()>& forward) {
+at::Tensor EngineImpl::run_unit(const torch::nn::Module& unit,
+                                const std::function<at::Tensor()>& forward) {
   if (!coordinator_) return forward();
   const auto it = unit_of_module_.find(&unit);
   if (it == unit_of_module_.end() || coordinator_unit_[it->second] < 0) {
@@ -35,39 +35,39 @@ at::Tensor Engine::run_unit(const torch::nn::Module& unit,
   return out;
 }
 
-int Engine::checked_unit(size_t unit) const {
+int EngineImpl::checked_unit(size_t unit) const {
   if (unit >= coordinator_unit_.size()) {
     fail("unit {} does not exist; this model has {} units", unit, coordinator_unit_.size());
   }
   return coordinator_ ? coordinator_unit_[unit] : -1;
 }
 
-void Engine::unit_forward_begin(size_t unit) {
+void EngineImpl::unit_forward_begin(size_t unit) {
   const int u = checked_unit(unit);
   if (u >= 0) coordinator_->before_forward(u);
 }
 
-void Engine::unit_forward_end(size_t unit) {
+void EngineImpl::unit_forward_end(size_t unit) {
   const int u = checked_unit(unit);
   if (u >= 0) coordinator_->after_forward(u);
 }
 
-void Engine::unit_backward_begin(size_t unit) {
+void EngineImpl::unit_backward_begin(size_t unit) {
   const int u = checked_unit(unit);
   if (u >= 0) coordinator_->before_backward(u);
 }
 
-void Engine::gather_unit(size_t unit) {
+void EngineImpl::gather_unit(size_t unit) {
   const int u = checked_unit(unit);
   if (u >= 0 && !coordinator_->gathered(u)) coordinator_->gather_now(u);
 }
 
-void Engine::release_unit(size_t unit) {
+void EngineImpl::release_unit(size_t unit) {
   const int u = checked_unit(unit);
   if (u >= 0) coordinator_->release_now(u);
 }
 
-void Engine::commit_parameters(int src_rank) {
+void EngineImpl::commit_parameters(int src_rank) {
   if (src_rank < 0 || src_rank >= world_size()) {
     fail("modifier rank {} does not exist; allowed: 0 to {}", src_rank, world_size() - 1);
   }
