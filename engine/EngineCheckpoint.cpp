@@ -124,10 +124,10 @@ Manifest EngineImpl::checkpoint_layout() const {
   m.config_yaml = emit_config_yaml(plan_.config);
   int64_t offset = 0;
   for (size_t i = 0; i < groups_.size(); ++i) {
-    const auto& g = groups_[i];
+    const auto& g = groups_[i].flat;
     SavedGroup sg;
     sg.shard_numel = g->shard_numel();
-    sg.trainable = optimizer_group_[i] >= 0;
+    sg.trainable = groups_[i].trainable >= 0;
     sg.dtype = dtype_name(g->flat().scalar_type());
     sg.file_offset = offset;
     for (const auto& s : g->slots()) sg.params.push_back({s.name, s.shape, s.offset, s.numel});
@@ -273,10 +273,10 @@ void EngineImpl::publish_checkpoint(const std::string& dir, Manifest& m,
 // parameters otherwise. Offloaded state is streamed from its tier one group at a time.
 void EngineImpl::write_group_slice(size_t i,
                                    const std::function<void(const void*, int64_t)>& write) {
-  FlatParamGroup* g = groups_[i].get();
+  FlatParamGroup* g = groups_[i].flat.get();
   const int64_t S = g->shard_numel();
-  if (optimizer_group_[i] >= 0) {
-    const auto t = static_cast<size_t>(optimizer_group_[i]);
+  if (groups_[i].trainable >= 0) {
+    const auto t = static_cast<size_t>(groups_[i].trainable);
     const int64_t n = optimizer_->group_numel(t);
     std::vector<float> master(n), m(n), v(n);
     optimizer_->read_state(t, master.data(), m.data(), v.data());
@@ -284,7 +284,7 @@ void EngineImpl::write_group_slice(size_t i,
     for (const auto* a : {&master, &m, &v}) write(a->data() + from, S * 4);
     return;
   }
-  const int u = unit_of_flat_[i];
+  const int u = groups_[i].coordinator_unit;
   at::Tensor values;
   if (!g->sharded()) {
     values = g->own_slice();
@@ -309,7 +309,8 @@ Engine::Loaded EngineImpl::load_checkpoint(const std::string& dir, const std::st
     load_group(reader, i);
   }
   std::vector<CommHandle> handles;
-  for (FlatParamGroup* g : trainable_) {
+  for (const size_t i : trainable_) {
+    const auto& g = groups_[i].flat;
     if (!g->sharded() && *plan_.config.zero.stage >= 1)
       handles.push_back(comm_->all_gather(g->flat()));
   }
@@ -361,8 +362,8 @@ std::vector<ParamGroupOptions> EngineImpl::saved_param_groups(const Manifest& m,
 
 void EngineImpl::check_layout(const CheckpointReader& reader, const std::string& dir) const {
   std::unordered_set<std::string> mine;
-  for (const auto& g : groups_) {
-    for (const auto& s : g->slots()) {
+  for (const auto& record : groups_) {
+    for (const auto& s : record.flat->slots()) {
       mine.insert(s.name);
       const SavedParam& p = reader.param(s.name);
       if (p.shape != s.shape) {
@@ -398,11 +399,11 @@ void EngineImpl::read_range(const CheckpointReader& reader, const FlatParamGroup
 }
 
 void EngineImpl::load_group(const CheckpointReader& reader, size_t i) {
-  FlatParamGroup* g = groups_[i].get();
+  FlatParamGroup* g = groups_[i].flat.get();
   const int64_t S = g->shard_numel();
-  const int u = unit_of_flat_[i];
-  if (optimizer_group_[i] >= 0) {
-    const auto t = static_cast<size_t>(optimizer_group_[i]);
+  const int u = groups_[i].coordinator_unit;
+  if (groups_[i].trainable >= 0) {
+    const auto t = static_cast<size_t>(groups_[i].trainable);
     const int64_t n = optimizer_->group_numel(t);
     const int64_t begin = n == S ? rank() * S : 0;
     std::vector<float> master(n), m(n), v(n);

@@ -208,20 +208,21 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   std::vector<FlatParamGroup*> trainable, sharded;
   for (const auto& spec : layout) {
     materialize(spec.params);
-    groups_.push_back(std::make_unique<FlatParamGroup>(spec.params, rank(), world_size(), dtype,
-                                                       spec.sharded, spec.trainable,
-                                                       /*lazy_grads=*/stage >= 2, &ledger_));
-    FlatParamGroup* g = groups_.back().get();
-    unit_of_flat_.push_back(spec.sharded ? static_cast<int>(sharded.size()) : -1);
+    GroupRecord record;
+    record.flat = std::make_unique<FlatParamGroup>(spec.params, rank(), world_size(), dtype,
+                                                   spec.sharded, spec.trainable,
+                                                   /*lazy_grads=*/stage >= 2, &ledger_);
+    FlatParamGroup* g = record.flat.get();
     if (spec.sharded) {
-      coordinator_unit_[spec.unit] = static_cast<int>(sharded.size());
+      record.coordinator_unit = static_cast<int>(sharded.size());
+      coordinator_unit_[spec.unit] = record.coordinator_unit;
       sharded.push_back(g);
     }
-    optimizer_group_.push_back(spec.trainable ? static_cast<int>(trainable_.size()) : -1);
+    if (spec.trainable) record.trainable = static_cast<int>(trainable_.size());
+    groups_.push_back(std::move(record));
     if (!spec.trainable) continue;
-    unit_of_group_.push_back(unit_of_flat_.back());
     trainable.push_back(g);
-    trainable_.push_back(g);
+    trainable_.push_back(groups_.size() - 1);
     const int64_t begin = stage == 0 ? 0 : rank() * g->shard_numel();
     const at::Tensor shard = stage == 0 ? g->flat() : g->param_shard();
     optimizer_->add_group(shard, param_groups_.spans(*g, begin, shard.numel()));
@@ -241,7 +242,8 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   coordinator_ = std::make_unique<ParamCoordinator>(sharded, param_comm_.get(), o);
   reducer_->on_wait([this] { return coordinator_->advance(); });
   reducer_->on_group_complete([this](size_t group) {
-    if (unit_of_group_[group] >= 0) coordinator_->backward_done(unit_of_group_[group]);
+    const int unit = unit_of_trainable(group);
+    if (unit >= 0) coordinator_->backward_done(unit);
   });
   if (param_home_) {
     const int lookahead = static_cast<int>(*plan_.config.zero.offload_param.buffer_count) - 1;
@@ -291,7 +293,8 @@ bool EngineImpl::step() {
   fault_point("step.gather");
   if (*c.zero.stage >= 1) {
     std::vector<CommHandle> handles;
-    for (FlatParamGroup* g : trainable_) {
+    for (const size_t i : trainable_) {
+      const auto& g = groups_[i].flat;
       if (!g->sharded()) handles.push_back(comm_->all_gather(g->flat()));
     }
     for (auto& handle : handles) handle.wait();
@@ -318,13 +321,13 @@ std::vector<NamedParam> EngineImpl::full_parameters() {
   at::NoGradGuard no_grad;
   std::unordered_map<const void*, at::Tensor> copies;
   for (size_t i = 0; i < groups_.size(); ++i) {
-    const auto& g = groups_[i];
+    const auto& g = groups_[i].flat;
     const bool gather = g->sharded() && !g->gathered();
-    if (gather) coordinator_->gather_now(unit_of_flat_[i]);
+    if (gather) coordinator_->gather_now(groups_[i].coordinator_unit);
     for (const auto& slot : g->slots()) {
       copies[slot.param.unsafeGetTensorImpl()] = slot.param.detach().clone();
     }
-    if (gather) coordinator_->release_now(unit_of_flat_[i]);
+    if (gather) coordinator_->release_now(groups_[i].coordinator_unit);
   }
   std::vector<NamedParam> out;
   if (!module_) {
@@ -364,7 +367,8 @@ ModelSpec EngineImpl::spec_of_groups() const {
   ModelSpec spec;
   spec.source = "module";
   spec.model_type = "module";
-  for (const auto& g : groups_) {
+  for (const auto& record : groups_) {
+    const auto& g = record.flat;
     spec.unit_params.push_back(g->numel());
     spec.unit_whole.push_back(!g->sharded());
     spec.total_params += g->numel();

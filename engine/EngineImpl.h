@@ -107,6 +107,8 @@ class EngineImpl {
   const std::string& swap_dir(const std::string& nvme_path);
   void broadcast_initial_values(const std::vector<NamedParam>& params);
   ModelSpec spec_of_groups() const;
+  FlatParamGroup& trainable_group(size_t t) const { return *groups_[trainable_[t]].flat; }
+  int unit_of_trainable(size_t t) const { return groups_[trainable_[t]].coordinator_unit; }
 
   std::shared_ptr<torch::nn::Module> module_;
   Plan plan_;
@@ -114,7 +116,15 @@ class EngineImpl {
   MemoryLedger ledger_;  // before everything that registers in it
   std::unique_ptr<Collectives> comm_;
   std::unique_ptr<Collectives> param_comm_;  // stage-3 gathers, their own order
-  std::vector<std::unique_ptr<FlatParamGroup>> groups_;
+  // Index spaces: a group is its position in groups_; a trainable group its position
+  // in the optimizer (trainable_); a coordinator unit a stage-3 unit group's position in
+  // the ParamCoordinator; a user unit one the caller declared (coordinator_unit_ maps it).
+  struct GroupRecord {
+    std::unique_ptr<FlatParamGroup> flat;
+    int coordinator_unit = -1;  // -1: not a stage-3 unit group
+    int trainable = -1;         // its trainable-group index; -1: frozen
+  };
+  std::vector<GroupRecord> groups_;
   // Offload: the I/O engine and swap directories outlive everything that swaps.
   std::unique_ptr<IoEngine> io_;
   std::vector<std::unique_ptr<SwapDir>> swap_dirs_;
@@ -122,10 +132,7 @@ class EngineImpl {
   std::unique_ptr<ShardOptimizer> optimizer_;
   std::unique_ptr<ParamHome> param_home_;
   ParamGroupTable param_groups_;
-  std::vector<FlatParamGroup*> trainable_;  // the optimizer's groups, in its order
-  std::vector<int> unit_of_group_;          // per trainable group: its coordinator unit or -1
-  std::vector<int> unit_of_flat_;           // per groups_ entry: its coordinator unit or -1
-  std::vector<int> optimizer_group_;        // per groups_ entry: its index in trainable_, or -1
+  std::vector<size_t> trainable_;  // per trainable group: its group
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<ParamCoordinator> coordinator_;
   std::unordered_map<const torch::nn::Module*, size_t> unit_of_module_;  // -> unit index

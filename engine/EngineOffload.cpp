@@ -69,7 +69,7 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
   const ParamPlacement placed =
       zeroshard::place_param_shards(spec_of_groups(), device, op, world_size());
   std::vector<bool> on_nvme(sharded.size(), device == OffloadDevice::Nvme);
-  for (size_t u : placed.in_host) on_nvme[unit_of_flat_[u]] = false;
+  for (size_t u : placed.in_host) on_nvme[groups_[u].coordinator_unit] = false;
   for (size_t u = 0; u < sharded.size(); ++u) {
     if (!on_nvme[u]) sharded[u]->set_shard_tier(Tier::Host, &ledger_);
   }
@@ -79,10 +79,10 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
   auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get());
   off->on_group(
       [this](size_t g) {
-        if (unit_of_group_[g] >= 0) param_home_->open_for_update(unit_of_group_[g]);
+        if (unit_of_trainable(g) >= 0) param_home_->open_for_update(unit_of_trainable(g));
       },
       [this](size_t g) {
-        if (unit_of_group_[g] >= 0) param_home_->store(unit_of_group_[g]);
+        if (unit_of_trainable(g) >= 0) param_home_->store(unit_of_trainable(g));
       });
 }
 

@@ -73,23 +73,23 @@ void EngineImpl::commit_parameters(int src_rank) {
   }
   at::NoGradGuard no_grad;
   std::vector<CommHandle> handles;
-  for (const auto& g : groups_) {
+  for (const auto& record : groups_) {
+    const auto& g = record.flat;
     if (!g->sharded() || g->gathered()) handles.push_back(comm_->broadcast(g->flat(), src_rank));
   }
   for (auto& h : handles) h.wait();
-  std::vector<bool> trainable_group(groups_.size(), false);
   for (size_t i = 0; i < trainable_.size(); ++i) {
-    FlatParamGroup* g = trainable_[i];
-    const int u = unit_of_group_[i];
+    FlatParamGroup* g = &trainable_group(i);
+    const int u = unit_of_trainable(i);
     if (g->sharded() && !g->gathered()) continue;
     ShardUpdate update(param_home_.get(), u);
     if (g->sharded()) g->keep_own_slice();
     optimizer_->reload_master(i);
   }
   for (size_t i = 0; i < groups_.size(); ++i) {  // frozen units: their shard only
-    FlatParamGroup* g = groups_[i].get();
-    if (optimizer_group_[i] >= 0 || !g->sharded() || !g->gathered()) continue;
-    ShardUpdate update(param_home_.get(), unit_of_flat_[i]);
+    FlatParamGroup* g = groups_[i].flat.get();
+    if (groups_[i].trainable >= 0 || !g->sharded() || !g->gathered()) continue;
+    ShardUpdate update(param_home_.get(), groups_[i].coordinator_unit);
     g->keep_own_slice();
   }
   if (param_home_) param_home_->flush();
