@@ -118,7 +118,7 @@ class FileWriter {
 Manifest EngineImpl::checkpoint_layout() const {
   Manifest m;
   m.world_size = world_size();
-  m.stage = static_cast<int>(*plan_.config.zero.stage);
+  m.stage = plan_.settings.stage;
   m.optimizer_steps = optimizer_->steps();
   m.micro_steps = micro_steps_;
   m.config_yaml = emit_config_yaml(plan_.config);
@@ -311,8 +311,7 @@ Engine::Loaded EngineImpl::load_checkpoint(const std::string& dir, const std::st
   std::vector<CommHandle> handles;
   for (const size_t i : trainable_) {
     const auto& g = groups_[i].flat;
-    if (!g->sharded() && *plan_.config.zero.stage >= 1)
-      handles.push_back(comm_->all_gather(g->flat()));
+    if (!g->sharded() && plan_.settings.stage >= 1) handles.push_back(comm_->all_gather(g->flat()));
   }
   for (auto& h : handles) h.wait();
   if (param_home_) param_home_->flush();

@@ -162,9 +162,7 @@ void EngineImpl::init(std::vector<NamedParam> params,
   // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
   if (plan_.option.optimizer == OffloadDevice::None && plan_.option.params == OffloadDevice::None)
     keep_freed_memory();
-  const auto timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(*plan_.config.comm_timeout_seconds * 1000));
-  dist_ = init_distributed(env, timeout, params.front().param.device());
+  dist_ = init_distributed(env, plan_.settings.comm_timeout, params.front().param.device());
   auto diagnose = [this] { return dist_.describe_missing_ranks(); };
   comm_ = std::make_unique<Collectives>(dist_.group, env.rank, env.world_size, diagnose, &ledger_);
   param_comm_ = std::make_unique<Collectives>(dist_.param_group, env.rank, env.world_size, diagnose,
@@ -174,14 +172,14 @@ void EngineImpl::init(std::vector<NamedParam> params,
   };
   build_groups(params, unit_params, materialize ? materialize : from_rank0);
   for (const auto& p : params) names_.push_back(p);
-  const auto& fp16 = plan_.config.fp16;
+  const LossScaleSettings& fp16 = plan_.settings.fp16;
   if (fp16.enabled) {
     LossScalerOptions o;
-    o.static_scale = *fp16.loss_scale;
-    o.initial_scale_power = *fp16.initial_scale_power;
-    o.window = *fp16.loss_scale_window;
-    o.hysteresis = *fp16.hysteresis;
-    o.min_scale = *fp16.min_loss_scale;
+    o.static_scale = fp16.static_scale;
+    o.initial_scale_power = fp16.initial_scale_power;
+    o.window = fp16.window;
+    o.hysteresis = fp16.hysteresis;
+    o.min_scale = fp16.min_scale;
     scaler_ = std::make_unique<LossScaler>(o);
   }
 }
@@ -199,10 +197,10 @@ void EngineImpl::broadcast_initial_values(const std::vector<NamedParam>& params)
 void EngineImpl::build_groups(const std::vector<NamedParam>& params,
                               const std::vector<std::vector<NamedParam>>& unit_params,
                               const MaterializeParams& materialize) {
-  const auto& z = plan_.config.zero;
-  const int stage = static_cast<int>(*z.stage);
+  const TrainingSettings& z = plan_.settings;
+  const int stage = z.stage;
   coordinator_unit_.assign(unit_params.size(), -1);
-  const auto layout = layout_groups(params, unit_params, stage, *z.reduce_bucket_size);
+  const auto layout = layout_groups(params, unit_params, stage, z.reduce_bucket_size);
   const at::ScalarType dtype = compute_dtype(plan_.config);
   optimizer_ = make_optimizer(params.front().param.device().is_cpu());
   std::vector<FlatParamGroup*> trainable, sharded;
@@ -236,9 +234,9 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
                                            opt_off ? Tier::Host : Tier::Device);
   if (stage < 3) return;
   CoordinatorOptions o;
-  o.prefetch_numel = *z.stage3_prefetch_bucket_size;
-  o.max_live_numel = *z.stage3_max_live_parameters;
-  o.persistence_numel = *z.stage3_param_persistence_threshold;
+  o.prefetch_numel = z.stage3_prefetch_bucket_size;
+  o.max_live_numel = z.stage3_max_live_parameters;
+  o.persistence_numel = z.stage3_param_persistence_threshold;
   coordinator_ = std::make_unique<ParamCoordinator>(sharded, param_comm_.get(), o);
   reducer_->on_wait([this] { return coordinator_->advance(); });
   reducer_->on_group_complete([this](size_t group) {
@@ -246,7 +244,7 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
     if (unit >= 0) coordinator_->backward_done(unit);
   });
   if (param_home_) {
-    const int lookahead = static_cast<int>(*plan_.config.zero.offload_param.buffer_count) - 1;
+    const int lookahead = static_cast<int>(z.offload_param.buffer_count) - 1;
     coordinator_->set_shard_home(param_home_.get(), lookahead);
   }
 }
@@ -254,7 +252,7 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
 void EngineImpl::backward(const at::Tensor& loss) {
   ++micro_steps_;
   fault_point("backward.begin");
-  reducer_->begin_backward(micro_steps_ % *plan_.config.gradient_accumulation_steps == 0);
+  reducer_->begin_backward(micro_steps_ % plan_.settings.gradient_accumulation_steps == 0);
   if (coordinator_) coordinator_->end_forward();
   if (scaler_) {
     (loss * scaler_->scale()).backward();
@@ -268,8 +266,8 @@ void EngineImpl::backward(const at::Tensor& loss) {
 }
 
 bool EngineImpl::step() {
-  const auto& c = plan_.config;
-  const int64_t accumulation = *c.gradient_accumulation_steps;
+  const TrainingSettings& c = plan_.settings;
+  const int64_t accumulation = c.gradient_accumulation_steps;
   if (micro_steps_ == 0 || micro_steps_ % accumulation != 0) return false;
   const auto& grads = reducer_->reduced();
   double scale = 1.0 / static_cast<double>(world_size() * accumulation);
@@ -282,7 +280,7 @@ bool EngineImpl::step() {
   }
   fault_point("step.norm");
   grad_norm_ = reducer_->global_norm(scale);
-  const double max_norm = *c.gradient_clipping;
+  const double max_norm = c.gradient_clipping;
   if (max_norm > 0) {
     const double coefficient = max_norm / (grad_norm_ + 1e-6);  // torch's clip_grad_norm_
     if (coefficient < 1) scale *= coefficient;
@@ -291,7 +289,7 @@ bool EngineImpl::step() {
   optimizer_->step(grads, scale, param_group_hypers());
   if (param_home_) param_home_->flush();
   fault_point("step.gather");
-  if (*c.zero.stage >= 1) {
+  if (c.stage >= 1) {
     std::vector<CommHandle> handles;
     for (const size_t i : trainable_) {
       const auto& g = groups_[i].flat;
@@ -356,7 +354,7 @@ std::vector<AdamHyper> EngineImpl::param_group_hypers() const {
   const Config& c = plan_.config;
   std::optional<double> scheduled;
   if (c.scheduler.type != "none") scheduled = learning_rate(c, optimizer_->steps());
-  return param_groups_.resolve(c.optimizer, scheduled);
+  return param_groups_.resolve(plan_.settings.optimizer, scheduled);
 }
 
 int64_t EngineImpl::optimizer_steps() const {

@@ -44,15 +44,15 @@ const std::string& EngineImpl::swap_dir(const std::string& nvme_path) {
 }
 
 std::unique_ptr<ShardOptimizer> EngineImpl::make_optimizer(bool on_cpu) {
-  const auto& z = plan_.config.zero;
+  const TrainingSettings& z = plan_.settings;
   const OffloadDevice device = plan_.option.optimizer;
   if (device == OffloadDevice::None) {
     return std::make_unique<OptimizerShard>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{});
   }
   OffloadOptimizerOptions o;
   o.device = device;
-  o.sub_group_numel = *z.sub_group_size;
-  o.buffer_count = *z.offload_optimizer.buffer_count;
+  o.sub_group_numel = z.sub_group_size;
+  o.buffer_count = z.offload_optimizer.buffer_count;
   if (device == OffloadDevice::Nvme) {
     o.swap_dir = swap_dir(z.offload_optimizer.nvme_path);
     o.io = io_.get();
@@ -75,7 +75,8 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
   }
   if (device != OffloadDevice::Nvme) return;
   param_home_ = std::make_unique<ParamHome>(sharded, on_nvme, io_ ? io_.get() : nullptr,
-                                            swap_dir(op.nvme_path), *op.buffer_count, &ledger_);
+                                            swap_dir(op.nvme_path),
+                                            plan_.settings.offload_param.buffer_count, &ledger_);
   auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get());
   off->on_group(
       [this](size_t g) {

@@ -80,17 +80,17 @@ void ParamGroupTable::set_options(size_t group, const ParamGroupOptions& options
   options_[group] = options;
 }
 
-std::vector<AdamHyper> ParamGroupTable::resolve(const OptimizerConfig& c,
+std::vector<AdamHyper> ParamGroupTable::resolve(const AdamHyper& d,
                                                 std::optional<double> scheduled_lr) const {
   std::vector<AdamHyper> out;
   for (const auto& o : options_) {
     AdamHyper h;
-    h.lr = scheduled_lr ? *scheduled_lr : o.lr.value_or(*c.lr);
-    h.beta1 = o.beta1.value_or(*c.beta1);
-    h.beta2 = o.beta2.value_or(*c.beta2);
-    h.eps = o.eps.value_or(*c.eps);
-    h.weight_decay = o.weight_decay.value_or(*c.weight_decay);
-    h.decoupled = o.decoupled.value_or(c.type == "AdamW");
+    h.lr = scheduled_lr ? *scheduled_lr : o.lr.value_or(d.lr);
+    h.beta1 = o.beta1.value_or(d.beta1);
+    h.beta2 = o.beta2.value_or(d.beta2);
+    h.eps = o.eps.value_or(d.eps);
+    h.weight_decay = o.weight_decay.value_or(d.weight_decay);
+    h.decoupled = o.decoupled.value_or(d.decoupled);
     out.push_back(h);
   }
   return out;

@@ -42,9 +42,10 @@ class ParamGroupTable {
   const ParamGroupOptions& options(size_t group) const { return options_.at(group); }
   void set_options(size_t group, const ParamGroupOptions& options);
 
-  // The hyperparameters of every group for the next step. `scheduled_lr`: the config
-  // scheduler's lr, which replaces every group's own.
-  std::vector<AdamHyper> resolve(const OptimizerConfig& config,
+  // The hyperparameters of every group for the next step: its own where set, else
+  // `defaults` (the config optimizer's). `scheduled_lr`: the config scheduler's lr,
+  // which replaces every group's own.
+  std::vector<AdamHyper> resolve(const AdamHyper& defaults,
                                  std::optional<double> scheduled_lr) const;
 
   // Which group each element of flat buffer elements [begin, begin + count) belongs to,

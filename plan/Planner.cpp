@@ -214,6 +214,7 @@ Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& wo
     plan.summary += activation_hint(spec, plan.config, closest->bytes, shape);
   }
   plan.reasons.insert(plan.reasons.begin(), plan.summary);
+  plan.settings = settings_of(plan.config);
   return plan;
 }
 

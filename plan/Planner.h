@@ -8,6 +8,7 @@
 #include "config/Config.h"
 #include "plan/MemoryModel.h"
 #include "plan/ModelSpec.h"
+#include "plan/TrainingSettings.h"
 
 namespace zeroshard {
 
@@ -32,6 +33,7 @@ struct OptionEstimate {
 struct Plan {
   PlanOption option;          // the recommended choice
   Config config;              // resolved: no auto left, stage/offload set
+  TrainingSettings settings;  // the same, as plain values for the training code
   MemoryBreakdown predicted;  // per rank, for the recommended choice
   bool fits = false;
   std::vector<std::string> reasons;  // one line per decision

@@ -1,0 +1,66 @@
+#include "plan/TrainingSettings.h"
+
+#include <optional>
+
+#include "common/Error.h"
+
+namespace zeroshard {
+namespace {
+
+template <typename T>
+T resolved(const std::optional<T>& value, const char* key) {
+  if (!value) fail("internal: '{}' is still auto after planning", key);
+  return *value;
+}
+
+}  // namespace
+
+AdamHyper adam_defaults(const OptimizerConfig& o) {
+  AdamHyper h;
+  h.lr = resolved(o.lr, "optimizer.params.lr");
+  h.beta1 = resolved(o.beta1, "optimizer.params.betas");
+  h.beta2 = resolved(o.beta2, "optimizer.params.betas");
+  h.eps = resolved(o.eps, "optimizer.params.eps");
+  h.weight_decay = resolved(o.weight_decay, "optimizer.params.weight_decay");
+  h.decoupled = o.type == "AdamW";
+  return h;
+}
+
+TrainingSettings settings_of(const Config& c) {
+  const ZeroConfig& z = c.zero;
+  TrainingSettings s;
+  s.stage = static_cast<int>(resolved(z.stage, "zero_optimization.stage"));
+  s.overlap_comm = z.overlap_comm;
+  s.reduce_bucket_size = resolved(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size");
+  s.stage3_prefetch_bucket_size =
+      resolved(z.stage3_prefetch_bucket_size, "zero_optimization.stage3_prefetch_bucket_size");
+  s.stage3_max_live_parameters =
+      resolved(z.stage3_max_live_parameters, "zero_optimization.stage3_max_live_parameters");
+  s.stage3_param_persistence_threshold = resolved(
+      z.stage3_param_persistence_threshold, "zero_optimization.stage3_param_persistence_threshold");
+  s.sub_group_size = resolved(z.sub_group_size, "zero_optimization.sub_group_size");
+  s.offload_optimizer = {z.offload_optimizer.nvme_path,
+                         resolved(z.offload_optimizer.buffer_count,
+                                  "zero_optimization.offload_optimizer.buffer_count")};
+  s.offload_param = {
+      z.offload_param.nvme_path,
+      resolved(z.offload_param.buffer_count, "zero_optimization.offload_param.buffer_count")};
+  s.gradient_accumulation_steps =
+      resolved(c.gradient_accumulation_steps, "gradient_accumulation_steps");
+  s.gradient_clipping = resolved(c.gradient_clipping, "gradient_clipping");
+  s.comm_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(resolved(c.comm_timeout_seconds, "comm_timeout_seconds") * 1000));
+  const Fp16Config& f = c.fp16;
+  s.fp16.enabled = f.enabled;
+  if (f.enabled) {
+    s.fp16.static_scale = resolved(f.loss_scale, "fp16.loss_scale");
+    s.fp16.initial_scale_power = resolved(f.initial_scale_power, "fp16.initial_scale_power");
+    s.fp16.window = resolved(f.loss_scale_window, "fp16.loss_scale_window");
+    s.fp16.hysteresis = resolved(f.hysteresis, "fp16.hysteresis");
+    s.fp16.min_scale = resolved(f.min_loss_scale, "fp16.min_loss_scale");
+  }
+  s.optimizer = adam_defaults(c.optimizer);
+  return s;
+}
+
+}  // namespace zeroshard
