@@ -337,6 +337,10 @@ def prepare(model):
     same objects, so optimizer groups keep them) to be made by their module's
     reset_parameters(). Returns the engine's materialize callback, or None when every
     parameter already holds its values whole (the engine then broadcasts rank 0's)."""
+    if _active is not None:
+        raise _zeroshard.Error(
+            "zeroshard.initialize was called inside a zeroshard.init context; build the model "
+            "under the context and call initialize after its `with` block")
     meta = list(_owners_of_meta(model))
     for module in model.modules():
         for name, b in module._buffers.items():

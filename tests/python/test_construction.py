@@ -112,3 +112,12 @@ zeroshard.initialize(model=m, config={'train_micro_batch_size_per_gpu': 1})""")
     assert code != 0
     assert ("parameter 'gain' of Scale is on the meta device and Scale has no "
             "reset_parameters() to make it") in out
+
+
+def test_initialize_inside_the_context_is_refused():
+    code, out = run_one("""
+with zeroshard.init(config={'zero_optimization': {'stage': 3}}):
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    zeroshard.initialize(model=m, config={'zero_optimization': {'stage': 3}})""")
+    assert code != 0
+    assert "zeroshard.initialize was called inside a zeroshard.init context" in out
