@@ -95,19 +95,28 @@ ensure_venv() {
   cp "$REQUIREMENTS" "$stamp"
 }
 
-# The one place host builds are configured: DIR, then extra CMake arguments. Every one
-# builds against the venv's torch and interpreter; the lines CMake prints about what
-# zeroshard found (fmt, CUDA, NCCL) are shown, the rest kept quiet.
+# The one cmake configure line, for every build: DIR, the interpreter, then extra CMake
+# arguments, relative to the source root. Host builds run it in $ROOT; the trixie leg
+# runs it inside its root, where the source is /src.
+configure_line() {
+  local dir=$1 py=$2
+  shift 2
+  printf '%q ' cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DPython3_EXECUTABLE="$py" "$@"
+}
+
+# Host builds: DIR, then extra CMake arguments, against the venv's torch and
+# interpreter; the lines CMake prints about what zeroshard found (fmt, CUDA, NCCL) are
+# shown, the rest kept quiet.
 configure() {
   local dir=$1
   shift
   [ -f "$dir/build.ninja" ] && return 0
   ensure_venv
-  local launcher=()
-  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_PREFIX_PATH="$(cd / && "$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" \
-    -DPython3_EXECUTABLE="$PY" "${launcher[@]}" "$@" | { grep '^-- zeroshard:' || true; }
+  local prefix
+  prefix=$(cd / && "$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+  (cd "$ROOT" && eval "$(configure_line "$dir" "$PY" -DCMAKE_PREFIX_PATH="$prefix" "$@")") |
+    { grep '^-- zeroshard:' || true; }
 }
 
 torch_version() { (cd / && "$PY" -c 'import torch; print(torch.__version__)'); }
@@ -208,9 +217,7 @@ test_trixie_leg() {
   ensure_trixie_root
   echo "== LibTorch 2.x leg (Debian trixie, $(chroot "$TRIXIE_ROOT" dpkg-query -W -f='${Version}' libtorch-dev)) =="
   in_root "$TRIXIE_ROOT" "
-    [ -f build-trixie/build.ninja ] || cmake -S . -B build-trixie -G Ninja \
-      -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
-      -DPython3_EXECUTABLE=/usr/bin/python3 -DZS_BENCH=OFF >/dev/null
+    [ -f build-trixie/build.ninja ] || $(configure_line build-trixie /usr/bin/python3 -DZS_BENCH=OFF) >/dev/null
     cmake --build build-trixie -j $(nproc) &&
     ctest --test-dir build-trixie --output-on-failure -j $(nproc) -E '^python_test_soak\$'"
 }

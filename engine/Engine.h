@@ -9,8 +9,8 @@
 // unit's forward goes through run_unit, which gathers its parameters, runs it, arranges
 // the gather again for backward, and frees them:
 //   h = engine.run_unit(*block, [&] { return block->forward(h); });
-// Units are EngineOptions::units (default: the root module's direct children); every
-// rank must call run_unit for the units it uses, in any order and with any branches.
+// Units are EngineOptions::units (default engine/DefaultUnits.h: the largest stack's blocks;
+// the rest runs whole); every rank calls run_unit for the units it uses, in any order.
 #include <functional>
 #include <memory>
 #include <optional>

@@ -10,13 +10,12 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
-#include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/container/sequential.h>
 
 #include "common/Bytes.h"
 #include "common/Error.h"
 #include "common/FaultPoint.h"
 #include "config/LrSchedule.h"
+#include "engine/DefaultUnits.h"
 #include "engine/GroupLayout.h"
 #include "engine/OffloadOptimizer.h"
 #include "engine/ParamHome.h"
@@ -75,22 +74,6 @@ void keep_freed_memory() {
 
 int64_t host_ram() {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
-}
-
-// Stage-3 units when none are declared: the root's children, with a ModuleList or
-// Sequential child (a stack of blocks) contributing each of its blocks.
-std::vector<std::shared_ptr<torch::nn::Module>> default_units(const torch::nn::Module& root) {
-  std::vector<std::shared_ptr<torch::nn::Module>> units;
-  for (const auto& child : root.children()) {
-    const bool stack = dynamic_cast<const torch::nn::ModuleListImpl*>(child.get()) != nullptr ||
-                       dynamic_cast<const torch::nn::SequentialImpl*>(child.get()) != nullptr;
-    if (!stack) {
-      units.push_back(child);
-      continue;
-    }
-    for (const auto& block : child->children()) units.push_back(block);
-  }
-  return units;
 }
 
 ModelSpec spec_of(const std::vector<NamedParam>& params) {

@@ -86,15 +86,25 @@ def _all_modules(model, prefix=""):
             yield from _all_modules(child, prefix + ("." if prefix else "") + name)
 
 
+def _parameter_count(module):
+    return sum(p.numel() for p in module.parameters())
+
+
 def default_units(model):
-    """The blocks of the model's largest ModuleList (by parameter count), FSDP-style."""
+    """Stage-3 units when none are given, the rule engine/DefaultUnits.h states for C++:
+    the blocks (with parameters) of the model's largest ModuleList or Sequential by
+    parameter count, the first in pre-order on a tie. The rest (embeddings, final norm,
+    head) stays whole in the root groups, so a weight used outside its module's forward
+    is always there; pass units= to shard those too."""
     best, best_count = None, -1
-    for m in model.modules():
-        if isinstance(m, torch.nn.ModuleList):
-            count = sum(p.numel() for p in m.parameters())
+    for m in model.modules():  # pre-order, the model first
+        if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+            count = _parameter_count(m)
             if count > best_count:
                 best, best_count = m, count
-    return list(best) if best is not None else []
+    if best is None:
+        return []
+    return [b for b in best.children() if _parameter_count(b) > 0]
 
 
 def _resolve_units(model, units):

@@ -74,7 +74,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     initialize returns; stepped after each optimizer step.
     dist_init_required: accepted; zeroshard makes its own process groups either way.
     units: stage-3 units (modules or their names); default the blocks of the model's
-    largest ModuleList."""
+    largest ModuleList or Sequential (engine.default_units)."""
     if model is None:
         raise _error("model is required")
     if config is not None and config_params is not None:

@@ -37,13 +37,18 @@ TEST(EngineUnits, ModuleListChildrenAreTheDefaultUnits) {
     auto* linear = block->as<torch::nn::Linear>();
     h = engine.run_unit(*block, [&] { return linear->forward(h); });
   }
-  const at::Tensor loss =
-      engine.run_unit(*model->head, [&] { return model->head->forward(h); }).sum();
+  const at::Tensor loss = model->head->forward(h).sum();  // no unit: whole on every rank
   engine.backward(loss);
   EXPECT_TRUE(engine.step());
   // Between steps only shards are held: no gathered parameters at rest.
   EXPECT_EQ(engine.ledger().current(Tier::Device, Kind::GatheredParams), 0);
   EXPECT_EQ(engine.full_parameters().size(), 6u);
+  try {
+    engine.run_unit(*model->head, [] { return torch::zeros({1}); });
+    FAIL() << "the head became a unit";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a stage-3 unit"), std::string::npos) << e.what();
+  }
 }
 
 TEST(EngineUnits, RunningAModuleThatIsNoUnitIsAClearError) {
