@@ -32,17 +32,17 @@ struct Nested : torch::nn::Module {
   torch::nn::Linear head{nullptr};
 };
 
+}  // namespace
+
 TEST(DefaultUnits, AreTheBlocksWithParametersOfTheLargestStack) {
   Nested model;
-
-}  // namespace
-const auto units = default_units(model);
-// layers (216 parameters) beats small (72) and the Sequential inside it; the Dropout
-// has nothing to shard; embed, norm and head stay in the root groups.
-ASSERT_EQ(units.size(), 2u);
-EXPECT_EQ(units[0].get(), model.body->layers[0].get());
-EXPECT_EQ(units[1].get(), model.body->layers[2].get());
-}  // namespace
+  const auto units = default_units(model);
+  // layers (216 parameters) beats small (72) and the Sequential inside it; the Dropout
+  // has nothing to shard; embed, norm and head stay in the root groups.
+  ASSERT_EQ(units.size(), 2u);
+  EXPECT_EQ(units[0].get(), model.body->layers[0].get());
+  EXPECT_EQ(units[1].get(), model.body->layers[2].get());
+}
 
 TEST(DefaultUnits, AModelWithoutAStackHasNone) {
   torch::nn::Linear linear(4, 4);
