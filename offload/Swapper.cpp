@@ -1,5 +1,6 @@
 #include "offload/Swapper.h"
 
+#include <chrono>
 #include <deque>
 
 #include "common/Alignment.h"
@@ -72,6 +73,18 @@ void Swapper::update_each(const std::vector<size_t>& order, PinnedPool& pool,
     free_slots.pop_back();
     return slot;
   };
+  // Writes that have ended give their slots back without waiting: waiting here for the
+  // write just issued would keep the next update from overlapping it (measured before:
+  // step = I/O + Adam, 1.16-1.92x max(I/O, Adam) in `zs bench swap`).
+  auto recycle_written = [&] {
+    while (!writes.empty() &&
+           writes.front().done.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+      Transfer w = std::move(writes.front());
+      writes.pop_front();
+      free_slots.push_back(w.slot);
+      w.done.get();
+    }
+  };
   auto finish_all = [&] {  // every transfer in flight ends before buffers are given back
     std::exception_ptr first;
     for (auto* q : {&reads, &writes}) {
@@ -92,7 +105,10 @@ void Swapper::update_each(const std::vector<size_t>& order, PinnedPool& pool,
   try {
     size_t next = 0;
     for (size_t i = 0; i < order.size(); ++i) {
-      while (next < order.size() && (reads.empty() || reads.size() < ahead)) {
+      recycle_written();
+      // Read ahead into free slots; wait for a write only when region i is not yet read.
+      while (next < order.size() && reads.size() < ahead &&
+             (!free_slots.empty() || reads.empty())) {
         const int64_t slot = take_slot();
         reads.push_back(
             {next, slot, pass == Pass::Fill ? done_now() : read(order[next], pool.buffer(slot))});

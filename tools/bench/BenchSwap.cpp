@@ -27,8 +27,6 @@
 using namespace zeroshard;
 namespace fs = std::filesystem;
 
-namespace {}  // namespace
-
 int main(int argc, char** argv) {
   bool json = false;
   std::string dir = "build/bench-swap";
