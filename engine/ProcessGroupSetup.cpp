@@ -30,13 +30,44 @@ bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
 
-std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
+// This host's address on the route to `master_addr` (the source address the kernel
+// would pick for it), or "" where that cannot be found. A UDP connect sends nothing.
+std::string local_address_towards(const std::string& master_addr, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(master_addr.c_str(), std::to_string(port).c_str(), &hints, &found) != 0)
+    return "";
+  std::string local;
+  for (addrinfo* a = found; a != nullptr && local.empty(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_DGRAM, 0);
+    if (fd < 0) continue;
+    sockaddr_storage self{};
+    socklen_t len = sizeof(self);
+    char host[NI_MAXHOST];
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) == 0 &&
+        getnameinfo(reinterpret_cast<sockaddr*>(&self), len, host, sizeof(host), nullptr, 0,
+                    NI_NUMERICHOST) == 0)
+      local = host;
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return local;
+}
+
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr, int port) {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   }
   // All ranks on this machine: bind where the rendezvous is, not to whatever the
   // host name resolves to.
   if (is_loopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  // Across hosts: the address peers reach this host by is the one on the route to the
+  // rendezvous; the host name may resolve to an address on no shared network (a
+  // container's, a loopback alias), where peers would never connect.
+  const std::string local = local_address_towards(master_addr, port);
+  if (!local.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname(local);
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
@@ -111,7 +142,7 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
       return ctx;
     }
     auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout);
-    gloo_opts->devices.push_back(gloo_device(env.master_addr));
+    gloo_opts->devices.push_back(gloo_device(env.master_addr, env.master_port));
     auto make_group = [&](const std::string& prefix) {
       auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, ctx.store);
       return c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size,

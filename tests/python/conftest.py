@@ -30,15 +30,19 @@ def rank_env(rank, world, port):
 
 
 def run_ranks(args, world, out, timeout=300, extra_env=None, expect_ok=True, python=None,
-              cwd=None):
+              cwd=None, launch=None):
     """Runs `python args...` as `world` ranks (this interpreter unless `python` names
     another); returns each rank's JSON output (with expect_ok False: each rank's (exit
-    status, log))."""
+    status, log)). launch(rank) may give (command prefix, environment) for a rank, as
+    hosts.Hosts.launch does to run it on another host."""
     port = free_port()
-    procs = [subprocess.Popen([python or sys.executable] + args, cwd=cwd,
-                              env=dict(rank_env(r, world, port), **(extra_env or {})),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
+    procs = []
+    for r in range(world):
+        prefix, env = launch(r) if launch else ([], {})
+        procs.append(subprocess.Popen(
+            prefix + [python or sys.executable] + args, cwd=cwd,
+            env=dict(rank_env(r, world, port), **(extra_env or {}), **env),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = []
     for p in procs:
         try:
