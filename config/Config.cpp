@@ -186,6 +186,22 @@ bool offloads(OffloadDevice d) {
   return d == OffloadDevice::Cpu || d == OffloadDevice::Nvme;
 }
 
+void check_mics(const Config& c) {
+  const auto& mics = c.zero.mics_shard_size;
+  if (!mics || *mics == -1) return;
+  if (*mics == 0) {
+    fail(
+        "config key 'zero_optimization.mics_shard_size' is 0; allowed: -1 (shard across every "
+        "rank), auto, or a group size >= 1 that divides the number of ranks");
+  }
+  if (c.zero.stage && *c.zero.stage == 0) {
+    fail(
+        "config key 'zero_optimization.mics_shard_size' is {} with 'zero_optimization.stage' 0; "
+        "allowed: sharding groups need stage 1, 2 or 3 (or mics_shard_size -1)",
+        *mics);
+  }
+}
+
 }  // namespace
 
 const char* offload_device_name(OffloadDevice d) {
@@ -230,6 +246,7 @@ void check_contradictions(const Config& c) {
         "config key 'zero_optimization.offload_param.nvme_path' is missing; "
         "allowed: a directory on a local file system, required with device nvme");
   }
+  check_mics(c);
   const auto& s = c.scheduler;
   if (s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") {
     if (s.warmup_num_steps && s.total_num_steps && *s.warmup_num_steps > *s.total_num_steps) {

@@ -38,6 +38,10 @@ struct ZeroConfig {
   std::optional<int64_t> stage3_max_live_parameters = 1'000'000'000;
   std::optional<int64_t> stage3_param_persistence_threshold = 100'000;
   std::optional<int64_t> sub_group_size = 1'000'000'000;
+  // MiCS: states sharded inside groups of this many consecutive ranks and replicated
+  // across groups, so gathers and reduce-scatters stay inside a group (a node) and only
+  // one all-reduce of each gradient shard crosses groups. -1: shard across every rank.
+  std::optional<int64_t> mics_shard_size = -1;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
 };

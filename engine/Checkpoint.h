@@ -5,6 +5,8 @@
 // trainable groups, the parameters for frozen ones; then its RNG state) and
 // manifest.json (rank 0): format, config, world size, stage, step, loss scale, client
 // state, every group's parameters (name, shape, offset) and each file's size and CRC-32.
+// With shard groups (mics_shard_size) there is one file per shard, written by the
+// first group's ranks, and world size counts shards.
 // DIR/latest names the newest complete tag. Because every element is addressed by
 // parameter name and offset, a checkpoint loads into any world size and stage: the
 // reader re-slices on load.

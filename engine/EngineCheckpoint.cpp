@@ -117,7 +117,9 @@ class FileWriter {
 
 Manifest EngineImpl::checkpoint_layout() const {
   Manifest m;
-  m.world_size = world_size();
+  // One file per shard: with shard groups (mics_shard_size) the first group writes them,
+  // the others hold the same shards.
+  m.world_size = shard_count();
   m.stage = plan_.settings.stage;
   m.optimizer_steps = optimizer_->steps();
   m.micro_steps = micro_steps_;
@@ -176,7 +178,7 @@ std::string EngineImpl::save_checkpoint(const std::string& dir, std::string tag,
   make_dir(folder);
   std::string failure;
   try {
-    write_rank_file(folder);
+    if (rank() < shard_count()) write_rank_file(folder);
   } catch (const Error& e) {
     failure = e.what();  // the other ranks hear of it in publish_checkpoint
   }
@@ -217,7 +219,7 @@ void EngineImpl::publish_checkpoint(const std::string& dir, Manifest& m,
   const std::string folder = dir + "/" + m.tag;
   const std::string mine = fmt::format("rank{}.bin", rank());
   at::Tensor files = at::zeros({world_size(), 3}, at::kLong);  // (written, crc, bytes)
-  if (failure_here.empty()) {
+  if (failure_here.empty() && rank() < m.world_size) {
     struct stat st {};
     ::stat((folder + "/" + mine).c_str(), &st);
     files[rank()][0] = 1;
@@ -231,7 +233,7 @@ void EngineImpl::publish_checkpoint(const std::string& dir, Manifest& m,
          rank(), m.tag, failure_here);
   }
   std::vector<int> unwritten;
-  for (int r = 0; r < world_size(); ++r)
+  for (int r = 0; r < m.world_size; ++r)
     if (files[r][0].item<int64_t>() == 0) unwritten.push_back(r);
   if (!unwritten.empty()) {
     fail(
@@ -242,7 +244,7 @@ void EngineImpl::publish_checkpoint(const std::string& dir, Manifest& m,
   at::Tensor published = at::zeros({1}, at::kLong);
   std::string failure;
   if (rank() == 0) {
-    for (int r = 0; r < world_size(); ++r) {
+    for (int r = 0; r < m.world_size; ++r) {
       SavedFile f;
       f.name = fmt::format("rank{}.bin", r);
       f.crc32 = static_cast<uint32_t>(files[r][1].item<int64_t>());
@@ -280,7 +282,7 @@ void EngineImpl::write_group_slice(size_t i,
     const int64_t n = optimizer_->group_numel(t);
     std::vector<float> master(n), m(n), v(n);
     optimizer_->read_state(t, master.data(), m.data(), v.data());
-    const int64_t from = n == S ? 0 : rank() * S;  // stage 0: the optimizer holds it all
+    const int64_t from = n == S ? 0 : shard_rank() * S;  // stage 0: the optimizer holds it all
     for (const auto* a : {&master, &m, &v}) write(a->data() + from, S * 4);
     return;
   }
@@ -311,7 +313,8 @@ Engine::Loaded EngineImpl::load_checkpoint(const std::string& dir, const std::st
   std::vector<CommHandle> handles;
   for (const size_t i : trainable_) {
     const auto& g = groups_[i].flat;
-    if (!g->sharded() && plan_.settings.stage >= 1) handles.push_back(comm_->all_gather(g->flat()));
+    if (!g->sharded() && plan_.settings.stage >= 1)
+      handles.push_back(shard_comm_->all_gather(g->flat()));
   }
   for (auto& h : handles) h.wait();
   if (param_home_) param_home_->flush();
@@ -404,7 +407,7 @@ void EngineImpl::load_group(const CheckpointReader& reader, size_t i) {
   if (groups_[i].trainable >= 0) {
     const auto t = static_cast<size_t>(groups_[i].trainable);
     const int64_t n = optimizer_->group_numel(t);
-    const int64_t begin = n == S ? rank() * S : 0;
+    const int64_t begin = n == S ? shard_rank() * S : 0;
     std::vector<float> master(n), m(n), v(n);
     read_range(reader, *g, 0, begin, n, master.data());
     read_range(reader, *g, 1, begin, n, m.data());
@@ -416,7 +419,7 @@ void EngineImpl::load_group(const CheckpointReader& reader, size_t i) {
     if (g->sharded() && g->gathered() && u >= 0) coordinator_->release_now(u);
     return;
   }
-  const int64_t begin = g->sharded() ? rank() * S : 0;
+  const int64_t begin = g->sharded() ? shard_rank() * S : 0;
   const int64_t n = g->sharded() ? S : g->padded_numel();
   std::vector<float> values(n);
   read_range(reader, *g, 0, begin, n, values.data());

@@ -145,11 +145,10 @@ void EngineImpl::init(std::vector<NamedParam> params,
   // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
   if (plan_.option.optimizer == OffloadDevice::None && plan_.option.params == OffloadDevice::None)
     keep_freed_memory();
-  dist_ = init_distributed(env, plan_.settings.comm_timeout, params.front().param.device());
-  auto diagnose = [this] { return dist_.describe_missing_ranks(); };
-  comm_ = std::make_unique<Collectives>(dist_.group, env.rank, env.world_size, diagnose, &ledger_);
-  param_comm_ = std::make_unique<Collectives>(dist_.param_group, env.rank, env.world_size, diagnose,
-                                              &ledger_);
+  const int64_t mics = plan_.settings.mics_shard_size;
+  dist_ = init_distributed(env, plan_.settings.comm_timeout, params.front().param.device(),
+                           plan_.settings.stage >= 1 && mics > 0 ? static_cast<int>(mics) : -1);
+  make_collectives();
   const MaterializeParams from_rank0 = [this](const std::vector<NamedParam>& group) {
     broadcast_initial_values(group);
   };
@@ -168,6 +167,25 @@ void EngineImpl::init(std::vector<NamedParam> params,
 }
 
 EngineImpl::~EngineImpl() = default;
+
+void EngineImpl::make_collectives() {
+  auto diagnose = [this] { return dist_.describe_missing_ranks(); };
+  const int rank = dist_.env.rank, world = dist_.env.world_size;
+  comm_ = std::make_unique<Collectives>(dist_.group, rank, world, diagnose, &ledger_);
+  shard_comm_ = comm_.get();
+  if (shard_count() == world) {
+    param_comm_ = std::make_unique<Collectives>(dist_.param_group, rank, world, diagnose, &ledger_);
+    return;
+  }
+  const int size = shard_count(), groups = world / size;
+  group_comm_ =
+      std::make_unique<Collectives>(dist_.shard_group, shard_rank(), size, diagnose, &ledger_);
+  param_comm_ = std::make_unique<Collectives>(dist_.shard_param_group, shard_rank(), size, diagnose,
+                                              &ledger_);
+  replica_comm_ = std::make_unique<Collectives>(dist_.replica_group, dist_.replica_rank(), groups,
+                                                diagnose, &ledger_);
+  shard_comm_ = group_comm_.get();
+}
 
 void EngineImpl::broadcast_initial_values(const std::vector<NamedParam>& params) {
   // Every rank starts from rank 0's values, whatever each rank's initialisation did.
@@ -190,7 +208,7 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   for (const auto& spec : layout) {
     materialize(spec.params);
     GroupRecord record;
-    record.flat = std::make_unique<FlatParamGroup>(spec.params, rank(), world_size(), dtype,
+    record.flat = std::make_unique<FlatParamGroup>(spec.params, shard_rank(), shard_count(), dtype,
                                                    spec.sharded, spec.trainable,
                                                    /*lazy_grads=*/stage >= 2, &ledger_);
     FlatParamGroup* g = record.flat.get();
@@ -204,7 +222,7 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
     if (!spec.trainable) continue;
     trainable.push_back(g);
     trainable_.push_back(groups_.size() - 1);
-    const int64_t begin = stage == 0 ? 0 : rank() * g->shard_numel();
+    const int64_t begin = stage == 0 ? 0 : shard_rank() * g->shard_numel();
     const at::Tensor shard = stage == 0 ? g->flat() : g->param_shard();
     optimizer_->add_group(shard, param_groups_.spans(*g, begin, shard.numel()));
   }
@@ -213,7 +231,8 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   if (auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get())) off->start();
   if (stage == 3) place_param_shards(sharded);
   const bool opt_off = plan_.option.optimizer != OffloadDevice::None;
-  reducer_ = std::make_unique<GradReducer>(trainable, stage, z.overlap_comm, comm_.get(), &ledger_,
+  reducer_ = std::make_unique<GradReducer>(trainable, stage, z.overlap_comm, shard_comm_,
+                                           replica_comm_.get(), &ledger_,
                                            opt_off ? Tier::Host : Tier::Device);
   if (stage < 3) return;
   CoordinatorOptions o;
@@ -276,7 +295,7 @@ bool EngineImpl::step() {
     std::vector<CommHandle> handles;
     for (const size_t i : trainable_) {
       const auto& g = groups_[i].flat;
-      if (!g->sharded()) handles.push_back(comm_->all_gather(g->flat()));
+      if (!g->sharded()) handles.push_back(shard_comm_->all_gather(g->flat()));
     }
     for (auto& handle : handles) handle.wait();
   }
@@ -290,7 +309,10 @@ void EngineImpl::zero_grad() {
 }
 
 int64_t EngineImpl::bytes_sent() const {
-  return comm_->bytes_sent() + param_comm_->bytes_sent();
+  int64_t sent = comm_->bytes_sent() + param_comm_->bytes_sent();
+  for (const auto* c : {group_comm_.get(), replica_comm_.get()})
+    if (c) sent += c->bytes_sent();
+  return sent;
 }
 
 void EngineImpl::barrier() {

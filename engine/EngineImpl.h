@@ -70,6 +70,10 @@ class EngineImpl {
   const Config& config() const { return plan_.config; }
   int rank() const { return dist_.env.rank; }
   int world_size() const { return dist_.env.world_size; }
+  // This rank's shard and the number of shards: its place in its shard group
+  // (mics_shard_size), or among all ranks without groups.
+  int shard_rank() const { return dist_.shard_rank(); }
+  int shard_count() const { return dist_.shard_size; }
   MemoryReport memory_report() const;
   int64_t bytes_sent() const;
   void barrier();
@@ -113,9 +117,13 @@ class EngineImpl {
   std::shared_ptr<torch::nn::Module> module_;
   Plan plan_;
   DistContext dist_;
-  MemoryLedger ledger_;  // before everything that registers in it
-  std::unique_ptr<Collectives> comm_;
-  std::unique_ptr<Collectives> param_comm_;  // stage-3 gathers, their own order
+  MemoryLedger ledger_;                      // before everything that registers in it
+  std::unique_ptr<Collectives> comm_;        // every rank: broadcasts, barriers, checkpoints
+  std::unique_ptr<Collectives> param_comm_;  // stage-3 gathers in the shard group, their own order
+  std::unique_ptr<Collectives> group_comm_;  // the shard group, with mics_shard_size
+  std::unique_ptr<Collectives> replica_comm_;  // the ranks holding this shard in other groups
+  Collectives* shard_comm_ = nullptr;  // reductions and gathers of shards: group_comm_ or comm_
+  void make_collectives();
   // Index spaces: a group is its position in groups_; a trainable group its position
   // in the optimizer (trainable_); a coordinator unit a stage-3 unit group's position in
   // the ParamCoordinator; a user unit one the caller declared (coordinator_unit_ maps it).

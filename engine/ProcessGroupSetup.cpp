@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -103,13 +104,39 @@ int listen_on(const std::string& addr, int port) {
   return fd;
 }
 
+using GroupMaker = std::function<c10::intrusive_ptr<c10d::Backend>(
+    const std::string& prefix, int rank, int size, bool high_priority)>;
+
+// Every rank makes its groups in one order (main, params, then its shard and replica
+// groups), and each group's store prefix names its members, so no two groups wait on
+// each other while they connect.
+void make_groups(DistContext& ctx, const GroupMaker& make_group) {
+  const int world = ctx.env.world_size, rank = ctx.env.rank, size = ctx.shard_size;
+  ctx.group = make_group("main", rank, world, false);
+  ctx.param_group = make_group("params", rank, world, true);  // gathers: compute waits
+  if (size == world) return;
+  const int shard_group = ctx.replica_rank(), shard_rank = ctx.shard_rank();
+  if (size > 1) {
+    ctx.shard_group = make_group(fmt::format("shard{}", shard_group), shard_rank, size, false);
+    ctx.shard_param_group =
+        make_group(fmt::format("shard{}/params", shard_group), shard_rank, size, true);
+  }
+  ctx.replica_group =
+      make_group(fmt::format("replica{}", shard_rank), shard_group, world / size, false);
+}
+
 }  // namespace
 
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
-                             c10::Device device) {
+                             c10::Device device, int shard_size) {
   DistContext ctx;
   ctx.env = env;
   ctx.timeout = timeout;
+  ctx.shard_size = shard_size > 0 ? shard_size : env.world_size;
+  if (env.world_size % ctx.shard_size != 0) {
+    fail("zero_optimization.mics_shard_size {} does not divide the {} ranks", ctx.shard_size,
+         env.world_size);
+  }
   if (env.world_size == 1) return ctx;
   // A write to a peer that died must fail as an error this rank can report, not kill it
   // with SIGPIPE (seen on LibTorch 2.6: rank 0 died of it while naming the lost rank).
@@ -131,25 +158,23 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
     ctx.store = c10::make_intrusive<c10d::PrefixStore>(
         fmt::format("zs/{}", engines_made++),
         c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts));
+    GroupMaker make_group;
     if (device.is_cuda()) {
       const int index = device.has_index() ? device.index() : env.local_rank;
-      auto make_group = [&](const std::string& prefix, bool high_priority) {
+      make_group = [&](const std::string& prefix, int rank, int size, bool high_priority) {
         auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, ctx.store);
-        return make_nccl_group(store, env.rank, env.world_size, index, timeout, high_priority);
+        return make_nccl_group(store, rank, size, index, timeout, high_priority);
       };
-      ctx.group = make_group("main", false);
-      ctx.param_group = make_group("params", true);  // gathers: compute waits for them
-      return ctx;
+    } else {
+      auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      gloo_opts->devices.push_back(gloo_device(env.master_addr, env.master_port));
+      make_group = [&, gloo_opts](const std::string& prefix, int rank, int size, bool) {
+        auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, ctx.store);
+        return c10::intrusive_ptr<c10d::Backend>(
+            c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_opts));
+      };
     }
-    auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout);
-    gloo_opts->devices.push_back(gloo_device(env.master_addr, env.master_port));
-    auto make_group = [&](const std::string& prefix) {
-      auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, ctx.store);
-      return c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size,
-                                                         gloo_opts);
-    };
-    ctx.group = make_group("main");
-    ctx.param_group = make_group("params");
+    make_groups(ctx, make_group);
   } catch (const std::exception& e) {
     fail("rank {}: rendezvous at {}:{} with {} ranks failed ({}): {}", env.rank, env.master_addr,
          env.master_port, env.world_size, env.launcher, e.what());

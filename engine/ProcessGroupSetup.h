@@ -24,7 +24,19 @@ struct DistContext {
   // schedule order while gradient reductions go on in theirs: each group sees one
   // fixed order on every rank.
   c10::intrusive_ptr<c10d::Backend> param_group;
+  // Sharding inside groups of `shard_size` consecutive ranks (mics_shard_size): `group`
+  // and `param_group` stay over every rank for broadcasts, barriers and checkpoints;
+  // `shard_group` and `shard_param_group` join this rank's group, `replica_group` the
+  // ranks holding the same shard in the other groups. All three are null without
+  // groups (shard_size == world size) and where they would hold one rank.
+  int shard_size = 1;
+  c10::intrusive_ptr<c10d::Backend> shard_group;
+  c10::intrusive_ptr<c10d::Backend> shard_param_group;
+  c10::intrusive_ptr<c10d::Backend> replica_group;
   std::chrono::milliseconds timeout{300'000};
+
+  int shard_rank() const { return env.rank % shard_size; }
+  int replica_rank() const { return env.rank / shard_size; }
 
   // After a collective failed: which ranks no longer answer, e.g. "rank 1 did not
   // respond within 3 s" (asks the survivors through the store).
@@ -32,7 +44,8 @@ struct DistContext {
 };
 
 // `device`: where the model's parameters are; its groups carry tensors of that device.
+// `shard_size`: ranks per shard group (a divisor of the world size; <= 0: all ranks).
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
-                             c10::Device device = c10::Device(c10::kCPU));
+                             c10::Device device = c10::Device(c10::kCPU), int shard_size = -1);
 
 }  // namespace zeroshard

@@ -90,12 +90,18 @@ int64_t shard_numel(const ModelSpec& spec, int64_t ranks) {
   return total;
 }
 
+int64_t sharding_ranks(const Config& config, int stage, int64_t ranks) {
+  const int64_t mics = *config.zero.mics_shard_size;
+  return stage >= 1 && mics > 0 ? std::min(mics, ranks) : ranks;
+}
+
 MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
                                const Config& config, const WorldShape& world,
                                const TrainingShape& shape) {
   const ZeroConfig& z = config.zero;
   const int64_t p = spec.total_params;
-  const int64_t d = world.ranks();
+  // Everything below is per shard group: MiCS replicates the states across groups.
+  const int64_t d = sharding_ranks(config, option.stage, world.ranks());
   const int64_t kl = config.compute_bytes();
   const bool mixed = kl == 2;
   const int64_t shard = shard_numel(spec, d);

@@ -59,6 +59,10 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& shape, int 
 // unit padded so every rank's shard is equal and aligned.
 int64_t shard_numel(const ModelSpec& spec, int64_t ranks);
 
+// Ranks each state is sharded over at `stage`: mics_shard_size where it is set (> 0) and
+// the stage shards, else all `ranks`. `config.zero.mics_shard_size` must be resolved.
+int64_t sharding_ranks(const Config& config, int stage, int64_t ranks);
+
 // `config` must be resolved (no auto left); its stage and offload devices are
 // ignored in favour of `option`.
 // Stage 3: where each sharded unit's parameter shard lives (whole units stay on the

@@ -99,6 +99,8 @@ void resolve_zero(Config& c, const ModelSpec& spec, std::vector<std::string>& r)
 
 bool permitted(const Config& c, const PlanOption& o) {
   if (c.zero.stage && *c.zero.stage != o.stage) return false;
+  const auto& mics = c.zero.mics_shard_size;
+  if (mics && *mics > 0 && o.stage == 0) return false;  // groups shard at stages 1-3
   const OD opt = c.zero.offload_optimizer.device;
   const OD par = c.zero.offload_param.device;
   return (opt == OD::Auto || opt == o.optimizer) && (par == OD::Auto || par == o.params);
@@ -157,6 +159,87 @@ std::string activation_hint(const ModelSpec& spec, const Config& c, const Memory
                      format_gib(static_cast<double>(smaller)));
 }
 
+// The options judged under `resolved`, the first allowed one that fits (-1: none) and
+// the allowed one closest to fitting.
+struct Choice {
+  std::vector<OptionEstimate> options;
+  int chosen = -1;
+  int closest = -1;
+};
+
+Choice choose(const ModelSpec& spec, const Config& fixed, const Config& resolved,
+              const WorldShape& world, const TrainingShape& shape, const HardwareBudget& budget) {
+  Choice c;
+  for (const auto& option : plan_options()) {
+    OptionEstimate e;
+    e.option = option;
+    e.bytes = predict_memory(spec, option, resolved, world, shape);
+    e.allowed = permitted(fixed, option);
+    judge(e, world, budget);
+    c.options.push_back(e);
+  }
+  for (size_t i = 0; i < c.options.size(); ++i) {
+    const auto& e = c.options[i];
+    if (!e.allowed) continue;
+    if (e.fits && c.chosen < 0) c.chosen = static_cast<int>(i);
+    if (c.closest < 0 || e.overflow_bytes < c.options[c.closest].overflow_bytes)
+      c.closest = static_cast<int>(i);
+  }
+  if (c.closest < 0) fail("no stage/offload choice is allowed by the config's fixed keys");
+  return c;
+}
+
+void check_mics_world(const Config& c, const WorldShape& world) {
+  const auto& mics = c.zero.mics_shard_size;
+  if (!mics || *mics < 1) return;
+  if (*mics > world.ranks() || world.ranks() % *mics != 0) {
+    fail(
+        "config key 'zero_optimization.mics_shard_size' is {} with {} ranks; allowed: -1, auto, "
+        "or a group size that divides {} (ranks per node: {})",
+        *mics, world.ranks(), world.ranks(), world.ranks_per_node);
+  }
+}
+
+// mics_shard_size auto: one shard group per node where there is more than one node and
+// that costs no offload the shard-everywhere plan avoids; otherwise every rank.
+void resolve_mics(const ModelSpec& spec, const Config& fixed, const WorldShape& world,
+                  const TrainingShape& shape, const HardwareBudget& budget, Plan& plan,
+                  Choice& choice) {
+  const char* path = "zero_optimization.mics_shard_size";
+  const int64_t per_node = world.ranks_per_node;
+  auto everywhere = [&](const std::string& why) {
+    plan.config.zero.mics_shard_size = -1;
+    plan.reasons.push_back(fmt::format("{}: auto -> -1 ({})", path, why));
+  };
+  if (world.nodes < 2 || per_node < 2) {
+    plan.config.zero.mics_shard_size = -1;
+    choice = choose(spec, fixed, plan.config, world, shape, budget);
+    return everywhere(world.nodes < 2 ? "one node: sharding across every rank stays on it"
+                                      : "one rank per node: a group per node would shard nothing");
+  }
+  plan.config.zero.mics_shard_size = -1;
+  Choice flat = choose(spec, fixed, plan.config, world, shape, budget);
+  plan.config.zero.mics_shard_size = per_node;
+  Choice grouped = choose(spec, fixed, plan.config, world, shape, budget);
+  const int best_flat = flat.chosen < 0 ? flat.closest : flat.chosen;
+  const int best_grouped = grouped.chosen < 0 ? grouped.closest : grouped.chosen;
+  if (flat.options[best_flat].option.stage == 0) {
+    choice = std::move(flat);
+    return everywhere("stage 0 shards nothing");
+  }
+  if (grouped.chosen < 0 || (flat.chosen >= 0 && best_grouped != best_flat)) {
+    choice = std::move(flat);
+    return everywhere(fmt::format("sharding inside each node of {} ranks would need {}", per_node,
+                                  grouped.options[best_grouped].option.label()));
+  }
+  choice = std::move(grouped);
+  plan.reasons.push_back(fmt::format(
+      "{}: auto -> {} (one shard group per node: gathers and reduce-scatters stay on the node, "
+      "each gradient shard crosses nodes once, in an all-reduce; states take {}x the memory of "
+      "sharding across all {} ranks)",
+      path, per_node, world.nodes, world.ranks()));
+}
+
 }  // namespace
 
 const std::vector<PlanOption>& plan_options() {
@@ -182,25 +265,14 @@ Config resolve_auto_knobs(const Config& config, const ModelSpec& spec, const Wor
 Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& world,
                const TrainingShape& shape, const HardwareBudget& budget) {
   if (world.nodes < 1 || world.ranks_per_node < 1) fail("nodes and ranks per node must be >= 1");
+  check_mics_world(config, world);
   Plan plan;
   plan.config = resolve_auto_knobs(config, spec, world, plan.reasons);
-  const OptionEstimate* chosen = nullptr;
-  const OptionEstimate* closest = nullptr;
-  plan.options.reserve(plan_options().size());
-  for (const auto& option : plan_options()) {
-    OptionEstimate e;
-    e.option = option;
-    e.bytes = predict_memory(spec, option, plan.config, world, shape);
-    e.allowed = permitted(config, option);
-    judge(e, world, budget);
-    plan.options.push_back(e);
-  }
-  for (const auto& e : plan.options) {
-    if (!e.allowed) continue;
-    if (e.fits && !chosen) chosen = &e;
-    if (!closest || e.overflow_bytes < closest->overflow_bytes) closest = &e;
-  }
-  if (!closest) fail("no stage/offload choice is allowed by the config's fixed keys");
+  Choice choice = choose(spec, config, plan.config, world, shape, budget);
+  if (!config.zero.mics_shard_size) resolve_mics(spec, config, world, shape, budget, plan, choice);
+  plan.options = std::move(choice.options);
+  const OptionEstimate* chosen = choice.chosen < 0 ? nullptr : &plan.options[choice.chosen];
+  const OptionEstimate* closest = &plan.options[choice.closest];
   plan.fits = chosen != nullptr;
   apply_choice(plan, chosen ? *chosen : *closest);
   if (chosen) {

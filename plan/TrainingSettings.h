@@ -33,6 +33,7 @@ struct TrainingSettings {
   int64_t stage3_max_live_parameters = 0;
   int64_t stage3_param_persistence_threshold = 0;
   int64_t sub_group_size = 0;
+  int64_t mics_shard_size = -1;  // > 0: states sharded inside groups of this many ranks
   OffloadSettings offload_optimizer;
   OffloadSettings offload_param;
   int64_t gradient_accumulation_steps = 1;

@@ -14,8 +14,13 @@
 namespace zeroshard {
 
 GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool overlap,
-                         Collectives* comm, MemoryLedger* ledger, Tier fp32_tier)
-    : groups_(std::move(groups)), stage_(stage), overlap_(overlap), comm_(comm) {
+                         Collectives* comm, Collectives* replicas, MemoryLedger* ledger,
+                         Tier fp32_tier)
+    : groups_(std::move(groups)),
+      stage_(stage),
+      overlap_(overlap),
+      comm_(comm),
+      replicas_(replicas) {
   for (FlatParamGroup* g : groups_) {
     const at::Tensor& grad = g->flat_grad();
     // fp32 stage 0/1 reduce in place in the gradient buffer itself; otherwise a separate
@@ -84,7 +89,7 @@ void GradReducer::launch(size_t g) {
   const size_t max_in_flight = overlap_ ? 2 : 1;
   if (stage_ >= 2) {
     while (in_flight_.size() >= max_in_flight) {
-      wait_front();
+      wait_issuing_gathers(in_flight_.front().handle);
       retire_oldest();
     }
   }
@@ -107,10 +112,10 @@ void GradReducer::launch(size_t g) {
   in_flight_.push_back(std::move(f));
 }
 
-void GradReducer::wait_front() {
+void GradReducer::wait_issuing_gathers(const CommHandle& handle) {
   constexpr auto kPatience = std::chrono::milliseconds(20);
   auto since = std::chrono::steady_clock::now();
-  while (advance_ && !in_flight_.front().handle.ready()) {
+  while (advance_ && !handle.ready()) {
     if (std::chrono::steady_clock::now() - since < kPatience) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
       continue;
@@ -124,6 +129,11 @@ void GradReducer::retire_oldest() {
   InFlight f = std::move(in_flight_.front());
   in_flight_.erase(in_flight_.begin());
   f.handle.wait();
+  if (replicas_ && stage_ >= 1) {
+    CommHandle across = replicas_->all_reduce_sum(stage_ >= 2 ? f.received : fp32_[f.group]);
+    wait_issuing_gathers(across);
+    across.wait();
+  }
   if (stage_ >= 2) {
     fp32_[f.group].add_(f.received);
     received_entry_.resize(received_entry_.bytes() - f.received.numel() * 4);

@@ -12,6 +12,9 @@
 // otherwise each is waited for before the next is launched. Groups are launched in one fixed order
 // (last to first) on every rank, whatever order gradients arrive in; unused parameters count as
 // zero at the end.
+// With shard groups (mics_shard_size), `comm` is this rank's group and `replicas` the
+// ranks holding the same shard in the other groups: each reduce-scattered shard is then
+// all-reduced across them, so every copy of a shard sees the sum over all ranks.
 #include <functional>
 #include <memory>
 #include <vector>
@@ -33,7 +36,7 @@ class GradReducer {
   // `fp32_tier`: where the optimizer reads the reduced gradients; anywhere but the
   // device they get a buffer of their own (the host copy an offloaded optimizer reads).
   GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool overlap, Collectives* comm,
-              MemoryLedger* ledger, Tier fp32_tier = Tier::Device);
+              Collectives* replicas, MemoryLedger* ledger, Tier fp32_tier = Tier::Device);
   ~GradReducer();
 
   // Around each backward; `boundary` when this backward ends an accumulation window.
@@ -42,7 +45,7 @@ class GradReducer {
   // At the accumulation boundary: per group, the fp32 gradient summed over ranks and
   // micro-batches (the whole buffer at stage 0, this rank's shard otherwise).
   const std::vector<at::Tensor>& reduced();
-  // Global L2 norm of the reduced gradients times `scale`, across all ranks.
+  // Global L2 norm of the reduced gradients times `scale`, across all shards.
   double global_norm(double scale);
   // Whether any rank's reduced gradients hold inf or NaN (fp16 overflow).
   bool any_overflow();
@@ -68,6 +71,7 @@ class GradReducer {
   int stage_;
   bool overlap_;
   Collectives* comm_;
+  Collectives* replicas_;         // null without shard groups
   std::vector<at::Tensor> fp32_;  // what reduced() returns
   std::vector<LedgerEntry> fp32_entries_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
@@ -84,7 +88,7 @@ class GradReducer {
   LedgerEntry received_entry_;
   std::function<void(size_t)> on_complete_;
   std::function<bool()> advance_;
-  void wait_front();
+  void wait_issuing_gathers(const CommHandle& handle);
 };
 
 }  // namespace zeroshard

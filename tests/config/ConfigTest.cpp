@@ -122,6 +122,13 @@ TEST(Config, ContradictionsAreErrors) {
   expect_contains(load_error("scheduler: {type: WarmupDecayLR, params: {warmup_num_steps: 20, "
                              "total_num_steps: 10}}"),
                   "warmup_num_steps <= total_num_steps");
+  expect_contains(load_error("zero_optimization: {stage: 3, mics_shard_size: 0}"),
+                  "'zero_optimization.mics_shard_size' is 0; allowed: -1");
+  expect_contains(load_error("zero_optimization: {stage: 0, mics_shard_size: 2}"),
+                  "sharding groups need stage 1, 2 or 3");
+  expect_contains(load_error("zero_optimization: {stage: 3, mics_shard_size: -2}"),
+                  "zero_optimization.mics_shard_size");
+  EXPECT_EQ(load_error("zero_optimization: {stage: 2, mics_shard_size: auto}"), "");
   // With stage auto the planner may still choose stage 3, so no contradiction.
   EXPECT_EQ(load_error("zero_optimization: {stage: auto, offload_param: {device: cpu}}"), "");
 }

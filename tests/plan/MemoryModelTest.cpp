@@ -179,3 +179,29 @@ TEST(MemoryModel, Stage3ParamOffloadKeepsShardsInHostUpToMaxInCpuAndTheRestOnNvm
   EXPECT_EQ(cpu.at(Tier::Host, Kind::Params), 2 * 4800);
   EXPECT_EQ(cpu.at(Tier::Nvme, Kind::Params), 0);
 }
+
+// MiCS: 4 ranks in groups of 2 hold what 2 ranks sharding everything hold (1,600 per
+// unit and rank), twice what 4 ranks sharding everything hold (832 per unit: 800
+// padded to the 64-element alignment).
+TEST(MemoryModel, MicsShardsInsideEachGroup) {
+  Config c = toy_config(true);
+  c.zero.mics_shard_size = 2;
+  const auto grouped =
+      predict_memory(toy_spec(), {3, OD::None, OD::None}, c, WorldShape{2, 2}, TrainingShape{});
+  EXPECT_EQ(grouped.at(Tier::Device, Kind::Params), 2 * 3200);
+  EXPECT_EQ(grouped.at(Tier::Device, Kind::MasterParams), 4 * 3200);
+  EXPECT_EQ(grouped.at(Tier::Device, Kind::OptimizerStates), 8 * 3200);
+  EXPECT_EQ(grouped.at(Tier::Device, Kind::GradsFp32), 4 * 3200);
+  EXPECT_EQ(grouped.total(Tier::Device), 66'200);  // as Stage3ShardsParamsAndHoldsGatheredUnits
+  c.zero.mics_shard_size = -1;
+  const auto everywhere =
+      predict_memory(toy_spec(), {3, OD::None, OD::None}, c, WorldShape{2, 2}, TrainingShape{});
+  EXPECT_EQ(everywhere.at(Tier::Device, Kind::OptimizerStates), 8 * 2 * 832);
+  // Stage 0 shards nothing, with or without groups: every rank holds both units, each
+  // padded to 4 shards of 832.
+  c.zero.mics_shard_size = 2;
+  EXPECT_EQ(
+      predict_memory(toy_spec(), {0, OD::None, OD::None}, c, WorldShape{2, 2}, TrainingShape{})
+          .at(Tier::Device, Kind::OptimizerStates),
+      8 * 2 * 4 * 832);
+}

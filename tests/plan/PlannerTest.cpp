@@ -148,3 +148,76 @@ TEST(Planner, ResolvedConfigHasNoAutoLeft) {
   EXPECT_EQ(yaml.find("auto"), std::string::npos) << yaml;
   EXPECT_NO_THROW(load_config_string(yaml, "plan"));
 }
+
+namespace {
+
+Plan plan_on(const WorldShape& world, const Config& c, int64_t device) {
+  HardwareBudget b;
+  b.device_bytes = device;
+  b.headroom = 0;
+  return make_plan(toy_spec(), c, world, TrainingShape{}, b);
+}
+
+Config stage3_mics_auto() {
+  Config c = open_config();
+  c.zero.stage = 3;
+  c.zero.mics_shard_size.reset();
+  return c;
+}
+
+std::string all_reasons(const Plan& p) {
+  return fmt::format("{}", fmt::join(p.reasons, "\n"));
+}
+
+}  // namespace
+
+TEST(Planner, MicsAutoShardsInsideEachNodeWhenThatFits) {
+  const Plan p = plan_on(WorldShape{2, 2}, stage3_mics_auto(), 1'000'000);
+  EXPECT_EQ(p.config.zero.mics_shard_size, 2);
+  EXPECT_EQ(p.settings.mics_shard_size, 2);
+  EXPECT_NE(all_reasons(p).find("mics_shard_size: auto -> 2 (one shard group per node"),
+            std::string::npos)
+      << all_reasons(p);
+  EXPECT_EQ(emit_config_yaml(p.config).find("auto"), std::string::npos);
+}
+
+TEST(Planner, MicsAutoShardsEverywhereOnOneNodeOrWhenGroupsWouldNotFit) {
+  const Plan one_node = plan_on(WorldShape{1, 4}, stage3_mics_auto(), 1'000'000);
+  EXPECT_EQ(one_node.config.zero.mics_shard_size, -1);
+  EXPECT_NE(all_reasons(one_node).find("auto -> -1 (one node"), std::string::npos);
+  // A device that holds stage 3 sharded over all 4 ranks but not over groups of 2.
+  Config c = open_config();
+  c.zero.mics_shard_size = -1;
+  const int64_t everywhere =
+      predict_memory(toy_spec(), {3, OD::None, OD::None}, c, WorldShape{2, 2}, TrainingShape{})
+          .total(Tier::Device);
+  c.zero.mics_shard_size = 2;
+  const int64_t grouped =
+      predict_memory(toy_spec(), {3, OD::None, OD::None}, c, WorldShape{2, 2}, TrainingShape{})
+          .total(Tier::Device);
+  ASSERT_LT(everywhere, grouped);
+  const Plan tight = plan_on(WorldShape{2, 2}, stage3_mics_auto(), everywhere);
+  EXPECT_TRUE(tight.fits);
+  EXPECT_EQ(tight.option, (PlanOption{3, OD::None, OD::None}));
+  EXPECT_EQ(tight.config.zero.mics_shard_size, -1);
+  EXPECT_NE(all_reasons(tight).find("sharding inside each node of 2 ranks would need"),
+            std::string::npos)
+      << all_reasons(tight);
+}
+
+TEST(Planner, MicsShardSizeMustDivideTheRanks) {
+  Config c = open_config();
+  c.zero.stage = 3;
+  c.zero.mics_shard_size = 3;
+  try {
+    plan_on(WorldShape{2, 2}, c, 1'000'000);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'zero_optimization.mics_shard_size' is 3 with 4 ranks"),
+              std::string::npos)
+        << e.what();
+  }
+  c.zero.stage.reset();  // stage auto: groups rule out stage 0
+  c.zero.mics_shard_size = 2;
+  EXPECT_EQ(plan_on(WorldShape{2, 2}, c, 1'000'000).option.stage, 1);
+}

@@ -1,7 +1,8 @@
 """Ranks on hosts that are really separate (tests/python/hosts.py: network namespaces on
 a bridge, the link between hosts limited to 1 Gbit/s by tbf), 2 hosts x 2 ranks with the
-rendezvous on the first host's address: stages 2 and 3 train to torch DDP's losses on
-one host, the traffic between hosts goes over the hosts' links, and a host taken away
+rendezvous on the first host's address: stages 2 and 3, sharded across all ranks and inside
+each host (mics_shard_size), train to torch DDP's losses on one host, the traffic between
+hosts goes over the hosts' links (with groups, at most 0.55x of it), and a host taken away
 (its link down, its ranks killed) makes the other host's ranks stop within the timeout
 and the roll-call, naming the lost ranks. Skipped, with the reason, where namespaces cannot be made."""
 import json
@@ -33,21 +34,39 @@ def ddp_on_one_host(scratch):
     return _reference["ddp"]
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_stages_across_hosts_equal_ddp_on_one_host(stage, scratch):
-    want = ddp_on_one_host(scratch)
-    cfg = with_reference_optimizer({"zero_optimization": {"stage": stage}}, scratch)
-    out = str(scratch / f"zs{stage}")
+def across_hosts(stage, mics, scratch):
+    """Losses of `stage` on 2 hosts x 2 ranks, and the bytes host 1 sent and received."""
+    zero = {"stage": stage, "mics_shard_size": mics}
+    cfg = with_reference_optimizer({"zero_optimization": zero}, scratch)
+    out = str(scratch / f"zs{stage}-{mics}")
     with hosts.hosts(HOSTS) as h:
         got = run_ranks([WORKER, "zs", "gpt", str(STEPS), out, json.dumps(cfg)], WORLD, out,
                         launch=h.launch(PER_HOST))
-        sent, received = h.link_bytes(1)
-    assert_same(got, want)
-    # Each step the second host's ranks send their gradients' share (the parameters'
-    # bytes, at least half of them) across; stage 3 also gathers parameters.
+        return got, h.link_bytes(1)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_stage_across_hosts_with_and_without_groups_equals_ddp_on_one_host(stage, scratch):
+    """Sharding across all 4 ranks, then inside each host (mics_shard_size 2): both train
+    to DDP's losses; with groups, only each gradient shard's all-reduce crosses hosts."""
+    want = ddp_on_one_host(scratch)
+    flat, (flat_sent, flat_received) = across_hosts(stage, -1, scratch)
+    grouped, (sent, received) = across_hosts(stage, PER_HOST, scratch)
+    assert_same(flat, want)
+    assert_same(grouped, want)
     param_bytes = 4 * got_params(scratch)
-    assert sent >= STEPS * param_bytes / 2, (sent, param_bytes)
-    assert received >= STEPS * param_bytes / 2, (received, param_bytes)
+    # Without groups each step's reduce-scatter (and stage 3's gathers) cross: at least
+    # half the parameters' bytes leave host 1. With groups host 1's ranks send their
+    # halves of the gradient once per step in a 2-rank all-reduce (the parameters' bytes),
+    # and rank 0's initial broadcast is the only other large transfer.
+    assert flat_sent >= STEPS * param_bytes / 2, (flat_sent, param_bytes)
+    assert flat_received >= STEPS * param_bytes / 2, (flat_received, param_bytes)
+    assert sent <= 1.1 * STEPS * param_bytes, (sent, param_bytes)
+    assert received <= 1.1 * (STEPS + 2) * param_bytes, (received, param_bytes)
+    # Without groups host 1 sends about 2x the parameters' bytes a step at stage 2
+    # (reduce-scatter, then the all-gather of the updated shards) and more at stage 3
+    # (the gathers of forward and backward too).
+    assert sent <= {2: 0.6, 3: 0.55}[stage] * flat_sent, (sent, flat_sent)
 
 
 def got_params(scratch):

@@ -164,6 +164,7 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
           &in.config.zero.stage3_param_persistence_threshold, &in.config.zero.sub_group_size}) {
       knob->reset();  // sized by the planner from the model
     }
+    in.config.zero.mics_shard_size.reset();  // from --nodes and --gpus-per-node
   }
   read_precision(given, have_config, in);
   in.world.nodes = count("--nodes", 1, "1 node");
