@@ -300,7 +300,9 @@ usage: ./zs VERB [ARGS]
                     io (IoEngine vs fio), swap (NVMe optimizer step vs pure I/O and Adam),
                     capacity (largest trainable model vs torch DDP), python (the package
                     vs torch DDP), peers (vs DeepSpeed ZeRO 1-3 and offload, FSDP2,
-                    FSDP1 and DDP, all in one run)
+                    FSDP1 and DDP, all in one run), hosts (2 network-namespace hosts
+                    x 2 ranks behind a 1 Gbit/s link: stage 3 with and without shard
+                    groups per host vs FSDP2 and its HSDP; needs root)
   consolidate CKPT OUT.pt [--dtype bf16] [--per-tensor] [--format safetensors --hf-config F]
                     one ordinary state_dict from a sharded checkpoint (or Hugging
                     Face's safetensors layout, OUT a folder)
@@ -359,17 +361,20 @@ case "$verb" in
     ;;
   bench)
     name="${1:-}"
-    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers"
+    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts"
     shift
     if [ "$name" = peers ]; then  # DeepSpeed, FSDP2, FSDP1, DDP: the venv's, same run
       build >/dev/null
       exec "$PY" tools/bench/peers.py --zs-bench "$BUILD/tools/zs-bench-sharding" "$@"
     fi
     build >/dev/null
+    if [ "$name" = hosts ]; then  # ranks on network-namespace hosts behind a limited link
+      exec "$PY" tools/bench/hosts.py --package "$BUILD/python" "$@"
+    fi
     if [ "$name" = python ]; then
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/python_bench.py "$@"
     fi
-    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers"
+    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts"
     "$BUILD/tools/zs-bench-$name" "$@"
     ;;
   help | -h | --help) usage ;;

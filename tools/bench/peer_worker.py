@@ -4,8 +4,13 @@ FSDP1, FSDP2 (fully_shard) and DeepSpeed ZeRO, on the CPU over Gloo, training th
 that tools/bench/BenchGpt.cpp builds (same modules in the same order, same seed, same
 data generator), so the final losses are comparable with zeroshard's.
 
+`zs bench hosts` (tools/bench/hosts.py) runs HOST_MODES here too, ranks on separate
+network-namespace hosts: FSDP2's HSDP (a 2-D mesh, sharded on each host) and zeroshard
+through its Python package, with and without shard groups per host.
+
 usage: peer_worker.py MODE OUT STEPS BATCH NVME_DIR   (environment as torchrun sets it)
-Each rank writes OUT.rankN.json."""
+Each rank writes OUT.rankN.json; on a host of its own (an eth0 in its namespace), local
+rank 0 adds the bytes its host sent over the link during the timed steps."""
 import json
 import os
 import resource
@@ -28,6 +33,12 @@ DEEPSPEED_MODES = {  # mode: zero_optimization
                                   "offload_param": {"device": "nvme"}},
 }
 MODES = TORCH_MODES + list(DEEPSPEED_MODES)
+ZEROSHARD_MODES = {  # mode: zero_optimization ("host": the ranks of one host)
+    "zeroshard_stage3": {"stage": 3},
+    "zeroshard_stage3_mics": {"stage": 3, "mics_shard_size": "host"},
+}
+HOST_MODES = ["fsdp2", "fsdp2_hsdp"] + list(ZEROSHARD_MODES)
+LINK = "/sys/class/net/eth0/statistics/tx_bytes"  # `ip netns exec` shows the namespace's
 
 
 def build_model(torch):
@@ -98,7 +109,13 @@ def wrap_fsdp2(torch, mode, model):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    world = torch.distributed.get_world_size()
+    if mode == "fsdp2_hsdp":  # replicate across hosts, shard inside each
+        per_host = int(os.environ["LOCAL_WORLD_SIZE"])
+        mesh = init_device_mesh("cpu", (world // per_host, per_host),
+                                mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh("cpu", (world,))
     kwargs = {"mesh": mesh}
     if mode == "fsdp2_cpu_offload":
         kwargs["offload_policy"] = CPUOffloadPolicy()
@@ -159,6 +176,30 @@ def deepspeed_trainer(torch, mode, model, batch, nvme_dir):
     return engine, engine.backward, engine.step
 
 
+def zeroshard_trainer(mode, model, batch):
+    import zeroshard
+
+    zero = dict(ZEROSHARD_MODES[mode])
+    if zero.get("mics_shard_size") == "host":
+        zero["mics_shard_size"] = int(os.environ["LOCAL_WORLD_SIZE"])
+    config = {
+        "train_micro_batch_size_per_gpu": batch,
+        "gradient_clipping": CLIP,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WEIGHT_DECAY}},
+        "zero_optimization": zero,
+    }
+    engine, _, _, _ = zeroshard.initialize(model=model, config=config)
+    return engine, engine.backward, engine.step, engine.barrier
+
+
+def link_sent():
+    """Bytes this host has sent to the others (None where the rank has no host of its own)."""
+    if os.environ.get("LOCAL_RANK", "0") != "0" or not os.path.exists(LINK):
+        return None
+    with open(LINK) as f:
+        return int(f.read())
+
+
 def main():
     mode, out, steps, batch, nvme_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), \
         int(sys.argv[4]), sys.argv[5]
@@ -171,15 +212,22 @@ def main():
     Gpt, Block = build_model(torch)
     torch.manual_seed(0)
     model = Gpt(SHAPE)
+    barrier = dist.barrier
     if mode.startswith("deepspeed"):
         model, backward, step = deepspeed_trainer(torch, mode, model, batch, nvme_dir)
+    elif mode.startswith("zeroshard"):
+        model, backward, step, barrier = zeroshard_trainer(mode, model, batch)
     else:
         model, backward, step = torch_trainer(torch, mode, model, Block)
-    rank = dist.get_rank()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     gen = torch.Generator().manual_seed(100 + rank)
     phases = {"forward": [], "backward": [], "step": []}
     totals, loss = [], None
+    sent_before = None
     for i in range(WARMUP + steps):
+        if i == WARMUP:
+            barrier()
+            sent_before = link_sent()
         tokens = torch.randint(SHAPE["vocab"], (batch, SHAPE["seq"] + 1), generator=gen)
         t0 = time.perf_counter()
         loss = model(tokens)
@@ -192,17 +240,21 @@ def main():
             for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
                 phases[name].append(seconds)
             totals.append(t3 - t0)
+    barrier()
+    sent = link_sent()
     median = statistics.median(totals)
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump({
+            "link_sent_bytes_per_step": None if sent is None else (sent - sent_before) / steps,
             "system": mode,
             "median_step_seconds": median,
-            "tokens_per_second": batch * SHAPE["seq"] * dist.get_world_size() / median,
+            "tokens_per_second": batch * SHAPE["seq"] * world / median,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "final_loss": loss.item(),
             "phase_seconds": {k: statistics.median(v) for k, v in phases.items()},
         }, f)
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
