@@ -129,28 +129,43 @@ void GradReducer::retire_oldest() {
   InFlight f = std::move(in_flight_.front());
   in_flight_.erase(in_flight_.begin());
   f.handle.wait();
-  if (replicas_ && stage_ >= 1) {
-    CommHandle across = replicas_->all_reduce_sum(stage_ >= 2 ? f.received : fp32_[f.group]);
-    wait_issuing_gathers(across);
-    across.wait();
-  }
-  if (stage_ >= 2) {
-    fp32_[f.group].add_(f.received);
-    received_entry_.resize(received_entry_.bytes() - f.received.numel() * 4);
-    groups_[f.group]->release_grads();
-  }
+  if (stage_ >= 2) groups_[f.group]->release_grads();  // the shard is in f.received
+  if (!replicas_) return accumulate(f);
+  // Across groups: the shard's all-reduce (the slow link's share) runs while the next
+  // group's reduce-scatter does; one is kept in flight.
+  f.handle = replicas_->all_reduce_sum(stage_ >= 2 ? f.received : fp32_[f.group]);
+  across_.push_back(std::move(f));
+  if (across_.size() > 1) finish_across();
+}
+
+void GradReducer::finish_across() {
+  InFlight f = std::move(across_.front());
+  across_.erase(across_.begin());
+  wait_issuing_gathers(f.handle);
+  f.handle.wait();
+  accumulate(f);
+}
+
+void GradReducer::accumulate(const InFlight& f) {
+  if (stage_ < 2) return;  // stages 0-1 reduce into fp32_ itself
+  fp32_[f.group].add_(f.received);
+  received_entry_.resize(received_entry_.bytes() - f.received.numel() * 4);
+}
+
+void GradReducer::drain() {
+  while (!in_flight_.empty()) retire_oldest();
+  while (!across_.empty()) finish_across();
 }
 
 void GradReducer::end_backward() {
   if (!reducing_) return;
   // Whatever did not arrive (unused parameters) counts as zero: launch the rest.
   while (next_ >= 0) launch(next_--);
-  if (stage_ >= 2)
-    while (!in_flight_.empty()) retire_oldest();
+  if (stage_ >= 2) drain();
 }
 
 const std::vector<at::Tensor>& GradReducer::reduced() {
-  while (!in_flight_.empty()) retire_oldest();
+  drain();
   return fp32_;
 }
 

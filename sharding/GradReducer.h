@@ -65,6 +65,8 @@ class GradReducer {
   void launch_ready();
   void launch(size_t group);
   void retire_oldest();
+  void finish_across();  // the oldest all-reduce across groups
+  void drain();          // every reduction in flight, both kinds
   bool sharded_grads() const { return stage_ >= 1; }
 
   std::vector<FlatParamGroup*> groups_;
@@ -85,10 +87,12 @@ class GradReducer {
     at::Tensor received;  // stage >= 2: the reduce-scatter's output before accumulation
   };
   std::vector<InFlight> in_flight_;
+  std::vector<InFlight> across_;  // shards in their all-reduce across groups
   LedgerEntry received_entry_;
   std::function<void(size_t)> on_complete_;
   std::function<bool()> advance_;
   void wait_issuing_gathers(const CommHandle& handle);
+  void accumulate(const InFlight& f);
 };
 
 }  // namespace zeroshard
