@@ -1,6 +1,8 @@
 #include "config/LaunchEnv.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <thread>
 
 #include "common/Error.h"
@@ -70,12 +72,22 @@ void read_slurm(const Env& env, LaunchEnv& out) {
   out.launcher = "slurm";
   read_ranks(env, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}, 0,
              out);
+  // `srun -N 2 -n 4` sets no SLURM_NTASKS_PER_NODE; the step's layout says how many of
+  // its tasks run on this node (and wins over a job's --ntasks-per-node).
+  const std::string layout =
+      env.text("SLURM_STEP_TASKS_PER_NODE",
+               env.has("SLURM_NTASKS_PER_NODE") ? "" : env.text("SLURM_TASKS_PER_NODE"));
+  if (!layout.empty()) {
+    const int here = slurm_tasks_on_node(layout, env.number("SLURM_NODEID", 0, 0, false));
+    if (here > 0) out.local_world_size = here;
+  }
   if (env.has("MASTER_ADDR")) {
     out.master_addr = env.text("MASTER_ADDR");
   } else {
     const std::string list = env.text("SLURM_JOB_NODELIST", env.text("SLURM_NODELIST"));
     if (list.empty()) fail("neither MASTER_ADDR nor SLURM_JOB_NODELIST is set under Slurm");
     out.master_addr = first_slurm_host(list);
+    out.master_origin = "the first node of SLURM_JOB_NODELIST";
   }
   // Every rank of the job derives the same port from the job id unless one is given.
   const int job = env.number("SLURM_JOB_ID", 0, 0, false);
@@ -88,13 +100,24 @@ void read_openmpi(const Env& env, LaunchEnv& out) {
              {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
               "OMPI_COMM_WORLD_LOCAL_SIZE"},
              0, out);
-  if (out.world_size > 1 && !env.has("MASTER_ADDR")) {
-    fail(
-        "environment variable MASTER_ADDR is not set; under mpirun pass "
-        "-x MASTER_ADDR=<first host> (and optionally -x MASTER_PORT)");
+  if (env.has("MASTER_ADDR")) {
+    out.master_addr = env.text("MASTER_ADDR");
+  } else if (out.local_world_size < out.world_size) {
+    // mpirun maps rank 0 to the first host it was given, where it usually runs itself:
+    // its own address is in every rank's environment.
+    out.master_addr = first_hnp_address(env.text("OMPI_MCA_orte_hnp_uri"));
+    out.master_origin = "mpirun's host (OMPI_MCA_orte_hnp_uri)";
+    if (out.master_addr.empty()) {
+      fail(
+          "environment variable MASTER_ADDR is not set and OMPI_MCA_orte_hnp_uri names no "
+          "IPv4 address of mpirun; pass -x MASTER_ADDR=<rank 0's host> to mpirun");
+    }
   }
-  out.master_addr = env.text("MASTER_ADDR", "127.0.0.1");
-  out.master_port = env.number("MASTER_PORT", 1, 29500, false);
+  // Every rank of one mpirun shares its job id: the port follows it unless one is given.
+  const std::string job = env.text("OMPI_MCA_ess_base_jobid");
+  const int fallback =
+      job.empty() ? 29500 : 20000 + static_cast<int>(std::stoull("0" + job) % 10000);
+  out.master_port = env.number("MASTER_PORT", 1, fallback, false);
 }
 
 }  // namespace
@@ -108,6 +131,26 @@ std::string first_slurm_host(const std::string& nodelist) {
   const std::string prefix = nodelist.substr(0, bracket);
   const auto end = nodelist.find_first_of("-,]", bracket + 1);
   return prefix + nodelist.substr(bracket + 1, end - bracket - 1);
+}
+
+int slurm_tasks_on_node(const std::string& tasks_per_node, int node) {
+  std::istringstream entries(tasks_per_node);
+  std::string entry;
+  while (std::getline(entries, entry, ',')) {
+    int tasks = 0, nodes = 1;
+    if (std::sscanf(entry.c_str(), "%d(x%d)", &tasks, &nodes) < 1) return 0;
+    if (node < nodes) return tasks;
+    node -= nodes;
+  }
+  return 0;
+}
+
+std::string first_hnp_address(const std::string& hnp_uri) {
+  const std::string tag = ";tcp://";
+  const auto begin = hnp_uri.find(tag);
+  if (begin == std::string::npos) return "";
+  const auto start = begin + tag.size();
+  return hnp_uri.substr(start, hnp_uri.find_first_of(",:;", start) - start);
 }
 
 LaunchEnv read_launch_env(const EnvLookup& lookup) {

@@ -74,7 +74,9 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master
 
 // A socket listening on exactly the rendezvous address (not every interface), for the
 // store server to take over.
-int listen_on(const std::string& addr, int port) {
+int listen_on(const LaunchEnv& env) {
+  const std::string& addr = env.master_addr;
+  const int port = env.master_port;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -97,6 +99,12 @@ int listen_on(const std::string& addr, int port) {
     }
   }
   ::freeaddrinfo(found);
+  if (fd < 0 && error == EADDRNOTAVAIL) {
+    fail(
+        "rendezvous: rank 0 cannot listen on {}:{}: {} is not an address of rank 0's host; "
+        "the address came from {}: run rank 0 there or set MASTER_ADDR to rank 0's host",
+        addr, port, addr, env.master_origin);
+  }
   if (fd < 0) {
     fail("rendezvous: cannot listen on {}:{}: {} (is another job using MASTER_PORT {}?)", addr,
          port, std::strerror(error), port);
@@ -148,7 +156,7 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
   opts.waitWorkers = true;
   opts.timeout = timeout;
   compat::use_plain_tcp_store(opts);
-  if (opts.isServer) opts.masterListenFd = listen_on(env.master_addr, env.master_port);
+  if (opts.isServer) opts.masterListenFd = listen_on(env);
   try {
     // Each engine's keys under their own prefix: a store served by someone else
     // (torchrun's agent, torch.distributed's) outlives engines, and keys of an earlier
@@ -188,23 +196,41 @@ std::string DistContext::describe_missing_ranks() const {
   // its next collective), so the roll-call waits a while for late ones: 5 s, or a third
   // of the timeout where that is shorter, so that survivors stop within the timeout.
   const auto kWindow = std::min<std::chrono::milliseconds>(std::chrono::seconds(5), timeout / 3);
+  auto answered = [this](const std::string& what) {
+    std::vector<int> missing;
+    for (int r = 0; r < env.world_size; ++r) {
+      if (!store->check({what + std::to_string(r)})) missing.push_back(r);
+    }
+    return missing;
+  };
+  std::vector<int> missing;
+  bool counted = false;
   try {
     store->set("alive/" + std::to_string(env.rank), std::vector<uint8_t>{1});
     const auto deadline = std::chrono::steady_clock::now() + kWindow;
-    std::vector<int> missing;
     do {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      missing.clear();
-      for (int r = 0; r < env.world_size; ++r) {
-        if (!store->check({"alive/" + std::to_string(r)})) missing.push_back(r);
-      }
+      missing = answered("alive/");
+      counted = true;
     } while (!missing.empty() && std::chrono::steady_clock::now() < deadline);
-    if (missing.empty()) return "every rank still answers";
-    return fmt::format("rank(s) {} did not respond within {:.1f} s", fmt::join(missing, ", "),
-                       kWindow.count() / 1000.0);
+    store->set("done/" + std::to_string(env.rank), std::vector<uint8_t>{1});
+    // The rank serving the store stays until every rank that answered has finished its
+    // own roll-call (one that began later ends later), or for one more window.
+    if (env.rank == 0 && !env.agent_store) {
+      const auto last = std::chrono::steady_clock::now() + kWindow;
+      while (answered("done/").size() > missing.size() && std::chrono::steady_clock::now() < last)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   } catch (const std::exception&) {
-    return "rank 0, which hosts the rendezvous store, is gone";
+    if (!counted || missing.empty()) return "rank 0, which hosts the rendezvous store, is gone";
+    return fmt::format(
+        "rank(s) {} did not respond, then rank 0, which hosts the rendezvous "
+        "store, was gone",
+        fmt::join(missing, ", "));
   }
+  if (missing.empty()) return "every rank still answers";
+  return fmt::format("rank(s) {} did not respond within {:.1f} s", fmt::join(missing, ", "),
+                     kWindow.count() / 1000.0);
 }
 
 }  // namespace zeroshard

@@ -78,16 +78,61 @@ TEST(LaunchEnv, SlurmTakesTheFirstNodeAndAJobPort) {
   EXPECT_EQ(first_slurm_host("n[3]"), "n3");
 }
 
-TEST(LaunchEnv, OpenMpiNeedsMasterAddr) {
-  const std::string msg = error_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
-  EXPECT_NE(msg.find("MASTER_ADDR is not set"), std::string::npos) << msg;
+TEST(LaunchEnv, SlurmCountsThisNodesTasksFromTheStepLayout) {
+  // What `srun -N 2 -n 4` set on the second node (tests/python/test_launchers.py runs it).
+  const LaunchEnv e = from({{"SLURM_PROCID", "3"},
+                            {"SLURM_NTASKS", "4"},
+                            {"SLURM_LOCALID", "1"},
+                            {"SLURM_NODEID", "1"},
+                            {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+                            {"SLURM_TASKS_PER_NODE", "2(x2)"},
+                            {"SLURM_JOB_NODELIST", "zs1h[0-1]"},
+                            {"SLURM_JOB_ID", "7"}});
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 2);
+  EXPECT_EQ(e.master_addr, "zs1h0");
+  EXPECT_EQ(e.master_origin, "the first node of SLURM_JOB_NODELIST");
+  EXPECT_EQ(slurm_tasks_on_node("3(x2),1", 0), 3);
+  EXPECT_EQ(slurm_tasks_on_node("3(x2),1", 1), 3);
+  EXPECT_EQ(slurm_tasks_on_node("3(x2),1", 2), 1);
+  EXPECT_EQ(slurm_tasks_on_node("3(x2),1", 3), 0);
+  EXPECT_EQ(slurm_tasks_on_node("4", 0), 4);
+}
+
+TEST(LaunchEnv, OpenMpiFindsMpirunsHostAcrossNodes) {
+  // What mpirun -np 4 --host h0:2,h1:2 set on h1 (tests/python/test_launchers.py runs it).
+  const LaunchEnv e = from({{"OMPI_COMM_WORLD_RANK", "2"},
+                            {"OMPI_COMM_WORLD_SIZE", "4"},
+                            {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                            {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                            {"OMPI_MCA_ess_base_jobid", "2365784065"},
+                            {"OMPI_MCA_orte_hnp_uri", "2365784064.0;tcp://10.213.0.1:36229"}});
+  EXPECT_EQ(e.launcher, "openmpi");
+  EXPECT_EQ(e.rank, 2);
+  EXPECT_EQ(e.local_world_size, 2);
+  EXPECT_EQ(e.master_addr, "10.213.0.1");
+  EXPECT_EQ(e.master_port, 20000 + static_cast<int>(2365784065ULL % 10000));
+  EXPECT_EQ(first_hnp_address("1.0;tcp://10.0.0.1,172.17.0.1:41733;tcp6://[fd00::2]:5"),
+            "10.0.0.1");
+  EXPECT_EQ(first_hnp_address("1.0;tcp6://[fd00::2]:5"), "");
+}
+
+TEST(LaunchEnv, OpenMpiOnOneHostUsesLoopbackAndMasterAddrWins) {
+  const LaunchEnv one = from({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+  EXPECT_EQ(one.master_addr, "127.0.0.1");
+  EXPECT_EQ(one.master_port, 29500);
   const LaunchEnv e = from({{"OMPI_COMM_WORLD_RANK", "1"},
                             {"OMPI_COMM_WORLD_SIZE", "2"},
-                            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                            {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                            {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"},
+                            {"OMPI_MCA_orte_hnp_uri", "1.0;tcp://10.213.0.1:36229"},
                             {"MASTER_ADDR", "h0"}});
-  EXPECT_EQ(e.launcher, "openmpi");
-  EXPECT_EQ(e.rank, 1);
-  EXPECT_EQ(e.master_port, 29500);
+  EXPECT_EQ(e.master_addr, "h0");
+  const std::string msg = error_of({{"OMPI_COMM_WORLD_RANK", "0"},
+                                    {"OMPI_COMM_WORLD_SIZE", "2"},
+                                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}});
+  EXPECT_NE(msg.find("MASTER_ADDR is not set"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("-x MASTER_ADDR"), std::string::npos) << msg;
 }
 
 TEST(LaunchEnv, ContradictionsNameTheVariable) {

@@ -208,6 +208,8 @@ Scenario Scenario::parse(const std::vector<std::string>& args) {
       s.max_in_cpu = std::stoll(value);
     else if (key == "buffers")
       s.buffers = std::stoi(value);
+    else if (key == "mics")
+      s.mics = std::stoi(value);
     else
       fail("unknown scenario key '{}'", key);
   }
@@ -240,7 +242,8 @@ std::vector<std::string> Scenario::to_args() const {
           "nvme_path=" + nvme_path,
           "sub_group=" + std::to_string(sub_group),
           "max_in_cpu=" + std::to_string(max_in_cpu),
-          "buffers=" + std::to_string(buffers)};
+          "buffers=" + std::to_string(buffers),
+          "mics=" + std::to_string(mics)};
 }
 
 Config Scenario::config() const {
@@ -273,6 +276,7 @@ Config Scenario::config() const {
   op.device = device(offload_param);
   oo.nvme_path = op.nvme_path = nvme_path;
   oo.buffer_count = op.buffer_count = buffers;
+  c.zero.mics_shard_size = mics;
   if (sub_group > 0) c.zero.sub_group_size = sub_group;
   if (max_in_cpu >= 0) op.max_in_cpu = max_in_cpu;
   return c;

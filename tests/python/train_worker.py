@@ -49,7 +49,8 @@ def make_optimizer(model, how):
 def main():
     mode, name, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # Under mpirun or srun (tests/python/test_launchers.py) only the engine knows: below.
+    rank, world = int(os.environ.get("RANK", -1)), int(os.environ.get("WORLD_SIZE", -1))
     model = models.make(name)
     write = os.environ.get("ZS_TEST_WRITE") == "1"  # overwrite parameters before training
     losses = []
@@ -94,6 +95,7 @@ def main():
             kwargs["optimizer"], kwargs["lr_scheduler"] = make_optimizer(model, how)
         engine, _, _, _ = zeroshard.initialize(model=model, config=config,
                                                units=models.units_of(name, model), **kwargs)
+        rank, world = engine.rank, engine.world_size
         if write:  # rank 0 writes; the others must receive its values
             with engine.gathered_parameters(model, modifier_rank=0):
                 if rank == 0:

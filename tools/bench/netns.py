@@ -2,11 +2,14 @@
 each with its own eth0 on a bridge in a "switch" namespace, and the link between a host
 and the switch limited by tbf both ways (none inside a host: its ranks talk over its own
 loopback). Ranks run inside their host's namespace, so what crosses between hosts is
-counted by that host's eth0 and can only travel over those addresses."""
+counted by that host's eth0 and can only travel over those addresses. Each host's name is
+its namespace's, and resolves on every host (iproute2's /etc/netns/NAME/hosts), as a
+cluster's DNS would make it: launchers (mpirun, Slurm) address hosts by name."""
 import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 
 SUBNET = "10.213.0"
@@ -48,14 +51,19 @@ def _alive(pid):
     return True
 
 
+ETC = "/etc/netns"  # `ip netns exec NAME` binds ETC/NAME/hosts over /etc/hosts
+
+
 def _remove_orphans():
     """Namespaces left by a test run that was killed before it could clean up: their
     addresses would collide with this run's on the same subnet."""
-    for line in _run("ip", "netns", "list").splitlines():
-        name = line.split()[0] if line.split() else ""
+    names = [line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line.split()]
+    names += os.listdir(ETC) if os.path.isdir(ETC) else []
+    for name in set(names):
         m = re.fullmatch(r"zs(\d+)(sw|h\d+)", name)
         if m and not _alive(int(m.group(1))):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            shutil.rmtree(os.path.join(ETC, name), ignore_errors=True)
 
 
 class Hosts:
@@ -88,10 +96,36 @@ class Hosts:
             for where, dev in ((ns, "eth0"), (self.switch, port)):  # out of and into the host
                 _run("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, "root",
                      "tbf", "rate", self.rate, "burst", "256kb", "latency", "50ms")
+        table = "127.0.0.1 localhost\n" + "".join(
+            f"{a} {n}\n" for a, n in zip(self.addresses, self.names))
+        for ns in self.names:
+            os.makedirs(os.path.join(ETC, ns), exist_ok=True)
+            with open(self.hosts_file(ns), "w") as f:
+                f.write(table)
 
     def destroy(self):
         for ns in self.names + [self.switch]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            shutil.rmtree(os.path.join(ETC, ns), ignore_errors=True)
+
+    @staticmethod
+    def hosts_file(name):
+        return os.path.join(ETC, name, "hosts")
+
+    def login(self, host):
+        """A command prefix that runs on `host` as if logged in there: its network, its
+        name (hostname), its /etc/hosts."""
+        ns = self.names[host]
+        return ["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c",
+                'hostname "$0" && exec "$@"', ns]
+
+    def daemon_login(self, host):
+        """login() for daemons that need the machine's /sys (Slurm's slurmd reads its
+        cgroups there; `ip netns exec` mounts a /sys of the namespace's own)."""
+        ns = self.names[host]
+        return ["nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "--mount", "sh", "-c",
+                'mount --bind "$1" /etc/hosts && hostname "$0" && shift && exec "$@"', ns,
+                self.hosts_file(ns)]
 
     def link_bytes(self, host):
         """(sent, received) bytes on host's link to the others."""
