@@ -196,7 +196,7 @@ std::string DistContext::describe_missing_ranks() const {
   // its next collective), so the roll-call waits a while for late ones: 5 s, or a third
   // of the timeout where that is shorter, so that survivors stop within the timeout.
   const auto kWindow = std::min<std::chrono::milliseconds>(std::chrono::seconds(5), timeout / 3);
-  auto answered = [this](const std::string& what) {
+  auto unanswered = [this](const std::string& what) {
     std::vector<int> missing;
     for (int r = 0; r < env.world_size; ++r) {
       if (!store->check({what + std::to_string(r)})) missing.push_back(r);
@@ -204,25 +204,23 @@ std::string DistContext::describe_missing_ranks() const {
     return missing;
   };
   std::vector<int> missing;
-  bool counted = false;
   try {
     store->set("alive/" + std::to_string(env.rank), std::vector<uint8_t>{1});
     const auto deadline = std::chrono::steady_clock::now() + kWindow;
     do {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      missing = answered("alive/");
-      counted = true;
+      missing = unanswered("alive/");
     } while (!missing.empty() && std::chrono::steady_clock::now() < deadline);
     store->set("done/" + std::to_string(env.rank), std::vector<uint8_t>{1});
     // The rank serving the store stays until every rank that answered has finished its
     // own roll-call (one that began later ends later), or for one more window.
     if (env.rank == 0 && !env.agent_store) {
       const auto last = std::chrono::steady_clock::now() + kWindow;
-      while (answered("done/").size() > missing.size() && std::chrono::steady_clock::now() < last)
+      while (unanswered("done/").size() > missing.size() && std::chrono::steady_clock::now() < last)
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   } catch (const std::exception&) {
-    if (!counted || missing.empty()) return "rank 0, which hosts the rendezvous store, is gone";
+    if (missing.empty()) return "rank 0, which hosts the rendezvous store, is gone";
     return fmt::format(
         "rank(s) {} did not respond, then rank 0, which hosts the rendezvous "
         "store, was gone",
