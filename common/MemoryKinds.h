@@ -19,13 +19,14 @@ enum class Kind {
   CommBuckets,      // reduce / all-gather buckets
   GatheredParams,   // stage 3: full parameters live between gather and free
   PinnedBuffers,    // pinned host staging and NVMe swap buffers
+  SecondaryParams,  // stage 3 with hpZ: parameters sharded inside the node, for backward
 };
-constexpr size_t kNumKinds = 9;
+constexpr size_t kNumKinds = 10;
 
 constexpr std::array<const char*, kNumTiers> kTierNames{"device", "host", "nvme"};
 constexpr std::array<const char*, kNumKinds> kKindNames{
-    "params",      "master_params", "grads",           "grads_fp32",    "optimizer_states",
-    "activations", "comm_buckets",  "gathered_params", "pinned_buffers"};
+    "params",      "master_params", "grads",           "grads_fp32",     "optimizer_states",
+    "activations", "comm_buckets",  "gathered_params", "pinned_buffers", "secondary_params"};
 
 constexpr const char* tier_name(Tier t) {
   return kTierNames[static_cast<size_t>(t)];

@@ -202,6 +202,35 @@ void check_mics(const Config& c) {
   }
 }
 
+// hpZ keeps a secondary copy of stage 3's parameters; the checks that need the world
+// size (the group must divide it) are the Planner's.
+void check_hpz(const Config& c) {
+  const auto& hpz = c.zero.hpz_partition_size;
+  if (!hpz || *hpz == 1) return;
+  const char* key = "config key 'zero_optimization.zero_hpz_partition_size'";
+  if (c.zero.stage && *c.zero.stage != 3) {
+    fail(
+        "{} is {} with 'zero_optimization.stage' {}; allowed: the secondary copy (ZeRO++ hpZ) "
+        "is of stage 3's parameters: stage 3, or zero_hpz_partition_size 1",
+        key, *hpz, *c.zero.stage);
+  }
+  const auto& mics = c.zero.mics_shard_size;
+  if (mics && *mics > 0) {
+    fail(
+        "{} is {} with 'zero_optimization.mics_shard_size' {}; allowed: one of the two: "
+        "mics_shard_size keeps every gather inside its group already (set "
+        "zero_hpz_partition_size 1, or mics_shard_size -1)",
+        key, *hpz, *mics);
+  }
+  if (offloads(c.zero.offload_param.device)) {
+    fail(
+        "{} is {} with 'zero_optimization.offload_param.device' '{}'; allowed: "
+        "zero_hpz_partition_size 1 with parameter offload (the secondary copy would hold "
+        "the parameters in device memory that offload frees)",
+        key, *hpz, offload_device_name(c.zero.offload_param.device));
+  }
+}
+
 }  // namespace
 
 const char* offload_device_name(OffloadDevice d) {
@@ -247,6 +276,7 @@ void check_contradictions(const Config& c) {
         "allowed: a directory on a local file system, required with device nvme");
   }
   check_mics(c);
+  check_hpz(c);
   const auto& s = c.scheduler;
   if (s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") {
     if (s.warmup_num_steps && s.total_num_steps && *s.warmup_num_steps > *s.total_num_steps) {

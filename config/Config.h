@@ -42,6 +42,11 @@ struct ZeroConfig {
   // across groups, so gathers and reduce-scatters stay inside a group (a node) and only
   // one all-reduce of each gradient shard crosses groups. -1: shard across every rank.
   std::optional<int64_t> mics_shard_size = -1;
+  // ZeRO++ hpZ (stage 3): states stay sharded across every rank, and after forward's
+  // gather each rank keeps a secondary copy of the parameters sharded inside its group
+  // of this many consecutive ranks (a node), so backward's gathers stay inside the
+  // group. 1: no secondary copy.
+  std::optional<int64_t> hpz_partition_size = 1;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
 };

@@ -26,6 +26,7 @@
 #include "sharding/LossScaler.h"
 #include "sharding/OptimizerShard.h"
 #include "sharding/ParamCoordinator.h"
+#include "sharding/SecondaryShards.h"
 
 namespace zeroshard {
 namespace {
@@ -146,8 +147,10 @@ void EngineImpl::init(std::vector<NamedParam> params,
   if (plan_.option.optimizer == OffloadDevice::None && plan_.option.params == OffloadDevice::None)
     keep_freed_memory();
   const int64_t mics = plan_.settings.mics_shard_size;
+  const int64_t hpz = plan_.settings.stage == 3 ? plan_.settings.hpz_partition_size : 1;
   dist_ = init_distributed(env, plan_.settings.comm_timeout, params.front().param.device(),
-                           plan_.settings.stage >= 1 && mics > 0 ? static_cast<int>(mics) : -1);
+                           plan_.settings.stage >= 1 && mics > 0 ? static_cast<int>(mics) : -1,
+                           static_cast<int>(hpz));
   make_collectives();
   const MaterializeParams from_rank0 = [this](const std::vector<NamedParam>& group) {
     broadcast_initial_values(group);
@@ -173,6 +176,10 @@ void EngineImpl::make_collectives() {
   const int rank = dist_.env.rank, world = dist_.env.world_size;
   comm_ = std::make_unique<Collectives>(dist_.group, rank, world, diagnose, &ledger_);
   shard_comm_ = comm_.get();
+  if (dist_.hpz_group) {
+    hpz_comm_ = std::make_unique<Collectives>(dist_.hpz_group, dist_.hpz_rank(), dist_.hpz_size,
+                                              diagnose, &ledger_);
+  }
   if (shard_count() == world) {
     param_comm_ = std::make_unique<Collectives>(dist_.param_group, rank, world, diagnose, &ledger_);
     return;
@@ -240,6 +247,11 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   o.max_live_numel = z.stage3_max_live_parameters;
   o.persistence_numel = z.stage3_param_persistence_threshold;
   coordinator_ = std::make_unique<ParamCoordinator>(sharded, param_comm_.get(), o);
+  if (dist_.hpz_size > 1) {  // a group of every rank gathers as the primary shards do
+    Collectives* comm = hpz_comm_ ? hpz_comm_.get() : param_comm_.get();
+    secondary_ = std::make_unique<SecondaryShards>(comm, sharded.size(), &ledger_);
+    coordinator_->set_secondary(secondary_.get());
+  }
   reducer_->on_wait([this] { return coordinator_->advance(); });
   reducer_->on_group_complete([this](size_t group) {
     const int unit = unit_of_trainable(group);
@@ -310,7 +322,7 @@ void EngineImpl::zero_grad() {
 
 int64_t EngineImpl::bytes_sent() const {
   int64_t sent = comm_->bytes_sent() + param_comm_->bytes_sent();
-  for (const auto* c : {group_comm_.get(), replica_comm_.get()})
+  for (const auto* c : {group_comm_.get(), replica_comm_.get(), hpz_comm_.get()})
     if (c) sent += c->bytes_sent();
   return sent;
 }

@@ -29,6 +29,7 @@ class SwapDir;
 class ParamHome;
 class LossScaler;
 class ParamCoordinator;
+class SecondaryShards;
 
 class EngineImpl {
  public:
@@ -122,6 +123,7 @@ class EngineImpl {
   std::unique_ptr<Collectives> param_comm_;  // stage-3 gathers in the shard group, their own order
   std::unique_ptr<Collectives> group_comm_;  // the shard group, with mics_shard_size
   std::unique_ptr<Collectives> replica_comm_;  // the ranks holding this shard in other groups
+  std::unique_ptr<Collectives> hpz_comm_;      // hpZ: backward's gathers inside the node
   Collectives* shard_comm_ = nullptr;  // reductions and gathers of shards: group_comm_ or comm_
   void make_collectives();
   // Index spaces: a group is its position in groups_; a trainable group its position
@@ -143,6 +145,7 @@ class EngineImpl {
   std::vector<size_t> trainable_;  // per trainable group: its group
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<ParamCoordinator> coordinator_;
+  std::unique_ptr<SecondaryShards> secondary_;  // hpZ's copies, read through the coordinator
   std::unordered_map<const torch::nn::Module*, size_t> unit_of_module_;  // -> unit index
   std::vector<int> coordinator_unit_;  // per unit index: its coordinator unit or -1
   std::vector<NamedParam> names_;      // the parameters, for full_parameters()

@@ -116,12 +116,16 @@ using GroupMaker = std::function<c10::intrusive_ptr<c10d::Backend>(
     const std::string& prefix, int rank, int size, bool high_priority)>;
 
 // Every rank makes its groups in one order (main, params, then its shard and replica
-// groups), and each group's store prefix names its members, so no two groups wait on
-// each other while they connect.
+// groups, or its hpZ group), and each group's store prefix names its members, so no two groups wait
+// on each other while they connect.
 void make_groups(DistContext& ctx, const GroupMaker& make_group) {
   const int world = ctx.env.world_size, rank = ctx.env.rank, size = ctx.shard_size;
   ctx.group = make_group("main", rank, world, false);
   ctx.param_group = make_group("params", rank, world, true);  // gathers: compute waits
+  if (ctx.hpz_size > 1 && ctx.hpz_size < world) {
+    ctx.hpz_group = make_group(fmt::format("hpz{}/params", rank / ctx.hpz_size), ctx.hpz_rank(),
+                               ctx.hpz_size, true);
+  }
   if (size == world) return;
   const int shard_group = ctx.replica_rank(), shard_rank = ctx.shard_rank();
   if (size > 1) {
@@ -136,13 +140,18 @@ void make_groups(DistContext& ctx, const GroupMaker& make_group) {
 }  // namespace
 
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
-                             c10::Device device, int shard_size) {
+                             c10::Device device, int shard_size, int hpz_size) {
   DistContext ctx;
   ctx.env = env;
   ctx.timeout = timeout;
   ctx.shard_size = shard_size > 0 ? shard_size : env.world_size;
   if (env.world_size % ctx.shard_size != 0) {
     fail("zero_optimization.mics_shard_size {} does not divide the {} ranks", ctx.shard_size,
+         env.world_size);
+  }
+  ctx.hpz_size = std::max(1, hpz_size);
+  if (env.world_size % ctx.hpz_size != 0) {
+    fail("zero_optimization.zero_hpz_partition_size {} does not divide the {} ranks", ctx.hpz_size,
          env.world_size);
   }
   if (env.world_size == 1) return ctx;

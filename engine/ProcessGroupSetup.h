@@ -33,10 +33,16 @@ struct DistContext {
   c10::intrusive_ptr<c10d::Backend> shard_group;
   c10::intrusive_ptr<c10d::Backend> shard_param_group;
   c10::intrusive_ptr<c10d::Backend> replica_group;
+  // hpZ (zero_hpz_partition_size): backward's gathers of the secondary copy, inside
+  // groups of `hpz_size` consecutive ranks. Null without it, and where the group would
+  // be every rank (param_group serves then).
+  int hpz_size = 1;
+  c10::intrusive_ptr<c10d::Backend> hpz_group;
   std::chrono::milliseconds timeout{300'000};
 
   int shard_rank() const { return env.rank % shard_size; }
   int replica_rank() const { return env.rank / shard_size; }
+  int hpz_rank() const { return env.rank % hpz_size; }
 
   // After a collective failed: which ranks no longer answer, e.g. "rank 1 did not
   // respond within 3 s" (asks the survivors through the store).
@@ -45,7 +51,9 @@ struct DistContext {
 
 // `device`: where the model's parameters are; its groups carry tensors of that device.
 // `shard_size`: ranks per shard group (a divisor of the world size; <= 0: all ranks).
+// `hpz_size`: ranks per hpZ group (a divisor of the world size; <= 1: none).
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
-                             c10::Device device = c10::Device(c10::kCPU), int shard_size = -1);
+                             c10::Device device = c10::Device(c10::kCPU), int shard_size = -1,
+                             int hpz_size = 1);
 
 }  // namespace zeroshard

@@ -34,6 +34,21 @@ int64_t gathered_numel(const ModelSpec& spec, const ZeroConfig& z) {
   return live + spec.persistent_params(*z.stage3_param_persistence_threshold);
 }
 
+// hpZ: after forward each rank keeps its part of every unit that forward frees, sharded
+// over the hpZ group. Units at or below the persistence threshold are never freed; the
+// last unit of forward is not freed either, but which one that is depends on the run's
+// order, so it is counted (an upper bound by one unit).
+int64_t secondary_numel(const ModelSpec& spec, const ZeroConfig& z, int64_t ranks) {
+  const int64_t parts = *z.hpz_partition_size;
+  if (parts <= 1) return 0;
+  int64_t total = 0;
+  for (size_t u = 0; u < spec.unit_params.size(); ++u) {
+    if (spec.is_whole(u) || spec.unit_params[u] <= *z.stage3_param_persistence_threshold) continue;
+    total += padded_shard_numel(spec.unit_params[u], ranks) * ranks / parts;
+  }
+  return total;
+}
+
 }  // namespace
 
 ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device,
@@ -123,6 +138,8 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
     for (int64_t n : placed.nvme_shards)
       m.at(Tier::Nvme, Kind::Params) += round_up(kl * n, kIoAlignment);
     m.at(Tier::Device, Kind::GatheredParams) = kl * gathered_numel(spec, z);
+    if (option.params == OffloadDevice::None)
+      m.at(Tier::Device, Kind::SecondaryParams) = kl * secondary_numel(spec, z, d);
   } else {
     m.at(Tier::Device, Kind::Params) = kl * full;
   }

@@ -101,6 +101,9 @@ bool permitted(const Config& c, const PlanOption& o) {
   if (c.zero.stage && *c.zero.stage != o.stage) return false;
   const auto& mics = c.zero.mics_shard_size;
   if (mics && *mics > 0 && o.stage == 0) return false;  // groups shard at stages 1-3
+  // hpZ's secondary copy is of stage 3's parameters, in device memory.
+  const auto& hpz = c.zero.hpz_partition_size;
+  if (hpz && *hpz > 1 && (o.stage != 3 || o.params != OD::None)) return false;
   const OD opt = c.zero.offload_optimizer.device;
   const OD par = c.zero.offload_param.device;
   return (opt == OD::Auto || opt == o.optimizer) && (par == OD::Auto || par == o.params);
@@ -200,6 +203,22 @@ void check_mics_world(const Config& c, const WorldShape& world) {
   }
 }
 
+void check_hpz_world(const Config& c, const WorldShape& world) {
+  const auto& hpz = c.zero.hpz_partition_size;
+  if (!hpz || *hpz <= 1) return;
+  if (*hpz > world.ranks() || world.ranks() % *hpz != 0) {
+    fail(
+        "config key 'zero_optimization.zero_hpz_partition_size' is {} with {} ranks; allowed: "
+        "1, auto, or a group size that divides {} (ranks per node: {})",
+        *hpz, world.ranks(), world.ranks(), world.ranks_per_node);
+  }
+}
+
+// The first allowed option that fits, else the closest.
+int best_of(const Choice& c) {
+  return c.chosen < 0 ? c.closest : c.chosen;
+}
+
 // mics_shard_size auto: one shard group per node where there is more than one node and
 // that costs no offload the shard-everywhere plan avoids; otherwise every rank.
 void resolve_mics(const ModelSpec& spec, const Config& fixed, const WorldShape& world,
@@ -211,18 +230,21 @@ void resolve_mics(const ModelSpec& spec, const Config& fixed, const WorldShape& 
     plan.config.zero.mics_shard_size = -1;
     plan.reasons.push_back(fmt::format("{}: auto -> -1 ({})", path, why));
   };
-  if (world.nodes < 2 || per_node < 2) {
+  const auto& hpz = fixed.zero.hpz_partition_size;
+  if (world.nodes < 2 || per_node < 2 || (hpz && *hpz > 1)) {
     plan.config.zero.mics_shard_size = -1;
     choice = choose(spec, fixed, plan.config, world, shape, budget);
-    return everywhere(world.nodes < 2 ? "one node: sharding across every rank stays on it"
-                                      : "one rank per node: a group per node would shard nothing");
+    if (world.nodes < 2) return everywhere("one node: sharding across every rank stays on it");
+    if (per_node < 2) return everywhere("one rank per node: a group per node would shard nothing");
+    return everywhere(
+        fmt::format("zero_hpz_partition_size {} keeps backward's gathers on the node", *hpz));
   }
   plan.config.zero.mics_shard_size = -1;
   Choice flat = choose(spec, fixed, plan.config, world, shape, budget);
   plan.config.zero.mics_shard_size = per_node;
   Choice grouped = choose(spec, fixed, plan.config, world, shape, budget);
-  const int best_flat = flat.chosen < 0 ? flat.closest : flat.chosen;
-  const int best_grouped = grouped.chosen < 0 ? grouped.closest : grouped.chosen;
+  const int best_flat = best_of(flat);
+  const int best_grouped = best_of(grouped);
   if (flat.options[best_flat].option.stage == 0) {
     choice = std::move(flat);
     return everywhere("stage 0 shards nothing");
@@ -238,6 +260,41 @@ void resolve_mics(const ModelSpec& spec, const Config& fixed, const WorldShape& 
       "each gradient shard crosses nodes once, in an all-reduce; states take {}x the memory of "
       "sharding across all {} ranks)",
       path, per_node, world.nodes, world.ranks()));
+}
+
+// zero_hpz_partition_size auto: a secondary copy per node where stage 3 runs on more than
+// one node without shard groups, and the copy costs no offload the plan without it avoids.
+void resolve_hpz(const ModelSpec& spec, const Config& fixed, const WorldShape& world,
+                 const TrainingShape& shape, const HardwareBudget& budget, Plan& plan,
+                 Choice& choice) {
+  const char* path = "zero_optimization.zero_hpz_partition_size";
+  const int64_t per_node = world.ranks_per_node;
+  auto none = [&](const std::string& why) {
+    plan.config.zero.hpz_partition_size = 1;
+    plan.reasons.push_back(fmt::format("{}: auto -> 1 ({})", path, why));
+  };
+  const PlanOption& best = choice.options[best_of(choice)].option;
+  if (best.stage != 3) return none(fmt::format("stage {} gathers no parameters", best.stage));
+  if (*plan.config.zero.mics_shard_size > 0)
+    return none("mics_shard_size keeps every gather on the node already");
+  if (world.nodes < 2) return none("one node: backward's gathers stay on it");
+  if (per_node < 2) return none("one rank per node: a copy sharded per node is the shard itself");
+  if (best.params != OD::None)
+    return none("parameters are offloaded; the copy would keep them in device memory");
+  if (choice.chosen < 0) return none("nothing fits without it");
+  plan.config.zero.hpz_partition_size = per_node;
+  Choice with_copy = choose(spec, fixed, plan.config, world, shape, budget);
+  if (with_copy.chosen != choice.chosen) {
+    return none(fmt::format("the secondary copy would need {}",
+                            with_copy.options[best_of(with_copy)].option.label()));
+  }
+  const int64_t copy =
+      with_copy.options[with_copy.chosen].bytes.at(Tier::Device, Kind::SecondaryParams);
+  choice = std::move(with_copy);
+  plan.reasons.push_back(
+      fmt::format("{}: auto -> {} (ZeRO++ hpZ: after forward's gathers each rank keeps 1/{} of the "
+                  "parameters, {} GiB, so backward's gathers stay on the node)",
+                  path, per_node, per_node, format_gib(static_cast<double>(copy))));
 }
 
 }  // namespace
@@ -266,10 +323,17 @@ Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& wo
                const TrainingShape& shape, const HardwareBudget& budget) {
   if (world.nodes < 1 || world.ranks_per_node < 1) fail("nodes and ranks per node must be >= 1");
   check_mics_world(config, world);
+  check_hpz_world(config, world);
   Plan plan;
   plan.config = resolve_auto_knobs(config, spec, world, plan.reasons);
+  // Judged without groups or a secondary copy first; where they are auto, resolve_mics
+  // and resolve_hpz judge them again with.
+  const auto& z = config.zero;
+  if (!z.mics_shard_size) plan.config.zero.mics_shard_size = -1;
+  if (!z.hpz_partition_size) plan.config.zero.hpz_partition_size = 1;
   Choice choice = choose(spec, config, plan.config, world, shape, budget);
-  if (!config.zero.mics_shard_size) resolve_mics(spec, config, world, shape, budget, plan, choice);
+  if (!z.mics_shard_size) resolve_mics(spec, config, world, shape, budget, plan, choice);
+  if (!z.hpz_partition_size) resolve_hpz(spec, config, world, shape, budget, plan, choice);
   plan.options = std::move(choice.options);
   const OptionEstimate* chosen = choice.chosen < 0 ? nullptr : &plan.options[choice.chosen];
   const OptionEstimate* closest = &plan.options[choice.closest];

@@ -40,6 +40,8 @@ TrainingSettings settings_of(const Config& c) {
       z.stage3_param_persistence_threshold, "zero_optimization.stage3_param_persistence_threshold");
   s.sub_group_size = resolved(z.sub_group_size, "zero_optimization.sub_group_size");
   s.mics_shard_size = resolved(z.mics_shard_size, "zero_optimization.mics_shard_size");
+  s.hpz_partition_size =
+      resolved(z.hpz_partition_size, "zero_optimization.zero_hpz_partition_size");
   s.offload_optimizer = {z.offload_optimizer.nvme_path,
                          resolved(z.offload_optimizer.buffer_count,
                                   "zero_optimization.offload_optimizer.buffer_count")};

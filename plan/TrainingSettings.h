@@ -34,6 +34,9 @@ struct TrainingSettings {
   int64_t stage3_param_persistence_threshold = 0;
   int64_t sub_group_size = 0;
   int64_t mics_shard_size = -1;  // > 0: states sharded inside groups of this many ranks
+  // > 1 (stage 3): a secondary copy of the parameters sharded inside groups of this many
+  // ranks serves backward's gathers (ZeRO++ hpZ)
+  int64_t hpz_partition_size = 1;
   OffloadSettings offload_optimizer;
   OffloadSettings offload_param;
   int64_t gradient_accumulation_steps = 1;

@@ -51,6 +51,10 @@ void ParamCoordinator::launch_gather(size_t unit) {
   if (u->gathered()) return;  // persistent, or still live from the other phase
   fault_point(phase_ == Phase::Backward ? "backward.gather" : "forward.gather");
   at::NoGradGuard no_grad;
+  if (secondary_ != nullptr && phase_ == Phase::Backward && secondary_->holds(unit)) {
+    pending_[unit] = secondary_->gather(unit, *u);
+    return;
+  }
   const bool at_home = home_ != nullptr && home_->holds(unit);
   u->allocate_full(/*fill_own_shard=*/!at_home);
   if (at_home) home_->fill(unit, u->own_slice());
@@ -110,6 +114,10 @@ void ParamCoordinator::release(size_t unit, bool even_persistent) {
   pending_[unit].wait();
   FlatParamGroup* u = units_[unit];
   if (!even_persistent && u->numel() <= options_.persistence_numel) return;
+  if (secondary_ != nullptr && phase_ == Phase::Forward && u->gathered()) {
+    at::NoGradGuard no_grad;
+    secondary_->keep(unit, *u);
+  }
   u->release_full();
 }
 
@@ -168,11 +176,13 @@ void ParamCoordinator::end_backward() {
   const auto& o = backward_;
   while (cursor_ < o.size()) launch_gather(o[cursor_++]);
   for (size_t u = 0; u < units_.size(); ++u) release(u);
+  if (secondary_ != nullptr) secondary_->invalidate();
   phase_ = Phase::Idle;
 }
 
 void ParamCoordinator::after_step() {
   for (size_t u = 0; u < units_.size(); ++u) release(u, /*even_persistent=*/true);
+  if (secondary_ != nullptr) secondary_->invalidate();
   // Rank 0's first-use order, then every unit it did not use, in registration order.
   std::vector<int64_t> mine(recorded_.begin(), recorded_.end());
   for (size_t u = 0; u < units_.size(); ++u)

@@ -9,11 +9,14 @@
 // freed when the walk passes it, so every rank issues the same all-gathers in the same
 // order. Prefetch runs ahead along the schedule, bounded by the prefetch budget and the
 // live-parameter limit; units at or below the persistence threshold are never freed.
+// With hpZ (sharding/SecondaryShards.h) forward's frees keep the group-sharded copy that
+// backward's gathers read.
 #include <cstdint>
 #include <vector>
 
 #include "sharding/Collectives.h"
 #include "sharding/FlatParamGroup.h"
+#include "sharding/SecondaryShards.h"
 
 namespace zeroshard {
 
@@ -54,6 +57,8 @@ class ParamCoordinator {
   int64_t live_numel() const;  // parameters currently gathered (budgets count parameters)
   // `lookahead`: how many units past the last gather issued are prefetched from home.
   void set_shard_home(ShardHome* home, int lookahead);
+  // hpZ: keep secondary copies when forward frees units, gather from them in backward.
+  void set_secondary(SecondaryShards* secondary) { secondary_ = secondary; }
   // Outside forward/backward (reading parameters): gather one unit now / free it.
   void gather_now(size_t unit);
   bool gathered(size_t unit) const { return units_.at(unit)->gathered(); }
@@ -83,6 +88,7 @@ class ParamCoordinator {
   Phase phase_ = Phase::Idle;
   ShardHome* home_ = nullptr;
   int lookahead_ = 0;
+  SecondaryShards* secondary_ = nullptr;
 };
 
 }  // namespace zeroshard

@@ -129,6 +129,22 @@ TEST(Config, ContradictionsAreErrors) {
   expect_contains(load_error("zero_optimization: {stage: 3, mics_shard_size: -2}"),
                   "zero_optimization.mics_shard_size");
   EXPECT_EQ(load_error("zero_optimization: {stage: 2, mics_shard_size: auto}"), "");
+  expect_contains(load_error("zero_optimization: {stage: 2, zero_hpz_partition_size: 2}"),
+                  "'zero_optimization.zero_hpz_partition_size' is 2 with "
+                  "'zero_optimization.stage' 2; allowed: the secondary copy (ZeRO++ hpZ) is of "
+                  "stage 3's parameters");
+  expect_contains(
+      load_error("zero_optimization: {stage: 3, zero_hpz_partition_size: 2, mics_shard_size: 2}"),
+      "with 'zero_optimization.mics_shard_size' 2; allowed: one of the two");
+  expect_contains(load_error("zero_optimization: {stage: 3, zero_hpz_partition_size: 2, "
+                             "offload_param: {device: cpu}}"),
+                  "allowed: zero_hpz_partition_size 1 with parameter offload");
+  expect_contains(load_error("zero_optimization: {stage: 3, zero_hpz_partition_size: 0}"),
+                  "zero_optimization.zero_hpz_partition_size");
+  EXPECT_EQ(load_error("zero_optimization: {stage: 3, zero_hpz_partition_size: 2}"), "");
+  EXPECT_EQ(load_error("zero_optimization: {stage: 3, zero_hpz_partition_size: auto, "
+                       "mics_shard_size: auto}"),
+            "");
   // With stage auto the planner may still choose stage 3, so no contradiction.
   EXPECT_EQ(load_error("zero_optimization: {stage: auto, offload_param: {device: cpu}}"), "");
 }

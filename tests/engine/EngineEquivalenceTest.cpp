@@ -142,6 +142,30 @@ TEST(EngineEquivalence, Stage3AccumulationClippingOverlapFrozenUnused) {
   check_equivalence(s, 2);
 }
 
+// ZeRO++ hpZ: backward gathers from the copy forward kept, sharded inside groups of 2 of
+// the 4 ranks; with accumulation, clipping, overlap, frozen and unused parameters, and a
+// layer only some ranks run (every rank must keep and read the same copies).
+TEST(EngineEquivalence, Stage3SecondaryCopyInGroupsOfTwo) {
+  Scenario s;
+  s.model = "transformer";
+  s.stage = 3;
+  s.persist = 0;  // every unit is freed after forward (none is small enough to stay)
+  s.hpz = 2;
+  s.accum = 2;
+  s.clip = 0.05;
+  s.overlap = true;
+  s.unused = true;
+  s.frozen = true;
+  check_equivalence(s, 4);
+  Scenario branch;
+  branch.stage = 3;
+  branch.persist = 0;
+  branch.hpz = 2;
+  branch.branch = true;
+  branch.steps = 6;
+  check_equivalence(branch, 4);
+}
+
 // A layer that runs on one rank and not on another (decided by each rank's data):
 // every rank must still issue the same collectives, and the result must be right.
 TEST(EngineEquivalence, DataDependentBranchEveryStage) {

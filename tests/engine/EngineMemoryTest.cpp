@@ -83,3 +83,25 @@ TEST(EngineMemory, Stage3LiveParametersStayWithinThePrefetchBudget) {
     EXPECT_LE(r.memory[grads * 3 + 2].item<double>(), 4 * (largest_unit + 33'024 + 256));
   }
 }
+
+// hpZ: after forward each rank keeps its half (groups of 2) of every unit forward freed:
+// fc1 and extra, not fc2 (the last unit stays gathered into backward). The model counts
+// every unit, an upper bound by one unit.
+TEST(EngineMemory, Stage3SecondaryCopyIsHalfOfEveryFreedUnit) {
+  Scenario s;
+  s.model = "mlp";
+  s.scale = 8;  // units of 33,024 / 65,792 / 16,448 parameters (fc1 / extra / fc2)
+  s.stage = 3;
+  s.steps = 2;
+  s.persist = 0;
+  s.hpz = 2;
+  const auto ranks = run_ranks(s, 4);
+  ASSERT_EQ(ranks.size(), 4u);
+  // Padded for 4 ranks in 64-element shards: 4 x 8,256 / 4 x 16,448 / 4 x 4,160.
+  const double fc1 = 33'024 / 2, extra = 65'792 / 2, fc2 = 16'640 / 2;
+  const auto k = static_cast<int64_t>(Kind::SecondaryParams);
+  for (const auto& r : ranks) {
+    EXPECT_EQ(r.memory[k * 3 + 2].item<double>(), 4 * (fc1 + extra));        // peak
+    EXPECT_EQ(r.memory[k * 3 + 1].item<double>(), 4 * (fc1 + extra + fc2));  // predicted
+  }
+}

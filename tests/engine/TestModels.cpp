@@ -210,6 +210,8 @@ Scenario Scenario::parse(const std::vector<std::string>& args) {
       s.buffers = std::stoi(value);
     else if (key == "mics")
       s.mics = std::stoi(value);
+    else if (key == "hpz")
+      s.hpz = std::stoi(value);
     else
       fail("unknown scenario key '{}'", key);
   }
@@ -243,7 +245,8 @@ std::vector<std::string> Scenario::to_args() const {
           "sub_group=" + std::to_string(sub_group),
           "max_in_cpu=" + std::to_string(max_in_cpu),
           "buffers=" + std::to_string(buffers),
-          "mics=" + std::to_string(mics)};
+          "mics=" + std::to_string(mics),
+          "hpz=" + std::to_string(hpz)};
 }
 
 Config Scenario::config() const {
@@ -277,6 +280,7 @@ Config Scenario::config() const {
   oo.nvme_path = op.nvme_path = nvme_path;
   oo.buffer_count = op.buffer_count = buffers;
   c.zero.mics_shard_size = mics;
+  c.zero.hpz_partition_size = hpz;
   if (sub_group > 0) c.zero.sub_group_size = sub_group;
   if (max_in_cpu >= 0) op.max_in_cpu = max_in_cpu;
   return c;

@@ -41,6 +41,7 @@ struct Scenario {
   int64_t max_in_cpu = -1;             // offload_param.max_in_cpu (-1: default)
   int buffers = 3;                     // buffer_count of both offloads
   int mics = -1;                       // mics_shard_size (-1: shard across all ranks)
+  int hpz = 1;                         // zero_hpz_partition_size (1: no secondary copy)
 
   static Scenario parse(const std::vector<std::string>& args);  // key=value
   std::vector<std::string> to_args() const;

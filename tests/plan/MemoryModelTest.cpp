@@ -205,3 +205,33 @@ TEST(MemoryModel, MicsShardsInsideEachGroup) {
           .at(Tier::Device, Kind::OptimizerStates),
       8 * 2 * 4 * 832);
 }
+
+// hpZ on 2 nodes x 2 ranks, groups of 2: each unit of 3,200 is padded to 4 shards of 832
+// (3,328) and each rank keeps half of it, in compute precision (bf16). Whole units and
+// units at or below the persistence threshold are never freed, so no copy; parameter
+// offload and stages below 3 have none.
+TEST(MemoryModel, HpzKeepsHalfOfEveryFreedUnitPerRank) {
+  Config c = toy_config(true);
+  c.zero.hpz_partition_size = 2;
+  const WorldShape world{2, 2};
+  const auto m = predict_memory(toy_spec(), {3, OD::None, OD::None}, c, world, TrainingShape{});
+  EXPECT_EQ(m.at(Tier::Device, Kind::SecondaryParams), 2 * 2 * 3328 / 2);
+  c.zero.hpz_partition_size = 1;
+  const auto without = predict_memory(toy_spec(), {3, OD::None, OD::None}, c, world, {});
+  EXPECT_EQ(m.total(Tier::Device) - without.total(Tier::Device), 2 * 3328);
+  c.zero.hpz_partition_size = 2;
+  ModelSpec one_whole = toy_spec();
+  one_whole.unit_whole = {false, true};
+  EXPECT_EQ(predict_memory(one_whole, {3, OD::None, OD::None}, c, world, {})
+                .at(Tier::Device, Kind::SecondaryParams),
+            2 * 3328 / 2);
+  c.zero.stage3_param_persistence_threshold = 3200;
+  EXPECT_EQ(predict_memory(toy_spec(), {3, OD::None, OD::None}, c, world, {})
+                .at(Tier::Device, Kind::SecondaryParams),
+            0);
+  c.zero.stage3_param_persistence_threshold = 10;
+  for (const PlanOption& o : {PlanOption{3, OD::Cpu, OD::Cpu}, PlanOption{2, OD::None, OD::None}})
+    EXPECT_EQ(predict_memory(toy_spec(), o, c, world, {}).at(Tier::Device, Kind::SecondaryParams),
+              0)
+        << o.label();
+}

@@ -221,3 +221,74 @@ TEST(Planner, MicsShardSizeMustDivideTheRanks) {
   c.zero.mics_shard_size = 2;
   EXPECT_EQ(plan_on(WorldShape{2, 2}, c, 1'000'000).option.stage, 1);
 }
+
+namespace {
+
+Config stage3_hpz_auto(std::optional<int64_t> mics = -1) {
+  Config c = open_config();
+  c.zero.stage = 3;
+  c.zero.mics_shard_size = mics;
+  c.zero.hpz_partition_size.reset();
+  return c;
+}
+
+}  // namespace
+
+TEST(Planner, HpzAutoKeepsACopyPerNodeWhenThatFits) {
+  const Plan p = plan_on(WorldShape{2, 2}, stage3_hpz_auto(), 1'000'000);
+  EXPECT_EQ(p.settings.hpz_partition_size, 2);
+  EXPECT_GT(p.predicted.at(Tier::Device, Kind::SecondaryParams), 0);
+  EXPECT_NE(all_reasons(p).find("zero_hpz_partition_size: auto -> 2 (ZeRO++ hpZ"),
+            std::string::npos)
+      << all_reasons(p);
+  EXPECT_EQ(emit_config_yaml(p.config).find("auto"), std::string::npos);
+}
+
+TEST(Planner, HpzAutoStaysOffWhereItWouldGainNothingOrNotFit) {
+  auto expect_off = [](const Plan& p, const std::string& why) {
+    EXPECT_EQ(p.settings.hpz_partition_size, 1);
+    EXPECT_EQ(p.predicted.at(Tier::Device, Kind::SecondaryParams), 0);
+    EXPECT_NE(all_reasons(p).find("zero_hpz_partition_size: auto -> 1 (" + why), std::string::npos)
+        << all_reasons(p);
+  };
+  expect_off(plan_on(WorldShape{1, 4}, stage3_hpz_auto(), 1'000'000), "one node");
+  // Both auto: shard groups win (fewer bytes between nodes), and need no copy.
+  const Plan both = plan_on(WorldShape{2, 2}, stage3_hpz_auto(std::nullopt), 1'000'000);
+  EXPECT_EQ(both.settings.mics_shard_size, 2);
+  expect_off(both, "mics_shard_size keeps every gather on the node already");
+  Config stage2 = stage3_hpz_auto();
+  stage2.zero.stage = 2;
+  expect_off(plan_on(WorldShape{2, 2}, stage2, 1'000'000), "stage 2 gathers no parameters");
+  // A device that holds stage 3 without the copy and not with it.
+  Config c = open_config();
+  c.zero.mics_shard_size = -1;
+  const int64_t without =
+      predict_memory(toy_spec(), {3, OD::None, OD::None}, c, WorldShape{2, 2}, TrainingShape{})
+          .total(Tier::Device);
+  const Plan tight = plan_on(WorldShape{2, 2}, stage3_hpz_auto(), without);
+  EXPECT_TRUE(tight.fits);
+  expect_off(tight, "the secondary copy would need");
+}
+
+TEST(Planner, HpzSetRulesOutGroupsAndStagesBelow3) {
+  Config c = open_config();
+  c.zero.mics_shard_size.reset();
+  c.zero.hpz_partition_size = 2;
+  const Plan p = plan_on(WorldShape{2, 2}, c, 1'000'000);
+  EXPECT_EQ(p.option.stage, 3);  // stage auto: the copy is of stage 3's parameters
+  EXPECT_EQ(p.settings.mics_shard_size, -1);
+  EXPECT_NE(all_reasons(p).find("mics_shard_size: auto -> -1 (zero_hpz_partition_size 2 keeps"),
+            std::string::npos)
+      << all_reasons(p);
+  c.zero.hpz_partition_size = 3;
+  try {
+    plan_on(WorldShape{2, 2}, c, 1'000'000);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "'zero_optimization.zero_hpz_partition_size' is 3 with 4 ranks; allowed: 1, "
+                  "auto, or a group size that divides 4"),
+              std::string::npos)
+        << e.what();
+  }
+}

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """zs bench hosts: 2 hosts x 2 ranks behind a limited link, the GPT of `zs bench
 sharding`/`peers`, in one run: zeroshard stage 3 sharded across all 4 ranks, stage 3
-sharded inside each host (mics_shard_size 2, DeepSpeed's MiCS), and torch FSDP2, flat
-and as HSDP (a 2-D mesh: replicated across hosts, sharded inside each).
+sharded inside each host (mics_shard_size 2, DeepSpeed's MiCS), stage 3 with a secondary
+copy per host (zero_hpz_partition_size 2, ZeRO++ hpZ), and torch FSDP2, flat and as HSDP (a 2-D mesh: replicated across hosts, sharded inside each).
 
 Hosts are network namespaces on a bridge (tools/bench/netns.py), each host's link
 limited by tbf to --rate both ways; every rank runs tools/bench/peer_worker.py inside its
@@ -26,7 +26,7 @@ from peers import failed_row, free_port  # noqa: E402
 
 HOSTS, PER_HOST = 2, 2
 WORLD = HOSTS * PER_HOST
-HIERARCHICAL = ["zeroshard_stage3_mics"]  # zero_hpz_partition_size: not built yet
+HIERARCHICAL = ["zeroshard_stage3_mics", "zeroshard_stage3_hpz"]
 # (what, the check, the target as a reader sees it)
 TARGETS = [
     ("hierarchical vs stage 3 bytes between hosts per step",
@@ -98,6 +98,12 @@ def compare(rows):
         "stage3_vs_fsdp2_speedup":
             ratio(by, "zeroshard_stage3", "fsdp2", "median_step_seconds", invert=True),
     }
+    for mode in HIERARCHICAL:  # each mode's own figures, whichever is the better
+        short = mode.rsplit("_", 1)[1]
+        ratios[f"{short}_vs_stage3_interhost_bytes"] = ratio(
+            by, mode, "zeroshard_stage3", "interhost_bytes_per_step")
+        ratios[f"{short}_vs_stage3_speedup"] = ratio(
+            by, mode, "zeroshard_stage3", "median_step_seconds", invert=True)
     targets = []
     for what, check, target in TARGETS:
         try:

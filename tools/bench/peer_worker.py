@@ -6,7 +6,8 @@ data generator), so the final losses are comparable with zeroshard's.
 
 `zs bench hosts` (tools/bench/hosts.py) runs HOST_MODES here too, ranks on separate
 network-namespace hosts: FSDP2's HSDP (a 2-D mesh, sharded on each host) and zeroshard
-through its Python package, with and without shard groups per host.
+through its Python package: stage 3, with shard groups per host (MiCS), and with a
+secondary copy per host (ZeRO++ hpZ).
 
 usage: peer_worker.py MODE OUT STEPS BATCH NVME_DIR   (environment as torchrun sets it)
 Each rank writes OUT.rankN.json; on a host of its own (an eth0 in its namespace), local
@@ -36,6 +37,7 @@ MODES = TORCH_MODES + list(DEEPSPEED_MODES)
 ZEROSHARD_MODES = {  # mode: zero_optimization ("host": the ranks of one host)
     "zeroshard_stage3": {"stage": 3},
     "zeroshard_stage3_mics": {"stage": 3, "mics_shard_size": "host"},
+    "zeroshard_stage3_hpz": {"stage": 3, "zero_hpz_partition_size": "host"},
 }
 HOST_MODES = ["fsdp2", "fsdp2_hsdp"] + list(ZEROSHARD_MODES)
 LINK = "/sys/class/net/eth0/statistics/tx_bytes"  # `ip netns exec` shows the namespace's
@@ -180,8 +182,9 @@ def zeroshard_trainer(mode, model, batch):
     import zeroshard
 
     zero = dict(ZEROSHARD_MODES[mode])
-    if zero.get("mics_shard_size") == "host":
-        zero["mics_shard_size"] = int(os.environ["LOCAL_WORLD_SIZE"])
+    for key in ("mics_shard_size", "zero_hpz_partition_size"):
+        if zero.get(key) == "host":
+            zero[key] = int(os.environ["LOCAL_WORLD_SIZE"])
     config = {
         "train_micro_batch_size_per_gpu": batch,
         "gradient_clipping": CLIP,

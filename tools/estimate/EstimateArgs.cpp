@@ -165,6 +165,7 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
       knob->reset();  // sized by the planner from the model
     }
     in.config.zero.mics_shard_size.reset();  // from --nodes and --gpus-per-node
+    in.config.zero.hpz_partition_size.reset();
   }
   read_precision(given, have_config, in);
   in.world.nodes = count("--nodes", 1, "1 node");
