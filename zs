@@ -227,6 +227,58 @@ test_trixie_leg() {
 # --- sanitizers: the C++ suite again under ASan + UBSan + LSan, the swap engine under TSan
 SANITIZER_FLAGS="-O1 -g1 -fno-omit-frame-pointer"
 
+# --- the GPU leg: ./zs test --gpu, on a GPU machine (one H100, torch 2.11+cu130, no network)
+# That machine's python3 has torch with CUDA, cmake and ninja, but not the C++ libraries
+# around them. `./zs gpu-pack`, run here (where apt reaches Debian), downloads their
+# packages into .gpu/debs (ignored by git: carry .gpu there); the leg unpacks them into
+# .gpu/root and builds against that prefix and the machine's own torch. Not yet run on a
+# GPU machine: what its image lacks beyond these is to be seen with the first run there.
+GPU_PACKAGES=(
+  libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev liburing-dev liburing2 libgtest-dev
+  libgloo-dev zlib1g-dev pkgconf pkgconf-bin libpkgconf3
+)
+GPU_DIR="$ROOT/.gpu"
+GPU_TESTS='*Gpu*:NcclGroup.*:EngineOffload.StagingBuffers*'
+
+gpu_pack() {
+  rm -rf "$GPU_DIR/debs" && mkdir -p "$GPU_DIR/debs"
+  (cd "$GPU_DIR/debs" && apt-get download "${GPU_PACKAGES[@]}" >/dev/null)
+  echo "zs: $(ls "$GPU_DIR/debs" | wc -l) packages, $(du -sh "$GPU_DIR/debs" | cut -f1), in .gpu/debs: carry .gpu to the GPU machine"
+}
+
+# The carried packages as a prefix the build searches first (libraries, headers,
+# pkg-config's files with their /usr rewritten to the prefix).
+use_gpu_prefix() {
+  local prefix="$GPU_DIR/root" arch
+  compgen -G "$GPU_DIR/debs/*.deb" >/dev/null || return 0
+  rm -rf "$prefix" && mkdir -p "$prefix"
+  for f in "$GPU_DIR"/debs/*.deb; do dpkg -x "$f" "$prefix"; done
+  arch=$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)
+  export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export LD_LIBRARY_PATH="$prefix/usr/lib/$arch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export CPATH="$prefix/usr/include${CPATH:+:$CPATH}"  # gloo's headers
+  export PKG_CONFIG_PATH="$prefix/usr/lib/$arch/pkgconfig:$prefix/usr/share/pkgconfig"
+  export PKG_CONFIG_SYSROOT_DIR="$prefix"
+  command -v pkg-config >/dev/null || export PKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf"
+}
+
+test_gpu() {
+  local py="${ZS_GPU_PYTHON:-python3}" dir="$ROOT/build-gpu" torch_prefix
+  (cd / && "$py" -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null) ||
+    die "$py has no torch with CUDA; set ZS_GPU_PYTHON to an interpreter that has one"
+  use_gpu_prefix
+  torch_prefix=$(cd / && "$py" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+  (cd "$ROOT" && cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPython3_EXECUTABLE="$(command -v "$py")" -DZS_BENCH=OFF -DZS_PYTHON=OFF \
+    -DCMAKE_PREFIX_PATH="$torch_prefix${CMAKE_PREFIX_PATH:+;${CMAKE_PREFIX_PATH//:/;}}" \
+    ${PKG_CONFIG_EXECUTABLE:+-DPKG_CONFIG_EXECUTABLE="$PKG_CONFIG_EXECUTABLE"}) |
+    { grep '^-- zeroshard:' || true; }
+  cmake --build "$dir" -j "$(nproc)" --target engine_tests engine_worker
+  echo "== GPU leg: torch $(cd / && "$py" -c 'import torch; print(torch.__version__)') on" \
+    "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo 'no GPU visible') =="
+  (cd "$ROOT" && "$dir/tests/engine_tests" --gtest_filter="$GPU_TESTS")
+}
+
 sanitize() {
   ensure_packages
   local status=0 supp="$ROOT/tests/sanitizers"
@@ -294,7 +346,10 @@ usage: ./zs VERB [ARGS]
                     suite under ASan+UBSan+LSan and the swap engine under TSan, then each
                     parser fuzzed 45 s (--quick: the main leg only; --trixie: only the
                     LibTorch 2.6 leg; --sanitize: only the sanitizers; --fuzz [SECONDS]:
-                    only the fuzzers)
+                    only the fuzzers; --gpu: on a GPU machine, the GPU tests against its
+                    python3's torch, with the packages `gpu-pack` put in .gpu/)
+  gpu-pack          download the C++ libraries' Debian packages the GPU machine lacks into
+                    .gpu/debs (carry .gpu there for ./zs test --gpu)
   build             install missing packages and the venv, build into build/
   estimate ARGS     zeroshard-estimate: what fits where, before launch (--help for options)
   bench NAME [--json] a benchmark from tools/bench with its baseline: sharding (stages
@@ -338,6 +393,7 @@ case "$verb" in
       --sanitize) shift; sanitize "$@"; exit $? ;;
       --trixie) test_trixie_leg; exit $? ;;
       --fuzz) fuzz "${2:-$CI_FUZZ_SECONDS}"; exit $? ;;
+      --gpu) test_gpu; exit $? ;;
     esac
     quick=0
     [ "${1:-}" = "--quick" ] && quick=1 && shift
@@ -351,6 +407,7 @@ case "$verb" in
     fuzz "$CI_FUZZ_SECONDS"
     ;;
   build) build ;;
+  gpu-pack) gpu_pack ;;
   estimate)
     build >/dev/null
     exec "$BUILD/tools/zeroshard-estimate" "$@"

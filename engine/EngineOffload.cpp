@@ -53,6 +53,7 @@ std::unique_ptr<ShardOptimizer> EngineImpl::make_optimizer(bool on_cpu) {
   o.device = device;
   o.sub_group_numel = z.sub_group_size;
   o.buffer_count = z.offload_optimizer.buffer_count;
+  o.page_lock = !on_cpu;
   if (device == OffloadDevice::Nvme) {
     o.swap_dir = swap_dir(z.offload_optimizer.nvme_path);
     o.io = io_.get();
@@ -76,7 +77,8 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
   if (device != OffloadDevice::Nvme) return;
   param_home_ = std::make_unique<ParamHome>(sharded, on_nvme, io_ ? io_.get() : nullptr,
                                             swap_dir(op.nvme_path),
-                                            plan_.settings.offload_param.buffer_count, &ledger_);
+                                            plan_.settings.offload_param.buffer_count, &ledger_,
+                                            /*page_lock=*/!device_is_host_);
   auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get());
   off->on_group(
       [this](size_t g) {

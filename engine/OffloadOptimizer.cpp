@@ -67,7 +67,7 @@ void OffloadOptimizer::open_swap() {
     largest = std::max(largest, s.numel);
   }
   const int64_t slots = std::max<int64_t>(1, options_.buffer_count);
-  pool_ = std::make_unique<PinnedPool>(slots, region_bytes(largest), ledger_);
+  pool_ = std::make_unique<PinnedPool>(slots, region_bytes(largest), ledger_, options_.page_lock);
   options_.io->register_buffers(pool_->all());
   // The swap regions hold master and m+v: counted under those two kinds.
   swapper_ = std::make_unique<Swapper>(options_.io, options_.swap_dir, "optimizer", bytes, nullptr,

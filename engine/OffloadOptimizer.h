@@ -26,6 +26,7 @@ struct OffloadOptimizerOptions {
   int64_t buffer_count = 4;
   IoEngine* io = nullptr;  // nvme
   std::string swap_dir;    // nvme: this rank's swap directory
+  bool page_lock = false;  // the model is on a GPU: page-lock the swap buffers
 };
 
 class OffloadOptimizer : public ShardOptimizer {

@@ -14,7 +14,8 @@
 namespace zeroshard {
 
 ParamHome::ParamHome(std::vector<FlatParamGroup*> units, std::vector<bool> on_nvme, IoEngine* io,
-                     const std::string& swap_dir, int64_t buffer_count, MemoryLedger* ledger)
+                     const std::string& swap_dir, int64_t buffer_count, MemoryLedger* ledger,
+                     bool page_lock)
     : units_(std::move(units)), on_nvme_(std::move(on_nvme)) {
   std::vector<int64_t> bytes;
   int64_t largest = 0;
@@ -27,7 +28,8 @@ ParamHome::ParamHome(std::vector<FlatParamGroup*> units, std::vector<bool> on_nv
   }
   reads_.resize(units_.size());
   if (bytes.empty()) return;
-  pool_ = std::make_unique<PinnedPool>(std::max<int64_t>(1, buffer_count), largest, ledger);
+  pool_ =
+      std::make_unique<PinnedPool>(std::max<int64_t>(1, buffer_count), largest, ledger, page_lock);
   io->register_buffers(pool_->all());
   for (int64_t i = 0; i < pool_->count(); ++i) free_.push_back(pool_->acquire());
   swapper_ = std::make_unique<Swapper>(io, swap_dir, "params", bytes, ledger, Kind::Params);

@@ -23,9 +23,11 @@ class Swapper;
 class ParamHome : public ShardHome {
  public:
   // units: the coordinator's units; on_nvme: which of them live here. Writes their
-  // current shards out and frees them.
+  // current shards out and frees them. `page_lock`: the shards are on a GPU, so the
+  // staging buffers are page-locked.
   ParamHome(std::vector<FlatParamGroup*> units, std::vector<bool> on_nvme, IoEngine* io,
-            const std::string& swap_dir, int64_t buffer_count, MemoryLedger* ledger);
+            const std::string& swap_dir, int64_t buffer_count, MemoryLedger* ledger,
+            bool page_lock = false);
   ~ParamHome() override;
 
   bool holds(size_t unit) const override { return on_nvme_.at(unit); }

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -137,6 +138,51 @@ void make_groups(DistContext& ctx, const GroupMaker& make_group) {
       make_group(fmt::format("replica{}", shard_rank), shard_group, world / size, false);
 }
 
+// ZS_DIST_BACKEND picks the c10d backend for CUDA tensors: nccl (the default) or gloo
+// (slower, but several ranks may share one GPU, which NCCL refuses). Host tensors always
+// go through Gloo.
+std::string backend_for(const c10::Device& device) {
+  const char* chosen = std::getenv("ZS_DIST_BACKEND");
+  const std::string backend = chosen ? chosen : (device.is_cuda() ? "nccl" : "gloo");
+  if (backend != "nccl" && backend != "gloo") {
+    fail("environment variable ZS_DIST_BACKEND is '{}'; allowed: nccl or gloo (or unset)", backend);
+  }
+  if (backend == "nccl" && !device.is_cuda()) {
+    fail(
+        "environment variable ZS_DIST_BACKEND is 'nccl' but the model is on {}; allowed: gloo "
+        "or unset (NCCL carries CUDA tensors only)",
+        device.str());
+  }
+  return backend;
+}
+
+// The rendezvous store, under this engine's own prefix: a store served by someone else
+// (torchrun's agent, torch.distributed's) outlives engines, and keys of an earlier engine
+// would be read as this one's. Every rank builds its engines in the same order, so the
+// numbers agree. A lone rank keeps its store in the process: it serves nobody, and a
+// port would clash with the next one-GPU job on the machine.
+c10::intrusive_ptr<c10d::Store> make_store(const LaunchEnv& env,
+                                           std::chrono::milliseconds timeout) {
+  static std::atomic<int> engines_made{0};
+  const std::string prefix = fmt::format("zs/{}", engines_made++);
+  if (env.world_size == 1) {
+    return c10::make_intrusive<c10d::PrefixStore>(prefix, c10::make_intrusive<c10d::HashStore>());
+  }
+  // A write to a peer that died must fail as an error this rank can report, not kill it
+  // with SIGPIPE (seen on LibTorch 2.6: rank 0 died of it while naming the lost rank).
+  std::signal(SIGPIPE, SIG_IGN);
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(env.master_port);
+  opts.isServer = env.rank == 0 && !env.agent_store;
+  opts.numWorkers = env.world_size;
+  opts.waitWorkers = true;
+  opts.timeout = timeout;
+  compat::use_plain_tcp_store(opts);
+  if (opts.isServer) opts.masterListenFd = listen_on(env);
+  return c10::make_intrusive<c10d::PrefixStore>(
+      prefix, c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts));
+}
+
 }  // namespace
 
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
@@ -154,29 +200,14 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
     fail("zero_optimization.zero_hpz_partition_size {} does not divide the {} ranks", ctx.hpz_size,
          env.world_size);
   }
-  if (env.world_size == 1) return ctx;
-  // A write to a peer that died must fail as an error this rank can report, not kill it
-  // with SIGPIPE (seen on LibTorch 2.6: rank 0 died of it while naming the lost rank).
-  std::signal(SIGPIPE, SIG_IGN);
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<std::uint16_t>(env.master_port);
-  opts.isServer = env.rank == 0 && !env.agent_store;
-  opts.numWorkers = env.world_size;
-  opts.waitWorkers = true;
-  opts.timeout = timeout;
-  compat::use_plain_tcp_store(opts);
-  if (opts.isServer) opts.masterListenFd = listen_on(env);
+  // One process on the host gets no group: every collective is a no-op. On a GPU it gets
+  // groups of one, so a one-GPU run takes the path (NCCL, streams) many GPUs take.
+  const std::string backend = backend_for(device);
+  if (env.world_size == 1 && !device.is_cuda()) return ctx;
   try {
-    // Each engine's keys under their own prefix: a store served by someone else
-    // (torchrun's agent, torch.distributed's) outlives engines, and keys of an earlier
-    // engine would be read as this one's. Every rank builds its engines in the same
-    // order, so the numbers agree.
-    static std::atomic<int> engines_made{0};
-    ctx.store = c10::make_intrusive<c10d::PrefixStore>(
-        fmt::format("zs/{}", engines_made++),
-        c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts));
+    ctx.store = make_store(env, timeout);
     GroupMaker make_group;
-    if (device.is_cuda()) {
+    if (backend == "nccl") {
       const int index = device.has_index() ? device.index() : env.local_rank;
       make_group = [&](const std::string& prefix, int rank, int size, bool high_priority) {
         auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, ctx.store);
@@ -192,6 +223,8 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
       };
     }
     make_groups(ctx, make_group);
+  } catch (const Error&) {
+    throw;  // already says what to do
   } catch (const std::exception& e) {
     fail("rank {}: rendezvous at {}:{} with {} ranks failed ({}): {}", env.rank, env.master_addr,
          env.master_port, env.world_size, env.launcher, e.what());

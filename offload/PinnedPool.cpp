@@ -5,10 +5,11 @@
 #include "common/Alignment.h"
 #include "common/Error.h"
 #include "offload/IoEngine.h"
+#include "offload/PageLock.h"
 
 namespace zeroshard {
 
-PinnedPool::PinnedPool(int64_t count, int64_t bytes_each, MemoryLedger* ledger)
+PinnedPool::PinnedPool(int64_t count, int64_t bytes_each, MemoryLedger* ledger, bool page_lock)
     : bytes_each_(round_up(bytes_each, kIoAlignment)) {
   if (count < 1) fail("pinned buffer count: {} is not allowed; use >= 1", count);
   for (int64_t i = 0; i < count; ++i) {
@@ -22,10 +23,20 @@ PinnedPool::PinnedPool(int64_t count, int64_t bytes_each, MemoryLedger* ledger)
     free_.push_back(count - 1 - i);
   }
   entry_ = LedgerEntry(ledger, Tier::Host, Kind::PinnedBuffers, count * bytes_each_);
+  // All or none: a refusal part-way (the lock limit reached) unlocks what was locked.
+  if (!page_lock) return;
+  size_t locked = 0;
+  while (locked < buffers_.size() && zeroshard::page_lock(buffers_[locked], bytes_each_)) ++locked;
+  locked_ = locked == buffers_.size();
+  if (!locked_)
+    for (size_t i = 0; i < locked; ++i) page_unlock(buffers_[i]);
 }
 
 PinnedPool::~PinnedPool() {
-  for (void* p : buffers_) std::free(p);
+  for (void* p : buffers_) {
+    if (locked_) page_unlock(p);
+    std::free(p);
+  }
 }
 
 std::vector<std::pair<void*, int64_t>> PinnedPool::all() const {

@@ -1,6 +1,8 @@
 #pragma once
 // A fixed set of equal host buffers, aligned for O_DIRECT, allocated once from the
 // Plan's count and size and counted in the MemoryLedger (host tier, pinned_buffers).
+// With `page_lock` (a model on a GPU) they are page-locked too, where the driver lets
+// them be (offload/PageLock.h).
 // Buffers are handed out and returned by index; acquire() blocks while all are in use.
 #include <condition_variable>
 #include <cstdint>
@@ -14,13 +16,14 @@ namespace zeroshard {
 
 class PinnedPool {
  public:
-  PinnedPool(int64_t count, int64_t bytes_each, MemoryLedger* ledger);
+  PinnedPool(int64_t count, int64_t bytes_each, MemoryLedger* ledger, bool page_lock = false);
   ~PinnedPool();
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;
 
   int64_t count() const { return static_cast<int64_t>(buffers_.size()); }
   int64_t bytes_each() const { return bytes_each_; }
+  bool page_locked() const { return locked_; }
   void* buffer(int64_t index) const { return buffers_.at(static_cast<size_t>(index)); }
   std::vector<std::pair<void*, int64_t>> all() const;
 
@@ -30,6 +33,7 @@ class PinnedPool {
  private:
   int64_t bytes_each_;
   std::vector<void*> buffers_;
+  bool locked_ = false;  // every buffer page-locked
   std::vector<int64_t> free_;
   std::mutex mutex_;
   std::condition_variable cv_;

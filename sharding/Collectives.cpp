@@ -70,31 +70,42 @@ void Collectives::fail_collective(const std::string& op, const std::string& what
   fail("rank {}: {} failed: {}{}{}", rank_, op, what, missing.empty() ? "" : "; ", missing);
 }
 
+// NCCL moves CUDA tensors only. A host tensor (a norm, a flag, a schedule, a
+// checkpoint's file table) travels as a copy on the current CUDA device, written back
+// when the op is waited on.
+Collectives::OnWire Collectives::on_wire(const at::Tensor& tensor) const {
+  if (!nccl_ || !tensor.is_cpu()) return {tensor, nullptr};
+  at::Tensor wire = tensor.to(at::Device(at::kCUDA));
+  return {wire, [tensor, wire] { tensor.copy_(wire); }};
+}
+
 CommHandle Collectives::all_reduce_sum(const at::Tensor& tensor) {
-  if (world_ == 1) return {};
-  count(tensor, 2);
-  std::vector<at::Tensor> tensors{tensor};
+  if (!group_) return {};
+  OnWire w = on_wire(tensor);
+  count(w.tensor, 2);
+  std::vector<at::Tensor> tensors{w.tensor};
   auto work = group_->allreduce(tensors);
-  return {this, "all-reduce", work, nullptr, LedgerEntry()};
+  return {this, "all-reduce", work, w.back, LedgerEntry()};
 }
 
 CommHandle Collectives::all_gather(const at::Tensor& flat) {
-  if (world_ == 1) return {};
-  at::Tensor payload = as_payload(flat);
+  if (!group_) return {};
+  OnWire w = on_wire(flat);
+  at::Tensor payload = as_payload(w.tensor);
   count(payload, 1);
   if (native_flat()) {
     at::Tensor input = payload.chunk(world_)[rank_];
     auto work = group_->_allgather_base(payload, input);
-    return {this, "all-gather", work, nullptr, LedgerEntry()};
+    return {this, "all-gather", work, w.back, LedgerEntry()};
   }
   std::vector<std::vector<at::Tensor>> outputs{payload.chunk(world_)};
   std::vector<at::Tensor> inputs{outputs[0][rank_]};
   auto work = group_->allgather(outputs, inputs);
-  return {this, "all-gather", work, nullptr, LedgerEntry()};
+  return {this, "all-gather", work, w.back, LedgerEntry()};
 }
 
 CommHandle Collectives::reduce_scatter_sum(const at::Tensor& flat_in, const at::Tensor& shard_out) {
-  if (world_ == 1) {
+  if (!group_) {
     shard_out.copy_(flat_in);
     return {};
   }
@@ -120,12 +131,13 @@ CommHandle Collectives::reduce_scatter_sum(const at::Tensor& flat_in, const at::
 }
 
 CommHandle Collectives::broadcast(const at::Tensor& tensor, int root) {
-  if (world_ == 1) return {};
-  std::vector<at::Tensor> tensors{as_payload(tensor)};
+  if (!group_) return {};
+  OnWire w = on_wire(tensor);
+  std::vector<at::Tensor> tensors{as_payload(w.tensor)};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   auto work = group_->broadcast(tensors, opts);
-  return {this, "broadcast", work, nullptr, LedgerEntry()};
+  return {this, "broadcast", work, w.back, LedgerEntry()};
 }
 
 }  // namespace zeroshard

@@ -41,7 +41,8 @@ class CommHandle {
 
 class Collectives {
  public:
-  // `group` may be null for one process; `diagnose` explains a failure.
+  // `group` may be null for one process (every op is then a no-op); `diagnose` explains
+  // a failure. Host tensors may be passed to an NCCL group: they travel as device copies.
   Collectives(c10::intrusive_ptr<c10d::Backend> group, int rank, int world,
               std::function<std::string()> diagnose, MemoryLedger* ledger);
 
@@ -63,6 +64,11 @@ class Collectives {
   int64_t bytes_sent() const { return bytes_sent_; }
 
  private:
+  struct OnWire {
+    at::Tensor tensor;           // what the backend moves
+    std::function<void()> back;  // writes it back to the caller's tensor, or null
+  };
+  OnWire on_wire(const at::Tensor& tensor) const;
   bool native_flat() const;
   c10::intrusive_ptr<c10d::Backend> group_;
   int rank_;

@@ -4,10 +4,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/native/Resize.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include "common/Alignment.h"
+#include "common/Error.h"
 
 namespace zeroshard {
 namespace {
@@ -16,8 +16,18 @@ int64_t nbytes(int64_t numel, const at::Tensor& like) {
   return numel * static_cast<int64_t>(like.element_size());
 }
 
+// Gives a tensor's storage `bytes` of fresh memory from the allocator it was made with
+// (its device's: host malloc, or CUDA's caching allocator), or none. Views, and tensors
+// autograd saved, keep pointing at the storage and so see the new memory. The contents
+// are not kept: every caller writes or zeroes all it brings back.
 void resize_storage(const at::Tensor& t, int64_t bytes) {
-  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), static_cast<size_t>(bytes));
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  if (bytes > 0 && storage->allocator() == nullptr)
+    fail("a flat buffer on {} has no allocator to bring its memory back", storage->device().str());
+  at::DataPtr memory = bytes > 0 ? storage->allocator()->allocate(static_cast<size_t>(bytes))
+                                 : at::DataPtr(nullptr, storage->device());
+  storage->set_data_ptr_noswap(std::move(memory));
+  storage->set_nbytes(static_cast<size_t>(bytes));
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include "common/MemoryKinds.h"
+#include "engine/NcclGroup.h"
+#include "offload/PinnedPool.h"
 #include "tests/engine/RankRuns.h"
 #include "tests/offload/Scratch.h"
 
@@ -119,4 +121,15 @@ TEST(EngineOffload, ParametersAndOptimizerToNvmeStage3) {
 
 TEST(EngineOffload, ParametersToCpuStage3) {
   check({3, "fp32", "cpu", "cpu"});
+}
+
+// Staging buffers for a model on a GPU are page-locked where a GPU is visible, and stay
+// pageable (counted all the same, no error) where none is, as on CI.
+TEST(EngineOffload, StagingBuffersArePageLockedWhereAGpuIs) {
+  MemoryLedger ledger;
+  PinnedPool for_gpu(2, 1 << 20, &ledger, /*page_lock=*/true);
+  EXPECT_EQ(for_gpu.page_locked(), why_no_gpu().empty()) << why_no_gpu();
+  PinnedPool for_host(2, 1 << 20, &ledger);
+  EXPECT_FALSE(for_host.page_locked());
+  EXPECT_EQ(ledger.current(Tier::Host, Kind::PinnedBuffers), 4 << 20);
 }

@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
                                  engine.global_grad_norm(), loss_sum / s.accum});
     }
     std::vector<at::Tensor> params;
-    for (const auto& p : engine.full_parameters()) params.push_back(p.param.to(at::kFloat));
+    for (const auto& p : engine.full_parameters())
+      params.push_back(p.param.to(at::kCPU, at::kFloat));
     params.push_back(at::tensor(stats, at::kDouble));
     const auto report = engine.memory_report();
     std::vector<double> memory;

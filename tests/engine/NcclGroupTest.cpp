@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "common/Error.h"
+#include "engine/ProcessGroupSetup.h"
 #include "tests/common/BuildPython.h"
 
 namespace zeroshard {
@@ -61,6 +62,38 @@ TEST(NcclGroup, AskingForAMissingDeviceNamesIt) {
               std::string::npos)
         << e.what();
   }
+}
+
+}  // namespace
+}  // namespace zeroshard
+
+namespace zeroshard {
+namespace {
+
+std::string backend_error(const char* backend, c10::Device device) {
+  ::setenv("ZS_DIST_BACKEND", backend, 1);
+  LaunchEnv env;
+  env.world_size = 1;
+  std::string what;
+  try {
+    init_distributed(env, std::chrono::seconds(10), device);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  ::unsetenv("ZS_DIST_BACKEND");
+  return what;
+}
+
+// ZS_DIST_BACKEND picks Gloo or NCCL for CUDA tensors; anything else, or NCCL for a
+// model on the CPU, is refused by name.
+TEST(NcclGroup, TheBackendVariableIsCheckedByName) {
+  EXPECT_NE(backend_error("mpi", c10::Device(c10::kCPU))
+                .find("ZS_DIST_BACKEND is 'mpi'; allowed: nccl or gloo (or unset)"),
+            std::string::npos);
+  EXPECT_NE(backend_error("nccl", c10::Device(c10::kCPU))
+                .find("ZS_DIST_BACKEND is 'nccl' but the model is on cpu; allowed: gloo"),
+            std::string::npos);
+  EXPECT_EQ(backend_error("gloo", c10::Device(c10::kCPU)), "");  // one rank: no group
 }
 
 }  // namespace

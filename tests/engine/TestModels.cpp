@@ -25,8 +25,10 @@ class Mlp : public TestModel {
 
   at::Tensor loss(int step, int micro, int64_t begin, int64_t end) override {
     auto gen = data_generator(step, micro);
-    const at::Tensor x = at::randn({batch_, 16 * s_.scale}, gen).slice(0, begin, end);
-    const at::Tensor y = at::randn({batch_, 8 * s_.scale}, gen).slice(0, begin, end);
+    const at::Tensor x =
+        at::randn({batch_, 16 * s_.scale}, gen).slice(0, begin, end).to(fc1->weight.device());
+    const at::Tensor y =
+        at::randn({batch_, 8 * s_.scale}, gen).slice(0, begin, end).to(fc1->weight.device());
     at::Tensor h = run_unit(*fc1, [&] { return fc1->forward(x.to(fc1->weight.scalar_type())); });
     h = torch::tanh(h);
     bool use_extra = !s_.unused || step % 2 == 0;
@@ -68,7 +70,7 @@ class AttentionBlock : public torch::nn::Module {
     const at::Tensor qh = split(q->forward(x)), kh = split(k->forward(x)),
                      vh = split(v->forward(x));
     at::Tensor scores = qh.matmul(kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    const at::Tensor mask = torch::ones({kSeq, kSeq}, torch::kBool).triu(1);
+    const at::Tensor mask = torch::ones({kSeq, kSeq}, x.options().dtype(torch::kBool)).triu(1);
     scores = scores.masked_fill(mask, -1e4).softmax(-1);
     return o->forward(scores.matmul(vh).transpose(1, 2).reshape({b, kSeq, kDim}));
   }
@@ -106,7 +108,8 @@ class TinyTransformer : public TestModel {
 
   at::Tensor loss(int step, int micro, int64_t begin, int64_t end) override {
     auto gen = data_generator(step, micro);
-    const at::Tensor tokens = at::randint(kVocab, {batch_, kSeq + 1}, gen).slice(0, begin, end);
+    const at::Tensor tokens =
+        at::randint(kVocab, {batch_, kSeq + 1}, gen).slice(0, begin, end).to(emb->weight.device());
     const at::Tensor input = tokens.slice(1, 0, kSeq);
     const at::Tensor target = tokens.slice(1, 1, kSeq + 1);
     at::Tensor h = emb->forward(input);
@@ -136,8 +139,8 @@ class Elementwise : public TestModel {
 
   at::Tensor loss(int step, int micro, int64_t begin, int64_t end) override {
     auto gen = data_generator(step, micro);
-    const at::Tensor x = at::randn({batch_, 64}, gen).slice(0, begin, end);
-    const at::Tensor y = at::randn({batch_, 64}, gen).slice(0, begin, end);
+    const at::Tensor x = at::randn({batch_, 64}, gen).slice(0, begin, end).to(w.device());
+    const at::Tensor y = at::randn({batch_, 64}, gen).slice(0, begin, end).to(w.device());
     const at::Tensor out = x.to(w.scalar_type()) * w + b;
     return torch::mse_loss(out.to(at::kFloat), y);
   }
@@ -212,6 +215,8 @@ Scenario Scenario::parse(const std::vector<std::string>& args) {
       s.mics = std::stoi(value);
     else if (key == "hpz")
       s.hpz = std::stoi(value);
+    else if (key == "device")
+      s.device = value;
     else
       fail("unknown scenario key '{}'", key);
   }
@@ -246,7 +251,8 @@ std::vector<std::string> Scenario::to_args() const {
           "max_in_cpu=" + std::to_string(max_in_cpu),
           "buffers=" + std::to_string(buffers),
           "mics=" + std::to_string(mics),
-          "hpz=" + std::to_string(hpz)};
+          "hpz=" + std::to_string(hpz),
+          "device=" + device};
 }
 
 Config Scenario::config() const {
@@ -286,12 +292,23 @@ Config Scenario::config() const {
   return c;
 }
 
-std::shared_ptr<TestModel> make_model(const Scenario& s) {
-  torch::manual_seed(42);
+namespace {
+
+std::shared_ptr<TestModel> make_on_cpu(const Scenario& s) {
   if (s.model == "mlp") return std::make_shared<Mlp>(s, s.batch);
   if (s.model == "transformer") return std::make_shared<TinyTransformer>(s, s.batch);
   if (s.model == "elementwise") return std::make_shared<Elementwise>(s.batch);
   fail("unknown model '{}'", s.model);
+}
+
+}  // namespace
+
+// Built on the CPU from one seed, then moved: the same initial values on every device.
+std::shared_ptr<TestModel> make_model(const Scenario& s) {
+  torch::manual_seed(42);
+  auto model = make_on_cpu(s);
+  if (s.device != "cpu") model->to(torch::Device(s.device));
+  return model;
 }
 
 }  // namespace zeroshard::testing

@@ -42,6 +42,7 @@ struct Scenario {
   int buffers = 3;                     // buffer_count of both offloads
   int mics = -1;                       // mics_shard_size (-1: shard across all ranks)
   int hpz = 1;                         // zero_hpz_partition_size (1: no secondary copy)
+  std::string device = "cpu";          // cpu | cuda: where the model and its data are
 
   static Scenario parse(const std::vector<std::string>& args);  // key=value
   std::vector<std::string> to_args() const;
