@@ -62,9 +62,22 @@ class HfStyle(nn.Module):
         return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
 
 
+class CheckpointedGpt(TinyGpt):
+    """TinyGpt whose blocks are recomputed in backward (torch.utils.checkpoint), as Hugging
+    Face's gradient_checkpointing_enable() does: the first block reentrant, the others not."""
+
+    def forward(self, tokens):
+        from torch.utils.checkpoint import checkpoint
+        x = self.emb(tokens[:, :-1])
+        for i, b in enumerate(self.blocks):
+            x = checkpoint(b, x, use_reentrant=i == 0)
+        logits = self.ln_f(x) @ self.emb.weight.t()
+        return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
 def make(name):
     torch.manual_seed(1234)
-    return {"gpt": TinyGpt, "hf": HfStyle, "wide": _wide}[name]()
+    return {"gpt": TinyGpt, "hf": HfStyle, "wide": _wide, "ckpt": CheckpointedGpt}[name]()
 
 
 def _wide():
