@@ -242,7 +242,7 @@ GPU_TESTS='*Gpu*:NcclGroup.*:EngineOffload.StagingBuffers*'
 
 gpu_pack() {
   rm -rf "$GPU_DIR/debs" && mkdir -p "$GPU_DIR/debs"
-  (cd "$GPU_DIR/debs" && apt-get download "${GPU_PACKAGES[@]}" >/dev/null)
+  (cd "$GPU_DIR/debs" && apt-get -o APT::Sandbox::User=root download "${GPU_PACKAGES[@]}" >/dev/null)
   echo "zs: $(ls "$GPU_DIR/debs" | wc -l) packages, $(du -sh "$GPU_DIR/debs" | cut -f1), in .gpu/debs: carry .gpu to the GPU machine"
 }
 
