@@ -13,6 +13,36 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.environ.get("ZS_BUILD_DIR", os.path.join(ROOT, "build"))
 sys.path.insert(0, os.path.join(BUILD, "python"))  # tests that call the package in-process
 
+# The leg these tests run on. ./zs test runs them all against PyPI's torch (the main
+# leg), then again against the oldest torch zeroshard supports (ZS_TEST_LEG=oldest, the
+# trixie root). There, a parametrized test with cases marked both_legs runs only those:
+# they stand for the rest on what differs between torch versions (hooks, c10d, the
+# binding), while the other cases vary zeroshard's own settings, which the main leg
+# covers. Tests with no case marked run whole on both legs.
+OLDEST_LEG = os.environ.get("ZS_TEST_LEG") == "oldest"
+
+
+def both_legs(*values, **kwargs):
+    """A parametrize case that runs on the oldest-torch leg too (see OLDEST_LEG)."""
+    marks = kwargs.pop("marks", ())
+    marks = list(marks) if isinstance(marks, (list, tuple)) else [marks]
+    return pytest.param(*values, marks=marks + [pytest.mark.both_legs], **kwargs)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "both_legs: a case that also runs on the oldest torch")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not OLDEST_LEG:
+        return
+    chosen = {item.function for item in items if item.get_closest_marker("both_legs")}
+    skip = pytest.mark.skip(reason="main leg only: on the oldest torch the cases marked "
+                                   "both_legs stand for this test")
+    for item in items:
+        if item.function in chosen and not item.get_closest_marker("both_legs"):
+            item.add_marker(skip)
+
 
 def free_port():
     with socket.socket() as s:

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import BUILD as BUILD_DIR, HERE, run_ranks
+from conftest import BUILD as BUILD_DIR, HERE, both_legs, run_ranks
 from test_equivalence import with_reference_optimizer
 
 WORKER = os.path.join(HERE, "train_worker.py")
@@ -41,7 +41,7 @@ def config_for(stage, offload, scratch):
 
 
 @pytest.mark.parametrize("stage,offload", [(0, "none"), (1, "none"), (2, "none"), (3, "none"),
-                                           (2, "cpu"), (3, "cpu"), (3, "nvme")])
+                                           both_legs(2, "cpu"), (3, "cpu"), both_legs(3, "nvme")])
 def test_resume_is_bit_identical(stage, offload, scratch):
     config = config_for(stage, offload, scratch)
     whole = train(scratch, "whole", config, 2, {})
@@ -54,7 +54,7 @@ def test_resume_is_bit_identical(stage, offload, scratch):
         assert_params(resumed[r], whole[r], exact=True)
 
 
-@pytest.mark.parametrize("world,stage", [(2, 2), (1, 3)])
+@pytest.mark.parametrize("world,stage", [(2, 2), both_legs(1, 3)])
 def test_saved_at_four_ranks_stage3_continues_at_another_world_size_and_stage(world, stage,
                                                                              scratch):
     """6 steps at 4 ranks (stage 3), saved; loaded at `world` ranks and `stage`, 6 more:
@@ -69,7 +69,8 @@ def test_saved_at_four_ranks_stage3_continues_at_another_world_size_and_stage(wo
     assert_params(resumed[0], whole[0], exact=False)
 
 
-@pytest.mark.parametrize("point,rank", [("save.rank_file", 1), ("save.manifest", 0), ("save.latest", 0)])
+@pytest.mark.parametrize("point,rank", [("save.rank_file", 1), both_legs("save.manifest", 0),
+                                        ("save.latest", 0)])
 def test_a_rank_killed_mid_save_leaves_the_previous_checkpoint_loadable(point, rank, scratch):
     """Save at step 4, then a rank is SIGKILLed at `point` while saving step 8: the others
     stop with an error (no hang), latest still names step 4, and it loads and trains."""

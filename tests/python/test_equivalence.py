@@ -7,7 +7,7 @@ import os
 import pytest
 import yaml
 
-from conftest import HERE, ROOT, run_ranks
+from conftest import HERE, ROOT, both_legs, run_ranks
 
 STEPS, WORLD = 20, 2
 WORKER = os.path.join(HERE, "train_worker.py")
@@ -66,13 +66,14 @@ def test_stage3_with_activation_checkpointing_matches_ddp(scratch):
     assert_same(got, ddp_losses("ckpt", scratch))
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 1, both_legs(2), both_legs(3)])
 def test_stage_matches_ddp(stage, scratch):
     config = with_reference_optimizer({"zero_optimization": {"stage": stage}}, scratch)
     assert_same(zs_losses("gpt", config, scratch, f"stage{stage}"), ddp_losses("gpt", scratch))
 
 
-@pytest.mark.parametrize("name", ["zero2_cpu_offload", "zero3_cpu_offload", "zero3_nvme"])
+@pytest.mark.parametrize("name", ["zero2_cpu_offload", "zero3_cpu_offload",
+                                  both_legs("zero3_nvme")])
 def test_offload_config_matches_ddp(name, scratch):
     with open(os.path.join(ROOT, "configs", name + ".yaml")) as f:
         config = with_reference_optimizer(yaml.safe_load(f), scratch / "nvme")
@@ -81,14 +82,14 @@ def test_offload_config_matches_ddp(name, scratch):
     assert not [d for d in os.listdir(scratch / "nvme") if d.startswith("zeroshard-swap-")]
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [2, both_legs(3)])
 def test_hugging_face_style_model_matches_ddp(stage, scratch):
     """Tied embeddings, a frozen module, a module used twice, a branch skipped on some steps."""
     config = with_reference_optimizer({"zero_optimization": {"stage": stage}}, scratch)
     assert_same(zs_losses("hf", config, scratch, f"hf{stage}"), ddp_losses("hf", scratch))
 
 
-@pytest.mark.parametrize("offload", ["none", "nvme"])
+@pytest.mark.parametrize("offload", ["none", both_legs("nvme")])
 def test_parameters_written_in_gathered_parameters_are_trained_from(offload, scratch):
     """Rank 0 overwrites a stage-3 unit's weight and a whole parameter inside
     gathered_parameters(modifier_rank=0); training then matches DDP started from the
@@ -116,7 +117,7 @@ def test_a_script_that_initialised_torch_distributed_first(scratch):
     assert_same(got, ddp_losses("gpt", scratch))
 
 
-@pytest.mark.parametrize("stage", [0, 3])
+@pytest.mark.parametrize("stage", [0, both_legs(3)])
 def test_model_zero_grad_between_steps_changes_nothing(stage, scratch):
     """model.zero_grad() (set_to_none) drops the .grad views into the engine's buffers;
     the next backward binds them again (it trained nothing before: the Hugging Face

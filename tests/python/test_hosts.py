@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import HERE, ROOT, free_port, rank_env, run_ranks
+from conftest import HERE, ROOT, both_legs, free_port, rank_env, run_ranks
 sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
 import netns as hosts  # noqa: E402  (the harness `zs bench hosts` uses too)
 from test_equivalence import assert_same, with_reference_optimizer
@@ -54,7 +54,7 @@ def across_hosts(stage, mics, scratch, hpz=1):
     return _reference[key]
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [2, both_legs(3)])
 def test_stage_across_hosts_with_and_without_groups_equals_ddp_on_one_host(stage, scratch):
     """Sharding across all 4 ranks, then inside each host (mics_shard_size 2): both train
     to DDP's losses; with groups, only each gradient shard's all-reduce crosses hosts."""

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import HERE, run_ranks
+from conftest import HERE, both_legs, run_ranks
 from test_checkpoint import assert_params, train
 from test_equivalence import STEPS, assert_same, with_reference_optimizer
 
@@ -22,7 +22,7 @@ def grouped(stage, scratch, mics=GROUP):
     return with_reference_optimizer({"zero_optimization": zero}, scratch)
 
 
-@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("stage", [1, both_legs(3)])
 def test_groups_of_two_on_four_ranks_equal_ddp(stage, scratch):
     if "ddp" not in _reference:
         out = str(scratch / "ddp")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import run_ranks
+from conftest import both_legs, run_ranks
 from test_equivalence import STEPS, WORKER, WORLD, assert_same, with_reference_optimizer
 from test_errors import run_one
 
@@ -29,7 +29,7 @@ def both(how, zero, scratch, model="gpt"):
     return _reference[how, model], got
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 1, 2, both_legs(3)])
 def test_groups_with_and_without_decay_equal_torch_adamw(stage, scratch):
     want, got = both("groups", {"stage": stage}, scratch)
     assert_same(got, want)
@@ -40,7 +40,7 @@ def test_groups_with_and_without_decay_equal_torch_adamw(stage, scratch):
     assert abs(plain[0][-1] - want[0][-1]) > 1e-4  # the groups changed the training
 
 
-@pytest.mark.parametrize("offload", ["cpu", "nvme"])
+@pytest.mark.parametrize("offload", ["cpu", both_legs("nvme")])
 def test_groups_with_offloaded_optimizer(offload, scratch):
     """Spans of the groups cut across NVMe sub-groups (sub_group_size 1000)."""
     zero = {"stage": 3, "offload_optimizer": {"device": offload}}
@@ -48,7 +48,7 @@ def test_groups_with_offloaded_optimizer(offload, scratch):
     assert_same(got, want)
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [2, both_legs(3)])
 def test_client_adamw_and_callable_scheduler_equal_their_own_run(stage, scratch):
     want, got = both("client", {"stage": stage}, scratch)
     assert_same(got, want)
