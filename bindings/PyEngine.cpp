@@ -44,6 +44,15 @@ py::dict memory_dict(const MemoryReport& r) {
     entry["kinds"] = kinds;
     tiers[tier_name(tier)] = entry;
   }
+  py::dict device = tiers[tier_name(Tier::Device)];
+  device["capacity"] = r.device_capacity;
+  if (r.allocator) {  // torch.cuda's memory_allocated, max_memory_allocated, max_memory_reserved
+    py::dict a;
+    a["allocated"] = r.allocator->allocated;
+    a["peak_allocated"] = r.allocator->peak_allocated;
+    a["peak_reserved"] = r.allocator->peak_reserved;
+    device["allocator"] = a;
+  }
   return tiers;
 }
 

@@ -22,6 +22,7 @@
 #include "common/MemoryLedger.h"
 #include "config/Config.h"
 #include "config/LaunchEnv.h"
+#include "engine/DeviceMemory.h"
 #include "engine/ParamGroups.h"
 #include "plan/MemoryModel.h"
 #include "plan/Planner.h"
@@ -46,7 +47,9 @@ struct EngineOptions {
 
 struct MemoryReport {
   LedgerSnapshot measured;
-  MemoryBreakdown predicted;  // the Planner's model states for this model and plan
+  MemoryBreakdown predicted;    // the Planner's model states for this model and plan
+  int64_t device_capacity = 0;  // bytes of the device tier the plan was made for, per rank
+  std::optional<AllocatorStats> allocator;  // the model's GPU's caching allocator
   std::string to_string() const;
 };
 

@@ -16,6 +16,7 @@
 #include "common/FaultPoint.h"
 #include "config/LrSchedule.h"
 #include "engine/DefaultUnits.h"
+#include "engine/DeviceMemory.h"
 #include "engine/GroupLayout.h"
 #include "engine/OffloadOptimizer.h"
 #include "engine/ParamHome.h"
@@ -73,10 +74,6 @@ void keep_freed_memory() {
   mallopt(M_TRIM_THRESHOLD, kThreshold);
 }
 
-int64_t host_ram() {
-  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
-}
-
 ModelSpec spec_of(const std::vector<NamedParam>& params) {
   ModelSpec spec;
   spec.source = "module";
@@ -90,10 +87,11 @@ ModelSpec spec_of(const std::vector<NamedParam>& params) {
   return spec;
 }
 
-Plan plan_for(const std::vector<NamedParam>& params, const Config& config, const LaunchEnv& env) {
-  HardwareBudget budget;  // CPU tensors: the device is host memory
-  budget.device_bytes = host_ram() / std::max(1, env.local_world_size);
-  budget.host_bytes = host_ram();
+Plan plan_for(const std::vector<NamedParam>& params, const Config& config, const LaunchEnv& env,
+              int64_t device_bytes) {
+  HardwareBudget budget;
+  budget.device_bytes = device_bytes;
+  budget.host_bytes = host_memory_bytes();
   WorldShape world{env.world_size / std::max(1, env.local_world_size), env.local_world_size};
   if (world.ranks() != env.world_size) world = WorldShape{1, env.world_size};
   TrainingShape shape;
@@ -140,8 +138,10 @@ void EngineImpl::init(std::vector<NamedParam> params,
   at::set_num_threads(threads);
   set_blas_threads(threads);
   check_contradictions(config);
-  plan_ = plan_for(params, config, env);
-  device_is_host_ = params.front().param.device().is_cpu();
+  device_ = params.front().param.device();
+  device_is_host_ = device_.is_cpu();
+  device_capacity_ = device_capacity(device_, env.local_world_size);
+  plan_ = plan_for(params, config, env, device_capacity_);
   // Offloaded state comes and goes by design; memory kept by glibc would stay resident
   // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
   if (plan_.option.optimizer == OffloadDevice::None && plan_.option.params == OffloadDevice::None)
@@ -395,6 +395,8 @@ ModelSpec EngineImpl::spec_of_groups() const {
 MemoryReport EngineImpl::memory_report() const {
   MemoryReport r;
   r.measured = ledger_.snapshot();
+  r.device_capacity = device_capacity_;
+  r.allocator = allocator_stats(device_);
   WorldShape world{1, world_size()};
   TrainingShape shape;
   shape.device_is_host = device_is_host_;
@@ -409,6 +411,12 @@ std::string MemoryReport::to_string() const {
     const auto kind = static_cast<Kind>(k);
     out += fmt::format("{:<18} {:>12} {:>12} {:>12}\n", kind_name(kind), measured.current[0][k],
                        measured.peak[0][k], predicted.at(Tier::Device, kind));
+  }
+  out += fmt::format("device capacity planned with: {} bytes\n", device_capacity);
+  if (allocator) {
+    out +=
+        fmt::format("CUDA caching allocator: {} allocated, {} peak allocated, {} peak reserved\n",
+                    allocator->allocated, allocator->peak_allocated, allocator->peak_reserved);
   }
   return out;
 }

@@ -150,7 +150,9 @@ class EngineImpl {
   std::vector<int> coordinator_unit_;  // per unit index: its coordinator unit or -1
   std::vector<NamedParam> names_;      // the parameters, for full_parameters()
   int64_t micro_steps_ = 0;
+  c10::Device device_{c10::kCPU};  // the model's
   bool device_is_host_ = true;
+  int64_t device_capacity_ = 0;  // what the plan budgets the device tier with
   std::vector<std::pair<std::string, std::string>> aliases_;
   double grad_norm_ = 0;
 };

@@ -247,7 +247,12 @@ class ZeroShardEngine:
         return self.train(False)
 
     def memory_report(self):
-        """{tier: {kind: {current, peak, predicted}}} in bytes, this rank."""
+        """{tier: {"current", "peak", "predicted", "kinds": {kind: {current, peak,
+        predicted}}}} in bytes, this rank. The "device" tier also has "capacity" (the bytes
+        the plan was made for) and, for a model on a GPU, "allocator": the CUDA caching
+        allocator's "allocated", "peak_allocated" and "peak_reserved" (torch.cuda's
+        memory_allocated, max_memory_allocated, max_memory_reserved), which count
+        activations too."""
         return self._engine.memory_report()
 
     def full_parameters(self):
