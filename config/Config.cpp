@@ -231,6 +231,46 @@ void check_hpz(const Config& c) {
   }
 }
 
+// overlap_step: true asks for the step inside backward; refused where that would not be
+// exact or could not run (auto turns itself off there instead, and says why).
+void check_overlap_step(const Config& c) {
+  const auto& oo = c.zero.offload_optimizer;
+  if (oo.overlap_step != "true") return;
+  const char* key = "config key 'zero_optimization.offload_optimizer.overlap_step'";
+  if (oo.device == OffloadDevice::None) {
+    fail(
+        "{} is true with 'zero_optimization.offload_optimizer.device' none; allowed: "
+        "overlap_step steps an offloaded optimizer (device cpu or nvme), else false or auto",
+        key);
+  }
+  if (c.zero.stage && *c.zero.stage < 2) {
+    fail(
+        "{} is true with 'zero_optimization.stage' {}; allowed: stage 2 or 3, whose backward "
+        "reduces each gradient shard as it is ready (or overlap_step false or auto)",
+        key, *c.zero.stage);
+  }
+  if (c.gradient_clipping && *c.gradient_clipping > 0) {
+    fail(
+        "{} is true with 'gradient_clipping' {}; allowed: gradient_clipping 0 (clipping needs "
+        "the norm of every gradient before any shard steps), or overlap_step false or auto",
+        key, *c.gradient_clipping);
+  }
+  if (c.fp16.enabled) {
+    fail(
+        "{} is true with 'fp16.enabled' true; allowed: bf16 or fp32 (fp16's loss scaling "
+        "skips a step whose gradients overflow, known only after every gradient), or "
+        "overlap_step false or auto",
+        key);
+  }
+  if (c.zero.offload_param.device == OffloadDevice::Nvme) {
+    fail(
+        "{} is true with 'zero_optimization.offload_param.device' nvme; allowed: parameter "
+        "offload none or cpu (backward's gathers read the NVMe shards the step would write), "
+        "or overlap_step false or auto",
+        key);
+  }
+}
+
 }  // namespace
 
 const char* offload_device_name(OffloadDevice d) {
@@ -277,6 +317,7 @@ void check_contradictions(const Config& c) {
   }
   check_mics(c);
   check_hpz(c);
+  check_overlap_step(c);
   const auto& s = c.scheduler;
   if (s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") {
     if (s.warmup_num_steps && s.total_num_steps && *s.warmup_num_steps > *s.total_num_steps) {

@@ -17,6 +17,10 @@ struct OffloadOptimizerConfig {
   std::string nvme_path;
   bool pin_memory = false;
   std::optional<int64_t> buffer_count = 4;
+  // Step each gradient shard with CPU Adam while backward goes on for the rest, in the
+  // backward that ends the accumulation window (exact: the same arithmetic as after
+  // backward). auto: on for a model on a GPU where that is exact; true; false.
+  std::string overlap_step = "auto";
 };
 
 struct OffloadParamConfig {

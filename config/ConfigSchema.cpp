@@ -124,6 +124,7 @@ std::vector<Knob> build_knobs() {
     text_knob(oo + "nvme_path", [](Config& c) -> auto& { return c.zero.offload_optimizer.nvme_path; }),
     bool_knob(oo + "pin_memory", [](Config& c) -> auto& { return c.zero.offload_optimizer.pin_memory; }),
     int_knob(oo + "buffer_count", 1, 1024, [](Config& c) -> auto& { return c.zero.offload_optimizer.buffer_count; }),
+    choice_knob(oo + "overlap_step", {"auto", "true", "false"}, [](Config& c) -> auto& { return c.zero.offload_optimizer.overlap_step; }),
     offload_knob(op + "device", [](Config& c) -> auto& { return c.zero.offload_param.device; }),
     text_knob(op + "nvme_path", [](Config& c) -> auto& { return c.zero.offload_param.nvme_path; }),
     bool_knob(op + "pin_memory", [](Config& c) -> auto& { return c.zero.offload_param.pin_memory; }),

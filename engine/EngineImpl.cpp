@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 
 #include "common/Bytes.h"
@@ -19,6 +20,7 @@
 #include "engine/DeviceMemory.h"
 #include "engine/GroupLayout.h"
 #include "engine/OffloadOptimizer.h"
+#include "engine/OverlappedStep.h"
 #include "engine/ParamHome.h"
 #include "offload/IoEngine.h"  // the members it destroys
 #include "offload/SwapFile.h"
@@ -167,6 +169,7 @@ void EngineImpl::init(std::vector<NamedParam> params,
     o.min_scale = fp16.min_scale;
     scaler_ = std::make_unique<LossScaler>(o);
   }
+  make_overlapped_step(threads);
 }
 
 EngineImpl::~EngineImpl() = default;
@@ -266,7 +269,18 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
 void EngineImpl::backward(const at::Tensor& loss) {
   ++micro_steps_;
   fault_point("backward.begin");
-  reducer_->begin_backward(micro_steps_ % plan_.settings.gradient_accumulation_steps == 0);
+  const int64_t accumulation = plan_.settings.gradient_accumulation_steps;
+  const bool boundary = micro_steps_ % accumulation == 0;
+  if (boundary && overlapped_) {
+    // Everything a group's update reads is fixed now (OverlappedStep.h says why).
+    std::optional<c10::Stream> stream;
+    if (!device_is_host_)
+      stream = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
+    overlapped_->begin(1.0 / static_cast<double>(world_size() * accumulation), param_group_hypers(),
+                       stream);
+    hypers_changed_ = false;
+  }
+  reducer_->begin_backward(boundary);
   if (coordinator_) coordinator_->end_forward();
   if (scaler_) {
     (loss * scaler_->scale()).backward();
@@ -285,6 +299,19 @@ bool EngineImpl::step() {
   if (micro_steps_ == 0 || micro_steps_ % accumulation != 0) return false;
   const auto& grads = reducer_->reduced();
   double scale = 1.0 / static_cast<double>(world_size() * accumulation);
+  if (overlapped_ && overlapped_->pending()) {
+    overlapped_->finish();
+    if (hypers_changed_) {
+      fail(
+          "a parameter group's settings changed after the backward that ended the accumulation "
+          "window, but zero_optimization.offload_optimizer.overlap_step made that window's "
+          "step during that backward, with the old settings; change them before backward, or "
+          "set overlap_step false");
+    }
+    fault_point("step.norm");
+    grad_norm_ = reducer_->global_norm(scale);  // reported; clipping is off here
+    return finish_step();
+  }
   if (scaler_) {
     scale /= scaler_->scale();
     if (scaler_->update(reducer_->any_overflow())) {
@@ -301,6 +328,12 @@ bool EngineImpl::step() {
   }
   fault_point("step.update");
   optimizer_->step(grads, scale, param_group_hypers());
+  return finish_step();
+}
+
+// After the update: the updated shards reach every rank that holds the whole group.
+bool EngineImpl::finish_step() {
+  const TrainingSettings& c = plan_.settings;
   if (param_home_) param_home_->flush();
   fault_point("step.gather");
   if (c.stage >= 1) {
@@ -317,6 +350,13 @@ bool EngineImpl::step() {
 }
 
 void EngineImpl::zero_grad() {
+  if (overlapped_ && overlapped_->pending()) {
+    fail(
+        "zero_grad() after the backward that ended an accumulation window, before step(): "
+        "zero_optimization.offload_optimizer.overlap_step has made that window's step during "
+        "backward already; call step() (or set overlap_step false to discard gradients "
+        "there)");
+  }
   reducer_->zero();
 }
 
@@ -365,6 +405,7 @@ double EngineImpl::lr() const {
 
 void EngineImpl::set_param_group(size_t group, const ParamGroupOptions& options) {
   param_groups_.set_options(group, options);
+  if (overlapped_ && overlapped_->pending()) hypers_changed_ = true;
 }
 
 std::vector<AdamHyper> EngineImpl::param_group_hypers() const {

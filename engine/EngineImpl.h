@@ -30,6 +30,7 @@ class ParamHome;
 class LossScaler;
 class ParamCoordinator;
 class SecondaryShards;
+class OverlappedStep;
 
 class EngineImpl {
  public:
@@ -57,6 +58,7 @@ class EngineImpl {
   void backward(const at::Tensor& loss);
   std::vector<NamedParam> full_parameters();
   bool step();
+  bool finish_step();
   void zero_grad();
 
   double loss_scale() const;
@@ -108,6 +110,8 @@ class EngineImpl {
                   int64_t begin, int64_t count, float* out) const;
   void load_group(const CheckpointReader& reader, size_t group);
   std::unique_ptr<ShardOptimizer> make_optimizer(bool on_cpu);
+  std::string overlap_step_obstacle() const;  // why overlap_step cannot be on, or ""
+  void make_overlapped_step(int threads);
   void place_param_shards(const std::vector<FlatParamGroup*>& sharded);
   const std::string& swap_dir(const std::string& nvme_path);
   void broadcast_initial_values(const std::vector<NamedParam>& params);
@@ -141,6 +145,8 @@ class EngineImpl {
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ShardOptimizer> optimizer_;
   std::unique_ptr<ParamHome> param_home_;
+  std::unique_ptr<OverlappedStep> overlapped_;  // overlap_step: steps groups inside backward
+  bool hypers_changed_ = false;  // a parameter group was set during an overlapped step
   ParamGroupTable param_groups_;
   std::vector<size_t> trainable_;  // per trainable group: its group
   std::unique_ptr<LossScaler> scaler_;

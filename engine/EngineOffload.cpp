@@ -1,13 +1,16 @@
 // The Engine's offload wiring: which optimizer steps the shards, the swap directories
 // and I/O engine, and where stage-3 parameter shards live.
 #include "common/Error.h"
+#include "common/Logging.h"
 #include "engine/EngineImpl.h"
 #include "engine/OffloadOptimizer.h"
+#include "engine/OverlappedStep.h"
 #include "engine/ParamHome.h"
 #include "offload/CpuAdam.h"
 #include "offload/IoEngine.h"
 #include "offload/SwapFile.h"
 #include "plan/MemoryModel.h"
+#include "sharding/GradReducer.h"
 #include "sharding/OptimizerShard.h"
 #include "sharding/ParamCoordinator.h"
 
@@ -87,6 +90,49 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
       [this](size_t g) {
         if (unit_of_trainable(g) >= 0) param_home_->store(unit_of_trainable(g));
       });
+}
+
+std::string EngineImpl::overlap_step_obstacle() const {
+  const TrainingSettings& s = plan_.settings;
+  if (plan_.option.optimizer == OffloadDevice::None)
+    return "the optimizer is not offloaded (offload_optimizer.device none)";
+  if (s.stage < 2) return fmt::format("stage {} reduces the gradients after backward", s.stage);
+  if (s.gradient_clipping > 0) {
+    return fmt::format("gradient_clipping {} needs the norm of every gradient before any step",
+                       s.gradient_clipping);
+  }
+  if (scaler_) return "fp16 loss scaling skips a step only known to overflow after backward";
+  if (plan_.option.params == OffloadDevice::Nvme)
+    return "backward's gathers read the NVMe parameter shards that the step writes";
+  return "";
+}
+
+// offload_optimizer.overlap_step (engine/OverlappedStep.h): true where it can be exact,
+// or an error; auto on for a model on a GPU, where backward leaves the host's cores to
+// CPU Adam, and off on the CPU, where both would share them.
+void EngineImpl::make_overlapped_step(int threads) {
+  const std::string& setting = plan_.config.zero.offload_optimizer.overlap_step;
+  if (setting == "false") return;
+  const char* key = "zero_optimization.offload_optimizer.overlap_step";
+  if (const std::string obstacle = overlap_step_obstacle(); !obstacle.empty()) {
+    if (setting == "true")
+      fail("config key '{}' is true, but {}; allowed: false or auto", key, obstacle);
+    if (plan_.option.optimizer != OffloadDevice::None && rank() == 0)
+      log_info("{}: auto -> false ({})", key, obstacle);
+    return;
+  }
+  if (setting == "auto" && device_is_host_) {
+    if (rank() == 0) {
+      log_info(
+          "{}: auto -> false (the model is on the CPU, whose cores backward uses; true "
+          "overlaps anyway)",
+          key);
+    }
+    return;
+  }
+  auto* offloaded = dynamic_cast<OffloadOptimizer*>(optimizer_.get());
+  overlapped_ = std::make_unique<OverlappedStep>(offloaded, threads);
+  reducer_->on_reduced([this](size_t g) { overlapped_->add(g, reducer_->reduced_group(g)); });
 }
 
 }  // namespace zeroshard

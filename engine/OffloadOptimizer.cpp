@@ -98,55 +98,71 @@ void OffloadOptimizer::write_back(at::Tensor& shard, int64_t offset, const float
   dst.copy_(at::from_blob(const_cast<float*>(master), {n}, at::kFloat));
 }
 
+uint16_t* OffloadOptimizer::fused_bf16(size_t group, int64_t offset) {
+  // bf16 parameters on the host: CpuAdam writes them in the same pass.
+  const at::Tensor& shard = shards_[group];
+  if (shard.scalar_type() != at::kBFloat16 || !shard.device().is_cpu() || !shard.is_contiguous())
+    return nullptr;
+  return reinterpret_cast<uint16_t*>(shard.data_ptr<at::BFloat16>()) + offset;
+}
+
+void OffloadOptimizer::adam(size_t group, const Update& u, int64_t first, int64_t count,
+                            float* master, float* m, float* v) {
+  for_each_span(spans_[group], *u.hypers, first, count,
+                [&](int64_t begin, int64_t n, const AdamHyper& h) {
+                  const int64_t at = begin - first;
+                  cpu_adam_step(CpuAdamStep{h, steps_, u.grad_scale}, master + at, u.grad + begin,
+                                m + at, v + at, n, fused_bf16(group, begin));
+                });
+  write_back(shards_[group], first, master, count, fused_bf16(group, first));
+}
+
+void OffloadOptimizer::adam_sub_group(size_t r, const Update& u, void* buffer) {
+  const SubGroup& sg = sub_groups_[r];
+  fault_point("step.nvme_sub_group");
+  if (sg.offset == 0 && begin_group_) begin_group_(sg.group);
+  auto* f = static_cast<float*>(buffer);
+  adam(sg.group, u, sg.offset, sg.numel, f, f + sg.numel, f + 2 * sg.numel);
+  const bool last = sg.offset + sg.numel == shards_[sg.group].numel();
+  if (last && end_group_) end_group_(sg.group);
+}
+
 void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_scale,
                             const std::vector<AdamHyper>& hypers) {
   if (grads.size() != shards_.size())
     fail("OffloadOptimizer: {} gradients for {} groups", grads.size(), shards_.size());
-  ++steps_;
-  std::vector<at::Tensor> host_grads;
-  for (const auto& g : grads) host_grads.push_back(g.to(at::kCPU, at::kFloat).contiguous());
-  // bf16 parameters on the host: CpuAdam writes them in the same pass.
-  auto fused_bf16 = [&](size_t group, int64_t offset) -> uint16_t* {
-    const at::Tensor& shard = shards_[group];
-    if (shard.scalar_type() != at::kBFloat16 || !shard.device().is_cpu() || !shard.is_contiguous())
-      return nullptr;
-    return reinterpret_cast<uint16_t*>(shard.data_ptr<at::BFloat16>()) + offset;
-  };
-  // Adam over elements [begin, begin + count) of `group`, whose master, m and v start at
-  // the given pointers (element `first` of the group), span by span.
-  auto adam = [&](size_t group, int64_t first, int64_t count, float* master, float* m, float* v) {
-    const float* grad = host_grads[group].data_ptr<float>();
-    for_each_span(spans_[group], hypers, first, count,
-                  [&](int64_t begin, int64_t n, const AdamHyper& h) {
-                    const int64_t at = begin - first;
-                    uint16_t* bf16 = fused_bf16(group, begin);
-                    cpu_adam_step(CpuAdamStep{h, steps_, grad_scale}, master + at, grad + begin,
-                                  m + at, v + at, n, bf16);
-                  });
-    write_back(shards_[group], first, master, count, fused_bf16(group, first));
-  };
+  begin_step();
   if (options_.device == OffloadDevice::Cpu) {
-    for (size_t i = 0; i < shards_.size(); ++i) {
-      fault_point("step.cpu_group");
-      if (begin_group_) begin_group_(i);
-      adam(i, 0, master_[i].numel(), master_[i].data_ptr<float>(), m_[i].data_ptr<float>(),
-           v_[i].data_ptr<float>());
-      if (end_group_) end_group_(i);
-    }
+    for (size_t i = 0; i < shards_.size(); ++i) step_group(i, grads[i], grad_scale, hypers);
     return;
   }
+  // NVMe: one pipeline over every sub-group of every group, reads running ahead.
+  std::vector<at::Tensor> host_grads;
+  for (const auto& g : grads) host_grads.push_back(g.to(at::kCPU, at::kFloat).contiguous());
   if (!swapper_) open_swap();
   std::vector<size_t> order(sub_groups_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   swapper_->update_each(order, *pool_, [&](size_t r, void* buffer) {
-    const SubGroup& sg = sub_groups_[r];
-    fault_point("step.nvme_sub_group");
-    if (sg.offset == 0 && begin_group_) begin_group_(sg.group);
-    auto* f = static_cast<float*>(buffer);
-    adam(sg.group, sg.offset, sg.numel, f, f + sg.numel, f + 2 * sg.numel);
-    const bool last = sg.offset + sg.numel == shards_[sg.group].numel();
-    if (last && end_group_) end_group_(sg.group);
+    const Update u{host_grads[sub_groups_[r].group].data_ptr<float>(), grad_scale, &hypers};
+    adam_sub_group(r, u, buffer);
   });
+}
+
+void OffloadOptimizer::step_group(size_t group, const at::Tensor& grad, double grad_scale,
+                                  const std::vector<AdamHyper>& hypers) {
+  const at::Tensor host_grad = grad.to(at::kCPU, at::kFloat).contiguous();
+  const Update u{host_grad.data_ptr<float>(), grad_scale, &hypers};
+  if (options_.device == OffloadDevice::Cpu) {
+    fault_point("step.cpu_group");
+    if (begin_group_) begin_group_(group);
+    adam(group, u, 0, master_[group].numel(), master_[group].data_ptr<float>(),
+         m_[group].data_ptr<float>(), v_[group].data_ptr<float>());
+    if (end_group_) end_group_(group);
+    return;
+  }
+  if (!swapper_) open_swap();
+  swapper_->update_each(sub_groups_of(group), *pool_,
+                        [&](size_t r, void* buffer) { adam_sub_group(r, u, buffer); });
 }
 
 void OffloadOptimizer::reload_master(size_t group) {

@@ -45,6 +45,12 @@ class OffloadOptimizer : public ShardOptimizer {
   void read_state(size_t group, float* master, float* m, float* v) override;
   void write_state(size_t group, const float* master, const float* m, const float* v) override;
   void set_steps(int64_t steps) override { steps_ = steps; }
+  // The same step one group at a time, as each gradient shard is ready (overlap_step):
+  // begin_step() counts the step once, then step_group() for every group in any order.
+  // The arithmetic is step()'s, so the result is the same.
+  void begin_step() { ++steps_; }
+  void step_group(size_t group, const at::Tensor& grad, double grad_scale,
+                  const std::vector<AdamHyper>& hypers);
   // After the last add_group: writes the initial state to NVMe (else the first step does).
   void start();
   // Called before a group's first update and after its last (parameter offload brings
@@ -63,6 +69,17 @@ class OffloadOptimizer : public ShardOptimizer {
   void open_swap();  // nvme: lays out every sub-group and writes the initial state
   static void write_back(at::Tensor& shard, int64_t offset, const float* master, int64_t n,
                          const uint16_t* bf16);
+  uint16_t* fused_bf16(size_t group, int64_t offset);
+  // Adam over `count` elements of `group` from element `first`, whose master, m and v
+  // start at the given pointers; `grad` is the group's whole fp32 gradient.
+  struct Update {
+    const float* grad;
+    double grad_scale;
+    const std::vector<AdamHyper>* hypers;
+  };
+  void adam(size_t group, const Update& u, int64_t first, int64_t count, float* master, float* m,
+            float* v);
+  void adam_sub_group(size_t r, const Update& u, void* buffer);  // nvme: one swap region
 
   OffloadOptimizerOptions options_;
   MemoryLedger* ledger_;

@@ -1,5 +1,7 @@
 #include "offload/CpuAdam.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -162,6 +164,10 @@ void cpu_adam_step(const CpuAdamStep& s, float* param, const float* grad, float*
 void cpu_adam_step(const CpuAdamStep& s, float* param, const uint16_t* bf16_grad, float* m,
                    float* v, int64_t n, uint16_t* bf16_out) {
   adam_step(s, param, bf16_grad, m, v, n, bf16_out);
+}
+
+void set_cpu_adam_threads(int threads) {
+  omp_set_num_threads(threads);
 }
 
 }  // namespace zeroshard

@@ -24,6 +24,10 @@ void cpu_adam_step(const CpuAdamStep& s, float* param, const float* grad, float*
 void cpu_adam_step(const CpuAdamStep& s, float* param, const uint16_t* bf16_grad, float* m,
                    float* v, int64_t n, uint16_t* bf16_out = nullptr);
 
+// OpenMP's thread count is a setting of each calling thread: a thread other than the
+// one that configured torch sets cpu_adam_step's here.
+void set_cpu_adam_threads(int threads);
+
 // The instruction set cpu_adam_step uses on this machine: "avx512", "avx2" or "generic".
 const char* cpu_adam_isa();
 

@@ -111,7 +111,8 @@ CommHandle Collectives::reduce_scatter_sum(const at::Tensor& flat_in, const at::
   }
   const int64_t shard = flat_in.numel() / world_;
   count(flat_in, 1);
-  if (native_flat() && flat_in.scalar_type() == shard_out.scalar_type()) {
+  if (native_flat() && flat_in.scalar_type() == shard_out.scalar_type() &&
+      flat_in.device() == shard_out.device()) {
     at::Tensor in = flat_in;
     at::Tensor out = shard_out;
     auto work = group_->_reduce_scatter_base(out, in);

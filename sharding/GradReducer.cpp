@@ -12,6 +12,17 @@
 #include "common/FaultPoint.h"
 
 namespace zeroshard {
+namespace {
+
+// Reduced gradients for an offloaded optimizer live in host memory, page-locked when the
+// gradients come from a GPU (the copies from the device then run at full speed).
+at::TensorOptions fp32_options(const at::Tensor& grad, Tier tier) {
+  const auto options = grad.options().dtype(at::kFloat);
+  if (tier == Tier::Device) return options;
+  return options.device(at::kCPU).pinned_memory(!grad.device().is_cpu());
+}
+
+}  // namespace
 
 GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool overlap,
                          Collectives* comm, Collectives* replicas, MemoryLedger* ledger,
@@ -30,7 +41,7 @@ GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool ov
       fp32_entries_.emplace_back();
     } else {
       const int64_t n = stage_ == 0 ? g->padded_numel() : g->shard_numel();
-      fp32_.push_back(at::zeros({n}, grad.options().dtype(at::kFloat)));
+      fp32_.push_back(at::zeros({n}, fp32_options(grad, fp32_tier)));
       fp32_entries_.emplace_back(ledger, fp32_tier, Kind::GradsFp32, n * 4);
     }
   }
@@ -70,6 +81,7 @@ void GradReducer::install_hooks() {
 
 void GradReducer::begin_backward(bool boundary) {
   reducing_ = stage_ >= 2 || boundary;
+  boundary_ = boundary;
   next_ = static_cast<int>(groups_.size()) - 1;
   std::fill(arrived_.begin(), arrived_.end(), 0);
 }
@@ -130,7 +142,10 @@ void GradReducer::retire_oldest() {
   in_flight_.erase(in_flight_.begin());
   f.handle.wait();
   if (stage_ >= 2) groups_[f.group]->release_grads();  // the shard is in f.received
-  if (!replicas_) return accumulate(f);
+  if (!replicas_) {
+    accumulate(f);
+    return finished(f.group);
+  }
   // Across groups: the shard's all-reduce (the slow link's share) runs while the next
   // group's reduce-scatter does; one is kept in flight.
   f.handle = replicas_->all_reduce_sum(stage_ >= 2 ? f.received : fp32_[f.group]);
@@ -144,12 +159,20 @@ void GradReducer::finish_across() {
   wait_issuing_gathers(f.handle);
   f.handle.wait();
   accumulate(f);
+  finished(f.group);
 }
 
 void GradReducer::accumulate(const InFlight& f) {
   if (stage_ < 2) return;  // stages 0-1 reduce into fp32_ itself
-  fp32_[f.group].add_(f.received);
+  // From the device to the host's accumulator for an offloaded optimizer.
+  const at::Tensor& received =
+      f.received.device() == fp32_[f.group].device() ? f.received : f.received.to(at::kCPU);
+  fp32_[f.group].add_(received);
   received_entry_.resize(received_entry_.bytes() - f.received.numel() * 4);
+}
+
+void GradReducer::finished(size_t group) {
+  if (boundary_ && on_reduced_) on_reduced_(group);
 }
 
 void GradReducer::drain() {

@@ -54,6 +54,10 @@ class GradReducer {
   void on_group_complete(std::function<void(size_t)> callback) {
     on_complete_ = std::move(callback);
   }
+  // Called, in the backward that ends an accumulation window, as soon as a group's
+  // reduced gradient is final (reduced_group(group) holds it), while backward goes on.
+  void on_reduced(std::function<void(size_t)> callback) { on_reduced_ = std::move(callback); }
+  const at::Tensor& reduced_group(size_t group) const { return fp32_.at(group); }
   // Stage 3: while a reduction is waited for inside backward, `advance` issues this
   // rank's next parameter gather (false when none is left), so a peer that waits on that
   // gather before it can launch the reduction is never stuck.
@@ -80,6 +84,7 @@ class GradReducer {
   std::vector<int> expected_;  // trainable parameters per group
   std::vector<int> arrived_;
   bool reducing_ = false;  // this backward reduces
+  bool boundary_ = false;  // this backward ends the accumulation window
   int next_ = -1;          // next group to launch, counting down
   struct InFlight {
     size_t group;
@@ -90,9 +95,11 @@ class GradReducer {
   std::vector<InFlight> across_;  // shards in their all-reduce across groups
   LedgerEntry received_entry_;
   std::function<void(size_t)> on_complete_;
+  std::function<void(size_t)> on_reduced_;
   std::function<bool()> advance_;
   void wait_issuing_gathers(const CommHandle& handle);
   void accumulate(const InFlight& f);
+  void finished(size_t group);  // the group's reduced gradient is in fp32_
 };
 
 }  // namespace zeroshard

@@ -149,6 +149,47 @@ TEST(Config, ContradictionsAreErrors) {
   EXPECT_EQ(load_error("zero_optimization: {stage: auto, offload_param: {device: cpu}}"), "");
 }
 
+// offload_optimizer.overlap_step: true is refused, naming what rules it out, wherever the
+// step inside backward could not be exact or could not run; auto and false never are.
+TEST(Config, OverlapStepTrueIsRefusedWhereItCannotBeExact) {
+  const std::string oo = "offload_optimizer: {device: cpu, overlap_step: true}";
+  expect_contains(load_error("zero_optimization: {stage: 2, offload_optimizer: {overlap_step: "
+                             "true}}"),
+                  "'zero_optimization.offload_optimizer.overlap_step' is true with "
+                  "'zero_optimization.offload_optimizer.device' none; allowed: overlap_step "
+                  "steps an offloaded optimizer");
+  expect_contains(load_error("zero_optimization: {stage: 1, " + oo + "}"),
+                  "is true with 'zero_optimization.stage' 1; allowed: stage 2 or 3");
+  expect_contains(load_error("gradient_clipping: 1.0\nzero_optimization: {stage: 3, " + oo + "}"),
+                  "is true with 'gradient_clipping' 1; allowed: gradient_clipping 0");
+  expect_contains(load_error("fp16: {enabled: true}\nzero_optimization: {stage: 2, " + oo + "}"),
+                  "is true with 'fp16.enabled' true; allowed: bf16 or fp32");
+  expect_contains(load_error("zero_optimization: {stage: 3, " + oo +
+                             ", offload_param: {device: nvme, nvme_path: /tmp}}"),
+                  "with 'zero_optimization.offload_param.device' nvme; allowed: parameter "
+                  "offload none or cpu");
+  expect_contains(load_error("zero_optimization: {stage: 2, offload_optimizer: {device: cpu, "
+                             "overlap_step: yes}}"),
+                  "zero_optimization.offload_optimizer.overlap_step");
+  expect_contains(load_error("gradient_clipping: 1.0\nbf16: {enabled: true}\nzero_optimization: "
+                             "{stage: 3, offload_param: {device: cpu}, " +
+                             oo + "}"),
+                  "is true with 'gradient_clipping' 1; allowed: gradient_clipping 0");
+  EXPECT_EQ(load_error("bf16: {enabled: true}\nzero_optimization: {stage: 3, "
+                       "offload_param: {device: cpu}, " +
+                       oo + "}"),
+            "");
+  for (const char* v : {"auto", "false"}) {
+    EXPECT_EQ(load_error(std::string("gradient_clipping: 1.0\nzero_optimization: {stage: 1, "
+                                     "offload_optimizer: {overlap_step: ") +
+                         v + "}}"),
+              "");
+  }
+  const Config c = load_config_string("zero_optimization: {stage: 2, " + oo + "}", "t").config;
+  EXPECT_EQ(c.zero.offload_optimizer.overlap_step, "true");
+  EXPECT_EQ(Config().zero.offload_optimizer.overlap_step, "auto");
+}
+
 TEST(Config, AutoIsAcceptedForNumbersAndOffload) {
   const Config c = load_config_string(
                        "zero_optimization:\n  stage: auto\n  reduce_bucket_size: auto\n"

@@ -4,8 +4,11 @@
 #include <filesystem>
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
+#include "common/Error.h"
 #include "common/MemoryKinds.h"
+#include "engine/Engine.h"
 #include "engine/NcclGroup.h"
 #include "offload/PinnedPool.h"
 #include "tests/engine/RankRuns.h"
@@ -102,6 +105,47 @@ void check(const Case& c) {
   EXPECT_EQ(swap_dirs_left(s.nvme_path), 0);
 }
 
+// Bit for bit: the overlapped step is the same arithmetic in another order of groups.
+void expect_identical(const std::vector<RankOutput>& got, const std::vector<RankOutput>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t r = 0; r < got.size(); ++r) {
+    ASSERT_EQ(got[r].params.size(), want[r].params.size());
+    for (size_t i = 0; i < got[r].params.size(); ++i) {
+      EXPECT_TRUE(at::equal(got[r].params[i], want[r].params[i]))
+          << "rank " << r << " parameter " << i << ": max difference "
+          << (got[r].params[i] - want[r].params[i]).abs().max().item<double>();
+    }
+    EXPECT_TRUE(at::equal(got[r].stats, want[r].stats)) << "rank " << r << " losses and norms:\n"
+                                                        << got[r].stats << "\nwant\n"
+                                                        << want[r].stats;
+  }
+}
+
+// A one-rank engine in this process, stage 2, optimizer on the CPU, the step overlapped.
+struct OneRank {
+  OneRank() {
+    torch::manual_seed(0);
+    model = torch::nn::Linear(16, 4).ptr();
+    Config c;
+    c.zero.stage = 2;
+    c.zero.offload_optimizer.device = OffloadDevice::Cpu;
+    c.zero.offload_optimizer.overlap_step = "true";
+    engine = std::make_unique<Engine>(model, c);
+  }
+  void backward() { engine->backward(model->forward(torch::ones({2, 16})).square().mean()); }
+  std::shared_ptr<torch::nn::LinearImpl> model;
+  std::unique_ptr<Engine> engine;
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 TEST(EngineOffload, OptimizerToCpuStage2And3) {
@@ -132,4 +176,74 @@ TEST(EngineOffload, StagingBuffersArePageLockedWhereAGpuIs) {
   PinnedPool for_host(2, 1 << 20, &ledger);
   EXPECT_FALSE(for_host.page_locked());
   EXPECT_EQ(ledger.current(Tier::Host, Kind::PinnedBuffers), 4 << 20);
+}
+
+// offload_optimizer.overlap_step (engine/OverlappedStep.h): every group steps on a worker
+// inside the backward that ends the window. Training ends at exactly the parameters,
+// losses and gradient norms of the step made after backward, at stages 2 and 3, with
+// accumulation, a frozen and an unused parameter, optimizer state in RAM or on NVMe, bf16
+// and parameter shards in host RAM.
+TEST(EngineOffload, StepOverlappedWithBackwardIsExactlyTheStepAfterIt) {
+  struct Overlap {
+    int stage;
+    std::string dtype, opt, param;
+    int accum;
+  };
+  for (const auto& c :
+       {Overlap{2, "fp32", "cpu", "none", 2}, Overlap{3, "bf16", "cpu", "none", 1},
+        Overlap{3, "fp32", "nvme", "none", 2}, Overlap{3, "bf16", "cpu", "cpu", 1}}) {
+    SCOPED_TRACE("stage " + std::to_string(c.stage) + " " + c.dtype + " optimizer " + c.opt +
+                 " params " + c.param + " accumulation " + std::to_string(c.accum));
+    Scenario s = base(c.stage, c.dtype);
+    s.clip = 0;  // clipping would rule the overlap out
+    s.accum = c.accum;
+    s.persist = 0;  // every stage-3 unit sharded
+    s.frozen = s.unused = true;
+    s.offload_opt = c.opt;
+    s.offload_param = c.param;
+    s.nvme_path = zeroshard::testing::scratch_dir("overlap-" + c.opt + std::to_string(c.stage));
+    s.overlap_step = "false";
+    const auto after = run_ranks(s, 2);
+    s.overlap_step = "true";
+    const auto during = run_ranks(s, 2);
+    ASSERT_EQ(during.size(), 2u);
+    expect_identical(during, after);
+    EXPECT_EQ(swap_dirs_left(s.nvme_path), 0);
+  }
+}
+
+// What the overlapped step cannot take back is refused, by name: discarding the
+// gradients of a window whose step is made, settings changed too late for it, and a
+// second window's backward before step().
+TEST(EngineOffload, OverlappedStepRefusesWhatComesTooLateForIt) {
+  const std::string key = "zero_optimization.offload_optimizer.overlap_step";
+  {
+    OneRank one;
+    one.backward();
+    const std::string e = error_of([&] { one.engine->zero_grad(); });
+    EXPECT_NE(e.find("zero_grad() after the backward that ended an accumulation window"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find(key), std::string::npos) << e;
+    EXPECT_TRUE(one.engine->step());
+    EXPECT_EQ(error_of([&] { one.engine->zero_grad(); }), "") << "nothing pending after step()";
+  }
+  {
+    OneRank one;
+    one.backward();
+    ParamGroupOptions changed = one.engine->param_group(0);
+    changed.lr = 0.5;
+    one.engine->set_param_group(0, changed);
+    const std::string e = error_of([&] { one.engine->step(); });
+    EXPECT_NE(e.find("a parameter group's settings changed after the backward"), std::string::npos)
+        << e;
+  }
+  {
+    OneRank one;
+    one.backward();
+    const std::string e = error_of([&] { one.backward(); });
+    EXPECT_NE(e.find("backward() ended an accumulation window again before step()"),
+              std::string::npos)
+        << e;
+  }
 }

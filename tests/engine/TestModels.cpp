@@ -217,6 +217,8 @@ Scenario Scenario::parse(const std::vector<std::string>& args) {
       s.hpz = std::stoi(value);
     else if (key == "device")
       s.device = value;
+    else if (key == "overlap_step")
+      s.overlap_step = value;
     else
       fail("unknown scenario key '{}'", key);
   }
@@ -252,7 +254,8 @@ std::vector<std::string> Scenario::to_args() const {
           "buffers=" + std::to_string(buffers),
           "mics=" + std::to_string(mics),
           "hpz=" + std::to_string(hpz),
-          "device=" + device};
+          "device=" + device,
+          "overlap_step=" + overlap_step};
 }
 
 Config Scenario::config() const {
@@ -285,6 +288,7 @@ Config Scenario::config() const {
   op.device = device(offload_param);
   oo.nvme_path = op.nvme_path = nvme_path;
   oo.buffer_count = op.buffer_count = buffers;
+  oo.overlap_step = overlap_step;
   c.zero.mics_shard_size = mics;
   c.zero.hpz_partition_size = hpz;
   if (sub_group > 0) c.zero.sub_group_size = sub_group;

@@ -43,6 +43,7 @@ struct Scenario {
   int mics = -1;                       // mics_shard_size (-1: shard across all ranks)
   int hpz = 1;                         // zero_hpz_partition_size (1: no secondary copy)
   std::string device = "cpu";          // cpu | cuda: where the model and its data are
+  std::string overlap_step = "auto";   // offload_optimizer.overlap_step
 
   static Scenario parse(const std::vector<std::string>& args);  // key=value
   std::vector<std::string> to_args() const;

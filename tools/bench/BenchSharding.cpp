@@ -37,6 +37,8 @@ struct Options {
   std::string offload_optimizer = "none";
   std::string offload_param = "none";
   std::string nvme_path = "/tmp";
+  std::string overlap_step = "auto";  // offload_optimizer.overlap_step
+  double clip = 1.0;                  // gradient_clipping (0 lets overlap_step be on)
 };
 
 OffloadDevice offload_device(const std::string& option, const std::string& value) {
@@ -78,6 +80,8 @@ Options parse(int argc, char** argv, int first) {
       .option("--offload-optimizer", &o.offload_optimizer, "none|cpu|nvme")
       .option("--offload-param", &o.offload_param, "none|cpu|nvme")
       .option("--nvme-path", &o.nvme_path)
+      .option("--overlap-step", &o.overlap_step, "auto|true|false")
+      .option("--clip", "X", [&o](const std::string& v) { o.clip = std::stod(v); })
       .parse(argc, argv, first);
   return o;
 }
@@ -97,7 +101,8 @@ int worker(int stage, const std::string& out, const Options& o) {
   c.zero.allgather_bucket_size = block_params(o.shape);
   c.zero.stage3_prefetch_bucket_size = block_params(o.shape);  // one block ahead
   c.zero.stage3_param_persistence_threshold = 4 * o.shape.dim;
-  c.gradient_clipping = 1.0;
+  c.gradient_clipping = o.clip;
+  c.zero.offload_optimizer.overlap_step = o.overlap_step;
   c.zero.offload_optimizer.device = offload_device("--offload-optimizer", o.offload_optimizer);
   c.zero.offload_optimizer.nvme_path = o.nvme_path;
   c.zero.offload_param.device = offload_device("--offload-param", o.offload_param);
@@ -180,7 +185,11 @@ std::vector<std::string> forward_args(const Options& o) {
           "--offload-param",
           o.offload_param,
           "--nvme-path",
-          o.nvme_path};
+          o.nvme_path,
+          "--overlap-step",
+          o.overlap_step,
+          "--clip",
+          fmt::format("{}", o.clip)};
 }
 
 int driver(const std::string& self, const Options& o) {

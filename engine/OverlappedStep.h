@@ -1,0 +1,77 @@
+#pragma once
+// offload_optimizer.overlap_step: the optimizer step of an accumulation window runs group
+// by group inside the backward that ends the window. As GradReducer finishes a group's
+// reduced gradient (groups finish last to first, as backward produces them), the group
+// goes to one worker thread, which steps it with CPU Adam while the training thread goes
+// on with backward and the other groups' reductions; step() then waits for the worker.
+// FSDP2 with CPUOffloadPolicy and ZeRO-Offload both step after the whole backward.
+//
+// Why it is exact: a group's update reads only its own reduced gradient, the step count,
+// the hyperparameters and the scale 1/(ranks x accumulation), all fixed when that backward
+// begins, so the arithmetic is the serial step's. What needs every gradient first (the
+// clipping norm, fp16's overflow check) or shares state with backward (NVMe parameter
+// shards) rules the overlap out: config/Config.cpp refuses `true` there and `auto` turns
+// off (engine/EngineImpl.cpp says why). Hyperparameters changed between that backward and
+// step() would come too late for a step already made: step() then fails instead.
+//
+// The worker runs with the training thread's stream (CUDA) and thread count, so its
+// writes to device shards are ordered after the backward kernels already queued.
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
+
+#include "common/AdamHyper.h"
+
+namespace zeroshard {
+
+class OffloadOptimizer;
+
+class OverlappedStep {
+ public:
+  // `threads`: the intra-op threads the training thread uses (CPU Adam's too).
+  OverlappedStep(OffloadOptimizer* optimizer, int threads);
+  ~OverlappedStep();
+  OverlappedStep(const OverlappedStep&) = delete;
+  OverlappedStep& operator=(const OverlappedStep&) = delete;
+
+  // The backward that ends a window begins; `stream`: the training thread's, on a GPU.
+  void begin(double grad_scale, std::vector<AdamHyper> hypers, std::optional<c10::Stream> stream);
+  // Group `group`'s reduced gradient is final: the worker steps it.
+  void add(size_t group, at::Tensor grad);
+  // A step begun and not yet finished.
+  bool pending() const { return pending_; }
+  // Waits for every group added since begin(); rethrows what failed on the worker.
+  void finish();
+
+ private:
+  struct Task {
+    size_t group;
+    at::Tensor grad;
+  };
+  void work();
+  void run(const Task& task);
+
+  OffloadOptimizer* optimizer_;
+  int threads_;
+  bool pending_ = false;
+  double grad_scale_ = 1.0;
+  std::vector<AdamHyper> hypers_;
+  std::optional<c10::Stream> stream_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Task> queue_;
+  size_t running_ = 0;  // tasks taken off the queue and not done
+  std::exception_ptr failure_;
+  bool stop_ = false;
+  std::thread worker_;  // last: started once everything above exists
+};
+
+}  // namespace zeroshard
