@@ -118,28 +118,39 @@ def test_a_host_taken_away_stops_the_others_naming_its_ranks(scratch):
                 prefix + [sys.executable, WORKER, "zs", "gpt", "50", out, json.dumps(cfg)],
                 env=dict(rank_env(r, WORLD, port), **env), stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True))
-        logs = [None] * WORLD
+        logs = [""] * WORLD
         ended = [None] * WORLD
+        paused = [threading.Event() for _ in range(WORLD)]
 
         def collect(r):
-            try:
-                logs[r] = procs[r].communicate(timeout=180)[0]
-            except subprocess.TimeoutExpired:
-                procs[r].kill()
-                logs[r] = procs[r].communicate()[0] + "\n[test: still running after 180 s]"
+            for line in procs[r].stdout:  # until the rank exits
+                logs[r] += line
+                if "zeroshard test hook" in line and "paused" in line:
+                    paused[r].set()
+            procs[r].wait()
             ended[r] = time.monotonic()
 
         threads = [threading.Thread(target=collect, args=(r,)) for r in range(WORLD)]
         for t in threads:
             t.start()
-        time.sleep(8)  # started, and the first host waits on the second in step 3
+        # The second host's ranks stop in step 3's gather, where the first host's wait on
+        # them: the link goes only then (a fixed sleep was too short on a loaded machine,
+        # and the first host's wait then began after the link was gone).
+        for r in range(PER_HOST, WORLD):
+            assert paused[r].wait(180), f"rank {r} never reached its pause:\n{logs[r][-3000:]}"
+        time.sleep(1)
         assert all(p.poll() is None for p in procs), [p.poll() for p in procs]
         h.take_away(1)
         for p in procs[PER_HOST:]:
             p.kill()
         taken = time.monotonic()
         for t in threads:
-            t.join()
+            t.join(180)
+        for r, t in enumerate(threads):
+            if t.is_alive():  # a rank that hangs: its log says where
+                procs[r].kill()
+                t.join()
+                logs[r] += "\n[test: still running after 180 s]"
     for r in range(PER_HOST):
         assert procs[r].returncode not in (0, -9), f"rank {r} exited {procs[r].returncode}:\n{logs[r][-3000:]}"
         assert "rank(s) 2, 3 did not respond" in logs[r], f"rank {r}:\n{logs[r][-3000:]}"
