@@ -110,7 +110,6 @@ class EngineImpl {
                   int64_t begin, int64_t count, float* out) const;
   void load_group(const CheckpointReader& reader, size_t group);
   std::unique_ptr<ShardOptimizer> make_optimizer(bool on_cpu);
-  std::string overlap_step_obstacle() const;  // why overlap_step cannot be on, or ""
   void make_overlapped_step(int threads);
   void place_param_shards(const std::vector<FlatParamGroup*>& sharded);
   const std::string& swap_dir(const std::string& nvme_path);

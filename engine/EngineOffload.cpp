@@ -1,7 +1,6 @@
 // The Engine's offload wiring: which optimizer steps the shards, the swap directories
 // and I/O engine, and where stage-3 parameter shards live.
 #include "common/Error.h"
-#include "common/Logging.h"
 #include "engine/EngineImpl.h"
 #include "engine/OffloadOptimizer.h"
 #include "engine/OverlappedStep.h"
@@ -10,6 +9,7 @@
 #include "offload/IoEngine.h"
 #include "offload/SwapFile.h"
 #include "plan/MemoryModel.h"
+#include "plan/Planner.h"
 #include "sharding/GradReducer.h"
 #include "sharding/OptimizerShard.h"
 #include "sharding/ParamCoordinator.h"
@@ -92,43 +92,17 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
       });
 }
 
-std::string EngineImpl::overlap_step_obstacle() const {
-  const TrainingSettings& s = plan_.settings;
-  if (plan_.option.optimizer == OffloadDevice::None)
-    return "the optimizer is not offloaded (offload_optimizer.device none)";
-  if (s.stage < 2) return fmt::format("stage {} reduces the gradients after backward", s.stage);
-  if (s.gradient_clipping > 0) {
-    return fmt::format("gradient_clipping {} needs the norm of every gradient before any step",
-                       s.gradient_clipping);
-  }
-  if (scaler_) return "fp16 loss scaling skips a step only known to overflow after backward";
-  if (plan_.option.params == OffloadDevice::Nvme)
-    return "backward's gathers read the NVMe parameter shards that the step writes";
-  return "";
-}
-
-// offload_optimizer.overlap_step (engine/OverlappedStep.h): true where it can be exact,
-// or an error; auto on for a model on a GPU, where backward leaves the host's cores to
-// CPU Adam, and off on the CPU, where both would share them.
+// offload_optimizer.overlap_step (engine/OverlappedStep.h), as the Planner resolved it:
+// auto is on for a model on a GPU where the step inside backward is exact (plan/Planner.h).
+// A true that the plan's own choices rule out (an offload device left auto, then chosen
+// none) is refused here, naming why.
 void EngineImpl::make_overlapped_step(int threads) {
-  const std::string& setting = plan_.config.zero.offload_optimizer.overlap_step;
-  if (setting == "false") return;
-  const char* key = "zero_optimization.offload_optimizer.overlap_step";
-  if (const std::string obstacle = overlap_step_obstacle(); !obstacle.empty()) {
-    if (setting == "true")
-      fail("config key '{}' is true, but {}; allowed: false or auto", key, obstacle);
-    if (plan_.option.optimizer != OffloadDevice::None && rank() == 0)
-      log_info("{}: auto -> false ({})", key, obstacle);
-    return;
-  }
-  if (setting == "auto" && device_is_host_) {
-    if (rank() == 0) {
-      log_info(
-          "{}: auto -> false (the model is on the CPU, whose cores backward uses; true "
-          "overlaps anyway)",
-          key);
-    }
-    return;
+  if (!plan_.settings.overlap_step) return;
+  if (const std::string why = overlap_step_obstacle(plan_.config, plan_.option); !why.empty()) {
+    fail(
+        "config key 'zero_optimization.offload_optimizer.overlap_step' is true, but {}; "
+        "allowed: false or auto",
+        why);
   }
   auto* offloaded = dynamic_cast<OffloadOptimizer*>(optimizer_.get());
   overlapped_ = std::make_unique<OverlappedStep>(offloaded, threads);

@@ -11,8 +11,8 @@
 // begins, so the arithmetic is the serial step's. What needs every gradient first (the
 // clipping norm, fp16's overflow check) or shares state with backward (NVMe parameter
 // shards) rules the overlap out: config/Config.cpp refuses `true` there and `auto` turns
-// off (engine/EngineImpl.cpp says why). Hyperparameters changed between that backward and
-// step() would come too late for a step already made: step() then fails instead.
+// off (plan/Planner.cpp resolves it and says why). Hyperparameters changed between that backward
+// and step() would come too late for a step already made: step() then fails instead.
 //
 // The worker runs with the training thread's stream (CUDA) and thread count, so its
 // writes to device shards are ordered after the backward kernels already queued.

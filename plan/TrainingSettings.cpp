@@ -42,6 +42,13 @@ TrainingSettings settings_of(const Config& c) {
   s.mics_shard_size = resolved(z.mics_shard_size, "zero_optimization.mics_shard_size");
   s.hpz_partition_size =
       resolved(z.hpz_partition_size, "zero_optimization.zero_hpz_partition_size");
+  const std::string& overlap = z.offload_optimizer.overlap_step;
+  if (overlap == "auto") {
+    fail(
+        "internal: 'zero_optimization.offload_optimizer.overlap_step' is still auto after "
+        "planning");
+  }
+  s.overlap_step = overlap == "true";
   s.offload_optimizer = {z.offload_optimizer.nvme_path,
                          resolved(z.offload_optimizer.buffer_count,
                                   "zero_optimization.offload_optimizer.buffer_count")};

@@ -38,6 +38,7 @@ struct TrainingSettings {
   // ranks serves backward's gathers (ZeRO++ hpZ)
   int64_t hpz_partition_size = 1;
   OffloadSettings offload_optimizer;
+  bool overlap_step = false;  // the offloaded optimizer steps inside backward
   OffloadSettings offload_param;
   int64_t gradient_accumulation_steps = 1;
   double gradient_clipping = 0;  // 0: no clipping

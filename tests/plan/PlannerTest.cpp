@@ -292,3 +292,49 @@ TEST(Planner, HpzSetRulesOutGroupsAndStagesBelow3) {
         << e.what();
   }
 }
+
+// offload_optimizer.overlap_step auto: on for an offloaded optimizer on a GPU where the
+// step inside backward is exact; off, with the reason, on the CPU, with clipping, fp16 or
+// NVMe parameter shards; nothing said where nothing is offloaded. Never left auto.
+TEST(Planner, OverlapStepAutoIsOnWhereTheStepInsideBackwardIsExactOnAGpu) {
+  auto plan = [](Config c, bool on_host, OD optimizer = OD::Cpu, OD params = OD::None) {
+    c.zero.stage = 3;
+    c.zero.offload_optimizer.device = optimizer;
+    c.zero.offload_param.device = params;
+    c.zero.offload_optimizer.nvme_path = c.zero.offload_param.nvme_path = "/tmp";
+    TrainingShape shape;
+    shape.device_is_host = on_host;
+    HardwareBudget b;
+    b.device_bytes = 1'000'000;
+    b.host_bytes = 1'000'000'000;
+    b.nvme_bytes = 1'000'000'000;
+    b.headroom = 0;
+    return make_plan(toy_spec(), c, WorldShape{1, 2}, shape, b);
+  };
+  const std::string key = "zero_optimization.offload_optimizer.overlap_step: auto -> ";
+  const Plan gpu = plan(open_config(), false);
+  EXPECT_TRUE(gpu.settings.overlap_step);
+  EXPECT_NE(all_reasons(gpu).find(key + "true (each gradient shard steps"), std::string::npos)
+      << all_reasons(gpu);
+  EXPECT_EQ(emit_config_yaml(gpu.config).find("auto"), std::string::npos);
+  auto expect_off = [&](const Plan& p, const std::string& why) {
+    EXPECT_FALSE(p.settings.overlap_step);
+    EXPECT_NE(all_reasons(p).find(key + "false (" + why), std::string::npos) << all_reasons(p);
+    EXPECT_EQ(emit_config_yaml(p.config).find("auto"), std::string::npos);
+  };
+  expect_off(plan(open_config(), true), "the model is on the CPU");
+  Config clipped = open_config();
+  clipped.gradient_clipping = 1.0;
+  expect_off(plan(clipped, false), "gradient_clipping 1 needs the norm");
+  Config fp16 = open_config();
+  fp16.bf16 = false;
+  fp16.fp16.enabled = true;
+  expect_off(plan(fp16, false), "fp16 loss scaling");
+  expect_off(plan(open_config(), false, OD::Cpu, OD::Nvme), "backward's gathers read the NVMe");
+  const Plan none = plan(open_config(), false, OD::None);
+  EXPECT_FALSE(none.settings.overlap_step);
+  EXPECT_EQ(all_reasons(none).find("overlap_step"), std::string::npos) << all_reasons(none);
+  Config set = open_config();
+  set.zero.offload_optimizer.overlap_step = "false";
+  EXPECT_FALSE(plan(set, false).settings.overlap_step);
+}
