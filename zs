@@ -255,13 +255,22 @@ GPU_PACKAGES=(
   libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev liburing-dev liburing2 libgtest-dev
   libgloo-dev zlib1g-dev pkgconf pkgconf-bin libpkgconf3
 )
+# bench gpu's DeepSpeed row: DeepSpeed and what it needs that the GPU image lacks (its
+# package list: the device library's KINDS.md), as the pinned wheels of this venv.
+GPU_WHEELS=(deepspeed hjson pydantic pydantic_core annotated_types typing_inspection)
 GPU_DIR="$ROOT/.gpu"
 GPU_TESTS='*Gpu*:NcclGroup.*:EngineOffload.StagingBuffers*'
 
 gpu_pack() {
-  rm -rf "$GPU_DIR/debs" && mkdir -p "$GPU_DIR/debs"
+  rm -rf "$GPU_DIR/debs" "$GPU_DIR/wheels" && mkdir -p "$GPU_DIR/debs" "$GPU_DIR/wheels"
   (cd "$GPU_DIR/debs" && apt-get -o APT::Sandbox::User=root download "${GPU_PACKAGES[@]}" >/dev/null)
-  echo "zs: $(ls "$GPU_DIR/debs" | wc -l) packages, $(du -sh "$GPU_DIR/debs" | cut -f1), in .gpu/debs: carry .gpu to the GPU machine"
+  ensure_venv
+  local name
+  for name in "${GPU_WHEELS[@]}"; do
+    compgen -G "$WHEELS/$name-*.whl" >/dev/null || die "no $name wheel in $WHEELS (./zs build makes them)"
+    cp "$WHEELS/$name"-*.whl "$GPU_DIR/wheels/"
+  done
+  echo "zs: $(ls "$GPU_DIR/debs" | wc -l) packages and $(ls "$GPU_DIR/wheels" | wc -l) wheels, $(du -sh "$GPU_DIR" | cut -f1), in .gpu: carry .gpu to the GPU machine"
 }
 
 # The carried packages as a prefix the build searches first (libraries, headers,
@@ -295,6 +304,31 @@ test_gpu() {
   echo "== GPU leg: torch $(cd / && "$py" -c 'import torch; print(torch.__version__)') on" \
     "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo 'no GPU visible') =="
   (cd "$ROOT" && "$dir/tests/engine_tests" --gtest_filter="$GPU_TESTS")
+}
+
+# ./zs bench gpu: on a GPU machine, against its python3's torch, with the Python package
+# built there and the carried wheels (DeepSpeed); elsewhere, the venv's, for
+# `--device cpu --shape tiny` (the script checked where no GPU is).
+bench_gpu() {
+  local py="${ZS_GPU_PYTHON:-python3}" dir="$ROOT/build-gpu" torch_prefix
+  if ! nvidia-smi -L >/dev/null 2>&1; then
+    build >/dev/null
+    PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/gpu_bench.py "$@"
+  fi
+  use_gpu_prefix
+  torch_prefix=$(cd / && "$py" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+  (cd "$ROOT" && cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPython3_EXECUTABLE="$(command -v "$py")" -DZS_BENCH=OFF -DZS_PYTHON=ON \
+    -DCMAKE_PREFIX_PATH="$torch_prefix${CMAKE_PREFIX_PATH:+;${CMAKE_PREFIX_PATH//:/;}}" \
+    ${PKG_CONFIG_EXECUTABLE:+-DPKG_CONFIG_EXECUTABLE="$PKG_CONFIG_EXECUTABLE"}) |
+    { grep '^-- zeroshard:' || true; }
+  cmake --build "$dir" -j "$(nproc)" --target zeroshard_python >/dev/null
+  local site="$GPU_DIR/site"
+  if compgen -G "$GPU_DIR/wheels/*.whl" >/dev/null; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$site" "$GPU_DIR"/wheels/*.whl
+  fi
+  PYTHONPATH="$dir/python:$site:${PYTHONPATH:-}" exec "$py" tools/bench/gpu_bench.py "$@"
 }
 
 sanitize() {
@@ -377,7 +411,10 @@ usage: ./zs VERB [ARGS]
                     vs torch DDP), peers (vs DeepSpeed ZeRO 1-3 and offload, FSDP2,
                     FSDP1 and DDP, all in one run), hosts (2 network-namespace hosts
                     x 2 ranks behind a 1 Gbit/s link: stage 3 with and without shard
-                    groups per host vs FSDP2 and its HSDP; needs root)
+                    groups per host vs FSDP2 and its HSDP; needs root), gpu (one GPU,
+                    Llama-shaped, optimizer on the host: vs FSDP2 + CPUOffloadPolicy and
+                    DeepSpeed ZeRO-3 + offload; --search: the largest model of each;
+                    --device cpu --shape tiny checks the script without a GPU)
   consolidate CKPT OUT.pt [--dtype bf16] [--per-tensor] [--format safetensors --hf-config F]
                     one ordinary state_dict from a sharded checkpoint (or Hugging
                     Face's safetensors layout, OUT a folder)
@@ -438,8 +475,9 @@ case "$verb" in
     ;;
   bench)
     name="${1:-}"
-    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts"
+    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, gpu"
     shift
+    [ "$name" = gpu ] && bench_gpu "$@"  # one GPU: its own python3 and build (bench_gpu)
     if [ "$name" = peers ]; then  # DeepSpeed, FSDP2, FSDP1, DDP: the venv's, same run
       build >/dev/null
       exec "$PY" tools/bench/peers.py --zs-bench "$BUILD/tools/zs-bench-sharding" "$@"
@@ -451,7 +489,7 @@ case "$verb" in
     if [ "$name" = python ]; then
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/python_bench.py "$@"
     fi
-    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts"
+    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts, gpu"
     "$BUILD/tools/zs-bench-$name" "$@"
     ;;
   help | -h | --help) usage ;;

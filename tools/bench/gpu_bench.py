@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""zs bench gpu: a Llama-shaped model on one GPU with its optimizer state in host memory,
+three ways, in one run: zeroshard ZeRO-3 + `offload_optimizer: cpu` (its step inside
+backward, `overlap_step`), torch FSDP2 `fully_shard` + `CPUOffloadPolicy`, and DeepSpeed
+ZeRO-3 + `offload_optimizer: cpu`. Same model (Hugging Face `LlamaForCausalLM` from a
+config, random weights from one seed), bf16 compute with fp32 master weights and Adam
+state, AdamW with the same settings, no clipping (for all three), the same tokens.
+
+Each row: tokens/s, TFLOP/s (6 x parameters + 12 x layers x hidden x sequence, per
+token), peak GPU memory (torch.cuda.max_memory_allocated), peak host RSS, final loss, and
+the median forward, backward and step (optimizer and copies back) times, so a shortfall
+names its phase. A row that cannot run keeps its row with the reason.
+
+`--search`: the largest model each of the three steps on this machine, by layers at the
+shape's width (doubling, then bisection; each try a fresh process, two steps).
+`--device cpu --shape tiny`: the same code on the CPU, where no GPU is, to check the
+script itself; no target is judged there.
+
+usage: ./zs bench gpu [--json] [--shape 1b|tiny] [--layers N] [--seq N] [--batch N]
+                      [--steps N] [--rows a,b] [--search] [--device cuda|cpu]
+"""
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+LR, WEIGHT_DECAY = 1e-4, 0.01
+SHAPES = {  # LlamaConfig values; 1b is TinyLlama-1.1B's shape
+    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+               num_attention_heads=32, num_key_value_heads=4, vocab_size=32000),
+    "tiny": dict(hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=4, vocab_size=512),
+}
+ROWS = ["zeroshard_z3_offload_cpu", "fsdp2_cpu_offload", "deepspeed_z3_offload_cpu"]
+# (key, ours, peer, target): tokens/s ratios #16 asks for
+RATIOS = [("zs_vs_fsdp2_cpu_offload_throughput", ROWS[0], ROWS[1], 1.5),
+          ("zs_vs_deepspeed_offload_throughput", ROWS[0], ROWS[2], 1.2)]
+LARGEST_TARGET = 1.3  # zeroshard's largest model over the largest of the peers'
+
+
+# ---------------------------------------------------------------- one row, one process
+
+def llama_config(args, layers):
+    import transformers
+    shape = dict(SHAPES[args.shape], num_hidden_layers=layers)
+    return transformers.LlamaConfig(max_position_embeddings=args.seq, tie_word_embeddings=False,
+                                    **shape)
+
+
+def build_model(args, layers, torch):
+    """fp32 on the CPU from seed 0: the same weights for every row."""
+    import transformers
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(llama_config(args, layers))
+
+
+def zeroshard_row(args, model, torch, device):
+    import zeroshard
+    model.to(device=device, dtype=torch.bfloat16)
+    config = {
+        "train_micro_batch_size_per_gpu": args.batch,
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WEIGHT_DECAY}},
+        "zero_optimization": {"stage": 3,
+                              "offload_optimizer": {"device": "cpu", "overlap_step": "auto"}},
+    }
+    engine, *_ = zeroshard.initialize(model=model, config=config)
+    return engine, engine.backward, engine.step
+
+
+def fsdp2_row(args, model, torch, device):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    mesh = init_device_mesh(device.type, (1,))
+    # Page-locked host memory needs a GPU's driver; without one (the script's CPU check)
+    # the policy keeps pageable memory.
+    kwargs = dict(mesh=mesh, offload_policy=CPUOffloadPolicy(pin_memory=device.type == "cuda"),
+                  mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                 reduce_dtype=torch.float32))
+    for layer in model.model.layers:  # as FSDP2's docs and torchtitan wrap a transformer
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+
+    def step():
+        opt.step()
+        opt.zero_grad()
+
+    return model, lambda loss: loss.backward(), step
+
+
+def deepspeed_row(args, model, torch, device):
+    import deepspeed
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+    config = {
+        "train_micro_batch_size_per_gpu": args.batch,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WEIGHT_DECAY}},
+        "zero_optimization": {"stage": 3,
+                              "offload_optimizer": {"device": "cpu",
+                                                    "pin_memory": device.type == "cuda"}},
+        "steps_per_print": 10**9,
+    }
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config)
+    return engine, engine.backward, engine.step
+
+
+TRAINERS = dict(zip(ROWS, (zeroshard_row, fsdp2_row, deepspeed_row)))
+
+
+def flops_per_token(config, params):
+    return 6 * params + 12 * config.num_hidden_layers * config.hidden_size * \
+        config.max_position_embeddings
+
+
+def worker(args):
+    if args.device == "cpu" and args.worker.startswith("deepspeed"):
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(0)
+    layers = args.layers or SHAPES[args.shape]["num_hidden_layers"]
+    model = build_model(args, layers, torch)
+    params = sum(p.numel() for p in model.parameters())
+    model, backward, step = TRAINERS[args.worker](args, model, torch, device)
+    gen = torch.Generator().manual_seed(100)
+    vocab = SHAPES[args.shape]["vocab_size"]
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    phases = {"forward": [], "backward": [], "step": []}
+    loss = None
+    for i in range(args.warmup + args.steps):
+        ids = torch.randint(vocab, (args.batch, args.seq), generator=gen).to(device)
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        sync()
+        t1 = time.perf_counter()
+        backward(loss)
+        sync()
+        t2 = time.perf_counter()
+        step()
+        sync()
+        t3 = time.perf_counter()
+        if i >= args.warmup:
+            for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
+                phases[name].append(seconds)
+    median = {k: statistics.median(v) for k, v in phases.items()}
+    step_seconds = sum(median.values())
+    tokens = args.batch * args.seq / step_seconds
+    with open(args.out, "w") as f:
+        json.dump({
+            "system": args.worker, "layers": layers, "parameters": params,
+            "tokens_per_second": tokens,
+            "tflops": tokens * flops_per_token(llama_config(args, layers), params) / 1e12,
+            "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "final_loss": loss.item(), "phase_seconds": median,
+        }, f)
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- the driver
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def last_lines(printed, n=6):
+    return " | ".join(printed.strip().splitlines()[-n:])
+
+
+def run_row(args, row, layers, steps, warmup, timeout):
+    """One row in a fresh process: its measurements, or {"error": what it printed}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "row.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", row, "--out", out,
+               "--shape", args.shape, "--layers", str(layers), "--seq", str(args.seq),
+               "--batch", str(args.batch), "--steps", str(steps), "--warmup", str(warmup),
+               "--device", args.device]
+        env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        try:
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            printed = (e.stdout or b"").decode(errors="replace") + \
+                (e.stderr or b"").decode(errors="replace")
+            return {"system": row, "layers": layers,
+                    "error": f"still running after {timeout} s: " + last_lines(printed)}
+        if p.returncode != 0 or not os.path.exists(out):
+            return {"system": row, "layers": layers,
+                    "error": f"exit {p.returncode}: " + last_lines(p.stdout + p.stderr)}
+        with open(out) as f:
+            return json.load(f)
+
+
+def largest(args, row):
+    """The most layers `row` steps twice (doubling from the shape's, then bisection)."""
+    fits = lambda layers: "error" not in run_row(args, row, layers, 2, 0, args.search_timeout)
+    good, bad = 0, SHAPES[args.shape]["num_hidden_layers"]
+    while fits(bad):
+        good, bad = bad, bad * 2
+    while bad - good > max(1, good // 16):  # to within about 6%
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    if good == 0:
+        return {"system": row, "layers": 0, "parameters": 0}
+    config = llama_config(args, good)
+    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    kv = h * config.num_key_value_heads // config.num_attention_heads
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+    return {"system": row, "layers": good, "parameters": good * per_layer + 2 * v * h + h}
+
+
+def gib(b):
+    return "-" if b is None else f"{b / 2**30:.2f}"
+
+
+def print_rows(rows):
+    print(f"{'system':<26} {'tokens/s':>9} {'TFLOP/s':>8} {'GPU GiB':>8} {'RSS GiB':>8} "
+          f"{'fwd ms':>8} {'bwd ms':>8} {'step ms':>8} {'loss':>8}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['system']:<26} could not run: {r['error']}")
+            continue
+        ph = r["phase_seconds"]
+        print(f"{r['system']:<26} {r['tokens_per_second']:>9.1f} {r['tflops']:>8.2f} "
+              f"{gib(r['peak_gpu_bytes']):>8} {gib(r['peak_rss_bytes']):>8} "
+              f"{ph['forward'] * 1e3:>8.1f} {ph['backward'] * 1e3:>8.1f} "
+              f"{ph['step'] * 1e3:>8.1f} {r['final_loss']:>8.4f}")
+
+
+def ratios(rows, judged):
+    by = {r["system"]: r for r in rows if "error" not in r}
+    out = {}
+    for key, ours, peer, target in RATIOS:
+        if ours in by and peer in by:
+            out[key] = by[ours]["tokens_per_second"] / by[peer]["tokens_per_second"]
+            verdict = ("met" if out[key] >= target else "NOT met") if judged else "not judged"
+            print(f"{key}: {out[key]:.3f} (target >= {target}: {verdict})")
+    return out
+
+
+def driver(args):
+    import torch
+    judged = args.device == "cuda"
+    where = torch.cuda.get_device_name(0) if judged else "the CPU (script check only)"
+    layers = args.layers or SHAPES[args.shape]["num_hidden_layers"]
+    print(f"zs bench gpu: Llama shape {args.shape}, {layers} layers, sequence {args.seq}, "
+          f"batch {args.batch}, on {where}; torch {torch.__version__}")
+    rows = [run_row(args, row, layers, args.steps, args.warmup, args.timeout)
+            for row in args.rows.split(",")]
+    print_rows(rows)
+    result = {"device": where, "rows": rows, **ratios(rows, judged)}
+    if args.search:
+        found = [largest(args, row) for row in args.rows.split(",")]
+        for f in found:
+            print(f"largest {f['system']}: {f['layers']} layers, {f['parameters'] / 1e9:.2f} B "
+                  "parameters")
+        result["largest"] = found
+        peers = max((f["parameters"] for f in found[1:]), default=0)
+        if found and found[0]["system"] == ROWS[0] and peers > 0:
+            result["zs_largest_vs_peers"] = found[0]["parameters"] / peers
+            verdict = ("met" if result["zs_largest_vs_peers"] >= LARGEST_TARGET else "NOT met") \
+                if judged else "not judged"
+            print(f"zs_largest_vs_peers: {result['zs_largest_vs_peers']:.3f} "
+                  f"(target >= {LARGEST_TARGET}: {verdict})")
+    if args.json:
+        print(json.dumps(result, indent=2))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    p.add_argument("--layers", type=int, default=0, help="default: the shape's")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--search", action="store_true")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--timeout", type=int, default=600, help="seconds per row")
+    p.add_argument("--search-timeout", type=int, default=300, help="seconds per try")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    for row in args.rows.split(","):
+        if row not in ROWS:
+            p.error(f"--rows: '{row}' is not a row; allowed: {', '.join(ROWS)}")
+    if args.device == "cuda" and not args.worker:
+        import torch
+        if not torch.cuda.is_available():
+            p.error("no CUDA device visible; run on a GPU machine, or --device cpu --shape tiny "
+                    "to check the script")
+    worker(args) if args.worker else driver(args)
+
+
+if __name__ == "__main__":
+    main()
