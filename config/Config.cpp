@@ -232,46 +232,51 @@ void check_hpz(const Config& c) {
 }
 
 // overlap_step: true asks for the step inside backward; refused where that would not be
-// exact or could not run (auto turns itself off there instead, and says why).
+// exact or could not run (auto resolves to false there instead, and the Planner says why).
 void check_overlap_step(const Config& c) {
-  const auto& oo = c.zero.offload_optimizer;
-  if (oo.overlap_step != "true") return;
-  const char* key = "config key 'zero_optimization.offload_optimizer.overlap_step'";
-  if (oo.device == OffloadDevice::None) {
+  if (c.zero.offload_optimizer.overlap_step != "true") return;
+  if (const auto o = overlap_step_obstacle(c)) {
     fail(
-        "{} is true with 'zero_optimization.offload_optimizer.device' none; allowed: "
-        "overlap_step steps an offloaded optimizer (device cpu or nvme), else false or auto",
-        key);
-  }
-  if (c.zero.stage && *c.zero.stage < 2) {
-    fail(
-        "{} is true with 'zero_optimization.stage' {}; allowed: stage 2 or 3, whose backward "
-        "reduces each gradient shard as it is ready (or overlap_step false or auto)",
-        key, *c.zero.stage);
-  }
-  if (c.gradient_clipping && *c.gradient_clipping > 0) {
-    fail(
-        "{} is true with 'gradient_clipping' {}; allowed: gradient_clipping 0 (clipping needs "
-        "the norm of every gradient before any shard steps), or overlap_step false or auto",
-        key, *c.gradient_clipping);
-  }
-  if (c.fp16.enabled) {
-    fail(
-        "{} is true with 'fp16.enabled' true; allowed: bf16 or fp32 (fp16's loss scaling "
-        "skips a step whose gradients overflow, known only after every gradient), or "
-        "overlap_step false or auto",
-        key);
-  }
-  if (c.zero.offload_param.device == OffloadDevice::Nvme) {
-    fail(
-        "{} is true with 'zero_optimization.offload_param.device' nvme; allowed: parameter "
-        "offload none or cpu (backward's gathers read the NVMe shards the step would write), "
-        "or overlap_step false or auto",
-        key);
+        "config key 'zero_optimization.offload_optimizer.overlap_step' is true with {}; "
+        "allowed: {}, or overlap_step false or auto ({})",
+        o->setting, o->allowed, o->why);
   }
 }
 
 }  // namespace
+
+std::optional<OverlapStepObstacle> overlap_step_obstacle(const Config& c) {
+  const auto& z = c.zero;
+  if (z.offload_optimizer.device == OffloadDevice::None) {
+    return OverlapStepObstacle{"'zero_optimization.offload_optimizer.device' none",
+                               "overlap_step steps an offloaded optimizer (device cpu or nvme)",
+                               "the optimizer is not offloaded (offload_optimizer.device none)"};
+  }
+  if (z.stage && *z.stage < 2) {
+    return OverlapStepObstacle{
+        fmt::format("'zero_optimization.stage' {}", *z.stage),
+        "stage 2 or 3, whose backward reduces each gradient shard",
+        fmt::format("stage {} reduces the gradients after backward", *z.stage)};
+  }
+  const double clipping = c.gradient_clipping.value_or(0);
+  if (clipping > 0) {
+    return OverlapStepObstacle{
+        fmt::format("'gradient_clipping' {}", clipping), "gradient_clipping 0",
+        fmt::format("gradient_clipping {} needs the norm of every gradient before any step",
+                    clipping)};
+  }
+  if (c.fp16.enabled) {
+    return OverlapStepObstacle{
+        "'fp16.enabled' true", "bf16 or fp32",
+        "fp16 loss scaling skips a step only known to overflow after backward"};
+  }
+  if (z.offload_param.device == OffloadDevice::Nvme) {
+    return OverlapStepObstacle{
+        "'zero_optimization.offload_param.device' nvme", "parameter offload none or cpu",
+        "backward's gathers read the NVMe parameter shards that the step writes"};
+  }
+  return std::nullopt;
+}
 
 const char* offload_device_name(OffloadDevice d) {
   switch (d) {

@@ -124,6 +124,16 @@ LoadedConfig load_config_string(const std::string& yaml_text, const std::string&
 // Checks that hold between keys (e.g. offload_param needs stage 3); throws Error.
 void check_contradictions(const Config& config);
 
+// What rules zero_optimization.offload_optimizer.overlap_step out for `config`
+// (engine/OverlappedStep.h says why each does), or nothing. A key still auto (stage, an
+// offload device) rules nothing out yet: the Planner asks again once it is resolved.
+struct OverlapStepObstacle {
+  std::string setting;  // the key and its value, e.g. "'gradient_clipping' 1"
+  std::string allowed;  // what would allow the overlap
+  std::string why;      // one line, e.g. for the Planner's reasons
+};
+std::optional<OverlapStepObstacle> overlap_step_obstacle(const Config& config);
+
 // The YAML text of `config`, every knob written out; load_config_string accepts it.
 std::string emit_config_yaml(const Config& config);
 

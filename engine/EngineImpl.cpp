@@ -276,8 +276,7 @@ void EngineImpl::backward(const at::Tensor& loss) {
     std::optional<c10::Stream> stream;
     if (!device_is_host_)
       stream = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
-    overlapped_->begin(1.0 / static_cast<double>(world_size() * accumulation), param_group_hypers(),
-                       stream);
+    overlapped_->begin(mean_scale(), param_group_hypers(), stream);
     hypers_changed_ = false;
   }
   reducer_->begin_backward(boundary);
@@ -298,7 +297,7 @@ bool EngineImpl::step() {
   const int64_t accumulation = c.gradient_accumulation_steps;
   if (micro_steps_ == 0 || micro_steps_ % accumulation != 0) return false;
   const auto& grads = reducer_->reduced();
-  double scale = 1.0 / static_cast<double>(world_size() * accumulation);
+  double scale = mean_scale();
   if (overlapped_ && overlapped_->pending()) {
     overlapped_->finish();
     if (hypers_changed_) {
@@ -329,6 +328,11 @@ bool EngineImpl::step() {
   fault_point("step.update");
   optimizer_->step(grads, scale, param_group_hypers());
   return finish_step();
+}
+
+// The reduced gradients are sums over ranks and micro-batches; the step takes their mean.
+double EngineImpl::mean_scale() const {
+  return 1.0 / static_cast<double>(world_size() * plan_.settings.gradient_accumulation_steps);
 }
 
 // After the update: the updated shards reach every rank that holds the whole group.

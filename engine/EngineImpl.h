@@ -59,6 +59,7 @@ class EngineImpl {
   std::vector<NamedParam> full_parameters();
   bool step();
   bool finish_step();
+  double mean_scale() const;
   void zero_grad();
 
   double loss_scale() const;

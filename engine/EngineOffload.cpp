@@ -9,7 +9,6 @@
 #include "offload/IoEngine.h"
 #include "offload/SwapFile.h"
 #include "plan/MemoryModel.h"
-#include "plan/Planner.h"
 #include "sharding/GradReducer.h"
 #include "sharding/OptimizerShard.h"
 #include "sharding/ParamCoordinator.h"
@@ -98,11 +97,11 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
 // none) is refused here, naming why.
 void EngineImpl::make_overlapped_step(int threads) {
   if (!plan_.settings.overlap_step) return;
-  if (const std::string why = overlap_step_obstacle(plan_.config, plan_.option); !why.empty()) {
+  if (const auto obstacle = overlap_step_obstacle(plan_.config)) {
     fail(
         "config key 'zero_optimization.offload_optimizer.overlap_step' is true, but {}; "
         "allowed: false or auto",
-        why);
+        obstacle->why);
   }
   auto* offloaded = dynamic_cast<OffloadOptimizer*>(optimizer_.get());
   overlapped_ = std::make_unique<OverlappedStep>(offloaded, threads);

@@ -63,7 +63,7 @@ void OverlappedStep::work() {
   for (;;) {
     changed_.wait(lock, [this] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping, nothing left
-    const Task task = std::move(queue_.front());
+    Task task = std::move(queue_.front());
     queue_.pop_front();
     ++running_;
     lock.unlock();

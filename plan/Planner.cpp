@@ -297,10 +297,13 @@ void resolve_hpz(const ModelSpec& spec, const Config& fixed, const WorldShape& w
                   path, per_node, per_node, format_gib(static_cast<double>(copy))));
 }
 
+// overlap_step auto, once stage and offload are chosen: on where the step inside backward
+// is exact and the model is on a GPU (on the CPU, backward already uses every core).
 void resolve_overlap_step(Plan& plan, const TrainingShape& shape) {
   std::string& value = plan.config.zero.offload_optimizer.overlap_step;
   if (value != "auto") return;
-  std::string why = overlap_step_obstacle(plan.config, plan.option);
+  const auto obstacle = overlap_step_obstacle(plan.config);
+  std::string why = obstacle ? obstacle->why : "";
   if (why.empty() && shape.device_is_host) {
     why = "the model is on the CPU, whose cores backward uses; true overlaps anyway";
   }
@@ -312,22 +315,6 @@ void resolve_overlap_step(Plan& plan, const TrainingShape& shape) {
 }
 
 }  // namespace
-
-std::string overlap_step_obstacle(const Config& resolved, const PlanOption& option) {
-  if (option.optimizer == OD::None)
-    return "the optimizer is not offloaded (offload_optimizer.device none)";
-  if (option.stage < 2)
-    return fmt::format("stage {} reduces the gradients after backward", option.stage);
-  const double clipping = resolved.gradient_clipping.value_or(0);
-  if (clipping > 0)
-    return fmt::format("gradient_clipping {} needs the norm of every gradient before any step",
-                       clipping);
-  if (resolved.fp16.enabled)
-    return "fp16 loss scaling skips a step only known to overflow after backward";
-  if (option.params == OD::Nvme)
-    return "backward's gathers read the NVMe parameter shards that the step writes";
-  return "";
-}
 
 const std::vector<PlanOption>& plan_options() {
   static const std::vector<PlanOption> options{

@@ -48,11 +48,6 @@ const std::vector<PlanOption>& plan_options();
 Config resolve_auto_knobs(const Config& config, const ModelSpec& spec, const WorldShape& world,
                           std::vector<std::string>& reasons);
 
-// Why zero_optimization.offload_optimizer.overlap_step cannot be on for this resolved
-// config and choice, or "" when it can (engine/OverlappedStep.h says why each rules it
-// out). auto resolves to true where it can and the model is on a GPU.
-std::string overlap_step_obstacle(const Config& resolved, const PlanOption& option);
-
 Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& world,
                const TrainingShape& shape, const HardwareBudget& budget);
 
