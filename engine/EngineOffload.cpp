@@ -105,7 +105,9 @@ void EngineImpl::make_overlapped_step(int threads) {
   }
   auto* offloaded = dynamic_cast<OffloadOptimizer*>(optimizer_.get());
   overlapped_ = std::make_unique<OverlappedStep>(offloaded, threads);
-  reducer_->on_reduced([this](size_t g) { overlapped_->add(g, reducer_->reduced_group(g)); });
+  // The worker takes the gradient once it has landed on the host (GradReducer.h).
+  reducer_->on_reduced(
+      [this](size_t g) { overlapped_->add(g, [this, g] { return reducer_->settled(g); }); });
 }
 
 }  // namespace zeroshard

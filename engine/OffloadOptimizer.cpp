@@ -40,6 +40,8 @@ void OffloadOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan>
   const size_t group = shards_.size();
   shards_.push_back(shard);
   spans_.push_back(std::move(spans));
+  if (!shard.device().is_cpu() && !uploads_)
+    uploads_ = std::make_unique<CopyStream>(shard.device());
   const int64_t n = shard.numel();
   if (options_.device == OffloadDevice::Cpu) {
     const auto host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
@@ -91,30 +93,64 @@ void OffloadOptimizer::open_swap() {
       Swapper::Pass::Fill);
 }
 
-void OffloadOptimizer::write_back(at::Tensor& shard, int64_t offset, const float* master, int64_t n,
-                                  const uint16_t* bf16) {
-  at::Tensor dst = shard.narrow(0, offset, n);
-  if (bf16 != nullptr) return;  // CpuAdam wrote the bf16 copy in place
-  dst.copy_(at::from_blob(const_cast<float*>(master), {n}, at::kFloat));
+uint16_t* OffloadOptimizer::fused_bf16(size_t group, int64_t first, const at::Tensor& staging) {
+  const at::Tensor& shard = shards_[group];
+  if (shard.scalar_type() != at::kBFloat16) return nullptr;
+  if (staging.defined()) return reinterpret_cast<uint16_t*>(staging.data_ptr<at::BFloat16>());
+  if (!shard.is_contiguous()) return nullptr;
+  return reinterpret_cast<uint16_t*>(shard.data_ptr<at::BFloat16>()) + first;
 }
 
-uint16_t* OffloadOptimizer::fused_bf16(size_t group, int64_t offset) {
-  // bf16 parameters on the host: CpuAdam writes them in the same pass.
+at::Tensor OffloadOptimizer::upload_staging(size_t group, int64_t count) const {
   const at::Tensor& shard = shards_[group];
-  if (shard.scalar_type() != at::kBFloat16 || !shard.device().is_cpu() || !shard.is_contiguous())
-    return nullptr;
-  return reinterpret_cast<uint16_t*>(shard.data_ptr<at::BFloat16>()) + offset;
+  if (shard.device().is_cpu()) return {};
+  // From torch's caching host allocator: kept until the copy that reads it has ended.
+  return at::empty({count}, shard.options().device(at::kCPU).pinned_memory(true));
+}
+
+void OffloadOptimizer::write_back(size_t group, int64_t first, int64_t count, const float* master,
+                                  const uint16_t* bf16, const at::Tensor& staging) {
+  at::Tensor dst = shards_[group].narrow(0, first, count);
+  const at::Tensor updated = at::from_blob(const_cast<float*>(master), {count}, at::kFloat);
+  if (!staging.defined()) {
+    if (bf16 == nullptr) dst.copy_(updated);  // else CPU Adam wrote the shard in place
+    return;
+  }
+  if (bf16 == nullptr) staging.copy_(updated);  // compute precision, on the host
+  upload(dst, staging);
+}
+
+void OffloadOptimizer::upload(const at::Tensor& dst, const at::Tensor& staging) {
+  wait_uploads(1);  // at most two staging buffers at a time
+  Upload u;
+  u.staging_bytes = LedgerEntry(ledger_, Tier::Host, Kind::PinnedBuffers, staging.nbytes());
+  u.done = uploads_->copy(dst, staging);
+  in_flight_.push_back(std::move(u));
+}
+
+void OffloadOptimizer::wait_uploads(size_t keep) {
+  while (in_flight_.size() > keep) {
+    in_flight_.front().done.wait();
+    in_flight_.pop_front();
+  }
+}
+
+void OffloadOptimizer::publish() {
+  for (const Upload& u : in_flight_) u.done.before_current();
+  in_flight_.clear();  // their staging stays with torch's host allocator until they end
 }
 
 void OffloadOptimizer::adam(size_t group, const Update& u, int64_t first, int64_t count,
                             float* master, float* m, float* v) {
+  const at::Tensor staging = upload_staging(group, count);
+  uint16_t* bf16 = fused_bf16(group, first, staging);
   for_each_span(spans_[group], *u.hypers, first, count,
                 [&](int64_t begin, int64_t n, const AdamHyper& h) {
                   const int64_t at = begin - first;
                   cpu_adam_step(CpuAdamStep{h, steps_, u.grad_scale}, master + at, u.grad + begin,
-                                m + at, v + at, n, fused_bf16(group, begin));
+                                m + at, v + at, n, bf16 == nullptr ? nullptr : bf16 + at);
                 });
-  write_back(shards_[group], first, master, count, fused_bf16(group, first));
+  write_back(group, first, count, master, bf16, staging);
 }
 
 void OffloadOptimizer::adam_sub_group(size_t r, const Update& u, void* buffer) {
@@ -124,7 +160,10 @@ void OffloadOptimizer::adam_sub_group(size_t r, const Update& u, void* buffer) {
   auto* f = static_cast<float*>(buffer);
   adam(sg.group, u, sg.offset, sg.numel, f, f + sg.numel, f + 2 * sg.numel);
   const bool last = sg.offset + sg.numel == shards_[sg.group].numel();
-  if (last && end_group_) end_group_(sg.group);
+  if (last && end_group_) {
+    wait_uploads(0);  // what end_group_ does with the shard reads the updated values
+    end_group_(sg.group);
+  }
 }
 
 void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_scale,
@@ -134,7 +173,7 @@ void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_sc
   begin_step();
   if (options_.device == OffloadDevice::Cpu) {
     for (size_t i = 0; i < shards_.size(); ++i) step_group(i, grads[i], grad_scale, hypers);
-    return;
+    return publish();
   }
   // NVMe: one pipeline over every sub-group of every group, reads running ahead.
   std::vector<at::Tensor> host_grads;
@@ -146,6 +185,7 @@ void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_sc
     const Update u{host_grads[sub_groups_[r].group].data_ptr<float>(), grad_scale, &hypers};
     adam_sub_group(r, u, buffer);
   });
+  publish();
 }
 
 void OffloadOptimizer::step_group(size_t group, const at::Tensor& grad, double grad_scale,
@@ -157,7 +197,10 @@ void OffloadOptimizer::step_group(size_t group, const at::Tensor& grad, double g
     if (begin_group_) begin_group_(group);
     adam(group, u, 0, master_[group].numel(), master_[group].data_ptr<float>(),
          m_[group].data_ptr<float>(), v_[group].data_ptr<float>());
-    if (end_group_) end_group_(group);
+    if (end_group_) {
+      wait_uploads(0);
+      end_group_(group);
+    }
     return;
   }
   if (!swapper_) open_swap();

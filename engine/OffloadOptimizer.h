@@ -5,6 +5,10 @@
 // compute-precision shard. On NVMe each group's shard is cut into sub-groups of at
 // most sub_group_size elements, each a swap region [master | m | v] that the Swapper
 // streams through the pinned buffers: read ahead, Adam, write behind.
+// Shards on a GPU get their updated values back through page-locked staging and a copy
+// stream (sharding/CopyStream.h), while CPU Adam goes on with the next part; publish()
+// then orders them before what the compute stream runs next.
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -12,6 +16,7 @@
 
 #include "common/MemoryLedger.h"
 #include "config/Config.h"
+#include "sharding/CopyStream.h"
 #include "sharding/OptimizerShard.h"
 
 namespace zeroshard {
@@ -51,6 +56,9 @@ class OffloadOptimizer : public ShardOptimizer {
   void begin_step() { ++steps_; }
   void step_group(size_t group, const at::Tensor& grad, double grad_scale,
                   const std::vector<AdamHyper>& hypers);
+  // Shards on a GPU: the calling thread's current stream waits (on the device) for every
+  // updated shard's copy; step() does it itself, the overlapped step once it is finished.
+  void publish();
   // After the last add_group: writes the initial state to NVMe (else the first step does).
   void start();
   // Called before a group's first update and after its last (parameter offload brings
@@ -67,9 +75,13 @@ class OffloadOptimizer : public ShardOptimizer {
   };
   std::vector<size_t> sub_groups_of(size_t group) const;
   void open_swap();  // nvme: lays out every sub-group and writes the initial state
-  static void write_back(at::Tensor& shard, int64_t offset, const float* master, int64_t n,
-                         const uint16_t* bf16);
-  uint16_t* fused_bf16(size_t group, int64_t offset);
+  // Where CPU Adam writes the updated bf16 parameters of [first, first + count), if it
+  // does: the shard itself (host) or `staging` (a device shard's way back).
+  uint16_t* fused_bf16(size_t group, int64_t first, const at::Tensor& staging);
+  at::Tensor upload_staging(size_t group, int64_t count) const;  // undefined: a host shard
+  void write_back(size_t group, int64_t first, int64_t count, const float* master,
+                  const uint16_t* bf16, const at::Tensor& staging);
+  void upload(const at::Tensor& dst, const at::Tensor& staging);
   // Adam over `count` elements of `group` from element `first`, whose master, m and v
   // start at the given pointers; `grad` is the group's whole fp32 gradient.
   struct Update {
@@ -92,6 +104,13 @@ class OffloadOptimizer : public ShardOptimizer {
   std::unique_ptr<PinnedPool> pool_;
   std::function<void(size_t)> begin_group_, end_group_;
   int64_t steps_ = 0;
+  struct Upload {
+    CopyDone done;
+    LedgerEntry staging_bytes;
+  };
+  std::unique_ptr<CopyStream> uploads_;  // shards on a GPU
+  std::deque<Upload> in_flight_;         // issued since the last publish(), oldest first
+  void wait_uploads(size_t keep);        // the host waits until at most `keep` are in flight
 };
 
 }  // namespace zeroshard

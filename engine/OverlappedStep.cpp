@@ -37,11 +37,11 @@ void OverlappedStep::begin(double grad_scale, std::vector<AdamHyper> hypers,
   pending_ = true;
 }
 
-void OverlappedStep::add(size_t group, at::Tensor grad) {
+void OverlappedStep::add(size_t group, std::function<at::Tensor()> gradient) {
   if (!pending_) fail("overlap_step: group {} is ready outside an overlapped step", group);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back({group, std::move(grad)});
+    queue_.push_back({group, std::move(gradient)});
   }
   changed_.notify_all();
 }
@@ -51,6 +51,7 @@ void OverlappedStep::finish() {
   changed_.wait(lock, [this] { return queue_.empty() && running_ == 0; });
   pending_ = false;
   if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+  optimizer_->publish();  // on the training thread's stream: what runs next sees the update
 }
 
 void OverlappedStep::work() {
@@ -87,7 +88,7 @@ void OverlappedStep::run(const Task& task) {
   }
   std::optional<c10::StreamGuard> on_stream;
   if (stream_) on_stream.emplace(*stream_);
-  optimizer_->step_group(task.group, task.grad, grad_scale_, hypers_);
+  optimizer_->step_group(task.group, task.gradient(), grad_scale_, hypers_);
 }
 
 }  // namespace zeroshard

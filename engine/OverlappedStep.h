@@ -14,12 +14,15 @@
 // off (plan/Planner.cpp resolves it and says why). Hyperparameters changed between that backward
 // and step() would come too late for a step already made: step() then fails instead.
 //
-// The worker runs with the training thread's stream (CUDA) and thread count, so its
-// writes to device shards are ordered after the backward kernels already queued.
+// The worker runs with the training thread's stream (CUDA) and thread count: its copies
+// of updated shards to the device (on a copy stream, docs/architecture.md) start after
+// the backward kernels already queued there, and finish() orders them before what the
+// training thread's stream runs next.
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -44,8 +47,9 @@ class OverlappedStep {
 
   // The backward that ends a window begins; `stream`: the training thread's, on a GPU.
   void begin(double grad_scale, std::vector<AdamHyper> hypers, std::optional<c10::Stream> stream);
-  // Group `group`'s reduced gradient is final: the worker steps it.
-  void add(size_t group, at::Tensor grad);
+  // Group `group`'s reduced gradient is final: the worker steps it with what `gradient`
+  // returns (it may wait for the gradient's copy to the host, on the worker).
+  void add(size_t group, std::function<at::Tensor()> gradient);
   // A step begun and not yet finished.
   bool pending() const { return pending_; }
   // Waits for every group added since begin(); rethrows what failed on the worker.
@@ -54,7 +58,7 @@ class OverlappedStep {
  private:
   struct Task {
     size_t group;
-    at::Tensor grad;
+    std::function<at::Tensor()> gradient;
   };
   void work();
   void run(const Task& task);

@@ -31,7 +31,8 @@ GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool ov
       stage_(stage),
       overlap_(overlap),
       comm_(comm),
-      replicas_(replicas) {
+      replicas_(replicas),
+      ledger_(ledger) {
   for (FlatParamGroup* g : groups_) {
     const at::Tensor& grad = g->flat_grad();
     // fp32 stage 0/1 reduce in place in the gradient buffer itself; otherwise a separate
@@ -46,6 +47,14 @@ GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool ov
     }
   }
   received_entry_ = LedgerEntry(ledger, Tier::Device, Kind::CommBuckets, 0);
+  const c10::Device grads_on =
+      groups_.empty() ? c10::Device(at::kCPU) : groups_.front()->flat_grad().device();
+  if (stage_ >= 2 && fp32_tier != Tier::Device && !grads_on.is_cpu()) {
+    copies_ = std::make_unique<CopyStream>(grads_on);
+  }
+  landings_.resize(groups_.size());
+  landing_mutexes_ = std::make_unique<std::mutex[]>(groups_.size());
+  clean_.assign(groups_.size(), true);
   install_hooks();
 }
 
@@ -117,7 +126,10 @@ void GradReducer::launch(size_t g) {
   } else if (stage_ == 1) {
     f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), fp32_[g]);
   } else {
-    f.received = at::empty_like(fp32_[g]);
+    // Reduced where the gradients are; a landing brings it to a host accumulator.
+    f.received =
+        copies_ ? at::empty(fp32_[g].sizes(), groups_[g]->flat_grad().options().dtype(at::kFloat))
+                : at::empty_like(fp32_[g]);
     received_entry_.resize(received_entry_.bytes() + f.received.numel() * 4);
     f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), f.received);
   }
@@ -164,11 +176,56 @@ void GradReducer::finish_across() {
 
 void GradReducer::accumulate(const InFlight& f) {
   if (stage_ < 2) return;  // stages 0-1 reduce into fp32_ itself
-  // From the device to the host's accumulator for an offloaded optimizer.
-  const at::Tensor& received =
-      f.received.device() == fp32_[f.group].device() ? f.received : f.received.to(at::kCPU);
-  fp32_[f.group].add_(received);
+  if (copies_) return land(f);
+  // 0 + x is x: the first micro-batch's shard is copied in (as a landing is).
+  if (clean_[f.group]) {
+    fp32_[f.group].copy_(f.received);
+  } else {
+    fp32_[f.group].add_(f.received);
+  }
+  clean_[f.group] = false;
   received_entry_.resize(received_entry_.bytes() - f.received.numel() * 4);
+}
+
+void GradReducer::land(const InFlight& f) {
+  const size_t g = f.group;
+  // Bounded: settle the oldest (most likely ended already) before another begins.
+  while (landing_order_.size() >= 2) {
+    settled(landing_order_.front());
+    landing_order_.pop_front();
+  }
+  settled(g);  // an earlier landing of this group, if one is left
+  const int64_t bytes = f.received.numel() * 4;
+  std::lock_guard<std::mutex> lock(landing_mutexes_[g]);
+  Landing l;
+  received_entry_.resize(received_entry_.bytes() - bytes);
+  l.device_bytes = LedgerEntry(ledger_, Tier::Device, Kind::CommBuckets, bytes);
+  if (clean_[g]) {  // straight into the accumulator
+    l.done = copies_->copy(fp32_[g], f.received);
+  } else {
+    l.staging = at::empty(fp32_[g].sizes(), fp32_[g].options().pinned_memory(true));
+    l.host_bytes = LedgerEntry(ledger_, Tier::Host, Kind::PinnedBuffers, bytes);
+    l.done = copies_->copy(l.staging, f.received);
+  }
+  clean_[g] = false;
+  landings_[g] = std::move(l);
+  landing_order_.push_back(g);
+}
+
+const at::Tensor& GradReducer::settled(size_t group) {
+  std::lock_guard<std::mutex> lock(landing_mutexes_[group]);
+  std::optional<Landing>& l = landings_.at(group);
+  if (l) {
+    l->done.wait();
+    if (l->staging.defined()) fp32_[group].add_(l->staging);
+    l.reset();
+  }
+  return fp32_[group];
+}
+
+void GradReducer::settle_all() {
+  for (size_t g = 0; g < groups_.size(); ++g) settled(g);
+  landing_order_.clear();
 }
 
 void GradReducer::finished(size_t group) {
@@ -185,15 +242,18 @@ void GradReducer::end_backward() {
   // Whatever did not arrive (unused parameters) counts as zero: launch the rest.
   while (next_ >= 0) launch(next_--);
   if (stage_ >= 2) drain();
+  settle_all();
 }
 
 const std::vector<at::Tensor>& GradReducer::reduced() {
   drain();
+  settle_all();
   return fp32_;
 }
 
 double GradReducer::global_norm(double scale) {
   // One fp32 pass per buffer (no double copy of the gradients); squares summed in double.
+  settle_all();
   double local = 0;
   for (const auto& g : fp32_) {
     const double norm = g.norm().item<double>();
@@ -206,6 +266,7 @@ double GradReducer::global_norm(double scale) {
 }
 
 bool GradReducer::any_overflow() {
+  settle_all();
   at::Tensor bad = at::zeros({1});
   for (const auto& g : fp32_)
     if (!at::isfinite(g).all().item<bool>()) bad.fill_(1);
@@ -214,6 +275,8 @@ bool GradReducer::any_overflow() {
 }
 
 void GradReducer::zero() {
+  settle_all();  // no copy may still be writing into an accumulator
+  clean_.assign(groups_.size(), true);
   for (size_t i = 0; i < groups_.size(); ++i) {
     groups_[i]->zero_grads();
     // fp32 at stages 0-1 reduces in the gradient buffer itself: already zeroed above.

@@ -15,14 +15,24 @@
 // With shard groups (mics_shard_size), `comm` is this rank's group and `replicas` the
 // ranks holding the same shard in the other groups: each reduce-scattered shard is then
 // all-reduced across them, so every copy of a shard sees the sum over all ranks.
+// An offloaded optimizer on a GPU (stage >= 2) gets each reduced shard on the host
+// through a copy stream (sharding/CopyStream.h): the shard is reduced on the device, and
+// its copy "lands" in the host accumulator while backward goes on. A landing is settled
+// (its copy waited for, added where micro-batches accumulate) before the host reads the
+// accumulator: settled(group) for one group, from any thread; every one by the end of
+// backward. At most two landings are unsettled at a time, which bounds their buffers.
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
 #include "common/MemoryLedger.h"
 #include "sharding/Collectives.h"
+#include "sharding/CopyStream.h"
 #include "sharding/FlatParamGroup.h"
 
 namespace torch::autograd {
@@ -55,9 +65,10 @@ class GradReducer {
     on_complete_ = std::move(callback);
   }
   // Called, in the backward that ends an accumulation window, as soon as a group's
-  // reduced gradient is final (reduced_group(group) holds it), while backward goes on.
+  // reduced gradient is final (settled(group) returns it), while backward goes on.
   void on_reduced(std::function<void(size_t)> callback) { on_reduced_ = std::move(callback); }
-  const at::Tensor& reduced_group(size_t group) const { return fp32_.at(group); }
+  // The group's reduced gradient once its copy to the host has landed; any thread.
+  const at::Tensor& settled(size_t group);
   // Stage 3: while a reduction is waited for inside backward, `advance` issues this
   // rank's next parameter gather (false when none is left), so a peer that waits on that
   // gather before it can launch the reduction is never stuck.
@@ -93,7 +104,21 @@ class GradReducer {
   };
   std::vector<InFlight> in_flight_;
   std::vector<InFlight> across_;  // shards in their all-reduce across groups
+  MemoryLedger* ledger_;
   LedgerEntry received_entry_;
+  // Landings (offloaded optimizer on a GPU), per group; see the top of this file.
+  struct Landing {
+    CopyDone done;
+    at::Tensor staging;  // pinned; none when the copy went into the zeroed accumulator
+    LedgerEntry device_bytes, host_bytes;
+  };
+  std::unique_ptr<CopyStream> copies_;  // null: the reduced shard is where fp32_ is
+  std::vector<std::optional<Landing>> landings_;
+  std::unique_ptr<std::mutex[]> landing_mutexes_;
+  std::deque<size_t> landing_order_;  // unsettled groups, oldest first (training thread)
+  std::vector<bool> clean_;           // fp32_[g] holds zeros: nothing accumulated since zero()
+  void land(const InFlight& f);
+  void settle_all();
   std::function<void(size_t)> on_complete_;
   std::function<void(size_t)> on_reduced_;
   std::function<bool()> advance_;

@@ -59,20 +59,27 @@ int swap_dirs_left(const std::string& dir) {
 struct Case {
   int stage;
   std::string dtype, opt, param;
+  int accum = 1;
+  std::string device = "cpu";
+  int world = 2;
 };
 
 void check(const Case& c) {
   SCOPED_TRACE("stage " + std::to_string(c.stage) + " " + c.dtype + " optimizer " + c.opt +
-               " params " + c.param);
-  const auto plain = run_ranks(base(c.stage, c.dtype), 2);
-  Scenario s = base(c.stage, c.dtype);
+               " params " + c.param + " accumulation " + std::to_string(c.accum) + " on " +
+               c.device + " x" + std::to_string(c.world));
+  Scenario plain_run = base(c.stage, c.dtype);
+  plain_run.accum = c.accum;
+  plain_run.device = c.device;
+  const auto plain = run_ranks(plain_run, c.world);
+  Scenario s = plain_run;
   s.offload_opt = c.opt;
   s.offload_param = c.param;
   s.nvme_path = zeroshard::testing::scratch_dir("offload-" + c.opt + c.param +
                                                 std::to_string(c.stage) + c.dtype);
   s.max_in_cpu = 0;  // every parameter shard on NVMe
-  const auto off = run_ranks(s, 2);
-  ASSERT_EQ(off.size(), 2u);
+  const auto off = run_ranks(s, c.world);
+  ASSERT_EQ(off.size(), static_cast<size_t>(c.world));
   expect_same_parameters(off, plain);
   const Tier opt_tier = c.opt == "nvme" ? Tier::Nvme : Tier::Host;
   for (const auto& r : off) {
@@ -84,9 +91,14 @@ void check(const Case& c) {
       EXPECT_NEAR(memory(r, tier, kind, 0), predicted, 0.02 * predicted)
           << tier_name(tier) << " " << kind_name(kind);
     }
-    // The swap and parameter buffers, as planned (no gradient staging: CPU training).
+    // The swap and parameter buffers, as planned. On the host no gradient staging; on a
+    // GPU the copies' staging is counted while they run, and the plan's is an upper bound.
     const double pinned = memory(r, Tier::Host, Kind::PinnedBuffers, 1);
-    EXPECT_EQ(memory(r, Tier::Host, Kind::PinnedBuffers, 0), pinned);
+    if (c.device == "cpu") {
+      EXPECT_EQ(memory(r, Tier::Host, Kind::PinnedBuffers, 0), pinned);
+    } else {
+      EXPECT_LE(memory(r, Tier::Host, Kind::PinnedBuffers, 0), pinned);
+    }
     if (c.opt == "nvme") {
       EXPECT_GT(pinned, 0);
     }
@@ -196,6 +208,20 @@ TEST(EngineOffload, ParametersToCpuStage3) {
   check({3, "fp32", "cpu", "cpu"});
 }
 
+// The same on a GPU (skipped, with the reason, where none is visible, as on CI): the
+// reduced shards come to the host and the updated parameters go back on copy streams
+// (sharding/CopyStream.h), against the optimizer on the device. One rank over NCCL, and
+// two sharing the GPU over Gloo; with accumulation 2 the second micro-batch's shard lands
+// in staging that the host adds.
+TEST(EngineOffload, GpuOptimizerOffloadEndsWhereTheDeviceOptimizerDoes) {
+  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
+  check({2, "fp32", "cpu", "none", 2, "cuda", 1});
+  check({3, "fp32", "nvme", "none", 1, "cuda", 1});
+  ::setenv("ZS_DIST_BACKEND", "gloo", 1);  // inherited by the ranks
+  check({3, "fp32", "cpu", "none", 2, "cuda", 2});
+  ::unsetenv("ZS_DIST_BACKEND");
+}
+
 // Staging buffers for a model on a GPU are page-locked where a GPU is visible, and stay
 // pageable (counted all the same, no error) where none is, as on CI.
 TEST(EngineOffload, StagingBuffersArePageLockedWhereAGpuIs) {
@@ -219,8 +245,8 @@ TEST(EngineOffload, StepOverlappedWithBackwardIsExactlyTheStepAfterIt) {
 }
 
 // The same on a GPU (skipped, with the reason, where none is visible, as on CI): one rank
-// over NCCL; the reduced shards go to page-locked host memory, and the worker writes the
-// updated parameters back to the device on the training thread's stream.
+// over NCCL; the reduced shards come to page-locked host memory on a copy stream, and the
+// worker's updated parameters go back on another (sharding/CopyStream.h).
 TEST(EngineOffload, GpuStepOverlappedWithBackwardIsExactlyTheStepAfterIt) {
   if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
   for (const auto& c : {Overlap{2, "bf16", "cpu", "none", 2}, Overlap{3, "fp32", "nvme", "none", 1},
