@@ -367,24 +367,38 @@ fuzz() {
   configure "$dir" -DZS_FUZZ=ON -DZS_PYTHON=OFF -DCMAKE_CXX_COMPILER=clang++ \
     -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" >/dev/null
   cmake --build "$dir" -j "$(nproc)" >/dev/null
-  for t in config hf bytes manifest; do
-    local corpus="$dir/corpus-$t"
-    mkdir -p "$corpus" "$dir/crashes-$t"
-    cp -n "$ROOT/tests/fuzz/corpus/$t/"* "$corpus/" 2>/dev/null || true
-    # Earlier findings run first: each must now end in a clear error.
-    if ls "$ROOT/tests/fuzz/regressions/$t/"* >/dev/null 2>&1; then
-      "$dir/tests/fuzz/fuzz_$t" "$ROOT/tests/fuzz/regressions/$t/"* >/dev/null 2>&1 ||
-        { echo "fuzz $t: a kept regression input fails again"; status=1; }
-    fi
-    if "$dir/tests/fuzz/fuzz_$t" "$corpus" -max_total_time="$seconds" -max_len=16384 \
-        -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$dir/crashes-$t/" \
-        -print_final_stats=1 >"$dir/fuzz-$t.log" 2>&1; then
-      echo "fuzz $t: $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$dir/fuzz-$t.log" | grep -o '[0-9]*$') inputs in ${seconds} s, no crash, leak or hang"
-    else
-      echo "fuzz $t: FAILED, see $dir/fuzz-$t.log and $dir/crashes-$t/"; status=1
-    fi
+  # One fuzzer per core (each is one process, one thread); their lines in a fixed order.
+  local targets=(config hf bytes manifest) running=0
+  for t in "${targets[@]}"; do
+    fuzz_one "$dir" "$t" "$seconds" >"$dir/fuzz-$t.result" &
+    running=$((running + 1))
+    if [ "$running" -ge "$(nproc)" ]; then wait -n || true; running=$((running - 1)); fi
+  done
+  wait
+  for t in "${targets[@]}"; do
+    cat "$dir/fuzz-$t.result"
+    if grep -q FAILED "$dir/fuzz-$t.result"; then status=1; fi
   done
   return $status
+}
+
+# One parser: its kept regressions, then `seconds` of fuzzing; one line of result.
+fuzz_one() {
+  local dir="$1" t="$2" seconds="$3" corpus="$1/corpus-$2"
+  mkdir -p "$corpus" "$dir/crashes-$t"
+  cp -n "$ROOT/tests/fuzz/corpus/$t/"* "$corpus/" 2>/dev/null || true
+  # Earlier findings run first: each must now end in a clear error.
+  if ls "$ROOT/tests/fuzz/regressions/$t/"* >/dev/null 2>&1; then
+    "$dir/tests/fuzz/fuzz_$t" "$ROOT/tests/fuzz/regressions/$t/"* >/dev/null 2>&1 ||
+      { echo "fuzz $t: a kept regression input fails again: FAILED"; return; }
+  fi
+  if "$dir/tests/fuzz/fuzz_$t" "$corpus" -max_total_time="$seconds" -max_len=16384 \
+      -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$dir/crashes-$t/" \
+      -print_final_stats=1 >"$dir/fuzz-$t.log" 2>&1; then
+    echo "fuzz $t: $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$dir/fuzz-$t.log" | grep -o '[0-9]*$') inputs in ${seconds} s, no crash, leak or hang"
+  else
+    echo "fuzz $t: FAILED, see $dir/fuzz-$t.log and $dir/crashes-$t/"
+  fi
 }
 
 usage() {
