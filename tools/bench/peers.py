@@ -17,6 +17,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import deepspeed_ops  # noqa: E402
 from peer_worker import MODES, SHAPE  # noqa: E402
 
 RANKS = 2
@@ -169,6 +170,8 @@ def main():
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         sys.exit(f"--only: unknown mode(s) {', '.join(unknown)}; allowed: {', '.join(MODES)}")
+    if any(m.startswith("deepspeed") and "offload" in m for m in modes):
+        print(deepspeed_ops.prepare(cpu=True), file=sys.stderr)  # not inside a row's time
     with tempfile.TemporaryDirectory(prefix="zs-bench-peers-") as scratch:
         rows = [run_peer(mode, args, scratch) for mode in modes] + run_zeroshard(args, scratch)
     ratios, targets = compare(rows)
