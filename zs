@@ -296,14 +296,19 @@ test_gpu() {
   use_gpu_prefix
   torch_prefix=$(cd / && "$py" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
   (cd "$ROOT" && cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DPython3_EXECUTABLE="$(command -v "$py")" -DZS_BENCH=OFF -DZS_PYTHON=OFF \
+    -DPython3_EXECUTABLE="$(command -v "$py")" -DZS_BENCH=OFF -DZS_PYTHON=ON \
     -DCMAKE_PREFIX_PATH="$torch_prefix${CMAKE_PREFIX_PATH:+;${CMAKE_PREFIX_PATH//:/;}}" \
     ${PKG_CONFIG_EXECUTABLE:+-DPKG_CONFIG_EXECUTABLE="$PKG_CONFIG_EXECUTABLE"}) |
     { grep '^-- zeroshard:' || true; }
-  cmake --build "$dir" -j "$(nproc)" --target engine_tests engine_worker
+  cmake --build "$dir" -j "$(nproc)" --target engine_tests engine_worker zeroshard_python
   echo "== GPU leg: torch $(cd / && "$py" -c 'import torch; print(torch.__version__)') on" \
     "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo 'no GPU visible') =="
-  (cd "$ROOT" && "$dir/tests/engine_tests" --gtest_filter="$GPU_TESTS")
+  local status=0
+  (cd "$ROOT" && "$dir/tests/engine_tests" --gtest_filter="$GPU_TESTS") || status=1
+  # The copies between the GPU and the host under torch's CUDA stream sanitizer.
+  (cd "$ROOT/tests/python" && ZS_BUILD_DIR="$dir" "$py" -m pytest -q -p no:cacheprovider \
+    test_gpu_streams.py) || status=1
+  return $status
 }
 
 # ./zs bench gpu: on a GPU machine, against its python3's torch, with the Python package
@@ -413,7 +418,8 @@ usage: ./zs VERB [ARGS]
                     parser fuzzed 45 s (--quick: the main leg only; --trixie: only the
                     LibTorch 2.6 leg; --sanitize: only the sanitizers; --fuzz [SECONDS]:
                     only the fuzzers; --gpu: on a GPU machine, the GPU tests against its
-                    python3's torch, with the packages `gpu-pack` put in .gpu/)
+                    python3's torch, with the packages `gpu-pack` put in .gpu/, and the
+                    offloaded optimizer's copies under torch's CUDA stream sanitizer)
   gpu-pack          download the C++ libraries' Debian packages the GPU machine lacks into
                     .gpu/debs (carry .gpu there for ./zs test --gpu)
   build             install missing packages and the venv, build into build/

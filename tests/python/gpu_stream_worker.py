@@ -1,0 +1,41 @@
+"""One process on a GPU (tests/python/test_gpu_streams.py): the tiny GPT of models.py
+trained by zeroshard at stage 3, two micro-batches per step, with its optimizer on the
+device (OFFLOAD none) or on the host (cpu), the host's step after backward or inside it
+(OVERLAP false or true). Writes its losses to OUT.rank0.json.
+usage: gpu_stream_worker.py DEVICE OFFLOAD OVERLAP OUT"""
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
+STEPS, ACCUMULATION = 6, 2
+
+
+def main():
+    device, offload, overlap, out = sys.argv[1:5]
+    import zeroshard
+    model = models.make("gpt").to(device)
+    zero = {"stage": 3, "stage3_param_persistence_threshold": 0}  # every block sharded
+    if offload != "none":
+        zero["offload_optimizer"] = {"device": offload, "overlap_step": overlap}
+    config = {"train_micro_batch_size_per_gpu": models.GLOBAL_ROWS // 2,
+              "gradient_accumulation_steps": ACCUMULATION,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
+              "zero_optimization": zero}
+    engine, _, _, _ = zeroshard.initialize(model=model, config=config)
+    losses = []
+    for step in range(STEPS * ACCUMULATION):
+        loss = engine(models.batch(step, step % 2, 2).to(device))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    with open(f"{out}.rank0.json", "w") as f:
+        json.dump(losses, f)
+
+
+if __name__ == "__main__":
+    main()
