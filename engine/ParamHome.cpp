@@ -108,7 +108,8 @@ void ParamHome::fill(size_t unit, const at::Tensor& slice) {
   }
   const int64_t slot = reads_[unit].slot;
   finish_read(unit);  // the buffer is only reused by this thread, after the copy below
-  std::memcpy(slice.data_ptr(), pool_->buffer(slot), static_cast<size_t>(bytes_of(unit)));
+  // `slice` is in the full buffer: on a GPU a copy up (done when it returns), else memcpy.
+  slice.copy_(at::from_blob(pool_->buffer(slot), slice.sizes(), slice.options().device(at::kCPU)));
 }
 
 void ParamHome::open_for_update(size_t unit) {

@@ -164,6 +164,13 @@ void FlatParamGroup::set_shard_tier(Tier tier, MemoryLedger* ledger) {
   shard_entry_ = LedgerEntry(ledger, tier, Kind::Params, bytes);
 }
 
+void FlatParamGroup::keep_shard_on_host(MemoryLedger* ledger) {
+  if (!sharded_ || shard_.device().is_cpu()) return;
+  shard_ = shard_.to(shard_.options().device(at::kCPU).pinned_memory(true), /*non_blocking=*/false,
+                     /*copy=*/true);
+  set_shard_tier(Tier::Host, ledger);
+}
+
 void FlatParamGroup::release_full() {
   if (!gathered_) return;
   poison_params();

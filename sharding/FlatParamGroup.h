@@ -81,6 +81,9 @@ class FlatParamGroup {
   bool shard_resident() const { return shard_entry_.bytes() > 0; }
   // The tier the kept shard is counted under while resident.
   void set_shard_tier(Tier tier, MemoryLedger* ledger);
+  // Parameter offload on a GPU: the kept shard moves to page-locked host memory (gathers
+  // copy it up to the full buffer), counted under the host tier. On the host: nothing.
+  void keep_shard_on_host(MemoryLedger* ledger);
 
  private:
   void bind_views();

@@ -212,12 +212,14 @@ TEST(EngineOffload, ParametersToCpuStage3) {
 // reduced shards come to the host and the updated parameters go back on copy streams
 // (sharding/CopyStream.h), against the optimizer on the device. One rank over NCCL, and
 // two sharing the GPU over Gloo; with accumulation 2 the second micro-batch's shard lands
-// in staging that the host adds.
+// in staging that the host adds; with parameters on NVMe the kept shards live in host
+// memory and go up to the GPU at each gather.
 TEST(EngineOffload, GpuOptimizerOffloadEndsWhereTheDeviceOptimizerDoes) {
   if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
   check({2, "fp32", "cpu", "none", 2, "cuda", 1});
   check({3, "fp32", "nvme", "none", 1, "cuda", 1});
-  ::setenv("ZS_DIST_BACKEND", "gloo", 1);  // inherited by the ranks
+  check({3, "fp32", "nvme", "nvme", 1, "cuda", 1});  // shards: host RAM <-> NVMe -> GPU
+  ::setenv("ZS_DIST_BACKEND", "gloo", 1);            // inherited by the ranks
   check({3, "fp32", "cpu", "none", 2, "cuda", 2});
   ::unsetenv("ZS_DIST_BACKEND");
 }
