@@ -121,6 +121,10 @@ def main():
             torch.save(engine.state_dict(), f"{out}.rank{rank}.pt")
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump(losses, f)
+    # A Gloo group left to the interpreter's exit can abort it ("terminate called without
+    # an active exception", pytorch/pytorch#190489): the reference runs end theirs here.
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -68,6 +68,10 @@ def main():
     trainer.save_model(out + ".model")
     with open(f"{out}.rank{int(os.environ['RANK'])}.json", "w") as f:
         json.dump(record.logged, f)
+    # The Trainer's Gloo group, left to the interpreter's exit, can abort it ("terminate
+    # called without an active exception", pytorch/pytorch#190489); it failed a run here.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
