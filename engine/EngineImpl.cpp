@@ -224,8 +224,7 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
     FlatParamGroup* g = record.flat.get();
     // Parameter offload on a GPU: the kept shard lives in host memory from here on, where
     // the optimizer updates it and ParamHome moves it to and from NVMe.
-    if (spec.sharded && plan_.option.params != OffloadDevice::None && !device_is_host_)
-      g->keep_shard_on_host(&ledger_);
+    if (plan_.option.params != OffloadDevice::None) g->keep_shard_on_host(&ledger_);
     if (spec.sharded) {
       record.coordinator_unit = static_cast<int>(sharded.size());
       coordinator_unit_[spec.unit] = record.coordinator_unit;

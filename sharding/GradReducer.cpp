@@ -126,10 +126,8 @@ void GradReducer::launch(size_t g) {
   } else if (stage_ == 1) {
     f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), fp32_[g]);
   } else {
-    // Reduced where the gradients are; a landing brings it to a host accumulator.
-    f.received =
-        copies_ ? at::empty(fp32_[g].sizes(), groups_[g]->flat_grad().options().dtype(at::kFloat))
-                : at::empty_like(fp32_[g]);
+    // Reduced where the gradients are (a landing brings it to a host accumulator).
+    f.received = at::empty(fp32_[g].sizes(), groups_[g]->flat_grad().options().dtype(at::kFloat));
     received_entry_.resize(received_entry_.bytes() + f.received.numel() * 4);
     f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), f.received);
   }
