@@ -166,6 +166,10 @@ void OffloadOptimizer::adam_sub_group(size_t r, const Update& u, void* buffer) {
   }
 }
 
+SwapPassTimes OffloadOptimizer::last_swap_pass() const {
+  return swapper_ ? swapper_->last_pass() : SwapPassTimes{};
+}
+
 void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_scale,
                             const std::vector<AdamHyper>& hypers) {
   if (grads.size() != shards_.size())

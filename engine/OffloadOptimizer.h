@@ -24,6 +24,7 @@ namespace zeroshard {
 class IoEngine;
 class PinnedPool;
 class Swapper;
+struct SwapPassTimes;
 
 struct OffloadOptimizerOptions {
   OffloadDevice device = OffloadDevice::Cpu;
@@ -67,6 +68,8 @@ class OffloadOptimizer : public ShardOptimizer {
     begin_group_ = std::move(begin);
     end_group_ = std::move(end);
   }
+  // nvme: where the last pass over the swap file spent its time (zeros before one).
+  SwapPassTimes last_swap_pass() const;
 
  private:
   struct SubGroup {

@@ -19,6 +19,14 @@ int64_t aligned(int64_t bytes) {
   return round_up(bytes, kIoAlignment);
 }
 
+// Adds the seconds f() takes to *total.
+template <typename F>
+void timed(double* total, F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  *total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
 
 Swapper::Swapper(IoEngine* io, const std::string& dir, const std::string& name,
@@ -102,6 +110,7 @@ void Swapper::update_each(const std::vector<size_t>& order, PinnedPool& pool,
     free_slots.clear();
     if (first) std::rethrow_exception(first);
   };
+  SwapPassTimes times;
   try {
     size_t next = 0;
     for (size_t i = 0; i < order.size(); ++i) {
@@ -117,8 +126,8 @@ void Swapper::update_each(const std::vector<size_t>& order, PinnedPool& pool,
       Transfer t = std::move(reads.front());
       reads.pop_front();
       writes.push_back({t.position, t.slot, {}});  // owns the slot from here on
-      t.done.get();
-      update(order[i], pool.buffer(t.slot));
+      timed(&times.waiting_for_reads, [&] { t.done.get(); });
+      timed(&times.updating, [&] { update(order[i], pool.buffer(t.slot)); });
       writes.back().done = pass == Pass::Drain ? done_now() : write(order[i], pool.buffer(t.slot));
     }
   } catch (...) {
@@ -133,7 +142,8 @@ void Swapper::update_each(const std::vector<size_t>& order, PinnedPool& pool,
     }
     throw;
   }
-  finish_all();
+  timed(&times.draining, finish_all);
+  last_pass_ = times;
 }
 
 }  // namespace zeroshard

@@ -17,6 +17,15 @@
 
 namespace zeroshard {
 
+// Where the last update_each() spent its wall time on the calling thread. When the
+// pipeline overlaps, waiting_for_reads is pure I/O minus the updates; when it equals
+// pure I/O, the device made no progress while update() ran.
+struct SwapPassTimes {
+  double waiting_for_reads = 0;  // seconds blocked on a region's read
+  double updating = 0;           // seconds inside update()
+  double draining = 0;           // seconds waiting for the last writes
+};
+
 class Swapper {
  public:
   // One swap file `name` in `dir` holding regions of the given sizes, counted in the
@@ -44,6 +53,7 @@ class Swapper {
                    Pass pass = Pass::Update);
 
   const IoFile& file() const { return file_->file(); }
+  const SwapPassTimes& last_pass() const { return last_pass_; }
 
  private:
   IoEngine* io_;
@@ -51,6 +61,7 @@ class Swapper {
   std::vector<int64_t> bytes_;
   std::unique_ptr<SwapFile> file_;
   LedgerEntry entry_;
+  SwapPassTimes last_pass_;
 };
 
 }  // namespace zeroshard

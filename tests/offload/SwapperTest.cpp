@@ -1,10 +1,13 @@
 // Swapper: regions round-trip, the pipelined update touches every region exactly once
-// whatever the buffer count, and a failed read writes nothing back.
+// whatever the buffer count, a failed read writes nothing back, and a pass says where
+// its time went.
 #include "offload/Swapper.h"
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -90,6 +93,36 @@ TEST(Swapper, AFailedReadIsNeverWrittenBack) {
   io.set_completion_hook({});
   // The pool is whole again and the swap file still usable.
   swapper.update_each({0, 1, 2, 3, 4}, pool, [&](size_t, void*) {});
+}
+
+// Reads, updates and the last write are each held up by a known delay; the pass's
+// times must hold at least that much of each, and together no more than its wall time.
+TEST(Swapper, APassSaysWhereItsTimeWent) {
+  using namespace std::chrono;
+  const std::string dir = scratch_dir("pass-times");
+  SwapDir swap(dir, "test");
+  IoEngine io(IoOptions{});
+  MemoryLedger ledger;
+  Swapper swapper(&io, swap.path(), "opt", region_bytes(), &ledger, Kind::OptimizerStates);
+  EXPECT_EQ(swapper.last_pass().updating, 0.0);
+  PinnedPool pool(2, 70'001 * 4, &ledger);
+  const int64_t last_offset =
+      swapper.io_bytes(0) + swapper.io_bytes(1) + swapper.io_bytes(2) + swapper.io_bytes(3);
+  io.set_completion_hook([&](IoOp op, const IoFile&, int64_t offset, int64_t, int result) {
+    if (op == IoOp::Read && offset == 0) std::this_thread::sleep_for(milliseconds(60));
+    if (op == IoOp::Write && offset == last_offset) std::this_thread::sleep_for(milliseconds(60));
+    return result;
+  });
+  const auto start = steady_clock::now();
+  swapper.update_each({0, 1, 2, 3, 4}, pool,
+                      [](size_t, void*) { std::this_thread::sleep_for(milliseconds(20)); });
+  const double wall = duration<double>(steady_clock::now() - start).count();
+  io.set_completion_hook({});
+  const SwapPassTimes& t = swapper.last_pass();
+  EXPECT_GE(t.waiting_for_reads, 0.055);  // region 0's read, nothing to overlap it
+  EXPECT_GE(t.updating, 5 * 0.019);
+  EXPECT_GE(t.draining, 0.055 - 0.020);  // region 4's write; at most one update overlaps it
+  EXPECT_LE(t.waiting_for_reads + t.updating + t.draining, wall);
 }
 
 }  // namespace
