@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include <ATen/ATen.h>
 
@@ -78,11 +79,9 @@ void OffloadOptimizer::open_swap() {
   for (const auto& s : sub_groups_) total += s.numel;
   entries_.emplace_back(ledger_, Tier::Nvme, Kind::MasterParams, total * 4);
   entries_.emplace_back(ledger_, Tier::Nvme, Kind::OptimizerStates, total * 8);
-  std::vector<size_t> order(sub_groups_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   // First state: master = the parameters, m = v = 0, written through the same pipeline.
   swapper_->update_each(
-      order, *pool_,
+      all_sub_groups(), *pool_,
       [&](size_t r, void* buffer) {
         const SubGroup& s = sub_groups_[r];
         auto* f = static_cast<float*>(buffer);
@@ -170,6 +169,13 @@ SwapPassTimes OffloadOptimizer::last_swap_pass() const {
   return swapper_ ? swapper_->last_pass() : SwapPassTimes{};
 }
 
+void OffloadOptimizer::io_pass() {
+  if (options_.device != OffloadDevice::Nvme)
+    fail("OffloadOptimizer::io_pass: the optimizer state is in host RAM, not on NVMe");
+  if (!swapper_) open_swap();
+  swapper_->update_each(all_sub_groups(), *pool_, [](size_t, void*) {});
+}
+
 void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_scale,
                             const std::vector<AdamHyper>& hypers) {
   if (grads.size() != shards_.size())
@@ -183,9 +189,7 @@ void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_sc
   std::vector<at::Tensor> host_grads;
   for (const auto& g : grads) host_grads.push_back(g.to(at::kCPU, at::kFloat).contiguous());
   if (!swapper_) open_swap();
-  std::vector<size_t> order(sub_groups_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  swapper_->update_each(order, *pool_, [&](size_t r, void* buffer) {
+  swapper_->update_each(all_sub_groups(), *pool_, [&](size_t r, void* buffer) {
     const Update u{host_grads[sub_groups_[r].group].data_ptr<float>(), grad_scale, &hypers};
     adam_sub_group(r, u, buffer);
   });
@@ -223,6 +227,12 @@ void OffloadOptimizer::reload_master(size_t group) {
     const SubGroup& s = sub_groups_[r];
     at::from_blob(buffer, {s.numel}, at::kFloat).copy_(shard.narrow(0, s.offset, s.numel));
   });
+}
+
+std::vector<size_t> OffloadOptimizer::all_sub_groups() const {
+  std::vector<size_t> order(sub_groups_.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  return order;
 }
 
 std::vector<size_t> OffloadOptimizer::sub_groups_of(size_t group) const {

@@ -70,6 +70,10 @@ class OffloadOptimizer : public ShardOptimizer {
   }
   // nvme: where the last pass over the swap file spent its time (zeros before one).
   SwapPassTimes last_swap_pass() const;
+  // nvme: reads every sub-group and writes it back unchanged through the step's own
+  // buffers, swap file and I/O engine: a step's I/O without Adam, the reference that
+  // zs bench swap holds the step to (other buffers or files are not the same I/O).
+  void io_pass();
 
  private:
   struct SubGroup {
@@ -77,6 +81,7 @@ class OffloadOptimizer : public ShardOptimizer {
     int64_t offset, numel;
   };
   std::vector<size_t> sub_groups_of(size_t group) const;
+  std::vector<size_t> all_sub_groups() const;  // nvme: every swap region, in order
   void open_swap();  // nvme: lays out every sub-group and writes the initial state
   // Where CPU Adam writes the updated bf16 parameters of [first, first + count), if it
   // does: the shard itself (host) or `staging` (a device shard's way back).

@@ -1,5 +1,8 @@
 #include "offload/PinnedPool.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdlib>
 
 #include "common/Alignment.h"
@@ -8,13 +11,33 @@
 #include "offload/PageLock.h"
 
 namespace zeroshard {
+namespace {
+
+// A buffer of at least one huge page starts on a huge-page boundary and asks for
+// transparent huge pages over every whole one it holds (the tail, if any, keeps small
+// pages, so nothing beyond its own bytes is resident). Physically contiguous memory lets
+// a block-sized transfer reach the device in one segment: in scattered 4 KiB pages a
+// 1 MiB transfer has 256, more than the 254 this machine's virtio disk takes in one
+// request, so the kernel splits it. Measured (docs/architecture.md, "Swap buffers"): a
+// pool allocated first in a process moved the same file 1.2-1.7x slower than one
+// allocated later; with huge pages the two took the same time (0.94-1.05x).
+void* allocate_buffer(int64_t bytes) {
+  const auto size = static_cast<size_t>(std::max<int64_t>(bytes, kIoAlignment));
+  const size_t align = size >= kHugePageBytes ? kHugePageBytes : kIoAlignment;
+  void* p = nullptr;
+  if (posix_memalign(&p, align, size) != 0) return nullptr;
+  // Advice only: where the kernel has no huge pages (THP off), the buffer works as before.
+  if (size >= kHugePageBytes) ::madvise(p, size / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);
+  return p;
+}
+
+}  // namespace
 
 PinnedPool::PinnedPool(int64_t count, int64_t bytes_each, MemoryLedger* ledger, bool page_lock)
     : bytes_each_(round_up(bytes_each, kIoAlignment)) {
   if (count < 1) fail("pinned buffer count: {} is not allowed; use >= 1", count);
   for (int64_t i = 0; i < count; ++i) {
-    void* p = std::aligned_alloc(kIoAlignment,
-                                 static_cast<size_t>(std::max<int64_t>(bytes_each_, kIoAlignment)));
+    void* p = allocate_buffer(bytes_each_);
     if (p == nullptr) {
       for (void* q : buffers_) std::free(q);
       fail("cannot allocate {} pinned buffers of {} bytes", count, bytes_each_);

@@ -3,8 +3,11 @@
 // Plan's count and size and counted in the MemoryLedger (host tier, pinned_buffers).
 // With `page_lock` (a model on a GPU) they are page-locked too, where the driver lets
 // them be (offload/PageLock.h).
+// Buffers of a huge page or more start on one and ask for transparent huge pages, so
+// each transfer reaches the device in few segments (PinnedPool.cpp says why).
 // Buffers are handed out and returned by index; acquire() blocks while all are in use.
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <utility>
@@ -13,6 +16,9 @@
 #include "common/MemoryLedger.h"
 
 namespace zeroshard {
+
+// x86-64's transparent huge page.
+constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 class PinnedPool {
  public:

@@ -1,10 +1,12 @@
 // zs bench swap: one optimizer step with fp32 master, m and v on NVMe (OffloadOptimizer:
 // sub-groups read ahead, CpuAdam, written behind) beside, in the same run,
-//   pure I/O:  the same regions read and written through the same pipeline, no Adam;
+//   pure I/O:  the step's own regions read and written back unchanged through its own
+//              pipeline, buffers and file, no Adam (OffloadOptimizer::io_pass);
 //   pure Adam: the same step with the state in host RAM (optimizer offload to cpu).
 // overlap_ratio = step time / max(pure I/O, pure Adam): 1.0 is perfect overlap, 2.0 none.
 // The step's own phases (waiting for reads, Adam, last writes) say where a shortfall is.
 // usage: zs-bench-swap [--json] [--dir DIR] [--params N] [--sub-group N] [--rounds N]
+//                      [--threads N] [--queue-depth N] [--block-size BYTES]
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -18,8 +20,8 @@
 
 #include "common/MemoryLedger.h"
 #include "engine/OffloadOptimizer.h"
+#include "offload/CpuAdam.h"
 #include "offload/IoEngine.h"
-#include "offload/PinnedPool.h"
 #include "offload/SwapFile.h"
 #include "offload/Swapper.h"
 #include "tools/bench/BenchArgs.h"
@@ -33,7 +35,10 @@ int main(int argc, char** argv) {
   std::string dir = "build/bench-swap";
   int64_t params = 200'000'000;  // 2.4 GB of master + m + v
   int64_t sub_group = 8'000'000;
-  int rounds = 3;
+  int rounds = 5;
+  int threads = static_cast<int>(std::thread::hardware_concurrency());
+  IoOptions io_options;
+  io_options.queue_depth = 32;
   try {
     zeroshard::bench::BenchArgs()
         .flag("--json", &json)
@@ -41,8 +46,13 @@ int main(int argc, char** argv) {
         .option("--params", &params)
         .option("--sub-group", &sub_group)
         .option("--rounds", &rounds)
+        .option("--threads", &threads)
+        .option("--queue-depth", &io_options.queue_depth)
+        .option("--block-size", &io_options.block_size)
         .parse(argc, argv);
-    at::set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));
+    if (threads < 1) fail("--threads: {} is not allowed; use >= 1", threads);
+    at::set_num_threads(threads);
+    set_cpu_adam_threads(threads);
     fs::create_directories(dir);
     const int64_t need = params * 12 + (int64_t{1} << 30);
     if (free_bytes(dir) < need) {
@@ -50,8 +60,6 @@ int main(int argc, char** argv) {
                                free_bytes(dir));
       return 1;
     }
-    IoOptions io_options;
-    io_options.queue_depth = 32;
     IoEngine io(io_options);
     SwapDir swap(dir, "bench");
     MemoryLedger ledger;
@@ -73,21 +81,10 @@ int main(int argc, char** argv) {
     OffloadOptimizer host(o, &ledger);
     host.add_group(shard.clone());
 
-    // Pure I/O: the same region sizes through the same pipeline and buffers.
-    std::vector<int64_t> regions;
-    for (int64_t off = 0; off < params; off += sub_group)
-      regions.push_back(12 * std::min(sub_group, params - off));
-    Swapper io_only(&io, swap.path(), "io-only", regions, &ledger, Kind::OptimizerStates);
-    PinnedPool pool(4, 12 * sub_group, &ledger);
-    std::vector<size_t> order(regions.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-
     double t_step = 1e30, t_io = 1e30, t_adam = 1e30;
     SwapPassTimes step_phases;          // of the fastest step
     for (int r = 0; r < rounds; ++r) {  // interleaved, best of each
-      t_io = std::min(
-          t_io,
-          bench::best_seconds([&] { io_only.update_each(order, pool, [](size_t, void*) {}); }, 1));
+      t_io = std::min(t_io, bench::best_seconds([&] { nvme.io_pass(); }, 1));
       t_adam = std::min(t_adam, bench::best_seconds([&] { host.step({grad}, 1.0, h); }, 1));
       const double t = bench::best_seconds([&] { nvme.step({grad}, 1.0, h); }, 1);
       if (t < t_step) step_phases = nvme.last_swap_pass();
@@ -100,6 +97,9 @@ int main(int argc, char** argv) {
                                   {"state_bytes", params * 12},
                                   {"sub_group_size", sub_group},
                                   {"buffer_count", 4},
+                                  {"adam_threads", threads},
+                                  {"queue_depth", io_options.queue_depth},
+                                  {"block_size", io_options.block_size},
                                   {"step_seconds", t_step},
                                   {"pure_io_seconds", t_io},
                                   {"pure_adam_seconds", t_adam},
@@ -113,8 +113,10 @@ int main(int argc, char** argv) {
     }
     std::cout << fmt::format(
         "optimizer step over {}M fp32 parameters: {:.2f} GB of master+m+v on NVMe ({}), "
-        "sub-groups of {}M, 4 pinned buffers\n",
-        params / 1'000'000, state_gb, dir, sub_group / 1'000'000);
+        "sub-groups of {}M, 4 pinned buffers, {} Adam threads, queue depth {}, {} KiB blocks, "
+        "best of {} rounds\n",
+        params / 1'000'000, state_gb, dir, sub_group / 1'000'000, threads, io_options.queue_depth,
+        io_options.block_size / 1024, rounds);
     std::cout << fmt::format(
         "  pure I/O  (read + write, pipelined) {:7.3f} s  {:5.2f} GB/s each way\n", t_io,
         state_gb / t_io);
