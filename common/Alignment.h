@@ -10,6 +10,9 @@ constexpr int64_t kShardAlignElements = 64;
 // Alignment O_DIRECT needs for buffers, sizes and offsets.
 constexpr int64_t kIoAlignment = 4096;
 
+// x86-64's transparent huge page: large swap buffers start on one (offload/PinnedPool.cpp).
+constexpr int64_t kHugePageBytes = int64_t{2} << 20;
+
 constexpr int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }

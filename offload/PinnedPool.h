@@ -7,7 +7,6 @@
 // each transfer reaches the device in few segments (PinnedPool.cpp says why).
 // Buffers are handed out and returned by index; acquire() blocks while all are in use.
 #include <condition_variable>
-#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <utility>
@@ -16,9 +15,6 @@
 #include "common/MemoryLedger.h"
 
 namespace zeroshard {
-
-// x86-64's transparent huge page.
-constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 class PinnedPool {
  public:

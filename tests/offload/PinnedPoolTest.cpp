@@ -66,7 +66,7 @@ TEST(PinnedPool, LargeBuffersStartOnAHugePageAndAskForHugePages) {
     GTEST_SKIP() << "transparent huge pages are '" << mode << "' on this kernel";
   }
   MemoryLedger ledger;
-  const int64_t bytes = 3 * static_cast<int64_t>(kHugePageBytes) + 5 * kIoAlignment;
+  const int64_t bytes = 3 * kHugePageBytes + 5 * kIoAlignment;
   PinnedPool pool(2, bytes, &ledger);
   EXPECT_EQ(ledger.current(Tier::Host, Kind::PinnedBuffers), 2 * bytes);
   for (int64_t i = 0; i < pool.count(); ++i) {
