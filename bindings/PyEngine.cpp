@@ -8,6 +8,7 @@
 #include "common/Error.h"
 #include "config/Config.h"
 #include "engine/Engine.h"
+#include "engine/UnitPartition.h"
 #include "plan/Planner.h"
 
 namespace py = pybind11;
@@ -168,6 +169,21 @@ PYBIND11_MODULE(_zeroshard, m) {
   });
 
   m.def(
+      "partition_units",
+      [](const std::vector<std::tuple<std::vector<size_t>, std::vector<size_t>, bool, bool>>& nodes,
+         size_t param_count, const std::vector<size_t>& declared) {
+        std::vector<ModuleNode> tree;
+        for (const auto& [children, params, stack, callable] : nodes)
+          tree.push_back({children, params, stack, callable});
+        py::list out;
+        for (const UnitNodes& u : partition_units(tree, param_count, declared))
+          out.append(py::make_tuple(u.modules, u.params));
+        return out;
+      },
+      py::arg("nodes"), py::arg("param_count"), py::arg("declared"),
+      "Stage-3 units of a module tree (engine/UnitPartition.h): nodes are (children, "
+      "parameters, stack, callable); returns (modules, parameters) per unit.");
+  m.def(
       "plan",
       [](int64_t total_params, const std::vector<int64_t>& unit_params,
          int64_t largest_module_params, const std::string& yaml, int nodes, int ranks_per_node,
@@ -235,6 +251,12 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def("unit_forward_end", &Engine::unit_forward_end, py::call_guard<py::gil_scoped_release>())
       .def("unit_backward_begin", &Engine::unit_backward_begin,
            py::call_guard<py::gil_scoped_release>())
+      .def("model_forward_begin", &Engine::model_forward_begin,
+           py::call_guard<py::gil_scoped_release>())
+      .def("model_forward_end", &Engine::model_forward_end,
+           py::call_guard<py::gil_scoped_release>())
+      .def("touch_unit", &Engine::touch_unit, py::call_guard<py::gil_scoped_release>())
+      .def("unit_held", &Engine::unit_held)
       .def("gather_unit", &Engine::gather_unit, py::call_guard<py::gil_scoped_release>())
       .def("release_unit", &Engine::release_unit, py::call_guard<py::gil_scoped_release>())
       .def("commit_parameters", &Engine::commit_parameters,

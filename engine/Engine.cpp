@@ -35,6 +35,18 @@ void Engine::unit_forward_end(size_t unit) {
 void Engine::unit_backward_begin(size_t unit) {
   impl_->unit_backward_begin(unit);
 }
+void Engine::model_forward_begin() {
+  impl_->model_forward_begin();
+}
+void Engine::model_forward_end(bool grad_enabled) {
+  impl_->model_forward_end(grad_enabled);
+}
+int Engine::touch_unit(size_t unit, bool grad_enabled) {
+  return impl_->touch_unit(unit, grad_enabled);
+}
+int Engine::unit_held(size_t unit) const {
+  return impl_->unit_held(unit);
+}
 void Engine::gather_unit(size_t unit) {
   impl_->gather_unit(unit);
 }

@@ -76,6 +76,15 @@ class Engine {
   void unit_forward_begin(size_t unit);
   void unit_forward_end(size_t unit);
   void unit_backward_begin(size_t unit);
+  // For module hooks (the Python package): the model's forward begins and ends (a forward
+  // without gradients ends its gathers there); a parameter of `unit` is read outside the
+  // unit's modules (ParamCoordinator::touch). Both unit calls say how the unit's
+  // parameters are held now: 0 not at all, 1 for use, 2 for a read outside forward and
+  // backward (ParamCoordinator::Held).
+  void model_forward_begin();
+  void model_forward_end(bool grad_enabled);
+  int touch_unit(size_t unit, bool grad_enabled);
+  int unit_held(size_t unit) const;
   // Outside forward/backward: a unit's full parameters, present until release_unit. A
   // collective: every rank calls it for the same units in the same order.
   void gather_unit(size_t unit);

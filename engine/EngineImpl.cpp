@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <unordered_set>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -16,12 +15,12 @@
 #include "common/Error.h"
 #include "common/FaultPoint.h"
 #include "config/LrSchedule.h"
-#include "engine/DefaultUnits.h"
 #include "engine/DeviceMemory.h"
 #include "engine/GroupLayout.h"
 #include "engine/OffloadOptimizer.h"
 #include "engine/OverlappedStep.h"
 #include "engine/ParamHome.h"
+#include "engine/UnitPartition.h"
 #include "offload/IoEngine.h"  // the members it destroys
 #include "offload/SwapFile.h"
 #include "sharding/Collectives.h"
@@ -33,20 +32,6 @@
 
 namespace zeroshard {
 namespace {
-
-// Parameters in registration order, each once (tied parameters share one tensor).
-std::vector<NamedParam> unique_parameters(const torch::nn::Module& module,
-                                          bool allow_empty = false) {
-  std::vector<NamedParam> out;
-  std::unordered_set<const void*> seen;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
-      out.push_back({item.key(), item.value()});
-    }
-  }
-  if (out.empty() && !allow_empty) fail("the module has no parameters to train");
-  return out;
-}
 
 at::ScalarType compute_dtype(const Config& c) {
   if (c.bf16) return at::kBFloat16;
@@ -106,14 +91,26 @@ Plan plan_for(const std::vector<NamedParam>& params, const Config& config, const
 EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> module, const Config& config,
                        EngineOptions options)
     : module_(std::move(module)) {
-  const auto units = options.units.empty() ? default_units(*module_) : options.units;
-  std::vector<std::vector<NamedParam>> unit_params;
-  for (size_t u = 0; u < units.size(); ++u) {
-    unit_of_module_[units[u].get()] = u;
-    unit_params.push_back(unique_parameters(*units[u], true));
+  const ModuleTree tree = module_tree(*module_);
+  if (tree.params.empty()) fail("the module has no parameters to train");
+  std::vector<size_t> declared;
+  for (const auto& unit : options.units) {
+    const auto it = std::find(tree.modules.begin(), tree.modules.end(), unit.get());
+    if (it == tree.modules.end()) {
+      fail(
+          "EngineOptions::units: module '{}' is not a submodule of the model; allowed: modules "
+          "the model registers",
+          unit->name());
+    }
+    declared.push_back(static_cast<size_t>(it - tree.modules.begin()));
   }
-  init(unique_parameters(*module_), unit_params, config, options.launch,
-       std::move(options.param_groups), {});
+  std::vector<std::vector<NamedParam>> unit_params;
+  for (const UnitNodes& unit : partition_units(tree.nodes, tree.params.size(), declared)) {
+    for (size_t m : unit.modules) unit_of_module_[tree.modules[m]] = unit_params.size();
+    unit_params.emplace_back();
+    for (size_t p : unit.params) unit_params.back().push_back(tree.params[p]);
+  }
+  init(tree.params, unit_params, config, options.launch, std::move(options.param_groups), {});
   std::unordered_map<const void*, std::string> first;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     const auto [it, fresh] = first.emplace(item.value().unsafeGetTensorImpl(), item.key());
@@ -185,12 +182,15 @@ void EngineImpl::make_collectives() {
   }
   if (shard_count() == world) {
     param_comm_ = std::make_unique<Collectives>(dist_.param_group, rank, world, diagnose, &ledger_);
+    touch_comm_ = std::make_unique<Collectives>(dist_.touch_group, rank, world, diagnose, &ledger_);
     return;
   }
   const int size = shard_count(), groups = world / size;
   group_comm_ =
       std::make_unique<Collectives>(dist_.shard_group, shard_rank(), size, diagnose, &ledger_);
   param_comm_ = std::make_unique<Collectives>(dist_.shard_param_group, shard_rank(), size, diagnose,
+                                              &ledger_);
+  touch_comm_ = std::make_unique<Collectives>(dist_.shard_touch_group, shard_rank(), size, diagnose,
                                               &ledger_);
   replica_comm_ = std::make_unique<Collectives>(dist_.replica_group, dist_.replica_rank(), groups,
                                                 diagnose, &ledger_);
@@ -252,7 +252,8 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   o.prefetch_numel = z.stage3_prefetch_bucket_size;
   o.max_live_numel = z.stage3_max_live_parameters;
   o.persistence_numel = z.stage3_param_persistence_threshold;
-  coordinator_ = std::make_unique<ParamCoordinator>(sharded, param_comm_.get(), o);
+  coordinator_ =
+      std::make_unique<ParamCoordinator>(sharded, param_comm_.get(), touch_comm_.get(), o);
   if (dist_.hpz_size > 1) {  // a group of every rank gathers as the primary shards do
     Collectives* comm = hpz_comm_ ? hpz_comm_.get() : param_comm_.get();
     secondary_ = std::make_unique<SecondaryShards>(comm, sharded.size(), &ledger_);
@@ -368,7 +369,7 @@ void EngineImpl::zero_grad() {
 }
 
 int64_t EngineImpl::bytes_sent() const {
-  int64_t sent = comm_->bytes_sent() + param_comm_->bytes_sent();
+  int64_t sent = comm_->bytes_sent() + param_comm_->bytes_sent() + touch_comm_->bytes_sent();
   for (const auto* c : {group_comm_.get(), replica_comm_.get(), hpz_comm_.get()})
     if (c) sent += c->bytes_sent();
   return sent;

@@ -52,6 +52,10 @@ class EngineImpl {
   void unit_forward_begin(size_t unit);
   void unit_forward_end(size_t unit);
   void unit_backward_begin(size_t unit);
+  void model_forward_begin();
+  void model_forward_end(bool grad_enabled);
+  int touch_unit(size_t unit, bool grad_enabled);
+  int unit_held(size_t unit) const;
   void gather_unit(size_t unit);
   void release_unit(size_t unit);
   void commit_parameters(int src_rank);
@@ -125,6 +129,7 @@ class EngineImpl {
   MemoryLedger ledger_;                      // before everything that registers in it
   std::unique_ptr<Collectives> comm_;        // every rank: broadcasts, barriers, checkpoints
   std::unique_ptr<Collectives> param_comm_;  // stage-3 gathers in the shard group, their own order
+  std::unique_ptr<Collectives> touch_comm_;  // stage-3 gathers outside the schedule
   std::unique_ptr<Collectives> group_comm_;  // the shard group, with mics_shard_size
   std::unique_ptr<Collectives> replica_comm_;  // the ranks holding this shard in other groups
   std::unique_ptr<Collectives> hpz_comm_;      // hpZ: backward's gathers inside the node

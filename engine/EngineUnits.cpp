@@ -18,8 +18,8 @@ at::Tensor EngineImpl::run_unit(const torch::nn::Module& unit,
   const auto it = unit_of_module_.find(&unit);
   if (it == unit_of_module_.end() || coordinator_unit_[it->second] < 0) {
     fail(
-        "run_unit: module '{}' is not a stage-3 unit with trainable parameters; declare it "
-        "in EngineOptions::units",
+        "run_unit: module '{}' is not a stage-3 unit: engine/UnitPartition.h says which "
+        "modules gather one; run one of those, or declare this one in EngineOptions::units",
         unit.name());
   }
   const size_t u = it->second;
@@ -55,6 +55,25 @@ void EngineImpl::unit_forward_end(size_t unit) {
 void EngineImpl::unit_backward_begin(size_t unit) {
   const int u = checked_unit(unit);
   if (u >= 0) coordinator_->before_backward(u);
+}
+
+void EngineImpl::model_forward_begin() {
+  if (coordinator_) coordinator_->model_forward_begin();
+}
+
+void EngineImpl::model_forward_end(bool grad_enabled) {
+  if (coordinator_) coordinator_->model_forward_end(grad_enabled);
+}
+
+int EngineImpl::touch_unit(size_t unit, bool grad_enabled) {
+  const int u = checked_unit(unit);
+  if (u >= 0 && !coordinator_->gathered(u)) coordinator_->touch(u, grad_enabled);
+  return unit_held(unit);
+}
+
+int EngineImpl::unit_held(size_t unit) const {
+  const int u = checked_unit(unit);
+  return static_cast<int>(u < 0 ? ParamCoordinator::Held::ForUse : coordinator_->held(u));
 }
 
 void EngineImpl::gather_unit(size_t unit) {

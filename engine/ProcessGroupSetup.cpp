@@ -116,13 +116,14 @@ int listen_on(const LaunchEnv& env) {
 using GroupMaker = std::function<c10::intrusive_ptr<c10d::Backend>(
     const std::string& prefix, int rank, int size, bool high_priority)>;
 
-// Every rank makes its groups in one order (main, params, then its shard and replica
+// Every rank makes its groups in one order (main, params, touch, then its shard and replica
 // groups, or its hpZ group), and each group's store prefix names its members, so no two groups wait
 // on each other while they connect.
 void make_groups(DistContext& ctx, const GroupMaker& make_group) {
   const int world = ctx.env.world_size, rank = ctx.env.rank, size = ctx.shard_size;
   ctx.group = make_group("main", rank, world, false);
   ctx.param_group = make_group("params", rank, world, true);  // gathers: compute waits
+  ctx.touch_group = make_group("touch", rank, world, false);
   if (ctx.hpz_size > 1 && ctx.hpz_size < world) {
     ctx.hpz_group = make_group(fmt::format("hpz{}/params", rank / ctx.hpz_size), ctx.hpz_rank(),
                                ctx.hpz_size, true);
@@ -133,6 +134,8 @@ void make_groups(DistContext& ctx, const GroupMaker& make_group) {
     ctx.shard_group = make_group(fmt::format("shard{}", shard_group), shard_rank, size, false);
     ctx.shard_param_group =
         make_group(fmt::format("shard{}/params", shard_group), shard_rank, size, true);
+    ctx.shard_touch_group =
+        make_group(fmt::format("shard{}/touch", shard_group), shard_rank, size, false);
   }
   ctx.replica_group =
       make_group(fmt::format("replica{}", shard_rank), shard_group, world / size, false);

@@ -24,14 +24,21 @@ struct DistContext {
   // schedule order while gradient reductions go on in theirs: each group sees one
   // fixed order on every rank.
   c10::intrusive_ptr<c10d::Backend> param_group;
+  // Stage-3 gathers outside forward and backward (a parameter read between steps,
+  // gathered_parameters, full_parameters), which no schedule orders: on their own group,
+  // a rank that makes one alone waits there until the timeout and never pairs it with
+  // another rank's scheduled gather.
+  c10::intrusive_ptr<c10d::Backend> touch_group;
   // Sharding inside groups of `shard_size` consecutive ranks (mics_shard_size): `group`
   // and `param_group` stay over every rank for broadcasts, barriers and checkpoints;
-  // `shard_group` and `shard_param_group` join this rank's group, `replica_group` the
+  // `shard_group`, `shard_param_group` and `shard_touch_group` join this rank's group,
+  // `replica_group` the
   // ranks holding the same shard in the other groups. All three are null without
   // groups (shard_size == world size) and where they would hold one rank.
   int shard_size = 1;
   c10::intrusive_ptr<c10d::Backend> shard_group;
   c10::intrusive_ptr<c10d::Backend> shard_param_group;
+  c10::intrusive_ptr<c10d::Backend> shard_touch_group;
   c10::intrusive_ptr<c10d::Backend> replica_group;
   // hpZ (zero_hpz_partition_size): backward's gathers of the secondary copy, inside
   // groups of `hpz_size` consecutive ranks. Null without it, and where the group would

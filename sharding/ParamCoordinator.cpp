@@ -11,18 +11,23 @@
 namespace zeroshard {
 
 ParamCoordinator::ParamCoordinator(std::vector<FlatParamGroup*> units, Collectives* comm,
-                                   const CoordinatorOptions& options)
-    : units_(std::move(units)), comm_(comm), options_(options) {
-  schedule_.resize(units_.size());
-  std::iota(schedule_.begin(), schedule_.end(), 0);
-  backward_.assign(schedule_.rbegin(), schedule_.rend());
-  used_.assign(units_.size(), false);
-  walked_.assign(units_.size(), false);
-  pending_.resize(units_.size());
+                                   Collectives* touch_comm, const CoordinatorOptions& options)
+    : units_(std::move(units)),
+      comm_(comm),
+      touch_comm_(touch_comm != nullptr ? touch_comm : comm),
+      options_(options) {
+  const size_t n = units_.size();
+  schedule_.forward.resize(n);
+  std::iota(schedule_.forward.begin(), schedule_.forward.end(), 0);
+  schedule_.backward.assign(schedule_.forward.rbegin(), schedule_.forward.rend());
+  schedule_.uses.assign(n, 1);
+  record_.uses.assign(n, 0);
+  record_.last_use.assign(n, 0);
+  state_.resize(n);
 }
 
 const std::vector<size_t>& ParamCoordinator::order() const {
-  return phase_ == Phase::Backward ? backward_ : schedule_;
+  return phase_ == Phase::Backward ? schedule_.backward : schedule_.forward;
 }
 
 size_t ParamCoordinator::position_of(size_t unit) const {
@@ -31,11 +36,16 @@ size_t ParamCoordinator::position_of(size_t unit) const {
 }
 
 void ParamCoordinator::begin(Phase phase) {
+  release_idle_touches();
   phase_ = phase;
   cursor_ = 0;
-  std::fill(used_.begin(), used_.end(), false);
-  std::fill(walked_.begin(), walked_.end(), false);
-  if (phase == Phase::Forward) recorded_.clear();
+  for (auto& s : state_) s.walked = s.used = false;
+  if (phase != Phase::Forward) return;
+  record_.first_use.clear();
+  std::fill(record_.uses.begin(), record_.uses.end(), 0);
+  std::fill(record_.last_use.begin(), record_.last_use.end(), 0);
+  record_.tick = 0;
+  for (auto& s : state_) s.active = 0;
 }
 
 int64_t ParamCoordinator::live_numel() const {
@@ -45,21 +55,24 @@ int64_t ParamCoordinator::live_numel() const {
   return live;
 }
 
-void ParamCoordinator::launch_gather(size_t unit) {
-  walked_[unit] = true;
+// `explicit_comm`: a gather outside the walk (gather_now), over that group and from the
+// primary shards only.
+void ParamCoordinator::launch_gather(size_t unit, Collectives* explicit_comm) {
+  state_[unit].walked = true;
   FlatParamGroup* u = units_[unit];
-  if (u->gathered()) return;  // persistent, or still live from the other phase
+  if (u->gathered()) return;  // persistent, kept, or still live from the other phase
   fault_point(phase_ == Phase::Backward ? "backward.gather" : "forward.gather");
   at::NoGradGuard no_grad;
-  if (secondary_ != nullptr && phase_ == Phase::Backward && secondary_->holds(unit)) {
-    pending_[unit] = secondary_->gather(unit, *u);
+  const bool in_walk = explicit_comm == nullptr;
+  if (in_walk && secondary_ != nullptr && phase_ == Phase::Backward && secondary_->holds(unit)) {
+    state_[unit].pending = secondary_->gather(unit, *u);
     return;
   }
   const bool at_home = home_ != nullptr && home_->holds(unit);
   u->allocate_full(/*fill_own_shard=*/!at_home);
   if (at_home) home_->fill(unit, u->own_slice());
-  pending_[unit] = comm_->all_gather(u->flat());
-  if (home_ == nullptr || phase_ == Phase::Idle) return;
+  state_[unit].pending = (in_walk ? comm_ : explicit_comm)->all_gather(u->flat());
+  if (home_ == nullptr || phase_ == Phase::Idle || !in_walk) return;
   const auto& o = order();
   for (size_t p = cursor_; p < std::min(o.size(), cursor_ + lookahead_); ++p) {
     if (home_->holds(o[p])) home_->prefetch(o[p]);
@@ -72,7 +85,7 @@ void ParamCoordinator::set_shard_home(ShardHome* home, int lookahead) {
 }
 
 void ParamCoordinator::gather_now(size_t unit) {
-  launch_gather(unit);
+  launch_gather(unit, touch_comm_);
   wait_gathered(unit);
 }
 
@@ -81,7 +94,7 @@ void ParamCoordinator::release_now(size_t unit) {
 }
 
 void ParamCoordinator::wait_gathered(size_t unit) {
-  pending_[unit].wait();
+  state_[unit].pending.wait();
 }
 
 // Issue gathers in schedule order up to and including `unit`; units passed over stay
@@ -90,8 +103,18 @@ void ParamCoordinator::walk_to(size_t unit) {
   const size_t target = position_of(unit);
   const auto& o = order();
   if (target < o.size()) {
-    while (cursor_ <= target) launch_gather(o[cursor_++]);
-  } else if (!walked_[unit]) {
+    // Before rank 0's orders arrive forward walks the registration order, which may be far
+    // from the order of use (a vision tower registered before the embedding it follows):
+    // what the walk gathers on the way then only keeps this rank in step, and goes at once.
+    const bool drop_passed = !schedule_.from_rank0 && phase_ == Phase::Forward;
+    std::vector<size_t> passed;
+    while (cursor_ <= target) {
+      const size_t next = o[cursor_++];
+      if (drop_passed && next != unit && !units_[next]->gathered()) passed.push_back(next);
+      launch_gather(next);
+    }
+    for (size_t p : passed) release(p);
+  } else if (!state_[unit].walked) {
     fail("stage 3: unit {} is not in the schedule", unit);
   }
   prefetch();
@@ -111,7 +134,7 @@ void ParamCoordinator::prefetch() {
 }
 
 void ParamCoordinator::release(size_t unit, bool even_persistent) {
-  pending_[unit].wait();
+  state_[unit].pending.wait();
   FlatParamGroup* u = units_[unit];
   if (!even_persistent && u->numel() <= options_.persistence_numel) return;
   if (secondary_ != nullptr && phase_ == Phase::Forward && u->gathered()) {
@@ -121,12 +144,32 @@ void ParamCoordinator::release(size_t unit, bool even_persistent) {
   u->release_full();
 }
 
-void ParamCoordinator::before_forward(size_t unit) {
-  if (phase_ != Phase::Forward) begin(Phase::Forward);
-  if (!used_[unit]) recorded_.push_back(unit);
-  used_[unit] = true;
-  if (walked_[unit]) {
-    if (!units_[unit]->gathered()) launch_gather(unit);  // reused after release
+// The first unit of backward (the last rank 0 used in forward) stays for it, on every
+// rank alike; so do units touched outside their modules.
+bool ParamCoordinator::kept_for_backward(size_t unit) const {
+  return state_[unit].pinned || (!schedule_.backward.empty() && unit == schedule_.backward.front());
+}
+
+ParamCoordinator::Held ParamCoordinator::held(size_t unit) const {
+  if (!gathered(unit)) return Held::No;
+  const bool read =
+      std::find(idle_touched_.begin(), idle_touched_.end(), unit) != idle_touched_.end();
+  return read ? Held::ForRead : Held::ForUse;
+}
+
+void ParamCoordinator::release_idle_touches() {
+  for (size_t u : idle_touched_) release(u, /*even_persistent=*/true);
+  idle_touched_.clear();
+}
+
+void ParamCoordinator::use_in_forward(size_t unit) {
+  UnitState& s = state_[unit];
+  if (!s.used) record_.first_use.push_back(unit);
+  s.used = true;
+  ++record_.uses[unit];
+  record_.last_use[unit] = ++record_.tick;
+  if (s.walked) {
+    if (!units_[unit]->gathered()) launch_gather(unit);  // used again after its release
     prefetch();
     wait_gathered(unit);
     return;
@@ -134,10 +177,57 @@ void ParamCoordinator::before_forward(size_t unit) {
   walk_to(unit);
 }
 
-// The last unit of forward is the first of backward: it stays (on every rank alike).
+void ParamCoordinator::use_in_backward(size_t unit) {
+  if (phase_ != Phase::Backward) begin(Phase::Backward);
+  UnitState& s = state_[unit];
+  s.used = true;
+  if (s.walked) {
+    if (!units_[unit]->gathered()) launch_gather(unit);  // needed again after its release
+    prefetch();
+    wait_gathered(unit);
+    return;
+  }
+  walk_to(unit);
+}
+
+void ParamCoordinator::model_forward_begin() {
+  if (phase_ == Phase::Backward) return;  // recomputed inside backward
+  if (phase_ == Phase::Forward) finish_walk();
+  begin(Phase::Forward);
+}
+
+void ParamCoordinator::model_forward_end(bool grad_enabled) {
+  if (phase_ != Phase::Forward || grad_enabled) return;
+  finish_walk();
+  phase_ = Phase::Idle;
+}
+
+// A forward no backward follows: the rest of its walk, then everything but what an
+// earlier forward's backward still needs goes.
+void ParamCoordinator::finish_walk() {
+  const auto& o = order();
+  while (cursor_ < o.size()) launch_gather(o[cursor_++]);
+  if (!schedule_.from_rank0) adopt_rank0_orders();
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (!state_[u].pinned) release(u);
+}
+
+void ParamCoordinator::before_forward(size_t unit) {
+  if (phase_ == Phase::Backward) {  // recomputed inside backward (activation checkpointing)
+    use_in_backward(unit);
+    return;
+  }
+  if (phase_ != Phase::Forward) begin(Phase::Forward);
+  if (state_[unit].active++ == 0) use_in_forward(unit);
+}
+
+// After its last use in forward (rank 0's count), a unit goes, unless backward starts with it.
 void ParamCoordinator::after_forward(size_t unit) {
   fault_point("forward.release");
-  if (unit != schedule_.back()) release(unit);
+  UnitState& s = state_[unit];
+  if (phase_ != Phase::Forward || s.active == 0 || --s.active > 0) return;
+  const bool used_again = record_.uses[unit] < schedule_.uses[unit];
+  if (!used_again && !kept_for_backward(unit)) release(unit);
 }
 
 void ParamCoordinator::end_forward() {
@@ -145,24 +235,33 @@ void ParamCoordinator::end_forward() {
   // Units this rank did not run are gathered and freed too: the other ranks may have.
   const auto& o = order();
   while (cursor_ < o.size()) launch_gather(o[cursor_++]);
+  if (!schedule_.from_rank0) adopt_rank0_orders();  // this backward's order already
   for (size_t u = 0; u < units_.size(); ++u)
-    if (u != schedule_.back()) release(u);
+    if (!kept_for_backward(u)) release(u);
   begin(Phase::Backward);
 }
 
 void ParamCoordinator::before_backward(size_t unit) {
-  if (phase_ != Phase::Backward) begin(Phase::Backward);
-  used_[unit] = true;
-  if (walked_[unit]) {
-    prefetch();
-    wait_gathered(unit);
-    return;
-  }
-  walk_to(unit);
+  use_in_backward(unit);
 }
 
 void ParamCoordinator::backward_done(size_t unit) {
-  if (phase_ == Phase::Backward) release(unit);
+  if (phase_ == Phase::Backward && !state_[unit].pinned) release(unit);
+}
+
+void ParamCoordinator::touch(size_t unit, bool grad_enabled) {
+  if (phase_ == Phase::Idle) {
+    release_idle_touches();  // one unit at a time, as the reads go from one to the next
+    gather_now(unit);
+    idle_touched_.push_back(unit);
+    return;
+  }
+  if (phase_ == Phase::Forward) {
+    use_in_forward(unit);
+  } else {
+    use_in_backward(unit);
+  }
+  if (grad_enabled) state_[unit].pinned = true;
 }
 
 bool ParamCoordinator::advance() {
@@ -173,26 +272,46 @@ bool ParamCoordinator::advance() {
 }
 
 void ParamCoordinator::end_backward() {
-  const auto& o = backward_;
+  const auto& o = schedule_.backward;
   while (cursor_ < o.size()) launch_gather(o[cursor_++]);
+  for (auto& s : state_) s.pinned = false;
   for (size_t u = 0; u < units_.size(); ++u) release(u);
   if (secondary_ != nullptr) secondary_->invalidate();
   phase_ = Phase::Idle;
 }
 
 void ParamCoordinator::after_step() {
+  release_idle_touches();
+  for (auto& s : state_) s.pinned = false;
   for (size_t u = 0; u < units_.size(); ++u) release(u, /*even_persistent=*/true);
   if (secondary_ != nullptr) secondary_->invalidate();
-  // Rank 0's first-use order, then every unit it did not use, in registration order.
-  std::vector<int64_t> mine(recorded_.begin(), recorded_.end());
-  for (size_t u = 0; u < units_.size(); ++u)
-    if (std::find(recorded_.begin(), recorded_.end(), u) == recorded_.end()) mine.push_back(u);
+  adopt_rank0_orders();
+}
+
+// Rank 0's orders as every rank's schedule, in one broadcast of 3 x units numbers:
+// forward's first-use order, then every unit it did not use (registration order);
+// backward's order, the reverse of the last uses with unused units first; the use counts.
+void ParamCoordinator::adopt_rank0_orders() {
+  const size_t n = units_.size();
+  std::vector<int64_t> mine(record_.first_use.begin(), record_.first_use.end());
+  for (size_t u = 0; u < n; ++u)
+    if (record_.uses[u] == 0) mine.push_back(static_cast<int64_t>(u));
+  std::vector<size_t> by_last(n);
+  std::iota(by_last.begin(), by_last.end(), 0);
+  std::stable_sort(by_last.begin(), by_last.end(), [this](size_t a, size_t b) {
+    const int64_t ta = record_.last_use[a], tb = record_.last_use[b];
+    return (ta == 0 ? INT64_MAX : ta) < (tb == 0 ? INT64_MAX : tb);
+  });
+  mine.insert(mine.end(), by_last.rbegin(), by_last.rend());
+  mine.insert(mine.end(), record_.uses.begin(), record_.uses.end());
   fault_point("step.schedule");
-  at::Tensor order = at::tensor(mine, at::kLong);
-  comm_->broadcast(order, 0).wait();
-  const auto* data = order.data_ptr<int64_t>();
-  schedule_.assign(data, data + order.numel());
-  backward_.assign(schedule_.rbegin(), schedule_.rend());
+  at::Tensor sent = at::tensor(mine, at::kLong);
+  comm_->broadcast(sent, 0).wait();
+  const auto* data = sent.data_ptr<int64_t>();
+  schedule_.forward.assign(data, data + n);
+  schedule_.backward.assign(data + n, data + 2 * n);
+  schedule_.uses.assign(data + 2 * n, data + 3 * n);
+  schedule_.from_rank0 = true;
 }
 
 }  // namespace zeroshard

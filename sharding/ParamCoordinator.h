@@ -2,15 +2,23 @@
 // Stage 3: decides when each unit's full parameters exist. Before a unit runs (forward,
 // or backward through it) its parameters are gathered; afterwards they are freed.
 //
-// Ranks stay in step because every forward (and every backward, in reverse) walks a
-// schedule holding *every* unit, in an order all ranks agree on: the order rank 0 saw
-// units first used in the previous step (registration order in the first step). A
+// Ranks stay in step because every forward (and every backward) walks a schedule holding
+// *every* unit, in an order all ranks agree on: the order rank 0 first used units in
+// forward, and for backward the reverse of the order it last used them (a head tied to
+// the embedding comes first in backward though the embedding came first in forward). A
 // unit a rank does not use this step (a data-dependent branch) is still gathered and
 // freed when the walk passes it, so every rank issues the same all-gathers in the same
-// order. Prefetch runs ahead along the schedule, bounded by the prefetch budget and the
-// live-parameter limit; units at or below the persistence threshold are never freed.
-// With hpZ (sharding/SecondaryShards.h) forward's frees keep the group-sharded copy that
-// backward's gathers read.
+// order. Rank 0's orders are sent to every rank after each optimizer step, and once at
+// the end of the first forward (before it, forward walks the registration order and
+// frees at once what it gathered only to keep in step).
+//
+// A unit rank 0 used several times in a forward (a module reused, an embedding and the
+// head tied to it) stays gathered from its first use to its last, so no rank gathers it
+// twice. Prefetch runs ahead along the schedule, bounded by the prefetch budget and the
+// live-parameter limit; units at or below the persistence threshold are never freed
+// inside a step. A unit whose parameters are read outside its own modules (touch())
+// stays until backward ends. With hpZ (sharding/SecondaryShards.h) forward's frees keep
+// the group-sharded copy that backward's gathers read.
 #include <cstdint>
 #include <vector>
 
@@ -39,19 +47,36 @@ struct CoordinatorOptions {
 
 class ParamCoordinator {
  public:
-  ParamCoordinator(std::vector<FlatParamGroup*> units, Collectives* comm,
+  // `comm` carries the walk's gathers; `touch_comm` the gathers outside forward and
+  // backward (gather_now, touch), which no schedule orders: on a group of their own, a
+  // rank that makes one alone waits there until the timeout instead of pairing with the
+  // others' walk.
+  ParamCoordinator(std::vector<FlatParamGroup*> units, Collectives* comm, Collectives* touch_comm,
                    const CoordinatorOptions& options);
 
+  // The model's forward begins / ends (its root module's hooks, where there are such). A
+  // forward that no backward followed (evaluation, generation, a second forward before
+  // one backward) ends its walk when the next begins; one without gradients, at its end.
+  void model_forward_begin();
+  void model_forward_end(bool grad_enabled);
+  // A unit's forward begins / ends; nested calls for one unit count as one.
   void before_forward(size_t unit);
   void after_forward(size_t unit);
   void end_forward();
   void before_backward(size_t unit);
   void backward_done(size_t unit);
   void end_backward();
+  // A parameter of `unit` is read outside the unit's modules. Inside forward or backward
+  // the unit is gathered as a use in the walk and, where autograd records the read
+  // (`grad_enabled`), kept until backward ends: what autograd saved of it is read again
+  // there. Outside them (code reading parameters between steps) it is gathered now over
+  // the touch group, a collective every rank makes alike, and the unit touched before it
+  // is released.
+  void touch(size_t unit, bool grad_enabled);
   // Issue the next gather of the current walk ahead of need; false when none is left.
   bool advance();
   // After each optimizer step: every full copy is stale (persistent ones included), and
-  // the schedule becomes rank 0's recorded order (one small broadcast).
+  // the schedule becomes rank 0's recorded orders (one small broadcast).
   void after_step();
 
   int64_t live_numel() const;  // parameters currently gathered (budgets count parameters)
@@ -62,29 +87,62 @@ class ParamCoordinator {
   // Outside forward/backward (reading parameters): gather one unit now / free it.
   void gather_now(size_t unit);
   bool gathered(size_t unit) const { return units_.at(unit)->gathered(); }
+  // Whether `unit`'s full parameters are there, and for what. A touch outside forward and
+  // backward holds them for a read only until the next touch, forward or step: what reads
+  // them must copy what it keeps, and nothing may write them.
+  enum class Held { No, ForUse, ForRead };
+  Held held(size_t unit) const;
   void release_now(size_t unit);
 
  private:
   enum class Phase { Idle, Forward, Backward };
   void begin(Phase phase);
+  void finish_walk();
+  void use_in_forward(size_t unit);
+  void use_in_backward(size_t unit);
   void walk_to(size_t unit);
   void prefetch();
-  void launch_gather(size_t unit);
+  void launch_gather(size_t unit, Collectives* comm = nullptr);
   void wait_gathered(size_t unit);
   void release(size_t unit, bool even_persistent = false);
+  bool kept_for_backward(size_t unit) const;
+  void release_idle_touches();
+  void adopt_rank0_orders();
   size_t position_of(size_t unit) const;
   const std::vector<size_t>& order() const;
 
+  // The schedule every rank walks (rank 0's; written by adopt_rank0_orders).
+  struct Schedule {
+    std::vector<size_t> forward;   // first-use order
+    std::vector<size_t> backward;  // the reverse of the last-use order
+    std::vector<int64_t> uses;     // per unit: uses in one forward
+    bool from_rank0 = false;       // false until the first forward's end
+  };
+  // What this rank's current forward did (written by use_in_forward, sent by rank 0).
+  struct ForwardRecord {
+    std::vector<size_t> first_use;
+    std::vector<int64_t> uses;
+    std::vector<int64_t> last_use;  // per unit: the tick of its last use, 0: none
+    int64_t tick = 0;
+  };
+  // Per unit, in the current phase.
+  struct UnitState {
+    CommHandle pending;   // gather in flight
+    bool walked = false;  // gather issued by the walk
+    bool used = false;
+    int active = 0;       // forwards begun and not ended
+    bool pinned = false;  // touched inside forward or backward: kept to backward's end
+  };
+
   std::vector<FlatParamGroup*> units_;
   Collectives* comm_;
+  Collectives* touch_comm_;
   CoordinatorOptions options_;
-  std::vector<size_t> schedule_;     // forward order; backward walks it reversed
-  std::vector<size_t> backward_;     // schedule_ reversed
-  std::vector<size_t> recorded_;     // this step's first-use order on this rank
-  std::vector<bool> used_;           // used in the current phase
-  std::vector<CommHandle> pending_;  // per unit: gather in flight
-  std::vector<bool> walked_;         // gather issued in the current phase
-  size_t cursor_ = 0;                // next position of the walk
+  Schedule schedule_;
+  ForwardRecord record_;
+  std::vector<UnitState> state_;
+  std::vector<size_t> idle_touched_;
+  size_t cursor_ = 0;  // next position of the walk
   Phase phase_ = Phase::Idle;
   ShardHome* home_ = nullptr;
   int lookahead_ = 0;

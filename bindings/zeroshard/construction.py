@@ -46,17 +46,8 @@ from torch.nn.modules.module import (register_module_module_registration_hook,
 from torch.overrides import TorchFunctionMode
 
 from . import _zeroshard
+from ._touch import METADATA
 from .config import load_config
-
-# Tensor attributes that read no values: a sharded parameter answers them as it is.
-_METADATA = {
-    torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.Tensor.nelement,
-    torch.Tensor.is_floating_point, torch.Tensor.is_complex, torch.Tensor.element_size,
-    torch.Tensor.requires_grad_, torch.Tensor.data_ptr, torch.Tensor.__hash__,
-    torch.Tensor.__repr__, torch.Tensor.__format__,
-} | {getattr(torch.Tensor, name).__get__ for name in (
-    "shape", "dtype", "device", "layout", "ndim", "requires_grad", "is_leaf", "grad",
-    "grad_fn", "is_meta", "is_cuda", "is_sparse", "names")}
 
 _active = None  # the _Sharder of the innermost open context
 
@@ -214,7 +205,7 @@ class _GatherOnTouch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not self.sharder.busy and func not in _METADATA:
+        if not self.sharder.busy and func not in METADATA:
             params = list(_sharded_args(args, kwargs))
             if params:
                 self.sharder.touch(params)

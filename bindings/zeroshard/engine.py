@@ -9,6 +9,8 @@ import os
 import torch
 
 from . import _zeroshard, construction
+from ._touch import shard_parameters
+from ._units import stage3_units, unique_parameters
 from .config import load_config
 from .optimizer import ZeroShardOptimizer, client_scheduler, engine_options, parameter_groups
 
@@ -53,15 +55,6 @@ def _refuse_twice_named(text, origin, optimizer, lr_scheduler):
                 f"(remove the config's '{key}' section to use the client's)")
 
 
-def _unique_params(module):
-    seen, out = set(), []
-    for name, p in module.named_parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            out.append((name, p))
-    return out
-
-
 def _aliases(model):
     """(name, first name) for every parameter reachable under a second name (tied)."""
     first, out = {}, []
@@ -86,43 +79,6 @@ def _all_modules(model, prefix=""):
             yield from _all_modules(child, prefix + ("." if prefix else "") + name)
 
 
-def _parameter_count(module):
-    return sum(p.numel() for p in module.parameters())
-
-
-def default_units(model):
-    """Stage-3 units when none are given, the rule engine/DefaultUnits.h states for C++:
-    the blocks (with parameters) of the model's largest ModuleList or Sequential by
-    parameter count, the first in pre-order on a tie. The rest (embeddings, final norm,
-    head) stays whole in the root groups, so a weight used outside its module's forward
-    is always there; pass units= to shard those too."""
-    best, best_count = None, -1
-    for m in model.modules():  # pre-order, the model first
-        if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
-            count = _parameter_count(m)
-            if count > best_count:
-                best, best_count = m, count
-    if best is None:
-        return []
-    return [b for b in best.children() if _parameter_count(b) > 0]
-
-
-def _resolve_units(model, units):
-    if units is None:
-        return default_units(model)
-    by_name = dict(model.named_modules())
-    out = []
-    for u in units:
-        if isinstance(u, str):
-            if u not in by_name:
-                raise _zeroshard.Error(
-                    f"units: '{u}' is not a submodule of the model; allowed: names from "
-                    "model.named_modules() or module objects")
-            u = by_name[u]
-        out.append(u)
-    return out
-
-
 class ZeroShardEngine:
     def __init__(self, model, config, units=None, model_parameters=None, optimizer=None,
                  lr_scheduler=None):
@@ -132,10 +88,10 @@ class ZeroShardEngine:
         text, origin = load_config(config)
         _refuse_twice_named(text, origin, optimizer, lr_scheduler)
         self.module = model
-        self._units = _resolve_units(model, units)
+        self._units = stage3_units(model, units)  # [(modules, params)], every parameter
         client, groups, decoupled = parameter_groups(model, model_parameters, optimizer)
-        params = _unique_params(model)
-        unit_params = [_unique_params(u) for u in self._units]
+        params = unique_parameters(model)
+        unit_params = [ps for _, ps in self._units]
         engine_groups = [(list(g["params"]), engine_options(g, d))
                          for g, d in zip(groups, decoupled)]
         # Parameters built sharded (zeroshard.init) or on the meta device come whole one
@@ -153,8 +109,21 @@ class ZeroShardEngine:
         self._pending_backward = False
         self._hooks = []
         if self._engine.stage == 3:
-            for index, unit in enumerate(self._units):
-                self._hook_unit(index, unit)
+            self._hook_stage3(model)
+
+    def _hook_stage3(self, model):
+        """Every unit gathered where one of its modules runs, and wherever else one of its
+        parameters is read (zeroshard/_touch.py); the model's own forward bounds the
+        gathers of one forward (one without gradients ends them)."""
+        engine = self._engine
+        shard_parameters(engine, self._units)
+        self._hooks.append(model.register_forward_pre_hook(
+            lambda _module, _inputs: engine.model_forward_begin()))
+        for index, (modules, _) in enumerate(self._units):
+            for module in modules:
+                self._hook_unit(index, module)
+        self._hooks.append(model.register_forward_hook(
+            lambda _module, _inputs, _output: engine.model_forward_end(torch.is_grad_enabled())))
 
     def _hook_unit(self, index, unit):
         engine = self._engine
@@ -262,7 +231,7 @@ class ZeroShardEngine:
     def state_dict(self):
         """An ordinary state_dict (full tensors, tied parameters under every name)."""
         full = self.full_parameters()
-        by_id = {id(p): full[n] for n, p in _unique_params(self.module)}
+        by_id = {id(p): full[n] for n, p in unique_parameters(self.module)}
         out = {}
         for prefix, mod in self.module.named_modules():
             dot = prefix + "." if prefix else ""
@@ -344,8 +313,8 @@ class ZeroShardEngine:
         them (DeepSpeed's GatheredParameters). A collective: every rank enters it for the
         same module."""
         wanted = {id(p) for p in (module or self.module).parameters()}
-        indices = [i for i, u in enumerate(self._units)
-                   if any(id(p) in wanted for p in u.parameters())]
+        indices = [i for i, (_, ps) in enumerate(self._units)
+                   if any(id(p) in wanted for _, p in ps)]
         for i in indices:
             self._engine.gather_unit(i)
         try:

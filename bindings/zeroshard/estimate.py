@@ -4,7 +4,7 @@ import os
 
 from . import _zeroshard
 from .config import load_config
-from .engine import default_units
+from ._units import stage3_units
 
 
 def _count(params):
@@ -20,15 +20,7 @@ def estimate(model, config=None, nodes=1, gpus_per_node=1, gpu_memory="80GB",
              host_memory=None, nvme=None, units=None):
     """Returns the plan as a dict: summary, recommended option, per-option bytes per rank
     per tier, and the resolved config YAML."""
-    units = default_units(model) if units is None else units
-    in_units, unit_counts = set(), []
-    for u in units:
-        ps = [p for p in u.parameters() if id(p) not in in_units]
-        in_units.update(id(p) for p in ps)
-        unit_counts.append(_count(ps))
-    rest = _count(p for p in model.parameters() if id(p) not in in_units)
-    if rest:
-        unit_counts.append(rest)
+    unit_counts = [_count(p for _, p in ps) for _, ps in stage3_units(model, units)]
     total = _count(model.parameters())
     text = load_config(config)[0] if config is not None else "{}"
     host = host_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -96,7 +96,8 @@ class MlpBlock : public torch::nn::Module {
 };
 
 // Embedding, an attention block and an MLP block with residuals, and an output head
-// tied to the embedding (so the embedding stays in the root, whole, at stage 3).
+// tied to the embedding: at stage 3 the embedding is a unit of its own (left over), read
+// twice, so both reads go through run_unit.
 class TinyTransformer : public TestModel {
  public:
   TinyTransformer(const Scenario& s, int batch) : s_(s), batch_(batch) {
@@ -112,10 +113,11 @@ class TinyTransformer : public TestModel {
         at::randint(kVocab, {batch_, kSeq + 1}, gen).slice(0, begin, end).to(emb->weight.device());
     const at::Tensor input = tokens.slice(1, 0, kSeq);
     const at::Tensor target = tokens.slice(1, 1, kSeq + 1);
-    at::Tensor h = emb->forward(input);
+    at::Tensor h = run_unit(*emb, [&] { return emb->forward(input); });
     h = h + run_unit(*attn, [&] { return attn->forward(h); });
     if (!s_.unused || step % 2 == 0) h = h + run_unit(*mlp, [&] { return mlp->forward(h); });
-    const at::Tensor logits = h.matmul(emb->weight.t()).to(at::kFloat);  // tied head
+    const at::Tensor logits =
+        run_unit(*emb, [&] { return h.matmul(emb->weight.t()); }).to(at::kFloat);  // tied head
     return torch::cross_entropy_loss(logits.reshape({-1, kVocab}), target.reshape({-1}));
   }
 
@@ -141,7 +143,8 @@ class Elementwise : public TestModel {
     auto gen = data_generator(step, micro);
     const at::Tensor x = at::randn({batch_, 64}, gen).slice(0, begin, end).to(w.device());
     const at::Tensor y = at::randn({batch_, 64}, gen).slice(0, begin, end).to(w.device());
-    const at::Tensor out = x.to(w.scalar_type()) * w + b;
+    // w and b are the model's own parameters: at stage 3 the model itself is their unit.
+    const at::Tensor out = run_unit(*this, [&] { return x.to(w.scalar_type()) * w + b; });
     return torch::mse_loss(out.to(at::kFloat), y);
   }
 

@@ -77,10 +77,11 @@ def test_estimate_counts_tied_parameters_once():
     assert "stage 0 True" in out
 
 
-def test_a_stage3_parameter_outside_its_unit_reads_nan_and_refuses_writes():
-    """Outside forward and gathered_parameters a stage-3 parameter has no storage of
-    its own: reading it must not crash (it reads NaN), writing it raises, and inside
-    gathered_parameters it has its real values."""
+def test_a_stage3_parameter_read_between_steps_is_whole_and_a_write_is_refused():
+    """Between steps a stage-3 parameter holds no values of its own: a read gathers its
+    unit (the values gathered_parameters shows, copied: the unit goes at the next read),
+    printing it says it is sharded instead of gathering, and a write outside
+    gathered_parameters raises, naming the parameter and the way to write it."""
     code, out = run_one(
         "m = torch.nn.Module()\n"
         "m.blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))\n"
@@ -88,14 +89,22 @@ def test_a_stage3_parameter_outside_its_unit_reads_nan_and_refuses_writes():
         "engine, *_ = zeroshard.initialize(model=m, config={'zero_optimization': {'stage': 3}})\n"
         "engine.backward(engine(torch.ones(2, 4))); engine.step()\n"
         "w = m.blocks[0].weight\n"
-        "print('shape', tuple(w.shape), 'nan', bool(w.isnan().all()))\n"
+        "print('repr:', repr(w))\n"
+        "read = w.detach()\n"
+        "other = m.blocks[1].weight * 1\n"  # another unit: the first one goes
+        "print('finite', bool(read.isfinite().all()), 'norm', float(read.norm()) > 0)\n"
         "with engine.gathered_parameters(m.blocks[0]):\n"
-        "    print('inside finite', bool(w.isfinite().all()))\n"
+        "    print('same', torch.equal(read, w.detach()))\n"
         "try:\n"
         "    with torch.no_grad(): w.add_(1)\n"
-        "except RuntimeError as e:\n"
-        "    print('write refused:', str(e).splitlines()[0][:60])\n")
+        "except zeroshard.Error as e:\n"
+        "    print('write refused:', e)\n"
+        "print('unchanged', torch.equal(read, w.detach()))\n")
     assert code == 0, out
-    assert "shape (4, 4) nan True" in out
-    assert "inside finite True" in out
-    assert "write refused:" in out
+    assert "repr: Parameter 'blocks.0.weight' of shape (4, 4), torch.float32, sharded" in out
+    assert "finite True norm True" in out
+    assert "same True" in out
+    assert ("write refused: parameter 'blocks.0.weight' is sharded (ZeRO stage 3) and add_ "
+            "would write it outside training") in out
+    assert "gathered_parameters(module, modifier_rank=0)" in out
+    assert "unchanged True" in out

@@ -54,13 +54,16 @@ Gpt::Gpt(const GptShape& shape) : shape_(shape) {
 at::Tensor Gpt::loss(const at::Tensor& tokens, const UnitRunner& run_unit) {
   const at::Tensor input = tokens.slice(1, 0, shape_.seq);
   const at::Tensor target = tokens.slice(1, 1, shape_.seq + 1);
-  at::Tensor h = embedding_->forward(input);
+  // Every module with parameters runs through run_unit: at stage 3 the embedding and the
+  // final norm are units too (engine/UnitPartition.h), and the tied head reads the
+  // embedding's weight outside the embedding's forward.
+  at::Tensor h = run_unit(*embedding_, [&] { return embedding_->forward(input); });
   for (const auto& block : blocks_) {
     auto* b = static_cast<Block*>(block.get());
     h = run_unit(*block, [&] { return b->forward(h); });
   }
-  h = final_norm_->forward(h);
-  const at::Tensor logits = h.matmul(embedding_->weight.t());  // tied head
+  h = run_unit(*final_norm_, [&] { return final_norm_->forward(h); });
+  const at::Tensor logits = run_unit(*embedding_, [&] { return h.matmul(embedding_->weight.t()); });
   return torch::cross_entropy_loss(logits.reshape({-1, shape_.vocab}), target.reshape({-1}));
 }
 

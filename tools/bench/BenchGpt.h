@@ -24,7 +24,7 @@ using UnitRunner =
 class Gpt : public torch::nn::Module {
  public:
   explicit Gpt(const GptShape& shape);
-  // Mean next-token loss over `tokens` (batch x seq+1); blocks run through `run_unit`.
+  // Mean next-token loss over `tokens` (batch x seq+1); every module runs through `run_unit`.
   at::Tensor loss(const at::Tensor& tokens, const UnitRunner& run_unit);
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() const { return blocks_; }
 
