@@ -210,7 +210,7 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
                               const MaterializeParams& materialize) {
   const TrainingSettings& z = plan_.settings;
   const int stage = z.stage;
-  coordinator_unit_.assign(unit_params.size(), -1);
+  coordinator_units_.assign(unit_params.size(), {});
   const auto layout = layout_groups(params, unit_params, stage, z.reduce_bucket_size);
   const at::ScalarType dtype = compute_dtype(plan_.config);
   optimizer_ = make_optimizer(params.front().param.device().is_cpu());
@@ -227,7 +227,8 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
     if (plan_.option.params != OffloadDevice::None) g->keep_shard_on_host(&ledger_);
     if (spec.sharded) {
       record.coordinator_unit = static_cast<int>(sharded.size());
-      coordinator_unit_[spec.unit] = record.coordinator_unit;
+      record.unit = spec.unit;
+      coordinator_units_[spec.unit].push_back(record.coordinator_unit);
       sharded.push_back(g);
     }
     if (spec.trainable) record.trainable = static_cast<int>(trainable_.size());
@@ -260,9 +261,11 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
     coordinator_->set_secondary(secondary_.get());
   }
   reducer_->on_wait([this] { return coordinator_->advance(); });
+  // A unit's gradients are in: its frozen group goes with its trainable one.
   reducer_->on_group_complete([this](size_t group) {
-    const int unit = unit_of_trainable(group);
-    if (unit >= 0) coordinator_->backward_done(unit);
+    const int unit = groups_[trainable_[group]].unit;
+    if (unit < 0) return;
+    for (int u : coordinator_units_[unit]) coordinator_->backward_done(u);
   });
   if (param_home_) {
     const int lookahead = static_cast<int>(z.offload_param.buffer_count) - 1;

@@ -102,7 +102,8 @@ class EngineImpl {
   void build_groups(const std::vector<NamedParam>& params,
                     const std::vector<std::vector<NamedParam>>& unit_params,
                     const MaterializeParams& materialize);
-  int checked_unit(size_t unit) const;  // its coordinator unit, or -1
+  // Its coordinator units (none at stages 0-2); fails for a unit that does not exist.
+  const std::vector<int>& checked_unit(size_t unit) const;
   Manifest checkpoint_layout() const;
   void write_group_slice(size_t group, const std::function<void(const void*, int64_t)>& write);
   void write_rank_file(const std::string& folder);
@@ -137,11 +138,13 @@ class EngineImpl {
   void make_collectives();
   // Index spaces: a group is its position in groups_; a trainable group its position
   // in the optimizer (trainable_); a coordinator unit a stage-3 unit group's position in
-  // the ParamCoordinator; a user unit one the caller declared (coordinator_unit_ maps it).
+  // the ParamCoordinator; a user unit one the caller declared or engine/UnitPartition.h
+  // made (coordinator_units_ maps it to its groups: trainable and frozen).
   struct GroupRecord {
     std::unique_ptr<FlatParamGroup> flat;
     int coordinator_unit = -1;  // -1: not a stage-3 unit group
     int trainable = -1;         // its trainable-group index; -1: frozen
+    int unit = -1;              // its user unit, for stage-3 unit groups
   };
   std::vector<GroupRecord> groups_;
   // Offload: the I/O engine and swap directories outlive everything that swaps.
@@ -158,8 +161,10 @@ class EngineImpl {
   std::unique_ptr<ParamCoordinator> coordinator_;
   std::unique_ptr<SecondaryShards> secondary_;  // hpZ's copies, read through the coordinator
   std::unordered_map<const torch::nn::Module*, size_t> unit_of_module_;  // -> unit index
-  std::vector<int> coordinator_unit_;  // per unit index: its coordinator unit or -1
-  std::vector<NamedParam> names_;      // the parameters, for full_parameters()
+  // Per unit index: its coordinator units (none at stages 0-2, or for a unit without
+  // parameters).
+  std::vector<std::vector<int>> coordinator_units_;
+  std::vector<NamedParam> names_;  // the parameters, for full_parameters()
   int64_t micro_steps_ = 0;
   c10::Device device_{c10::kCPU};  // the model's
   bool device_is_host_ = true;

@@ -16,7 +16,7 @@ at::Tensor EngineImpl::run_unit(const torch::nn::Module& unit,
                                 const std::function<at::Tensor()>& forward) {
   if (!coordinator_) return forward();
   const auto it = unit_of_module_.find(&unit);
-  if (it == unit_of_module_.end() || coordinator_unit_[it->second] < 0) {
+  if (it == unit_of_module_.end()) {
     fail(
         "run_unit: module '{}' is not a stage-3 unit: engine/UnitPartition.h says which "
         "modules gather one; run one of those, or declare this one in EngineOptions::units",
@@ -35,26 +35,24 @@ at::Tensor EngineImpl::run_unit(const torch::nn::Module& unit,
   return out;
 }
 
-int EngineImpl::checked_unit(size_t unit) const {
-  if (unit >= coordinator_unit_.size()) {
-    fail("unit {} does not exist; this model has {} units", unit, coordinator_unit_.size());
+const std::vector<int>& EngineImpl::checked_unit(size_t unit) const {
+  static const std::vector<int> kNone;
+  if (unit >= coordinator_units_.size()) {
+    fail("unit {} does not exist; this model has {} units", unit, coordinator_units_.size());
   }
-  return coordinator_ ? coordinator_unit_[unit] : -1;
+  return coordinator_ ? coordinator_units_[unit] : kNone;
 }
 
 void EngineImpl::unit_forward_begin(size_t unit) {
-  const int u = checked_unit(unit);
-  if (u >= 0) coordinator_->before_forward(u);
+  for (int u : checked_unit(unit)) coordinator_->before_forward(u);
 }
 
 void EngineImpl::unit_forward_end(size_t unit) {
-  const int u = checked_unit(unit);
-  if (u >= 0) coordinator_->after_forward(u);
+  for (int u : checked_unit(unit)) coordinator_->after_forward(u);
 }
 
 void EngineImpl::unit_backward_begin(size_t unit) {
-  const int u = checked_unit(unit);
-  if (u >= 0) coordinator_->before_backward(u);
+  for (int u : checked_unit(unit)) coordinator_->before_backward(u);
 }
 
 void EngineImpl::model_forward_begin() {
@@ -66,24 +64,29 @@ void EngineImpl::model_forward_end(bool grad_enabled) {
 }
 
 int EngineImpl::touch_unit(size_t unit, bool grad_enabled) {
-  const int u = checked_unit(unit);
-  if (u >= 0 && !coordinator_->gathered(u)) coordinator_->touch(u, grad_enabled);
+  const auto& units = checked_unit(unit);
+  if (!units.empty()) coordinator_->touch(units, grad_enabled);
   return unit_held(unit);
 }
 
+// The unit's groups held alike, or the least of them.
 int EngineImpl::unit_held(size_t unit) const {
-  const int u = checked_unit(unit);
-  return static_cast<int>(u < 0 ? ParamCoordinator::Held::ForUse : coordinator_->held(u));
+  auto held = ParamCoordinator::Held::ForUse;
+  for (int u : checked_unit(unit)) {
+    const auto h = coordinator_->held(u);
+    if (h == ParamCoordinator::Held::No) return static_cast<int>(h);
+    if (h == ParamCoordinator::Held::ForRead) held = h;
+  }
+  return static_cast<int>(held);
 }
 
 void EngineImpl::gather_unit(size_t unit) {
-  const int u = checked_unit(unit);
-  if (u >= 0 && !coordinator_->gathered(u)) coordinator_->gather_now(u);
+  for (int u : checked_unit(unit))
+    if (!coordinator_->gathered(u)) coordinator_->gather_now(u);
 }
 
 void EngineImpl::release_unit(size_t unit) {
-  const int u = checked_unit(unit);
-  if (u >= 0) coordinator_->release_now(u);
+  for (int u : checked_unit(unit)) coordinator_->release_now(u);
 }
 
 void EngineImpl::commit_parameters(int src_rank) {

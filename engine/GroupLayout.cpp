@@ -42,24 +42,24 @@ std::vector<GroupSpec> layout_groups(const std::vector<NamedParam>& params,
     }
   }
   std::vector<NamedParam> root_trainable, frozen;
-  std::vector<GroupSpec> unit_groups(units.size());
+  std::vector<GroupSpec> unit_groups(2 * units.size());  // per unit: trainable, frozen
   for (const auto& p : params) {
     const auto it = owner.find(key(p.param));
-    if (!p.param.requires_grad()) {
-      frozen.push_back(p);
-    } else if (it == owner.end() || it->second < 0) {
-      root_trainable.push_back(p);
+    const bool trainable = p.param.requires_grad();
+    if (it == owner.end() || it->second < 0) {
+      (trainable ? root_trainable : frozen).push_back(p);
     } else {
-      unit_groups[it->second].params.push_back(p);
+      unit_groups[2 * it->second + (trainable ? 0 : 1)].params.push_back(p);
     }
   }
   std::vector<GroupSpec> out;
   add_buckets(root_trainable, true, bucket_numel, out);
-  for (size_t u = 0; u < unit_groups.size(); ++u) {
-    if (unit_groups[u].params.empty()) continue;
-    unit_groups[u].sharded = true;
-    unit_groups[u].unit = static_cast<int>(u);
-    out.push_back(unit_groups[u]);
+  for (size_t g = 0; g < unit_groups.size(); ++g) {
+    if (unit_groups[g].params.empty()) continue;
+    unit_groups[g].sharded = true;
+    unit_groups[g].trainable = g % 2 == 0;
+    unit_groups[g].unit = static_cast<int>(g / 2);
+    out.push_back(unit_groups[g]);
   }
   add_buckets(frozen, false, bucket_numel, out);
   return out;

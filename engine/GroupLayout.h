@@ -1,9 +1,10 @@
 #pragma once
 // Which parameters share a flat buffer. Stages 0-2: trainable parameters in buckets of
-// reduce_bucket_size elements, in registration order. Stage 3: one sharded group per
-// unit holding the unit's trainable parameters; everything else (parameters outside
-// every unit, parameters tied across units, frozen parameters) stays whole in root
-// groups, whose optimizer state and gradients are still sharded as at stage 2.
+// reduce_bucket_size elements, in registration order, frozen ones in buckets after them.
+// Stage 3: per unit, a sharded group of its trainable parameters and one of its frozen
+// parameters (no gradients, no optimizer state); parameters outside every unit or tied
+// across units (given so by a caller; engine/UnitPartition.h makes neither) stay whole in
+// root groups, whose optimizer state and gradients are still sharded as at stage 2.
 #include <cstdint>
 #include <vector>
 
@@ -19,7 +20,8 @@ struct GroupSpec {
 };
 
 // `units[i]` lists unit i's parameters (recursively, each once). Order of the result:
-// trainable root groups, unit groups in unit order, frozen groups.
+// trainable root groups, unit groups in unit order (trainable, then frozen), frozen
+// root groups.
 std::vector<GroupSpec> layout_groups(const std::vector<NamedParam>& params,
                                      const std::vector<std::vector<NamedParam>>& units, int stage,
                                      int64_t bucket_numel);

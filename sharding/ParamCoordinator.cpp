@@ -249,19 +249,31 @@ void ParamCoordinator::backward_done(size_t unit) {
   if (phase_ == Phase::Backward && !state_[unit].pinned) release(unit);
 }
 
-void ParamCoordinator::touch(size_t unit, bool grad_enabled) {
+void ParamCoordinator::touch(const std::vector<int>& units, bool grad_enabled) {
   if (phase_ == Phase::Idle) {
-    release_idle_touches();  // one unit at a time, as the reads go from one to the next
-    gather_now(unit);
-    idle_touched_.push_back(unit);
+    if (std::all_of(units.begin(), units.end(), [this](int u) { return gathered(u); })) return;
+    // One unit at a time, as the reads go from one to the next.
+    for (size_t u : idle_touched_)
+      if (std::find(units.begin(), units.end(), static_cast<int>(u)) == units.end())
+        release(u, /*even_persistent=*/true);
+    idle_touched_.clear();
+    for (int u : units) {
+      if (!gathered(u)) gather_now(u);
+      idle_touched_.push_back(u);
+    }
     return;
   }
-  if (phase_ == Phase::Forward) {
-    use_in_forward(unit);
-  } else {
-    use_in_backward(unit);
+  // A read inside the unit's own forward, or one already kept for backward, is no new use.
+  for (int u : units) {
+    UnitState& s = state_[u];
+    if (s.active > 0 || (s.pinned && grad_enabled)) continue;
+    if (phase_ == Phase::Forward) {
+      use_in_forward(u);
+    } else {
+      use_in_backward(u);
+    }
+    if (grad_enabled) s.pinned = true;
   }
-  if (grad_enabled) state_[unit].pinned = true;
 }
 
 bool ParamCoordinator::advance() {

@@ -66,13 +66,14 @@ class ParamCoordinator {
   void before_backward(size_t unit);
   void backward_done(size_t unit);
   void end_backward();
-  // A parameter of `unit` is read outside the unit's modules. Inside forward or backward
-  // the unit is gathered as a use in the walk and, where autograd records the read
+  // A parameter of `units` (the groups of one module's unit) is read. Inside the units'
+  // own forward that is nothing new. Elsewhere in forward or backward each is a use in the
+  // walk (gathered where it is not there) and, where autograd records the read
   // (`grad_enabled`), kept until backward ends: what autograd saved of it is read again
-  // there. Outside them (code reading parameters between steps) it is gathered now over
-  // the touch group, a collective every rank makes alike, and the unit touched before it
-  // is released.
-  void touch(size_t unit, bool grad_enabled);
+  // there. Outside forward and backward (code reading parameters between steps) they are
+  // gathered now, where they are not there, over the touch group (a collective every rank
+  // makes alike), and the units touched before them are released.
+  void touch(const std::vector<int>& units, bool grad_enabled);
   // Issue the next gather of the current walk ahead of need; false when none is left.
   bool advance();
   // After each optimizer step: every full copy is stale (persistent ones included), and

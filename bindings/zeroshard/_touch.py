@@ -78,17 +78,15 @@ def _sharded_in(args, kwargs):
 
 
 def _held_for_read(args, kwargs):
-    """Gathers the unit of every sharded parameter the operation reads that is not there;
-    returns those held only for a read (outside forward and backward)."""
+    """Tells the engine of every sharded parameter the operation reads (its unit is
+    gathered where it is not there); returns those held only for a read (outside forward
+    and backward)."""
     read = []
     for p in _sharded_in(args, kwargs):
         owner = p._zs_owner()
         if owner is None:  # the engine is gone
             continue
-        held = owner.unit_held(p._zs_unit)
-        if held == _NOT_HELD:
-            held = owner.touch_unit(p._zs_unit, torch.is_grad_enabled())
-        if held == _FOR_READ:
+        if owner.touch_unit(p._zs_unit, torch.is_grad_enabled()) == _FOR_READ:
             read.append(p)
     return read
 
