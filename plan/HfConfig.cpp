@@ -1,5 +1,6 @@
 #include "plan/HfConfig.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -30,6 +31,18 @@ class Reader {
     return positive(key);
   }
 
+  // A value saved under either of two names (transformers writes some under its own).
+  int64_t required_either(const char* key, const char* other) const {
+    if (json_.contains(other) && !json_[other].is_null() && !json_.contains(key)) {
+      return positive(other);
+    }
+    if (!json_.contains(key) || json_[key].is_null()) {
+      fail("{}: key '{}' (or '{}') is missing; it is required for model_type '{}'", origin_, key,
+           other, type());
+    }
+    return positive(key);
+  }
+
   int64_t optional(const char* key, int64_t fallback) const {
     if (!json_.contains(key) || json_[key].is_null()) return fallback;
     return positive(key);
@@ -44,6 +57,36 @@ class Reader {
   }
 
   std::string type() const { return json_.value("model_type", std::string("?")); }
+  const std::string& origin() const { return origin_; }
+
+  std::string text(const char* key, const std::string& fallback) const {
+    if (!json_.contains(key) || json_[key].is_null()) return fallback;
+    if (!json_[key].is_string()) {
+      fail("{}: key '{}' is {}; allowed: a string", origin_, key, json_[key].dump());
+    }
+    return json_[key].get<std::string>();
+  }
+
+  // Layer indices (qwen3_moe's mlp_only_layers), or how many a list holds where a single
+  // integer means one (llava's vision_feature_layer).
+  std::vector<int64_t> integers(const char* key) const {
+    if (!json_.contains(key) || json_[key].is_null()) return {};
+    const Json& v = json_[key];
+    if (v.is_number_integer()) return {v.get<int64_t>()};
+    if (!v.is_array() ||
+        !std::all_of(v.begin(), v.end(), [](const Json& e) { return e.is_number_integer(); })) {
+      fail("{}: key '{}' is {}; allowed: an integer or a list of integers", origin_, key, v.dump());
+    }
+    return v.get<std::vector<int64_t>>();
+  }
+
+  // A nested config (llava's vision_config and text_config): errors name it too.
+  Reader sub(const char* key) const {
+    if (!json_.contains(key) || !json_[key].is_object()) {
+      fail("{}: key '{}' is missing; it is required for model_type '{}'", origin_, key, type());
+    }
+    return Reader(json_[key], fmt::format("{} ({})", origin_, key));
+  }
 
  private:
   int64_t positive(const char* key) const {
@@ -94,6 +137,36 @@ TransformerArch gemma(const Reader& r) {
   return a;
 }
 
+// Gemma 2: a norm before and after both attention and MLP.
+TransformerArch gemma2(const Reader& r) {
+  TransformerArch a = gemma(r);
+  a.norms_per_block = 4;
+  return a;
+}
+
+// Qwen3: a norm of head_dim on queries and keys.
+TransformerArch qwen3(const Reader& r) {
+  TransformerArch a = llama_like(r);
+  a.qk_norm = true;
+  return a;
+}
+
+// Qwen3-MoE: experts of moe_intermediate_size behind a router, except in mlp_only_layers
+// and in the layers decoder_sparse_step skips, which have a dense MLP.
+TransformerArch qwen3_moe(const Reader& r) {
+  TransformerArch a = qwen3(r);
+  a.experts = r.required_either("num_experts", "num_local_experts");
+  a.expert_intermediate = r.required("moe_intermediate_size");
+  const int64_t step = r.optional("decoder_sparse_step", 1);
+  const std::vector<int64_t> dense = r.integers("mlp_only_layers");
+  a.dense_layers.assign(static_cast<size_t>(a.layers), false);
+  for (int64_t layer = 0; layer < a.layers; ++layer) {
+    a.dense_layers[static_cast<size_t>(layer)] =
+        (layer + 1) % step != 0 || std::find(dense.begin(), dense.end(), layer) != dense.end();
+  }
+  return a;
+}
+
 // Plain multi-head attention (as many key/value heads as heads), the sizes under the
 // family's own names.
 TransformerArch multi_head(const Reader& r, const char* hidden, const char* layers,
@@ -140,12 +213,111 @@ TransformerArch phi(const Reader& r) {
   return a;
 }
 
-const std::map<std::string, std::function<TransformerArch(const Reader&)>>& families() {
+using Decoder = std::function<TransformerArch(const Reader&)>;
+
+const std::map<std::string, Decoder>& decoders() {
+  static const auto* table = new std::map<std::string, Decoder>{
+      {"llama", llama_like}, {"mistral", llama_like},  {"mixtral", mixtral}, {"qwen2", qwen2},
+      {"qwen3", qwen3},      {"qwen3_moe", qwen3_moe}, {"gemma", gemma},     {"gemma2", gemma2},
+      {"gpt2", gpt2},        {"gpt_neox", gpt_neox},   {"phi", phi},
+  };
+  return *table;
+}
+
+TransformerArch decoder_arch(const Reader& r) {
+  const auto family = decoders().find(r.type());
+  if (family == decoders().end()) {
+    fail("{}: model_type '{}' is not a supported language model; allowed: {}", r.origin(), r.type(),
+         fmt::format("{}", fmt::join(supported_model_types(), ", ")));
+  }
+  return family->second(r);
+}
+
+void set_shape(ModelSpec& spec, int64_t layers, int64_t hidden, int64_t heads, int64_t vocab,
+               int64_t positions) {
+  spec.layers = layers;
+  spec.hidden = hidden;
+  spec.heads = heads;
+  spec.vocab = vocab;
+  spec.max_positions = positions;
+}
+
+// T5 (and mT5): an encoder and a decoder stack sharing one embedding (the head too, where
+// tied); the first block of each stack holds the relative position bias.
+ModelSpec t5(const Reader& r) {
+  const int64_t vocab = r.required("vocab_size"), d = r.required("d_model");
+  const int64_t inner = r.required("num_heads") * r.required("d_kv"), ff = r.required("d_ff");
+  const int64_t enc = r.required("num_layers"), dec = r.optional("num_decoder_layers", enc);
+  const int64_t bias = r.optional("relative_attention_num_buckets", 32) * r.required("num_heads");
+  const bool gated = r.text("feed_forward_proj", "relu").rfind("gated-", 0) == 0;
+  const UnitModules attention{{d * inner}, {d * inner}, {d * inner}, {inner * d}};
+  UnitModules mlp(gated ? 2 : 1, ModuleTensors{d * ff});
+  mlp.push_back({ff * d});
+  auto block = [&](bool decoder, bool first) {
+    UnitModules m{{d}};
+    m.insert(m.end(), attention.begin(), attention.end());
+    if (first) m.push_back({bias});
+    if (decoder) {
+      m.push_back({d});
+      m.insert(m.end(), attention.begin(), attention.end());
+    }
+    m.push_back({d});
+    m.insert(m.end(), mlp.begin(), mlp.end());
+    return m;
+  };
+  SpecBuilder b;
+  b.add({{vocab * d}});
+  for (const auto& [decoder, layers] : {std::pair{false, enc}, std::pair{true, dec}}) {
+    b.add(block(decoder, true));
+    b.add(block(decoder, false), layers - 1);
+    b.add({{d}});  // final norm
+  }
+  if (!r.flag("tie_word_embeddings", true)) b.add({{d * vocab}});
+  ModelSpec spec = b.build(r.type(), r.origin());
+  set_shape(spec, enc + dec, d, r.required("num_heads"), vocab, 0);
+  return spec;
+}
+
+// A CLIP vision tower's units: the embeddings (class token, patch convolution, positions),
+// the norm before the blocks, the blocks, the norm after them.
+void add_clip_units(const Reader& v, SpecBuilder& b) {
+  if (v.type() != "clip_vision_model") {
+    fail("{}: model_type '{}' is not a supported vision tower; allowed: clip_vision_model",
+         v.origin(), v.type());
+  }
+  const int64_t h = v.required("hidden_size"), i = v.required("intermediate_size");
+  const int64_t side = v.required("image_size") / v.required("patch_size");
+  const int64_t patch = v.required("patch_size");
+  b.add({{h}, {v.optional("num_channels", 3) * patch * patch * h}, {(side * side + 1) * h}});
+  b.add({norm_tensors(h, true)});
+  UnitModules block{norm_tensors(h, true), norm_tensors(h, true), linear_tensors(h, i, true),
+                    linear_tensors(i, h, true)};
+  block.insert(block.end(), 4, linear_tensors(h, h, true));
+  b.add(block, v.required("num_hidden_layers"));
+  b.add({norm_tensors(h, true)});
+}
+
+// LLaVA: a vision tower, a projector of two linear layers, a language model.
+ModelSpec llava(const Reader& r) {
+  const Reader vision = r.sub("vision_config"), text = r.sub("text_config");
+  SpecBuilder b;
+  add_clip_units(vision, b);
+  const TransformerArch a = decoder_arch(text);
+  const auto layers = r.integers("vision_feature_layer");
+  const int64_t features = vision.required("hidden_size") * std::max<int64_t>(1, layers.size());
+  const bool bias = r.flag("multimodal_projector_bias", true);
+  b.add({linear_tensors(features, a.hidden, bias), linear_tensors(a.hidden, a.hidden, bias)});
+  add_decoder_units(a, b);
+  ModelSpec spec = b.build(r.type(), r.origin());
+  set_shape(spec, a.layers, a.hidden, a.heads, a.vocab, a.max_positions);
+  return spec;
+}
+
+using Whole = std::function<ModelSpec(const Reader&)>;
+
+const std::map<std::string, Whole>& multi_stack() {
   static const auto* table =
-      new std::map<std::string, std::function<TransformerArch(const Reader&)>>{
-          {"llama", llama_like}, {"mistral", llama_like}, {"mixtral", mixtral},   {"qwen2", qwen2},
-          {"gemma", gemma},      {"gpt2", gpt2},          {"gpt_neox", gpt_neox}, {"phi", phi},
-      };
+      new std::map<std::string, Whole>{{"t5", t5}, {"mt5", t5}, {"llava", llava}};
   return *table;
 }
 
@@ -153,7 +325,9 @@ const std::map<std::string, std::function<TransformerArch(const Reader&)>>& fami
 
 std::vector<std::string> supported_model_types() {
   std::vector<std::string> names;
-  for (const auto& entry : families()) names.push_back(entry.first);
+  for (const auto& entry : decoders()) names.push_back(entry.first);
+  for (const auto& entry : multi_stack()) names.push_back(entry.first);
+  std::sort(names.begin(), names.end());
   return names;
 }
 
@@ -170,12 +344,14 @@ ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& ori
          fmt::format("{}", fmt::join(supported_model_types(), ", ")));
   }
   const std::string type = json["model_type"].get<std::string>();
-  const auto family = families().find(type);
-  if (family == families().end()) {
+  const Reader reader(json, origin);
+  if (const auto whole = multi_stack().find(type); whole != multi_stack().end())
+    return whole->second(reader);
+  const auto family = decoders().find(type);
+  if (family == decoders().end()) {
     fail("{}: model_type '{}' is not supported; allowed: {} (or give --params and the shape)",
          origin, type, fmt::format("{}", fmt::join(supported_model_types(), ", ")));
   }
-  const Reader reader(json, origin);
   return spec_from_arch(family->second(reader), type, origin);
 }
 

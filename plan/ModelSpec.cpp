@@ -10,72 +10,92 @@
 namespace zeroshard {
 namespace {
 
-// One module's parameter tensors; a module is what DeepSpeed's estimator calls a layer.
-using Module = std::vector<int64_t>;
-
-Module linear(int64_t in, int64_t out, bool bias) {
-  return bias ? Module{in * out, out} : Module{in * out};
+void check_arch(const TransformerArch& a, const std::string& source) {
+  if (a.hidden <= 0 || a.layers <= 0 || a.heads <= 0 || a.vocab <= 0 || a.intermediate <= 0 ||
+      a.head_dim <= 0 || a.kv_heads <= 0) {
+    fail(
+        "{}: hidden, layers, heads, kv heads, head dim, vocab and intermediate size must all "
+        "be positive",
+        source);
+  }
 }
 
-Module norm(int64_t h, bool bias) {
-  return bias ? Module{h, h} : Module{h};
-}
-
-std::vector<Module> block_modules(const TransformerArch& a) {
+UnitModules block_modules(const TransformerArch& a, int64_t layer) {
   const int64_t q = a.heads * a.head_dim;
   const int64_t kv = a.kv_heads * a.head_dim;
-  std::vector<Module> mods;
-  for (int i = 0; i < a.norms_per_block; ++i) mods.push_back(norm(a.hidden, a.norm_bias));
+  UnitModules mods;
+  for (int i = 0; i < a.norms_per_block; ++i) mods.push_back(norm_tensors(a.hidden, a.norm_bias));
   if (a.fused_qkv) {
-    mods.push_back(linear(a.hidden, q + 2 * kv, a.qkv_bias));
+    mods.push_back(linear_tensors(a.hidden, q + 2 * kv, a.qkv_bias));
   } else {
-    mods.push_back(linear(a.hidden, q, a.qkv_bias));
-    mods.push_back(linear(a.hidden, kv, a.qkv_bias));
-    mods.push_back(linear(a.hidden, kv, a.qkv_bias));
+    mods.push_back(linear_tensors(a.hidden, q, a.qkv_bias));
+    mods.push_back(linear_tensors(a.hidden, kv, a.qkv_bias));
+    mods.push_back(linear_tensors(a.hidden, kv, a.qkv_bias));
   }
-  mods.push_back(linear(q, a.hidden, a.out_bias));
-  if (a.experts > 1) mods.push_back(linear(a.hidden, a.experts, false));  // router
-  for (int64_t e = 0; e < a.experts; ++e) {
+  if (a.qk_norm) mods.insert(mods.end(), 2, norm_tensors(a.head_dim, false));
+  mods.push_back(linear_tensors(q, a.hidden, a.out_bias));
+  const bool dense = a.experts <= 1 || (static_cast<size_t>(layer) < a.dense_layers.size() &&
+                                        a.dense_layers[static_cast<size_t>(layer)]);
+  const int64_t experts = dense ? 1 : a.experts;
+  const int64_t inner =
+      dense || a.expert_intermediate == 0 ? a.intermediate : a.expert_intermediate;
+  if (!dense) mods.push_back(linear_tensors(a.hidden, a.experts, false));  // router
+  for (int64_t e = 0; e < experts; ++e) {
     if (a.gated_mlp) {
-      mods.push_back(linear(a.hidden, a.intermediate, a.mlp_bias));  // gate
-      mods.push_back(linear(a.hidden, a.intermediate, a.mlp_bias));  // up
+      mods.push_back(linear_tensors(a.hidden, inner, a.mlp_bias));  // gate
+      mods.push_back(linear_tensors(a.hidden, inner, a.mlp_bias));  // up
     } else {
-      mods.push_back(linear(a.hidden, a.intermediate, a.mlp_bias));
+      mods.push_back(linear_tensors(a.hidden, inner, a.mlp_bias));
     }
-    mods.push_back(linear(a.intermediate, a.hidden, a.mlp_bias));  // down
+    mods.push_back(linear_tensors(inner, a.hidden, a.mlp_bias));  // down
   }
   return mods;
 }
 
-std::vector<Module> root_modules(const TransformerArch& a) {
-  std::vector<Module> mods{{a.vocab * a.hidden}};
-  if (a.learned_positions) mods.push_back({a.max_positions * a.hidden});
-  mods.push_back(norm(a.hidden, a.norm_bias));
-  if (!a.tied_embeddings) mods.push_back(linear(a.hidden, a.vocab, a.lm_head_bias));
-  return mods;
-}
-
-int64_t module_sum(const Module& m) {
+int64_t module_sum(const ModuleTensors& m) {
   return std::accumulate(m.begin(), m.end(), int64_t{0});
-}
-
-int64_t modules_sum(const std::vector<Module>& mods) {
-  int64_t total = 0;
-  for (const auto& m : mods) total += module_sum(m);
-  return total;
-}
-
-void add_tensors(std::map<int64_t, int64_t>& counts, const std::vector<Module>& mods,
-                 int64_t repeat) {
-  for (const auto& m : mods)
-    for (int64_t numel : m) counts[numel] += repeat;
 }
 
 }  // namespace
 
+ModuleTensors linear_tensors(int64_t in, int64_t out, bool bias) {
+  return bias ? ModuleTensors{in * out, out} : ModuleTensors{in * out};
+}
+
+ModuleTensors norm_tensors(int64_t size, bool bias) {
+  return bias ? ModuleTensors{size, size} : ModuleTensors{size};
+}
+
+void SpecBuilder::add(const UnitModules& unit, int64_t count) {
+  if (count > 0) units_.emplace_back(unit, count);
+}
+
+ModelSpec SpecBuilder::build(const std::string& model_type, const std::string& source) const {
+  ModelSpec spec;
+  spec.source = source;
+  spec.model_type = model_type;
+  std::map<int64_t, int64_t> counts;
+  for (const auto& [modules, count] : units_) {
+    int64_t unit = 0;
+    for (const auto& m : modules) {
+      unit += module_sum(m);
+      spec.largest_module_params = std::max(spec.largest_module_params, module_sum(m));
+      for (int64_t numel : m) counts[numel] += count;
+    }
+    spec.unit_params.insert(spec.unit_params.end(), count, unit);
+    spec.total_params += unit * count;
+  }
+  spec.tensor_counts.assign(counts.begin(), counts.end());
+  return spec;
+}
+
 int64_t ModelSpec::largest_unit() const {
   return unit_params.empty() ? total_params
                              : *std::max_element(unit_params.begin(), unit_params.end());
+}
+
+int64_t ModelSpec::largest_padded_unit(int64_t ranks) const {
+  return padded_shard_numel(largest_unit(), ranks) * ranks;
 }
 
 int64_t ModelSpec::persistent_params(int64_t threshold) const {
@@ -85,35 +105,33 @@ int64_t ModelSpec::persistent_params(int64_t threshold) const {
   return total;
 }
 
+void add_decoder_units(const TransformerArch& a, SpecBuilder& b) {
+  // The head tied to the embedding is one unit with it (its bias too, where it has one).
+  UnitModules embedding{{a.vocab * a.hidden}};
+  if (a.tied_embeddings && a.lm_head_bias) embedding.push_back({a.vocab});
+  b.add(embedding);
+  if (a.learned_positions) b.add({{a.max_positions * a.hidden}});
+  bool uniform = a.experts <= 1 || a.dense_layers.empty();
+  if (uniform) {
+    b.add(block_modules(a, 0), a.layers);
+  } else {
+    for (int64_t layer = 0; layer < a.layers; ++layer) b.add(block_modules(a, layer));
+  }
+  b.add({norm_tensors(a.hidden, a.norm_bias)});
+  if (!a.tied_embeddings) b.add({linear_tensors(a.hidden, a.vocab, a.lm_head_bias)});
+}
+
 ModelSpec spec_from_arch(const TransformerArch& a, const std::string& model_type,
                          const std::string& source) {
-  if (a.hidden <= 0 || a.layers <= 0 || a.heads <= 0 || a.vocab <= 0 || a.intermediate <= 0 ||
-      a.head_dim <= 0 || a.kv_heads <= 0) {
-    fail(
-        "{}: hidden, layers, heads, kv heads, head dim, vocab and intermediate size must all "
-        "be positive",
-        source);
-  }
-  const auto block = block_modules(a);
-  const auto root = root_modules(a);
-  ModelSpec spec;
-  spec.source = source;
-  spec.model_type = model_type;
+  check_arch(a, source);
+  SpecBuilder b;
+  add_decoder_units(a, b);
+  ModelSpec spec = b.build(model_type, source);
   spec.layers = a.layers;
   spec.hidden = a.hidden;
   spec.heads = a.heads;
   spec.vocab = a.vocab;
   spec.max_positions = a.max_positions;
-  spec.unit_params.assign(a.layers, modules_sum(block));
-  spec.unit_params.push_back(modules_sum(root));
-  spec.total_params = a.layers * modules_sum(block) + modules_sum(root);
-  for (const auto* mods : {&block, &root})
-    for (const auto& m : *mods)
-      spec.largest_module_params = std::max(spec.largest_module_params, module_sum(m));
-  std::map<int64_t, int64_t> counts;
-  add_tensors(counts, block, a.layers);
-  add_tensors(counts, root, 1);
-  spec.tensor_counts.assign(counts.begin(), counts.end());
   return spec;
 }
 
@@ -132,15 +150,18 @@ ModelSpec spec_from_numbers(const ExplicitModel& m) {
     // A llama-style MLP when the intermediate size is not given: 8h/3 rounded to 256.
     a.intermediate = m.intermediate > 0 ? m.intermediate : round_up(8 * m.hidden / 3, 256);
     spec = spec_from_arch(a, "explicit", "explicit numbers");
-    const int64_t blocks = spec.total_params - spec.unit_params.back();
     if (m.params > 0) {
+      const int64_t block = spec.unit_params[1];  // after the embedding
+      const int64_t blocks = m.layers * block;
       if (m.params < blocks) {
         fail(
             "--params {} is less than {} layers of hidden size {} alone ({} parameters); "
             "allowed: a total at least that large",
             m.params, m.layers, m.hidden, blocks);
       }
-      spec.unit_params.back() = m.params - blocks;
+      // Outside the blocks (embeddings, norms, head) only the total is known: one unit.
+      spec.unit_params.assign(m.layers, block);
+      spec.unit_params.push_back(m.params - blocks);
       spec.total_params = m.params;
     }
     spec.vocab = m.vocab;

@@ -1,8 +1,9 @@
 #pragma once
 // What the memory model needs to know about a model: its exact parameter count,
-// how parameters split into stage-3 units (one per transformer block plus a root
-// unit for embeddings and head), the sizes of its tensors, and the shape numbers
-// that drive activation memory.
+// how parameters split into stage-3 units (as engine/UnitPartition.h cuts a module tree:
+// one per block of every stack, one per module left over, a head tied to the embedding
+// in the embedding's), the sizes of its tensors, and the shape numbers that drive
+// activation memory.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -20,10 +21,13 @@ struct TransformerArch {
   int64_t head_dim = 0;
   int64_t intermediate = 0;
   int64_t max_positions = 0;
-  int64_t experts = 1;             // > 1: a mixture of experts with a router per block
-  bool tied_embeddings = false;    // lm_head shares the embedding matrix
-  bool learned_positions = false;  // a position-embedding table (gpt2)
-  bool fused_qkv = false;          // one q|k|v projection module
+  int64_t experts = 1;              // > 1: a mixture of experts with a router per block
+  int64_t expert_intermediate = 0;  // each expert's MLP size (0: intermediate)
+  std::vector<bool> dense_layers;   // per layer (empty: none): a dense MLP, not experts
+  bool qk_norm = false;             // a norm of head_dim on queries and keys (qwen3)
+  bool tied_embeddings = false;     // lm_head shares the embedding matrix
+  bool learned_positions = false;   // a position-embedding table (gpt2)
+  bool fused_qkv = false;           // one q|k|v projection module
   bool qkv_bias = false;
   bool out_bias = false;
   bool gated_mlp = true;  // gate/up/down (llama) versus fc1/fc2 (gpt2)
@@ -52,12 +56,34 @@ struct ModelSpec {
   std::vector<std::pair<int64_t, int64_t>> tensor_counts;  // (numel, how many)
 
   int64_t largest_unit() const;
+  int64_t largest_padded_unit(int64_t ranks) const;  // in full, as stage 3 gathers it
   // Parameters in tensors of at most `threshold` elements: stage 3 keeps those whole.
   int64_t persistent_params(int64_t threshold) const;
   // Whether activations can be estimated (layers, hidden and heads known).
   bool has_shape() const { return layers > 0 && hidden > 0 && heads > 0; }
 };
 
+// One module's parameter tensors (what DeepSpeed's estimator calls a layer), and the
+// modules of one stage-3 unit.
+using ModuleTensors = std::vector<int64_t>;
+using UnitModules = std::vector<ModuleTensors>;
+ModuleTensors linear_tensors(int64_t in, int64_t out, bool bias);
+ModuleTensors norm_tensors(int64_t size, bool bias);
+
+// A model's units, in any order; build() makes a spec's counts from them (its shape
+// numbers are the caller's to fill).
+class SpecBuilder {
+ public:
+  void add(const UnitModules& unit, int64_t count = 1);
+  ModelSpec build(const std::string& model_type, const std::string& source) const;
+
+ private:
+  std::vector<std::pair<UnitModules, int64_t>> units_;
+};
+
+// A decoder-only transformer's units: the embedding (with the head where tied), a
+// learned position table, the blocks, the final norm, the head where untied.
+void add_decoder_units(const TransformerArch& arch, SpecBuilder& builder);
 ModelSpec spec_from_arch(const TransformerArch& arch, const std::string& model_type,
                          const std::string& source);
 

@@ -33,7 +33,7 @@ METADATA = {
     torch.Tensor.requires_grad_, torch.Tensor.data_ptr, torch.Tensor.__hash__,
     torch.Tensor.__repr__, torch.Tensor.__format__, torch.Tensor.stride,
     torch.Tensor.is_contiguous, torch.Tensor.get_device, torch.Tensor.__len__,
-    torch.Tensor.register_hook, torch.Tensor.retain_grad,
+    torch.Tensor.register_hook, torch.Tensor.retain_grad, torch.Tensor.untyped_storage,
 } | {getattr(torch.Tensor, name).__get__ for name in (
     "shape", "dtype", "device", "layout", "ndim", "requires_grad", "is_leaf", "grad",
     "grad_fn", "is_meta", "is_cuda", "is_sparse", "names", "itemsize", "nbytes")

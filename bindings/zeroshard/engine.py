@@ -131,15 +131,19 @@ class ZeroShardEngine:
         def before(_module, _inputs):
             engine.unit_forward_begin(index)
 
-        def after(_module, _inputs, output):
+        def after(_module, args, kwargs, output):
+            # Backward reaches the unit when a gradient of what it made arrives. A tensor
+            # it was given and hands on (T5's position bias) is not what it made: its
+            # gradient is complete only after every later block, long after this one.
             if torch.is_grad_enabled():
+                given = {id(t) for t in _tensors((args, kwargs))}
                 for t in _tensors(output):
-                    if t.requires_grad:
+                    if t.requires_grad and id(t) not in given:
                         t.register_hook(lambda _grad: engine.unit_backward_begin(index))
             engine.unit_forward_end(index)
 
         self._hooks.append(unit.register_forward_pre_hook(before))
-        self._hooks.append(unit.register_forward_hook(after))
+        self._hooks.append(unit.register_forward_hook(after, with_kwargs=True))
 
     # DeepSpeed's engine surface
     def __call__(self, *args, **kwargs):

@@ -64,14 +64,16 @@ TEST(HfConfig, OtherFamiliesPublishedCounts) {
             162'322'944);
 }
 
-TEST(HfConfig, UnitsAndLargestModule) {
+TEST(HfConfig, UnitsAsStageThreeCutsTheModel) {
   const ModelSpec s = spec_from_hf_file(data("llama2_7b.json"));
-  ASSERT_EQ(s.unit_params.size(), 33u);  // 32 blocks + the root unit
+  // engine/UnitPartition.h's units: the embedding, 32 blocks, the final norm, the head.
+  ASSERT_EQ(s.unit_params.size(), 35u);
+  EXPECT_EQ(s.unit_params[0], 32000 * 4096);
   // One block: 4 x 4096^2 attention + 3 x 4096 x 11008 MLP + 2 x 4096 norms.
-  EXPECT_EQ(s.unit_params[0], 202'383'360);
-  // Root: embedding + untied lm_head + final norm.
-  EXPECT_EQ(s.unit_params.back(), 2 * 32000 * 4096 + 4096);
-  EXPECT_EQ(s.largest_unit(), 262'148'096);
+  EXPECT_EQ(s.unit_params[1], 202'383'360);
+  EXPECT_EQ(s.unit_params[33], 4096);
+  EXPECT_EQ(s.unit_params[34], 32000 * 4096);
+  EXPECT_EQ(s.largest_unit(), 202'383'360);
   EXPECT_EQ(s.largest_module_params, 32000 * 4096);
   // Norm weights (4096) are the only tensors under a 10 x hidden threshold.
   EXPECT_EQ(s.persistent_params(40960), 65 * 4096);
@@ -83,13 +85,64 @@ TEST(HfConfig, UnitsAndLargestModule) {
 
 TEST(HfConfig, TiedEmbeddingsCountOnce) {
   const ModelSpec s = spec_from_hf_file(data("qwen2_0_5b.json"));
-  EXPECT_EQ(s.unit_params.back(), 151936 * 896 + 896);
+  // The head is the embedding: one unit, no unit of its own.
+  EXPECT_EQ(s.unit_params.front(), 151936 * 896);
+  EXPECT_EQ(s.unit_params.size(), 1u + 24 + 1);
+}
+
+// Published totals (num_parameters() of the released checkpoints) of the families whose
+// units are not one stack's: an encoder-decoder, experts beside attention, a vision tower
+// joined to a language model; and each one's units.
+TEST(HfConfig, MultiStackFamilies) {
+  // t5-small: the encoder's and the decoder's first blocks hold the position bias.
+  const ModelSpec t5 = spec_from_hf_json(R"({"model_type": "t5", "vocab_size": 32128,
+      "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6, "num_heads": 8,
+      "relative_attention_num_buckets": 32, "feed_forward_proj": "relu"})",
+                                         "t5");
+  EXPECT_EQ(t5.total_params, 60'506'624);
+  ASSERT_EQ(t5.unit_params.size(), 1u + 6 + 1 + 6 + 1);  // shared (the head), stacks, norms
+  EXPECT_EQ(t5.unit_params[1], t5.unit_params[2] + 8 * 32);
+  // gemma-2-2b: four norms a block, the head tied.
+  EXPECT_EQ(spec_from_hf_json(R"({"model_type": "gemma2", "vocab_size": 256000,
+      "hidden_size": 2304, "num_hidden_layers": 26, "num_attention_heads": 8,
+      "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216})",
+                              "gemma2")
+                .total_params,
+            2'614'341'888);
+  // Qwen3-30B-A3B: 128 experts of 768 and query/key norms in every block.
+  EXPECT_EQ(spec_from_hf_json(R"({"model_type": "qwen3_moe", "vocab_size": 151936,
+      "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
+      "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144,
+      "moe_intermediate_size": 768, "num_experts": 128, "decoder_sparse_step": 1,
+      "mlp_only_layers": [], "tie_word_embeddings": false})",
+                              "qwen3_moe")
+                .total_params,
+            30'532'122'624);
+  // llava-1.5-7b: CLIP ViT-L/14 at 336 pixels, a two-layer projector, a Llama.
+  const ModelSpec llava = spec_from_hf_json(R"({"model_type": "llava",
+      "vision_feature_layer": -2,
+      "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024,
+        "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
+        "image_size": 336, "patch_size": 14},
+      "text_config": {"model_type": "llama", "vocab_size": 32064, "hidden_size": 4096,
+        "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32}})",
+                                            "llava");
+  EXPECT_EQ(llava.total_params, 7'063'427'072);
+  // Embeddings, norm, 24 blocks, norm; projector; embedding, 32 blocks, norm, head.
+  EXPECT_EQ(llava.unit_params.size(), 3u + 24 + 1 + 1 + 32 + 2);
+  EXPECT_EQ(llava.layers, 32);  // activations: the language model's
 }
 
 TEST(HfConfig, ClearErrors) {
-  EXPECT_NE(error_of(R"({"model_type": "t5"})").find("model_type 't5' is not supported"),
+  EXPECT_NE(error_of(R"({"model_type": "bert"})").find("model_type 'bert' is not supported"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"model_type": "t5"})").find("llama"), std::string::npos);
+  EXPECT_NE(error_of(R"({"model_type": "bert"})").find("llama"), std::string::npos);
+  const std::string vision = error_of(R"({"model_type": "llava", "text_config": {},
+      "vision_config": {"model_type": "siglip_vision_model"}})");
+  EXPECT_NE(vision.find("config.json (vision_config): model_type 'siglip_vision_model' is not a "
+                        "supported vision tower"),
+            std::string::npos)
+      << vision;
   EXPECT_NE(error_of(R"({"vocab_size": 3})").find("'model_type' is missing"), std::string::npos);
   const std::string missing = error_of(R"({"model_type": "llama", "vocab_size": 32000,
       "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 8})");

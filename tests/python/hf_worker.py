@@ -25,6 +25,7 @@ VOCAB = 96  # > models.VOCAB: every token of models.batch is in range
 
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+IMAGE_TOKEN, IMAGE_TOKENS = VOCAB - 1, 4  # llava: 8x8 images in 4x4 patches
 CONFIGS = {
     "llama": lambda: transformers.LlamaConfig(**SMALL, tie_word_embeddings=False),
     "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
@@ -32,8 +33,27 @@ CONFIGS = {
                                             attn_pdrop=0.0, tie_word_embeddings=True),
     "mixtral": lambda: transformers.MixtralConfig(**SMALL, num_local_experts=4,
                                                   num_experts_per_tok=2, tie_word_embeddings=False),
+    # An encoder-decoder: two stacks, the shared embedding tied to the head.
+    "t5": lambda: transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64,
+                                        num_layers=2, num_decoder_layers=2, num_heads=4,
+                                        dropout_rate=0.0, tie_word_embeddings=True,
+                                        decoder_start_token_id=0),
+    "gemma2": lambda: transformers.Gemma2Config(**SMALL, head_dim=8, tie_word_embeddings=True),
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        **SMALL, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        tie_word_embeddings=False),
+    # A vision tower (CLIP) and a language model (Llama) joined by a projector.
+    "llava": lambda: transformers.LlavaConfig(
+        vision_config=transformers.CLIPVisionConfig(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            image_size=8, patch_size=4, projection_dim=16),
+        text_config=transformers.LlamaConfig(**SMALL, tie_word_embeddings=False),
+        image_token_index=IMAGE_TOKEN, vision_feature_layer=-1,
+        vision_feature_select_strategy="default", image_seq_length=IMAGE_TOKENS),
 }
-CLASSES = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "mixtral": "MixtralForCausalLM"}
+CLASSES = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "mixtral": "MixtralForCausalLM",
+           "t5": "T5ForConditionalGeneration", "gemma2": "Gemma2ForCausalLM",
+           "qwen3_moe": "Qwen3MoeForCausalLM", "llava": "LlavaForConditionalGeneration"}
 
 
 def make(name):
@@ -41,6 +61,23 @@ def make(name):
     config = CONFIGS[name]()
     config._attn_implementation = "eager"  # the same kernels in both modes
     return getattr(transformers, CLASSES[name])(config)
+
+
+def inputs(name, step, rank, world):
+    """The model's keyword inputs for rank `rank`'s slice of step `step`'s global batch: a
+    causal LM or T5 learns its tokens; llava reads an image before them (its tokens not
+    learned), the image made from the same seed as the tokens."""
+    tokens = models.batch(step, rank, world)
+    if name != "llava":
+        return {"input_ids": tokens, "labels": tokens}
+    g = torch.Generator().manual_seed(2000 + step)
+    images = torch.randn(models.GLOBAL_ROWS, 3, 8, 8, generator=g)
+    rows = models.GLOBAL_ROWS // world
+    images = images[rank * rows:(rank + 1) * rows]
+    image = torch.full((tokens.shape[0], IMAGE_TOKENS), IMAGE_TOKEN)
+    ids = torch.cat([image, tokens], dim=1)
+    labels = torch.cat([torch.full_like(image, -100), tokens], dim=1)
+    return {"input_ids": ids, "pixel_values": images, "labels": labels}
 
 
 def main():
