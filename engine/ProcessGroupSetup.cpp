@@ -10,6 +10,8 @@
 #include <csignal>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -164,26 +166,40 @@ std::string backend_for(const c10::Device& device) {
 // would be read as this one's. Every rank builds its engines in the same order, so the
 // numbers agree. A lone rank keeps its store in the process: it serves nobody, and a
 // port would clash with the next one-GPU job on the machine.
+// The store rank 0 serves is kept for the process too, for the engines after this one: a
+// rank done with an engine may build the next one's groups before rank 0 has let go of
+// its first engine, and would find the first engine's store gone under it.
 c10::intrusive_ptr<c10d::Store> make_store(const LaunchEnv& env,
                                            std::chrono::milliseconds timeout) {
   static std::atomic<int> engines_made{0};
+  static std::mutex served_mutex;
+  static std::map<std::pair<std::string, int>, c10::intrusive_ptr<c10d::Store>> served;
   const std::string prefix = fmt::format("zs/{}", engines_made++);
   if (env.world_size == 1) {
     return c10::make_intrusive<c10d::PrefixStore>(prefix, c10::make_intrusive<c10d::HashStore>());
+  }
+  const bool serves = env.rank == 0 && !env.agent_store;
+  const std::pair<std::string, int> where{env.master_addr, env.master_port};
+  std::lock_guard<std::mutex> lock(served_mutex);
+  if (serves && served.count(where) > 0) {
+    served.at(where)->setTimeout(timeout);
+    return c10::make_intrusive<c10d::PrefixStore>(prefix, served.at(where));
   }
   // A write to a peer that died must fail as an error this rank can report, not kill it
   // with SIGPIPE (seen on LibTorch 2.6: rank 0 died of it while naming the lost rank).
   std::signal(SIGPIPE, SIG_IGN);
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(env.master_port);
-  opts.isServer = env.rank == 0 && !env.agent_store;
+  opts.isServer = serves;
   opts.numWorkers = env.world_size;
   opts.waitWorkers = true;
   opts.timeout = timeout;
   compat::use_plain_tcp_store(opts);
   if (opts.isServer) opts.masterListenFd = listen_on(env);
-  return c10::make_intrusive<c10d::PrefixStore>(
-      prefix, c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts));
+  c10::intrusive_ptr<c10d::Store> store =
+      c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  if (serves) served.emplace(where, store);
+  return c10::make_intrusive<c10d::PrefixStore>(prefix, store);
 }
 
 }  // namespace

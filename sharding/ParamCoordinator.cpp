@@ -97,28 +97,38 @@ void ParamCoordinator::wait_gathered(size_t unit) {
   state_[unit].pending.wait();
 }
 
-// Issue gathers in schedule order up to and including `unit`; units passed over stay
-// live until they are used or the phase ends.
+// Issue gathers in schedule order up to and including `unit`. A unit the walk passes
+// over is one rank 0 used before and this rank did not (a branch not taken, a vision tower
+// a text-only batch skips, the encoder during generation's decoder steps, or the
+// registration order before rank 0's arrives): gathered only to keep the ranks in step,
+// it goes at once.
 void ParamCoordinator::walk_to(size_t unit) {
   const size_t target = position_of(unit);
   const auto& o = order();
   if (target < o.size()) {
-    // Before rank 0's orders arrive forward walks the registration order, which may be far
-    // from the order of use (a vision tower registered before the embedding it follows):
-    // what the walk gathers on the way then only keeps this rank in step, and goes at once.
-    const bool drop_passed = !schedule_.from_rank0 && phase_ == Phase::Forward;
-    std::vector<size_t> passed;
     while (cursor_ <= target) {
       const size_t next = o[cursor_++];
-      if (drop_passed && next != unit && !units_[next]->gathered()) passed.push_back(next);
+      const bool passed = next != unit && !units_[next]->gathered();
       launch_gather(next);
+      if (passed) release(next);
     }
-    for (size_t p : passed) release(p);
   } else if (!state_[unit].walked) {
     fail("stage 3: unit {} is not in the schedule", unit);
   }
   prefetch();
   wait_gathered(unit);
+}
+
+// The rest of the phase's walk: units this rank did not use, gathered for the ranks that
+// did, one at a time.
+void ParamCoordinator::walk_rest() {
+  const auto& o = order();
+  while (cursor_ < o.size()) {
+    const size_t next = o[cursor_++];
+    const bool was = units_[next]->gathered();
+    launch_gather(next);
+    if (!was) release(next);
+  }
 }
 
 void ParamCoordinator::prefetch() {
@@ -205,8 +215,7 @@ void ParamCoordinator::model_forward_end(bool grad_enabled) {
 // A forward no backward follows: the rest of its walk, then everything but what an
 // earlier forward's backward still needs goes.
 void ParamCoordinator::finish_walk() {
-  const auto& o = order();
-  while (cursor_ < o.size()) launch_gather(o[cursor_++]);
+  walk_rest();
   if (!schedule_.from_rank0) adopt_rank0_orders();
   for (size_t u = 0; u < units_.size(); ++u)
     if (!state_[u].pinned) release(u);
@@ -233,8 +242,7 @@ void ParamCoordinator::after_forward(size_t unit) {
 void ParamCoordinator::end_forward() {
   if (phase_ != Phase::Forward) begin(Phase::Forward);
   // Units this rank did not run are gathered and freed too: the other ranks may have.
-  const auto& o = order();
-  while (cursor_ < o.size()) launch_gather(o[cursor_++]);
+  walk_rest();
   if (!schedule_.from_rank0) adopt_rank0_orders();  // this backward's order already
   for (size_t u = 0; u < units_.size(); ++u)
     if (!kept_for_backward(u)) release(u);
@@ -284,8 +292,7 @@ bool ParamCoordinator::advance() {
 }
 
 void ParamCoordinator::end_backward() {
-  const auto& o = schedule_.backward;
-  while (cursor_ < o.size()) launch_gather(o[cursor_++]);
+  walk_rest();
   for (auto& s : state_) s.pinned = false;
   for (size_t u = 0; u < units_.size(); ++u) release(u);
   if (secondary_ != nullptr) secondary_->invalidate();

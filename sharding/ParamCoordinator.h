@@ -6,11 +6,12 @@
 // *every* unit, in an order all ranks agree on: the order rank 0 first used units in
 // forward, and for backward the reverse of the order it last used them (a head tied to
 // the embedding comes first in backward though the embedding came first in forward). A
-// unit a rank does not use this step (a data-dependent branch) is still gathered and
-// freed when the walk passes it, so every rank issues the same all-gathers in the same
-// order. Rank 0's orders are sent to every rank after each optimizer step, and once at
-// the end of the first forward (before it, forward walks the registration order and
-// frees at once what it gathered only to keep in step).
+// unit a rank does not use this step (a data-dependent branch, a vision tower a
+// text-only batch skips) is still gathered when the walk passes it, and freed at once,
+// so every rank issues the same all-gathers in the same order. Rank 0's orders are sent
+// to every rank after each optimizer step, and once at the end of the first forward
+// (before it, forward walks the registration order). A rank that uses a unit after the
+// walk passed it gathers it alone: ranks may skip units, not reorder them.
 //
 // A unit rank 0 used several times in a forward (a module reused, an embedding and the
 // head tied to it) stays gathered from its first use to its last, so no rank gathers it
@@ -102,6 +103,7 @@ class ParamCoordinator {
   void use_in_forward(size_t unit);
   void use_in_backward(size_t unit);
   void walk_to(size_t unit);
+  void walk_rest();
   void prefetch();
   void launch_gather(size_t unit, Collectives* comm = nullptr);
   void wait_gathered(size_t unit);

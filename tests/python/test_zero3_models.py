@@ -5,7 +5,9 @@ small configs and trained on 2 and 4 real ranks (zero3_worker.py, every model in
 process per rank).
 
 Against the same models trained in one process on the whole batch: every step's loss
-(the mean of the ranks' losses) within 1e-5. After training, per rank:
+(the mean of the ranks' losses) within 1e-5, though halfway every rank reads a parameter
+(whole: the value engine.state_dict() gives) and generates greedily (the tokens a plain
+model given that state_dict generates). After training, per rank:
 - the parameter bytes the engine holds (the ledger's device params) are each unit's
   padded shard, sum over units of 4 x round_up(ceil(n / d), 64): at most 1/d of the model
   plus 64 elements a unit (docs/memory-model.md); the model's parameter tensors point
@@ -79,6 +81,11 @@ def test_stage3_shards_every_parameter_of_every_model(world, single, scratch):
         for step in range(STEPS):
             mean = sum(r[name]["losses"][step] for r in ranks) / world
             assert abs(mean - want[step]) <= 1e-5 * want[step], (name, step, mean, want[step])
+        for rank, r in enumerate(ranks):
+            seen = r[name]["probe"]
+            assert abs(seen["read"] - seen["whole"]) <= 1e-6 * abs(seen["whole"]), (name, seen)
+            if "generated" in seen:
+                assert seen["generated"] == ranks[0][name]["probe"]["plain"], (name, rank)
         estimated = estimate(f"{out}.{name}.config.json", world, scratch)
         for rank, r in enumerate(ranks):
             m = r[name]["memory"]
