@@ -5,12 +5,15 @@
 //   engine.backward(loss);
 //   engine.step();  // steps the optimizer at each gradient-accumulation boundary
 //
-// Stage 3 shards parameters by unit. LibTorch modules have no forward hooks, so a
-// unit's forward goes through run_unit, which gathers its parameters, runs it, arranges
-// the gather again for backward, and frees them:
+// Stage 3 shards every parameter, by unit. LibTorch modules have no forward hooks, so
+// every read of a unit's parameters goes through run_unit with one of the unit's modules,
+// which gathers them, runs the function, arranges the gather again for backward, and
+// frees them:
 //   h = engine.run_unit(*block, [&] { return block->forward(h); });
-// Units are EngineOptions::units (default engine/DefaultUnits.h: the largest stack's blocks;
-// the rest runs whole); every rank calls run_unit for the units it uses, in any order.
+//   logits = engine.run_unit(*embedding, [&] { return h.matmul(embedding->weight.t()); });
+// Units (engine/UnitPartition.h): the blocks of every stack, or EngineOptions::units, and
+// every module left over with parameters. Every rank calls run_unit for the units it
+// uses, skipping any, in the order of the other ranks.
 #include <functional>
 #include <memory>
 #include <optional>
@@ -40,8 +43,10 @@ class EngineImpl;
 using MaterializeParams = std::function<void(const std::vector<NamedParam>&)>;
 
 struct EngineOptions {
-  std::optional<LaunchEnv> launch;                        // default: read from the environment
-  std::vector<std::shared_ptr<torch::nn::Module>> units;  // stage 3
+  std::optional<LaunchEnv> launch;  // default: read from the environment
+  // Stage 3's blocks (default: every stack's); the rest of the model is cut into units
+  // around them (engine/UnitPartition.h).
+  std::vector<std::shared_ptr<torch::nn::Module>> units;
   std::vector<ParamGroup> param_groups;  // default: one group, the config's optimizer values
 };
 

@@ -73,8 +73,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     lr_scheduler: a scheduler on that optimizer, or a callable taking the optimizer
     initialize returns; stepped after each optimizer step.
     dist_init_required: accepted; zeroshard makes its own process groups either way.
-    units: stage-3 units (modules or their names); default the blocks of the model's
-    largest ModuleList or Sequential (engine.default_units)."""
+    units: stage-3 blocks (modules or their names); default the blocks of every
+    ModuleList, ModuleDict and Sequential. Every other parameter is in a unit too, cut
+    around them (docs/architecture.md "Stage-3 units")."""
     if model is None:
         raise _error("model is required")
     if config is not None and config_params is not None:
