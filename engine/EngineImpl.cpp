@@ -261,6 +261,7 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
     coordinator_->set_secondary(secondary_.get());
   }
   reducer_->on_wait([this] { return coordinator_->advance(); });
+  reducer_->on_gradient([this](size_t group, size_t slot) { check_read(group, slot); });
   // A unit's gradients are in: its frozen group goes with its trainable one.
   reducer_->on_group_complete([this](size_t group) {
     const int unit = groups_[trainable_[group]].unit;
@@ -271,6 +272,20 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
     const int lookahead = static_cast<int>(z.offload_param.buffer_count) - 1;
     coordinator_->set_shard_home(param_home_.get(), lookahead);
   }
+}
+
+// A gradient of a stage-3 parameter whose unit was never gathered for a use this step
+// comes from a read of the placeholder (NaN) it holds between uses: a C++ program that
+// read the parameter outside run_unit. Said here rather than trained on.
+void EngineImpl::check_read(size_t trainable_group, size_t slot) const {
+  const GroupRecord& g = groups_[trainable_[trainable_group]];
+  if (g.coordinator_unit < 0 || coordinator_->read_this_step(g.coordinator_unit)) return;
+  fail(
+      "stage 3: parameter '{}' got a gradient, but its unit was not gathered in this step, so "
+      "what read it read the placeholder a sharded parameter holds between uses; run every "
+      "read of a unit's parameters through Engine::run_unit with one of the unit's modules "
+      "(engine/UnitPartition.h says which)",
+      g.flat->slots().at(slot).name);
 }
 
 void EngineImpl::backward(const at::Tensor& loss) {

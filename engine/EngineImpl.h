@@ -104,6 +104,7 @@ class EngineImpl {
                     const MaterializeParams& materialize);
   // Its coordinator units (none at stages 0-2); fails for a unit that does not exist.
   const std::vector<int>& checked_unit(size_t unit) const;
+  void check_read(size_t trainable_group, size_t slot) const;
   Manifest checkpoint_layout() const;
   void write_group_slice(size_t group, const std::function<void(const void*, int64_t)>& write);
   void write_rank_file(const std::string& folder);

@@ -72,6 +72,7 @@ void GradReducer::install_hooks() {
       // Before autograd accumulates into the group's buffer, the buffer must exist and
       // the parameter's .grad be its view again.
       param.register_hook([this, g, i](const at::Tensor& grad) {
+        if (on_gradient_) on_gradient_(g, i);
         groups_[g]->materialize_grads();
         groups_[g]->keep_grad_view(i);
         return grad;

@@ -60,6 +60,11 @@ class GradReducer {
   // Whether any rank's reduced gradients hold inf or NaN (fp16 overflow).
   bool any_overflow();
   void zero();
+  // Called from inside backward when a gradient of slot `slot` of a group arrives, before
+  // it is accumulated.
+  void on_gradient(std::function<void(size_t group, size_t slot)> callback) {
+    on_gradient_ = std::move(callback);
+  }
   // Called from inside backward when every gradient of a group has been accumulated.
   void on_group_complete(std::function<void(size_t)> callback) {
     on_complete_ = std::move(callback);
@@ -119,6 +124,7 @@ class GradReducer {
   std::vector<bool> clean_;           // fp32_[g] holds zeros: nothing accumulated since zero()
   void land(const InFlight& f);
   void settle_all();
+  std::function<void(size_t, size_t)> on_gradient_;
   std::function<void(size_t)> on_complete_;
   std::function<void(size_t)> on_reduced_;
   std::function<bool()> advance_;

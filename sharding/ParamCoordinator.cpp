@@ -85,6 +85,7 @@ void ParamCoordinator::set_shard_home(ShardHome* home, int lookahead) {
 }
 
 void ParamCoordinator::gather_now(size_t unit) {
+  state_[unit].read = true;
   launch_gather(unit, touch_comm_);
   wait_gathered(unit);
 }
@@ -175,7 +176,7 @@ void ParamCoordinator::release_idle_touches() {
 void ParamCoordinator::use_in_forward(size_t unit) {
   UnitState& s = state_[unit];
   if (!s.used) record_.first_use.push_back(unit);
-  s.used = true;
+  s.used = s.read = true;
   ++record_.uses[unit];
   record_.last_use[unit] = ++record_.tick;
   if (s.walked) {
@@ -190,7 +191,7 @@ void ParamCoordinator::use_in_forward(size_t unit) {
 void ParamCoordinator::use_in_backward(size_t unit) {
   if (phase_ != Phase::Backward) begin(Phase::Backward);
   UnitState& s = state_[unit];
-  s.used = true;
+  s.used = s.read = true;
   if (s.walked) {
     if (!units_[unit]->gathered()) launch_gather(unit);  // needed again after its release
     prefetch();
@@ -301,7 +302,7 @@ void ParamCoordinator::end_backward() {
 
 void ParamCoordinator::after_step() {
   release_idle_touches();
-  for (auto& s : state_) s.pinned = false;
+  for (auto& s : state_) s.pinned = s.read = false;
   for (size_t u = 0; u < units_.size(); ++u) release(u, /*even_persistent=*/true);
   if (secondary_ != nullptr) secondary_->invalidate();
   adopt_rank0_orders();

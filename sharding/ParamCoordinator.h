@@ -94,6 +94,9 @@ class ParamCoordinator {
   // them must copy what it keeps, and nothing may write them.
   enum class Held { No, ForUse, ForRead };
   Held held(size_t unit) const;
+  // Whether `unit` was gathered for a use since the last optimizer step: a gradient of a
+  // unit that was not came from a read of the placeholder a released parameter holds.
+  bool read_this_step(size_t unit) const { return state_.at(unit).read; }
   void release_now(size_t unit);
 
  private:
@@ -135,6 +138,7 @@ class ParamCoordinator {
     bool used = false;
     int active = 0;       // forwards begun and not ended
     bool pinned = false;  // touched inside forward or backward: kept to backward's end
+    bool read = false;    // gathered for a use since the last step (not only walked)
   };
 
   std::vector<FlatParamGroup*> units_;

@@ -60,3 +60,22 @@ TEST(EngineUnits, RunningAModuleThatIsNoUnitIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("is not a stage-3 unit"), std::string::npos) << e.what();
   }
 }
+
+TEST(EngineUnits, AParameterReadOutsideRunUnitIsAnErrorNotANaNStep) {
+  auto model = std::make_shared<Stack>();
+  Engine engine(model, stage3());
+  at::Tensor h = torch::randn({4, 8});
+  for (const auto& block : *model->blocks) {
+    auto* linear = block->as<torch::nn::Linear>();
+    h = engine.run_unit(*block, [&] { return linear->forward(h); });
+  }
+  const at::Tensor loss = model->head->forward(h).sum();  // the head's unit never gathered
+  try {
+    engine.backward(loss);
+    FAIL() << "trained on the placeholder";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("parameter 'head."), std::string::npos) << what;
+    EXPECT_NE(what.find("through Engine::run_unit"), std::string::npos) << what;
+  }
+}
