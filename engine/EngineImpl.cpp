@@ -453,6 +453,7 @@ ModelSpec EngineImpl::spec_of_groups() const {
     const auto& g = record.flat;
     spec.unit_params.push_back(g->numel());
     spec.unit_whole.push_back(!g->sharded());
+    spec.unit_frozen.push_back(record.trainable < 0);
     spec.total_params += g->numel();
   }
   spec.largest_module_params = spec.largest_unit();

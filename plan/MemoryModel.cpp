@@ -105,6 +105,13 @@ int64_t shard_numel(const ModelSpec& spec, int64_t ranks) {
   return total;
 }
 
+int64_t trainable_shard_numel(const ModelSpec& spec, int64_t ranks) {
+  int64_t total = 0;
+  for (size_t u = 0; u < spec.unit_params.size(); ++u)
+    if (!spec.is_frozen(u)) total += padded_shard_numel(spec.unit_params[u], ranks);
+  return total;
+}
+
 int64_t sharding_ranks(const Config& config, int stage, int64_t ranks) {
   const int64_t mics = *config.zero.mics_shard_size;
   return stage >= 1 && mics > 0 ? std::min(mics, ranks) : ranks;
@@ -121,7 +128,9 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   const bool mixed = kl == 2;
   const int64_t shard = shard_numel(spec, d);
   const int64_t full = shard * d;  // flat buffers hold every unit padded to d aligned shards
-  const int64_t opt_numel = option.stage >= 1 ? shard : full;  // what this rank's optimizer owns
+  // Gradients and optimizer state: trainable units only.
+  const int64_t trained = trainable_shard_numel(spec, d);
+  const int64_t opt_numel = option.stage >= 1 ? trained : trained * d;  // this rank's optimizer
   const bool opt_off = offloaded(option.optimizer);
   const Tier opt_tier = tier_of(option.optimizer);
   const int64_t reduce_bucket = std::min(*z.reduce_bucket_size, p);
@@ -149,7 +158,7 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   m.at(opt_tier, Kind::OptimizerStates) = 8 * opt_numel;  // Adam m and v
   // Stage >= 2 reduces each bucket inside backward and frees it: no whole gradient
   // buffer at rest, only an fp32 accumulator of this rank's shard.
-  m.at(Tier::Device, Kind::Grads) = option.stage >= 2 ? 0 : kl * full;
+  m.at(Tier::Device, Kind::Grads) = option.stage >= 2 ? 0 : kl * trained * d;
   if (opt_off) {
     m.at(Tier::Host, Kind::GradsFp32) = 4 * opt_numel;
   } else if (mixed || option.stage >= 2) {

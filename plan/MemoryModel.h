@@ -56,8 +56,10 @@ class MemoryBreakdown {
 int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& shape, int compute_bytes);
 
 // Elements of a stage-sharded copy of all parameters that one rank owns, with each
-// unit padded so every rank's shard is equal and aligned.
+// unit padded so every rank's shard is equal and aligned; of the trainable ones only
+// (what has gradients and optimizer state).
 int64_t shard_numel(const ModelSpec& spec, int64_t ranks);
+int64_t trainable_shard_numel(const ModelSpec& spec, int64_t ranks);
 
 // Ranks each state is sharded over at `stage`: mics_shard_size where it is set (> 0) and
 // the stage shards, else all `ranks`. `config.zero.mics_shard_size` must be resolved.

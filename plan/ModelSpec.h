@@ -52,6 +52,10 @@ struct ModelSpec {
   // still sharded, and parameter offload leaves them on the device.
   std::vector<bool> unit_whole;
   bool is_whole(size_t unit) const { return unit < unit_whole.size() && unit_whole[unit]; }
+  // Per unit of unit_params (empty: none): frozen (requires_grad false), so it has no
+  // gradients and no optimizer state.
+  std::vector<bool> unit_frozen;
+  bool is_frozen(size_t unit) const { return unit < unit_frozen.size() && unit_frozen[unit]; }
   int64_t largest_module_params = 0;                       // DeepSpeed's largest_layer_params
   std::vector<std::pair<int64_t, int64_t>> tensor_counts;  // (numel, how many)
 

@@ -97,6 +97,23 @@ TEST(MemoryModel, Stage3KeepsWholeUnitsWhole) {
   EXPECT_EQ(m.at(Tier::Device, Kind::OptimizerStates), 8 * 3200);  // still sharded
 }
 
+// A frozen unit (a LoRA model's base) has parameters, but neither gradients nor
+// optimizer state: every stage holds its parameters and nothing else of it.
+TEST(MemoryModel, FrozenUnitsHoldOnlyTheirParameters) {
+  ModelSpec s = toy_spec();
+  s.unit_frozen = {false, true};
+  for (int stage : {0, 1, 2, 3}) {
+    const auto m = predict_memory(s, {stage, OD::None, OD::None}, toy_config(true),
+                                  WorldShape{1, 2}, TrainingShape{});
+    const int64_t optimizer_owns = stage >= 1 ? 1600 : 3200;  // the trainable unit's
+    EXPECT_EQ(m.at(Tier::Device, Kind::Params), 2 * (stage == 3 ? 3200 : 6400)) << stage;
+    EXPECT_EQ(m.at(Tier::Device, Kind::MasterParams), 4 * optimizer_owns) << stage;
+    EXPECT_EQ(m.at(Tier::Device, Kind::OptimizerStates), 8 * optimizer_owns) << stage;
+    EXPECT_EQ(m.at(Tier::Device, Kind::Grads), stage >= 2 ? 0 : 2 * 3200) << stage;
+    EXPECT_EQ(m.at(Tier::Device, Kind::GradsFp32), 4 * optimizer_owns) << stage;
+  }
+}
+
 TEST(MemoryModel, Stage2CpuOffloadMovesOptimizerAndFp32GradsToHost) {
   const auto m = predict({2, OD::Cpu, OD::None});
   EXPECT_EQ(m.total(Tier::Device), 2 * 6400 + 0 + 3000);
