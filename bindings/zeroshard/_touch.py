@@ -63,8 +63,8 @@ class _Sharded:
         return _copies(out, read) if read else out
 
     def __repr__(self):
-        owner = self._zs_owner()
-        if owner is not None and owner.unit_held(self._zs_unit) == _NOT_HELD:
+        units = self._zs_units()
+        if units is not None and units.engine.unit_held(self._zs_unit) == _NOT_HELD:
             return (f"Parameter '{self._zs_name}' of shape {tuple(self.shape)}, {self.dtype}, "
                     "sharded across ranks (ZeRO stage 3): gathered when an operation reads it")
         return super().__repr__()
@@ -83,10 +83,10 @@ def _held_for_read(args, kwargs):
     and backward)."""
     read = []
     for p in _sharded_in(args, kwargs):
-        owner = p._zs_owner()
-        if owner is None:  # the engine is gone
+        units = p._zs_units()
+        if units is None or units.running[p._zs_unit]:  # the engine gone; inside the unit
             continue
-        if owner.touch_unit(p._zs_unit, torch.is_grad_enabled()) == _FOR_READ:
+        if units.engine.touch_unit(p._zs_unit, torch.is_grad_enabled()) == _FOR_READ:
             read.append(p)
     return read
 
@@ -121,15 +121,25 @@ def _copies(out, read):
     return out
 
 
-def shard_parameters(engine, units):
-    """Gives every parameter of `units` ([(modules, [(name, parameter)])]) the sharded
-    class of its class, answering to `engine` (the C++ engine, held weakly)."""
-    owner = weakref.ref(engine)
-    for index, (_, params) in enumerate(units):
+class Units:
+    """What the reads of sharded parameters ask: the C++ engine, and which units' modules
+    are running now (the engine's module hooks count them), inside which a read is the
+    unit's own and asks nothing. The ZeroShardEngine holds it; parameters hold it weakly."""
+
+    def __init__(self, engine, count):
+        self.engine = engine
+        self.running = [0] * count
+
+
+def shard_parameters(units, params_of_units):
+    """Gives every parameter of `params_of_units` ([(modules, [(name, parameter)])]) the
+    sharded class of its class, answering to `units` (a Units)."""
+    owner = weakref.ref(units)
+    for index, (_, params) in enumerate(params_of_units):
         for name, p in params:
             base = type(p)
             sharded = _classes.get(base)
             if sharded is None:
                 sharded = _classes[base] = type(f"Sharded{base.__name__}", (_Sharded, base), {})
             p.__class__ = sharded
-            p._zs_owner, p._zs_unit, p._zs_name = owner, index, name
+            p._zs_units, p._zs_unit, p._zs_name = owner, index, name

@@ -9,7 +9,7 @@ import os
 import torch
 
 from . import _zeroshard, construction
-from ._touch import shard_parameters
+from ._touch import Units, shard_parameters
 from ._units import stage3_units, unique_parameters
 from .config import load_config
 from .optimizer import ZeroShardOptimizer, client_scheduler, engine_options, parameter_groups
@@ -116,9 +116,15 @@ class ZeroShardEngine:
         parameters is read (zeroshard/_touch.py); the model's own forward bounds the
         gathers of one forward (one without gradients ends them)."""
         engine = self._engine
-        shard_parameters(engine, self._units)
-        self._hooks.append(model.register_forward_pre_hook(
-            lambda _module, _inputs: engine.model_forward_begin()))
+        self._running = Units(engine, len(self._units))
+        shard_parameters(self._running, self._units)
+        running = self._running.running
+
+        def model_begins(_module, _inputs):
+            running[:] = [0] * len(running)  # a forward that raised left some counted
+            engine.model_forward_begin()
+
+        self._hooks.append(model.register_forward_pre_hook(model_begins))
         for index, (modules, _) in enumerate(self._units):
             for module in modules:
                 self._hook_unit(index, module)
@@ -126,10 +132,11 @@ class ZeroShardEngine:
             lambda _module, _inputs, _output: engine.model_forward_end(torch.is_grad_enabled())))
 
     def _hook_unit(self, index, unit):
-        engine = self._engine
+        engine, running = self._engine, self._running.running
 
         def before(_module, _inputs):
             engine.unit_forward_begin(index)
+            running[index] += 1
 
         def after(_module, args, kwargs, output):
             # Backward reaches the unit when a gradient of what it made arrives. A tensor
@@ -140,6 +147,7 @@ class ZeroShardEngine:
                 for t in _tensors(output):
                     if t.requires_grad and id(t) not in given:
                         t.register_hook(lambda _grad: engine.unit_backward_begin(index))
+            running[index] -= 1
             engine.unit_forward_end(index)
 
         self._hooks.append(unit.register_forward_pre_hook(before))
