@@ -274,20 +274,6 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   }
 }
 
-// A gradient of a stage-3 parameter whose unit was never gathered for a use this step
-// comes from a read of the placeholder (NaN) it holds between uses: a C++ program that
-// read the parameter outside run_unit. Said here rather than trained on.
-void EngineImpl::check_read(size_t trainable_group, size_t slot) const {
-  const GroupRecord& g = groups_[trainable_[trainable_group]];
-  if (g.coordinator_unit < 0 || coordinator_->read_this_step(g.coordinator_unit)) return;
-  fail(
-      "stage 3: parameter '{}' got a gradient, but its unit was not gathered in this step, so "
-      "what read it read the placeholder a sharded parameter holds between uses; run every "
-      "read of a unit's parameters through Engine::run_unit with one of the unit's modules "
-      "(engine/UnitPartition.h says which)",
-      g.flat->slots().at(slot).name);
-}
-
 void EngineImpl::backward(const at::Tensor& loss) {
   ++micro_steps_;
   fault_point("backward.begin");

@@ -85,9 +85,22 @@ void ParamCoordinator::set_shard_home(ShardHome* home, int lookahead) {
 }
 
 void ParamCoordinator::gather_now(size_t unit) {
+  gather_for_read(unit);
+  state_[unit].held_for_use = true;
+}
+
+void ParamCoordinator::gather_for_read(size_t unit) {
   state_[unit].read = true;
   launch_gather(unit, touch_comm_);
-  wait_gathered(unit);
+  try {
+    wait_gathered(unit);
+  } catch (const Error& e) {
+    fail(
+        "{}; a stage-3 parameter read outside forward and backward is gathered by every rank "
+        "together, as gathered_parameters is: every rank must read the same parameters in "
+        "the same order",
+        e.what());
+  }
 }
 
 void ParamCoordinator::release_now(size_t unit) {
@@ -148,6 +161,7 @@ void ParamCoordinator::release(size_t unit, bool even_persistent) {
   state_[unit].pending.wait();
   FlatParamGroup* u = units_[unit];
   if (!even_persistent && u->numel() <= options_.persistence_numel) return;
+  state_[unit].held_for_use = false;
   if (secondary_ != nullptr && phase_ == Phase::Forward && u->gathered()) {
     at::NoGradGuard no_grad;
     secondary_->keep(unit, *u);
@@ -161,16 +175,25 @@ bool ParamCoordinator::kept_for_backward(size_t unit) const {
   return state_[unit].pinned || (!schedule_.backward.empty() && unit == schedule_.backward.front());
 }
 
+// Outside forward and backward a unit is there for use only where gather_now brought it
+// (gathered_parameters); else (a read, a persistent unit left from the step) it goes at
+// the next touch, forward or step.
 ParamCoordinator::Held ParamCoordinator::held(size_t unit) const {
   if (!gathered(unit)) return Held::No;
-  const bool read =
-      std::find(idle_touched_.begin(), idle_touched_.end(), unit) != idle_touched_.end();
-  return read ? Held::ForRead : Held::ForUse;
+  return phase_ != Phase::Idle || state_[unit].held_for_use ? Held::ForUse : Held::ForRead;
 }
 
 void ParamCoordinator::release_idle_touches() {
   for (size_t u : idle_touched_) release(u, /*even_persistent=*/true);
   idle_touched_.clear();
+}
+
+// Gathered in the walk's order, or again where an earlier use of this phase released it.
+void ParamCoordinator::bring(size_t unit) {
+  if (!state_[unit].walked) return walk_to(unit);
+  if (!units_[unit]->gathered()) launch_gather(unit);  // used again after its release
+  prefetch();
+  wait_gathered(unit);
 }
 
 void ParamCoordinator::use_in_forward(size_t unit) {
@@ -179,26 +202,13 @@ void ParamCoordinator::use_in_forward(size_t unit) {
   s.used = s.read = true;
   ++record_.uses[unit];
   record_.last_use[unit] = ++record_.tick;
-  if (s.walked) {
-    if (!units_[unit]->gathered()) launch_gather(unit);  // used again after its release
-    prefetch();
-    wait_gathered(unit);
-    return;
-  }
-  walk_to(unit);
+  bring(unit);
 }
 
 void ParamCoordinator::use_in_backward(size_t unit) {
   if (phase_ != Phase::Backward) begin(Phase::Backward);
-  UnitState& s = state_[unit];
-  s.used = s.read = true;
-  if (s.walked) {
-    if (!units_[unit]->gathered()) launch_gather(unit);  // needed again after its release
-    prefetch();
-    wait_gathered(unit);
-    return;
-  }
-  walk_to(unit);
+  state_[unit].used = state_[unit].read = true;
+  bring(unit);
 }
 
 void ParamCoordinator::model_forward_begin() {
@@ -267,7 +277,7 @@ void ParamCoordinator::touch(const std::vector<int>& units, bool grad_enabled) {
         release(u, /*even_persistent=*/true);
     idle_touched_.clear();
     for (int u : units) {
-      if (!gathered(u)) gather_now(u);
+      if (!gathered(u)) gather_for_read(u);
       idle_touched_.push_back(u);
     }
     return;

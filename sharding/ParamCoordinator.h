@@ -86,12 +86,13 @@ class ParamCoordinator {
   void set_shard_home(ShardHome* home, int lookahead);
   // hpZ: keep secondary copies when forward frees units, gather from them in backward.
   void set_secondary(SecondaryShards* secondary) { secondary_ = secondary; }
-  // Outside forward/backward (reading parameters): gather one unit now / free it.
+  // Outside forward/backward (gathered_parameters, full_parameters): gather one unit now,
+  // held for use (written, aliased) until release_now / free it.
   void gather_now(size_t unit);
   bool gathered(size_t unit) const { return units_.at(unit)->gathered(); }
-  // Whether `unit`'s full parameters are there, and for what. A touch outside forward and
-  // backward holds them for a read only until the next touch, forward or step: what reads
-  // them must copy what it keeps, and nothing may write them.
+  // Whether `unit`'s full parameters are there, and for what. Outside forward and backward
+  // a unit not brought by gather_now is there for a read only, until the next touch,
+  // forward or step: what reads it must copy what it keeps, and nothing may write it.
   enum class Held { No, ForUse, ForRead };
   Held held(size_t unit) const;
   // Whether `unit` was gathered for a use since the last optimizer step: a gradient of a
@@ -105,8 +106,10 @@ class ParamCoordinator {
   void finish_walk();
   void use_in_forward(size_t unit);
   void use_in_backward(size_t unit);
+  void bring(size_t unit);
   void walk_to(size_t unit);
   void walk_rest();
+  void gather_for_read(size_t unit);
   void prefetch();
   void launch_gather(size_t unit, Collectives* comm = nullptr);
   void wait_gathered(size_t unit);
@@ -136,9 +139,10 @@ class ParamCoordinator {
     CommHandle pending;   // gather in flight
     bool walked = false;  // gather issued by the walk
     bool used = false;
-    int active = 0;       // forwards begun and not ended
-    bool pinned = false;  // touched inside forward or backward: kept to backward's end
-    bool read = false;    // gathered for a use since the last step (not only walked)
+    int active = 0;             // forwards begun and not ended
+    bool pinned = false;        // touched inside forward or backward: kept to backward's end
+    bool read = false;          // gathered for a use since the last step (not only walked)
+    bool held_for_use = false;  // by gather_now, until released
   };
 
   std::vector<FlatParamGroup*> units_;

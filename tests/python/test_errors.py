@@ -2,10 +2,11 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from conftest import BUILD, free_port, rank_env
+from conftest import BUILD, HERE, free_port, rank_env, run_ranks
 
 SNIPPET = """
 import torch, zeroshard
@@ -108,3 +109,28 @@ def test_a_stage3_parameter_read_between_steps_is_whole_and_a_write_is_refused()
             "would write it outside training") in out
     assert "gathered_parameters(module, modifier_rank=0)" in out
     assert "unchanged True" in out
+
+
+def test_a_parameter_read_between_steps_by_one_rank_alone_stops_both_with_a_message(scratch):
+    """Reading a stage-3 parameter between steps gathers it from every rank. Rank 0 reading
+    one alone waits on a group of its own for that gather, so it never pairs with the
+    other rank's next gathers (which would hand both wrong values): after
+    comm_timeout_seconds each stops, rank 0 saying what every rank must do."""
+    code = (
+        "import sys, torch, zeroshard\n"
+        f"sys.path.insert(0, {HERE!r}); import models\n"
+        "model = models.make('gpt')\n"
+        "engine, *_ = zeroshard.initialize(model=model, config={'zero_optimization': "
+        "{'stage': 3}, 'comm_timeout_seconds': 5})\n"
+        "tokens = models.batch(0, engine.rank, engine.world_size)\n"
+        "engine.backward(engine(tokens)); engine.step()\n"
+        "if engine.rank == 0:\n"
+        "    print(float(model.ln_f.weight.sum()))\n"
+        "engine.backward(engine(tokens)); engine.step()\n")
+    start = time.monotonic()
+    out = str(scratch / "alone")
+    ranks = run_ranks(["-c", code], 2, out, timeout=120, expect_ok=False)
+    assert time.monotonic() - start < 100
+    assert all(status != 0 for status, _ in ranks), ranks
+    assert ("a stage-3 parameter read outside forward and backward is gathered by every rank "
+            "together") in ranks[0][1], ranks[0][1][-2000:]
