@@ -46,7 +46,7 @@ struct ModelSpec {
   int64_t heads = 0;
   int64_t vocab = 0;
   int64_t max_positions = 0;
-  std::vector<int64_t> unit_params;  // stage-3 units: blocks, then the root unit
+  std::vector<int64_t> unit_params;  // stage-3 units (docs/architecture.md "Stage-3 units")
   // Per unit of unit_params (empty: none): whether stage 3 keeps it whole on every rank
   // (parameters outside every declared unit); their optimizer state and gradients are
   // still sharded, and parameter offload leaves them on the device.

@@ -94,7 +94,7 @@ def _wide():
 def units_of(name, model):
     if name == "hf":
         return list(model.layers) + [model.shared, model.optional]
-    return None  # the default: the largest ModuleList's blocks
+    return None  # the default: every stack's blocks, and units for what is left
 
 
 GLOBAL_ROWS = 8
