@@ -138,8 +138,10 @@ def shard_parameters(units, params_of_units):
     for index, (_, params) in enumerate(params_of_units):
         for name, p in params:
             base = type(p)
-            sharded = _classes.get(base)
-            if sharded is None:
-                sharded = _classes[base] = type(f"Sharded{base.__name__}", (_Sharded, base), {})
-            p.__class__ = sharded
+            if not issubclass(base, _Sharded):  # else an engine before this one gave it
+                sharded = _classes.get(base)
+                if sharded is None:
+                    sharded = _classes[base] = type(f"Sharded{base.__name__}", (_Sharded, base),
+                                                    {})
+                p.__class__ = sharded
             p._zs_units, p._zs_unit, p._zs_name = owner, index, name
