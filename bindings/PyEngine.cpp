@@ -96,11 +96,14 @@ py::dict hyper_dict(const AdamHyper& h) {
 }
 
 using GroupsArg = std::vector<std::pair<std::vector<at::Tensor>, py::dict>>;
+using BuffersArg =
+    std::vector<std::tuple<std::string, at::Tensor, bool>>;  // name, tensor, persistent
 
 std::unique_ptr<Engine> make_engine(const NamedTensors& params,
                                     const std::vector<NamedTensors>& units, const std::string& yaml,
                                     const std::string& origin, const GroupsArg& groups,
-                                    bool store_served, const py::object& materialize) {
+                                    bool store_served, const py::object& materialize,
+                                    const BuffersArg& buffers) {
   const LoadedConfig loaded = load_config_string(yaml, origin);
   std::vector<std::vector<NamedParam>> unit_params;
   for (const auto& u : units) unit_params.push_back(to_params(u));
@@ -118,8 +121,11 @@ std::unique_ptr<Engine> make_engine(const NamedTensors& params,
       materialize(tensors);
     };
   }
+  std::vector<NamedBuffer> named_buffers;
+  for (const auto& [name, tensor, persistent] : buffers)
+    named_buffers.push_back({name, tensor, persistent});
   return std::make_unique<Engine>(to_params(params), unit_params, loaded.config, launch,
-                                  std::move(param_groups), fill);
+                                  std::move(param_groups), fill, std::move(named_buffers));
 }
 
 }  // namespace
@@ -235,7 +241,9 @@ PYBIND11_MODULE(_zeroshard, m) {
            py::arg("store_served") = false,
            // Called with each group's parameters before the engine copies them: brings
            // parameters built sharded (zeroshard.init) back whole, one group at a time.
-           py::arg("materialize") = py::none())
+           py::arg("materialize") = py::none(),
+           // (name, tensor, persistent) of every buffer, kept in step across ranks.
+           py::arg("buffers") = BuffersArg{})
       .def("set_param_group",
            [](Engine& e, size_t group, const py::dict& options) {
              e.set_param_group(group, to_group_options(options));

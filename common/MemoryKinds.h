@@ -20,13 +20,15 @@ enum class Kind {
   GatheredParams,   // stage 3: full parameters live between gather and free
   PinnedBuffers,    // pinned host staging and NVMe swap buffers
   SecondaryParams,  // stage 3 with hpZ: parameters sharded inside the node, for backward
+  Buffers,          // the model's buffers (BatchNorm statistics, masks), whole on every rank
 };
-constexpr size_t kNumKinds = 10;
+constexpr size_t kNumKinds = 11;
 
 constexpr std::array<const char*, kNumTiers> kTierNames{"device", "host", "nvme"};
 constexpr std::array<const char*, kNumKinds> kKindNames{
-    "params",      "master_params", "grads",           "grads_fp32",     "optimizer_states",
-    "activations", "comm_buckets",  "gathered_params", "pinned_buffers", "secondary_params"};
+    "params",           "master_params",    "grads",        "grads_fp32",
+    "optimizer_states", "activations",      "comm_buckets", "gathered_params",
+    "pinned_buffers",   "secondary_params", "buffers"};
 
 constexpr const char* tier_name(Tier t) {
   return kTierNames[static_cast<size_t>(t)];

@@ -97,6 +97,10 @@ struct Config {
   std::optional<double> gradient_clipping = 0.0;  // 0 disables clipping
   bool bf16 = false;
   bool activation_checkpointing = false;
+  // torch DDP's broadcast_buffers: before a forward, rank 0's module buffers (BatchNorm's
+  // running statistics) go to every rank (engine/ModuleBuffers.h says when); false keeps
+  // each rank's own.
+  bool broadcast_buffers = true;
   // How long a collective may wait for the other ranks before this rank gives up
   // and names the ranks that stopped answering.
   std::optional<double> comm_timeout_seconds = 300.0;

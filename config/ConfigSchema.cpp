@@ -109,6 +109,7 @@ std::vector<Knob> build_knobs() {
     int_knob("scheduler.params.total_num_steps", 1, kBig, [](Config& c) -> auto& { return c.scheduler.total_num_steps; }),
     choice_knob("scheduler.params.warmup_type", {"log", "linear"}, [](Config& c) -> auto& { return c.scheduler.warmup_type; }),
     bool_knob("activation_checkpointing.enabled", [](Config& c) -> auto& { return c.activation_checkpointing; }),
+    bool_knob("broadcast_buffers", [](Config& c) -> auto& { return c.broadcast_buffers; }),
     int_knob(z + "stage", 0, 3, [](Config& c) -> auto& { return c.zero.stage; }),
     bool_knob(z + "overlap_comm", [](Config& c) -> auto& { return c.zero.overlap_comm; }),
     bool_knob(z + "contiguous_gradients", [](Config& c) -> auto& { return c.zero.contiguous_gradients; }),

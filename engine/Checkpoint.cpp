@@ -5,10 +5,12 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -23,6 +25,50 @@ int64_t element_size(const std::string& dtype) {
   if (dtype == "fp32") return 4;
   if (dtype == "bf16" || dtype == "fp16") return 2;
   fail("checkpoint: unknown dtype '{}'; allowed: fp32, bf16, fp16", dtype);
+}
+
+constexpr std::array<std::pair<c10::ScalarType, const char*>, 13> kTorchDtypes{{
+    {c10::kFloat, "float32"},
+    {c10::kDouble, "float64"},
+    {c10::kHalf, "float16"},
+    {c10::kBFloat16, "bfloat16"},
+    {c10::kLong, "int64"},
+    {c10::kInt, "int32"},
+    {c10::kShort, "int16"},
+    {c10::kChar, "int8"},
+    {c10::kByte, "uint8"},
+    {c10::kBool, "bool"},
+    {c10::kComplexHalf, "complex32"},
+    {c10::kComplexFloat, "complex64"},
+    {c10::kComplexDouble, "complex128"},
+}};
+
+std::string torch_dtype_names() {
+  std::string out;
+  for (const auto& [type, name] : kTorchDtypes)
+    out += (out.empty() ? "" : ", ") + std::string(name);
+  return out;
+}
+
+// Buffers lie one after the other in rank0.bin from `begin`, each its dtype's bytes.
+void check_buffers(const Manifest& m, int64_t begin, const std::string& origin) {
+  int64_t at = begin;
+  for (const auto& b : m.buffers) {
+    int64_t numel = 1;
+    for (int64_t d : b.shape) {
+      if (d < 0 || d > (int64_t{1} << 40)) numel = -1;
+      if (numel >= 0) numel *= d;
+      if (numel > (int64_t{1} << 42)) numel = -1;
+    }
+    const int64_t size = static_cast<int64_t>(c10::elementSize(torch_dtype(b.dtype)));
+    if (numel < 0 || b.offset != at || b.bytes != numel * size) {
+      fail(
+          "checkpoint manifest '{}': buffer '{}' ({} bytes of {} at byte {}) does not fit its "
+          "shape or the buffers before it (expected at byte {})",
+          origin, b.name, b.bytes, b.dtype, b.offset, at);
+    }
+    at += b.bytes;
+  }
 }
 
 // A manifest's numbers must describe files that can exist: every read the loader
@@ -55,15 +101,36 @@ void check_consistent(const Manifest& m, const std::string& origin) {
     fail("checkpoint manifest '{}': RNG state at byte {} ({} bytes), expected at byte {}", origin,
          m.rng_offset, m.rng_bytes, end);
   }
-  for (const auto& f : m.files) {
-    if (f.bytes != end + m.rng_bytes) {
+  check_buffers(m, end + m.rng_bytes, origin);
+  for (size_t r = 0; r < m.files.size(); ++r) {
+    const SavedFile& f = m.files[r];
+    const int64_t needed = end + m.rng_bytes + (r == 0 ? m.buffer_bytes() : 0);
+    if (f.bytes != needed) {
       fail("checkpoint manifest '{}': file '{}' of {} bytes, the layout needs {}", origin, f.name,
-           f.bytes, end + m.rng_bytes);
+           f.bytes, needed);
     }
   }
 }
 
 }  // namespace
+
+std::string torch_dtype_name(c10::ScalarType type) {
+  for (const auto& [t, name] : kTorchDtypes)
+    if (t == type) return name;
+  fail("dtype {} cannot be saved; allowed: {}", c10::toString(type), torch_dtype_names());
+}
+
+c10::ScalarType torch_dtype(const std::string& name) {
+  for (const auto& [type, n] : kTorchDtypes)
+    if (name == n) return type;
+  fail("dtype '{}' is not allowed; allowed: {}", name, torch_dtype_names());
+}
+
+int64_t Manifest::buffer_bytes() const {
+  int64_t total = 0;
+  for (const auto& b : buffers) total += b.bytes;
+  return total;
+}
 
 int64_t SavedGroup::bytes() const {
   return trainable ? 12 * shard_numel : element_size(dtype) * shard_numel;
@@ -83,6 +150,15 @@ nlohmann::json Manifest::to_json() const {
                            {"file_offset", g.file_offset},
                            {"params", params_json}});
   }
+  nlohmann::json buffers_json;  // null: none saved (has_buffers false)
+  if (has_buffers) buffers_json = nlohmann::json::array();
+  for (const auto& b : buffers) {
+    buffers_json.push_back({{"name", b.name},
+                            {"dtype", b.dtype},
+                            {"shape", b.shape},
+                            {"offset", b.offset},
+                            {"bytes", b.bytes}});
+  }
   nlohmann::json files_json = nlohmann::json::array();
   for (const auto& f : files) {
     files_json.push_back({{"name", f.name}, {"bytes", f.bytes}, {"crc32", f.crc32}});
@@ -101,6 +177,7 @@ nlohmann::json Manifest::to_json() const {
           {"rng_offset", rng_offset},
           {"rng_bytes", rng_bytes},
           {"groups", groups_json},
+          {"buffers", buffers_json},
           {"files", files_json},
           {"aliases", aliases}};
 }
@@ -137,6 +214,14 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin)
                              p.at("offset").get<int64_t>(), p.at("numel").get<int64_t>()});
       }
       m.groups.push_back(std::move(sg));
+    }
+    if (j.contains("buffers") && !j.at("buffers").is_null()) {
+      m.has_buffers = true;
+      for (const auto& b : j.at("buffers")) {
+        m.buffers.push_back({b.at("name").get<std::string>(), b.at("dtype").get<std::string>(),
+                             b.at("shape").get<std::vector<int64_t>>(),
+                             b.at("offset").get<int64_t>(), b.at("bytes").get<int64_t>()});
+      }
     }
     if (j.contains("aliases")) {
       m.aliases = j.at("aliases").get<std::vector<std::pair<std::string, std::string>>>();
@@ -281,6 +366,14 @@ std::string CheckpointReader::read_rng(int rank) const {
   if (n != static_cast<ssize_t>(bytes.size()))
     fail("checkpoint: short read of rank {}'s RNG", rank);
   return bytes;
+}
+
+void CheckpointReader::read_buffer(const SavedBuffer& buffer, void* out) const {
+  const ssize_t n = ::pread(fds_.at(0), out, static_cast<size_t>(buffer.bytes), buffer.offset);
+  if (n != static_cast<ssize_t>(buffer.bytes)) {
+    fail("checkpoint file '{}/{}': short read of buffer '{}' at byte {}", dir_,
+         manifest_.files.at(0).name, buffer.name, buffer.offset);
+  }
 }
 
 }  // namespace zeroshard

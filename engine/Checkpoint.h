@@ -2,7 +2,8 @@
 // The on-disk format of a sharded checkpoint, and the pieces that read and write it
 // safely. A checkpoint DIR/TAG holds one file per rank (rankR.bin: for each group, this
 // rank's slice [R*S, (R+1)*S) of the padded flat buffer: fp32 master, Adam m and v for
-// trainable groups, the parameters for frozen ones; then its RNG state) and
+// trainable groups, the parameters for frozen ones; then its RNG state; rank0.bin then
+// the model's persistent buffers, the same on every rank, once) and
 // manifest.json (rank 0): format, config, world size, stage, step, loss scale, client
 // state, every group's parameters (name, shape, offset) and each file's size and CRC-32.
 // With shard groups (mics_shard_size) there is one file per shard, written by the
@@ -16,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>
 
 namespace zeroshard {
@@ -38,6 +40,21 @@ struct SavedGroup {
   // Bytes of the group's arrays in a rank file: 3 fp32 arrays, or one in `dtype`.
   int64_t bytes() const;
 };
+
+// A module buffer in rank0.bin (engine/ModuleBuffers.h): its bytes as the tensor holds
+// them, dtype by torch's own name.
+struct SavedBuffer {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // in rank0.bin
+  int64_t bytes = 0;
+};
+
+// Torch's name of a dtype ("float32", "int64", "bool", ...), as Python's getattr(torch,
+// name) reads it back, and the reverse; errors name what is allowed.
+std::string torch_dtype_name(c10::ScalarType type);
+c10::ScalarType torch_dtype(const std::string& name);
 
 struct SavedFile {
   std::string name;
@@ -62,6 +79,11 @@ struct Manifest {
   std::string config_yaml;
   int64_t rng_offset = 0, rng_bytes = 0;  // in each rank file
   std::vector<SavedGroup> groups;
+  // In rank0.bin after its RNG state. has_buffers is false for checkpoints written
+  // before buffers were saved: loading them leaves the model's buffers as they are.
+  bool has_buffers = false;
+  std::vector<SavedBuffer> buffers;
+  int64_t buffer_bytes() const;
   std::vector<SavedFile> files;
   // Tied parameters: (another name, the saved name it shares storage with).
   std::vector<std::pair<std::string, std::string>> aliases;
@@ -88,6 +110,8 @@ class CheckpointReader {
   // 1 m, 2 v for trainable groups; 0 the parameters for frozen ones), as fp32.
   void read(const std::string& name, int array, int64_t begin, int64_t count, float* out) const;
   std::string read_rng(int rank) const;
+  // A saved buffer's bytes (rank0.bin), into a host uint8 tensor.
+  void read_buffer(const SavedBuffer& buffer, void* out) const;
 
  private:
   std::string dir_;

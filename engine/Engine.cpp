@@ -12,10 +12,11 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> module, const Config& config,
 
 Engine::Engine(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
                const Config& config, std::optional<LaunchEnv> launch,
-               std::vector<ParamGroup> param_groups, MaterializeParams materialize)
+               std::vector<ParamGroup> param_groups, MaterializeParams materialize,
+               std::vector<NamedBuffer> buffers)
     : impl_(std::make_unique<EngineImpl>(std::move(params), std::move(unit_params), config,
                                          std::move(launch), std::move(param_groups),
-                                         std::move(materialize))) {}
+                                         std::move(materialize), std::move(buffers))) {}
 
 Engine::~Engine() = default;
 

@@ -26,6 +26,7 @@
 #include "config/Config.h"
 #include "config/LaunchEnv.h"
 #include "engine/DeviceMemory.h"
+#include "engine/ModuleBuffers.h"
 #include "engine/ParamGroups.h"
 #include "plan/MemoryModel.h"
 #include "plan/Planner.h"
@@ -64,10 +65,12 @@ class Engine {
          EngineOptions options = {});
   // For models that are not a torch::nn::Module (the Python package): every trainable
   // parameter once (registration order), and each stage-3 unit's parameters. Units are
-  // then driven by index through the unit_* calls (Python's module hooks).
+  // then driven by index through the unit_* calls (Python's module hooks). `buffers`:
+  // the model's buffers, kept in step across ranks (engine/ModuleBuffers.h).
   Engine(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
          const Config& config, std::optional<LaunchEnv> launch = std::nullopt,
-         std::vector<ParamGroup> param_groups = {}, MaterializeParams materialize = {});
+         std::vector<ParamGroup> param_groups = {}, MaterializeParams materialize = {},
+         std::vector<NamedBuffer> buffers = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -82,9 +85,11 @@ class Engine {
   void unit_forward_end(size_t unit);
   void unit_backward_begin(size_t unit);
   // For module hooks (the Python package): the model's forward begins and ends (a forward
-  // without gradients ends its gathers there); a parameter of `unit` is read outside the
-  // unit's modules (ParamCoordinator::touch). Both unit calls say how the unit's
-  // parameters are held now: 0 not at all, 1 for use, 2 for a read outside forward and
+  // without gradients ends its gathers there; buffers are made equal across ranks where
+  // one begins, as engine/ModuleBuffers.h says; a LibTorch program that never calls
+  // model_forward_begin gets that at the end of each optimizer step instead); a parameter of `unit`
+  // is read outside the unit's modules (ParamCoordinator::touch). Both unit calls say how the
+  // unit's parameters are held now: 0 not at all, 1 for use, 2 for a read outside forward and
   // backward (ParamCoordinator::Held).
   void model_forward_begin();
   void model_forward_end(bool grad_enabled);

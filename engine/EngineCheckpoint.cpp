@@ -139,6 +139,15 @@ Manifest EngineImpl::checkpoint_layout() const {
   m.aliases = aliases_;
   m.rng_offset = offset;
   m.rng_bytes = at::detail::getDefaultCPUGenerator().get_state().numel();
+  m.has_buffers = true;
+  int64_t pos = m.rng_offset + m.rng_bytes;
+  for (const auto& b : buffers_->all()) {
+    if (!b.persistent) continue;
+    const int64_t bytes = b.tensor.numel() * static_cast<int64_t>(b.tensor.element_size());
+    m.buffers.push_back(
+        {b.name, torch_dtype_name(b.tensor.scalar_type()), b.tensor.sizes().vec(), pos, bytes});
+    pos += bytes;
+  }
   if (scaler_) {
     const auto s = scaler_->state();
     m.loss_scale = {{"scale", s.scale},
@@ -196,6 +205,13 @@ void EngineImpl::write_rank_file(const std::string& folder) {
   }
   const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   out.write(rng.data_ptr(), rng.numel());
+  if (rank() == 0) {  // rank 0's buffers, the ones every rank gets before a forward
+    for (const auto& b : buffers_->all()) {
+      if (!b.persistent) continue;
+      const at::Tensor bytes = ModuleBuffers::host_bytes(b.tensor);
+      out.write(bytes.data_ptr(), bytes.numel());
+    }
+  }
   out.finish();
   publish_file(file + ".tmp", file, "checkpoint");
 }
@@ -310,6 +326,7 @@ Engine::Loaded EngineImpl::load_checkpoint(const std::string& dir, const std::st
     fault_point("load.group");
     load_group(reader, i);
   }
+  load_buffers(reader);
   std::vector<CommHandle> handles;
   for (const size_t i : trainable_) {
     const auto& g = groups_[i].flat;
@@ -362,7 +379,43 @@ std::vector<ParamGroupOptions> EngineImpl::saved_param_groups(const Manifest& m,
   return out;
 }
 
+// The saved buffers are the model's persistent buffers, by name and shape (a dtype
+// that differs is converted, as load_state_dict does). Checkpoints from before buffers
+// were saved leave the model's alone.
+void EngineImpl::check_buffers(const CheckpointReader& reader, const std::string& dir) const {
+  const Manifest& m = reader.manifest();
+  if (!m.has_buffers) return;
+  std::unordered_set<std::string> saved;
+  for (const auto& b : m.buffers) {
+    saved.insert(b.name);
+    const NamedBuffer* mine = buffers_->find(b.name);
+    if (mine == nullptr || !mine->persistent) {
+      fail("checkpoint '{}/{}' has buffer '{}', which the model does not have", dir, m.tag, b.name);
+    }
+    if (mine->tensor.sizes().vec() != b.shape) {
+      fail("checkpoint '{}/{}': buffer '{}' has shape [{}] there and [{}] in the model", dir, m.tag,
+           b.name, fmt::join(b.shape, ", "), fmt::join(mine->tensor.sizes(), ", "));
+    }
+    torch_dtype(b.dtype);  // one this build knows
+  }
+  for (const auto& b : buffers_->all()) {
+    if (b.persistent && !saved.count(b.name)) {
+      fail("checkpoint '{}/{}' has no buffer '{}' (the model has it): a different model?", dir,
+           m.tag, b.name);
+    }
+  }
+}
+
+void EngineImpl::load_buffers(const CheckpointReader& reader) {
+  for (const auto& saved : reader.manifest().buffers) {
+    at::Tensor bytes = at::empty({saved.bytes}, at::kByte);
+    reader.read_buffer(saved, bytes.data_ptr());
+    ModuleBuffers::assign(buffers_->find(saved.name)->tensor, bytes, torch_dtype(saved.dtype));
+  }
+}
+
 void EngineImpl::check_layout(const CheckpointReader& reader, const std::string& dir) const {
+  check_buffers(reader, dir);
   std::unordered_set<std::string> mine;
   for (const auto& record : groups_) {
     for (const auto& s : record.flat->slots()) {

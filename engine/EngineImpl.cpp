@@ -61,8 +61,16 @@ void keep_freed_memory() {
   mallopt(M_TRIM_THRESHOLD, kThreshold);
 }
 
-ModelSpec spec_of(const std::vector<NamedParam>& params) {
+int64_t bytes_of(const std::vector<NamedBuffer>& buffers) {
+  int64_t total = 0;
+  for (const auto& b : buffers)
+    total += b.tensor.numel() * static_cast<int64_t>(b.tensor.element_size());
+  return total;
+}
+
+ModelSpec spec_of(const std::vector<NamedParam>& params, int64_t buffer_bytes) {
   ModelSpec spec;
+  spec.buffer_bytes = buffer_bytes;
   spec.source = "module";
   spec.model_type = "module";
   for (const auto& p : params) {
@@ -74,8 +82,8 @@ ModelSpec spec_of(const std::vector<NamedParam>& params) {
   return spec;
 }
 
-Plan plan_for(const std::vector<NamedParam>& params, const Config& config, const LaunchEnv& env,
-              int64_t device_bytes) {
+Plan plan_for(const std::vector<NamedParam>& params, int64_t buffer_bytes, const Config& config,
+              const LaunchEnv& env, int64_t device_bytes) {
   HardwareBudget budget;
   budget.device_bytes = device_bytes;
   budget.host_bytes = host_memory_bytes();
@@ -83,7 +91,7 @@ Plan plan_for(const std::vector<NamedParam>& params, const Config& config, const
   if (world.ranks() != env.world_size) world = WorldShape{1, env.world_size};
   TrainingShape shape;
   shape.device_is_host = params.front().param.device().is_cpu();
-  return make_plan(spec_of(params), config, world, shape, budget);
+  return make_plan(spec_of(params, buffer_bytes), config, world, shape, budget);
 }
 
 }  // namespace
@@ -110,7 +118,11 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> module, const Config& 
     unit_params.emplace_back();
     for (size_t p : unit.params) unit_params.back().push_back(tree.params[p]);
   }
-  init(tree.params, unit_params, config, options.launch, std::move(options.param_groups), {});
+  std::vector<NamedBuffer> buffers;
+  for (const auto& item : module_->named_buffers(/*recurse=*/true))
+    buffers.push_back({item.key(), item.value(), true});
+  init(tree.params, unit_params, config, options.launch, std::move(options.param_groups), {},
+       std::move(buffers));
   std::unordered_map<const void*, std::string> first;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     const auto [it, fresh] = first.emplace(item.value().unsafeGetTensorImpl(), item.key());
@@ -121,15 +133,16 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> module, const Config& 
 EngineImpl::EngineImpl(std::vector<NamedParam> params,
                        std::vector<std::vector<NamedParam>> unit_params, const Config& config,
                        std::optional<LaunchEnv> launch, std::vector<ParamGroup> param_groups,
-                       MaterializeParams materialize) {
+                       MaterializeParams materialize, std::vector<NamedBuffer> buffers) {
   if (params.empty()) fail("the model has no parameters to train");
-  init(std::move(params), unit_params, config, launch, std::move(param_groups), materialize);
+  init(std::move(params), unit_params, config, launch, std::move(param_groups), materialize,
+       std::move(buffers));
 }
 
 void EngineImpl::init(std::vector<NamedParam> params,
                       const std::vector<std::vector<NamedParam>>& unit_params, const Config& config,
                       const std::optional<LaunchEnv>& launch, std::vector<ParamGroup> param_groups,
-                      const MaterializeParams& materialize) {
+                      const MaterializeParams& materialize, std::vector<NamedBuffer> buffers) {
   // Checked before any collective: every rank refuses the same groups alike.
   param_groups_ = ParamGroupTable(std::move(param_groups), params);
   const LaunchEnv env = launch ? *launch : read_launch_env();
@@ -140,7 +153,7 @@ void EngineImpl::init(std::vector<NamedParam> params,
   device_ = params.front().param.device();
   device_is_host_ = device_.is_cpu();
   device_capacity_ = device_capacity(device_, env.local_world_size);
-  plan_ = plan_for(params, config, env, device_capacity_);
+  plan_ = plan_for(params, bytes_of(buffers), config, env, device_capacity_);
   // Offloaded state comes and goes by design; memory kept by glibc would stay resident
   // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
   if (plan_.option.optimizer == OffloadDevice::None && plan_.option.params == OffloadDevice::None)
@@ -154,8 +167,11 @@ void EngineImpl::init(std::vector<NamedParam> params,
   const MaterializeParams from_rank0 = [this](const std::vector<NamedParam>& group) {
     broadcast_initial_values(group);
   };
+  buffers_ =
+      std::make_unique<ModuleBuffers>(std::move(buffers), plan_.config.broadcast_buffers, &ledger_);
   build_groups(params, unit_params, materialize ? materialize : from_rank0);
   for (const auto& p : params) names_.push_back(p);
+  buffers_->broadcast(*comm_);  // every rank starts from rank 0's, as DDP's construction
   const LossScaleSettings& fp16 = plan_.settings.fp16;
   if (fp16.enabled) {
     LossScalerOptions o;
@@ -358,6 +374,9 @@ bool EngineImpl::finish_step() {
   }
   if (coordinator_) coordinator_->after_step();
   reducer_->zero();
+  // No forward hooks (a LibTorch module): the next forward sees rank 0's buffers, as it
+  // would with the broadcast at its beginning.
+  if (!forwards_hooked_) buffers_->broadcast(*comm_);
   return true;
 }
 
@@ -442,6 +461,7 @@ ModelSpec EngineImpl::spec_of_groups() const {
     spec.unit_frozen.push_back(record.trainable < 0);
     spec.total_params += g->numel();
   }
+  spec.buffer_bytes = buffers_->bytes();
   spec.largest_module_params = spec.largest_unit();
   return spec;
 }

@@ -39,7 +39,8 @@ class EngineImpl {
              EngineOptions options);
   EngineImpl(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
              const Config& config, std::optional<LaunchEnv> launch,
-             std::vector<ParamGroup> param_groups, MaterializeParams materialize);
+             std::vector<ParamGroup> param_groups, MaterializeParams materialize,
+             std::vector<NamedBuffer> buffers);
   ~EngineImpl();
   EngineImpl(const EngineImpl&) = delete;
   EngineImpl& operator=(const EngineImpl&) = delete;
@@ -98,7 +99,8 @@ class EngineImpl {
   // Internal from here on: what the public calls above are made of.
   void init(std::vector<NamedParam> params, const std::vector<std::vector<NamedParam>>& unit_params,
             const Config& config, const std::optional<LaunchEnv>& launch,
-            std::vector<ParamGroup> param_groups, const MaterializeParams& materialize);
+            std::vector<ParamGroup> param_groups, const MaterializeParams& materialize,
+            std::vector<NamedBuffer> buffers);
   void build_groups(const std::vector<NamedParam>& params,
                     const std::vector<std::vector<NamedParam>>& unit_params,
                     const MaterializeParams& materialize);
@@ -116,6 +118,8 @@ class EngineImpl {
   void read_range(const CheckpointReader& reader, const FlatParamGroup& group, int array,
                   int64_t begin, int64_t count, float* out) const;
   void load_group(const CheckpointReader& reader, size_t group);
+  void check_buffers(const CheckpointReader& reader, const std::string& dir) const;
+  void load_buffers(const CheckpointReader& reader);
   std::unique_ptr<ShardOptimizer> make_optimizer(bool on_cpu);
   void make_overlapped_step(int threads);
   void place_param_shards(const std::vector<FlatParamGroup*>& sharded);
@@ -166,6 +170,8 @@ class EngineImpl {
   // parameters).
   std::vector<std::vector<int>> coordinator_units_;
   std::vector<NamedParam> names_;  // the parameters, for full_parameters()
+  std::unique_ptr<ModuleBuffers> buffers_;
+  bool forwards_hooked_ = false;  // model_forward_begin was called: buffers follow forwards
   int64_t micro_steps_ = 0;
   c10::Device device_{c10::kCPU};  // the model's
   bool device_is_host_ = true;

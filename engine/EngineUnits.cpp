@@ -56,10 +56,15 @@ void EngineImpl::unit_backward_begin(size_t unit) {
 }
 
 void EngineImpl::model_forward_begin() {
+  forwards_hooked_ = true;
+  buffers_->forward_begin(*comm_);
   if (coordinator_) coordinator_->model_forward_begin();
 }
 
 void EngineImpl::model_forward_end(bool grad_enabled) {
+  // This forward's backward reduces gradients when it ends the accumulation window.
+  const int64_t accumulation = plan_.settings.gradient_accumulation_steps;
+  buffers_->forward_end(grad_enabled && (micro_steps_ + 1) % accumulation == 0);
   if (coordinator_) coordinator_->model_forward_end(grad_enabled);
 }
 

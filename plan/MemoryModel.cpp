@@ -165,6 +165,7 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
     m.at(Tier::Device, Kind::GradsFp32) = 4 * opt_numel;
   }
   m.at(Tier::Device, Kind::Activations) = activation_bytes(spec, shape, static_cast<int>(kl));
+  m.at(Tier::Device, Kind::Buffers) = spec.buffer_bytes;  // whole on every rank, never offloaded
   int64_t buckets = kl * reduce_bucket * (z.overlap_comm ? 2 : 1);
   if (option.stage == 1 || option.stage == 2) buckets += kl * std::min(*z.allgather_bucket_size, p);
   m.at(Tier::Device, Kind::CommBuckets) = buckets;

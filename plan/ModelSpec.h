@@ -58,6 +58,9 @@ struct ModelSpec {
   bool is_frozen(size_t unit) const { return unit < unit_frozen.size() && unit_frozen[unit]; }
   int64_t largest_module_params = 0;                       // DeepSpeed's largest_layer_params
   std::vector<std::pair<int64_t, int64_t>> tensor_counts;  // (numel, how many)
+  // Bytes of the model's buffers (every rank holds them whole); a live model's only:
+  // config.json families leave it 0.
+  int64_t buffer_bytes = 0;
 
   int64_t largest_unit() const;
   int64_t largest_padded_unit(int64_t ranks) const;  // in full, as stage 3 gathers it

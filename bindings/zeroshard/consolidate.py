@@ -54,8 +54,21 @@ def _assemble(folder, manifest, group, param, files):
     return out.view(param["shape"]).to(torch.float32)
 
 
+def _buffer(files, saved):
+    """A module buffer rank 0 saved (engine/Checkpoint.h), in its own dtype."""
+    files[0].seek(saved["offset"])
+    raw = files[0].read(saved["bytes"])
+    if len(raw) != saved["bytes"]:
+        raise ValueError(f"checkpoint file '{files[0].name}' is truncated (reading buffer "
+                         f"'{saved['name']}')")
+    flat = (torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw
+            else torch.empty(0, dtype=torch.uint8))
+    return flat.view(getattr(torch, saved["dtype"])).reshape(saved["shape"]).clone()
+
+
 def _tensors(folder, manifest, dtype):
-    """(name, aliases, tensor) for every parameter, one assembled at a time."""
+    """(name, aliases, tensor) for every parameter, one assembled at a time, then every
+    buffer (in the dtype it was saved in, as a state_dict holds it)."""
     files = [open(os.path.join(folder, f["name"]), "rb") for f in manifest["files"]]
     aliases = {}
     for alias, name in manifest.get("aliases", []):
@@ -65,6 +78,8 @@ def _tensors(folder, manifest, dtype):
             for param in group["params"]:
                 t = _assemble(folder, manifest, group, param, files).to(_DTYPES[dtype])
                 yield param["name"], aliases.get(param["name"], []), t
+        for saved in manifest.get("buffers") or []:
+            yield saved["name"], [], _buffer(files, saved)
     finally:
         for f in files:
             f.close()

@@ -334,13 +334,7 @@ def prepare(model):
             "under the context and call initialize after its `with` block")
     meta = list(_owners_of_meta(model))
     for module in model.modules():
-        for name, b in module._buffers.items():
-            if b is not None and b.is_meta:
-                raise _zeroshard.Error(
-                    f"buffer '{name}' of {type(module).__name__} is on the meta device: "
-                    "zeroshard makes parameters from meta (through reset_parameters()), not "
-                    "buffers; create buffers on the host, or call model.to_empty(device='cpu') "
-                    "and initialise the model before zeroshard.initialize")
+        _make_meta_buffers(module)
     for module, name, p in meta:
         if not callable(getattr(module, "reset_parameters", None)):
             raise _zeroshard.Error(
@@ -356,6 +350,26 @@ def prepare(model):
         p._zs_owner = module
     _init_distributed()
     return _Materializer()
+
+
+def _make_meta_buffers(module):
+    """A norm layer's running statistics built on the meta device are made on the host
+    by its reset_running_stats() (the engine then gives every rank rank 0's); any other
+    buffer on meta has no recipe here and is refused."""
+    names = [n for n, b in module._buffers.items() if b is not None and b.is_meta]
+    if not names:
+        return
+    if not callable(getattr(module, "reset_running_stats", None)):
+        raise _zeroshard.Error(
+            f"buffer '{names[0]}' of {type(module).__name__} is on the meta device: zeroshard "
+            "makes parameters from meta (through reset_parameters()) and norm layers' running "
+            "statistics (through reset_running_stats()), not other buffers; create buffers on "
+            "the host, or call model.to_empty(device='cpu') and initialise the model before "
+            "zeroshard.initialize")
+    for n in names:
+        b = module._buffers[n]
+        module._buffers[n] = torch.empty(b.shape, dtype=b.dtype)
+    module.reset_running_stats()
 
 
 class _Materializer:

@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from . import _zeroshard, construction
+from . import _sync_batchnorm, _zeroshard, construction
 from ._touch import Units, shard_parameters
 from ._units import stage3_units, unique_parameters
 from .config import load_config
@@ -71,6 +71,19 @@ def _aliases(model):
     return out
 
 
+def _buffers(model):
+    """(name, tensor, persistent) for every buffer, once each (the first name of one a
+    shared module registers)."""
+    seen, out = set(), []
+    for prefix, mod in _all_modules(model):
+        dot = prefix + "." if prefix else ""
+        for name, b in mod._buffers.items():
+            if b is not None and id(b) not in seen:
+                seen.add(id(b))
+                out.append((dot + name, b, name not in mod._non_persistent_buffers_set))
+    return out
+
+
 def _all_modules(model, prefix=""):
     """Every (name, module), a module shared by two parents under both names."""
     yield prefix, model
@@ -97,8 +110,9 @@ class ZeroShardEngine:
         # Parameters built sharded (zeroshard.init) or on the meta device come whole one
         # group at a time, as the engine copies them.
         materialize = construction.prepare(model)
+        _sync_batchnorm.take_over(model)  # before the engine: it may start torch.distributed
         self._engine = _zeroshard.Engine(params, unit_params, text, origin, engine_groups,
-                                         _store_already_served(), materialize)
+                                         _store_already_served(), materialize, _buffers(model))
         self._engine.set_aliases(_aliases(model))
         self.optimizer = ZeroShardOptimizer(self, groups, decoupled)
         # A client scheduler, stepped after each optimizer step as DeepSpeed does.
@@ -108,28 +122,35 @@ class ZeroShardEngine:
             self.optimizer.show_scheduled_lr()
         self._pending_backward = False
         self._hooks = []
+        self._running = None
         if self._engine.stage == 3:
             self._hook_stage3(model)
+        self._hook_model(model)
+
+    def _hook_model(self, model):
+        """The model's own forward: buffers made equal across ranks where one begins
+        (engine/ModuleBuffers.h), and at stage 3 the bounds of one forward's gathers (one
+        without gradients ends them)."""
+        engine, units = self._engine, self._running
+
+        def model_begins(_module, _inputs):
+            if units is not None:
+                units.running[:] = [0] * len(units.running)  # a forward that raised left some
+            engine.model_forward_begin()
+
+        # First before the forward and last after it, also where the model is a unit itself.
+        self._hooks.append(model.register_forward_pre_hook(model_begins, prepend=True))
+        self._hooks.append(model.register_forward_hook(
+            lambda _module, _inputs, _output: engine.model_forward_end(torch.is_grad_enabled())))
 
     def _hook_stage3(self, model):
         """Every unit gathered where one of its modules runs, and wherever else one of its
-        parameters is read (zeroshard/_touch.py); the model's own forward bounds the
-        gathers of one forward (one without gradients ends them)."""
-        engine = self._engine
-        self._running = Units(engine, len(self._units))
+        parameters is read (zeroshard/_touch.py)."""
+        self._running = Units(self._engine, len(self._units))
         shard_parameters(self._running, self._units)
-        running = self._running.running
-
-        def model_begins(_module, _inputs):
-            running[:] = [0] * len(running)  # a forward that raised left some counted
-            engine.model_forward_begin()
-
-        self._hooks.append(model.register_forward_pre_hook(model_begins))
         for index, (modules, _) in enumerate(self._units):
             for module in modules:
                 self._hook_unit(index, module)
-        self._hooks.append(model.register_forward_hook(
-            lambda _module, _inputs, _output: engine.model_forward_end(torch.is_grad_enabled())))
 
     def _hook_unit(self, index, unit):
         engine, running = self._engine, self._running.running

@@ -56,6 +56,20 @@ TEST(MemoryModel, Stage0Bf16HoldsEverythingOnDevice) {
   EXPECT_EQ(m.total(Tier::Nvme), 0);
 }
 
+TEST(MemoryModel, BuffersAreWholeOnTheDeviceAtEveryStageAndOffload) {
+  ModelSpec spec = toy_spec();
+  spec.buffer_bytes = 1234;
+  const Config c = toy_config(true);
+  for (const PlanOption& o :
+       {PlanOption{0, OD::None, OD::None}, PlanOption{3, OD::Cpu, OD::Nvme}}) {
+    const auto with = predict_memory(spec, o, c, WorldShape{1, 2}, TrainingShape{});
+    const auto without = predict_memory(toy_spec(), o, c, WorldShape{1, 2}, TrainingShape{});
+    EXPECT_EQ(with.at(Tier::Device, Kind::Buffers), 1234);
+    EXPECT_EQ(with.total(Tier::Device), without.total(Tier::Device) + 1234);
+    EXPECT_EQ(with.total(Tier::Host), without.total(Tier::Host));
+  }
+}
+
 TEST(MemoryModel, OverlapCommDoublesTheReduceBucket) {
   EXPECT_EQ(predict({0, OD::None, OD::None}, true, true).at(Tier::Device, Kind::CommBuckets), 4000);
 }
