@@ -50,16 +50,23 @@ std::string torch_dtype_names() {
   return out;
 }
 
+// Elements of a saved shape, or -1 where a dimension is negative or the count is past
+// anything a file could hold.
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  constexpr int64_t kMost = int64_t{1} << 42;
+  int64_t numel = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && numel > kMost / d)) return -1;  // checked before it can overflow
+    numel *= d;
+  }
+  return numel;
+}
+
 // Buffers lie one after the other in rank0.bin from `begin`, each its dtype's bytes.
 void check_buffers(const Manifest& m, int64_t begin, const std::string& origin) {
   int64_t at = begin;
   for (const auto& b : m.buffers) {
-    int64_t numel = 1;
-    for (int64_t d : b.shape) {
-      if (d < 0 || d > (int64_t{1} << 40)) numel = -1;
-      if (numel >= 0) numel *= d;
-      if (numel > (int64_t{1} << 42)) numel = -1;
-    }
+    const int64_t numel = numel_of(b.shape);
     const int64_t size = static_cast<int64_t>(c10::elementSize(torch_dtype(b.dtype)));
     if (numel < 0 || b.offset != at || b.bytes != numel * size) {
       fail(
@@ -83,13 +90,8 @@ void check_consistent(const Manifest& m, const std::string& origin) {
     }
     end += sg.bytes();
     for (const auto& p : sg.params) {
-      int64_t numel = 1;
-      for (int64_t d : p.shape) {
-        if (d < 0 || d > (int64_t{1} << 40)) numel = -1;
-        if (numel >= 0) numel *= d;
-        if (numel > (int64_t{1} << 42)) numel = -1;
-      }
-      if (numel != p.numel || p.offset < 0 || p.offset + p.numel > sg.shard_numel * m.world_size) {
+      if (numel_of(p.shape) != p.numel || p.offset < 0 ||
+          p.offset + p.numel > sg.shard_numel * m.world_size) {
         fail(
             "checkpoint manifest '{}': parameter '{}' (offset {}, numel {}) does not fit its "
             "group or its shape",

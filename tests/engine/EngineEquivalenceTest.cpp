@@ -87,6 +87,31 @@ TEST(EngineEquivalence, MlpEveryStageTwoAndFourRanks) {
   }
 }
 
+// A LibTorch module has no forward hooks: its buffers become rank 0's at construction and
+// at the end of each optimizer step. The mlp's buffer starts at 100 x rank and adds each
+// forward's input mean, so rank 0's stays near 0 and rank 1's own near 100.
+TEST(EngineEquivalence, LibTorchModuleBuffersAreRankZerosAfterEachStep) {
+  for (int stage : {0, 3}) {
+    for (bool broadcast : {true, false}) {
+      Scenario s;
+      s.stage = stage;
+      s.steps = 3;
+      s.counter = true;
+      s.broadcast_buffers = broadcast;
+      const auto out = run_ranks(s, 2);
+      ASSERT_EQ(out.size(), 2u);
+      ASSERT_EQ(out[0].buffers.numel(), 1);
+      const double mine = out[0].buffers.item<double>(), theirs = out[1].buffers.item<double>();
+      EXPECT_LT(std::abs(mine), 10) << "rank 0 keeps its own";
+      if (broadcast) {
+        EXPECT_EQ(theirs, mine) << "stage " << stage;
+      } else {
+        EXPECT_GT(theirs - mine, 90) << "stage " << stage << ": rank 1 keeps its own";
+      }
+    }
+  }
+}
+
 TEST(EngineEquivalence, TransformerWithTiedHeadEveryStage) {
   for (int stage : {0, 1, 2}) {
     for (int world : {2, 4}) {

@@ -52,6 +52,9 @@ int main(int argc, char** argv) {
     std::vector<at::Tensor> params;
     for (const auto& p : engine.full_parameters())
       params.push_back(p.param.to(at::kCPU, at::kFloat));
+    std::vector<at::Tensor> buffers{at::zeros({0})};
+    for (const auto& b : model->buffers()) buffers.push_back(b.to(at::kCPU, at::kFloat).view({-1}));
+    params.push_back(at::cat(buffers));
     params.push_back(at::tensor(stats, at::kDouble));
     const auto report = engine.memory_report();
     std::vector<double> memory;

@@ -38,6 +38,8 @@ std::vector<RankOutput> run_ranks(const Scenario& s, int world) {
     t.pop_back();
     o.stats = t.back().view({-1, 4});
     t.pop_back();
+    o.buffers = t.back();
+    t.pop_back();
     o.params = t;
     outputs.push_back(o);
   }

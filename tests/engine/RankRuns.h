@@ -11,8 +11,9 @@ namespace zeroshard::testing {
 
 struct RankOutput {
   std::vector<at::Tensor> params;
-  at::Tensor stats;   // steps x (stepped, loss scale, grad norm, loss)
-  at::Tensor memory;  // kinds x (current, predicted, peak), device tier
+  at::Tensor buffers;  // every module buffer, flattened, in registration order
+  at::Tensor stats;    // steps x (stepped, loss scale, grad norm, loss)
+  at::Tensor memory;   // kinds x (current, predicted, peak), device tier
 };
 
 // Empty (and a test failure recorded) when any rank failed.

@@ -21,6 +21,10 @@ class Mlp : public TestModel {
     extra = register_module("extra", torch::nn::Linear(hidden, hidden));
     fc2 = register_module("fc2", torch::nn::Linear(hidden, out));
     if (s.frozen) fc1->bias.set_requires_grad(false);
+    if (s.counter) {
+      const char* rank = std::getenv("RANK");
+      seen = register_buffer("seen", at::full({1}, 100.0 * (rank ? std::atoi(rank) : 0)));
+    }
   }
 
   at::Tensor loss(int step, int micro, int64_t begin, int64_t end) override {
@@ -29,6 +33,7 @@ class Mlp : public TestModel {
         at::randn({batch_, 16 * s_.scale}, gen).slice(0, begin, end).to(fc1->weight.device());
     const at::Tensor y =
         at::randn({batch_, 8 * s_.scale}, gen).slice(0, begin, end).to(fc1->weight.device());
+    if (seen.defined()) seen.add_(x.mean().to(at::kFloat));
     at::Tensor h = run_unit(*fc1, [&] { return fc1->forward(x.to(fc1->weight.scalar_type())); });
     h = torch::tanh(h);
     bool use_extra = !s_.unused || step % 2 == 0;
@@ -46,6 +51,7 @@ class Mlp : public TestModel {
   Scenario s_;
   int64_t batch_;
   torch::nn::Linear fc1{nullptr}, extra{nullptr}, fc2{nullptr};
+  at::Tensor seen;
 };
 
 constexpr int64_t kVocab = 32, kDim = 16, kSeq = 8, kHeads = 2;
@@ -222,6 +228,10 @@ Scenario Scenario::parse(const std::vector<std::string>& args) {
       s.device = value;
     else if (key == "overlap_step")
       s.overlap_step = value;
+    else if (key == "counter")
+      s.counter = value == "1";
+    else if (key == "broadcast_buffers")
+      s.broadcast_buffers = value == "1";
     else
       fail("unknown scenario key '{}'", key);
   }
@@ -258,7 +268,9 @@ std::vector<std::string> Scenario::to_args() const {
           "mics=" + std::to_string(mics),
           "hpz=" + std::to_string(hpz),
           "device=" + device,
-          "overlap_step=" + overlap_step};
+          "overlap_step=" + overlap_step,
+          std::string("counter=") + (counter ? "1" : "0"),
+          std::string("broadcast_buffers=") + (broadcast_buffers ? "1" : "0")};
 }
 
 Config Scenario::config() const {
@@ -294,6 +306,7 @@ Config Scenario::config() const {
   oo.overlap_step = overlap_step;
   c.zero.mics_shard_size = mics;
   c.zero.hpz_partition_size = hpz;
+  c.broadcast_buffers = broadcast_buffers;
   if (sub_group > 0) c.zero.sub_group_size = sub_group;
   if (max_in_cpu >= 0) op.max_in_cpu = max_in_cpu;
   return c;

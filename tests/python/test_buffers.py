@@ -7,7 +7,8 @@ every case in one process per rank).
 - broadcast_buffers false: each rank keeps its own, as DDP with broadcast_buffers=False;
 - SyncBatchNorm (stages 1 and 3, on the host, where torch's own refuses to run) equals
   one process training on every rank's batch at once;
-- a stage-3 checkpoint resumes bit-exactly, buffers too, and consolidates with them;
+- a stage-3 checkpoint resumes bit-exactly, buffers too, and consolidates with them; a
+  model without those buffers is refused naming one;
 - the ledger counts the buffers' bytes, and the Planner predicts them."""
 import json
 import os
@@ -90,6 +91,8 @@ def test_resume_is_bit_exact_for_buffers_and_consolidates_them(results):
     for r in range(WORLD):
         assert results[r]["checkpoint"]["same_buffers"], f"rank {r}: buffers after resume"
         assert results[r]["checkpoint"]["same_params"], f"rank {r}: parameters after resume"
+        assert "has buffer 'blocks.0.norm.running_mean', which the model does not have" \
+            in results[r]["checkpoint"]["refused"]
     c = results[0]["checkpoint"]
     assert c["consolidated_keys"] == c["model_keys"]  # buffers in, non-persistent ones out
     assert c["consolidated_buffers_are_rank0s"]
