@@ -86,11 +86,11 @@ class Engine {
   void unit_backward_begin(size_t unit);
   // For module hooks (the Python package): the model's forward begins and ends (a forward
   // without gradients ends its gathers there; buffers are made equal across ranks where
-  // one begins, as engine/ModuleBuffers.h says; a LibTorch program that never calls
-  // model_forward_begin gets that at the end of each optimizer step instead); a parameter of `unit`
-  // is read outside the unit's modules (ParamCoordinator::touch). Both unit calls say how the
-  // unit's parameters are held now: 0 not at all, 1 for use, 2 for a read outside forward and
-  // backward (ParamCoordinator::Held).
+  // one begins, as engine/ModuleBuffers.h says: a LibTorch program that never calls
+  // model_forward_begin gets that at the end of each optimizer step instead); a
+  // parameter of `unit` is read outside the unit's modules (ParamCoordinator::touch).
+  // Both unit calls say how the unit's parameters are held now: 0 not at all, 1 for use,
+  // 2 for a read outside forward and backward (ParamCoordinator::Held).
   void model_forward_begin();
   void model_forward_end(bool grad_enabled);
   int touch_unit(size_t unit, bool grad_enabled);

@@ -61,13 +61,6 @@ void keep_freed_memory() {
   mallopt(M_TRIM_THRESHOLD, kThreshold);
 }
 
-int64_t bytes_of(const std::vector<NamedBuffer>& buffers) {
-  int64_t total = 0;
-  for (const auto& b : buffers)
-    total += b.tensor.numel() * static_cast<int64_t>(b.tensor.element_size());
-  return total;
-}
-
 ModelSpec spec_of(const std::vector<NamedParam>& params, int64_t buffer_bytes) {
   ModelSpec spec;
   spec.buffer_bytes = buffer_bytes;
@@ -153,7 +146,9 @@ void EngineImpl::init(std::vector<NamedParam> params,
   device_ = params.front().param.device();
   device_is_host_ = device_.is_cpu();
   device_capacity_ = device_capacity(device_, env.local_world_size);
-  plan_ = plan_for(params, bytes_of(buffers), config, env, device_capacity_);
+  buffers_ =
+      std::make_unique<ModuleBuffers>(std::move(buffers), config.broadcast_buffers, &ledger_);
+  plan_ = plan_for(params, buffers_->bytes(), config, env, device_capacity_);
   // Offloaded state comes and goes by design; memory kept by glibc would stay resident
   // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
   if (plan_.option.optimizer == OffloadDevice::None && plan_.option.params == OffloadDevice::None)
@@ -167,8 +162,6 @@ void EngineImpl::init(std::vector<NamedParam> params,
   const MaterializeParams from_rank0 = [this](const std::vector<NamedParam>& group) {
     broadcast_initial_values(group);
   };
-  buffers_ =
-      std::make_unique<ModuleBuffers>(std::move(buffers), plan_.config.broadcast_buffers, &ledger_);
   build_groups(params, unit_params, materialize ? materialize : from_rank0);
   for (const auto& p : params) names_.push_back(p);
   buffers_->broadcast(*comm_);  // every rank starts from rank 0's, as DDP's construction
