@@ -233,6 +233,10 @@ class ZeroShardEngine:
     def world_size(self):
         return self._engine.world_size
 
+    def gradient_accumulation_steps(self):
+        """Micro-batches per optimizer step (DeepSpeed's accessor)."""
+        return self._engine.gradient_accumulation_steps
+
     @property
     def zero_stage(self):
         return self._engine.stage

@@ -16,9 +16,11 @@ How the Trainer and the engine share the work (the Trainer's loop is kept whole)
   'auto' (train_micro_batch_size_per_gpu, gradient_accumulation_steps,
   gradient_clipping, bf16, fp16), as Hugging Face does for DeepSpeed; a value that
   contradicts TrainingArguments is an error naming both.
-- training_step runs forward, engine.backward and engine.step (which steps at the
-  accumulation boundary, clipping included); the Trainer's optimizer.step() is then a
-  no-op and its grad norm is the engine's.
+- The Trainer's own training_step computes the loss (num_items_in_batch across the
+  accumulated micro-batches and, with average_tokens_across_devices, across ranks, as
+  it does for DDP); the backward it hands to accelerate goes to engine.backward and
+  engine.step (which steps at the accumulation boundary, clipping included); the
+  Trainer's optimizer.step() is then a no-op and its grad norm is the engine's.
 - save_model writes Hugging Face's layout through engine.save_pretrained; the
   Trainer's checkpoints (save_strategy) hold the engine's sharded checkpoint in
   checkpoint-N/zeroshard/ and resume from it.
@@ -117,8 +119,6 @@ class ZeroShardTrainer(transformers.Trainer):
         self.zeroshard_units = units
         self.zeroshard_engine = None
         self._engine_module = None
-        # Each micro-batch's mean loss: the engine averages over ranks and accumulation.
-        self.model_accepts_loss_kwargs = False
         # The engine places parameters and optimizer state; accelerate would read the
         # sharded optimizer's state_dict to move it (batches are placed by the Trainer).
         self.accelerator.device_placement = False
@@ -129,6 +129,9 @@ class ZeroShardTrainer(transformers.Trainer):
         engine, optimizer, _, _ = initialize(model=self.model, config=config, optimizer=client,
                                              units=self.zeroshard_units)
         optimizer.stepped_by_engine = True  # see ZeroShardOptimizer.step
+        # The Trainer's training_step runs as it is (its loss arithmetic below); where it
+        # hands the loss to accelerate, the engine takes it.
+        self.accelerator.backward = self._engine_backward
         self.zeroshard_engine = engine
         self._engine_module = _EngineModule(engine)
         self.optimizer = optimizer
@@ -140,14 +143,19 @@ class ZeroShardTrainer(transformers.Trainer):
             self._start_engine()
         return self._engine_module
 
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        model.train()
-        inputs = self._prepare_inputs(inputs)
-        with self.compute_loss_context_manager():
-            loss = self.compute_loss(model, inputs)
-        self.zeroshard_engine.backward(loss)
-        self.zeroshard_engine.step()  # steps at the accumulation boundary
-        return loss.detach() / self.args.gradient_accumulation_steps
+    def _engine_backward(self, loss, **kwargs):
+        """accelerator.backward, as Trainer.training_step calls it, with the loss it made
+        for DDP: each micro-batch's token sum over the window's target tokens
+        (num_items_in_batch, times the ranks with average_tokens_across_devices), or its
+        mean over the window's micro-batches for models that take no loss kwargs. DDP
+        sums those over the window and averages over ranks; the engine averages over
+        both, so it gets the loss times the window, and steps at its end."""
+        if kwargs.get("learning_rate") is not None:
+            raise _error("the LOMO optimizers step inside backward, which the engine does "
+                         "not; choose another TrainingArguments.optim")
+        engine = self.zeroshard_engine
+        engine.backward(loss * engine.gradient_accumulation_steps())
+        engine.step()  # steps at the accumulation boundary
 
     def _clip_grad_norm(self, model):
         return self.zeroshard_engine.global_grad_norm  # clipped in engine.step

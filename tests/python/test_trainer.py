@@ -1,8 +1,10 @@
 """The Hugging Face Trainer with zeroshard (zeroshard.integrations.ZeroShardTrainer) on
 2 real ranks against the same Trainer under DDP: the same TrainingArguments (AdamW with
 the Trainer's decay and no-decay groups, linear warmup and decay, gradient accumulation
-2, clipping at 1.0) log the same loss and grad norm every step (within 1e-5), and
-save_model writes a folder from_pretrained loads to DDP's trained weights. Config values
+4, clipping at 1.0), on rows whose prompts of different lengths are masked out of the
+loss, log the same loss and grad norm every step (within 1e-5: the Trainer's token-weighted
+arithmetic, num_items_in_batch), and save_model writes a folder from_pretrained loads to
+DDP's trained weights (within 1e-5). Config values
 that contradict TrainingArguments are refused naming both."""
 import importlib.util
 import json
@@ -46,13 +48,13 @@ def test_trainer_logs_ddps_losses_and_saves_its_weights(zero, scratch):
         assert len(got[rank]) == len(want[rank]) == STEPS
         for step, ((loss, norm), (loss_ddp, norm_ddp)) in enumerate(zip(got[rank], want[rank])):
             assert abs(loss - loss_ddp) <= 1e-5 * abs(loss_ddp), f"step {step}: {loss} vs {loss_ddp}"
-            assert abs(norm - norm_ddp) <= 1e-4 * abs(norm_ddp), f"step {step}: {norm} vs {norm_ddp}"
+            assert abs(norm - norm_ddp) <= 1e-5 * abs(norm_ddp), f"step {step}: {norm} vs {norm_ddp}"
     assert got[0][-1][0] < got[0][0][0], "the loss did not fall"
     mine = transformers.LlamaForCausalLM.from_pretrained(got_out + ".model").state_dict()
     theirs = transformers.LlamaForCausalLM.from_pretrained(want_out + ".model").state_dict()
     assert set(mine) == set(theirs)
     for name, t in theirs.items():
-        assert torch.allclose(mine[name], t, rtol=1e-4, atol=1e-6), name
+        assert torch.allclose(mine[name], t, rtol=1e-5, atol=1e-6), name
 
 
 def test_trainer_checkpoints_resume_where_they_stopped(scratch):

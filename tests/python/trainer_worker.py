@@ -2,7 +2,8 @@
 transformers.Trainer under DDP (mode ddp: the Trainer wraps it itself, as it does when
 started by torchrun), or by zeroshard.integrations.ZeroShardTrainer (mode zs, a
 zeroshard config given as JSON), with the same TrainingArguments: AdamW with decay and
-no-decay groups, linear warmup and decay, gradient accumulation 2, clipping at 1.0.
+no-decay groups, linear warmup and decay, gradient accumulation 4, clipping at 1.0, on
+rows whose prompts (of different lengths) are masked out of the loss.
 Writes the losses and grad norms the Trainer logged, one per step, to OUT.rankN.json;
 then saves the model with trainer.save_model(OUT.model) (rank 0 of a DDP run alone
 writes; every rank of a zeroshard run takes part).
@@ -32,7 +33,11 @@ class Rows(torch.utils.data.Dataset):
         return ROWS
 
     def __getitem__(self, i):
-        return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
+        # Supervised fine-tuning's rows: a prompt of 1 to 12 tokens the loss ignores, so
+        # micro-batches hold different numbers of target tokens.
+        labels = self.tokens[i].clone()
+        labels[:1 + (5 * i) % 12] = -100
+        return {"input_ids": self.tokens[i], "labels": labels}
 
 
 class Record(transformers.TrainerCallback):
@@ -49,8 +54,8 @@ def main():
     torch.set_num_threads(1)
     save_steps = int(os.environ.get("ZS_TRAINER_SAVE_STEPS", "0"))
     args = transformers.TrainingArguments(
-        output_dir=out + ".trainer", max_steps=steps, per_device_train_batch_size=4,
-        gradient_accumulation_steps=2, learning_rate=1e-2, weight_decay=0.1, adam_beta1=0.9,
+        output_dir=out + ".trainer", max_steps=steps, per_device_train_batch_size=2,
+        gradient_accumulation_steps=4, learning_rate=1e-2, weight_decay=0.1, adam_beta1=0.9,
         adam_beta2=0.95, adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="linear",
         warmup_steps=2, optim="adamw_torch", logging_steps=1,
         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
