@@ -215,7 +215,7 @@ TEST(EngineEquivalence, FrozenAndUnusedParameters) {
   }
 }
 
-// The GPU path (issue #16's first tests): the same models on cuda:0 against torch's own
+// The GPU path: the same models on cuda:0 against torch's own
 // AdamW on the same device. One rank makes NCCL groups of one; two ranks share the one
 // GPU through Gloo (NCCL refuses two ranks on one device). Skipped, with the reason, where
 // no GPU is visible, as on CI.

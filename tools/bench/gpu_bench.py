@@ -38,7 +38,7 @@ SHAPES = {  # LlamaConfig values; 1b is TinyLlama-1.1B's shape
                  num_attention_heads=4, num_key_value_heads=4, vocab_size=512),
 }
 ROWS = ["zeroshard_z3_offload_cpu", "fsdp2_cpu_offload", "deepspeed_z3_offload_cpu"]
-# (key, ours, peer, target): tokens/s ratios #16 asks for
+# (key, ours, peer, target): the tokens/s ratios the GPU targets ask for
 RATIOS = [("zs_vs_fsdp2_cpu_offload_throughput", ROWS[0], ROWS[1], 1.5),
           ("zs_vs_deepspeed_offload_throughput", ROWS[0], ROWS[2], 1.2)]
 LARGEST_TARGET = 1.3  # zeroshard's largest model over the largest of the peers'
