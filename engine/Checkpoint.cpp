@@ -27,27 +27,39 @@ int64_t element_size(const std::string& dtype) {
   fail("checkpoint: unknown dtype '{}'; allowed: fp32, bf16, fp16", dtype);
 }
 
-constexpr std::array<std::pair<c10::ScalarType, const char*>, 13> kTorchDtypes{{
-    {c10::kFloat, "float32"},
-    {c10::kDouble, "float64"},
-    {c10::kHalf, "float16"},
-    {c10::kBFloat16, "bfloat16"},
-    {c10::kLong, "int64"},
-    {c10::kInt, "int32"},
-    {c10::kShort, "int16"},
-    {c10::kChar, "int8"},
-    {c10::kByte, "uint8"},
-    {c10::kBool, "bool"},
-    {c10::kComplexHalf, "complex32"},
-    {c10::kComplexFloat, "complex64"},
-    {c10::kComplexDouble, "complex128"},
+// Each dtype a buffer may have: torch's name and its element size (written out, since
+// c10's elementSize is not header-only and the fuzzers link no LibTorch).
+struct TorchDtype {
+  c10::ScalarType type;
+  const char* name;
+  int64_t size;
+};
+constexpr std::array<TorchDtype, 13> kTorchDtypes{{
+    {c10::kFloat, "float32", 4},
+    {c10::kDouble, "float64", 8},
+    {c10::kHalf, "float16", 2},
+    {c10::kBFloat16, "bfloat16", 2},
+    {c10::kLong, "int64", 8},
+    {c10::kInt, "int32", 4},
+    {c10::kShort, "int16", 2},
+    {c10::kChar, "int8", 1},
+    {c10::kByte, "uint8", 1},
+    {c10::kBool, "bool", 1},
+    {c10::kComplexHalf, "complex32", 4},
+    {c10::kComplexFloat, "complex64", 8},
+    {c10::kComplexDouble, "complex128", 16},
 }};
 
 std::string torch_dtype_names() {
   std::string out;
-  for (const auto& [type, name] : kTorchDtypes)
-    out += (out.empty() ? "" : ", ") + std::string(name);
+  for (const auto& d : kTorchDtypes) out += (out.empty() ? "" : ", ") + std::string(d.name);
   return out;
+}
+
+const TorchDtype& torch_dtype_named(const std::string& name) {
+  for (const auto& d : kTorchDtypes)
+    if (name == d.name) return d;
+  fail("dtype '{}' is not allowed; allowed: {}", name, torch_dtype_names());
 }
 
 // Elements of a saved shape, or -1 where a dimension is negative or the count is past
@@ -67,7 +79,7 @@ void check_buffers(const Manifest& m, int64_t begin, const std::string& origin) 
   int64_t at = begin;
   for (const auto& b : m.buffers) {
     const int64_t numel = numel_of(b.shape);
-    const int64_t size = static_cast<int64_t>(c10::elementSize(torch_dtype(b.dtype)));
+    const int64_t size = torch_dtype_named(b.dtype).size;
     if (numel < 0 || b.offset != at || b.bytes != numel * size) {
       fail(
           "checkpoint manifest '{}': buffer '{}' ({} bytes of {} at byte {}) does not fit its "
@@ -117,15 +129,13 @@ void check_consistent(const Manifest& m, const std::string& origin) {
 }  // namespace
 
 std::string torch_dtype_name(c10::ScalarType type) {
-  for (const auto& [t, name] : kTorchDtypes)
-    if (t == type) return name;
+  for (const auto& d : kTorchDtypes)
+    if (d.type == type) return d.name;
   fail("dtype {} cannot be saved; allowed: {}", c10::toString(type), torch_dtype_names());
 }
 
 c10::ScalarType torch_dtype(const std::string& name) {
-  for (const auto& [type, n] : kTorchDtypes)
-    if (name == n) return type;
-  fail("dtype '{}' is not allowed; allowed: {}", name, torch_dtype_names());
+  return torch_dtype_named(name).type;
 }
 
 int64_t Manifest::buffer_bytes() const {
