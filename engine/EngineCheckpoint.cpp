@@ -396,7 +396,6 @@ void EngineImpl::check_buffers(const CheckpointReader& reader, const std::string
       fail("checkpoint '{}/{}': buffer '{}' has shape [{}] there and [{}] in the model", dir, m.tag,
            b.name, fmt::join(b.shape, ", "), fmt::join(mine->tensor.sizes(), ", "));
     }
-    torch_dtype(b.dtype);  // one this build knows
   }
   for (const auto& b : buffers_->all()) {
     if (b.persistent && !saved.count(b.name)) {

@@ -121,9 +121,8 @@ class _SyncBatchNorm(torch.autograd.Function):
             channels = mean.numel()
             mean_dy = (sums[:channels] / ctx.total).view(shape)
             mean_dy_xmu = (sums[channels:] / ctx.total).view(shape)
-            scale = invstd.view(shape)
-            if weight is not None:
-                scale = scale * weight.float().view(shape)
-            grad_x = ((dyf - mean_dy - xmu * invstd.view(shape) ** 2 * mean_dy_xmu) * scale)
+            istd = invstd.view(shape)
+            scale = istd * weight.float().view(shape) if weight is not None else istd
+            grad_x = (dyf - mean_dy - xmu * istd ** 2 * mean_dy_xmu) * scale
             grad_x = grad_x.to(x.dtype)
         return grad_x, grad_weight, grad_bias, None, None, None, None, None
