@@ -90,7 +90,7 @@ def main():
     model = Gpt(len(chars), a.dim, a.layers, a.heads, a.seq)
     engine, _, _, _ = zeroshard.initialize(model=model, config=a.config)
     main_rank = engine.rank == 0
-    micro = engine._engine.micro_batch_size
+    micro = engine.train_micro_batch_size_per_gpu()
     if main_rank:
         n = sum(p.numel() for p in set(model.parameters()))
         print(f"{len(data):,} characters of {nfiles} license texts, vocabulary {len(chars)}; "

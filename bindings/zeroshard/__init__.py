@@ -19,13 +19,13 @@ if _torch.__version__.split("+")[0] != _BUILT_FOR:
         "(pip install --force-reinstall ., or ./zs build)")
 
 from ._zeroshard import Error  # noqa: E402
-from .config import load_config  # noqa: E402
-from .consolidate import consolidate
-from .construction import init
-from .engine import ZeroShardEngine
-from .initialize import initialize
-from .optimizer import ZeroShardOptimizer
-from .estimate import estimate
+from ._config import load_config  # noqa: E402
+from ._consolidate import consolidate
+from ._construction import init
+from ._engine import ZeroShardEngine
+from ._initialize import initialize
+from ._optimizer import ZeroShardOptimizer
+from ._estimate import estimate
 
 __all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "init", "estimate",
            "load_config", "consolidate"]

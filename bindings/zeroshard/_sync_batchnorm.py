@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import construction
+from . import _launch
 
 _classes = {}  # SyncBatchNorm class -> its engine subclass
 
@@ -30,7 +30,7 @@ def take_over(model):
     found = [m for m in model.modules() if isinstance(m, torch.nn.SyncBatchNorm)]
     if not found:
         return
-    construction._init_distributed()
+    _launch.init_distributed()
     for module in found:
         base = type(module)
         if issubclass(base, _EngineSyncBatchNorm):

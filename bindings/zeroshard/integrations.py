@@ -32,8 +32,8 @@ import torch
 import transformers
 
 from . import _zeroshard
-from .config import load_config
-from .initialize import initialize
+from ._config import load_config
+from ._initialize import initialize
 
 _SCHEDULER_FILE = "scheduler.pt"
 

@@ -72,7 +72,7 @@ def main():
     seq = 64
     model = demo.Gpt(len(chars), 192, 6, 6, seq)
     engine, _, _, _ = zeroshard.initialize(model=model, config=config)
-    micro = engine._engine.micro_batch_size
+    micro = engine.train_micro_batch_size_per_gpu()
     gen = torch.Generator().manual_seed(100 + engine.rank)
     # Typed arrays, not lists: a list would keep one new int object a step, which the
     # count of Python's blocks would show as a leak.

@@ -8,40 +8,11 @@ import os
 
 import torch
 
-from . import _sync_batchnorm, _zeroshard, construction
+from . import _construction, _launch, _sync_batchnorm, _zeroshard
 from ._touch import Units, shard_parameters
 from ._units import stage3_units, unique_parameters
-from .config import load_config
-from .optimizer import ZeroShardOptimizer, client_scheduler, engine_options, parameter_groups
-
-_LAUNCH_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
-
-
-def _require_launch_env():
-    if any(v in os.environ for v in _LAUNCH_VARS):
-        return
-    raise _zeroshard.Error(
-        "zeroshard.initialize: no process-group environment (none of RANK from torchrun, "
-        "SLURM_PROCID from srun, OMPI_COMM_WORLD_RANK from mpirun is set); start the script "
-        "with `torchrun --nproc_per_node N script.py`, `./zs run -n N script.py`, srun or "
-        "mpirun, or for one process set RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 "
-        "MASTER_PORT=29500")
-
-
-def _store_already_served():
-    """True when torch.distributed, initialised in this process (by the script,
-    deepspeed.init_distributed, accelerate, the Hugging Face Trainer), serves the
-    rendezvous store at MASTER_PORT, where zeroshard's rank 0 would listen: every rank
-    then joins that store as a client (its keys under their own prefix)."""
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()):
-        return False
-    store = dist.distributed_c10d._get_default_store()
-    while hasattr(store, "underlying_store"):  # torch's PrefixStores
-        store = store.underlying_store
-    port = getattr(store, "port", None)
-    return port is None or port == _zeroshard.launch_env()["master_port"]
-
+from ._config import load_config
+from ._optimizer import ZeroShardOptimizer, client_scheduler, engine_options, parameter_groups
 
 def _refuse_twice_named(text, origin, optimizer, lr_scheduler):
     """DeepSpeed's rule, said as an error: the optimizer and the scheduler come from the
@@ -95,7 +66,7 @@ def _all_modules(model, prefix=""):
 class ZeroShardEngine:
     def __init__(self, model, config, units=None, model_parameters=None, optimizer=None,
                  lr_scheduler=None):
-        _require_launch_env()
+        _launch.require_launch_env()
         if not isinstance(model, torch.nn.Module):
             raise _zeroshard.Error(f"model: a {type(model).__name__}; allowed: a torch.nn.Module")
         text, origin = load_config(config)
@@ -109,12 +80,12 @@ class ZeroShardEngine:
                          for g, d in zip(groups, decoupled)]
         # Parameters built sharded (zeroshard.init) or on the meta device come whole one
         # group at a time, as the engine copies them.
-        materialize = construction.prepare(model)
+        materialize = _construction.prepare(model)
         _sync_batchnorm.take_over(model)  # before the engine: it may start torch.distributed
         self._engine = _zeroshard.Engine(params, unit_params, text, origin, engine_groups,
-                                         _store_already_served(), materialize, _buffers(model))
+                                         _launch.store_already_served(), materialize, _buffers(model))
         self._engine.set_aliases(_aliases(model))
-        self.optimizer = ZeroShardOptimizer(self, groups, decoupled)
+        self.optimizer = ZeroShardOptimizer(self._engine, self.zero_grad, groups, decoupled)
         # A client scheduler, stepped after each optimizer step as DeepSpeed does.
         self.lr_scheduler = client_scheduler(lr_scheduler, self.optimizer, client)
         self._scheduled = self._engine.scheduled  # a config scheduler sets every lr
@@ -237,6 +208,15 @@ class ZeroShardEngine:
         """Micro-batches per optimizer step (DeepSpeed's accessor)."""
         return self._engine.gradient_accumulation_steps
 
+    def train_micro_batch_size_per_gpu(self):
+        """Samples per rank per micro-batch, the config's value (DeepSpeed's accessor)."""
+        return self._engine.micro_batch_size
+
+    @property
+    def scheduled_by_config(self):
+        """True when the config's `scheduler` sets every group's lr at each step."""
+        return self._scheduled
+
     @property
     def zero_stage(self):
         return self._engine.stage
@@ -304,7 +284,7 @@ class ZeroShardEngine:
                     "huggingface_hub if you need to)")
         state = self.state_dict()  # every rank: a collective at stage 3
         if self.rank == 0:
-            from .consolidate import publish_folder
+            from ._consolidate import publish_folder
             publish_folder(os.fspath(save_directory),
                            lambda tmp: save(tmp, state_dict=state, **kwargs))
         self._engine.barrier()

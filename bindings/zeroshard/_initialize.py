@@ -6,7 +6,7 @@ import os
 import torch
 
 from . import _zeroshard
-from .engine import ZeroShardEngine
+from ._engine import ZeroShardEngine
 
 
 def _error(message):
@@ -57,7 +57,7 @@ def _dataloader(training_data, engine, collate_fn):
         return None
     sampler = torch.utils.data.distributed.DistributedSampler(
         training_data, num_replicas=engine.world_size, rank=engine.rank)
-    return torch.utils.data.DataLoader(training_data, batch_size=engine._engine.micro_batch_size,
+    return torch.utils.data.DataLoader(training_data, batch_size=engine.train_micro_batch_size_per_gpu(),
                                        sampler=sampler, collate_fn=collate_fn)
 
 
@@ -92,6 +92,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                              optimizer=optimizer, lr_scheduler=lr_scheduler)
     loader = _dataloader(training_data, engine, collate_fn)
     scheduler = engine.lr_scheduler
-    if scheduler is None and engine._scheduled:
+    if scheduler is None and engine.scheduled_by_config:
         scheduler = ConfigScheduler(engine)
     return engine, engine.optimizer, loader, scheduler

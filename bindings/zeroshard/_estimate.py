@@ -3,7 +3,7 @@ Planner as the zeroshard-estimate CLI."""
 import os
 
 from . import _zeroshard
-from .config import load_config
+from ._config import load_config
 from ._units import stage3_units
 
 

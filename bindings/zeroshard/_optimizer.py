@@ -146,8 +146,10 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
     and setting a group's lr, betas, eps or weight_decay takes effect at the next step.
     Stepping belongs to the engine (engine.step())."""
 
-    def __init__(self, engine, groups, decoupled):
-        hypers = engine._engine.param_group_hypers()
+    def __init__(self, core, zero_grad, groups, decoupled):
+        """core: the C++ engine, which holds each group's hyperparameters; zero_grad: the
+        ZeroShardEngine's."""
+        hypers = core.param_group_hypers()
         defaults = {k: v for k, v in hypers[0].items() if k != "decoupled"}
         super().__init__([{"params": g["params"]} for g in groups], defaults)
         self.param_groups = groups  # a client optimizer's own dicts, shared
@@ -155,7 +157,8 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
             for key in HYPER_KEYS:
                 if g.get(key) is None:
                     g[key] = h[key]
-        self._zs_engine = engine
+        self._core = core
+        self._zero_grad = zero_grad
         self._decoupled = decoupled
         self._pushed = [engine_options(g, d) for g, d in zip(groups, decoupled)]
 
@@ -168,20 +171,20 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         for i, (g, d) in enumerate(zip(self.param_groups, self._decoupled)):
             options = engine_options(g, d)
             if options != self._pushed[i]:
-                self._zs_engine._engine.set_param_group(i, options)
+                self._core.set_param_group(i, options)
                 self._pushed[i] = options
 
     def pull_groups(self):
         """After a checkpoint load: every group's hyperparameters as the checkpoint
         restored them in the engine."""
-        for g, h in zip(self.param_groups, self._zs_engine._engine.param_group_hypers()):
+        for g, h in zip(self.param_groups, self._core.param_group_hypers()):
             for key in HYPER_KEYS:
                 g[key] = h[key]
         self._pushed = [engine_options(g, d) for g, d in zip(self.param_groups, self._decoupled)]
 
     def show_scheduled_lr(self):
         """After a step under a config scheduler: its lr into every group."""
-        for g, h in zip(self.param_groups, self._zs_engine._engine.param_group_hypers()):
+        for g, h in zip(self.param_groups, self._core.param_group_hypers()):
             g["lr"] = h["lr"]
         self._pushed = [engine_options(g, d) for g, d in zip(self.param_groups, self._decoupled)]
 
@@ -196,7 +199,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                      "optimizer at each accumulation boundary")
 
     def zero_grad(self, set_to_none=True):
-        self._zs_engine.zero_grad()
+        self._zero_grad()
 
     def state_dict(self):
         raise _error("optimizer.state_dict(): the optimizer state is sharded across ranks; "

@@ -35,7 +35,6 @@ Design notes.
 import contextlib
 import ctypes
 import math
-import os
 import sys
 import weakref
 
@@ -45,9 +44,9 @@ from torch.nn.modules.module import (register_module_module_registration_hook,
                                      register_module_parameter_registration_hook)
 from torch.overrides import TorchFunctionMode
 
-from . import _zeroshard
+from . import _launch, _zeroshard
 from ._touch import METADATA
-from .config import load_config
+from ._config import load_config
 
 _active = None  # the _Sharder of the innermost open context
 
@@ -212,16 +211,6 @@ class _GatherOnTouch(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _init_distributed():
-    """torch.distributed over Gloo at the launch's rendezvous, unless the script did it."""
-    if dist.is_initialized():
-        return
-    env = _zeroshard.launch_env()
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://{env['master_addr']}:{env['master_port']}",
-        rank=env["rank"], world_size=env["world_size"])
-
-
 def _hf_initialize_weights():
     """Hugging Face's per-module weight initialisation, if transformers is loaded."""
     mu = sys.modules.get("transformers.modeling_utils")
@@ -268,9 +257,8 @@ class init:
             return self
         if _active is not None:
             raise _zeroshard.Error("zeroshard.init: already inside a zeroshard.init context")
-        from .engine import _require_launch_env
-        _require_launch_env()
-        _init_distributed()
+        _launch.require_launch_env()
+        _launch.init_distributed()
         self._sharder = _Sharder()
         self._hooks = [register_module_parameter_registration_hook(self._sharder.on_parameter),
                        register_module_module_registration_hook(self._sharder.on_module)]
@@ -348,7 +336,7 @@ def prepare(model):
         placeholder = torch.nn.Parameter(_poison(p.shape, p.dtype), requires_grad=p.requires_grad)
         torch.utils.swap_tensors(p, placeholder)
         p._zs_owner = module
-    _init_distributed()
+    _launch.init_distributed()
     return _Materializer()
 
 
