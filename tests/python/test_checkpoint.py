@@ -2,42 +2,14 @@
 world size and stage, crash safety, and bad checkpoints refused before anything changes."""
 import json
 import os
-import shutil
 
 import pytest
 import torch
 
-from conftest import BUILD as BUILD_DIR, HERE, both_legs, run_ranks
-from test_equivalence import with_reference_optimizer
+from conftest import (BUILD as BUILD_DIR, HERE, assert_params, both_legs,
+                      checkpoint_config as config_for, run_ranks, train_params as train)
 
 WORKER = os.path.join(HERE, "train_worker.py")
-STEPS = 12  # the workers train to step 12 unless told otherwise
-
-
-def train(scratch, tag, config, world, env):
-    out = str(scratch / tag)
-    run_ranks([WORKER, "zs", "gpt", str(STEPS), out, json.dumps(config)], world, out,
-              extra_env=dict(env, ZS_DUMP_PARAMS="1"))
-    return [torch.load(f"{out}.rank{r}.pt") for r in range(world)]
-
-
-def assert_params(got, want, exact):
-    for name, w in want.items():
-        if exact:
-            assert torch.equal(got[name], w), f"{name} differs after resume"
-        else:
-            diff = (got[name] - w).abs().max().item()
-            assert diff <= 1e-5 * max(w.abs().max().item(), 1e-6), f"{name}: {diff}"
-
-
-def config_for(stage, offload, scratch):
-    zero = {"stage": stage}
-    if offload in ("cpu", "nvme"):
-        zero["offload_optimizer"] = {"device": offload}
-    if offload == "nvme" and stage == 3:
-        zero["offload_param"] = {"device": "nvme"}
-    os.makedirs(scratch / "nvme", exist_ok=True)
-    return with_reference_optimizer({"zero_optimization": zero}, scratch / "nvme")
 
 
 @pytest.mark.parametrize("stage,offload", [(0, "none"), (1, "none"), (2, "none"), (3, "none"),
@@ -140,7 +112,7 @@ print('unchanged', all(torch.equal(before[k], after[k]) for k in before))
     ("shape", "parameter 'blocks.0.weight' has shape [8, 8] there and [4, 4] in the model"),
 ])
 def test_a_bad_checkpoint_is_refused_before_anything_changes(case, message, scratch):
-    from test_errors import run_one
+    from conftest import run_snippet as run_one
     ckpt = str(scratch / "ckpt")
     code, out = run_one(BAD.format(ckpt=ckpt, case=case))
     assert code == 0, out
@@ -184,7 +156,7 @@ print('grew_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)
 
 def test_consolidate_streams_one_parameter_at_a_time(scratch):
     """Peak memory beyond the output is about one parameter, not the shards."""
-    from test_errors import run_one
+    from conftest import run_snippet as run_one
     import subprocess
     import sys
     ckpt = str(scratch / "ckpt")

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from conftest import HERE, run_ranks
-from test_errors import run_one
+from conftest import run_snippet as run_one
 
 WORKER = os.path.join(HERE, "construction_worker.py")
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None

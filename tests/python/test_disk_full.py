@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import HERE, run_ranks
-from test_checkpoint import config_for
+from conftest import checkpoint_config as config_for
 
 WORKER = os.path.join(HERE, "train_worker.py")
 

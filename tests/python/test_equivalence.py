@@ -7,53 +7,17 @@ import os
 import pytest
 import yaml
 
-from conftest import HERE, ROOT, both_legs, run_ranks
+from conftest import (EQUIVALENCE_STEPS, EQUIVALENCE_WORLD, ROOT, TRAIN_WORKER,
+                      assert_same, both_legs, ddp_losses, run_ranks, with_reference_optimizer)
 
-STEPS, WORLD = 20, 2
-WORKER = os.path.join(HERE, "train_worker.py")
-_reference = {}
-
-
-def ddp_losses(model, scratch, worker=WORKER):
-    """torch DDP's losses for `model` (run once per worker and model)."""
-    if (worker, model) not in _reference:
-        out = str(scratch / f"ddp-{model}")
-        _reference[worker, model] = run_ranks([worker, "ddp", model, str(STEPS), out], WORLD, out)
-    return _reference[worker, model]
-
-
-def with_reference_optimizer(config, nvme_dir):
-    """The config with train_worker's optimizer, fp32, and its nvme_path in nvme_dir."""
-    config = dict(config)
-    config.pop("bf16", None)
-    config.pop("fp16", None)
-    config.pop("scheduler", None)
-    config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95],
-                                                       "eps": 1e-8, "weight_decay": 0.1}}
-    config["gradient_clipping"] = 1.0
-    zero = dict(config.get("zero_optimization", {}))
-    for key in ("offload_optimizer", "offload_param"):
-        if key in zero:
-            zero[key] = dict(zero[key], nvme_path=str(nvme_dir))
-    if "offload_param" in zero:
-        zero["offload_param"]["max_in_cpu"] = 0  # really on NVMe
-    zero["sub_group_size"] = 1000  # several sub-groups: the swap pipeline runs
-    config["zero_optimization"] = zero
-    return config
+STEPS, WORLD = EQUIVALENCE_STEPS, EQUIVALENCE_WORLD
+WORKER = TRAIN_WORKER
 
 
 def zs_losses(model, config, scratch, tag, extra_env=None):
     out = str(scratch / f"zs-{tag}")
     return run_ranks([WORKER, "zs", model, str(STEPS), out, json.dumps(config)], WORLD, out,
                      extra_env=extra_env)
-
-
-def assert_same(got, want, steps=STEPS):
-    for rank, (g, w) in enumerate(zip(got, want)):
-        assert len(g) == len(w) == steps
-        for step, (a, b) in enumerate(zip(g, w)):
-            assert abs(a - b) <= 1e-5 * abs(b), f"rank {rank} step {step}: zeroshard {a} DDP {b}"
-        assert g[-1] < g[0], "the loss did not fall"
 
 
 def test_stage3_with_activation_checkpointing_matches_ddp(scratch):

@@ -1,29 +1,7 @@
 """Bad use of the Python API ends in a clear error that names what was wrong."""
-import os
-import subprocess
-import sys
 import time
 
-import pytest
-
-from conftest import BUILD, HERE, free_port, rank_env, run_ranks
-
-SNIPPET = """
-import torch, zeroshard
-model = torch.nn.Sequential(torch.nn.Linear(4, 4))
-{body}
-"""
-
-
-def run_one(body, launched=True):
-    env = rank_env(0, 1, free_port()) if launched else dict(
-        os.environ, PYTHONPATH=os.path.join(BUILD, "python"))
-    if not launched:
-        for v in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
-            env.pop(v, None)
-    r = subprocess.run([sys.executable, "-c", SNIPPET.format(body=body)], env=env,
-                       capture_output=True, text=True, timeout=120)
-    return r.returncode, r.stdout + r.stderr
+from conftest import HERE, run_ranks, run_snippet as run_one
 
 
 def test_unknown_config_key_is_named_with_a_suggestion():

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import HERE, run_ranks
-from test_equivalence import STEPS, WORLD, assert_same, ddp_losses, with_reference_optimizer
+from conftest import EQUIVALENCE_STEPS as STEPS, EQUIVALENCE_WORLD as WORLD, assert_same, ddp_losses, with_reference_optimizer
 
 # Marked, not skipped at import: a file skipped whole collects nothing, and pytest then
 # exits 5, which ctest counts as a failure.

@@ -15,28 +15,18 @@ import time
 
 import pytest
 
-from conftest import HERE, ROOT, both_legs, free_port, rank_env, run_ranks
+from conftest import (HERE, HOSTS, PER_HOST, ROOT, WIDE_STEPS, WIDE_WORLD as WORLD, assert_same,
+                      both_legs, ddp_wide_losses as ddp_on_one_host, free_port, rank_env,
+                      run_ranks, wide_model_params, with_reference_optimizer)
 sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
 import netns as hosts  # noqa: E402  (the harness `zs bench hosts` uses too)
-from test_equivalence import assert_same, with_reference_optimizer
 
 pytestmark = pytest.mark.skipif(hosts.unavailable() is not None,
                                 reason=str(hosts.unavailable()))
 
 WORKER = os.path.join(HERE, "train_worker.py")
-STEPS, HOSTS, PER_HOST = 20, 2, 2
-# The wide model's losses part from DDP's by 1.3e-5 after 16 steps (stage 2, no groups:
-# fp32 sums in another order, amplified); 10 steps stay well inside 1e-5.
-WIDE_STEPS = 10
-WORLD = HOSTS * PER_HOST
+STEPS = 20
 _reference = {}
-
-
-def ddp_on_one_host(scratch):
-    if "ddp" not in _reference:
-        out = str(scratch / "ddp")
-        _reference["ddp"] = run_ranks([WORKER, "ddp", "wide", str(WIDE_STEPS), out], WORLD, out)
-    return _reference["ddp"]
 
 
 def across_hosts(stage, mics, scratch, hpz=1):
@@ -63,7 +53,7 @@ def test_stage_across_hosts_with_and_without_groups_equals_ddp_on_one_host(stage
     grouped, (sent, received) = across_hosts(stage, PER_HOST, scratch)
     assert_same(flat, want, WIDE_STEPS)
     assert_same(grouped, want, WIDE_STEPS)
-    param_bytes = 4 * got_params(scratch)
+    param_bytes = 4 * wide_model_params()
     # Without groups each step's reduce-scatter (and stage 3's gathers) cross: at least
     # half the parameters' bytes leave host 1. With groups host 1's ranks send their
     # halves of the gradient once per step in a 2-rank all-reduce (the parameters' bytes),
@@ -88,17 +78,10 @@ def test_stage3_secondary_copy_keeps_backwards_gathers_on_the_host(scratch):
     _, (flat_sent, flat_received) = across_hosts(3, -1, scratch)
     got, (sent, received) = across_hosts(3, -1, scratch, hpz=PER_HOST)
     assert_same(got, want, WIDE_STEPS)
-    param_bytes = 4 * got_params(scratch)
+    param_bytes = 4 * wide_model_params()
     assert sent >= WIDE_STEPS * param_bytes / 2, (sent, param_bytes)
     assert 0.7 * flat_sent <= sent <= 0.8 * flat_sent, (sent, flat_sent)
     assert received <= 0.8 * flat_received, (received, flat_received)
-
-
-def got_params(scratch):
-    code = ("import sys; sys.path.insert(0, %r); import models; "
-            "print(sum(p.numel() for p in models.make('wide').parameters()))" % HERE)
-    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              check=True).stdout)
 
 
 def test_a_host_taken_away_stops_the_others_naming_its_ranks(scratch):

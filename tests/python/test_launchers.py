@@ -15,12 +15,12 @@ import warnings
 import pytest
 import torch
 
-from conftest import BUILD, HERE, ROOT
+from conftest import (BUILD, HERE, HOSTS, PER_HOST, ROOT, WIDE_STEPS, WIDE_WORLD as WORLD,
+                      assert_same, ddp_wide_losses as ddp_on_one_host, wide_model_params,
+                      with_reference_optimizer)
 sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
 import launchers  # noqa: E402
 import netns  # noqa: E402
-from test_equivalence import assert_same, with_reference_optimizer  # noqa: E402
-from test_hosts import HOSTS, PER_HOST, WIDE_STEPS, WORLD, ddp_on_one_host, got_params  # noqa: E402
 
 _why = netns.unavailable() or launchers.unavailable()
 pytestmark = pytest.mark.skipif(_why is not None, reason=str(_why))
@@ -91,7 +91,7 @@ def assert_grouped_by_host(h, scratch):
     """With shards inside each host, host 1 sends its gradient shards' all-reduce (the
     parameters' bytes a step) and little else (test_hosts.py derives the bound)."""
     sent, _ = h.link_bytes(1)
-    param_bytes = 4 * got_params(scratch)
+    param_bytes = 4 * wide_model_params()
     assert sent <= 1.1 * WIDE_STEPS * param_bytes, (sent, param_bytes)
 
 

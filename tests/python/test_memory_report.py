@@ -4,7 +4,7 @@ the local ranks, here MemTotal read from /proc/meminfo), and the CUDA caching
 allocator's counts only where the model is on a GPU."""
 import json
 
-from test_errors import run_one
+from conftest import run_snippet as run_one
 
 
 def mem_total():

@@ -8,9 +8,8 @@ import os
 
 import pytest
 
-from conftest import HERE, both_legs, run_ranks
-from test_checkpoint import assert_params, train
-from test_equivalence import STEPS, assert_same, with_reference_optimizer
+from conftest import (EQUIVALENCE_STEPS as STEPS, HERE, assert_params, assert_same, both_legs,
+                      run_ranks, train_params as train, with_reference_optimizer)
 
 WORKER = os.path.join(HERE, "train_worker.py")
 WORLD, GROUP = 4, 2

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from conftest import both_legs, run_ranks
-from test_equivalence import STEPS, WORKER, WORLD, assert_same, with_reference_optimizer
-from test_errors import run_one
+from conftest import (EQUIVALENCE_STEPS as STEPS, EQUIVALENCE_WORLD as WORLD, TRAIN_WORKER as WORKER,
+                      assert_same, both_legs, run_ranks, run_snippet as run_one,
+                      with_reference_optimizer)
 
 
 _reference = {}

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from conftest import HERE, both_legs, free_port, rank_env, run_ranks
-from test_checkpoint import config_for
+from conftest import (HERE, both_legs, checkpoint_config as config_for, free_port, rank_env,
+                      run_ranks)
 
 WORKER = os.path.join(HERE, "train_worker.py")
 STEPS = 6
