@@ -7,7 +7,7 @@
 #include "common/Bytes.h"
 #include "common/Error.h"
 #include "config/Config.h"
-#include "engine/Engine.h"
+#include "engine/TrainingEngine.h"
 #include "engine/UnitPartition.h"
 #include "plan/Planner.h"
 
@@ -26,7 +26,7 @@ std::vector<NamedParam> to_params(const NamedTensors& in) {
 
 // {tier: {"current", "peak", "predicted", "kinds": {kind: {"current", "peak",
 // "predicted"}}}} in bytes; a tier's peak is the peak of its sum.
-py::dict memory_dict(const MemoryReport& r) {
+py::dict memory_dict(const MemoryDetail& r) {
   py::dict tiers;
   for (size_t t = 0; t < kNumTiers; ++t) {
     const auto tier = static_cast<Tier>(t);
@@ -99,11 +99,12 @@ using GroupsArg = std::vector<std::pair<std::vector<at::Tensor>, py::dict>>;
 using BuffersArg =
     std::vector<std::tuple<std::string, at::Tensor, bool>>;  // name, tensor, persistent
 
-std::unique_ptr<Engine> make_engine(const NamedTensors& params,
-                                    const std::vector<NamedTensors>& units, const std::string& yaml,
-                                    const std::string& origin, const GroupsArg& groups,
-                                    bool store_served, const py::object& materialize,
-                                    const BuffersArg& buffers) {
+std::unique_ptr<TrainingEngine> make_engine(const NamedTensors& params,
+                                            const std::vector<NamedTensors>& units,
+                                            const std::string& yaml, const std::string& origin,
+                                            const GroupsArg& groups, bool store_served,
+                                            const py::object& materialize,
+                                            const BuffersArg& buffers) {
   const LoadedConfig loaded = load_config_string(yaml, origin);
   std::vector<std::vector<NamedParam>> unit_params;
   for (const auto& u : units) unit_params.push_back(to_params(u));
@@ -124,8 +125,8 @@ std::unique_ptr<Engine> make_engine(const NamedTensors& params,
   std::vector<NamedBuffer> named_buffers;
   for (const auto& [name, tensor, persistent] : buffers)
     named_buffers.push_back({name, tensor, persistent});
-  return std::make_unique<Engine>(to_params(params), unit_params, loaded.config, launch,
-                                  std::move(param_groups), fill, std::move(named_buffers));
+  return std::make_unique<TrainingEngine>(to_params(params), unit_params, loaded.config, launch,
+                                          std::move(param_groups), fill, std::move(named_buffers));
 }
 
 }  // namespace
@@ -233,7 +234,7 @@ PYBIND11_MODULE(_zeroshard, m) {
       py::arg("config_yaml"), py::arg("nodes"), py::arg("ranks_per_node"), py::arg("device_bytes"),
       py::arg("host_bytes"), py::arg("nvme_bytes"));
 
-  py::class_<Engine>(m, "Engine")
+  py::class_<TrainingEngine>(m, "Engine")
       .def(py::init(&make_engine), py::arg("params"), py::arg("units"), py::arg("config_yaml"),
            py::arg("origin"), py::arg("param_groups") = GroupsArg{},
            // torch.distributed, initialised in this process, serves the store at
@@ -245,38 +246,39 @@ PYBIND11_MODULE(_zeroshard, m) {
            // (name, tensor, persistent) of every buffer, kept in step across ranks.
            py::arg("buffers") = BuffersArg{})
       .def("set_param_group",
-           [](Engine& e, size_t group, const py::dict& options) {
+           [](TrainingEngine& e, size_t group, const py::dict& options) {
              e.set_param_group(group, to_group_options(options));
            })
       .def("param_group_hypers",
-           [](const Engine& e) {
+           [](const TrainingEngine& e) {
              py::list out;
              for (const auto& h : e.param_group_hypers()) out.append(hyper_dict(h));
              return out;
            })
-      .def("unit_forward_begin", &Engine::unit_forward_begin,
+      .def("unit_forward_begin", &TrainingEngine::unit_forward_begin,
            py::call_guard<py::gil_scoped_release>())
-      .def("unit_forward_end", &Engine::unit_forward_end, py::call_guard<py::gil_scoped_release>())
-      .def("unit_backward_begin", &Engine::unit_backward_begin,
+      .def("unit_forward_end", &TrainingEngine::unit_forward_end,
            py::call_guard<py::gil_scoped_release>())
-      .def("model_forward_begin", &Engine::model_forward_begin,
+      .def("unit_backward_begin", &TrainingEngine::unit_backward_begin,
            py::call_guard<py::gil_scoped_release>())
-      .def("model_forward_end", &Engine::model_forward_end,
+      .def("model_forward_begin", &TrainingEngine::model_forward_begin,
            py::call_guard<py::gil_scoped_release>())
-      .def("touch_unit", &Engine::touch_unit, py::call_guard<py::gil_scoped_release>())
-      .def("unit_held", &Engine::unit_held)
-      .def("gather_unit", &Engine::gather_unit, py::call_guard<py::gil_scoped_release>())
-      .def("release_unit", &Engine::release_unit, py::call_guard<py::gil_scoped_release>())
-      .def("commit_parameters", &Engine::commit_parameters,
+      .def("model_forward_end", &TrainingEngine::model_forward_end,
            py::call_guard<py::gil_scoped_release>())
-      .def("save_checkpoint", &Engine::save_checkpoint, py::arg("dir"), py::arg("tag"),
+      .def("touch_unit", &TrainingEngine::touch_unit, py::call_guard<py::gil_scoped_release>())
+      .def("unit_held", &TrainingEngine::unit_held)
+      .def("gather_unit", &TrainingEngine::gather_unit, py::call_guard<py::gil_scoped_release>())
+      .def("release_unit", &TrainingEngine::release_unit, py::call_guard<py::gil_scoped_release>())
+      .def("commit_parameters", &TrainingEngine::commit_parameters,
+           py::call_guard<py::gil_scoped_release>())
+      .def("save_checkpoint", &TrainingEngine::save_checkpoint, py::arg("dir"), py::arg("tag"),
            py::arg("client_state_json"), py::arg("lr_scheduler_json"),
            py::call_guard<py::gil_scoped_release>())
       // (client_state JSON, lr_scheduler JSON)
       .def(
           "load_checkpoint",
-          [](Engine& e, const std::string& dir, const std::string& tag) {
-            Engine::Loaded loaded;
+          [](TrainingEngine& e, const std::string& dir, const std::string& tag) {
+            LoadedCheckpoint loaded;
             {
               py::gil_scoped_release release;
               loaded = e.load_checkpoint(dir, tag);
@@ -284,35 +286,37 @@ PYBIND11_MODULE(_zeroshard, m) {
             return py::make_tuple(loaded.client_state_json, loaded.lr_scheduler_json);
           },
           py::arg("dir"), py::arg("tag"))
-      .def("set_aliases", &Engine::set_aliases)
-      .def("backward", &Engine::backward, py::call_guard<py::gil_scoped_release>())
-      .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
-      .def("zero_grad", &Engine::zero_grad)
+      .def("set_aliases", &TrainingEngine::set_aliases)
+      .def("backward", &TrainingEngine::backward, py::call_guard<py::gil_scoped_release>())
+      .def("step", &TrainingEngine::step, py::call_guard<py::gil_scoped_release>())
+      .def("zero_grad", &TrainingEngine::zero_grad)
       .def("full_parameters",
-           [](Engine& e) {
+           [](TrainingEngine& e) {
              NamedTensors out;
              for (auto& p : e.full_parameters()) out.emplace_back(p.name, p.param);
              return out;
            })
-      .def_property_readonly("loss_scale", &Engine::loss_scale)
-      .def_property_readonly("global_grad_norm", &Engine::global_grad_norm)
-      .def_property_readonly("lr", &Engine::lr)
-      .def_property_readonly("optimizer_steps", &Engine::optimizer_steps)
-      .def_property_readonly("rank", &Engine::rank)
-      .def_property_readonly("world_size", &Engine::world_size)
-      .def_property_readonly("stage", [](const Engine& e) { return *e.config().zero.stage; })
+      .def_property_readonly("loss_scale", &TrainingEngine::loss_scale)
+      .def_property_readonly("global_grad_norm", &TrainingEngine::global_grad_norm)
+      .def_property_readonly("lr", &TrainingEngine::lr)
+      .def_property_readonly("optimizer_steps", &TrainingEngine::optimizer_steps)
+      .def_property_readonly("rank", &TrainingEngine::rank)
+      .def_property_readonly("world_size", &TrainingEngine::world_size)
+      .def_property_readonly("stage",
+                             [](const TrainingEngine& e) { return *e.config().zero.stage; })
       .def_property_readonly(
           "gradient_accumulation_steps",
-          [](const Engine& e) { return *e.config().gradient_accumulation_steps; })
+          [](const TrainingEngine& e) { return *e.config().gradient_accumulation_steps; })
       .def_property_readonly(
           "micro_batch_size",
-          [](const Engine& e) { return *e.config().train_micro_batch_size_per_gpu; })
-      .def_property_readonly("scheduled",
-                             [](const Engine& e) { return e.config().scheduler.type != "none"; })
-      .def_property_readonly("plan_label", [](const Engine& e) { return e.plan().option.label(); })
+          [](const TrainingEngine& e) { return *e.config().train_micro_batch_size_per_gpu; })
+      .def_property_readonly(
+          "scheduled", [](const TrainingEngine& e) { return e.config().scheduler.type != "none"; })
+      .def_property_readonly("plan_label",
+                             [](const TrainingEngine& e) { return e.plan().option.label(); })
       .def_property_readonly("config_yaml",
-                             [](const Engine& e) { return emit_config_yaml(e.config()); })
-      .def("memory_report", [](const Engine& e) { return memory_dict(e.memory_report()); })
-      .def("bytes_sent", &Engine::bytes_sent)
-      .def("barrier", &Engine::barrier, py::call_guard<py::gil_scoped_release>());
+                             [](const TrainingEngine& e) { return emit_config_yaml(e.config()); })
+      .def("memory_report", [](const TrainingEngine& e) { return memory_dict(e.memory_detail()); })
+      .def("bytes_sent", &TrainingEngine::bytes_sent)
+      .def("barrier", &TrainingEngine::barrier, py::call_guard<py::gil_scoped_release>());
 }

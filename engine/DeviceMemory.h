@@ -10,15 +10,9 @@
 
 #include <c10/core/Device.h>
 
-namespace zeroshard {
+#include "zeroshard/Types.h"  // AllocatorStats
 
-// The CUDA caching allocator's aggregate counts for one device, in bytes:
-// torch.cuda.memory_allocated(), max_memory_allocated() and max_memory_reserved().
-struct AllocatorStats {
-  int64_t allocated = 0;
-  int64_t peak_allocated = 0;
-  int64_t peak_reserved = 0;
-};
+namespace zeroshard {
 
 // The host's physical RAM.
 int64_t host_memory_bytes();

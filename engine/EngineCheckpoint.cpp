@@ -14,6 +14,7 @@
 #include "common/FaultPoint.h"
 #include "common/Files.h"
 #include "engine/Checkpoint.h"
+#include "engine/Communicators.h"
 #include "engine/EngineImpl.h"
 #include "engine/ParamHome.h"
 #include "offload/SwapFile.h"
@@ -243,7 +244,7 @@ void EngineImpl::publish_checkpoint(const std::string& dir, Manifest& m,
     files[rank()][2] = static_cast<int64_t>(st.st_size);
   }
   fault_point("save.publish");
-  agree_on_checkpoint(m.tag, [&] { comm_->all_gather(files.view({-1})).wait(); });
+  agree_on_checkpoint(m.tag, [&] { comms_->world().all_gather(files.view({-1})).wait(); });
   if (!failure_here.empty()) {
     fail("rank {}: saving checkpoint '{}' failed: {}; the previous checkpoint stays the latest",
          rank(), m.tag, failure_here);
@@ -277,7 +278,7 @@ void EngineImpl::publish_checkpoint(const std::string& dir, Manifest& m,
       failure = e.what();  // told to the other ranks before it is raised here
     }
   }
-  agree_on_checkpoint(m.tag, [&] { comm_->broadcast(published, 0).wait(); });
+  agree_on_checkpoint(m.tag, [&] { comms_->world().broadcast(published, 0).wait(); });
   if (!failure.empty()) fail("rank 0: saving checkpoint '{}' failed: {}", m.tag, failure);
   if (published.item<int64_t>() == 0) {
     fail(
@@ -316,7 +317,7 @@ void EngineImpl::write_group_slice(size_t i,
   write(values.data_ptr(), S * static_cast<int64_t>(values.element_size()));
 }
 
-Engine::Loaded EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag) {
+LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag) {
   const Manifest m = read_manifest(dir, tag);
   const CheckpointReader reader(dir, m);
   check_layout(reader, dir);  // before anything changes
@@ -331,7 +332,7 @@ Engine::Loaded EngineImpl::load_checkpoint(const std::string& dir, const std::st
   for (const size_t i : trainable_) {
     const auto& g = groups_[i].flat;
     if (!g->sharded() && plan_.settings.stage >= 1)
-      handles.push_back(shard_comm_->all_gather(g->flat()));
+      handles.push_back(comms_->shards().all_gather(g->flat()));
   }
   for (auto& h : handles) h.wait();
   if (param_home_) param_home_->flush();

@@ -15,6 +15,7 @@
 #include "common/Error.h"
 #include "common/FaultPoint.h"
 #include "config/LrSchedule.h"
+#include "engine/Communicators.h"
 #include "engine/DeviceMemory.h"
 #include "engine/GroupLayout.h"
 #include "engine/OffloadOptimizer.h"
@@ -90,7 +91,7 @@ Plan plan_for(const std::vector<NamedParam>& params, int64_t buffer_bytes, const
 }  // namespace
 
 EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> module, const Config& config,
-                       EngineOptions options)
+                       EngineOptions options, std::optional<LaunchEnv> launch)
     : module_(std::move(module)) {
   const ModuleTree tree = module_tree(*module_);
   if (tree.params.empty()) fail("the module has no parameters to train");
@@ -114,7 +115,7 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> module, const Config& 
   std::vector<NamedBuffer> buffers;
   for (const auto& item : module_->named_buffers(/*recurse=*/true))
     buffers.push_back({item.key(), item.value(), true});
-  init(tree.params, unit_params, config, options.launch, std::move(options.param_groups), {},
+  init(tree.params, unit_params, config, std::move(launch), std::move(options.param_groups), {},
        std::move(buffers));
   std::unordered_map<const void*, std::string> first;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
@@ -158,13 +159,13 @@ void EngineImpl::init(std::vector<NamedParam> params,
   dist_ = init_distributed(env, plan_.settings.comm_timeout, params.front().param.device(),
                            plan_.settings.stage >= 1 && mics > 0 ? static_cast<int>(mics) : -1,
                            static_cast<int>(hpz));
-  make_collectives();
+  comms_ = std::make_unique<Communicators>(dist_, &ledger_);
   const MaterializeParams from_rank0 = [this](const std::vector<NamedParam>& group) {
     broadcast_initial_values(group);
   };
   build_groups(params, unit_params, materialize ? materialize : from_rank0);
   for (const auto& p : params) names_.push_back(p);
-  buffers_->broadcast(*comm_);  // every rank starts from rank 0's, as DDP's construction
+  buffers_->broadcast(comms_->world());  // every rank starts from rank 0's, as DDP's construction
   const LossScaleSettings& fp16 = plan_.settings.fp16;
   if (fp16.enabled) {
     LossScalerOptions o;
@@ -180,37 +181,11 @@ void EngineImpl::init(std::vector<NamedParam> params,
 
 EngineImpl::~EngineImpl() = default;
 
-void EngineImpl::make_collectives() {
-  auto diagnose = [this] { return dist_.describe_missing_ranks(); };
-  const int rank = dist_.env.rank, world = dist_.env.world_size;
-  comm_ = std::make_unique<Collectives>(dist_.group, rank, world, diagnose, &ledger_);
-  shard_comm_ = comm_.get();
-  if (dist_.hpz_group) {
-    hpz_comm_ = std::make_unique<Collectives>(dist_.hpz_group, dist_.hpz_rank(), dist_.hpz_size,
-                                              diagnose, &ledger_);
-  }
-  if (shard_count() == world) {
-    param_comm_ = std::make_unique<Collectives>(dist_.param_group, rank, world, diagnose, &ledger_);
-    touch_comm_ = std::make_unique<Collectives>(dist_.touch_group, rank, world, diagnose, &ledger_);
-    return;
-  }
-  const int size = shard_count(), groups = world / size;
-  group_comm_ =
-      std::make_unique<Collectives>(dist_.shard_group, shard_rank(), size, diagnose, &ledger_);
-  param_comm_ = std::make_unique<Collectives>(dist_.shard_param_group, shard_rank(), size, diagnose,
-                                              &ledger_);
-  touch_comm_ = std::make_unique<Collectives>(dist_.shard_touch_group, shard_rank(), size, diagnose,
-                                              &ledger_);
-  replica_comm_ = std::make_unique<Collectives>(dist_.replica_group, dist_.replica_rank(), groups,
-                                                diagnose, &ledger_);
-  shard_comm_ = group_comm_.get();
-}
-
 void EngineImpl::broadcast_initial_values(const std::vector<NamedParam>& params) {
   // Every rank starts from rank 0's values, whatever each rank's initialisation did.
   std::vector<CommHandle> handles;
   at::NoGradGuard no_grad;
-  for (const auto& p : params) handles.push_back(comm_->broadcast(p.param.data(), 0));
+  for (const auto& p : params) handles.push_back(comms_->world().broadcast(p.param.data(), 0));
   for (auto& h : handles) h.wait();
 }
 
@@ -251,11 +226,11 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   }
   // Shards leave RAM (parameter offload) before the gradient buffers are allocated, so
   // a model as large as host RAM is never held twice.
-  if (auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get())) off->start();
+  if (offloaded_) offloaded_->start();
   if (stage == 3) place_param_shards(sharded);
   const bool opt_off = plan_.option.optimizer != OffloadDevice::None;
-  reducer_ = std::make_unique<GradReducer>(trainable, stage, z.overlap_comm, shard_comm_,
-                                           replica_comm_.get(), &ledger_,
+  reducer_ = std::make_unique<GradReducer>(trainable, stage, z.overlap_comm, &comms_->shards(),
+                                           comms_->replicas(), &ledger_,
                                            opt_off ? Tier::Host : Tier::Device);
   if (stage < 3) return;
   CoordinatorOptions o;
@@ -263,10 +238,10 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   o.max_live_numel = z.stage3_max_live_parameters;
   o.persistence_numel = z.stage3_param_persistence_threshold;
   coordinator_ =
-      std::make_unique<ParamCoordinator>(sharded, param_comm_.get(), touch_comm_.get(), o);
+      std::make_unique<ParamCoordinator>(sharded, &comms_->params(), &comms_->touches(), o);
   if (dist_.hpz_size > 1) {  // a group of every rank gathers as the primary shards do
-    Collectives* comm = hpz_comm_ ? hpz_comm_.get() : param_comm_.get();
-    secondary_ = std::make_unique<SecondaryShards>(comm, sharded.size(), &ledger_);
+    secondary_ =
+        std::make_unique<SecondaryShards>(&comms_->backward_gathers(), sharded.size(), &ledger_);
     coordinator_->set_secondary(secondary_.get());
   }
   reducer_->on_wait([this] { return coordinator_->advance(); });
@@ -361,7 +336,7 @@ bool EngineImpl::finish_step() {
     std::vector<CommHandle> handles;
     for (const size_t i : trainable_) {
       const auto& g = groups_[i].flat;
-      if (!g->sharded()) handles.push_back(shard_comm_->all_gather(g->flat()));
+      if (!g->sharded()) handles.push_back(comms_->shards().all_gather(g->flat()));
     }
     for (auto& handle : handles) handle.wait();
   }
@@ -369,7 +344,7 @@ bool EngineImpl::finish_step() {
   reducer_->zero();
   // No forward hooks (a LibTorch module): the next forward sees rank 0's buffers, as it
   // would with the broadcast at its beginning.
-  if (!forwards_hooked_) buffers_->broadcast(*comm_);
+  if (!forwards_hooked_) buffers_->broadcast(comms_->world());
   return true;
 }
 
@@ -385,15 +360,12 @@ void EngineImpl::zero_grad() {
 }
 
 int64_t EngineImpl::bytes_sent() const {
-  int64_t sent = comm_->bytes_sent() + param_comm_->bytes_sent() + touch_comm_->bytes_sent();
-  for (const auto* c : {group_comm_.get(), replica_comm_.get(), hpz_comm_.get()})
-    if (c) sent += c->bytes_sent();
-  return sent;
+  return comms_->bytes_sent();
 }
 
 void EngineImpl::barrier() {
   at::Tensor token = at::zeros({1});
-  comm_->all_reduce_sum(token).wait();
+  comms_->world().all_reduce_sum(token).wait();
 }
 
 std::vector<NamedParam> EngineImpl::full_parameters() {
@@ -459,8 +431,8 @@ ModelSpec EngineImpl::spec_of_groups() const {
   return spec;
 }
 
-MemoryReport EngineImpl::memory_report() const {
-  MemoryReport r;
+MemoryDetail EngineImpl::memory_report() const {
+  MemoryDetail r;
   r.measured = ledger_.snapshot();
   r.device_capacity = device_capacity_;
   r.allocator = allocator_stats(device_);
@@ -471,13 +443,32 @@ MemoryReport EngineImpl::memory_report() const {
   return r;
 }
 
+MemoryReport MemoryDetail::to_public() const {
+  MemoryReport r;
+  for (size_t t = 0; t < kNumTiers; ++t) {
+    const auto tier = static_cast<Tier>(t);
+    int64_t predicted_total = 0;
+    for (size_t k = 0; k < kNumKinds; ++k) {
+      const auto kind = static_cast<Kind>(k);
+      r.uses.push_back({tier_name(tier), kind_name(kind), measured.current[t][k],
+                        measured.peak[t][k], predicted.at(tier, kind)});
+      predicted_total += predicted.at(tier, kind);
+    }
+    r.tiers.push_back({tier_name(tier), measured.current_total(tier), measured.peak_total(tier),
+                       predicted_total});
+  }
+  r.device_capacity = device_capacity;
+  r.allocator = allocator;
+  return r;
+}
+
 std::string MemoryReport::to_string() const {
   std::string out =
       fmt::format("{:<18} {:>12} {:>12} {:>12}\n", "kind (bytes)", "current", "peak", "predicted");
-  for (size_t k = 0; k < kNumKinds; ++k) {
-    const auto kind = static_cast<Kind>(k);
-    out += fmt::format("{:<18} {:>12} {:>12} {:>12}\n", kind_name(kind), measured.current[0][k],
-                       measured.peak[0][k], predicted.at(Tier::Device, kind));
+  for (const MemoryUse& use : uses) {
+    if (use.tier != "device") continue;
+    out += fmt::format("{:<18} {:>12} {:>12} {:>12}\n", use.kind, use.current, use.peak,
+                       use.predicted);
   }
   out += fmt::format("device capacity planned with: {} bytes\n", device_capacity);
   if (allocator) {

@@ -1,5 +1,5 @@
 #pragma once
-// What stands behind zeroshard::Engine (engine/Engine.h): the groups, the process
+// What stands behind zeroshard::Engine (engine/TrainingEngine.h): the groups, the process
 // groups, the optimizer, the coordinator, the offload pieces and the checkpoint code,
 // defined across EngineImpl.cpp, EngineUnits.cpp, EngineOffload.cpp and
 // EngineCheckpoint.cpp. Only the engine's own files include this header.
@@ -16,12 +16,13 @@
 #include "common/Error.h"
 #include "common/MemoryLedger.h"
 #include "engine/Checkpoint.h"
-#include "engine/Engine.h"
 #include "engine/ProcessGroupSetup.h"
+#include "engine/TrainingEngine.h"
 
 namespace zeroshard {
 
 class Collectives;
+class Communicators;
 class GradReducer;
 class ShardOptimizer;
 class IoEngine;
@@ -31,12 +32,13 @@ class LossScaler;
 class ParamCoordinator;
 class SecondaryShards;
 class OverlappedStep;
+class OffloadOptimizer;
 
 class EngineImpl {
  public:
-  // The public calls, each as Engine's (engine/Engine.h), which forwards here.
-  EngineImpl(std::shared_ptr<torch::nn::Module> module, const Config& config,
-             EngineOptions options);
+  // The public calls, each as TrainingEngine's (engine/TrainingEngine.h), which forwards here.
+  EngineImpl(std::shared_ptr<torch::nn::Module> module, const Config& config, EngineOptions options,
+             std::optional<LaunchEnv> launch);
   EngineImpl(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
              const Config& config, std::optional<LaunchEnv> launch,
              std::vector<ParamGroup> param_groups, MaterializeParams materialize,
@@ -83,7 +85,7 @@ class EngineImpl {
   // (mics_shard_size), or among all ranks without groups.
   int shard_rank() const { return dist_.shard_rank(); }
   int shard_count() const { return dist_.shard_size; }
-  MemoryReport memory_report() const;
+  MemoryDetail memory_report() const;
   int64_t bytes_sent() const;
   void barrier();
   MemoryLedger& ledger() { return ledger_; }
@@ -91,7 +93,7 @@ class EngineImpl {
   std::string save_checkpoint(const std::string& dir, std::string tag = "",
                               const std::string& client_state_json = "{}",
                               const std::string& lr_scheduler_json = "");
-  Engine::Loaded load_checkpoint(const std::string& dir, const std::string& tag = "");
+  LoadedCheckpoint load_checkpoint(const std::string& dir, const std::string& tag = "");
   void set_aliases(std::vector<std::pair<std::string, std::string>> aliases) {
     aliases_ = std::move(aliases);
   }
@@ -132,15 +134,8 @@ class EngineImpl {
   std::shared_ptr<torch::nn::Module> module_;
   Plan plan_;
   DistContext dist_;
-  MemoryLedger ledger_;                      // before everything that registers in it
-  std::unique_ptr<Collectives> comm_;        // every rank: broadcasts, barriers, checkpoints
-  std::unique_ptr<Collectives> param_comm_;  // stage-3 gathers in the shard group, their own order
-  std::unique_ptr<Collectives> touch_comm_;  // stage-3 gathers outside the schedule
-  std::unique_ptr<Collectives> group_comm_;  // the shard group, with mics_shard_size
-  std::unique_ptr<Collectives> replica_comm_;  // the ranks holding this shard in other groups
-  std::unique_ptr<Collectives> hpz_comm_;      // hpZ: backward's gathers inside the node
-  Collectives* shard_comm_ = nullptr;  // reductions and gathers of shards: group_comm_ or comm_
-  void make_collectives();
+  MemoryLedger ledger_;                   // before everything that registers in it
+  std::unique_ptr<Communicators> comms_;  // every collective, by the job it does
   // Index spaces: a group is its position in groups_; a trainable group its position
   // in the optimizer (trainable_); a coordinator unit a stage-3 unit group's position in
   // the ParamCoordinator; a user unit one the caller declared or engine/UnitPartition.h
@@ -157,6 +152,7 @@ class EngineImpl {
   std::vector<std::unique_ptr<SwapDir>> swap_dirs_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ShardOptimizer> optimizer_;
+  OffloadOptimizer* offloaded_ = nullptr;  // optimizer_, when it is on the host or NVMe
   std::unique_ptr<ParamHome> param_home_;
   std::unique_ptr<OverlappedStep> overlapped_;  // overlap_step: steps groups inside backward
   bool hypers_changed_ = false;  // a parameter group was set during an overlapped step

@@ -60,7 +60,9 @@ std::unique_ptr<ShardOptimizer> EngineImpl::make_optimizer(bool on_cpu) {
     o.swap_dir = swap_dir(z.offload_optimizer.nvme_path);
     o.io = io_.get();
   }
-  return std::make_unique<OffloadOptimizer>(o, &ledger_);
+  auto offloaded = std::make_unique<OffloadOptimizer>(o, &ledger_);
+  offloaded_ = offloaded.get();
+  return offloaded;
 }
 
 // Stage-3 parameter offload: each sharded unit's shard goes where the memory model
@@ -81,8 +83,13 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
                                             swap_dir(op.nvme_path),
                                             plan_.settings.offload_param.buffer_count, &ledger_,
                                             /*page_lock=*/!device_is_host_);
-  auto* off = dynamic_cast<OffloadOptimizer*>(optimizer_.get());
-  off->on_group(
+  if (!offloaded_) {  // the offloaded optimizer brings each NVMe shard in for its update
+    fail(
+        "config key 'zero_optimization.offload_param.device' is 'nvme' with the optimizer "
+        "on the device; allowed: 'zero_optimization.offload_optimizer.device' cpu or nvme "
+        "with parameters on NVMe, or offload_param.device cpu");
+  }
+  offloaded_->on_group(
       [this](size_t g) {
         if (unit_of_trainable(g) >= 0) param_home_->open_for_update(unit_of_trainable(g));
       },
@@ -103,8 +110,13 @@ void EngineImpl::make_overlapped_step(int threads) {
         "allowed: false or auto",
         obstacle->why);
   }
-  auto* offloaded = dynamic_cast<OffloadOptimizer*>(optimizer_.get());
-  overlapped_ = std::make_unique<OverlappedStep>(offloaded, threads);
+  if (!offloaded_) {
+    fail(
+        "config key 'zero_optimization.offload_optimizer.overlap_step' is true, but the "
+        "optimizer is not offloaded; allowed: false or auto, or offload_optimizer.device cpu "
+        "or nvme");
+  }
+  overlapped_ = std::make_unique<OverlappedStep>(offloaded_, threads);
   // The worker takes the gradient once it has landed on the host (GradReducer.h).
   reducer_->on_reduced(
       [this](size_t g) { overlapped_->add(g, [this, g] { return reducer_->settled(g); }); });

@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "common/Error.h"
+#include "engine/Communicators.h"
 #include "engine/EngineImpl.h"
 #include "engine/ParamHome.h"
 #include "sharding/Collectives.h"
@@ -57,7 +58,7 @@ void EngineImpl::unit_backward_begin(size_t unit) {
 
 void EngineImpl::model_forward_begin() {
   forwards_hooked_ = true;
-  buffers_->forward_begin(*comm_);
+  buffers_->forward_begin(comms_->world());
   if (coordinator_) coordinator_->model_forward_begin();
 }
 
@@ -116,7 +117,8 @@ void EngineImpl::commit_parameters(int src_rank) {
   std::vector<CommHandle> handles;
   for (const auto& record : groups_) {
     const auto& g = record.flat;
-    if (!g->sharded() || g->gathered()) handles.push_back(comm_->broadcast(g->flat(), src_rank));
+    if (!g->sharded() || g->gathered())
+      handles.push_back(comms_->world().broadcast(g->flat(), src_rank));
   }
   for (auto& h : handles) h.wait();
   for (size_t i = 0; i < trainable_.size(); ++i) {

@@ -17,18 +17,9 @@
 #include "common/AdamHyper.h"
 #include "config/Config.h"
 #include "sharding/FlatParamGroup.h"
+#include "zeroshard/Types.h"  // ParamGroup, ParamGroupOptions
 
 namespace zeroshard {
-
-struct ParamGroupOptions {
-  std::optional<double> lr, beta1, beta2, eps, weight_decay;
-  std::optional<bool> decoupled;  // unset: the config's optimizer type (AdamW decouples)
-};
-
-struct ParamGroup {
-  std::vector<at::Tensor> params;
-  ParamGroupOptions options;
-};
 
 class ParamGroupTable {
  public:

@@ -14,13 +14,9 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/MemoryLedger.h"
+#include "zeroshard/Types.h"  // NamedParam
 
 namespace zeroshard {
-
-struct NamedParam {
-  std::string name;
-  at::Tensor param;
-};
 
 struct ParamSlot {
   std::string name;

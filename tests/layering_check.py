@@ -1,13 +1,17 @@
-"""The layers hold: no file includes a header of a layer above its own, and the planning
-layers build without LibTorch (docs/architecture.md). A test: exits 1 naming each
-include that breaks a rule.
+"""The layers hold: no file includes a header of a layer above its own, the planning
+layers build without LibTorch, and the Python package's modules import one another
+without a cycle, its implementation behind `_`-prefixed names (docs/architecture.md).
+A test: exits 1 naming each include or import that breaks a rule.
 usage: layering_check.py SOURCE_DIR"""
 import os
 import re
 import sys
 
 # What each folder may include, besides itself.
+# include/zeroshard/ (quoted "zeroshard/...") is the public API, below every layer: a
+# program that uses the engine sees those headers and no other.
 BELOW = {
+    "include": set(),
     "common": set(),
     "config": {"common"},
     "plan": {"common", "config"},
@@ -34,7 +38,9 @@ def check(root):
         for layer_root in (folder, os.path.join("tests", folder)):
             # Tests sit above every layer; they may also start ranks with tools/launch.
             in_tests = layer_root.startswith("tests")
-            allowed = below | {folder} | ({"tests", "tools"} if in_tests else set())
+            allowed = below | {"zeroshard"} | ({"tests", "tools"} if in_tests else set())
+            if folder != "include":
+                allowed.add(folder)
             for path in sources(root, layer_root):
                 rel = os.path.relpath(path, root)
                 text = open(path, encoding="utf-8").read()
@@ -49,11 +55,64 @@ def check(root):
     return broken
 
 
+# The package's public modules: __init__ is its face; integrations imports transformers,
+# so it is imported by name (zeroshard.integrations) only by those who use it.
+PUBLIC_MODULES = {"__init__", "integrations"}
+PY_IMPORT = re.compile(r"^\s*from \.(\w*) import ([\w, ]+)", re.M)
+
+
+def package_imports(package):
+    """{module: set of sibling modules it imports}, lazy imports inside functions too."""
+    modules = {f[:-3] for f in os.listdir(package) if f.endswith(".py")}
+    graph = {}
+    for m in modules:
+        text = open(os.path.join(package, m + ".py"), encoding="utf-8").read()
+        deps = set()
+        for source, names in PY_IMPORT.findall(text):
+            if source:
+                deps.add(source)
+            else:  # from . import a, b
+                deps.update(n.strip() for n in names.split(","))
+        graph[m] = {d for d in deps if d in modules and d != m}
+    return graph
+
+
+def cycle_from(graph, start):
+    """A path start -> ... -> start, or None."""
+    stack, seen = [(start, [start])], set()
+    while stack:
+        node, path = stack.pop()
+        for nxt in graph[node]:
+            if nxt == start:
+                return path + [start]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, path + [nxt]))
+    return None
+
+
+def check_python(root):
+    package = os.path.join(root, "bindings", "zeroshard")
+    graph = package_imports(package)
+    broken = [f"bindings/zeroshard/{m}.py: a public module; implementation modules are "
+              f"_-prefixed (public: {', '.join(sorted(PUBLIC_MODULES))})"
+              for m in sorted(graph) if not m.startswith("_") and m not in PUBLIC_MODULES]
+    reported = set()
+    for m in sorted(graph):
+        if m == "__init__":
+            continue
+        cycle = cycle_from({k: v - {"__init__"} for k, v in graph.items()}, m)
+        if cycle and frozenset(cycle) not in reported:
+            reported.add(frozenset(cycle))
+            broken.append("bindings/zeroshard: import cycle " + " -> ".join(cycle))
+    return broken
+
+
 def main():
-    broken = check(sys.argv[1])
+    broken = check(sys.argv[1]) + check_python(sys.argv[1])
     for line in broken:
         print(line)
-    print(f"layering: {len(broken)} include(s) against the layers")
+    print(f"layering: {len(broken)} include(s) or import(s) against the layers")
     return 1 if broken else 0
 
 

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "engine/DeviceMemory.h"
-#include "engine/Engine.h"
 #include "engine/NcclGroup.h"
+#include "engine/TrainingEngine.h"
 
 using namespace zeroshard;
 
@@ -47,17 +47,17 @@ struct Mlp : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 
-MemoryReport one_step_report(const c10::Device& device) {
+MemoryDetail one_step_report(const c10::Device& device) {
   torch::manual_seed(0);
   auto model = std::make_shared<Mlp>();
   model->to(device);
   Config c;
   c.zero.stage = 2;
-  Engine engine(model, c);
+  TrainingEngine engine(model, c);
   const at::Tensor x = torch::randn({64, 256}, torch::TensorOptions().device(device));
   engine.backward(model->forward(x).square().mean());
   engine.step();
-  return engine.memory_report();
+  return engine.memory_detail();
 }
 
 }  // namespace
@@ -72,12 +72,38 @@ TEST(DeviceMemory, OnTheHostTheDeviceTierIsRamSharedByTheLocalRanks) {
 }
 
 TEST(DeviceMemory, TheReportSaysWhatThePlanWasMadeForAndHasNoAllocatorOnTheHost) {
-  const MemoryReport r = one_step_report(c10::Device(c10::kCPU));
+  const MemoryDetail r = one_step_report(c10::Device(c10::kCPU));
   EXPECT_EQ(r.device_capacity, mem_total());
   EXPECT_FALSE(r.allocator.has_value());
-  EXPECT_NE(r.to_string().find("device capacity planned with: " + std::to_string(mem_total())),
+  const MemoryReport pub = r.to_public();
+  EXPECT_NE(pub.to_string().find("device capacity planned with: " + std::to_string(mem_total())),
             std::string::npos)
-      << r.to_string();
+      << pub.to_string();
+}
+
+// The public report (include/zeroshard/Types.h) carries the ledger's and the memory
+// model's bytes as they are, under the tiers' and kinds' names.
+TEST(DeviceMemory, ThePublicReportHoldsEveryTierAndKindOfTheLedgerAndThePlan) {
+  const MemoryDetail r = one_step_report(c10::Device(c10::kCPU));
+  const MemoryReport pub = r.to_public();
+  ASSERT_EQ(pub.uses.size(), kNumTiers * kNumKinds);
+  ASSERT_EQ(pub.tiers.size(), kNumTiers);
+  int64_t nonzero = 0;
+  for (size_t t = 0; t < kNumTiers; ++t) {
+    const auto tier = static_cast<Tier>(t);
+    EXPECT_EQ(pub.tiers[t].tier, tier_name(tier));
+    EXPECT_EQ(pub.tiers[t].peak, r.measured.peak_total(tier));
+    EXPECT_EQ(pub.tiers[t].predicted, r.predicted.total(tier));
+    for (size_t k = 0; k < kNumKinds; ++k) {
+      const MemoryUse& use = pub.uses[t * kNumKinds + k];
+      EXPECT_EQ(use.kind, kind_name(static_cast<Kind>(k)));
+      EXPECT_EQ(use.current, r.measured.current[t][k]) << use.tier << " " << use.kind;
+      EXPECT_EQ(use.peak, r.measured.peak[t][k]) << use.tier << " " << use.kind;
+      EXPECT_EQ(use.predicted, r.predicted.at(tier, static_cast<Kind>(k)));
+      nonzero += use.current > 0;
+    }
+  }
+  EXPECT_GT(nonzero, 2);  // parameters, master copy, optimizer states at least
 }
 
 // On a GPU: the plan is made for the GPU's memory (as nvidia-smi counts it), and the
@@ -85,7 +111,7 @@ TEST(DeviceMemory, TheReportSaysWhatThePlanWasMadeForAndHasNoAllocatorOnTheHost)
 // buffers are allocated through it; activations come on top).
 TEST(DeviceMemory, GpuPlanUsesTheGpusMemoryAndTheAllocatorPeakCoversTheLedger) {
   if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
-  const MemoryReport r = one_step_report(c10::Device(c10::kCUDA, 0));
+  const MemoryDetail r = one_step_report(c10::Device(c10::kCUDA, 0));
   if (const int64_t smi = nvidia_smi_total(); smi > 0) {
     EXPECT_NEAR(static_cast<double>(r.device_capacity), static_cast<double>(smi), 0.02 * smi);
   }

@@ -10,7 +10,7 @@
 
 #include <torch/serialize.h>
 
-#include "engine/Engine.h"
+#include "engine/TrainingEngine.h"
 #include "tests/engine/TestModels.h"
 
 using namespace zeroshard;
@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
     auto model = make_model(s);
     EngineOptions options;
     options.units = model->units();
-    Engine engine(model, s.config(), options);
+    TrainingEngine engine(model, s.config(), options);
     model->run_unit = [&engine](const torch::nn::Module& unit,
                                 const std::function<at::Tensor()>& forward) {
       return engine.run_unit(unit, forward);
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
     for (const auto& b : model->buffers()) buffers.push_back(b.to(at::kCPU, at::kFloat).view({-1}));
     params.push_back(at::cat(buffers));
     params.push_back(at::tensor(stats, at::kDouble));
-    const auto report = engine.memory_report();
+    const auto report = engine.memory_detail();
     std::vector<double> memory;
     // tiers x kinds x (current, predicted, peak)
     for (size_t t = 0; t < kNumTiers; ++t) {

@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/Bytes.h"
-#include "engine/Engine.h"
+#include "engine/TrainingEngine.h"
 #include "offload/SwapFile.h"
 #include "tools/bench/BenchArgs.h"
 #include "tools/bench/BenchGpt.h"
@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
       auto model = std::make_shared<bench::Gpt>(shape);
       EngineOptions options;
       options.units = model->blocks();
-      Engine engine(model, c, options);
+      TrainingEngine engine(model, c, options);
       const double setup =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!json) {

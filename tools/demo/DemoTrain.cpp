@@ -8,7 +8,7 @@
 #include <torch/torch.h>
 
 #include "common/Bytes.h"
-#include "engine/Engine.h"
+#include "engine/TrainingEngine.h"
 #include "tools/bench/BenchGpt.h"
 
 using namespace zeroshard;
@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<bench::Gpt>(shape);
     EngineOptions options;
     options.units = model->blocks();
-    Engine engine(model, loaded.config, options);
+    TrainingEngine engine(model, loaded.config, options);
     const bool main_rank = engine.rank() == 0;
     if (main_rank) {
       for (const auto& w : loaded.warnings) std::cout << "warning: " << w << "\n";
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const auto report = engine.memory_report();
+    const auto report = engine.memory_report();  // the public report
     if (main_rank) {
       std::cout << fmt::format(
           "{} steps in {:.1f} s; rank 0 memory (bytes) as measured by the "

@@ -1,0 +1,45 @@
+#pragma once
+// The engine's collectives, one per job a process group does (engine/ProcessGroupSetup.h
+// makes the groups). Each stream of collectives that ranks may issue in different
+// interleavings has a group of its own, so that every group sees one fixed order on every
+// rank (docs/architecture.md "Keeping ranks in step"):
+//   world     every rank: broadcasts (initial values, buffers), barriers, checkpoints;
+//   shards    reductions and gathers of shards: the shard group (mics_shard_size), or world;
+//   params    stage-3 gathers in the schedule's order, inside the shard group;
+//   touches   stage-3 gathers outside any schedule (reads between steps), inside it too;
+//   replicas  the ranks holding this shard in the other shard groups (null without groups);
+//   hpz       backward's gathers of hpZ's secondary copy inside the node (null without hpZ).
+#include <cstdint>
+#include <memory>
+
+#include "common/MemoryLedger.h"
+#include "engine/ProcessGroupSetup.h"
+#include "sharding/Collectives.h"
+
+namespace zeroshard {
+
+class Communicators {
+ public:
+  // `dist` outlives this object: a failed collective asks it which ranks are gone.
+  Communicators(const DistContext& dist, MemoryLedger* ledger);
+
+  Collectives& world() { return *world_; }
+  Collectives& shards() { return group_ ? *group_ : *world_; }
+  Collectives& params() { return *params_; }
+  Collectives& touches() { return *touches_; }
+  Collectives* replicas() { return replicas_.get(); }
+  // Where backward gathers a stage-3 unit: hpZ's group, else the params group.
+  Collectives& backward_gathers() { return hpz_ ? *hpz_ : *params_; }
+  // Bytes this rank has sent over every group (ring-algorithm volume).
+  int64_t bytes_sent() const;
+
+ private:
+  std::unique_ptr<Collectives> world_;
+  std::unique_ptr<Collectives> group_;  // the shard group, with mics_shard_size
+  std::unique_ptr<Collectives> params_;
+  std::unique_ptr<Collectives> touches_;
+  std::unique_ptr<Collectives> replicas_;
+  std::unique_ptr<Collectives> hpz_;
+};
+
+}  // namespace zeroshard

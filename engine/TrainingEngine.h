@@ -1,0 +1,128 @@
+#pragma once
+// TrainingEngine: zeroshard::Engine (include/zeroshard/Engine.h, the public API) and what
+// the Python bindings and the tests need beyond it: the calls module hooks make (unit by
+// index, forward begin and end, reads outside a unit), an engine built from a parameter
+// list, and the internal plan, config, ledger and memory detail. Programs that use the
+// engine include zeroshard/Engine.h; only the bindings, tools and tests include this.
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+
+#include "common/MemoryLedger.h"
+#include "config/Config.h"
+#include "config/LaunchEnv.h"
+#include "engine/DeviceMemory.h"
+#include "engine/ModuleBuffers.h"
+#include "engine/ParamGroups.h"
+#include "plan/MemoryModel.h"
+#include "plan/Planner.h"
+#include "sharding/FlatParamGroup.h"
+#include "zeroshard/Engine.h"
+
+namespace zeroshard {
+
+class EngineImpl;
+
+// Brings one group's parameters to their initial values, the same on every rank, just
+// before the engine copies them into its buffers: a collective, called for each group in
+// the same order on every rank. The default broadcasts rank 0's values. The Python
+// package passes one that gathers parameters built sharded (zeroshard.init), so that no
+// rank ever holds more than its shards plus one group whole.
+using MaterializeParams = std::function<void(const std::vector<NamedParam>&)>;
+
+// The memory report in the runtime's own types (memory_report() is its public form).
+struct MemoryDetail {
+  LedgerSnapshot measured;
+  MemoryBreakdown predicted;    // the Planner's model states for this model and plan
+  int64_t device_capacity = 0;  // bytes of the device tier the plan was made for, per rank
+  std::optional<AllocatorStats> allocator;  // the model's GPU's caching allocator
+  MemoryReport to_public() const;
+};
+
+class TrainingEngine final : public Engine {
+ public:
+  TrainingEngine(std::shared_ptr<torch::nn::Module> module, const Config& config,
+                 EngineOptions options = {}, std::optional<LaunchEnv> launch = std::nullopt);
+  // For models that are not a torch::nn::Module (the Python package): every trainable
+  // parameter once (registration order), and each stage-3 unit's parameters. Units are
+  // then driven by index through the unit_* calls (Python's module hooks). `buffers`:
+  // the model's buffers, kept in step across ranks (engine/ModuleBuffers.h).
+  TrainingEngine(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
+                 const Config& config, std::optional<LaunchEnv> launch = std::nullopt,
+                 std::vector<ParamGroup> param_groups = {}, MaterializeParams materialize = {},
+                 std::vector<NamedBuffer> buffers = {});
+  ~TrainingEngine() override;
+
+  // zeroshard::Engine's calls (include/zeroshard/Engine.h says what each does).
+  torch::nn::Module& module() override;
+  at::Tensor run_unit(const torch::nn::Module& unit,
+                      const std::function<at::Tensor()>& forward) override;
+  void backward(const at::Tensor& loss) override;
+  bool step() override;
+  void zero_grad() override;
+  std::vector<NamedParam> full_parameters() override;
+  double loss_scale() const override;
+  double global_grad_norm() const override;
+  double lr() const override;
+  size_t param_group_count() const override;
+  const ParamGroupOptions& param_group(size_t group) const override;
+  void set_param_group(size_t group, const ParamGroupOptions& options) override;
+  int64_t optimizer_steps() const override;
+  int rank() const override;
+  int world_size() const override;
+  MemoryReport memory_report() const override;
+  void barrier() override;
+  // The parameter groups' options are stored too, and come back on load (the checkpoint
+  // must hold as many groups as the engine has).
+  std::string save_checkpoint(const std::string& dir, std::string tag = "",
+                              const std::string& client_state_json = "{}",
+                              const std::string& lr_scheduler_json = "") override;
+  LoadedCheckpoint load_checkpoint(const std::string& dir, const std::string& tag = "") override;
+
+  // run_unit in pieces, by unit index (stages 0-2, and units without parameters: no-ops):
+  // before the unit's forward, after it, and when its output's gradient arrives.
+  void unit_forward_begin(size_t unit);
+  void unit_forward_end(size_t unit);
+  void unit_backward_begin(size_t unit);
+  // For module hooks (the Python package): the model's forward begins and ends (a forward
+  // without gradients ends its gathers there; buffers are made equal across ranks where
+  // one begins, as engine/ModuleBuffers.h says: a LibTorch program that never calls
+  // model_forward_begin gets that at the end of each optimizer step instead); a
+  // parameter of `unit` is read outside the unit's modules (ParamCoordinator::touch).
+  // Both unit calls say how the unit's parameters are held now: 0 not at all, 1 for use,
+  // 2 for a read outside forward and backward (ParamCoordinator::Held).
+  void model_forward_begin();
+  void model_forward_end(bool grad_enabled);
+  int touch_unit(size_t unit, bool grad_enabled);
+  int unit_held(size_t unit) const;
+  // Outside forward/backward: a unit's full parameters, present until release_unit. A
+  // collective: every rank calls it for the same units in the same order.
+  void gather_unit(size_t unit);
+  void release_unit(size_t unit);
+  // After parameters were written outside training (gathered units, units kept whole):
+  // `src_rank`'s values go to every rank, each keeps its shard of them, and the
+  // optimizer's fp32 master restarts from them. A collective.
+  void commit_parameters(int src_rank);
+  // The hyperparameters each parameter group will step with next (a config scheduler's
+  // lr included).
+  std::vector<AdamHyper> param_group_hypers() const;
+  const Plan& plan() const;
+  const Config& config() const;
+  MemoryDetail memory_detail() const;
+  // Bytes this rank has sent in collectives so far (ring-algorithm volume).
+  int64_t bytes_sent() const;
+  MemoryLedger& ledger();
+  // Names under which a parameter is also reachable (tied weights): recorded in
+  // checkpoints so a consolidated state_dict has every name. Found from the module in
+  // the module constructor; the Python package passes them.
+  void set_aliases(std::vector<std::pair<std::string, std::string>> aliases);
+
+ private:
+  std::unique_ptr<EngineImpl> impl_;
+};
+
+}  // namespace zeroshard
