@@ -2,7 +2,7 @@
 // The engine's collectives, one per job a process group does (engine/ProcessGroupSetup.h
 // makes the groups). Each stream of collectives that ranks may issue in different
 // interleavings has a group of its own, so that every group sees one fixed order on every
-// rank (docs/architecture.md "Keeping ranks in step"):
+// rank (docs/architecture.md "Rules that keep ranks in step"):
 //   world     every rank: broadcasts (initial values, buffers), barriers, checkpoints;
 //   shards    reductions and gathers of shards: the shard group (mics_shard_size), or world;
 //   params    stage-3 gathers in the schedule's order, inside the shard group;

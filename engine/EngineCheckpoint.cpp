@@ -17,6 +17,7 @@
 #include "engine/Communicators.h"
 #include "engine/EngineImpl.h"
 #include "engine/ParamHome.h"
+#include "engine/StepPipeline.h"
 #include "offload/SwapFile.h"
 #include "sharding/Collectives.h"
 #include "sharding/GradReducer.h"
@@ -122,8 +123,8 @@ Manifest EngineImpl::checkpoint_layout() const {
   // the others hold the same shards.
   m.world_size = shard_count();
   m.stage = plan_.settings.stage;
-  m.optimizer_steps = optimizer_->steps();
-  m.micro_steps = micro_steps_;
+  m.optimizer_steps = pipeline_->optimizer().steps();
+  m.micro_steps = pipeline_->micro_steps();
   m.config_yaml = emit_config_yaml(plan_.config);
   int64_t offset = 0;
   for (size_t i = 0; i < groups_.size(); ++i) {
@@ -137,7 +138,7 @@ Manifest EngineImpl::checkpoint_layout() const {
     offset += sg.bytes();
     m.groups.push_back(std::move(sg));
   }
-  m.aliases = aliases_;
+  m.aliases = groups_.aliases();
   m.rng_offset = offset;
   m.rng_bytes = at::detail::getDefaultCPUGenerator().get_state().numel();
   m.has_buffers = true;
@@ -149,8 +150,8 @@ Manifest EngineImpl::checkpoint_layout() const {
         {b.name, torch_dtype_name(b.tensor.scalar_type()), b.tensor.sizes().vec(), pos, bytes});
     pos += bytes;
   }
-  if (scaler_) {
-    const auto s = scaler_->state();
+  if (const LossScaler* scaler = pipeline_->scaler()) {
+    const auto s = scaler->state();
     m.loss_scale = {{"scale", s.scale},
                     {"hysteresis_left", s.hysteresis_left},
                     {"iteration", s.iteration},
@@ -162,7 +163,7 @@ Manifest EngineImpl::checkpoint_layout() const {
 std::string EngineImpl::save_checkpoint(const std::string& dir, std::string tag,
                                         const std::string& client_state_json,
                                         const std::string& lr_scheduler_json) {
-  if (tag.empty()) tag = fmt::format("global_step{}", optimizer_->steps());
+  if (tag.empty()) tag = fmt::format("global_step{}", pipeline_->optimizer().steps());
   if (tag.find('/') != std::string::npos || tag == "latest" || tag[0] == '.') {
     fail("checkpoint tag '{}' is not allowed; allowed: a plain name (no '/', not 'latest')", tag);
   }
@@ -296,9 +297,9 @@ void EngineImpl::write_group_slice(size_t i,
   const int64_t S = g->shard_numel();
   if (groups_[i].trainable >= 0) {
     const auto t = static_cast<size_t>(groups_[i].trainable);
-    const int64_t n = optimizer_->group_numel(t);
+    const int64_t n = pipeline_->optimizer().group_numel(t);
     std::vector<float> master(n), m(n), v(n);
-    optimizer_->read_state(t, master.data(), m.data(), v.data());
+    pipeline_->optimizer().read_state(t, master.data(), m.data(), v.data());
     const int64_t from = n == S ? 0 : shard_rank() * S;  // stage 0: the optimizer holds it all
     for (const auto* a : {&master, &m, &v}) write(a->data() + from, S * 4);
     return;
@@ -329,23 +330,23 @@ LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::
   }
   load_buffers(reader);
   std::vector<CommHandle> handles;
-  for (const size_t i : trainable_) {
+  for (const size_t i : groups_.trainable()) {
     const auto& g = groups_[i].flat;
     if (!g->sharded() && plan_.settings.stage >= 1)
       handles.push_back(comms_->shards().all_gather(g->flat()));
   }
   for (auto& h : handles) h.wait();
   if (param_home_) param_home_->flush();
-  optimizer_->set_steps(m.optimizer_steps);
-  micro_steps_ = m.micro_steps;
+  pipeline_->optimizer().set_steps(m.optimizer_steps);
+  pipeline_->set_micro_steps(m.micro_steps);
   for (size_t g = 0; g < groups.size(); ++g) param_groups_.set_options(g, groups[g]);
-  if (scaler_ && !m.loss_scale.is_null()) {
-    scaler_->restore({m.loss_scale.at("scale").get<double>(),
-                      m.loss_scale.at("hysteresis_left").get<int64_t>(),
-                      m.loss_scale.at("iteration").get<int64_t>(),
-                      m.loss_scale.at("last_overflow").get<int64_t>()});
+  if (LossScaler* scaler = pipeline_->scaler(); scaler && !m.loss_scale.is_null()) {
+    scaler->restore({m.loss_scale.at("scale").get<double>(),
+                     m.loss_scale.at("hysteresis_left").get<int64_t>(),
+                     m.loss_scale.at("iteration").get<int64_t>(),
+                     m.loss_scale.at("last_overflow").get<int64_t>()});
   }
-  reducer_->zero();
+  pipeline_->reducer().zero();
   if (m.world_size == world_size()) {  // each rank's own random stream, when it exists
     const std::string rng = reader.read_rng(rank());
     at::Tensor state = at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
@@ -459,7 +460,7 @@ void EngineImpl::load_group(const CheckpointReader& reader, size_t i) {
   const int u = groups_[i].coordinator_unit;
   if (groups_[i].trainable >= 0) {
     const auto t = static_cast<size_t>(groups_[i].trainable);
-    const int64_t n = optimizer_->group_numel(t);
+    const int64_t n = pipeline_->optimizer().group_numel(t);
     const int64_t begin = n == S ? shard_rank() * S : 0;
     std::vector<float> master(n), m(n), v(n);
     read_range(reader, *g, 0, begin, n, master.data());
@@ -467,7 +468,7 @@ void EngineImpl::load_group(const CheckpointReader& reader, size_t i) {
     read_range(reader, *g, 2, begin, n, v.data());
     {
       ShardUpdate update(param_home_.get(), u);
-      optimizer_->write_state(t, master.data(), m.data(), v.data());
+      pipeline_->optimizer().write_state(t, master.data(), m.data(), v.data());
     }
     if (g->sharded() && g->gathered() && u >= 0) coordinator_->release_now(u);
     return;

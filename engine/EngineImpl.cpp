@@ -21,9 +21,9 @@
 #include "engine/OffloadOptimizer.h"
 #include "engine/OverlappedStep.h"
 #include "engine/ParamHome.h"
+#include "engine/StepPipeline.h"
+#include "engine/SwapSpace.h"  // the members it destroys
 #include "engine/UnitPartition.h"
-#include "offload/IoEngine.h"  // the members it destroys
-#include "offload/SwapFile.h"
 #include "sharding/Collectives.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
@@ -108,7 +108,7 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> module, const Config& 
   }
   std::vector<std::vector<NamedParam>> unit_params;
   for (const UnitNodes& unit : partition_units(tree.nodes, tree.params.size(), declared)) {
-    for (size_t m : unit.modules) unit_of_module_[tree.modules[m]] = unit_params.size();
+    for (size_t m : unit.modules) groups_.map_module(tree.modules[m], unit_params.size());
     unit_params.emplace_back();
     for (size_t p : unit.params) unit_params.back().push_back(tree.params[p]);
   }
@@ -118,10 +118,12 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> module, const Config& 
   init(tree.params, unit_params, config, std::move(launch), std::move(options.param_groups), {},
        std::move(buffers));
   std::unordered_map<const void*, std::string> first;
+  std::vector<std::pair<std::string, std::string>> aliases;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     const auto [it, fresh] = first.emplace(item.value().unsafeGetTensorImpl(), item.key());
-    if (!fresh) aliases_.emplace_back(item.key(), it->second);
+    if (!fresh) aliases.emplace_back(item.key(), it->second);
   }
+  groups_.set_aliases(std::move(aliases));
 }
 
 EngineImpl::EngineImpl(std::vector<NamedParam> params,
@@ -145,7 +147,6 @@ void EngineImpl::init(std::vector<NamedParam> params,
   set_blas_threads(threads);
   check_contradictions(config);
   device_ = params.front().param.device();
-  device_is_host_ = device_.is_cpu();
   device_capacity_ = device_capacity(device_, env.local_world_size);
   buffers_ =
       std::make_unique<ModuleBuffers>(std::move(buffers), config.broadcast_buffers, &ledger_);
@@ -160,11 +161,17 @@ void EngineImpl::init(std::vector<NamedParam> params,
                            plan_.settings.stage >= 1 && mics > 0 ? static_cast<int>(mics) : -1,
                            static_cast<int>(hpz));
   comms_ = std::make_unique<Communicators>(dist_, &ledger_);
+  pipeline_ = std::make_unique<StepPipeline>(plan_.settings, world_size());
+  IoOptions io;
+  io.block_size = *plan_.config.aio.block_size;
+  io.queue_depth = static_cast<int>(*plan_.config.aio.queue_depth);
+  io.rings = static_cast<int>(*plan_.config.aio.intra_op_parallelism);
+  swap_ = std::make_unique<SwapSpace>(io, rank());
   const MaterializeParams from_rank0 = [this](const std::vector<NamedParam>& group) {
     broadcast_initial_values(group);
   };
   build_groups(params, unit_params, materialize ? materialize : from_rank0);
-  for (const auto& p : params) names_.push_back(p);
+  groups_.set_params(params);
   buffers_->broadcast(comms_->world());  // every rank starts from rank 0's, as DDP's construction
   const LossScaleSettings& fp16 = plan_.settings.fp16;
   if (fp16.enabled) {
@@ -174,7 +181,7 @@ void EngineImpl::init(std::vector<NamedParam> params,
     o.window = fp16.window;
     o.hysteresis = fp16.hysteresis;
     o.min_scale = fp16.min_scale;
-    scaler_ = std::make_unique<LossScaler>(o);
+    pipeline_->set_scaler(std::make_unique<LossScaler>(o));
   }
   make_overlapped_step(threads);
 }
@@ -194,10 +201,10 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
                               const MaterializeParams& materialize) {
   const TrainingSettings& z = plan_.settings;
   const int stage = z.stage;
-  coordinator_units_.assign(unit_params.size(), {});
+  groups_.set_unit_count(unit_params.size());
   const auto layout = layout_groups(params, unit_params, stage, z.reduce_bucket_size);
   const at::ScalarType dtype = compute_dtype(plan_.config);
-  optimizer_ = make_optimizer(params.front().param.device().is_cpu());
+  make_optimizer(params.front().param.device().is_cpu());
   std::vector<FlatParamGroup*> trainable, sharded;
   for (const auto& spec : layout) {
     materialize(spec.params);
@@ -212,26 +219,23 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
     if (spec.sharded) {
       record.coordinator_unit = static_cast<int>(sharded.size());
       record.unit = spec.unit;
-      coordinator_units_[spec.unit].push_back(record.coordinator_unit);
       sharded.push_back(g);
     }
-    if (spec.trainable) record.trainable = static_cast<int>(trainable_.size());
-    groups_.push_back(std::move(record));
+    groups_.add(std::move(record), spec.trainable);
     if (!spec.trainable) continue;
     trainable.push_back(g);
-    trainable_.push_back(groups_.size() - 1);
     const int64_t begin = stage == 0 ? 0 : shard_rank() * g->shard_numel();
     const at::Tensor shard = stage == 0 ? g->flat() : g->param_shard();
-    optimizer_->add_group(shard, param_groups_.spans(*g, begin, shard.numel()));
+    pipeline_->optimizer().add_group(shard, param_groups_.spans(*g, begin, shard.numel()));
   }
   // Shards leave RAM (parameter offload) before the gradient buffers are allocated, so
   // a model as large as host RAM is never held twice.
-  if (offloaded_) offloaded_->start();
+  if (pipeline_->offloaded()) pipeline_->offloaded()->start();
   if (stage == 3) place_param_shards(sharded);
   const bool opt_off = plan_.option.optimizer != OffloadDevice::None;
-  reducer_ = std::make_unique<GradReducer>(trainable, stage, z.overlap_comm, &comms_->shards(),
-                                           comms_->replicas(), &ledger_,
-                                           opt_off ? Tier::Host : Tier::Device);
+  pipeline_->set_reducer(std::make_unique<GradReducer>(
+      trainable, stage, z.overlap_comm, &comms_->shards(), comms_->replicas(), &ledger_,
+      opt_off ? Tier::Host : Tier::Device));
   if (stage < 3) return;
   CoordinatorOptions o;
   o.prefetch_numel = z.stage3_prefetch_bucket_size;
@@ -240,17 +244,17 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   coordinator_ =
       std::make_unique<ParamCoordinator>(sharded, &comms_->params(), &comms_->touches(), o);
   if (dist_.hpz_size > 1) {  // a group of every rank gathers as the primary shards do
-    secondary_ =
-        std::make_unique<SecondaryShards>(&comms_->backward_gathers(), sharded.size(), &ledger_);
-    coordinator_->set_secondary(secondary_.get());
+    coordinator_->set_secondary(
+        std::make_unique<SecondaryShards>(&comms_->backward_gathers(), sharded.size(), &ledger_));
   }
-  reducer_->on_wait([this] { return coordinator_->advance(); });
-  reducer_->on_gradient([this](size_t group, size_t slot) { check_read(group, slot); });
+  GradReducer& reducer = pipeline_->reducer();
+  reducer.on_wait([this] { return coordinator_->advance(); });
+  reducer.on_gradient([this](size_t group, size_t slot) { check_read(group, slot); });
   // A unit's gradients are in: its frozen group goes with its trainable one.
-  reducer_->on_group_complete([this](size_t group) {
-    const int unit = groups_[trainable_[group]].unit;
+  reducer.on_group_complete([this](size_t group) {
+    const int unit = groups_.of_trainable(group).unit;
     if (unit < 0) return;
-    for (int u : coordinator_units_[unit]) coordinator_->backward_done(u);
+    for (int u : groups_.coordinator_units(unit)) coordinator_->backward_done(u);
   });
   if (param_home_) {
     const int lookahead = static_cast<int>(z.offload_param.buffer_count) - 1;
@@ -259,72 +263,21 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
 }
 
 void EngineImpl::backward(const at::Tensor& loss) {
-  ++micro_steps_;
-  fault_point("backward.begin");
-  const int64_t accumulation = plan_.settings.gradient_accumulation_steps;
-  const bool boundary = micro_steps_ % accumulation == 0;
-  if (boundary && overlapped_) {
-    // Everything a group's update reads is fixed now (OverlappedStep.h says why).
-    std::optional<c10::Stream> stream;
-    if (!device_is_host_)
-      stream = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
-    overlapped_->begin(mean_scale(), param_group_hypers(), stream);
-    hypers_changed_ = false;
-  }
-  reducer_->begin_backward(boundary);
+  std::optional<c10::Stream> stream;  // where an overlapped step's copies are ordered after
+  if (!device_.is_cpu()) stream = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
+  const at::Tensor scaled = pipeline_->begin_backward(
+      loss, [this] { return param_group_hypers(); }, stream);
   if (coordinator_) coordinator_->end_forward();
-  if (scaler_) {
-    (loss * scaler_->scale()).backward();
-  } else {
-    loss.backward();
-  }
+  scaled.backward();
   // Gathers first: a rank still inside backward may wait for one, never for a reduction.
   if (coordinator_) coordinator_->end_backward();
   fault_point("backward.end");
-  reducer_->end_backward();
+  pipeline_->end_backward();
 }
 
 bool EngineImpl::step() {
-  const TrainingSettings& c = plan_.settings;
-  const int64_t accumulation = c.gradient_accumulation_steps;
-  if (micro_steps_ == 0 || micro_steps_ % accumulation != 0) return false;
-  const auto& grads = reducer_->reduced();
-  double scale = mean_scale();
-  if (overlapped_ && overlapped_->pending()) {
-    overlapped_->finish();
-    if (hypers_changed_) {
-      fail(
-          "a parameter group's settings changed after the backward that ended the accumulation "
-          "window, but zero_optimization.offload_optimizer.overlap_step made that window's "
-          "step during that backward, with the old settings; change them before backward, or "
-          "set overlap_step false");
-    }
-    fault_point("step.norm");
-    grad_norm_ = reducer_->global_norm(scale);  // reported; clipping is off here
-    return finish_step();
-  }
-  if (scaler_) {
-    scale /= scaler_->scale();
-    if (scaler_->update(reducer_->any_overflow())) {
-      reducer_->zero();
-      return false;
-    }
-  }
-  fault_point("step.norm");
-  grad_norm_ = reducer_->global_norm(scale);
-  const double max_norm = c.gradient_clipping;
-  if (max_norm > 0) {
-    const double coefficient = max_norm / (grad_norm_ + 1e-6);  // torch's clip_grad_norm_
-    if (coefficient < 1) scale *= coefficient;
-  }
-  fault_point("step.update");
-  optimizer_->step(grads, scale, param_group_hypers());
+  if (!pipeline_->update([this] { return param_group_hypers(); })) return false;
   return finish_step();
-}
-
-// The reduced gradients are sums over ranks and micro-batches; the step takes their mean.
-double EngineImpl::mean_scale() const {
-  return 1.0 / static_cast<double>(world_size() * plan_.settings.gradient_accumulation_steps);
 }
 
 // After the update: the updated shards reach every rank that holds the whole group.
@@ -334,29 +287,20 @@ bool EngineImpl::finish_step() {
   fault_point("step.gather");
   if (c.stage >= 1) {
     std::vector<CommHandle> handles;
-    for (const size_t i : trainable_) {
+    for (const size_t i : groups_.trainable()) {
       const auto& g = groups_[i].flat;
       if (!g->sharded()) handles.push_back(comms_->shards().all_gather(g->flat()));
     }
     for (auto& handle : handles) handle.wait();
   }
   if (coordinator_) coordinator_->after_step();
-  reducer_->zero();
-  // No forward hooks (a LibTorch module): the next forward sees rank 0's buffers, as it
-  // would with the broadcast at its beginning.
-  if (!forwards_hooked_) buffers_->broadcast(comms_->world());
+  pipeline_->reducer().zero();
+  buffers_->after_step(comms_->world());
   return true;
 }
 
 void EngineImpl::zero_grad() {
-  if (overlapped_ && overlapped_->pending()) {
-    fail(
-        "zero_grad() after the backward that ended an accumulation window, before step(): "
-        "zero_optimization.offload_optimizer.overlap_step has made that window's step during "
-        "backward already; call step() (or set overlap_step false to discard gradients "
-        "there)");
-  }
-  reducer_->zero();
+  pipeline_->zero_grad();
 }
 
 int64_t EngineImpl::bytes_sent() const {
@@ -382,7 +326,8 @@ std::vector<NamedParam> EngineImpl::full_parameters() {
   }
   std::vector<NamedParam> out;
   if (!module_) {
-    for (const auto& p : names_) out.push_back({p.name, copies.at(p.param.unsafeGetTensorImpl())});
+    for (const auto& p : groups_.params())
+      out.push_back({p.name, copies.at(p.param.unsafeGetTensorImpl())});
     return out;
   }
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
@@ -392,7 +337,11 @@ std::vector<NamedParam> EngineImpl::full_parameters() {
 }
 
 double EngineImpl::loss_scale() const {
-  return scaler_ ? scaler_->scale() : 1.0;
+  return pipeline_->loss_scale();
+}
+
+double EngineImpl::global_grad_norm() const {
+  return pipeline_->grad_norm();
 }
 
 double EngineImpl::lr() const {
@@ -401,18 +350,18 @@ double EngineImpl::lr() const {
 
 void EngineImpl::set_param_group(size_t group, const ParamGroupOptions& options) {
   param_groups_.set_options(group, options);
-  if (overlapped_ && overlapped_->pending()) hypers_changed_ = true;
+  pipeline_->hypers_changed();
 }
 
 std::vector<AdamHyper> EngineImpl::param_group_hypers() const {
   const Config& c = plan_.config;
   std::optional<double> scheduled;
-  if (c.scheduler.type != "none") scheduled = learning_rate(c, optimizer_->steps());
+  if (c.scheduler.type != "none") scheduled = learning_rate(c, pipeline_->optimizer().steps());
   return param_groups_.resolve(plan_.settings.optimizer, scheduled);
 }
 
 int64_t EngineImpl::optimizer_steps() const {
-  return optimizer_->steps();
+  return pipeline_->optimizer().steps();
 }
 
 ModelSpec EngineImpl::spec_of_groups() const {
@@ -438,7 +387,7 @@ MemoryDetail EngineImpl::memory_report() const {
   r.allocator = allocator_stats(device_);
   WorldShape world{1, world_size()};
   TrainingShape shape;
-  shape.device_is_host = device_is_host_;
+  shape.device_is_host = device_.is_cpu();
   r.predicted = predict_memory(spec_of_groups(), plan_.option, plan_.config, world, shape);
   return r;
 }

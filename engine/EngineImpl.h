@@ -16,6 +16,7 @@
 #include "common/Error.h"
 #include "common/MemoryLedger.h"
 #include "engine/Checkpoint.h"
+#include "engine/GroupTable.h"
 #include "engine/ProcessGroupSetup.h"
 #include "engine/TrainingEngine.h"
 
@@ -25,13 +26,13 @@ class Collectives;
 class Communicators;
 class GradReducer;
 class ShardOptimizer;
-class IoEngine;
-class SwapDir;
+class SwapSpace;
 class ParamHome;
 class LossScaler;
 class ParamCoordinator;
 class SecondaryShards;
 class OverlappedStep;
+class StepPipeline;
 class OffloadOptimizer;
 
 class EngineImpl {
@@ -66,11 +67,10 @@ class EngineImpl {
   std::vector<NamedParam> full_parameters();
   bool step();
   bool finish_step();
-  double mean_scale() const;
   void zero_grad();
 
   double loss_scale() const;
-  double global_grad_norm() const { return grad_norm_; }
+  double global_grad_norm() const;
   double lr() const;  // parameter group 0's
   size_t param_group_count() const { return param_groups_.size(); }
   const ParamGroupOptions& param_group(size_t group) const { return param_groups_.options(group); }
@@ -95,7 +95,7 @@ class EngineImpl {
                               const std::string& lr_scheduler_json = "");
   LoadedCheckpoint load_checkpoint(const std::string& dir, const std::string& tag = "");
   void set_aliases(std::vector<std::pair<std::string, std::string>> aliases) {
-    aliases_ = std::move(aliases);
+    groups_.set_aliases(std::move(aliases));
   }
 
   // Internal from here on: what the public calls above are made of.
@@ -122,58 +122,29 @@ class EngineImpl {
   void load_group(const CheckpointReader& reader, size_t group);
   void check_buffers(const CheckpointReader& reader, const std::string& dir) const;
   void load_buffers(const CheckpointReader& reader);
-  std::unique_ptr<ShardOptimizer> make_optimizer(bool on_cpu);
+  void make_optimizer(bool on_cpu);
   void make_overlapped_step(int threads);
   void place_param_shards(const std::vector<FlatParamGroup*>& sharded);
-  const std::string& swap_dir(const std::string& nvme_path);
   void broadcast_initial_values(const std::vector<NamedParam>& params);
   ModelSpec spec_of_groups() const;
-  FlatParamGroup& trainable_group(size_t t) const { return *groups_[trainable_[t]].flat; }
-  int unit_of_trainable(size_t t) const { return groups_[trainable_[t]].coordinator_unit; }
+  FlatParamGroup& trainable_group(size_t t) const { return groups_.trainable_group(t); }
+  int unit_of_trainable(size_t t) const { return groups_.coordinator_unit_of_trainable(t); }
 
   std::shared_ptr<torch::nn::Module> module_;
   Plan plan_;
   DistContext dist_;
   MemoryLedger ledger_;                   // before everything that registers in it
   std::unique_ptr<Communicators> comms_;  // every collective, by the job it does
-  // Index spaces: a group is its position in groups_; a trainable group its position
-  // in the optimizer (trainable_); a coordinator unit a stage-3 unit group's position in
-  // the ParamCoordinator; a user unit one the caller declared or engine/UnitPartition.h
-  // made (coordinator_units_ maps it to its groups: trainable and frozen).
-  struct GroupRecord {
-    std::unique_ptr<FlatParamGroup> flat;
-    int coordinator_unit = -1;  // -1: not a stage-3 unit group
-    int trainable = -1;         // its trainable-group index; -1: frozen
-    int unit = -1;              // its user unit, for stage-3 unit groups
-  };
-  std::vector<GroupRecord> groups_;
+  GroupTable groups_;                     // the flat groups and the index spaces over them
   // Offload: the I/O engine and swap directories outlive everything that swaps.
-  std::unique_ptr<IoEngine> io_;
-  std::vector<std::unique_ptr<SwapDir>> swap_dirs_;
-  std::unique_ptr<GradReducer> reducer_;
-  std::unique_ptr<ShardOptimizer> optimizer_;
-  OffloadOptimizer* offloaded_ = nullptr;  // optimizer_, when it is on the host or NVMe
+  std::unique_ptr<SwapSpace> swap_;
+  std::unique_ptr<StepPipeline> pipeline_;  // reducer, scaler, optimizer, overlapped step
   std::unique_ptr<ParamHome> param_home_;
-  std::unique_ptr<OverlappedStep> overlapped_;  // overlap_step: steps groups inside backward
-  bool hypers_changed_ = false;  // a parameter group was set during an overlapped step
   ParamGroupTable param_groups_;
-  std::vector<size_t> trainable_;  // per trainable group: its group
-  std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<ParamCoordinator> coordinator_;
-  std::unique_ptr<SecondaryShards> secondary_;  // hpZ's copies, read through the coordinator
-  std::unordered_map<const torch::nn::Module*, size_t> unit_of_module_;  // -> unit index
-  // Per unit index: its coordinator units (none at stages 0-2, or for a unit without
-  // parameters).
-  std::vector<std::vector<int>> coordinator_units_;
-  std::vector<NamedParam> names_;  // the parameters, for full_parameters()
   std::unique_ptr<ModuleBuffers> buffers_;
-  bool forwards_hooked_ = false;  // model_forward_begin was called: buffers follow forwards
-  int64_t micro_steps_ = 0;
   c10::Device device_{c10::kCPU};  // the model's
-  bool device_is_host_ = true;
-  int64_t device_capacity_ = 0;  // what the plan budgets the device tier with
-  std::vector<std::pair<std::string, std::string>> aliases_;
-  double grad_norm_ = 0;
+  int64_t device_capacity_ = 0;    // what the plan budgets the device tier with
 };
 
 }  // namespace zeroshard

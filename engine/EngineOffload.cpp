@@ -3,11 +3,10 @@
 #include "common/Error.h"
 #include "engine/EngineImpl.h"
 #include "engine/OffloadOptimizer.h"
-#include "engine/OverlappedStep.h"
 #include "engine/ParamHome.h"
+#include "engine/StepPipeline.h"
+#include "engine/SwapSpace.h"
 #include "offload/CpuAdam.h"
-#include "offload/IoEngine.h"
-#include "offload/SwapFile.h"
 #include "plan/MemoryModel.h"
 #include "sharding/GradReducer.h"
 #include "sharding/OptimizerShard.h"
@@ -32,24 +31,14 @@ AdamKernel cpu_adam_kernel() {
 
 }  // namespace
 
-const std::string& EngineImpl::swap_dir(const std::string& nvme_path) {
-  if (!io_) {
-    const auto& aio = plan_.config.aio;
-    IoOptions o;
-    o.block_size = *aio.block_size;
-    o.queue_depth = static_cast<int>(*aio.queue_depth);
-    o.rings = static_cast<int>(*aio.intra_op_parallelism);
-    io_ = std::make_unique<IoEngine>(o);
-  }
-  swap_dirs_.push_back(std::make_unique<SwapDir>(nvme_path, fmt::format("rank{}", rank())));
-  return swap_dirs_.back()->path();
-}
-
-std::unique_ptr<ShardOptimizer> EngineImpl::make_optimizer(bool on_cpu) {
+void EngineImpl::make_optimizer(bool on_cpu) {
   const TrainingSettings& z = plan_.settings;
   const OffloadDevice device = plan_.option.optimizer;
   if (device == OffloadDevice::None) {
-    return std::make_unique<OptimizerShard>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{});
+    pipeline_->set_optimizer(
+        std::make_unique<OptimizerShard>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{}),
+        nullptr);
+    return;
   }
   OffloadOptimizerOptions o;
   o.device = device;
@@ -57,12 +46,12 @@ std::unique_ptr<ShardOptimizer> EngineImpl::make_optimizer(bool on_cpu) {
   o.buffer_count = z.offload_optimizer.buffer_count;
   o.page_lock = !on_cpu;
   if (device == OffloadDevice::Nvme) {
-    o.swap_dir = swap_dir(z.offload_optimizer.nvme_path);
-    o.io = io_.get();
+    o.swap_dir = swap_->open_dir(z.offload_optimizer.nvme_path);
+    o.io = swap_->io();
   }
   auto offloaded = std::make_unique<OffloadOptimizer>(o, &ledger_);
-  offloaded_ = offloaded.get();
-  return offloaded;
+  OffloadOptimizer* typed = offloaded.get();
+  pipeline_->set_optimizer(std::move(offloaded), typed);
 }
 
 // Stage-3 parameter offload: each sharded unit's shard goes where the memory model
@@ -79,17 +68,18 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
     if (!on_nvme[u]) sharded[u]->set_shard_tier(Tier::Host, &ledger_);
   }
   if (device != OffloadDevice::Nvme) return;
-  param_home_ = std::make_unique<ParamHome>(sharded, on_nvme, io_ ? io_.get() : nullptr,
-                                            swap_dir(op.nvme_path),
+  const std::string& dir = swap_->open_dir(op.nvme_path);  // makes io() first
+  param_home_ = std::make_unique<ParamHome>(sharded, on_nvme, swap_->io(), dir,
                                             plan_.settings.offload_param.buffer_count, &ledger_,
-                                            /*page_lock=*/!device_is_host_);
-  if (!offloaded_) {  // the offloaded optimizer brings each NVMe shard in for its update
+                                            /*page_lock=*/!device_.is_cpu());
+  OffloadOptimizer* offloaded = pipeline_->offloaded();
+  if (!offloaded) {  // the offloaded optimizer brings each NVMe shard in for its update
     fail(
         "config key 'zero_optimization.offload_param.device' is 'nvme' with the optimizer "
         "on the device; allowed: 'zero_optimization.offload_optimizer.device' cpu or nvme "
         "with parameters on NVMe, or offload_param.device cpu");
   }
-  offloaded_->on_group(
+  offloaded->on_group(
       [this](size_t g) {
         if (unit_of_trainable(g) >= 0) param_home_->open_for_update(unit_of_trainable(g));
       },
@@ -110,16 +100,7 @@ void EngineImpl::make_overlapped_step(int threads) {
         "allowed: false or auto",
         obstacle->why);
   }
-  if (!offloaded_) {
-    fail(
-        "config key 'zero_optimization.offload_optimizer.overlap_step' is true, but the "
-        "optimizer is not offloaded; allowed: false or auto, or offload_optimizer.device cpu "
-        "or nvme");
-  }
-  overlapped_ = std::make_unique<OverlappedStep>(offloaded_, threads);
-  // The worker takes the gradient once it has landed on the host (GradReducer.h).
-  reducer_->on_reduced(
-      [this](size_t g) { overlapped_->add(g, [this, g] { return reducer_->settled(g); }); });
+  pipeline_->overlap_step(threads);
 }
 
 }  // namespace zeroshard

@@ -7,6 +7,7 @@
 #include "engine/Communicators.h"
 #include "engine/EngineImpl.h"
 #include "engine/ParamHome.h"
+#include "engine/StepPipeline.h"
 #include "sharding/Collectives.h"
 #include "sharding/OptimizerShard.h"
 #include "sharding/ParamCoordinator.h"
@@ -16,14 +17,14 @@ namespace zeroshard {
 at::Tensor EngineImpl::run_unit(const torch::nn::Module& unit,
                                 const std::function<at::Tensor()>& forward) {
   if (!coordinator_) return forward();
-  const auto it = unit_of_module_.find(&unit);
-  if (it == unit_of_module_.end()) {
+  const std::optional<size_t> found = groups_.unit_of(unit);
+  if (!found) {
     fail(
         "run_unit: module '{}' is not a stage-3 unit: engine/UnitPartition.h says which "
         "modules gather one; run one of those, or declare this one in EngineOptions::units",
         unit.name());
   }
-  const size_t u = it->second;
+  const size_t u = *found;
   unit_forward_begin(u);
   at::Tensor out = forward();
   if (out.requires_grad()) {
@@ -38,10 +39,8 @@ at::Tensor EngineImpl::run_unit(const torch::nn::Module& unit,
 
 const std::vector<int>& EngineImpl::checked_unit(size_t unit) const {
   static const std::vector<int> kNone;
-  if (unit >= coordinator_units_.size()) {
-    fail("unit {} does not exist; this model has {} units", unit, coordinator_units_.size());
-  }
-  return coordinator_ ? coordinator_units_[unit] : kNone;
+  const std::vector<int>& units = groups_.coordinator_units(unit);  // fails if none such
+  return coordinator_ ? units : kNone;
 }
 
 void EngineImpl::unit_forward_begin(size_t unit) {
@@ -57,7 +56,6 @@ void EngineImpl::unit_backward_begin(size_t unit) {
 }
 
 void EngineImpl::model_forward_begin() {
-  forwards_hooked_ = true;
   buffers_->forward_begin(comms_->world());
   if (coordinator_) coordinator_->model_forward_begin();
 }
@@ -65,7 +63,7 @@ void EngineImpl::model_forward_begin() {
 void EngineImpl::model_forward_end(bool grad_enabled) {
   // This forward's backward reduces gradients when it ends the accumulation window.
   const int64_t accumulation = plan_.settings.gradient_accumulation_steps;
-  buffers_->forward_end(grad_enabled && (micro_steps_ + 1) % accumulation == 0);
+  buffers_->forward_end(grad_enabled && (pipeline_->micro_steps() + 1) % accumulation == 0);
   if (coordinator_) coordinator_->model_forward_end(grad_enabled);
 }
 
@@ -99,7 +97,7 @@ void EngineImpl::release_unit(size_t unit) {
 // comes from a read of the placeholder (NaN) it holds between uses: a C++ program that
 // read the parameter outside run_unit. Said here rather than trained on.
 void EngineImpl::check_read(size_t trainable_group, size_t slot) const {
-  const GroupRecord& g = groups_[trainable_[trainable_group]];
+  const GroupRecord& g = groups_.of_trainable(trainable_group);
   if (g.coordinator_unit < 0 || coordinator_->read_this_step(g.coordinator_unit)) return;
   fail(
       "stage 3: parameter '{}' got a gradient, but its unit was not gathered in this step, so "
@@ -121,13 +119,13 @@ void EngineImpl::commit_parameters(int src_rank) {
       handles.push_back(comms_->world().broadcast(g->flat(), src_rank));
   }
   for (auto& h : handles) h.wait();
-  for (size_t i = 0; i < trainable_.size(); ++i) {
+  for (size_t i = 0; i < groups_.trainable().size(); ++i) {
     FlatParamGroup* g = &trainable_group(i);
     const int u = unit_of_trainable(i);
     if (g->sharded() && !g->gathered()) continue;
     ShardUpdate update(param_home_.get(), u);
     if (g->sharded()) g->keep_own_slice();
-    optimizer_->reload_master(i);
+    pipeline_->optimizer().reload_master(i);
   }
   for (size_t i = 0; i < groups_.size(); ++i) {  // frozen units: their shard only
     FlatParamGroup* g = groups_[i].flat.get();

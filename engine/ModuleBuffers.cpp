@@ -49,6 +49,7 @@ void ModuleBuffers::assign(const at::Tensor& buffer, const at::Tensor& bytes,
 }
 
 void ModuleBuffers::forward_begin(Collectives& comm) {
+  forwards_hooked_ = true;
   if (due_) broadcast(comm);
   due_ = false;
 }

@@ -41,12 +41,18 @@ class ModuleBuffers {
   // built is not followed (as DDP does not follow it).
   ModuleBuffers(std::vector<NamedBuffer> buffers, bool broadcast, MemoryLedger* ledger);
 
-  // DDP's pre-forward rule (above).
+  // DDP's pre-forward rule (above). Once it was called, forwards drive the broadcasts.
   void forward_begin(Collectives& comm);
   // `synchronised`: this forward's gradients will be reduced at its backward.
   void forward_end(bool synchronised) { due_ = synchronised; }
   // Rank 0's buffers to every rank now, when broadcast_buffers is on. A collective.
   void broadcast(Collectives& comm);
+  // After an optimizer step: a model whose forwards are not hooked (a LibTorch module)
+  // gets rank 0's buffers now, so its next forward sees what the broadcast at that
+  // forward's beginning would give. A collective, or nothing once forwards are hooked.
+  void after_step(Collectives& comm) {
+    if (!forwards_hooked_) broadcast(comm);
+  }
 
   const std::vector<NamedBuffer>& all() const { return buffers_; }
   const NamedBuffer* find(const std::string& name) const;
@@ -59,7 +65,8 @@ class ModuleBuffers {
  private:
   std::vector<NamedBuffer> buffers_;
   bool enabled_;
-  bool due_ = true;  // DDP broadcasts before its first forward
+  bool due_ = true;               // DDP broadcasts before its first forward
+  bool forwards_hooked_ = false;  // forward_begin was called
   int64_t bytes_ = 0;
   MemoryLedger* ledger_;
   LedgerEntry entry_;

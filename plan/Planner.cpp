@@ -162,6 +162,34 @@ std::string activation_hint(const ModelSpec& spec, const Config& c, const Memory
                      format_gib(static_cast<double>(smaller)));
 }
 
+// The config's fixed keys rule out every choice (parameter offload with the optimizer
+// on the device, hpZ with parameter offload left open, ...): say which keys, and what
+// zeroshard runs.
+[[noreturn]] void refuse_fixed_keys(const Config& c) {
+  std::vector<std::string> keys;
+  if (c.zero.stage) keys.push_back(fmt::format("'zero_optimization.stage' {}", *c.zero.stage));
+  if (c.zero.offload_optimizer.device != OD::Auto) {
+    keys.push_back(fmt::format("'zero_optimization.offload_optimizer.device' '{}'",
+                               offload_device_name(c.zero.offload_optimizer.device)));
+  }
+  if (c.zero.offload_param.device != OD::Auto) {
+    keys.push_back(fmt::format("'zero_optimization.offload_param.device' '{}'",
+                               offload_device_name(c.zero.offload_param.device)));
+  }
+  const auto& mics = c.zero.mics_shard_size;
+  if (mics && *mics > 0) keys.push_back(fmt::format("'zero_optimization.mics_shard_size' {}", *mics));
+  const auto& hpz = c.zero.hpz_partition_size;
+  if (hpz && *hpz > 1) {
+    keys.push_back(fmt::format("'zero_optimization.zero_hpz_partition_size' {}", *hpz));
+  }
+  std::vector<std::string> runs;
+  for (const auto& option : plan_options()) runs.push_back(option.label());
+  fail(
+      "config keys {} together leave no stage and offload choice zeroshard runs; allowed: {} "
+      "(parameters are offloaded only at stage 3, with the optimizer offloaded too)",
+      fmt::join(keys, ", "), fmt::join(runs, "; "));
+}
+
 // The options judged under `resolved`, the first allowed one that fits (-1: none) and
 // the allowed one closest to fitting.
 struct Choice {
@@ -188,7 +216,7 @@ Choice choose(const ModelSpec& spec, const Config& fixed, const Config& resolved
     if (c.closest < 0 || e.overflow_bytes < c.options[c.closest].overflow_bytes)
       c.closest = static_cast<int>(i);
   }
-  if (c.closest < 0) fail("no stage/offload choice is allowed by the config's fixed keys");
+  if (c.closest < 0) refuse_fixed_keys(fixed);
   return c;
 }
 

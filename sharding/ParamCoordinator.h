@@ -21,6 +21,7 @@
 // stays until backward ends. With hpZ (sharding/SecondaryShards.h) forward's frees keep
 // the group-sharded copy that backward's gathers read.
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "sharding/Collectives.h"
@@ -85,7 +86,9 @@ class ParamCoordinator {
   // `lookahead`: how many units past the last gather issued are prefetched from home.
   void set_shard_home(ShardHome* home, int lookahead);
   // hpZ: keep secondary copies when forward frees units, gather from them in backward.
-  void set_secondary(SecondaryShards* secondary) { secondary_ = secondary; }
+  void set_secondary(std::unique_ptr<SecondaryShards> secondary) {
+    secondary_ = std::move(secondary);
+  }
   // Outside forward/backward (gathered_parameters, full_parameters): gather one unit now,
   // held for use (written, aliased) until release_now / free it.
   void gather_now(size_t unit);
@@ -157,7 +160,7 @@ class ParamCoordinator {
   Phase phase_ = Phase::Idle;
   ShardHome* home_ = nullptr;
   int lookahead_ = 0;
-  SecondaryShards* secondary_ = nullptr;
+  std::unique_ptr<SecondaryShards> secondary_;
 };
 
 }  // namespace zeroshard

@@ -93,6 +93,28 @@ TEST(Planner, FixedKeysBoundTheChoice) {
   EXPECT_EQ(allowed, 1);
 }
 
+// Parameters on NVMe with the optimizer on the device is no choice zeroshard runs (the
+// offloaded optimizer brings each NVMe shard in for its update): the error names the
+// keys and lists what runs.
+TEST(Planner, FixedKeysThatAllowNothingAreNamedWithWhatRuns) {
+  Config c = open_config();
+  c.zero.stage = 3;
+  c.zero.offload_optimizer.device = OD::None;
+  c.zero.offload_param.device = OD::Nvme;
+  try {
+    plan_for(1'000'000, 1'000'000, 1'000'000, c);
+    FAIL() << "planned";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const char* part :
+         {"'zero_optimization.stage' 3", "'zero_optimization.offload_optimizer.device' 'none'",
+          "'zero_optimization.offload_param.device' 'nvme'", "stage 3, optimizer cpu, params nvme",
+          "allowed: stage 0; stage 1"}) {
+      EXPECT_NE(what.find(part), std::string::npos) << part << " not in: " << what;
+    }
+  }
+}
+
 TEST(Planner, HeadroomIsKeptFree) {
   HardwareBudget b;
   b.device_bytes = 130'000;

@@ -1,0 +1,124 @@
+#include "engine/StepPipeline.h"
+
+#include "common/Error.h"
+#include "common/FaultPoint.h"
+#include "engine/OffloadOptimizer.h"
+#include "engine/OverlappedStep.h"
+#include "sharding/GradReducer.h"
+#include "sharding/LossScaler.h"
+#include "sharding/OptimizerShard.h"
+
+namespace zeroshard {
+
+StepPipeline::StepPipeline(const TrainingSettings& settings, int world_size)
+    : settings_(settings), world_size_(world_size) {}
+
+StepPipeline::~StepPipeline() = default;
+
+void StepPipeline::set_optimizer(std::unique_ptr<ShardOptimizer> optimizer,
+                                 OffloadOptimizer* offloaded) {
+  optimizer_ = std::move(optimizer);
+  offloaded_ = offloaded;
+}
+
+void StepPipeline::set_reducer(std::unique_ptr<GradReducer> reducer) {
+  reducer_ = std::move(reducer);
+}
+
+void StepPipeline::set_scaler(std::unique_ptr<LossScaler> scaler) {
+  scaler_ = std::move(scaler);
+}
+
+void StepPipeline::overlap_step(int threads) {
+  if (!offloaded_) {
+    fail(
+        "config key 'zero_optimization.offload_optimizer.overlap_step' is true, but the "
+        "optimizer is not offloaded; allowed: false or auto, or offload_optimizer.device cpu "
+        "or nvme");
+  }
+  overlapped_ = std::make_unique<OverlappedStep>(offloaded_, threads);
+  // The worker takes the gradient once it has landed on the host (GradReducer.h).
+  reducer_->on_reduced(
+      [this](size_t g) { overlapped_->add(g, [this, g] { return reducer_->settled(g); }); });
+}
+
+at::Tensor StepPipeline::begin_backward(const at::Tensor& loss, const Hypers& hypers,
+                                        std::optional<c10::Stream> stream) {
+  ++micro_steps_;
+  fault_point("backward.begin");
+  const bool boundary = micro_steps_ % settings_.gradient_accumulation_steps == 0;
+  if (boundary && overlapped_) {
+    // Everything a group's update reads is fixed now (OverlappedStep.h says why).
+    overlapped_->begin(mean_scale(), hypers(), stream);
+    hypers_changed_ = false;
+  }
+  reducer_->begin_backward(boundary);
+  return scaler_ ? loss * scaler_->scale() : loss;
+}
+
+void StepPipeline::end_backward() {
+  reducer_->end_backward();
+}
+
+bool StepPipeline::update(const Hypers& hypers) {
+  if (micro_steps_ == 0 || micro_steps_ % settings_.gradient_accumulation_steps != 0) {
+    return false;
+  }
+  const auto& grads = reducer_->reduced();  // every reduction landed
+  double scale = mean_scale();
+  if (overlapped_ && overlapped_->pending()) {
+    overlapped_->finish();
+    if (hypers_changed_) {
+      fail(
+          "a parameter group's settings changed after the backward that ended the accumulation "
+          "window, but zero_optimization.offload_optimizer.overlap_step made that window's "
+          "step during that backward, with the old settings; change them before backward, or "
+          "set overlap_step false");
+    }
+    fault_point("step.norm");
+    grad_norm_ = reducer_->global_norm(scale);  // reported; clipping is off here
+    return true;
+  }
+  if (scaler_) {
+    scale /= scaler_->scale();
+    if (scaler_->update(reducer_->any_overflow())) {
+      reducer_->zero();
+      return false;
+    }
+  }
+  fault_point("step.norm");
+  grad_norm_ = reducer_->global_norm(scale);
+  const double max_norm = settings_.gradient_clipping;
+  if (max_norm > 0) {
+    const double coefficient = max_norm / (grad_norm_ + 1e-6);  // torch's clip_grad_norm_
+    if (coefficient < 1) scale *= coefficient;
+  }
+  fault_point("step.update");
+  optimizer_->step(grads, scale, hypers());
+  return true;
+}
+
+void StepPipeline::zero_grad() {
+  if (overlapped_ && overlapped_->pending()) {
+    fail(
+        "zero_grad() after the backward that ended an accumulation window, before step(): "
+        "zero_optimization.offload_optimizer.overlap_step has made that window's step during "
+        "backward already; call step() (or set overlap_step false to discard gradients "
+        "there)");
+  }
+  reducer_->zero();
+}
+
+void StepPipeline::hypers_changed() {
+  if (overlapped_ && overlapped_->pending()) hypers_changed_ = true;
+}
+
+double StepPipeline::loss_scale() const {
+  return scaler_ ? scaler_->scale() : 1.0;
+}
+
+double StepPipeline::mean_scale() const {
+  return 1.0 / static_cast<double>(world_size_ * settings_.gradient_accumulation_steps);
+}
+
+}  // namespace zeroshard
