@@ -1,5 +1,5 @@
 #pragma once
-// Adam/AdamW hyperparameters, shared by sharding/ (OptimizerShard) and offload/
+// Adam/AdamW hyperparameters, shared by sharding/ (ResidentOptimizer) and offload/
 // (CpuAdam). Doubles, as torch forms its scalars: each coefficient is computed in
 // double and rounded once.
 //

@@ -22,8 +22,8 @@
 #include "sharding/Collectives.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
-#include "sharding/OptimizerShard.h"
 #include "sharding/ParamCoordinator.h"
+#include "sharding/ShardOptimizer.h"
 
 namespace zeroshard {
 namespace {

@@ -27,8 +27,8 @@
 #include "sharding/Collectives.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
-#include "sharding/OptimizerShard.h"
 #include "sharding/ParamCoordinator.h"
+#include "sharding/ResidentOptimizer.h"
 #include "sharding/SecondaryShards.h"
 
 namespace zeroshard {

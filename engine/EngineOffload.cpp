@@ -9,8 +9,8 @@
 #include "offload/CpuAdam.h"
 #include "plan/MemoryModel.h"
 #include "sharding/GradReducer.h"
-#include "sharding/OptimizerShard.h"
 #include "sharding/ParamCoordinator.h"
+#include "sharding/ResidentOptimizer.h"
 
 namespace zeroshard {
 namespace {
@@ -36,7 +36,7 @@ void EngineImpl::make_optimizer(bool on_cpu) {
   const OffloadDevice device = plan_.option.optimizer;
   if (device == OffloadDevice::None) {
     pipeline_->set_optimizer(
-        std::make_unique<OptimizerShard>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{}),
+        std::make_unique<ResidentOptimizer>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{}),
         nullptr);
     return;
   }

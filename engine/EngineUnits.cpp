@@ -9,8 +9,8 @@
 #include "engine/ParamHome.h"
 #include "engine/StepPipeline.h"
 #include "sharding/Collectives.h"
-#include "sharding/OptimizerShard.h"
 #include "sharding/ParamCoordinator.h"
+#include "sharding/ShardOptimizer.h"
 
 namespace zeroshard {
 

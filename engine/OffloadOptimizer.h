@@ -17,7 +17,7 @@
 #include "common/MemoryLedger.h"
 #include "config/Config.h"
 #include "sharding/CopyStream.h"
-#include "sharding/OptimizerShard.h"
+#include "sharding/ShardOptimizer.h"
 
 namespace zeroshard {
 

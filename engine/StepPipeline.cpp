@@ -6,7 +6,7 @@
 #include "engine/OverlappedStep.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
-#include "sharding/OptimizerShard.h"
+#include "sharding/ShardOptimizer.h"
 
 namespace zeroshard {
 

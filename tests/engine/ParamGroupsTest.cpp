@@ -8,7 +8,7 @@
 #include "engine/OffloadOptimizer.h"
 #include "engine/ParamGroups.h"
 #include "plan/TrainingSettings.h"
-#include "sharding/OptimizerShard.h"
+#include "sharding/ResidentOptimizer.h"
 
 using namespace zeroshard;
 
@@ -119,7 +119,7 @@ void expect_matches_torch(ShardOptimizer& optimizer) {
 }
 
 TEST(ParamGroups, ShardOptimizerStepsEachSpanWithItsGroupAsTorchAdamW) {
-  OptimizerShard optimizer(nullptr);
+  ResidentOptimizer optimizer(nullptr);
   expect_matches_torch(optimizer);
 }
 

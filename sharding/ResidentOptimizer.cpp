@@ -1,4 +1,4 @@
-#include "sharding/OptimizerShard.h"
+#include "sharding/ResidentOptimizer.h"
 
 #include <cmath>
 
@@ -6,7 +6,7 @@
 
 namespace zeroshard {
 
-void OptimizerShard::add_group(const at::Tensor& shard, std::vector<HyperSpan> spans) {
+void ResidentOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan> spans) {
   State s;
   s.shard = shard;
   s.spans = std::move(spans);
@@ -20,8 +20,8 @@ void OptimizerShard::add_group(const at::Tensor& shard, std::vector<HyperSpan> s
   states_.push_back(std::move(s));
 }
 
-void OptimizerShard::aten_step(const AdamHyper& h, int64_t step, double grad_scale,
-                               at::Tensor master, at::Tensor g, at::Tensor m, at::Tensor v) {
+void ResidentOptimizer::aten_step(const AdamHyper& h, int64_t step, double grad_scale,
+                                  at::Tensor master, at::Tensor g, at::Tensor m, at::Tensor v) {
   const double bias1 = 1 - std::pow(h.beta1, static_cast<double>(step));
   const double bias2 = 1 - std::pow(h.beta2, static_cast<double>(step));
   if (grad_scale != 1.0) g.mul_(grad_scale);
@@ -36,8 +36,8 @@ void OptimizerShard::aten_step(const AdamHyper& h, int64_t step, double grad_sca
   master.addcdiv_(m, denom, -h.lr / bias1);
 }
 
-void OptimizerShard::step(const std::vector<at::Tensor>& grads, double grad_scale,
-                          const std::vector<AdamHyper>& hypers) {
+void ResidentOptimizer::step(const std::vector<at::Tensor>& grads, double grad_scale,
+                             const std::vector<AdamHyper>& hypers) {
   ++steps_;
   for (size_t i = 0; i < states_.size(); ++i) {
     State& s = states_[i];
@@ -58,7 +58,7 @@ void OptimizerShard::step(const std::vector<at::Tensor>& grads, double grad_scal
   }
 }
 
-void OptimizerShard::reload_master(size_t group) {
+void ResidentOptimizer::reload_master(size_t group) {
   State& s = states_.at(group);
   if (s.master.data_ptr() != s.shard.data_ptr()) s.master.copy_(s.shard);
 }
@@ -71,7 +71,7 @@ at::Tensor view_of(const float* data, int64_t n) {
 
 }  // namespace
 
-void OptimizerShard::read_state(size_t group, float* master, float* m, float* v) {
+void ResidentOptimizer::read_state(size_t group, float* master, float* m, float* v) {
   const State& s = states_.at(group);
   const int64_t n = s.m.numel();
   view_of(master, n).copy_(s.master);
@@ -79,8 +79,8 @@ void OptimizerShard::read_state(size_t group, float* master, float* m, float* v)
   view_of(v, n).copy_(s.v);
 }
 
-void OptimizerShard::write_state(size_t group, const float* master, const float* m,
-                                 const float* v) {
+void ResidentOptimizer::write_state(size_t group, const float* master, const float* m,
+                                    const float* v) {
   State& s = states_.at(group);
   const int64_t n = s.m.numel();
   s.master.copy_(view_of(master, n));

@@ -1,5 +1,6 @@
 #pragma once
-// AdamW (or Adam with L2 decay) over this rank's shard: fp32 master weights, m and v.
+// ResidentOptimizer: AdamW (or Adam with L2 decay) over this rank's shard, its state
+// (fp32 master weights, m and v) resident where the parameters are.
 // With fp32 compute the master is the parameter shard itself; with bf16/fp16 it is a
 // separate fp32 copy, written back to the compute-precision shard after each step.
 // The arithmetic follows torch.optim.AdamW step by step so results match it.
@@ -10,6 +11,7 @@
 
 #include "common/AdamHyper.h"
 #include "common/MemoryLedger.h"
+#include "sharding/ShardOptimizer.h"
 
 namespace zeroshard {
 
@@ -19,38 +21,9 @@ using AdamKernel =
     std::function<void(const AdamHyper& h, int64_t step, double grad_scale, at::Tensor& master,
                        at::Tensor& grad, at::Tensor& m, at::Tensor& v)>;
 
-// What the Engine steps: this class (state where the parameters are), or engine/'s
-// offloaded optimizer (state in host RAM or on NVMe).
-class ShardOptimizer {
+class ResidentOptimizer : public ShardOptimizer {
  public:
-  virtual ~ShardOptimizer() = default;
-  // `shard` is this rank's compute-precision parameter shard (a view it writes back to);
-  // `spans`: which parameter group each of its elements belongs to (none: group 0).
-  virtual void add_group(const at::Tensor& shard, std::vector<HyperSpan> spans = {}) = 0;
-  // grads[i] (fp32, same size as group i) are multiplied by `grad_scale` first;
-  // hypers[g] are parameter group g's hyperparameters.
-  virtual void step(const std::vector<at::Tensor>& grads, double grad_scale,
-                    const std::vector<AdamHyper>& hypers) = 0;
-  // One parameter group.
-  void step(const std::vector<at::Tensor>& grads, double grad_scale, const AdamHyper& h) {
-    step(grads, grad_scale, std::vector<AdamHyper>{h});
-  }
-  virtual int64_t steps() const = 0;
-  virtual size_t groups() const = 0;
-  // The parameters of `group` were overwritten (outside training): the fp32 master
-  // restarts from its shard; Adam's moments are kept.
-  virtual void reload_master(size_t group) = 0;
-  // Checkpoints, one whole group at a time: its fp32 master, m and v (numel each);
-  // write_state also sets the compute-precision shard from the master.
-  virtual int64_t group_numel(size_t group) const = 0;
-  virtual void read_state(size_t group, float* master, float* m, float* v) = 0;
-  virtual void write_state(size_t group, const float* master, const float* m, const float* v) = 0;
-  virtual void set_steps(int64_t steps) = 0;
-};
-
-class OptimizerShard : public ShardOptimizer {
- public:
-  explicit OptimizerShard(MemoryLedger* ledger, AdamKernel kernel = {})
+  explicit ResidentOptimizer(MemoryLedger* ledger, AdamKernel kernel = {})
       : ledger_(ledger), kernel_(std::move(kernel)) {}
 
   void add_group(const at::Tensor& shard, std::vector<HyperSpan> spans = {}) override;

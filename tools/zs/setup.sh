@@ -1,0 +1,114 @@
+# shellcheck shell=bash
+# Set-up, for every verb: errors, timings, Debian packages, the pinned venv, CMake.
+# Sourced by ./zs, which sets ROOT, BUILD, VENV, PY and the package lists.
+
+die() { echo "zs: $*" >&2; exit 1; }
+
+# The machine's busy and total CPU time so far, in clock ticks (/proc/stat's cpu line;
+# idle and iowait are not busy).
+cpu_ticks() { awk '/^cpu / {t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t}' /proc/stat; }
+
+# Runs a part of ./zs test and says how long it took and how busy it kept the cores,
+# failed or not, so that a CI log shows where its time went and where cores sat idle.
+timed() {
+  local what=$1 start=$SECONDS status=0 busy0 total0 busy1 total1
+  shift
+  read -r busy0 total0 < <(cpu_ticks)
+  "$@" || status=$?
+  read -r busy1 total1 < <(cpu_ticks)
+  local took=$((SECONDS - start))
+  echo "zs: $what: $((took / 60)) min $((took % 60)) s, cores $(( (busy1 - busy0) * 100 / (total1 - total0 > 0 ? total1 - total0 : 1) ))% busy"
+  return $status
+}
+
+missing_packages() {
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
+  done
+}
+
+ensure_packages() {
+  local missing
+  missing=$(missing_packages "${HOST_PACKAGES[@]}" "${FUZZ_PACKAGES[@]}" $(base_python_packages) | tr '\n' ' ')
+  [ -z "${missing// /}" ] && return 0
+  if [ "$(id -u)" != 0 ]; then
+    die "missing Debian packages: $missing; run as root or: sudo apt-get install -y $missing"
+  fi
+  echo "zs: installing $missing" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # shellcheck disable=SC2086
+  apt-get install -y -qq --no-install-recommends $missing >/dev/null
+}
+
+# The interpreter the venv is made from: ZS_BASE_PYTHON, else a Python 3.12 (the GPU
+# machine's), else Debian's python3 (3.11 on bookworm, with python3-venv and -dev).
+base_python() {
+  if [ -n "${ZS_BASE_PYTHON:-}" ]; then echo "$ZS_BASE_PYTHON"; return; fi
+  local p
+  for p in /usr/bin/python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12; do
+    [ -x "$p" ] && { echo "$p"; return; }
+  done
+  echo /usr/bin/python3
+}
+
+base_python_packages() {
+  [ "$(base_python)" = /usr/bin/python3 ] && echo python3-venv python3-dev
+  return 0
+}
+
+# .venv holds exactly requirements.txt; it is made again when that file changes. Every
+# wheel is kept in a wheelhouse of this machine (~/.cache/zeroshard/wheels; DeepSpeed's
+# sdist built once into one), and the venv is installed from there without the index,
+# so a second install, a fresh clone's included, downloads nothing. (pip's own HTTP
+# cache was seen keeping none of these downloads here.)
+WHEELS="${ZS_WHEELS:-$HOME/.cache/zeroshard/wheels}"
+
+ensure_venv() {
+  local stamp="$VENV/.zs-requirements"
+  if [ -x "$PY" ] && cmp -s "$REQUIREMENTS" "$stamp"; then return 0; fi
+  ensure_packages
+  [ -x "$PY" ] || "$(base_python)" -m venv "$VENV"
+  local pip=("$PY" -m pip -q --disable-pip-version-check)
+  if ! "${pip[@]}" install --no-index --find-links "$WHEELS" -r "$REQUIREMENTS" 2>/dev/null; then
+    echo "zs: downloading the wheels of requirements.txt into $WHEELS (torch's are large: once per machine)" >&2
+    mkdir -p "$WHEELS"
+    "${pip[@]}" wheel --find-links "$WHEELS" -w "$WHEELS" -r "$REQUIREMENTS"
+    "${pip[@]}" install --no-index --find-links "$WHEELS" -r "$REQUIREMENTS"
+  fi
+  cp "$REQUIREMENTS" "$stamp"
+}
+
+# The one cmake configure line, for every build: DIR, the interpreter, then extra CMake
+# arguments, relative to the source root. Host builds run it in $ROOT; the trixie leg
+# runs it inside its root, where the source is /src.
+configure_line() {
+  local dir=$1 py=$2
+  shift 2
+  printf '%q ' cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DPython3_EXECUTABLE="$py" "$@"
+}
+
+# Host builds: DIR, then extra CMake arguments, against the venv's torch and
+# interpreter; the lines CMake prints about what zeroshard found (fmt, CUDA, NCCL) are
+# shown, the rest kept quiet.
+configure() {
+  local dir=$1
+  shift
+  [ -f "$dir/build.ninja" ] && return 0
+  ensure_venv
+  local prefix
+  prefix=$(cd / && "$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+  (cd "$ROOT" && eval "$(configure_line "$dir" "$PY" -DCMAKE_PREFIX_PATH="$prefix" "$@")") |
+    { grep '^-- zeroshard:' || true; }
+}
+
+torch_version() { (cd / && "$PY" -c 'import torch; print(torch.__version__)'); }
+
+build() {
+  ensure_packages
+  ensure_venv
+  configure "$BUILD"
+  cmake --build "$BUILD" -j "$(nproc)"
+}
