@@ -134,7 +134,7 @@ void OffloadOptimizer::wait_uploads(size_t keep) {
   }
 }
 
-void OffloadOptimizer::publish() {
+void OffloadOptimizer::order_uploads_before_current() {
   for (const Upload& u : in_flight_) u.done.before_current();
   in_flight_.clear();  // their staging stays with torch's host allocator until they end
 }
@@ -183,7 +183,7 @@ void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_sc
   begin_step();
   if (options_.device == OffloadDevice::Cpu) {
     for (size_t i = 0; i < shards_.size(); ++i) step_group(i, grads[i], grad_scale, hypers);
-    return publish();
+    return order_uploads_before_current();
   }
   // NVMe: one pipeline over every sub-group of every group, reads running ahead.
   std::vector<at::Tensor> host_grads;
@@ -193,7 +193,7 @@ void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_sc
     const Update u{host_grads[sub_groups_[r].group].data_ptr<float>(), grad_scale, &hypers};
     adam_sub_group(r, u, buffer);
   });
-  publish();
+  order_uploads_before_current();
 }
 
 void OffloadOptimizer::step_group(size_t group, const at::Tensor& grad, double grad_scale,

@@ -6,8 +6,8 @@
 // most sub_group_size elements, each a swap region [master | m | v] that the Swapper
 // streams through the pinned buffers: read ahead, Adam, write behind.
 // Shards on a GPU get their updated values back through page-locked staging and a copy
-// stream (sharding/CopyStream.h), while CPU Adam goes on with the next part; publish()
-// then orders them before what the compute stream runs next.
+// stream (sharding/CopyStream.h), while CPU Adam goes on with the next part;
+// order_uploads_before_current() then orders them before what the compute stream runs next.
 #include <deque>
 #include <functional>
 #include <memory>
@@ -59,7 +59,7 @@ class OffloadOptimizer : public ShardOptimizer {
                   const std::vector<AdamHyper>& hypers);
   // Shards on a GPU: the calling thread's current stream waits (on the device) for every
   // updated shard's copy; step() does it itself, the overlapped step once it is finished.
-  void publish();
+  void order_uploads_before_current();
   // After the last add_group: writes the initial state to NVMe (else the first step does).
   void start();
   // Called before a group's first update and after its last (parameter offload brings
@@ -117,8 +117,9 @@ class OffloadOptimizer : public ShardOptimizer {
     LedgerEntry staging_bytes;
   };
   std::unique_ptr<CopyStream> uploads_;  // shards on a GPU
-  std::deque<Upload> in_flight_;         // issued since the last publish(), oldest first
-  void wait_uploads(size_t keep);        // the host waits until at most `keep` are in flight
+  std::deque<Upload>
+      in_flight_;  // issued since the last order_uploads_before_current(), oldest first
+  void wait_uploads(size_t keep);  // the host waits until at most `keep` are in flight
 };
 
 }  // namespace zeroshard

@@ -51,7 +51,8 @@ void OverlappedStep::finish() {
   changed_.wait(lock, [this] { return queue_.empty() && running_ == 0; });
   pending_ = false;
   if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
-  optimizer_->publish();  // on the training thread's stream: what runs next sees the update
+  optimizer_->order_uploads_before_current();  // on the training thread's stream: what runs next
+                                               // sees the update
 }
 
 void OverlappedStep::work() {

@@ -16,24 +16,20 @@
 // ranks holding the same shard in the other groups: each reduce-scattered shard is then
 // all-reduced across them, so every copy of a shard sees the sum over all ranks.
 // An offloaded optimizer on a GPU (stage >= 2) gets each reduced shard on the host
-// through a copy stream (sharding/CopyStream.h): the shard is reduced on the device, and
-// its copy "lands" in the host accumulator while backward goes on. A landing is settled
-// (its copy waited for, added where micro-batches accumulate) before the host reads the
-// accumulator: settled(group) for one group, from any thread; every one by the end of
-// backward. At most two landings are unsettled at a time, which bounds their buffers.
-#include <deque>
+// through a copy stream: the shard is reduced on the device, and its copy "lands" in the
+// host accumulator while backward goes on (sharding/HostLandings.h). A landing is settled
+// before the host reads the accumulator: settled(group) for one group, from any thread;
+// every one by the end of backward.
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
 #include "common/MemoryLedger.h"
 #include "sharding/Collectives.h"
-#include "sharding/CopyStream.h"
 #include "sharding/FlatParamGroup.h"
+#include "sharding/HostLandings.h"
 
 namespace torch::autograd {
 struct Node;
@@ -63,23 +59,62 @@ class GradReducer {
   // Called from inside backward when a gradient of slot `slot` of a group arrives, before
   // it is accumulated.
   void on_gradient(std::function<void(size_t group, size_t slot)> callback) {
-    on_gradient_ = std::move(callback);
+    hooks_.on_gradient = std::move(callback);
   }
   // Called from inside backward when every gradient of a group has been accumulated.
   void on_group_complete(std::function<void(size_t)> callback) {
-    on_complete_ = std::move(callback);
+    hooks_.on_complete = std::move(callback);
   }
   // Called, in the backward that ends an accumulation window, as soon as a group's
   // reduced gradient is final (settled(group) returns it), while backward goes on.
-  void on_reduced(std::function<void(size_t)> callback) { on_reduced_ = std::move(callback); }
+  void on_reduced(std::function<void(size_t)> callback) { hooks_.on_reduced = std::move(callback); }
   // The group's reduced gradient once its copy to the host has landed; any thread.
   const at::Tensor& settled(size_t group);
   // Stage 3: while a reduction is waited for inside backward, `advance` issues this
   // rank's next parameter gather (false when none is left), so a peer that waits on that
   // gather before it can launch the reduction is never stuck.
-  void on_wait(std::function<bool()> advance) { advance_ = std::move(advance); }
+  void on_wait(std::function<bool()> advance) { hooks_.advance = std::move(advance); }
 
  private:
+  // What the engine asked to be told, and asked to do while a reduction is waited for.
+  struct Hooks {
+    std::function<void(size_t, size_t)> on_gradient;
+    std::function<void(size_t)> on_complete;
+    std::function<void(size_t)> on_reduced;
+    std::function<bool()> advance;
+  };
+  // Per group: its trainable parameters, and how many of their gradients this backward
+  // has accumulated (counted by post-hooks on the AccumulateGrad nodes kept here).
+  struct Arrivals {
+    std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+    std::vector<int> expected;
+    std::vector<int> arrived;
+  };
+  // What this backward does.
+  struct Window {
+    bool reducing = false;  // it reduces (every backward at stages 2-3, else the last)
+    bool boundary = false;  // it ends the accumulation window
+    int next = -1;          // the next group to launch, counting down
+  };
+  struct InFlight {
+    size_t group;
+    CommHandle handle;
+    at::Tensor received;  // stage >= 2: the reduce-scatter's output before accumulation
+  };
+  // Per group, the fp32 gradient summed over ranks and micro-batches: what reduced()
+  // returns (the gradient buffer itself for fp32 at stages 0-1, else a buffer of its own).
+  struct Sums {
+    std::vector<at::Tensor> fp32;
+    std::vector<LedgerEntry> entries;
+    std::vector<bool> clean;  // fp32[g] holds zeros: nothing accumulated since zero()
+  };
+  // Reductions launched and not yet accumulated, and the bytes of their outputs.
+  struct Reductions {
+    std::vector<InFlight> in_flight;
+    std::vector<InFlight> across;  // shards in their all-reduce across groups
+    LedgerEntry received_bytes;
+  };
+
   void install_hooks();
   void on_accumulated(size_t group);
   void launch_ready();
@@ -88,49 +123,23 @@ class GradReducer {
   void finish_across();  // the oldest all-reduce across groups
   void drain();          // every reduction in flight, both kinds
   bool sharded_grads() const { return stage_ >= 1; }
+  void settle_all();
+  void wait_issuing_gathers(const CommHandle& handle);
+  void accumulate(const InFlight& f);
+  void finished(size_t group);  // the group's reduced gradient is in sums_
 
   std::vector<FlatParamGroup*> groups_;
   int stage_;
   bool overlap_;
   Collectives* comm_;
-  Collectives* replicas_;         // null without shard groups
-  std::vector<at::Tensor> fp32_;  // what reduced() returns
-  std::vector<LedgerEntry> fp32_entries_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<int> expected_;  // trainable parameters per group
-  std::vector<int> arrived_;
-  bool reducing_ = false;  // this backward reduces
-  bool boundary_ = false;  // this backward ends the accumulation window
-  int next_ = -1;          // next group to launch, counting down
-  struct InFlight {
-    size_t group;
-    CommHandle handle;
-    at::Tensor received;  // stage >= 2: the reduce-scatter's output before accumulation
-  };
-  std::vector<InFlight> in_flight_;
-  std::vector<InFlight> across_;  // shards in their all-reduce across groups
+  Collectives* replicas_;  // null without shard groups
   MemoryLedger* ledger_;
-  LedgerEntry received_entry_;
-  // Landings (offloaded optimizer on a GPU), per group; see the top of this file.
-  struct Landing {
-    CopyDone done;
-    at::Tensor staging;  // pinned; none when the copy went into the zeroed accumulator
-    LedgerEntry device_bytes, host_bytes;
-  };
-  std::unique_ptr<CopyStream> copies_;  // null: the reduced shard is where fp32_ is
-  std::vector<std::optional<Landing>> landings_;
-  std::unique_ptr<std::mutex[]> landing_mutexes_;
-  std::deque<size_t> landing_order_;  // unsettled groups, oldest first (training thread)
-  std::vector<bool> clean_;           // fp32_[g] holds zeros: nothing accumulated since zero()
-  void land(const InFlight& f);
-  void settle_all();
-  std::function<void(size_t, size_t)> on_gradient_;
-  std::function<void(size_t)> on_complete_;
-  std::function<void(size_t)> on_reduced_;
-  std::function<bool()> advance_;
-  void wait_issuing_gathers(const CommHandle& handle);
-  void accumulate(const InFlight& f);
-  void finished(size_t group);  // the group's reduced gradient is in fp32_
+  Sums sums_;
+  Hooks hooks_;
+  Arrivals arrivals_;
+  Window window_;
+  Reductions reductions_;
+  std::unique_ptr<HostLandings> landings_;  // null: the reduced shard is where sums_ are
 };
 
 }  // namespace zeroshard

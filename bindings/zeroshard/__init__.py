@@ -21,11 +21,11 @@ if _torch.__version__.split("+")[0] != _BUILT_FOR:
 from ._zeroshard import Error  # noqa: E402
 from ._config import load_config  # noqa: E402
 from ._consolidate import consolidate
-from ._construction import init
+from ._construction import Init, init
 from ._engine import ZeroShardEngine
 from ._initialize import initialize
 from ._optimizer import ZeroShardOptimizer
 from ._estimate import estimate
 
-__all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "init", "estimate",
-           "load_config", "consolidate"]
+__all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "init", "Init",
+           "estimate", "load_config", "consolidate"]

@@ -93,7 +93,7 @@ def _is_weights_file(name):
     return name in (_WEIGHTS, _INDEX) or (name.startswith("model-") and name.endswith(".safetensors"))
 
 
-def publish_folder(target, write):
+def write_into_folder_atomically(target, write):
     """Calls write(tmp) on a new sibling folder, then moves its files into `target`
     one by one (each move atomic), weight shards first and the index and config.json
     last, then removes weight files of an earlier save that the new one did not write.
@@ -191,7 +191,7 @@ def consolidate(ckpt_dir, out, tag=None, dtype="fp32", per_tensor=False, format=
                 raise ValueError(f"hf_config '{hf_config}' is neither a config.json nor a "
                                  "folder holding one")
         count = []
-        publish_folder(out, lambda tmp: count.append(_write_safetensors(
+        write_into_folder_atomically(out, lambda tmp: count.append(_write_safetensors(
             _tensors(folder, manifest, dtype), tmp, limit, hf_config)))
         return count[0]
     state, index = {}, {}

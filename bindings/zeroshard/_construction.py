@@ -224,7 +224,7 @@ _DEEPSPEED_ONLY = ("data_parallel_group", "mem_efficient_linear", "remote_device
                    "sequence_data_parallel_group", "param_swapper")
 
 
-class init:
+class Init:
     """`with zeroshard.init(config=...):` builds modules sharded across the launch's
     ranks (see the module notes). `module=`: shard an already built module now instead.
     `enabled=False`: a plain construction (DeepSpeed's switch)."""
@@ -301,6 +301,11 @@ class init:
         return False
 
 
+# zeroshard.init is the name scripts use (a context manager, as torch.device is); Init is
+# DeepSpeed's spelling (deepspeed.zero.Init).
+init = Init
+
+
 def _owners_of_meta(model):
     """(module, name, parameter) for every parameter on the meta device, once each."""
     seen = set()
@@ -311,7 +316,7 @@ def _owners_of_meta(model):
                 yield module, name, p
 
 
-def prepare(model):
+def materializer_for(model):
     """Before the engine is built: meta parameters become placeholders on the host (the
     same objects, so optimizer groups keep them) to be made by their module's
     reset_parameters(). Returns the engine's materialize callback, or None when every

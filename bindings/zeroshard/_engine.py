@@ -80,7 +80,7 @@ class ZeroShardEngine:
                          for g, d in zip(groups, decoupled)]
         # Parameters built sharded (zeroshard.init) or on the meta device come whole one
         # group at a time, as the engine copies them.
-        materialize = _construction.prepare(model)
+        materialize = _construction.materializer_for(model)
         _sync_batchnorm.take_over(model)  # before the engine: it may start torch.distributed
         self._engine = _zeroshard.Engine(params, unit_params, text, origin, engine_groups,
                                          _launch.store_already_served(), materialize, _buffers(model))
@@ -284,8 +284,8 @@ class ZeroShardEngine:
                     "huggingface_hub if you need to)")
         state = self.state_dict()  # every rank: a collective at stage 3
         if self.rank == 0:
-            from ._consolidate import publish_folder
-            publish_folder(os.fspath(save_directory),
+            from ._consolidate import write_into_folder_atomically
+            write_into_folder_atomically(os.fspath(save_directory),
                            lambda tmp: save(tmp, state_dict=state, **kwargs))
         self._engine.barrier()
 
