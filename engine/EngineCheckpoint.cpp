@@ -127,11 +127,11 @@ Manifest EngineImpl::checkpoint_layout() const {
   m.micro_steps = pipeline_->micro_steps();
   m.config_yaml = emit_config_yaml(plan_.config);
   int64_t offset = 0;
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    const auto& g = groups_[i].flat;
+  for (const GroupRecord& record : groups_) {
+    const auto& g = record.flat;
     SavedGroup sg;
     sg.shard_numel = g->shard_numel();
-    sg.trainable = groups_[i].trainable >= 0;
+    sg.trainable = record.trainable.has_value();
     sg.dtype = dtype_name(g->flat().scalar_type());
     sg.file_offset = offset;
     for (const auto& s : g->slots()) sg.params.push_back({s.name, s.shape, s.offset, s.numel});
@@ -202,7 +202,7 @@ void EngineImpl::write_rank_file(const std::string& folder) {
   FileWriter out(file + ".tmp");
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < groups_.size(); ++i) {
-    write_group_slice(i, [&](const void* data, int64_t bytes) { out.write(data, bytes); });
+    write_group_slice(GroupId(i), [&](const void* data, int64_t bytes) { out.write(data, bytes); });
     fault_point("save.rank_file");
   }
   const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
@@ -291,12 +291,13 @@ void EngineImpl::publish_checkpoint(const std::string& dir, Manifest& m,
 
 // This rank's slice [r*S, (r+1)*S) of group `i`: fp32 master, m, v if trainable, the
 // parameters otherwise. Offloaded state is streamed from its tier one group at a time.
-void EngineImpl::write_group_slice(size_t i,
+void EngineImpl::write_group_slice(GroupId i,
                                    const std::function<void(const void*, int64_t)>& write) {
-  FlatParamGroup* g = groups_[i].flat.get();
+  const GroupRecord& record = groups_[i];
+  FlatParamGroup* g = record.flat.get();
   const int64_t S = g->shard_numel();
-  if (groups_[i].trainable >= 0) {
-    const auto t = static_cast<size_t>(groups_[i].trainable);
+  if (record.trainable) {
+    const size_t t = record.trainable->value;
     const int64_t n = pipeline_->optimizer().group_numel(t);
     std::vector<float> master(n), m(n), v(n);
     pipeline_->optimizer().read_state(t, master.data(), m.data(), v.data());
@@ -304,7 +305,7 @@ void EngineImpl::write_group_slice(size_t i,
     for (const auto* a : {&master, &m, &v}) write(a->data() + from, S * 4);
     return;
   }
-  const int u = groups_[i].coordinator_unit;
+  const int u = record.coordinator_unit_index();
   at::Tensor values;
   if (!g->sharded()) {
     values = g->own_slice();
@@ -326,11 +327,11 @@ LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < groups_.size(); ++i) {
     fault_point("load.group");
-    load_group(reader, i);
+    load_group(reader, GroupId(i));
   }
   load_buffers(reader);
   std::vector<CommHandle> handles;
-  for (const size_t i : groups_.trainable()) {
+  for (const GroupId i : groups_.trainable()) {
     const auto& g = groups_[i].flat;
     if (!g->sharded() && plan_.settings.stage >= 1)
       handles.push_back(comms_->shards().all_gather(g->flat()));
@@ -454,12 +455,13 @@ void EngineImpl::read_range(const CheckpointReader& reader, const FlatParamGroup
   }
 }
 
-void EngineImpl::load_group(const CheckpointReader& reader, size_t i) {
-  FlatParamGroup* g = groups_[i].flat.get();
+void EngineImpl::load_group(const CheckpointReader& reader, GroupId i) {
+  const GroupRecord& record = groups_[i];
+  FlatParamGroup* g = record.flat.get();
   const int64_t S = g->shard_numel();
-  const int u = groups_[i].coordinator_unit;
-  if (groups_[i].trainable >= 0) {
-    const auto t = static_cast<size_t>(groups_[i].trainable);
+  const int u = record.coordinator_unit_index();
+  if (record.trainable) {
+    const size_t t = record.trainable->value;
     const int64_t n = pipeline_->optimizer().group_numel(t);
     const int64_t begin = n == S ? shard_rank() * S : 0;
     std::vector<float> master(n), m(n), v(n);

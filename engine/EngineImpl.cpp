@@ -108,7 +108,7 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> module, const Config& 
   }
   std::vector<std::vector<NamedParam>> unit_params;
   for (const UnitNodes& unit : partition_units(tree.nodes, tree.params.size(), declared)) {
-    for (size_t m : unit.modules) groups_.map_module(tree.modules[m], unit_params.size());
+    for (size_t m : unit.modules) groups_.map_module(tree.modules[m], UnitId(unit_params.size()));
     unit_params.emplace_back();
     for (size_t p : unit.params) unit_params.back().push_back(tree.params[p]);
   }
@@ -217,8 +217,8 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
     // the optimizer updates it and ParamHome moves it to and from NVMe.
     if (plan_.option.params != OffloadDevice::None) g->keep_shard_on_host(&ledger_);
     if (spec.sharded) {
-      record.coordinator_unit = static_cast<int>(sharded.size());
-      record.unit = spec.unit;
+      record.coordinator_unit = CoordinatorUnit(sharded.size());
+      record.unit = UnitId(static_cast<size_t>(spec.unit));
       sharded.push_back(g);
     }
     groups_.add(std::move(record), spec.trainable);
@@ -252,9 +252,9 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   reducer.on_gradient([this](size_t group, size_t slot) { check_read(group, slot); });
   // A unit's gradients are in: its frozen group goes with its trainable one.
   reducer.on_group_complete([this](size_t group) {
-    const int unit = groups_.of_trainable(group).unit;
-    if (unit < 0) return;
-    for (int u : groups_.coordinator_units(unit)) coordinator_->backward_done(u);
+    const std::optional<UnitId> unit = groups_.of_trainable(TrainableId(group)).unit;
+    if (!unit) return;
+    for (CoordinatorUnit u : groups_.coordinator_units(*unit)) coordinator_->backward_done(u.value);
   });
   if (param_home_) {
     const int lookahead = static_cast<int>(z.offload_param.buffer_count) - 1;
@@ -287,7 +287,7 @@ bool EngineImpl::finish_step() {
   fault_point("step.gather");
   if (c.stage >= 1) {
     std::vector<CommHandle> handles;
-    for (const size_t i : groups_.trainable()) {
+    for (const GroupId i : groups_.trainable()) {
       const auto& g = groups_[i].flat;
       if (!g->sharded()) handles.push_back(comms_->shards().all_gather(g->flat()));
     }
@@ -315,14 +315,14 @@ void EngineImpl::barrier() {
 std::vector<NamedParam> EngineImpl::full_parameters() {
   at::NoGradGuard no_grad;
   std::unordered_map<const void*, at::Tensor> copies;
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    const auto& g = groups_[i].flat;
+  for (const GroupRecord& record : groups_) {
+    const auto& g = record.flat;
     const bool gather = g->sharded() && !g->gathered();
-    if (gather) coordinator_->gather_now(groups_[i].coordinator_unit);
+    if (gather) coordinator_->gather_now(record.coordinator_unit->value);
     for (const auto& slot : g->slots()) {
       copies[slot.param.unsafeGetTensorImpl()] = slot.param.detach().clone();
     }
-    if (gather) coordinator_->release_now(groups_[i].coordinator_unit);
+    if (gather) coordinator_->release_now(record.coordinator_unit->value);
   }
   std::vector<NamedParam> out;
   if (!module_) {
@@ -372,7 +372,7 @@ ModelSpec EngineImpl::spec_of_groups() const {
     const auto& g = record.flat;
     spec.unit_params.push_back(g->numel());
     spec.unit_whole.push_back(!g->sharded());
-    spec.unit_frozen.push_back(record.trainable < 0);
+    spec.unit_frozen.push_back(!record.trainable);
     spec.total_params += g->numel();
   }
   spec.buffer_bytes = buffers_->bytes();

@@ -107,10 +107,10 @@ class EngineImpl {
                     const std::vector<std::vector<NamedParam>>& unit_params,
                     const MaterializeParams& materialize);
   // Its coordinator units (none at stages 0-2); fails for a unit that does not exist.
-  const std::vector<int>& checked_unit(size_t unit) const;
+  const std::vector<CoordinatorUnit>& checked_unit(size_t unit) const;
   void check_read(size_t trainable_group, size_t slot) const;
   Manifest checkpoint_layout() const;
-  void write_group_slice(size_t group, const std::function<void(const void*, int64_t)>& write);
+  void write_group_slice(GroupId group, const std::function<void(const void*, int64_t)>& write);
   void write_rank_file(const std::string& folder);
   void publish_checkpoint(const std::string& dir, Manifest& m, const std::string& failure_here);
   void agree_on_checkpoint(const std::string& tag, const std::function<void()>& collective);
@@ -119,7 +119,7 @@ class EngineImpl {
                                                     const std::string& dir) const;
   void read_range(const CheckpointReader& reader, const FlatParamGroup& group, int array,
                   int64_t begin, int64_t count, float* out) const;
-  void load_group(const CheckpointReader& reader, size_t group);
+  void load_group(const CheckpointReader& reader, GroupId group);
   void check_buffers(const CheckpointReader& reader, const std::string& dir) const;
   void load_buffers(const CheckpointReader& reader);
   void make_optimizer(bool on_cpu);
@@ -127,8 +127,14 @@ class EngineImpl {
   void place_param_shards(const std::vector<FlatParamGroup*>& sharded);
   void broadcast_initial_values(const std::vector<NamedParam>& params);
   ModelSpec spec_of_groups() const;
-  FlatParamGroup& trainable_group(size_t t) const { return groups_.trainable_group(t); }
-  int unit_of_trainable(size_t t) const { return groups_.coordinator_unit_of_trainable(t); }
+  // The layers below index trainable groups (the reducer, the optimizer) and coordinator
+  // units (ParamHome) by plain integers; these take theirs.
+  FlatParamGroup& trainable_group(size_t t) const {
+    return groups_.trainable_group(TrainableId(t));
+  }
+  int unit_of_trainable(size_t t) const {
+    return groups_.of_trainable(TrainableId(t)).coordinator_unit_index();
+  }
 
   std::shared_ptr<torch::nn::Module> module_;
   Plan plan_;

@@ -63,7 +63,7 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
   const ParamPlacement placed =
       zeroshard::place_param_shards(spec_of_groups(), device, op, shard_count());
   std::vector<bool> on_nvme(sharded.size(), device == OffloadDevice::Nvme);
-  for (size_t u : placed.in_host) on_nvme[groups_[u].coordinator_unit] = false;
+  for (size_t u : placed.in_host) on_nvme[groups_[GroupId(u)].coordinator_unit->value] = false;
   for (size_t u = 0; u < sharded.size(); ++u) {
     if (!on_nvme[u]) sharded[u]->set_shard_tier(Tier::Host, &ledger_);
   }

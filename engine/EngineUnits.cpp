@@ -17,14 +17,14 @@ namespace zeroshard {
 at::Tensor EngineImpl::run_unit(const torch::nn::Module& unit,
                                 const std::function<at::Tensor()>& forward) {
   if (!coordinator_) return forward();
-  const std::optional<size_t> found = groups_.unit_of(unit);
+  const std::optional<UnitId> found = groups_.unit_of(unit);
   if (!found) {
     fail(
         "run_unit: module '{}' is not a stage-3 unit: engine/UnitPartition.h says which "
         "modules gather one; run one of those, or declare this one in EngineOptions::units",
         unit.name());
   }
-  const size_t u = *found;
+  const size_t u = found->value;
   unit_forward_begin(u);
   at::Tensor out = forward();
   if (out.requires_grad()) {
@@ -37,22 +37,22 @@ at::Tensor EngineImpl::run_unit(const torch::nn::Module& unit,
   return out;
 }
 
-const std::vector<int>& EngineImpl::checked_unit(size_t unit) const {
-  static const std::vector<int> kNone;
-  const std::vector<int>& units = groups_.coordinator_units(unit);  // fails if none such
+const std::vector<CoordinatorUnit>& EngineImpl::checked_unit(size_t unit) const {
+  static const std::vector<CoordinatorUnit> kNone;
+  const auto& units = groups_.coordinator_units(UnitId(unit));  // fails if none such
   return coordinator_ ? units : kNone;
 }
 
 void EngineImpl::unit_forward_begin(size_t unit) {
-  for (int u : checked_unit(unit)) coordinator_->before_forward(u);
+  for (CoordinatorUnit u : checked_unit(unit)) coordinator_->before_forward(u.value);
 }
 
 void EngineImpl::unit_forward_end(size_t unit) {
-  for (int u : checked_unit(unit)) coordinator_->after_forward(u);
+  for (CoordinatorUnit u : checked_unit(unit)) coordinator_->after_forward(u.value);
 }
 
 void EngineImpl::unit_backward_begin(size_t unit) {
-  for (int u : checked_unit(unit)) coordinator_->before_backward(u);
+  for (CoordinatorUnit u : checked_unit(unit)) coordinator_->before_backward(u.value);
 }
 
 void EngineImpl::model_forward_begin() {
@@ -68,7 +68,8 @@ void EngineImpl::model_forward_end(bool grad_enabled) {
 }
 
 int EngineImpl::touch_unit(size_t unit, bool grad_enabled) {
-  const auto& units = checked_unit(unit);
+  std::vector<int> units;
+  for (CoordinatorUnit u : checked_unit(unit)) units.push_back(static_cast<int>(u.value));
   if (!units.empty()) coordinator_->touch(units, grad_enabled);
   return unit_held(unit);
 }
@@ -76,8 +77,8 @@ int EngineImpl::touch_unit(size_t unit, bool grad_enabled) {
 // The unit's groups held alike, or the least of them.
 int EngineImpl::unit_held(size_t unit) const {
   auto held = ParamCoordinator::Held::ForUse;
-  for (int u : checked_unit(unit)) {
-    const auto h = coordinator_->held(u);
+  for (CoordinatorUnit u : checked_unit(unit)) {
+    const auto h = coordinator_->held(u.value);
     if (h == ParamCoordinator::Held::No) return static_cast<int>(h);
     if (h == ParamCoordinator::Held::ForRead) held = h;
   }
@@ -85,20 +86,20 @@ int EngineImpl::unit_held(size_t unit) const {
 }
 
 void EngineImpl::gather_unit(size_t unit) {
-  for (int u : checked_unit(unit))
-    if (!coordinator_->gathered(u)) coordinator_->gather_now(u);
+  for (CoordinatorUnit u : checked_unit(unit))
+    if (!coordinator_->gathered(u.value)) coordinator_->gather_now(u.value);
 }
 
 void EngineImpl::release_unit(size_t unit) {
-  for (int u : checked_unit(unit)) coordinator_->release_now(u);
+  for (CoordinatorUnit u : checked_unit(unit)) coordinator_->release_now(u.value);
 }
 
 // A gradient of a stage-3 parameter whose unit was never gathered for a use this step
 // comes from a read of the placeholder (NaN) it holds between uses: a C++ program that
 // read the parameter outside run_unit. Said here rather than trained on.
 void EngineImpl::check_read(size_t trainable_group, size_t slot) const {
-  const GroupRecord& g = groups_.of_trainable(trainable_group);
-  if (g.coordinator_unit < 0 || coordinator_->read_this_step(g.coordinator_unit)) return;
+  const GroupRecord& g = groups_.of_trainable(TrainableId(trainable_group));
+  if (!g.coordinator_unit || coordinator_->read_this_step(g.coordinator_unit->value)) return;
   fail(
       "stage 3: parameter '{}' got a gradient, but its unit was not gathered in this step, so "
       "what read it read the placeholder a sharded parameter holds between uses; run every "
@@ -127,10 +128,10 @@ void EngineImpl::commit_parameters(int src_rank) {
     if (g->sharded()) g->keep_own_slice();
     pipeline_->optimizer().reload_master(i);
   }
-  for (size_t i = 0; i < groups_.size(); ++i) {  // frozen units: their shard only
-    FlatParamGroup* g = groups_[i].flat.get();
-    if (groups_[i].trainable >= 0 || !g->sharded() || !g->gathered()) continue;
-    ShardUpdate update(param_home_.get(), groups_[i].coordinator_unit);
+  for (const GroupRecord& record : groups_) {  // frozen units: their shard only
+    FlatParamGroup* g = record.flat.get();
+    if (record.trainable || !g->sharded() || !g->gathered()) continue;
+    ShardUpdate update(param_home_.get(), static_cast<int>(record.coordinator_unit->value));
     g->keep_own_slice();
   }
   if (param_home_) param_home_->flush();

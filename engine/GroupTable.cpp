@@ -4,26 +4,27 @@
 
 namespace zeroshard {
 
-size_t GroupTable::add(GroupRecord record, bool trainable) {
-  if (record.coordinator_unit >= 0) {
-    coordinator_units_.at(static_cast<size_t>(record.unit)).push_back(record.coordinator_unit);
+GroupId GroupTable::add(GroupRecord record, bool trainable) {
+  const GroupId id(groups_.size());
+  if (record.coordinator_unit) {
+    coordinator_units_.at(record.unit.value().value).push_back(*record.coordinator_unit);
   }
   if (trainable) {
-    record.trainable = static_cast<int>(trainable_.size());
-    trainable_.push_back(groups_.size());
+    record.trainable = TrainableId(trainable_.size());
+    trainable_.push_back(id);
   }
   groups_.push_back(std::move(record));
-  return groups_.size() - 1;
+  return id;
 }
 
-const std::vector<int>& GroupTable::coordinator_units(size_t unit) const {
-  if (unit >= coordinator_units_.size()) {
-    fail("unit {} does not exist; this model has {} units", unit, coordinator_units_.size());
+const std::vector<CoordinatorUnit>& GroupTable::coordinator_units(UnitId unit) const {
+  if (unit.value >= coordinator_units_.size()) {
+    fail("unit {} does not exist; this model has {} units", unit.value, coordinator_units_.size());
   }
-  return coordinator_units_[unit];
+  return coordinator_units_[unit.value];
 }
 
-std::optional<size_t> GroupTable::unit_of(const torch::nn::Module& module) const {
+std::optional<UnitId> GroupTable::unit_of(const torch::nn::Module& module) const {
   const auto it = unit_of_module_.find(&module);
   if (it == unit_of_module_.end()) return std::nullopt;
   return it->second;

@@ -17,42 +17,14 @@ def attempt(a, layers):
     import torch.distributed as dist
     import torch.nn as nn
 
-    class Block(nn.Module):
-        def __init__(self, d, h):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-            self.h = h
+    from bench_gpt import gpt_classes
 
-        def forward(self, x):
-            b, s, d = x.shape
-            q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.h, d // self.h).unbind(2)
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-            att = (q @ k.transpose(-1, -2)) / (d // self.h) ** 0.5
-            mask = torch.ones(s, s, dtype=torch.bool).triu(1)
-            att = att.masked_fill(mask, float("-inf")).softmax(-1)
-            x = x + self.proj((att @ v).transpose(1, 2).reshape(b, s, d))
-            return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
-
-    class Gpt(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb = nn.Embedding(a.vocab, a.dim)
-            self.blocks = nn.ModuleList(Block(a.dim, a.heads) for _ in range(layers))
-            self.ln_f = nn.LayerNorm(a.dim)
-
-        def forward(self, tokens):
-            x = self.emb(tokens[:, :-1])
-            for blk in self.blocks:
-                x = blk(x)
-            logits = self.ln_f(x) @ self.emb.weight.t()
-            return nn.functional.cross_entropy(logits.reshape(-1, a.vocab), tokens[:, 1:].reshape(-1))
-
+    Gpt, _ = gpt_classes(torch)
+    shape = dict(vocab=a.vocab, dim=a.dim, layers=layers, heads=a.heads, seq=a.seq)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29400 + os.getpid() % 500))
     torch.set_num_threads(os.cpu_count())
     dist.init_process_group("gloo", rank=0, world_size=1)
-    model = nn.parallel.DistributedDataParallel(Gpt())
+    model = nn.parallel.DistributedDataParallel(Gpt(shape))
     opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
     tokens = torch.randint(a.vocab, (1, a.seq + 1))
     model(tokens).backward()

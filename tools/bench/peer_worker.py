@@ -19,6 +19,8 @@ import statistics
 import sys
 import time
 
+from bench_gpt import gpt_classes
+
 SHAPE = dict(vocab=2048, dim=256, layers=4, heads=4, seq=128)
 WARMUP = 2
 LR, WEIGHT_DECAY, CLIP = 1e-3, 0.01, 1.0  # zeroshard's defaults, as BenchSharding uses them
@@ -41,55 +43,6 @@ ZEROSHARD_MODES = {  # mode: zero_optimization ("host": the ranks of one host)
 }
 HOST_MODES = ["fsdp2", "fsdp2_hsdp"] + list(ZEROSHARD_MODES)
 LINK = "/sys/class/net/eth0/statistics/tx_bytes"  # `ip netns exec` shows the namespace's
-
-
-def build_model(torch):
-    nn = torch.nn
-    F = torch.nn.functional
-
-    class Block(nn.Module):
-        def __init__(self, dim, heads):
-            super().__init__()
-            self.heads = heads
-            self.ln1 = nn.LayerNorm(dim)
-            self.qkv = nn.Linear(dim, 3 * dim)
-            self.proj = nn.Linear(dim, dim)
-            self.ln2 = nn.LayerNorm(dim)
-            self.fc1 = nn.Linear(dim, 4 * dim)
-            self.fc2 = nn.Linear(4 * dim, dim)
-
-        def forward(self, x):
-            b, t, d = x.shape
-            hd = d // self.heads
-            q, k, v = self.qkv(self.ln1(x)).chunk(3, -1)
-            split = lambda p: p.view(b, t, self.heads, hd).transpose(1, 2)
-            scores = split(q) @ split(k).transpose(-2, -1) / hd**0.5
-            mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-            scores = scores.masked_fill(mask, -1e4).softmax(-1)
-            attended = (scores @ split(v)).transpose(1, 2).reshape(b, t, d)
-            h = x + self.proj(attended)
-            return h + self.fc2(F.gelu(self.fc1(self.ln2(h))))
-
-    class Gpt(nn.Module):
-        def __init__(self, s):
-            super().__init__()
-            self.s = s
-            self.emb = nn.Embedding(s["vocab"], s["dim"])
-            with torch.no_grad():
-                self.emb.weight.normal_(0, 0.02)
-            self.blocks = nn.ModuleList(Block(s["dim"], s["heads"]) for _ in range(s["layers"]))
-            self.ln_f = nn.LayerNorm(s["dim"])
-
-        def forward(self, tokens):
-            inp, target = tokens[:, : self.s["seq"]], tokens[:, 1:]
-            h = self.emb(inp)
-            for block in self.blocks:
-                h = block(h)
-            logits = self.ln_f(h) @ self.emb.weight.t()  # tied head
-            return F.cross_entropy(logits.reshape(-1, self.s["vocab"]), target.reshape(-1))
-
-    return Gpt, Block
-
 
 
 def wrap_fsdp1(torch, mode, model, block_type):
@@ -213,7 +166,7 @@ def main():
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    Gpt, Block = build_model(torch)
+    Gpt, Block = gpt_classes(torch)
     torch.manual_seed(0)
     model = Gpt(SHAPE)
     barrier = dist.barrier

@@ -11,8 +11,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -21,17 +24,44 @@
 namespace zeroshard::launch {
 namespace fs = std::filesystem;
 
-int free_port() {
+namespace {
+
+// The kernel's ephemeral range (ip_local_port_range), from which every outgoing
+// connection gets its local port: Gloo's pairs, the store's clients, other jobs'.
+std::pair<int, int> ephemeral_ports() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int lo = 32768, hi = 60999;
+  in >> lo >> hi;
+  return {lo, hi};
+}
+
+bool bindable(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
   close(fd);
-  return ntohs(addr.sin_port);
+  return ok;
+}
+
+}  // namespace
+
+// A port free now and outside the ephemeral range: one that bind(0) hands out can be
+// given to another process's outgoing connection before rank 0 listens on it (seen as
+// a rank that never reaches the store while tests run side by side).
+int free_port() {
+  const auto [lo, hi] = ephemeral_ports();
+  const bool below = lo > 11000;
+  const int first = below ? 10000 : hi + 1, last = below ? lo - 1 : 65535;
+  std::mt19937 pick(std::random_device{}());
+  std::uniform_int_distribution<int> port(first, last);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int p = port(pick);
+    if (bindable(p)) return p;
+  }
+  throw std::runtime_error(fmt::format("no free port in {}-{}", first, last));
 }
 
 bool LaunchResult::all_ok() const {
