@@ -46,10 +46,9 @@ use_gpu_prefix() {
   command -v pkg-config >/dev/null || export PKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf"
 }
 
-test_gpu() {
-  local py="${ZS_GPU_PYTHON:-python3}" dir="$ROOT/build-gpu" torch_prefix
-  (cd / && "$py" -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null) ||
-    die "$py has no torch with CUDA; set ZS_GPU_PYTHON to an interpreter that has one"
+# The GPU machine's build: PY's torch, the carried packages' prefix first (use_gpu_prefix).
+configure_gpu() {
+  local py=$1 dir=$2 torch_prefix
   use_gpu_prefix
   torch_prefix=$(cd / && "$py" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
   (cd "$ROOT" && cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -57,6 +56,13 @@ test_gpu() {
     -DCMAKE_PREFIX_PATH="$torch_prefix${CMAKE_PREFIX_PATH:+;${CMAKE_PREFIX_PATH//:/;}}" \
     ${PKG_CONFIG_EXECUTABLE:+-DPKG_CONFIG_EXECUTABLE="$PKG_CONFIG_EXECUTABLE"}) |
     { grep '^-- zeroshard:' || true; }
+}
+
+test_gpu() {
+  local py="${ZS_GPU_PYTHON:-python3}" dir="$ROOT/build-gpu"
+  (cd / && "$py" -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null) ||
+    die "$py has no torch with CUDA; set ZS_GPU_PYTHON to an interpreter that has one"
+  configure_gpu "$py" "$dir"
   cmake --build "$dir" -j "$(nproc)" --target engine_tests engine_worker zeroshard_python
   echo "== GPU leg: torch $(cd / && "$py" -c 'import torch; print(torch.__version__)') on" \
     "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo 'no GPU visible') =="
@@ -72,18 +78,12 @@ test_gpu() {
 # built there and the carried wheels (DeepSpeed); elsewhere, the venv's, for
 # `--device cpu --shape tiny` (the script checked where no GPU is).
 bench_gpu() {
-  local py="${ZS_GPU_PYTHON:-python3}" dir="$ROOT/build-gpu" torch_prefix
+  local py="${ZS_GPU_PYTHON:-python3}" dir="$ROOT/build-gpu"
   if ! nvidia-smi -L >/dev/null 2>&1; then
     build >/dev/null
     PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/gpu_bench.py "$@"
   fi
-  use_gpu_prefix
-  torch_prefix=$(cd / && "$py" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
-  (cd "$ROOT" && cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DPython3_EXECUTABLE="$(command -v "$py")" -DZS_BENCH=OFF -DZS_PYTHON=ON \
-    -DCMAKE_PREFIX_PATH="$torch_prefix${CMAKE_PREFIX_PATH:+;${CMAKE_PREFIX_PATH//:/;}}" \
-    ${PKG_CONFIG_EXECUTABLE:+-DPKG_CONFIG_EXECUTABLE="$PKG_CONFIG_EXECUTABLE"}) |
-    { grep '^-- zeroshard:' || true; }
+  configure_gpu "$py" "$dir"
   cmake --build "$dir" -j "$(nproc)" --target zeroshard_python >/dev/null
   local site="$GPU_DIR/site"
   if compgen -G "$GPU_DIR/wheels/*.whl" >/dev/null; then
