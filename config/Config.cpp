@@ -296,6 +296,11 @@ void check_contradictions(const Config& c) {
   if (c.bf16 && c.fp16.enabled) {
     fail("config keys 'bf16.enabled' and 'fp16.enabled' are both true; allowed: at most one");
   }
+  if (!c.optimizer.bias_correction) {
+    fail(
+        "config key 'optimizer.params.bias_correction' is false; allowed: true (zeroshard's "
+        "Adam and AdamW correct the moments' bias, as torch's do)");
+  }
   const auto& oo = c.zero.offload_optimizer;
   const auto& op = c.zero.offload_param;
   if (c.zero.stage && offloads(op.device) && *c.zero.stage < 3) {

@@ -79,6 +79,13 @@ struct OptimizerConfig {
   std::optional<double> beta2 = 0.999;
   std::optional<double> eps = 1e-8;
   std::optional<double> weight_decay = 0.01;
+  // DeepSpeed's Adam parameters. Its type Adam decouples weight decay (AdamW's rule)
+  // unless adam_w_mode is false; torch_adam picks torch's kernels over its fused ones,
+  // the same arithmetic zeroshard's Adam follows either way; bias_correction false is
+  // refused (torch's Adam always corrects).
+  bool adam_w_mode = true;
+  bool torch_adam = false;
+  bool bias_correction = true;
 };
 
 struct SchedulerConfig {

@@ -22,7 +22,8 @@ AdamHyper adam_defaults(const OptimizerConfig& o) {
   h.beta2 = resolved(o.beta2, "optimizer.params.betas");
   h.eps = resolved(o.eps, "optimizer.params.eps");
   h.weight_decay = resolved(o.weight_decay, "optimizer.params.weight_decay");
-  h.decoupled = o.type == "AdamW";
+  // DeepSpeed's rule: type Adam is AdamW too unless adam_w_mode is false.
+  h.decoupled = o.type == "AdamW" || o.adam_w_mode;
   return h;
 }
 

@@ -240,3 +240,20 @@ TEST(Config, EmittedYamlLoadsBackToTheSameConfig) {
   EXPECT_DOUBLE_EQ(*back.gradient_clipping, 0.5);
   EXPECT_EQ(emit_config_yaml(back), text);
 }
+
+// DeepSpeed's Adam parameters: its type Adam means AdamW's decoupled weight decay unless
+// adam_w_mode is false (deepspeed/runtime/engine.py); torch_adam changes no arithmetic;
+// bias_correction false is refused by name.
+TEST(Config, DeepSpeedsAdamParametersAreReadAsDeepSpeedReadsThem) {
+  const auto adam = load_config_string(
+      R"({"optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": true}}})", "ds.json");
+  EXPECT_TRUE(adam.config.optimizer.adam_w_mode);
+  EXPECT_TRUE(adam.config.optimizer.torch_adam);
+  const auto l2 = load_config_string(
+      R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})", "ds.json");
+  EXPECT_FALSE(l2.config.optimizer.adam_w_mode);
+  const std::string error =
+      load_error(R"({"optimizer": {"type": "Adam", "params": {"bias_correction": false}}})");
+  expect_contains(error, "'optimizer.params.bias_correction' is false");
+  expect_contains(error, "allowed: true");
+}

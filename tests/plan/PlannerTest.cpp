@@ -5,6 +5,7 @@
 
 #include "common/Error.h"
 #include "plan/HfConfig.h"
+#include "plan/TrainingSettings.h"
 
 using namespace zeroshard;
 using OD = OffloadDevice;
@@ -359,4 +360,18 @@ TEST(Planner, OverlapStepAutoIsOnWhereTheStepInsideBackwardIsExactOnAGpu) {
   Config set = open_config();
   set.zero.offload_optimizer.overlap_step = "false";
   EXPECT_FALSE(plan(set, false).settings.overlap_step);
+}
+
+// Which Adam a config means, as DeepSpeed decides it: AdamW always decouples weight
+// decay; Adam does too unless adam_w_mode is false (then it is torch's Adam, L2).
+TEST(TrainingSettings, DeepSpeedsAdamDecouplesWeightDecayUnlessAdamWModeIsOff) {
+  OptimizerConfig o;
+  o.type = "AdamW";
+  EXPECT_TRUE(adam_defaults(o).decoupled);
+  o.type = "Adam";
+  EXPECT_TRUE(adam_defaults(o).decoupled);
+  o.adam_w_mode = false;
+  EXPECT_FALSE(adam_defaults(o).decoupled);
+  o.type = "AdamW";
+  EXPECT_TRUE(adam_defaults(o).decoupled);
 }
