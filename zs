@@ -57,7 +57,11 @@ usage: ./zs VERB [ARGS]
                     python3's torch, with the packages `gpu-pack` put in .gpu/, and the
                     offloaded optimizer's copies under torch's CUDA stream sanitizer)
   gpu-pack          download the C++ libraries' Debian packages the GPU machine lacks into
-                    .gpu/debs (carry .gpu there for ./zs test --gpu)
+                    .gpu/debs, DeepSpeed's wheels into .gpu/wheels and this build's GPU
+                    programs into .gpu/prebuilt (carry .gpu there for ./zs test --gpu)
+  gpu-check OUT     on a GPU machine, in one command: GPU tests, stream sanitizer,
+                    checkpoint resume, synchronising calls per step, compute-sanitizer,
+                    a build there, bench gpu; OUT/summary.txt says each stage's result
   build             install missing packages and the venv, build into build/
   estimate ARGS     zeroshard-estimate: what fits where, before launch (--help for options)
   bench NAME [--json] a benchmark from tools/bench with its baseline: sharding (stages
@@ -118,7 +122,8 @@ case "$verb" in
     timed "fuzzing" fuzz "$CI_FUZZ_SECONDS"
     ;;
   build) build ;;
-  gpu-pack) gpu_pack ;;
+  gpu-pack) gpu_pack && gpu_pack_prebuilt ;;
+  gpu-check) gpu_check "$@" ;;
   estimate)
     build >/dev/null
     exec "$BUILD/tools/zeroshard-estimate" "$@"

@@ -315,7 +315,7 @@ void EngineImpl::write_group_slice(GroupId i,
   } else {
     values = g->param_shard();
   }
-  values = values.contiguous();
+  values = values.to(at::kCPU).contiguous();  // the writer reads host memory
   write(values.data_ptr(), S * static_cast<int64_t>(values.element_size()));
 }
 

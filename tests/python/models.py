@@ -51,7 +51,7 @@ class HfStyle(nn.Module):
 
     def forward(self, tokens):
         inp = tokens[:, :-1]
-        x = self.embed_tokens(inp) + self.position(torch.arange(inp.shape[1]))
+        x = self.embed_tokens(inp) + self.position(torch.arange(inp.shape[1], device=tokens.device))
         x = self.shared(x)
         for layer in self.layers:
             x = layer(x)

@@ -85,10 +85,155 @@ bench_gpu() {
   fi
   configure_gpu "$py" "$dir"
   cmake --build "$dir" -j "$(nproc)" --target zeroshard_python >/dev/null
-  local site="$GPU_DIR/site"
+  GPU_PY=$py bench_gpu_in "$dir/python" "$@"
+}
+
+# bench gpu with the Python package in PYDIR (built there or carried prebuilt) and the
+# carried wheels installed beside it.
+bench_gpu_in() {
+  local pydir=$1 site="$GPU_DIR/site"
+  shift
   if compgen -G "$GPU_DIR/wheels/*.whl" >/dev/null; then
-    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    "$GPU_PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target "$site" "$GPU_DIR"/wheels/*.whl
   fi
-  PYTHONPATH="$dir/python:$site:${PYTHONPATH:-}" exec "$py" tools/bench/gpu_bench.py "$@"
+  PYTHONPATH="$pydir:$site:${PYTHONPATH:-}" "$GPU_PY" tools/bench/gpu_bench.py "$@"
+}
+
+# --- ./zs gpu-check OUT: the whole GPU picture in one command on the GPU machine
+# A GPU is lent rarely and for minutes, so one command gathers everything, each stage
+# under its own time limit so that one hang costs only its own stage: the machine, the
+# GPU tests, the stream sanitizer and checkpoint resume tests, synchronising calls per
+# step, compute-sanitizer's memcheck, a build from source there (in the background, its
+# result reported), then bench gpu alone on the machine. OUT gets summary.txt (a line
+# per stage: status, seconds), log.txt and each stage's own file.
+# `./zs gpu-pack` here also puts this build's GPU programs, stripped, in .gpu/prebuilt
+# (the same torch as that machine's: 2.11.0+cu130, Python 3.12), so the tests do not wait
+# for the build there; without .gpu/prebuilt the check builds first.
+gpu_pack_prebuilt() {
+  local to="$GPU_DIR/prebuilt" f
+  build >/dev/null
+  rm -rf "$to" && mkdir -p "$to/tests" "$to/python"
+  for f in engine_tests engine_worker; do strip --strip-debug -o "$to/tests/$f" "$BUILD/tests/$f"; done
+  cp -r "$BUILD/python/zeroshard" "$to/python/"
+  for f in "$to"/python/zeroshard/_zeroshard*.so; do strip --strip-debug "$f"; done
+  { echo "binary_dir=$BUILD"  # where the test programs look for engine_worker
+    echo "torch=$(torch_version)"
+    echo "nccl_header=$(grep -h '^#define NCCL_\(MAJOR\|MINOR\|PATCH\)' \
+      "$VENV"/lib/python3*/site-packages/nvidia/nccl/include/nccl.h 2>/dev/null | awk '{printf "%s.", $3}')"
+    echo "commit=$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo +)"
+  } >"$to/BUILT"
+}
+
+gpu_stage() {  # gpu_stage NAME SECONDS COMMAND...: one stage, its status and time in the summary
+  local name=$1 limit=$2 start status
+  shift 2
+  start=$(date +%s)
+  echo "== $name (at most $limit s) =="
+  timeout -k 10 "$limit" bash -c '"$@"' gpu_stage "$@"  # functions too (exported below)
+  status=$?
+  printf '%-12s %-8s %4d s\n' "$name" "$([ $status = 0 ] && echo ok || echo "exit $status")" \
+    $(($(date +%s) - start)) >>"$GPU_OUT/summary.txt"
+  return $status
+}
+
+gpu_machine_info() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  (cd / && "$GPU_PY" -c 'import torch, sys; print("python", sys.version.split()[0], "torch",
+torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(),
+"device", torch.cuda.get_device_name(0))')
+  [ -f "$GPU_DIR/prebuilt/BUILT" ] && sed 's/^/prebuilt: /' "$GPU_DIR/prebuilt/BUILT"
+  command -v compute-sanitizer >/dev/null && compute-sanitizer --version | tail -1
+  nproc; free -g | head -2
+}
+
+# The prebuilt programs where they were built (engine_tests starts engine_worker by the
+# path it was built with), or a build here.
+gpu_programs() {
+  local built
+  if [ -d "$GPU_DIR/prebuilt" ]; then
+    built=$(sed -n 's/^binary_dir=//p' "$GPU_DIR/prebuilt/BUILT")
+    [ -L "$built" ] && rm "$built"
+    [ -e "$built" ] || { mkdir -p "$(dirname "$built")" && ln -s "$GPU_DIR/prebuilt" "$built"; }
+    GPU_BUILD="$GPU_DIR/prebuilt"
+  else
+    GPU_BUILD="$ROOT/build-gpu"
+    gpu_stage build 420 gpu_build_here "$GPU_BUILD" || return 1
+  fi
+  export GPU_BUILD
+  local torch_lib
+  torch_lib=$(cd / && "$GPU_PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib
+  export LD_LIBRARY_PATH="$torch_lib:$(dirname "$torch_lib")/../nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+gpu_build_here() {
+  configure_gpu "$GPU_PY" "$1" &&
+    cmake --build "$1" -j "$(nproc)" --target engine_tests engine_worker zeroshard_python
+}
+
+gpu_build_niced() {  # the build there at the lowest priority: the tests beside it come first
+  renice -n 19 -p $BASHPID >/dev/null
+  gpu_build_here "$@"
+}
+
+gpu_syncs() {
+  PYTHONPATH="$GPU_BUILD/python" "$GPU_PY" tools/gpu/sync_count.py --json "$GPU_OUT/syncs.json"
+}
+
+gpu_memcheck() {
+  compute-sanitizer --tool memcheck --leak-check no --print-limit 20 \
+    "$GPU_BUILD/tests/engine_tests" --gtest_filter="$GPU_MEMCHECK_TESTS" >"$GPU_OUT/memcheck.txt" 2>&1
+  local status=$?
+  grep -E "ERROR SUMMARY|PASSED|FAILED|command not found" "$GPU_OUT/memcheck.txt" | tail -5
+  return $status
+}
+GPU_MEMCHECK_TESTS='NcclGroup.OneRankCollectivesOnTheGpu:EngineOffload.GpuOptimizerOffloadEndsWhereTheDeviceOptimizerDoes'
+
+gpu_bench() {  # (where no GPU is, the script's own check: --device cpu --shape tiny)
+  local here=()
+  nvidia-smi -L >/dev/null 2>&1 || here=(--device cpu --shape tiny)
+  bench_gpu_in "$GPU_BUILD/python" --json --steps 3 --warmup 1 --timeout 100 "${here[@]}" |
+    tee "$GPU_OUT/bench.txt"
+}
+
+gpu_pytests() {
+  (cd tests/python && ZS_BUILD_DIR="$GPU_BUILD" "$GPU_PY" -m pytest -q -p no:cacheprovider \
+    test_gpu_streams.py test_gpu_resume.py)
+}
+
+gpu_check() {
+  GPU_OUT=$(mkdir -p "${1:?usage: ./zs gpu-check OUT}" && cd "$1" && pwd)
+  GPU_PY="${ZS_GPU_PYTHON:-python3}"
+  : >"$GPU_OUT/summary.txt"
+  set +e  # every stage runs whatever the one before it did; the summary has each status
+  exec > >(tee "$GPU_OUT/log.txt") 2>&1
+  cd "$ROOT" || return 1
+  export ROOT GPU_DIR GPU_OUT GPU_PY GPU_TESTS GPU_MEMCHECK_TESTS
+  export -f gpu_machine_info gpu_build_here gpu_build_niced configure_gpu use_gpu_prefix \
+    gpu_syncs gpu_memcheck gpu_pytests gpu_bench bench_gpu_in
+  gpu_stage machine 30 gpu_machine_info
+  use_gpu_prefix
+  gpu_programs || { cat "$GPU_OUT/summary.txt"; return 1; }
+  # The checks side by side (they count and compare, they do not time; the GPU and 16
+  # cores hold them all), a build from source beside them at the lowest priority (does
+  # `./zs test --gpu` build there?), then the bench alone on the machine.
+  local checks=()  # (a plain `wait` would wait for the log's tee too)
+  if [ "$GPU_BUILD" != "$ROOT/build-gpu" ]; then
+    gpu_stage build-there 170 gpu_build_niced "$ROOT/build-gpu" >"$GPU_OUT/build.txt" 2>&1 &
+    checks+=($!)
+  fi
+  gpu_stage gtests 150 "$GPU_BUILD/tests/engine_tests" --gtest_filter="$GPU_TESTS" \
+    >"$GPU_OUT/gtests.txt" 2>&1 &
+  checks+=($!)
+  gpu_stage pytests 150 gpu_pytests >"$GPU_OUT/pytests.txt" 2>&1 &
+  checks+=($!)
+  gpu_stage syncs 120 gpu_syncs &
+  checks+=($!)
+  gpu_stage memcheck 150 gpu_memcheck &
+  checks+=($!)
+  wait "${checks[@]}"
+  gpu_stage bench 230 gpu_bench
+  grep -hE '^\[  (PASSED|FAILED) |^FAILED|passed|failed' "$GPU_OUT/gtests.txt" \
+    "$GPU_OUT/pytests.txt" >>"$GPU_OUT/summary.txt"
+  echo "== summary =="; cat "$GPU_OUT/summary.txt"
 }
