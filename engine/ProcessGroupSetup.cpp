@@ -228,7 +228,9 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
     GroupMaker make_group;
     if (backend == "nccl") {
       const int index = device.has_index() ? device.index() : env.local_rank;
-      make_group = [&](const std::string& prefix, int rank, int size, bool high_priority) {
+      // index by value: make_groups runs after this block, where a reference would dangle
+      make_group = [&ctx, index, timeout](const std::string& prefix, int rank, int size,
+                                          bool high_priority) {
         auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, ctx.store);
         return make_nccl_group(store, rank, size, index, timeout, high_priority);
       };

@@ -19,7 +19,7 @@ GPU_DIR="$ROOT/.gpu"
 GPU_TESTS='*Gpu*:NcclGroup.*:EngineOffload.StagingBuffers*'
 
 gpu_pack() {
-  rm -rf "$GPU_DIR/debs" "$GPU_DIR/wheels" && mkdir -p "$GPU_DIR/debs" "$GPU_DIR/wheels"
+  rm -rf "$GPU_DIR"/{debs,wheels,root,site} && mkdir -p "$GPU_DIR/debs" "$GPU_DIR/wheels"
   (cd "$GPU_DIR/debs" && apt-get -o APT::Sandbox::User=root download "${GPU_PACKAGES[@]}" >/dev/null)
   ensure_venv
   local name
@@ -181,8 +181,9 @@ gpu_syncs() {
 }
 
 gpu_memcheck() {
-  compute-sanitizer --tool memcheck --leak-check no --print-limit 20 \
-    "$GPU_BUILD/tests/engine_tests" --gtest_filter="$GPU_MEMCHECK_TESTS" >"$GPU_OUT/memcheck.txt" 2>&1
+  # (through env: the sanitizer's launcher does not pass LD_LIBRARY_PATH on to the program)
+  compute-sanitizer --tool memcheck --leak-check no --print-limit 20 --target-processes all \
+    env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$GPU_BUILD/tests/engine_tests" --gtest_filter="$GPU_MEMCHECK_TESTS" >"$GPU_OUT/memcheck.txt" 2>&1
   local status=$?
   grep -E "ERROR SUMMARY|PASSED|FAILED|command not found" "$GPU_OUT/memcheck.txt" | tail -5
   return $status
@@ -218,7 +219,7 @@ gpu_check() {
   # cores hold them all), a build from source beside them at the lowest priority (does
   # `./zs test --gpu` build there?), then the bench alone on the machine.
   local checks=()  # (a plain `wait` would wait for the log's tee too)
-  if [ "$GPU_BUILD" != "$ROOT/build-gpu" ]; then
+  if [ "$GPU_BUILD" != "$ROOT/build-gpu" ] && [ "${ZS_GPU_BUILD_THERE:-1}" = 1 ]; then
     gpu_stage build-there 170 gpu_build_niced "$ROOT/build-gpu" >"$GPU_OUT/build.txt" 2>&1 &
     checks+=($!)
   fi
