@@ -233,7 +233,7 @@ gpu_check() {
   gpu_stage memcheck 150 gpu_memcheck &
   checks+=($!)
   wait "${checks[@]}"
-  gpu_stage bench 230 gpu_bench
+  gpu_stage bench 300 gpu_bench
   grep -hE '^\[  (PASSED|FAILED) |^FAILED|passed|failed' "$GPU_OUT/gtests.txt" \
     "$GPU_OUT/pytests.txt" >>"$GPU_OUT/summary.txt"
   echo "== summary =="; cat "$GPU_OUT/summary.txt"
