@@ -21,6 +21,7 @@ CASES = {"device_optimizer": "none", "host_optimizer": "cpu:false",
 MARK = "@@zs-step "
 SYNC = re.compile(r"synchroniz", re.IGNORECASE)
 WARMUP = 2
+STAMP = re.compile(r"^\[[A-Z]\d{4} [\d:.]+ ")  # c10's "[W1126 08:21:38.216649715 "
 
 
 def worker(device, offload, steps):
@@ -71,8 +72,9 @@ def count(device, offload, steps):
             per_step.setdefault(step, 0)
         elif step not in (None, "end") and SYNC.search(line):
             per_step[step] += 1
-            if int(step) >= WARMUP:
-                where[line.strip()[:160]] = where.get(line.strip()[:160], 0) + 1
+            if int(step) >= WARMUP:  # what called it, without the log line's time stamp
+                said = STAMP.sub("", line.strip())[:160]
+                where[said] = where.get(said, 0) + 1
     counted = [per_step[str(s)] for s in range(WARMUP, steps)]
     return {"per_step": [per_step.get(str(s), 0) for s in range(steps)],
             "mean_after_warmup": sum(counted) / max(1, len(counted)),

@@ -182,7 +182,7 @@ gpu_syncs() {
 
 gpu_memcheck() {
   # (through env: the sanitizer's launcher does not pass LD_LIBRARY_PATH on to the program)
-  compute-sanitizer --tool memcheck --leak-check no --print-limit 20 --target-processes all \
+  compute-sanitizer --tool memcheck --leak-check no --print-limit 100 --target-processes all \
     env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$GPU_BUILD/tests/engine_tests" --gtest_filter="$GPU_MEMCHECK_TESTS" >"$GPU_OUT/memcheck.txt" 2>&1
   local status=$?
   grep -E "ERROR SUMMARY|PASSED|FAILED|command not found" "$GPU_OUT/memcheck.txt" | tail -5
@@ -230,7 +230,7 @@ gpu_check() {
   checks+=($!)
   gpu_stage syncs 120 gpu_syncs &
   checks+=($!)
-  gpu_stage memcheck 150 gpu_memcheck &
+  gpu_stage memcheck 200 gpu_memcheck &  # (the offload test alone took 141 s under it)
   checks+=($!)
   wait "${checks[@]}"
   gpu_stage bench 300 gpu_bench
