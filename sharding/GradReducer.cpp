@@ -226,15 +226,16 @@ const std::vector<at::Tensor>& GradReducer::reduced() {
   return sums_.fp32;
 }
 
+// Both passes below leave their per-buffer results where the gradients are and read one
+// number at the end: on a GPU one wait for the device per step, not one per buffer.
 double GradReducer::global_norm(double scale) {
   // One fp32 pass per buffer (no double copy of the gradients); squares summed in double.
   settle_all();
-  double local = 0;
-  for (const auto& g : sums_.fp32) {
-    const double norm = g.norm().item<double>();
-    local += norm * norm;
-  }
-  at::Tensor sq = at::full({1}, local, at::kDouble);
+  if (sums_.fp32.empty()) return 0;
+  std::vector<at::Tensor> norms;
+  const at::Device where = sums_.fp32.front().device();  // (all in one place, as a rule)
+  for (const auto& g : sums_.fp32) norms.push_back(g.norm().to(where));
+  at::Tensor sq = at::stack(norms).to(at::kDouble).square().sum().reshape({1});
   // Stage 0 holds identical full gradients on every rank; the shards need a sum.
   if (sharded_grads()) comm_->all_reduce_sum(sq).wait();
   return std::sqrt(sq.item<double>()) * std::abs(scale);
@@ -242,9 +243,11 @@ double GradReducer::global_norm(double scale) {
 
 bool GradReducer::any_overflow() {
   settle_all();
-  at::Tensor bad = at::zeros({1});
-  for (const auto& g : sums_.fp32)
-    if (!at::isfinite(g).all().item<bool>()) bad.fill_(1);
+  if (sums_.fp32.empty()) return false;
+  std::vector<at::Tensor> finite;
+  const at::Device where = sums_.fp32.front().device();
+  for (const auto& g : sums_.fp32) finite.push_back(at::isfinite(g).all().to(where));
+  at::Tensor bad = at::logical_not(at::stack(finite)).any().to(at::kFloat).reshape({1});
   if (sharded_grads()) comm_->all_reduce_sum(bad).wait();
   return bad.item<float>() > 0;
 }
