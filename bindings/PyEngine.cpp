@@ -161,6 +161,7 @@ PYBIND11_MODULE(_zeroshard, m) {
         py::dict d;
         d["rank"] = env.rank;
         d["world_size"] = env.world_size;
+        d["local_rank"] = env.local_rank;
         d["master_addr"] = env.master_addr;
         d["master_port"] = env.master_port;
         d["launcher"] = env.launcher;
@@ -310,6 +311,9 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly(
           "micro_batch_size",
           [](const TrainingEngine& e) { return *e.config().train_micro_batch_size_per_gpu; })
+      .def_property_readonly("bf16", [](const TrainingEngine& e) { return e.config().bf16; })
+      .def_property_readonly("fp16",
+                             [](const TrainingEngine& e) { return e.config().fp16.enabled; })
       .def_property_readonly(
           "scheduled", [](const TrainingEngine& e) { return e.config().scheduler.type != "none"; })
       .def_property_readonly("plan_label",

@@ -55,9 +55,10 @@ def check(root):
     return broken
 
 
-# The package's public modules: __init__ is its face; integrations imports transformers,
-# so it is imported by name (zeroshard.integrations) only by those who use it.
-PUBLIC_MODULES = {"__init__", "integrations"}
+# The package's public modules: __init__ is its face; __main__ the launcher; accelerator,
+# comm and zero carry deepspeed's module names; integrations imports transformers, so it
+# is imported by name (zeroshard.integrations) only by those who use it.
+PUBLIC_MODULES = {"__init__", "__main__", "integrations", "accelerator", "comm", "zero"}
 PY_IMPORT = re.compile(r"^\s*from \.(\w*) import ([\w, ]+)", re.M)
 
 

@@ -26,6 +26,10 @@ from ._engine import ZeroShardEngine
 from ._initialize import initialize
 from ._optimizer import ZeroShardOptimizer
 from ._estimate import estimate
+from . import accelerator, comm, zero  # noqa: E402  (deepspeed.accelerator, .comm, .zero)
+from .comm import init_distributed  # noqa: E402
+from ._initialize import add_config_arguments  # noqa: E402
 
 __all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "init", "Init",
-           "estimate", "load_config", "consolidate"]
+           "estimate", "load_config", "consolidate", "init_distributed",
+           "add_config_arguments", "accelerator", "comm", "zero"]

@@ -25,5 +25,10 @@ def load_config(config):
         raise _zeroshard.Error(
             f"config: a {type(config).__name__} is not allowed; allowed: a path or a dict")
     for warning in _zeroshard.config_warnings(text, origin):
-        print(f"zeroshard warning: {warning}", flush=True)
+        if warning not in _said:  # once per process: init and initialize both load it
+            _said.add(warning)
+            print(f"zeroshard warning: {warning}", flush=True)
     return text, origin
+
+
+_said = set()

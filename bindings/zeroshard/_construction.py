@@ -136,6 +136,10 @@ class _Sharder:
             param._zs_shard[:end - begin] = flat[begin:end]
             param.data = _poison(param.shape, param.dtype)
 
+    def drop(self, param):
+        """After a gather: back to the shard, the values written since discarded."""
+        param.data = _poison(param.shape, param.dtype)
+
     def on_parameter(self, module, name, param):
         if param is None or param.is_meta or is_sharded(param):
             return
@@ -304,6 +308,28 @@ class Init:
 # zeroshard.init is the name scripts use (a context manager, as torch.device is); Init is
 # DeepSpeed's spelling (deepspeed.zero.Init).
 init = Init
+
+
+@contextlib.contextmanager
+def gathered_shards(params, modifier_rank):
+    """Parameters zeroshard.init sharded, whole inside the block (before an engine holds
+    them): a collective over torch.distributed. With modifier_rank=R, rank R's values
+    when the block ends become every rank's shards; without, what was written is dropped
+    (DeepSpeed's GatheredParameters)."""
+    sharder = _Sharder()
+    for p in params:
+        sharder.gather(p)
+    try:
+        yield
+    finally:
+        for p in params:
+            if modifier_rank is not None:
+                with sharder.own_operations():
+                    if sharder.world > 1:
+                        dist.broadcast(p.data, modifier_rank)
+                sharder.reshard(p)
+            else:
+                sharder.drop(p)
 
 
 def _owners_of_meta(model):

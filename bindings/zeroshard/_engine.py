@@ -5,6 +5,7 @@ output arrives in backward."""
 import contextlib
 import json
 import os
+import weakref
 
 import torch
 
@@ -63,6 +64,17 @@ def _all_modules(model, prefix=""):
             yield from _all_modules(child, prefix + ("." if prefix else "") + name)
 
 
+# id(parameter) -> (weakref to it, weakref to the engine that trains it); by id because
+# tensors compare by value
+_holders = {}
+
+
+def engine_of(param):
+    """The live engine that trains `param`, or None (zeroshard.zero.GatheredParameters)."""
+    held = _holders.get(id(param))
+    return held[1]() if held is not None and held[0]() is param else None
+
+
 class ZeroShardEngine:
     def __init__(self, model, config, units=None, model_parameters=None, optimizer=None,
                  lr_scheduler=None):
@@ -97,6 +109,11 @@ class ZeroShardEngine:
         if self._engine.stage == 3:
             self._hook_stage3(model)
         self._hook_model(model)
+        self._micro_steps = 0
+        self._step_applied = False
+        me = weakref.ref(self)
+        for _, p in params:
+            _holders[id(p)] = (weakref.ref(p), me)
 
     def _hook_model(self, model):
         """The model's own forward: buffers made equal across ranks where one begins
@@ -165,7 +182,11 @@ class ZeroShardEngine:
                 "to step with; call engine.backward(loss) after each forward")
         self._pending_backward = False
         self.optimizer.push_groups()
+        boundary = self.is_gradient_accumulation_boundary()
         stepped = self._engine.step()
+        self._micro_steps += 1
+        if boundary:
+            self._step_applied = stepped
         if stepped and self._scheduled:
             self.optimizer.show_scheduled_lr()
         if stepped and self.lr_scheduler is not None:
@@ -179,6 +200,78 @@ class ZeroShardEngine:
 
     def zero_grad(self):
         self._engine.zero_grad()
+
+    # --- DeepSpeed's engine accessors, with its names and meanings
+    @property
+    def global_rank(self):
+        return self._engine.rank
+
+    @property
+    def local_rank(self):
+        return _zeroshard.launch_env()["local_rank"]
+
+    @property
+    def device(self):
+        """Where the model trains: its parameters' device."""
+        return next(self.module.parameters()).device
+
+    def fp16_enabled(self):
+        return self._engine.fp16
+
+    def bfloat16_enabled(self):
+        return self._engine.bf16
+
+    def zero_optimization(self):
+        return self._engine.stage > 0
+
+    def zero_optimization_stage(self):
+        return self._engine.stage
+
+    def train_batch_size(self):
+        """Samples per optimizer step over all ranks: micro-batch x accumulation x ranks."""
+        return (self.train_micro_batch_size_per_gpu() * self.gradient_accumulation_steps()
+                * self.world_size)
+
+    def is_gradient_accumulation_boundary(self):
+        """True when the next engine.step() ends an accumulation window (steps the
+        optimizer), as DeepSpeed counts micro-steps."""
+        return (self._micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def get_global_grad_norm(self):
+        """The gradients' global norm at the last optimizer step (before clipping)."""
+        return self._engine.global_grad_norm
+
+    def was_step_applied(self):
+        """False when the last window's step was skipped (fp16 overflow)."""
+        return self._step_applied
+
+    def no_sync(self):
+        raise _zeroshard.Error(
+            "engine.no_sync(): zeroshard reduces gradients once per accumulation window "
+            "already; set gradient_accumulation_steps in the config and call engine.step() "
+            "after every backward (DeepSpeed also refuses no_sync at stages 2 and 3)")
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
+                         exclude_frozen_parameters=False):
+        """The whole model's state_dict in its training precision, written by rank 0 to
+        save_dir/save_filename (a collective at stage 3: every rank calls it). DeepSpeed
+        gathers at stage 3 only with stage3_gather_16bit_weights_on_model_save; here it
+        always does. Returns True."""
+        state = self.state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        dtype = torch.bfloat16 if self.bfloat16_enabled() else \
+            torch.float16 if self.fp16_enabled() else None
+        if dtype is not None:
+            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        if self.rank == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            path = os.path.join(os.fspath(save_dir), save_filename)
+            torch.save(state, path + ".tmp")
+            os.replace(path + ".tmp", path)  # atomic: an old file stays whole until then
+        self._engine.barrier()
+        return True
 
     def get_lr(self):
         """Every parameter group's lr for the next step."""
@@ -329,7 +422,13 @@ class ZeroShardEngine:
         become every rank's, sharded again, and the optimizer's fp32 master restarts from
         them (DeepSpeed's GatheredParameters). A collective: every rank enters it for the
         same module."""
-        wanted = {id(p) for p in (module or self.module).parameters()}
+        with self.gathered(list((module or self.module).parameters()), modifier_rank):
+            yield
+
+    @contextlib.contextmanager
+    def gathered(self, params, modifier_rank=None):
+        """gathered_parameters for a list of parameters (zeroshard.zero.GatheredParameters)."""
+        wanted = {id(p) for p in params}
         indices = [i for i, (_, ps) in enumerate(self._units)
                    if any(id(p) in wanted for _, p in ps)]
         for i in indices:

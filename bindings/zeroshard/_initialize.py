@@ -61,6 +61,24 @@ def _dataloader(training_data, engine, collate_fn):
                                        sampler=sampler, collate_fn=collate_fn)
 
 
+def add_config_arguments(parser):
+    """deepspeed.add_config_arguments: --deepspeed and --deepspeed_config (and their older
+    --deepscale spellings), and --zeroshard_config; initialize(args=...) reads the config
+    file from them. Returns the parser."""
+    group = parser.add_argument_group("zeroshard", "zeroshard (DeepSpeed-compatible) configuration")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="a flag for the script's own use (as with DeepSpeed)")
+    group.add_argument("--deepspeed_config", default=None, type=str,
+                       help="the config file (DeepSpeed JSON or zeroshard YAML)")
+    group.add_argument("--zeroshard_config", default=None, type=str,
+                       help="the config file; the same as --deepspeed_config")
+    group.add_argument("--deepscale", default=False, action="store_true",
+                       help="DeepSpeed's older name of --deepspeed")
+    group.add_argument("--deepscale_config", default=None, type=str,
+                       help="DeepSpeed's older name of --deepspeed_config")
+    return parser
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None,
                collate_fn=None, config=None, mesh_param=None, config_params=None, units=None):
@@ -82,8 +100,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise _error("config and config_params are both given; config_params is the older "
                      "name of config: pass one")
     config = config if config is not None else config_params
-    if config is None:
-        config = getattr(args, "deepspeed_config", None)
+    if config is None:  # add_config_arguments' flags
+        named = {k: getattr(args, k) for k in ("zeroshard_config", "deepspeed_config",
+                                               "deepscale_config") if getattr(args, k, None)}
+        if len(set(named.values())) > 1:
+            raise _error(f"args name different config files: {named}; give one")
+        config = next(iter(named.values()), None)
     if config is None:
         raise _error("config is required (a path or a dict, or args.deepspeed_config)")
     _refuse_unsupported(mpu, mesh_param)

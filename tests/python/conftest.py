@@ -2,8 +2,6 @@
 and read back what each wrote."""
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 
@@ -46,24 +44,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def free_port():
-    """A port free now and outside the kernel's ephemeral range: one that bind(0) hands
-    out can be given to another process's outgoing connection (Gloo's, a store client's)
-    before rank 0 listens on it, as tests run side by side."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            lo, hi = (int(x) for x in f.read().split())
-    except OSError:
-        lo, hi = 32768, 60999
-    first, last = (10000, lo - 1) if lo > 11000 else (hi + 1, 65535)
-    for _ in range(200):
-        port = random.randint(first, last)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {first}-{last}")
+    """The launcher's pick: a free port outside the kernel's ephemeral range."""
+    from zeroshard._launcher import free_port as pick
+    return pick()
 
 
 def rank_env(rank, world, port):

@@ -2,7 +2,7 @@
 builds zeroshard against the torch already installed; the wheel, installed into a fresh
 venv, is imported from that venv's site-packages and trains two steps from a folder
 outside the source tree, with the losses the in-tree build gives; its console commands
-zeroshard-estimate and zeroshard-consolidate run."""
+zeroshard-estimate, zeroshard-consolidate and zeroshard (the launcher) run."""
 import glob
 import importlib.util
 import json
@@ -101,6 +101,9 @@ def test_wheel_installs_imports_and_trains(tmp_path):
     cons = subprocess.run([os.path.join(bin_dir, "zeroshard-consolidate"), "--help"],
                           capture_output=True, text=True, cwd=outside, env=dict(os.environ, **env))
     assert cons.returncode == 0 and "zeroshard-consolidate" in cons.stdout, cons.stderr
+    launcher = subprocess.run([os.path.join(bin_dir, "zeroshard"), "--help"], capture_output=True,
+                              text=True, cwd=outside, env=dict(os.environ, **env))
+    assert launcher.returncode == 0 and "--num_gpus" in launcher.stdout, launcher.stderr
 
 
 def test_a_build_for_another_torch_says_so(tmp_path):

@@ -4,10 +4,17 @@
 
 # Plain processes with torchrun's environment. Used for C++ programs, and for Python
 # where torchrun cannot start (torch 2.6's needs libuv, which Debian's build lacks).
+# The rendezvous port where none is set: a free one (the package's pick), not 29500,
+# so that two jobs on one machine do not collide.
+rendezvous_port() {
+  [ -n "${MASTER_PORT:-}" ] && { echo "$MASTER_PORT"; return; }
+  PYTHONPATH="$BUILD/python" "$PY" -c 'from zeroshard._launcher import free_port; print(free_port())'
+}
+
 run_plain() {
   local n=$1 port
   shift
-  port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(rendezvous_port)
   local pids=() rank status=0
   for ((rank = 0; rank < n; rank++)); do
     RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=$n LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
@@ -31,7 +38,7 @@ run_ranks() {
       local logs
       logs=$(mktemp -d)
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" "$PY" -m torch.distributed.run \
-        --nproc_per_node "$n" --redirects 1 --tee 1 --log_dir "$logs" "$@"
+        --nproc_per_node "$n" --master_port "$(rendezvous_port)" --redirects 1 --tee 1 --log_dir "$logs" "$@"
       ;;
     *) run_plain "$n" "$@" ;;
   esac

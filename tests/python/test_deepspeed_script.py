@@ -1,0 +1,171 @@
+"""A DeepSpeed script switches by its imports: tests/python/deepspeed_script.py runs on 2
+real ranks with DeepSpeed (its CPU accelerator, Gloo), and again with its three import
+lines pointed at zeroshard; the losses, gradient norms, accessors, checkpoint resume and
+exported parameters agree. DeepSpeed's names that zeroshard carries keep its signatures."""
+import inspect
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import BUILD, HERE, run_ranks
+
+SCRIPT = os.path.join(HERE, "deepspeed_script.py")
+SWITCH = {"import deepspeed\n": "import zeroshard as deepspeed\n",
+          "import deepspeed.comm as dist": "import zeroshard.comm as dist",
+          "from deepspeed.accelerator import": "from zeroshard.accelerator import"}
+ZERO = {1: {"stage": 1}, 2: {"stage": 2}, 3: {"stage": 3},
+        "2-cpu": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+
+
+def write_config(scratch, zero, name):
+    config = scratch / f"{name}.json"
+    config.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+        "gradient_clipping": 1.0, "steps_per_print": 1000,
+        "zero_optimization": dict(zero, stage3_gather_16bit_weights_on_model_save=True),
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01,
+                                                  "torch_adam": True}}}))
+    return config
+
+
+def script_args(scratch, script, zero, name):
+    return [script, "--deepspeed", "--deepspeed_config", str(write_config(scratch, zero, name)),
+            "--out", str(scratch / name), "--checkpoint", str(scratch / f"{name}-ckpt")]
+
+
+def run(scratch, script, zero, name):
+    return run_ranks(script_args(scratch, script, zero, name), 2, str(scratch / name),
+                     extra_env={"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
+
+
+def switched_script(scratch):
+    switched = scratch / "zeroshard_script.py"
+    text = open(SCRIPT).read()
+    for was, now in SWITCH.items():
+        assert was in text
+        text = text.replace(was, now)
+    switched.write_text(text)
+    return str(switched)
+
+
+@pytest.mark.parametrize("zero", list(ZERO), ids=str)
+def test_the_script_with_its_imports_switched_gives_deepspeeds_numbers(zero, scratch):
+    ours = run(scratch, switched_script(scratch), ZERO[zero], "zs")
+    theirs = run(scratch, SCRIPT, ZERO[zero], "ds")
+    for rank, (got, want) in enumerate(zip(ours, theirs)):
+        for key in ("stage", "fp16", "bf16", "local_rank", "global_rank", "world_size",
+                    "train_batch_size", "micro_batch", "accumulation", "device", "rank",
+                    "local", "ranks", "accelerator", "boundaries", "applied", "resumed_step",
+                    "saved"):
+            assert got[key] == want[key], (rank, key)
+        assert got["losses"] == pytest.approx(want["losses"], abs=1e-5)
+        assert got["norms"] == pytest.approx(want["norms"], rel=1e-5)
+        assert got["resumed"] == pytest.approx(want["resumed"], abs=1e-5)
+        assert got["export"] == pytest.approx(want["export"], abs=1e-5)
+        assert got["saved_sums"] == pytest.approx(want["saved_sums"], abs=1e-5)
+        assert sorted(got["saved_sums"]) == sorted(got["export"])
+    assert ours[0]["train_batch_size"] == 16 and ours[0]["boundaries"][:2] == [False, True]
+
+
+def _undecorated(fn):
+    """deepspeed.comm's collectives under its timing decorator (which keeps no
+    __wrapped__): the function the decorator closed over."""
+    for cell in getattr(fn, "__closure__", None) or ():
+        if inspect.isfunction(cell.cell_contents):
+            return cell.cell_contents
+    return fn
+
+
+def test_deepspeeds_names_keep_their_signatures():
+    import deepspeed
+    import deepspeed.comm
+    import zeroshard
+    import zeroshard.comm
+    from deepspeed.accelerator import get_accelerator as ds_accelerator
+    from zeroshard.accelerator import get_accelerator
+    pairs = [(zeroshard.init_distributed, deepspeed.init_distributed),
+             (zeroshard.add_config_arguments, deepspeed.add_config_arguments),
+             (zeroshard.zero.GatheredParameters, deepspeed.zero.GatheredParameters)]
+    for name in ("init_distributed", "barrier", "broadcast", "all_reduce", "reduce",
+                 "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "gather",
+                 "scatter", "all_to_all_single", "send", "recv", "isend", "irecv",
+                 "broadcast_object_list", "all_gather_object", "monitored_barrier",
+                 "get_rank", "get_world_size", "get_local_rank", "get_global_rank",
+                 "new_group", "is_initialized", "is_available", "destroy_process_group"):
+        pairs.append((getattr(zeroshard.comm, name), getattr(deepspeed.comm, name)))
+    ours_acc, theirs_acc = get_accelerator(), ds_accelerator()
+    for name in ("device_name", "device", "set_device", "current_device",
+                 "current_device_name", "device_count", "synchronize", "is_available",
+                 "communication_backend_name", "is_bf16_supported", "is_fp16_supported",
+                 "manual_seed", "manual_seed_all", "get_rng_state", "set_rng_state",
+                 "empty_cache", "memory_allocated", "max_memory_allocated",
+                 "reset_peak_memory_stats", "memory_reserved", "total_memory",
+                 "available_memory", "on_accelerator"):  # (pin_memory differs between its own)
+        pairs.append((getattr(ours_acc, name), getattr(theirs_acc, name)))
+    differ = []
+    for ours, theirs in pairs:
+        a = list(inspect.signature(ours).parameters)
+        b = list(inspect.signature(_undecorated(theirs)).parameters)
+        if a != b:
+            differ.append(f"{ours.__qualname__}: {a} vs DeepSpeed's {b}")
+    assert differ == []
+
+
+def test_what_has_no_meaning_here_is_refused_by_name():
+    import zeroshard
+    import zeroshard.comm
+    with pytest.raises(AttributeError, match="zeroshard.comm has no 'log_summary'"):
+        zeroshard.comm.log_summary
+    with pytest.raises(zeroshard.Error, match="prof=True.*communication logger"):
+        zeroshard.comm.barrier(prof=True)
+    with pytest.raises(zeroshard.Error, match="fwd_module=None"):
+        with zeroshard.zero.GatheredParameters([], fwd_module=object()):
+            pass
+
+
+def launch(args, timeout=300):
+    """`python -m zeroshard ARGS` (the `zeroshard` command) with the built package."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"), OMP_NUM_THREADS="1",
+               USE_LIBUV="0")
+    env.pop("MASTER_PORT", None)
+    return subprocess.run([sys.executable, "-m", "zeroshard"] + args, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+
+
+def test_the_zeroshard_launcher_starts_the_ranks_as_deepspeeds_does(scratch):
+    """DeepSpeed's launcher flags and its --local_rank argument; the same numbers as the
+    ranks started another way; each rank's lines shown with its rank."""
+    script = switched_script(scratch)
+    want = run(scratch, script, ZERO[1], "plain")
+    done = launch(["--num_gpus", "2"] + script_args(scratch, script, ZERO[1], "launched"))
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "[rank0]: " in done.stdout and "[rank1]: " in done.stdout
+    for rank in range(2):
+        with open(f"{scratch / 'launched'}.rank{rank}.json") as f:
+            got = json.load(f)
+        assert got["given_local_rank"] == rank  # --local_rank=N, as DeepSpeed passes it
+        assert got["losses"] == want[rank]["losses"]
+        assert got["world_size"] == 2 and got["global_rank"] == rank
+
+
+def test_a_failing_rank_stops_the_others_and_is_the_exit_status(scratch):
+    script = scratch / "fails.py"
+    script.write_text("import os, sys, time\n"
+                      "if os.environ['RANK'] == '1': sys.exit(3)\n"
+                      "time.sleep(120)\n")
+    start = time.monotonic()
+    done = launch(["--num_gpus", "2", "--no_local_rank", str(script)])
+    assert done.returncode == 3
+    assert "rank 1 exited with status 3; stopping the other 1 rank(s)" in done.stdout
+    assert time.monotonic() - start < 60
+
+
+def test_launcher_flags_without_meaning_here_are_refused_by_name(scratch):
+    done = launch(["--num_nodes", "2", "x.py"])
+    assert done.returncode == 2 and "starting other hosts over ssh is not supported" in done.stdout
+    done = launch(["--include", "worker-1:0", "x.py"])
+    assert done.returncode == 2 and "only this host's slots" in done.stdout
