@@ -156,6 +156,8 @@ def worker(args):
         if i >= args.warmup:
             for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
                 phases[name].append(seconds)
+    # zeroshard's plan beside what torch's allocator really held (the Planner's check)
+    plan = model.memory_report()["device"] if hasattr(model, "memory_report") else None
     median = {k: statistics.median(v) for k, v in phases.items()}
     step_seconds = sum(median.values())
     tokens = args.batch * args.seq / step_seconds
@@ -167,6 +169,8 @@ def worker(args):
             "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "final_loss": loss.item(), "phase_seconds": median,
+            **({"planned_device_bytes": plan["predicted"], "ledger_device_peak": plan["peak"]}
+               if plan else {}),
         }, f)
     import torch.distributed as dist
     if dist.is_initialized():
@@ -270,6 +274,12 @@ def driver(args):
     rows = [run_row(args, row, layers, args.steps, args.warmup, args.timeout)
             for row in args.rows.split(",")]
     print_rows(rows)
+    for r in rows:
+        if r.get("planned_device_bytes") and r.get("peak_gpu_bytes"):
+            print(f"{r['system']}: Planner's device bytes {r['planned_device_bytes'] / 2**30:.2f} "
+                  f"GiB, ledger peak {r['ledger_device_peak'] / 2**30:.2f} GiB, torch's peak "
+                  f"allocated {r['peak_gpu_bytes'] / 2**30:.2f} GiB: planned/allocated "
+                  f"{r['planned_device_bytes'] / r['peak_gpu_bytes']:.3f} (target within 10%)")
     result = {"device": where, "rows": rows, **ratios(rows, judged)}
     if args.search:
         found = [largest(args, row) for row in args.rows.split(",")]
