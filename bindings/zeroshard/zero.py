@@ -42,3 +42,18 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
         if constructed:
             stack.enter_context(_construction.gathered_shards(constructed, modifier_rank))
         yield
+
+
+_said_external = False
+
+
+def register_external_parameter(module, parameter):
+    """DeepSpeed's declaration that `module`'s forward uses `parameter` of another module.
+    Not needed here: a stage-3 parameter read outside its own unit is gathered for that
+    read (docs/features.md). Accepted, and said once per process."""
+    global _said_external
+    if not _said_external:
+        _said_external = True
+        print("zeroshard: zero.register_external_parameter is not needed (a parameter read "
+              "outside its own module is gathered for the read); accepted", flush=True)
+

@@ -89,7 +89,9 @@ def test_deepspeeds_names_keep_their_signatures():
     from zeroshard.accelerator import get_accelerator
     pairs = [(zeroshard.init_distributed, deepspeed.init_distributed),
              (zeroshard.add_config_arguments, deepspeed.add_config_arguments),
-             (zeroshard.zero.GatheredParameters, deepspeed.zero.GatheredParameters)]
+             (zeroshard.zero.GatheredParameters, deepspeed.zero.GatheredParameters),
+             (zeroshard.zero.register_external_parameter,
+              deepspeed.zero.register_external_parameter)]
     for name in ("init_distributed", "barrier", "broadcast", "all_reduce", "reduce",
                  "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "gather",
                  "scatter", "all_to_all_single", "send", "recv", "isend", "irecv",
