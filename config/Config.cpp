@@ -31,13 +31,20 @@ std::string shown(const YAML::Node& node) {
   return "nothing";
 }
 
-[[noreturn]] void bad_value(const Knob& knob, const YAML::Node& node, const std::string& origin) {
-  fail("{}: config key '{}': value '{}' is not allowed; allowed: {}", origin, knob.path,
-       shown(node), knob.allowed());
-}
-
 bool is_auto(const YAML::Node& node) {
   return node.IsScalar() && node.Scalar() == "auto";
+}
+
+[[noreturn]] void bad_value(const Knob& knob, const YAML::Node& node, const std::string& origin) {
+  if (is_auto(node)) {  // Hugging Face's configs: its Trainer fills these, the planner cannot
+    fail(
+        "{}: config key '{}' is 'auto', which the Hugging Face Trainer fills from its "
+        "TrainingArguments (zeroshard.integrations.ZeroShardTrainer does too) and the planner "
+        "cannot; outside a Trainer give a value; allowed: {}",
+        origin, knob.path, knob.allowed());
+  }
+  fail("{}: config key '{}': value '{}' is not allowed; allowed: {}", origin, knob.path,
+       shown(node), knob.allowed());
 }
 
 bool parse_number(const YAML::Node& node, double& out) {

@@ -244,6 +244,16 @@ TEST(Config, EmittedYamlLoadsBackToTheSameConfig) {
 // DeepSpeed's Adam parameters: its type Adam means AdamW's decoupled weight decay unless
 // adam_w_mode is false (deepspeed/runtime/engine.py); torch_adam changes no arithmetic;
 // bias_correction false is refused by name.
+TEST(Config, AutoThatOnlyTheTrainerFillsSaysSoOutsideIt) {
+  const std::string error = load_error(R"({"bf16": {"enabled": "auto"}})");
+  expect_contains(error, "config key 'bf16.enabled' is 'auto'");
+  expect_contains(error, "the Hugging Face Trainer fills");
+  expect_contains(error, "allowed: true or false");
+  // Where the planner fills 'auto' it stays accepted.
+  EXPECT_FALSE(load_config_string(R"({"train_micro_batch_size_per_gpu": "auto"})", "ds.json")
+                   .config.train_micro_batch_size_per_gpu);
+}
+
 TEST(Config, DeepSpeedsAdamParametersAreReadAsDeepSpeedReadsThem) {
   const auto adam = load_config_string(
       R"({"optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": true}}})", "ds.json");
