@@ -97,6 +97,7 @@ def main():
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
         export = {n: p.detach().double().sum().item() for n, p in engine.module.named_parameters()}
     saved = engine.save_16bit_model(args.checkpoint + "-16bit", "model.bin")
+    dist.barrier()  # rank 0 writes it; DeepSpeed returns before that is done on every rank
     whole = torch.load(os.path.join(args.checkpoint + "-16bit", "model.bin"))
     dist.barrier()
     with open(f"{args.out}.rank{dist.get_rank()}.json", "w") as f:
