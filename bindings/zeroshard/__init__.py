@@ -29,7 +29,8 @@ from ._estimate import estimate
 from . import accelerator, comm, zero  # noqa: E402  (deepspeed.accelerator, .comm, .zero)
 from .comm import init_distributed  # noqa: E402
 from ._initialize import add_config_arguments  # noqa: E402
+from ._deepspeed_checkpoint import convert_deepspeed_checkpoint  # noqa: E402
 
 __all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "init", "Init",
            "estimate", "load_config", "consolidate", "init_distributed",
-           "add_config_arguments", "accelerator", "comm", "zero"]
+           "add_config_arguments", "convert_deepspeed_checkpoint", "accelerator", "comm", "zero"]

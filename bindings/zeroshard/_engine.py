@@ -9,7 +9,7 @@ import weakref
 
 import torch
 
-from . import _construction, _launch, _sync_batchnorm, _zeroshard
+from . import _construction, _deepspeed_checkpoint, _launch, _sync_batchnorm, _zeroshard
 from ._touch import Units, shard_parameters
 from ._units import stage3_units, unique_parameters
 from ._config import load_config
@@ -406,7 +406,11 @@ class ZeroShardEngine:
         """Loads load_dir/tag (default: load_dir/latest), saved at any world size and stage:
         the model, optimizer state, the parameter groups' hyperparameters and the client
         LR scheduler's state where the checkpoint holds one. Returns (path, client_state)
-        as DeepSpeed does."""
+        as DeepSpeed does. A checkpoint DeepSpeed saved is converted on the way in
+        (zeroshard.convert_deepspeed_checkpoint) and loads the same way."""
+        if _deepspeed_checkpoint.folder_of(os.fspath(load_dir), tag) is not None:
+            return _deepspeed_checkpoint.loaded_through_conversion(
+                os.fspath(load_dir), tag, self.load_checkpoint)
         state, scheduler = self._engine.load_checkpoint(os.fspath(load_dir), tag or "")
         self.optimizer.pull_groups()
         scheduler = json.loads(scheduler)

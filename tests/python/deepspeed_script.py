@@ -34,6 +34,7 @@ def add_argument():
     parser.add_argument("--local_rank", type=int, default=-1)
     parser.add_argument("--out", required=True)
     parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--resume_from", help="resume from this checkpoint (default: --checkpoint)")
     parser = deepspeed.add_config_arguments(parser)
     return parser.parse_args()
 
@@ -85,7 +86,7 @@ def main():
             losses.append(logged.item() / dist.get_world_size())
         applied.append(engine.was_step_applied())
         norms.append(float(engine.get_global_grad_norm()))
-    _, client = engine.load_checkpoint(args.checkpoint)
+    _, client = engine.load_checkpoint(args.resume_from or args.checkpoint)
     resumed = []
     for step in range(client["step"], STEPS):
         for micro in range(ACCUMULATION):
