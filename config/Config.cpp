@@ -160,6 +160,29 @@ void apply_knob(const Knob& knob, const YAML::Node& node, Config& config,
        fmt::format("{}", fmt::join(children, ", ")));
 }
 
+// A DeepSpeed feature zeroshard lacks may stay in a config only switched off.
+void check_left_off(const LackedFeature& lacked, const std::string& path, const YAML::Node& value,
+                    const std::string& origin) {
+  if (lacked.off == nullptr) {  // a section: off unless enabled
+    const YAML::Node enabled = value.IsMap() ? value["enabled"] : YAML::Node();
+    const bool off =
+        value.IsMap() && (!enabled || (enabled.IsScalar() && enabled.Scalar() == "false"));
+    if (!off) {
+      fail(
+          "{}: config key '{}' turns on a DeepSpeed feature zeroshard does not have: {}; "
+          "allowed: the section left out, or with enabled: false",
+          origin, path, lacked.instead);
+    }
+    return;
+  }
+  if (!value.IsScalar() || value.Scalar() != lacked.off) {
+    fail(
+        "{}: config key '{}' is '{}': a DeepSpeed feature zeroshard does not have: {}; "
+        "allowed: {}",
+        origin, path, shown(value), lacked.instead, lacked.off);
+  }
+}
+
 void walk(const YAML::Node& map, const std::string& section, LoadedConfig& out,
           const std::string& origin) {
   for (const auto& entry : map) {
@@ -168,9 +191,19 @@ void walk(const YAML::Node& map, const std::string& section, LoadedConfig& out,
            section.empty() ? "at the top level" : "under '" + section + "'", shown(entry.first));
     }
     const std::string key = entry.first.as<std::string>();
-    const std::string path = join_path(section, key);
+    const std::string path = current_key_name(join_path(section, key));
     const YAML::Node& value = entry.second;
-    if (const char* reason = ignored_key_reason(path)) {
+    if (path != join_path(section, key)) {
+      out.warnings.push_back(fmt::format("config key '{}' is read as '{}' (DeepSpeed's newer name)",
+                                         join_path(section, key), path));
+    }
+    if (const LackedFeature* lacked = lacked_feature(path)) {
+      check_left_off(*lacked, path, value, origin);
+      out.warnings.push_back(
+          fmt::format("config key '{}' is accepted: it leaves off a DeepSpeed feature zeroshard "
+                      "does not have",
+                      path));
+    } else if (const char* reason = ignored_key_reason(path)) {
       out.warnings.push_back(
           fmt::format("config key '{}' is accepted and ignored: {}", path, reason));
     } else if (const Knob* knob = find_knob(path)) {

@@ -146,6 +146,12 @@ std::vector<Knob> build_knobs() {
 const std::map<std::string, const char*>& ignored_keys() {
   static const auto* keys = new std::map<std::string, const char*>{
       {"steps_per_print", "zeroshard logs through its own reports"},
+      {"memory_breakdown", "engine.memory_report() shows memory by tier and kind"},
+      {"zero_force_ds_cpu_optimizer", "the offloaded optimizer is zeroshard's own CPU Adam"},
+      {"seq_parallel_communication_data_type", "there is no sequence parallelism here"},
+      {"checkpoint.tag_validation", "a checkpoint's tag is checked against its manifest"},
+      {"checkpoint.use_node_local_storage", "every rank writes its own file"},
+      {"bf16.immediate_grad_update", "reduced gradients land in fp32 as they arrive"},
       {"wall_clock_breakdown", "timings come from tools/ benchmarks"},
       {"dump_state", "engine.memory_report() shows the state"},
       {"prescale_gradients", "gradients are averaged after reduction in fp32"},
@@ -186,6 +192,38 @@ const std::map<std::string, const char*>& ignored_keys() {
       {"activation_checkpointing.profile", "not implemented"},
   };
   return *keys;
+}
+
+const std::map<std::string, LackedFeature>& lacked_features() {
+  static const auto* features = new std::map<std::string, LackedFeature>{
+      {"amp", {nullptr, "apex AMP is not used here; set bf16.enabled or fp16.enabled"}},
+      {"torch_autocast", {nullptr, "set bf16.enabled or fp16.enabled"}},
+      {"elasticity",
+       {nullptr,
+        "elastic batch sizes are not supported; fix train_batch_size (checkpoints "
+        "reshard to any world size)"}},
+      {"curriculum_learning", {nullptr, "data scheduling is left to the script's data loader"}},
+      {"data_efficiency", {nullptr, "data scheduling is left to the script's data loader"}},
+      {"compression_training", {nullptr, "model compression is not supported"}},
+      {"autotuning",
+       {nullptr, "zeroshard-estimate (./zs estimate) plans the config before launch"}},
+      {"sparse_gradients", {"false", "sparse gradients are not supported; gradients are dense"}},
+      {"checkpoint.load_universal",
+       {"false",
+        "DeepSpeed's universal checkpoints are not read; zeroshard's own reshard on load"}},
+      {"data_types.grad_accum_dtype", {"fp32", "gradients accumulate in fp32"}},
+      {"fp16.fp16_master_weights_and_grads", {"false", "master weights and gradients are fp32"}},
+      {"zero_optimization.cpu_offload",
+       {"false",
+        "it is DeepSpeed's old key; write zero_optimization.offload_optimizer.device: cpu"}},
+      {"zero_optimization.zero_quantized_weights",
+       {"false", "ZeRO++ quantized communication is not supported; zero_hpz_partition_size is"}},
+      {"zero_optimization.zero_quantized_gradients",
+       {"false", "ZeRO++ quantized communication is not supported; zero_hpz_partition_size is"}},
+      {"zero_optimization.zero_quantized_nontrainable_weights",
+       {"false", "ZeRO++ quantized communication is not supported; zero_hpz_partition_size is"}},
+  };
+  return *features;
 }
 
 std::string number_text(double v) {
@@ -238,11 +276,28 @@ const char* ignored_key_reason(const std::string& path) {
   return it == keys.end() ? nullptr : it->second;
 }
 
+const LackedFeature* lacked_feature(const std::string& path) {
+  const auto& features = lacked_features();
+  const auto it = features.find(path);
+  return it == features.end() ? nullptr : &it->second;
+}
+
+std::string current_key_name(const std::string& path) {
+  if (path == "aio.thread_count") return "aio.intra_op_parallelism";
+  return path;
+}
+
 bool is_config_section(const std::string& path) {
   if (path.empty()) return true;
-  return std::any_of(config_knobs().begin(), config_knobs().end(), [&](const Knob& k) {
-    return k.path.compare(0, path.size() + 1, path + ".") == 0;
-  });
+  auto under = [&](const std::string& key) {
+    return key.compare(0, path.size() + 1, path + ".") == 0;
+  };
+  return std::any_of(config_knobs().begin(), config_knobs().end(),
+                     [&](const Knob& k) { return under(k.path); }) ||
+         std::any_of(ignored_keys().begin(), ignored_keys().end(),
+                     [&](const auto& e) { return under(e.first); }) ||
+         std::any_of(lacked_features().begin(), lacked_features().end(),
+                     [&](const auto& e) { return under(e.first); });
 }
 
 std::vector<std::string> section_children(const std::string& section) {
@@ -257,6 +312,7 @@ std::vector<std::string> section_children(const std::string& section) {
   };
   for (const auto& knob : config_knobs()) add(knob.path);
   for (const auto& entry : ignored_keys()) add(entry.first);
+  for (const auto& entry : lacked_features()) add(entry.first);
   return children;
 }
 

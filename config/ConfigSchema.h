@@ -39,6 +39,19 @@ const Knob* find_knob(const std::string& path);
 // key names a section), with the reason shown in the warning; nullptr if not one.
 const char* ignored_key_reason(const std::string& path);
 
+// A DeepSpeed feature zeroshard does not have: accepted while the config leaves it off
+// (for a section: no "enabled" key, or enabled false; for a key: the value `off`), refused
+// naming it and `instead` (what zeroshard offers) when the config turns it on.
+struct LackedFeature {
+  const char* off;  // nullptr: a section, off unless its "enabled" is true
+  const char* instead;
+};
+const LackedFeature* lacked_feature(const std::string& path);
+
+// DeepSpeed's older name of a key ("aio.thread_count"), read as the newer one; the path
+// itself where it is not one.
+std::string current_key_name(const std::string& path);
+
 // Section paths ("", "zero_optimization", ...) and the child names each may hold.
 bool is_config_section(const std::string& path);
 std::vector<std::string> section_children(const std::string& section);

@@ -244,6 +244,31 @@ TEST(Config, EmittedYamlLoadsBackToTheSameConfig) {
 // DeepSpeed's Adam parameters: its type Adam means AdamW's decoupled weight decay unless
 // adam_w_mode is false (deepspeed/runtime/engine.py); torch_adam changes no arithmetic;
 // bias_correction false is refused by name.
+TEST(Config, DeepSpeedFeaturesZeroshardLacksLoadWhileOffAndAreRefusedByNameWhenOn) {
+  const auto off = load_config_string(R"({
+      "amp": {"enabled": false}, "elasticity": {"enabled": false}, "autotuning": {"fast": true},
+      "sparse_gradients": false, "data_types": {"grad_accum_dtype": "fp32"},
+      "checkpoint": {"tag_validation": "Warn"}, "memory_breakdown": false,
+      "zero_optimization": {"stage": 2, "cpu_offload": false, "zero_quantized_weights": false},
+      "aio": {"thread_count": 4}})",
+                                      "ds.json");
+  EXPECT_EQ(off.config.aio.intra_op_parallelism, 4);  // DeepSpeed's older name
+  std::string said;
+  for (const auto& w : off.warnings) said += w + "\n";
+  expect_contains(said, "config key 'amp' is accepted: it leaves off a DeepSpeed feature");
+  expect_contains(said, "'aio.thread_count' is read as 'aio.intra_op_parallelism'");
+  expect_contains(said, "'checkpoint.tag_validation' is accepted and ignored");
+  std::string error = load_error(R"({"amp": {"enabled": true}})");
+  expect_contains(error, "config key 'amp' turns on a DeepSpeed feature zeroshard does not have");
+  expect_contains(error, "set bf16.enabled or fp16.enabled");
+  error = load_error(R"({"zero_optimization": {"cpu_offload": true}})");
+  expect_contains(error, "'zero_optimization.cpu_offload' is 'true'");
+  expect_contains(error, "zero_optimization.offload_optimizer.device: cpu");
+  expect_contains(error, "allowed: false");
+  error = load_error(R"({"data_types": {"grad_accum_dtype": "bf16"}})");
+  expect_contains(error, "gradients accumulate in fp32");
+}
+
 TEST(Config, AutoThatOnlyTheTrainerFillsSaysSoOutsideIt) {
   const std::string error = load_error(R"({"bf16": {"enabled": "auto"}})");
   expect_contains(error, "config key 'bf16.enabled' is 'auto'");
