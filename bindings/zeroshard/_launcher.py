@@ -131,6 +131,8 @@ def _relay(rank, stream):
 
 def main(argv=None):
     args = parse(sys.argv[1:] if argv is None else argv)
+    import torch
+    gpus = torch.cuda.device_count() > 0
     slots = local_slots(args)
     nodes, node_rank, addr, port = plan(args)
     per_node = len(slots)
@@ -141,8 +143,7 @@ def main(argv=None):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(local), WORLD_SIZE=str(world),
                    LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(node_rank),
                    MASTER_ADDR=addr, MASTER_PORT=str(port))
-        import torch
-        if torch.cuda.device_count() > 0:
+        if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in slots)
         p = subprocess.Popen(command(args, local), env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, start_new_session=True)
