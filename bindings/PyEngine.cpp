@@ -4,6 +4,7 @@
 
 #include <pybind11/stl.h>
 
+#include "bindings/PyOptimizerHooks.h"
 #include "common/Bytes.h"
 #include "common/Error.h"
 #include "config/Config.h"
@@ -99,13 +100,19 @@ using GroupsArg = std::vector<std::pair<std::vector<at::Tensor>, py::dict>>;
 using BuffersArg =
     std::vector<std::tuple<std::string, at::Tensor, bool>>;  // name, tensor, persistent
 
-std::unique_ptr<TrainingEngine> make_engine(const NamedTensors& params,
-                                            const std::vector<NamedTensors>& units,
-                                            const std::string& yaml, const std::string& origin,
-                                            const GroupsArg& groups, bool store_served,
-                                            const py::object& materialize,
-                                            const BuffersArg& buffers) {
-  const LoadedConfig loaded = load_config_string(yaml, origin);
+std::unique_ptr<TrainingEngine> make_engine(
+    const NamedTensors& params, const std::vector<NamedTensors>& units, const std::string& yaml,
+    const std::string& origin, const GroupsArg& groups, bool store_served,
+    const py::object& materialize, const BuffersArg& buffers, const std::string& optimizer_type,
+    int64_t optimizer_state_bytes) {
+  LoadedConfig loaded = load_config_string(yaml, origin);
+  if (!optimizer_type.empty()) {  // a client optimizer object or a config's torch.optim type
+    OptimizerConfig& o = loaded.config.optimizer;
+    o.type = optimizer_type;
+    o.external = true;
+    o.state_bytes = optimizer_state_bytes;
+    check_contradictions(loaded.config);
+  }
   std::vector<std::vector<NamedParam>> unit_params;
   for (const auto& u : units) unit_params.push_back(to_params(u));
   std::vector<ParamGroup> param_groups;
@@ -154,6 +161,14 @@ PYBIND11_MODULE(_zeroshard, m) {
         return load_config_string(yaml, origin).top_level_keys;
       },
       "The keys a config (YAML text) sets at its top level, as written.");
+  m.def(
+      "config_torch_optimizer",
+      [](const std::string& yaml, const std::string& origin) -> py::object {
+        const OptimizerConfig o = load_config_string(yaml, origin).config.optimizer;
+        if (!o.external) return py::none();
+        return py::make_tuple(o.type, o.torch_params);
+      },
+      "(type, {param: its YAML text}) where the config names a torch.optim class, else None.");
   m.def(
       "launch_env",
       [] {
@@ -245,7 +260,16 @@ PYBIND11_MODULE(_zeroshard, m) {
            // parameters built sharded (zeroshard.init) back whole, one group at a time.
            py::arg("materialize") = py::none(),
            // (name, tensor, persistent) of every buffer, kept in step across ranks.
-           py::arg("buffers") = BuffersArg{})
+           py::arg("buffers") = BuffersArg{},
+           // A torch.optim class the package steps on the shards (its name) and the bytes
+           // per element of its state; empty: zeroshard's own Adam/AdamW.
+           py::arg("optimizer_type") = "", py::arg("optimizer_state_bytes") = 8)
+      .def("optimizer_shards",
+           [](TrainingEngine& e) { return optimizer_shards(e.external_optimizer()); })
+      .def("set_optimizer_hooks",
+           [](TrainingEngine& e, py::object owner) {
+             e.external_optimizer().set_hooks(python_optimizer_hooks(std::move(owner)));
+           })
       .def("set_param_group",
            [](TrainingEngine& e, size_t group, const py::dict& options) {
              e.set_param_group(group, to_group_options(options));

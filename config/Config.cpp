@@ -184,6 +184,45 @@ void check_left_off(const LackedFeature& lacked, const std::string& path, const 
 }
 
 void walk(const YAML::Node& map, const std::string& section, LoadedConfig& out,
+          const std::string& origin);
+
+// The optimizer section of a torch.optim type (config/TorchOptimizers.h): its params
+// are the class's keyword arguments, kept as written for the Python package, which
+// passes them to the class (torch then refuses a keyword the class does not take).
+// Returns false where the section names zeroshard's own Adam/AdamW (the knobs read it).
+bool read_torch_optimizer(const YAML::Node& section, Config& config, const std::string& origin) {
+  const YAML::Node type = section["type"];
+  if (!type || !type.IsScalar()) return false;
+  const std::string name = type.Scalar();
+  if (const char* reason = refused_optimizer_reason(name)) {
+    fail("{}: config key 'optimizer.type' is '{}': {}; allowed: {}", origin, name, reason,
+         find_knob("optimizer.type")->allowed());
+  }
+  if (!is_torch_optimizer_type(name)) return false;
+  OptimizerConfig& o = config.optimizer;
+  o.type = name;
+  o.external = true;
+  for (const auto& entry : section) {
+    const std::string key = entry.first.Scalar();
+    if (key == "type") continue;
+    if (key != "params") unknown_key("optimizer", key, origin);
+    if (!entry.second.IsMap()) {
+      fail(
+          "{}: config key 'optimizer.params' must be a mapping of torch.optim.{}'s keyword "
+          "arguments; got '{}'",
+          origin, name, shown(entry.second));
+    }
+    for (const auto& param : entry.second) {
+      YAML::Emitter text;
+      text << YAML::Flow << param.second;
+      o.torch_params[param.first.Scalar()] = text.c_str();
+    }
+  }
+  o.state_bytes = optimizer_state_bytes(name, o.torch_params);
+  return true;
+}
+
+void walk(const YAML::Node& map, const std::string& section, LoadedConfig& out,
           const std::string& origin) {
   for (const auto& entry : map) {
     if (!entry.first.IsScalar()) {  // YAML allows a mapping or a list as a key ("? ...")
@@ -210,6 +249,9 @@ void walk(const YAML::Node& map, const std::string& section, LoadedConfig& out,
       if (value.IsNull())
         fail("{}: config key '{}' has no value; allowed: {}", origin, path, knob->allowed());
       apply_knob(*knob, value, out.config, origin);
+    } else if (path == "optimizer" && value.IsMap() &&
+               read_torch_optimizer(value, out.config, origin)) {
+      continue;
     } else if (is_config_section(path)) {
       if (!value.IsMap()) {
         fail("{}: config key '{}' must be a mapping of keys ({}); got '{}'", origin, path,
@@ -287,6 +329,12 @@ void check_overlap_step(const Config& c) {
 
 std::optional<OverlapStepObstacle> overlap_step_obstacle(const Config& c) {
   const auto& z = c.zero;
+  if (c.optimizer.external) {
+    return OverlapStepObstacle{
+        fmt::format("'optimizer.type' {}", c.optimizer.type),
+        "optimizer.type Adam or AdamW, whose CPU Adam steps inside backward",
+        fmt::format("torch.optim.{} steps after backward", c.optimizer.type)};
+  }
   if (z.offload_optimizer.device == OffloadDevice::None) {
     return OverlapStepObstacle{"'zero_optimization.offload_optimizer.device' none",
                                "overlap_step steps an offloaded optimizer (device cpu or nvme)",
@@ -354,6 +402,13 @@ void check_contradictions(const Config& c) {
         "config key 'zero_optimization.offload_optimizer.device' is '{}' with "
         "'zero_optimization.stage' 0; allowed: optimizer offload needs stage 1, 2 or 3",
         offload_device_name(oo.device));
+  }
+  if (oo.device == OffloadDevice::Nvme && c.optimizer.external) {
+    fail(
+        "config key 'zero_optimization.offload_optimizer.device' is 'nvme' with 'optimizer.type' "
+        "{}; allowed: cpu or none (torch.optim's state stays in memory), or optimizer.type Adam "
+        "or AdamW, whose state zeroshard streams through NVMe",
+        c.optimizer.type);
   }
   if (oo.device == OffloadDevice::Nvme && oo.nvme_path.empty()) {
     fail(

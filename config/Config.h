@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "config/TorchOptimizers.h"
+
 namespace zeroshard {
 
 enum class OffloadDevice { Auto, None, Cpu, Nvme };
@@ -86,6 +88,14 @@ struct OptimizerConfig {
   bool adam_w_mode = true;
   bool torch_adam = false;
   bool bias_correction = true;
+  // A torch.optim class (config/TorchOptimizers.h) or a client optimizer object the
+  // Python package steps on the shards (engine/ExternalOptimizer.h): `type` is its class
+  // name and `torch_params` the config's params for it, passed to the class as written.
+  bool external = false;
+  TorchOptimizerParams torch_params;
+  // Bytes per trained element of the optimizer's state besides the fp32 master (Adam's
+  // m and v: 8); the memory model's M_o.
+  int64_t state_bytes = 8;
 };
 
 struct SchedulerConfig {

@@ -67,7 +67,14 @@ std::string emit_config_yaml(const Config& config) {
     // Unset train_batch_size means micro x accumulation x ranks; writing it would fix it.
     if (knob.path == "train_batch_size" && !config.train_batch_size) continue;
     if (knob.type == Knob::Type::Text && knob.as_text(copy).empty()) continue;
+    // A torch.optim class's params are its own keyword arguments, not Adam's knobs.
+    if (config.optimizer.external && knob.path.rfind("optimizer.params.", 0) == 0) continue;
     set_path(root, knob.path, knob_value(knob, copy));
+  }
+  if (config.optimizer.external) {
+    YAML::Node params(YAML::NodeType::Map);
+    for (const auto& [key, text] : config.optimizer.torch_params) params[key] = YAML::Load(text);
+    root["optimizer"]["params"] = params;
   }
   YAML::Emitter out;
   out << root;

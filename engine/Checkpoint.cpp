@@ -145,7 +145,7 @@ int64_t Manifest::buffer_bytes() const {
 }
 
 int64_t SavedGroup::bytes() const {
-  return trainable ? 12 * shard_numel : element_size(dtype) * shard_numel;
+  return trainable ? int64_t{4} * arrays * shard_numel : element_size(dtype) * shard_numel;
 }
 
 nlohmann::json Manifest::to_json() const {
@@ -185,6 +185,8 @@ nlohmann::json Manifest::to_json() const {
           {"client_state", client_state},
           {"param_groups", param_groups},
           {"lr_scheduler", lr_scheduler},
+          {"optimizer_state", optimizer_state},
+          {"optimizer_scalars", optimizer_scalars},
           {"config_yaml", config_yaml},
           {"rng_offset", rng_offset},
           {"rng_bytes", rng_bytes},
@@ -211,6 +213,13 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin)
     m.client_state = j.at("client_state");
     m.param_groups = j.value("param_groups", nlohmann::json());
     m.lr_scheduler = j.value("lr_scheduler", nlohmann::json());
+    if (j.contains("optimizer_state"))
+      m.optimizer_state = j.at("optimizer_state").get<std::vector<std::string>>();
+    if (m.optimizer_state.size() > 64) {
+      fail("checkpoint manifest '{}': {} optimizer state arrays; at most 64", origin,
+           m.optimizer_state.size());
+    }
+    m.optimizer_scalars = j.value("optimizer_scalars", nlohmann::json());
     m.config_yaml = j.at("config_yaml").get<std::string>();
     m.rng_offset = j.at("rng_offset").get<int64_t>();
     m.rng_bytes = j.at("rng_bytes").get<int64_t>();
@@ -220,6 +229,7 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin)
       sg.trainable = g.at("trainable").get<bool>();
       sg.dtype = g.at("dtype").get<std::string>();
       sg.file_offset = g.at("file_offset").get<int64_t>();
+      sg.arrays = 1 + static_cast<int>(m.optimizer_state.size());
       for (const auto& p : g.at("params")) {
         sg.params.push_back({p.at("name").get<std::string>(),
                              p.at("shape").get<std::vector<int64_t>>(),
@@ -343,6 +353,10 @@ void CheckpointReader::read(const std::string& name, int array, int64_t begin, i
   const SavedGroup& g = manifest_.groups[gi];
   const int64_t S = g.shard_numel;
   const int64_t elem = g.trainable ? 4 : element_size(g.dtype);
+  if (array < 0 || (g.trainable ? array >= g.arrays : array > 0)) {
+    fail("checkpoint '{}': parameter '{}' has no array {} (its group holds {})", dir_, name, array,
+         g.trainable ? g.arrays : 1);
+  }
   std::vector<char> raw;
   int64_t idx = p.offset + begin;
   while (count > 0) {

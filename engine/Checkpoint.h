@@ -1,7 +1,8 @@
 #pragma once
 // The on-disk format of a sharded checkpoint, and the pieces that read and write it
 // safely. A checkpoint DIR/TAG holds one file per rank (rankR.bin: for each group, this
-// rank's slice [R*S, (R+1)*S) of the padded flat buffer: fp32 master, Adam m and v for
+// rank's slice [R*S, (R+1)*S) of the padded flat buffer: fp32 master and the optimizer's
+// state arrays (Adam's m and v, or a torch.optim class's, named in the manifest) for
 // trainable groups, the parameters for frozen ones; then its RNG state; rank0.bin then
 // the model's persistent buffers, the same on every rank, once) and
 // manifest.json (rank 0): format, config, world size, stage, step, loss scale, client
@@ -37,7 +38,10 @@ struct SavedGroup {
   std::string dtype;        // of the parameters (frozen groups store them)
   int64_t file_offset = 0;  // where the group's arrays start in each rank file
   std::vector<SavedParam> params;
-  // Bytes of the group's arrays in a rank file: 3 fp32 arrays, or one in `dtype`.
+  // fp32 arrays of a trainable group: the master and the optimizer's state arrays
+  // (Manifest::optimizer_state).
+  int arrays = 3;
+  // Bytes of the group's arrays in a rank file: `arrays` fp32 arrays, or one in `dtype`.
   int64_t bytes() const;
 };
 
@@ -76,6 +80,11 @@ struct Manifest {
   // (its state_dict, given by the Python package): null in checkpoints without them.
   nlohmann::json param_groups;
   nlohmann::json lr_scheduler;
+  // The optimizer's per-element state arrays after the master, by torch.optim's names
+  // (absent in older checkpoints: Adam's), and its other state (ShardOptimizer's
+  // scalar_state, null for the built-in Adam).
+  std::vector<std::string> optimizer_state{"exp_avg", "exp_avg_sq"};
+  nlohmann::json optimizer_scalars;
   std::string config_yaml;
   int64_t rng_offset = 0, rng_bytes = 0;  // in each rank file
   std::vector<SavedGroup> groups;
@@ -107,7 +116,8 @@ class CheckpointReader {
   // The saved parameter `name`: its group and entry, or an Error naming it.
   const SavedParam& param(const std::string& name, size_t* group = nullptr) const;
   // Elements [begin, begin+count) of parameter `name`, from array `array` (0 master,
-  // 1 m, 2 v for trainable groups; 0 the parameters for frozen ones), as fp32.
+  // then the optimizer's state arrays in Manifest::optimizer_state's order for trainable
+  // groups; 0 the parameters for frozen ones), as fp32.
   void read(const std::string& name, int array, int64_t begin, int64_t count, float* out) const;
   std::string read_rng(int rank) const;
   // A saved buffer's bytes (rank0.bin), into a host uint8 tensor.

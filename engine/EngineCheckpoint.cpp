@@ -126,6 +126,8 @@ Manifest EngineImpl::checkpoint_layout() const {
   m.optimizer_steps = pipeline_->optimizer().steps();
   m.micro_steps = pipeline_->micro_steps();
   m.config_yaml = emit_config_yaml(plan_.config);
+  m.optimizer_state = pipeline_->optimizer().state_names();
+  m.optimizer_scalars = nlohmann::json::parse(pipeline_->optimizer().scalar_state());
   int64_t offset = 0;
   for (const GroupRecord& record : groups_) {
     const auto& g = record.flat;
@@ -134,6 +136,7 @@ Manifest EngineImpl::checkpoint_layout() const {
     sg.trainable = record.trainable.has_value();
     sg.dtype = dtype_name(g->flat().scalar_type());
     sg.file_offset = offset;
+    sg.arrays = 1 + static_cast<int>(m.optimizer_state.size());
     for (const auto& s : g->slots()) sg.params.push_back({s.name, s.shape, s.offset, s.numel});
     offset += sg.bytes();
     m.groups.push_back(std::move(sg));
@@ -289,8 +292,9 @@ void EngineImpl::publish_checkpoint(const std::string& dir, Manifest& m,
   }
 }
 
-// This rank's slice [r*S, (r+1)*S) of group `i`: fp32 master, m, v if trainable, the
-// parameters otherwise. Offloaded state is streamed from its tier one group at a time.
+// This rank's slice [r*S, (r+1)*S) of group `i`: fp32 master and the optimizer's state
+// arrays if trainable, the parameters otherwise. Offloaded state is streamed from its
+// tier one group at a time.
 void EngineImpl::write_group_slice(GroupId i,
                                    const std::function<void(const void*, int64_t)>& write) {
   const GroupRecord& record = groups_[i];
@@ -299,10 +303,13 @@ void EngineImpl::write_group_slice(GroupId i,
   if (record.trainable) {
     const size_t t = record.trainable->value;
     const int64_t n = pipeline_->optimizer().group_numel(t);
-    std::vector<float> master(n), m(n), v(n);
-    pipeline_->optimizer().read_state(t, master.data(), m.data(), v.data());
+    const size_t count = 1 + pipeline_->optimizer().state_names().size();
+    std::vector<std::vector<float>> arrays(count, std::vector<float>(n));
+    std::vector<float*> data;
+    for (auto& a : arrays) data.push_back(a.data());
+    pipeline_->optimizer().read_state(t, data);
     const int64_t from = n == S ? 0 : shard_rank() * S;  // stage 0: the optimizer holds it all
-    for (const auto* a : {&master, &m, &v}) write(a->data() + from, S * 4);
+    for (const auto& a : arrays) write(a.data() + from, S * 4);
     return;
   }
   const int u = record.coordinator_unit_index();
@@ -325,6 +332,10 @@ LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::
   check_layout(reader, dir);  // before anything changes
   const std::vector<ParamGroupOptions> groups = saved_param_groups(m, dir);
   at::NoGradGuard no_grad;
+  // The step counts first: an optimizer that keeps them per parameter (torch.optim's)
+  // sets them as each group's state arrives.
+  pipeline_->optimizer().set_steps(m.optimizer_steps);
+  pipeline_->optimizer().set_scalar_state(m.optimizer_scalars.dump());
   for (size_t i = 0; i < groups_.size(); ++i) {
     fault_point("load.group");
     load_group(reader, GroupId(i));
@@ -338,7 +349,6 @@ LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::
   }
   for (auto& h : handles) h.wait();
   if (param_home_) param_home_->flush();
-  pipeline_->optimizer().set_steps(m.optimizer_steps);
   pipeline_->set_micro_steps(m.micro_steps);
   for (size_t g = 0; g < groups.size(); ++g) param_groups_.set_options(g, groups[g]);
   if (LossScaler* scaler = pipeline_->scaler(); scaler && !m.loss_scale.is_null()) {
@@ -418,6 +428,8 @@ void EngineImpl::load_buffers(const CheckpointReader& reader) {
 
 void EngineImpl::check_layout(const CheckpointReader& reader, const std::string& dir) const {
   check_buffers(reader, dir);
+  check_state_names(reader.manifest().optimizer_state, pipeline_->optimizer().state_names(),
+                    plan_.config.optimizer.type.c_str());
   std::unordered_set<std::string> mine;
   for (const auto& record : groups_) {
     for (const auto& s : record.flat->slots()) {
@@ -464,13 +476,16 @@ void EngineImpl::load_group(const CheckpointReader& reader, GroupId i) {
     const size_t t = record.trainable->value;
     const int64_t n = pipeline_->optimizer().group_numel(t);
     const int64_t begin = n == S ? shard_rank() * S : 0;
-    std::vector<float> master(n), m(n), v(n);
-    read_range(reader, *g, 0, begin, n, master.data());
-    read_range(reader, *g, 1, begin, n, m.data());
-    read_range(reader, *g, 2, begin, n, v.data());
+    const std::vector<std::string>& names = reader.manifest().optimizer_state;
+    std::vector<std::vector<float>> arrays(1 + names.size(), std::vector<float>(n));
+    std::vector<const float*> data;
+    for (size_t a = 0; a < arrays.size(); ++a) {
+      read_range(reader, *g, static_cast<int>(a), begin, n, arrays[a].data());
+      data.push_back(arrays[a].data());
+    }
     {
       ShardUpdate update(param_home_.get(), u);
-      pipeline_->optimizer().write_state(t, master.data(), m.data(), v.data());
+      pipeline_->optimizer().write_state(t, names, data);
     }
     if (g->sharded() && g->gathered() && u >= 0) coordinator_->release_now(u);
     return;

@@ -26,6 +26,7 @@ class Collectives;
 class Communicators;
 class GradReducer;
 class ShardOptimizer;
+class ExternalOptimizer;
 class SwapSpace;
 class ParamHome;
 class LossScaler;
@@ -145,6 +146,7 @@ class EngineImpl {
   // Offload: the I/O engine and swap directories outlive everything that swaps.
   std::unique_ptr<SwapSpace> swap_;
   std::unique_ptr<StepPipeline> pipeline_;  // reducer, scaler, optimizer, overlapped step
+  ExternalOptimizer* external_ = nullptr;   // the pipeline's optimizer, a torch.optim class
   std::unique_ptr<ParamHome> param_home_;
   ParamGroupTable param_groups_;
   std::unique_ptr<ParamCoordinator> coordinator_;

@@ -2,6 +2,7 @@
 // and I/O engine, and where stage-3 parameter shards live.
 #include "common/Error.h"
 #include "engine/EngineImpl.h"
+#include "engine/ExternalOptimizer.h"
 #include "engine/OffloadOptimizer.h"
 #include "engine/ParamHome.h"
 #include "engine/StepPipeline.h"
@@ -34,6 +35,14 @@ AdamKernel cpu_adam_kernel() {
 void EngineImpl::make_optimizer(bool on_cpu) {
   const TrainingSettings& z = plan_.settings;
   const OffloadDevice device = plan_.option.optimizer;
+  if (plan_.config.optimizer.external) {  // config/Config.cpp refuses it with NVMe
+    const Tier tier = device == OffloadDevice::Cpu ? Tier::Host : Tier::Device;
+    auto external =
+        std::make_unique<ExternalOptimizer>(plan_.config.optimizer.type, tier, &ledger_);
+    external_ = external.get();
+    pipeline_->set_optimizer(std::move(external), nullptr);
+    return;
+  }
   if (device == OffloadDevice::None) {
     pipeline_->set_optimizer(
         std::make_unique<ResidentOptimizer>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{}),
@@ -73,6 +82,13 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
                                             plan_.settings.offload_param.buffer_count, &ledger_,
                                             /*page_lock=*/!device_.is_cpu());
   OffloadOptimizer* offloaded = pipeline_->offloaded();
+  if (!offloaded && plan_.config.optimizer.external) {
+    fail(
+        "config key 'zero_optimization.offload_param.device' is 'nvme' with optimizer {}; "
+        "allowed: offload_param.device cpu, or the optimizer Adam or AdamW offloaded to cpu or "
+        "nvme, whose step brings each NVMe shard in",
+        plan_.config.optimizer.type);
+  }
   if (!offloaded) {  // the offloaded optimizer brings each NVMe shard in for its update
     fail(
         "config key 'zero_optimization.offload_param.device' is 'nvme' with the optimizer "

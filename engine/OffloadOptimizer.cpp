@@ -288,4 +288,18 @@ void OffloadOptimizer::write_state(size_t group, const float* master, const floa
   shard.copy_(at::from_blob(const_cast<float*>(master), {n}, at::kFloat));
 }
 
+void OffloadOptimizer::read_state(size_t group, const std::vector<float*>& arrays) {
+  if (arrays.size() != 3)
+    fail("OffloadOptimizer::read_state: {} arrays; Adam keeps 3", arrays.size());
+  read_state(group, arrays[0], arrays[1], arrays[2]);
+}
+
+void OffloadOptimizer::write_state(size_t group, const std::vector<std::string>& names,
+                                   const std::vector<const float*>& arrays) {
+  check_state_names(names, adam_state_names(), "zeroshard's Adam/AdamW");
+  if (arrays.size() != 3)
+    fail("OffloadOptimizer::write_state: {} arrays; Adam keeps 3", arrays.size());
+  write_state(group, arrays[0], arrays[1], arrays[2]);
+}
+
 }  // namespace zeroshard

@@ -48,8 +48,13 @@ class OffloadOptimizer : public ShardOptimizer {
   size_t groups() const override { return shards_.size(); }
   void reload_master(size_t group) override;
   int64_t group_numel(size_t group) const override { return shards_.at(group).numel(); }
-  void read_state(size_t group, float* master, float* m, float* v) override;
-  void write_state(size_t group, const float* master, const float* m, const float* v) override;
+  std::vector<std::string> state_names() const override { return adam_state_names(); }
+  void read_state(size_t group, const std::vector<float*>& arrays) override;
+  void write_state(size_t group, const std::vector<std::string>& names,
+                   const std::vector<const float*>& arrays) override;
+  // The same, Adam's arrays by name.
+  void read_state(size_t group, float* master, float* m, float* v);
+  void write_state(size_t group, const float* master, const float* m, const float* v);
   void set_steps(int64_t steps) override { steps_ = steps; }
   // The same step one group at a time, as each gradient shard is ready (overlap_step):
   // begin_step() counts the step once, then step_group() for every group in any order.

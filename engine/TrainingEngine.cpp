@@ -101,6 +101,14 @@ void TrainingEngine::set_param_group(size_t group, const ParamGroupOptions& opti
 std::vector<AdamHyper> TrainingEngine::param_group_hypers() const {
   return impl_->param_group_hypers();
 }
+ExternalOptimizer& TrainingEngine::external_optimizer() {
+  if (!impl_->external_) {
+    fail("this engine steps zeroshard's own {}, not a torch.optim class",
+         impl_->plan_.config.optimizer.type);
+  }
+  return *impl_->external_;
+}
+
 int64_t TrainingEngine::optimizer_steps() const {
   return impl_->optimizer_steps();
 }

@@ -26,6 +26,7 @@
 namespace zeroshard {
 
 class EngineImpl;
+class ExternalOptimizer;
 
 // Brings one group's parameters to their initial values, the same on every rank, just
 // before the engine copies them into its buffers: a collective, called for each group in
@@ -120,6 +121,9 @@ class TrainingEngine final : public Engine {
   // checkpoints so a consolidated state_dict has every name. Found from the module in
   // the module constructor; the Python package passes them.
   void set_aliases(std::vector<std::pair<std::string, std::string>> aliases);
+  // The optimizer a torch.optim class is (config optimizer.external): its groups' masters
+  // to build the class on, and the hooks that step it. An Error for zeroshard's Adam.
+  ExternalOptimizer& external_optimizer();
 
  private:
   std::unique_ptr<EngineImpl> impl_;

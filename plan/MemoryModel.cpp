@@ -155,7 +155,8 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   // The optimizer updates fp32 weights: a separate master copy in mixed precision,
   // and the host/NVMe copy CPU Adam works on when offloaded.
   if (mixed || opt_off) m.at(opt_tier, Kind::MasterParams) = 4 * opt_numel;
-  m.at(opt_tier, Kind::OptimizerStates) = 8 * opt_numel;  // Adam m and v
+  // Adam's m and v (8 bytes), or what the torch.optim class keeps (config/TorchOptimizers.h).
+  m.at(opt_tier, Kind::OptimizerStates) = config.optimizer.state_bytes * opt_numel;
   // Stage >= 2 reduces each bucket inside backward and frees it: no whole gradient
   // buffer at rest, only an fp32 accumulator of this rank's shard.
   m.at(Tier::Device, Kind::Grads) = option.stage >= 2 ? 0 : kl * trained * d;

@@ -106,6 +106,9 @@ bool permitted(const Config& c, const PlanOption& o) {
   if (hpz && *hpz > 1 && (o.stage != 3 || o.params != OD::None)) return false;
   const OD opt = c.zero.offload_optimizer.device;
   const OD par = c.zero.offload_param.device;
+  // A torch.optim class steps state in memory; only zeroshard's Adam streams it through
+  // NVMe and brings NVMe parameter shards in for its update (engine/EngineOffload.cpp).
+  if (c.optimizer.external && (o.optimizer == OD::Nvme || o.params == OD::Nvme)) return false;
   return (opt == OD::Auto || opt == o.optimizer) && (par == OD::Auto || par == o.params);
 }
 
@@ -177,7 +180,8 @@ std::string activation_hint(const ModelSpec& spec, const Config& c, const Memory
                                offload_device_name(c.zero.offload_param.device)));
   }
   const auto& mics = c.zero.mics_shard_size;
-  if (mics && *mics > 0) keys.push_back(fmt::format("'zero_optimization.mics_shard_size' {}", *mics));
+  if (mics && *mics > 0)
+    keys.push_back(fmt::format("'zero_optimization.mics_shard_size' {}", *mics));
   const auto& hpz = c.zero.hpz_partition_size;
   if (hpz && *hpz > 1) {
     keys.push_back(fmt::format("'zero_optimization.zero_hpz_partition_size' {}", *hpz));

@@ -89,4 +89,18 @@ void ResidentOptimizer::write_state(size_t group, const float* master, const flo
   if (s.master.data_ptr() != s.shard.data_ptr()) s.shard.copy_(s.master);
 }
 
+void ResidentOptimizer::read_state(size_t group, const std::vector<float*>& arrays) {
+  if (arrays.size() != 3)
+    fail("ResidentOptimizer::read_state: {} arrays; Adam keeps 3", arrays.size());
+  read_state(group, arrays[0], arrays[1], arrays[2]);
+}
+
+void ResidentOptimizer::write_state(size_t group, const std::vector<std::string>& names,
+                                    const std::vector<const float*>& arrays) {
+  check_state_names(names, adam_state_names(), "zeroshard's Adam/AdamW");
+  if (arrays.size() != 3)
+    fail("ResidentOptimizer::write_state: {} arrays; Adam keeps 3", arrays.size());
+  write_state(group, arrays[0], arrays[1], arrays[2]);
+}
+
 }  // namespace zeroshard

@@ -34,8 +34,13 @@ class ResidentOptimizer : public ShardOptimizer {
   size_t groups() const override { return states_.size(); }
   void reload_master(size_t group) override;
   int64_t group_numel(size_t group) const override { return states_.at(group).m.numel(); }
-  void read_state(size_t group, float* master, float* m, float* v) override;
-  void write_state(size_t group, const float* master, const float* m, const float* v) override;
+  std::vector<std::string> state_names() const override { return adam_state_names(); }
+  void read_state(size_t group, const std::vector<float*>& arrays) override;
+  void write_state(size_t group, const std::vector<std::string>& names,
+                   const std::vector<const float*>& arrays) override;
+  // The same, Adam's arrays by name.
+  void read_state(size_t group, float* master, float* m, float* v);
+  void write_state(size_t group, const float* master, const float* m, const float* v);
   void set_steps(int64_t steps) override { steps_ = steps; }
 
   struct State {

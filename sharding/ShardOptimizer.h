@@ -3,16 +3,40 @@
 // step over every group's reduced gradient, and each group's state read and written
 // whole for checkpoints.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
 #include "common/AdamHyper.h"
+#include "common/Error.h"
 
 namespace zeroshard {
 
+// Adam's per-element state, as torch.optim.Adam names it: the built-in optimizers' names.
+inline std::vector<std::string> adam_state_names() {
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+// The arrays a checkpoint hands write_state() are the ones `optimizer` (a name for the
+// message) keeps: `names` equals `kept`.
+inline void check_state_names(const std::vector<std::string>& names,
+                              const std::vector<std::string>& kept, const char* optimizer) {
+  if (names == kept) return;
+  auto joined = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& n : v) out += (out.empty() ? "" : ", ") + n;
+    return out.empty() ? std::string("none") : out;
+  };
+  fail(
+      "the checkpoint holds optimizer state [{}], but this engine's optimizer ({}) keeps [{}]; "
+      "resume with the optimizer the checkpoint was saved with",
+      joined(names), optimizer, joined(kept));
+}
+
 // What the Engine steps: ResidentOptimizer (sharding/ResidentOptimizer.h: state where the
-// parameters are) or engine/'s OffloadOptimizer (state in host RAM or on NVMe).
+// parameters are), engine/'s OffloadOptimizer (state in host RAM or on NVMe), or
+// engine/'s ExternalOptimizer (a torch.optim class the Python package steps).
 class ShardOptimizer {
  public:
   virtual ~ShardOptimizer() = default;
@@ -32,11 +56,20 @@ class ShardOptimizer {
   // The parameters of `group` were overwritten (outside training): the fp32 master
   // restarts from its shard; Adam's moments are kept.
   virtual void reload_master(size_t group) = 0;
-  // Checkpoints, one whole group at a time: its fp32 master, m and v (numel each);
-  // write_state also sets the compute-precision shard from the master.
+  // Checkpoints, one whole group at a time (numel elements per array). The optimizer's
+  // per-element state is fp32 arrays named as torch.optim names them (Adam: exp_avg,
+  // exp_avg_sq), the same for every group and rank. `arrays`: the fp32 master first,
+  // then one per name. write_state also sets the compute-precision shard from the
+  // master, and refuses names it does not keep.
   virtual int64_t group_numel(size_t group) const = 0;
-  virtual void read_state(size_t group, float* master, float* m, float* v) = 0;
-  virtual void write_state(size_t group, const float* master, const float* m, const float* v) = 0;
+  virtual std::vector<std::string> state_names() const = 0;
+  virtual void read_state(size_t group, const std::vector<float*>& arrays) = 0;
+  virtual void write_state(size_t group, const std::vector<std::string>& names,
+                           const std::vector<const float*>& arrays) = 0;
+  // State that is not per element (torch's per-parameter step counts), as JSON; "null"
+  // where the step count says it all.
+  virtual std::string scalar_state() const { return "null"; }
+  virtual void set_scalar_state(const std::string& json) { (void)json; }
   virtual void set_steps(int64_t steps) = 0;
 };
 

@@ -9,11 +9,13 @@ import weakref
 
 import torch
 
-from . import _construction, _deepspeed_checkpoint, _launch, _sync_batchnorm, _zeroshard
+from . import (_construction, _deepspeed_checkpoint, _launch, _sync_batchnorm, _torch_optimizer,
+               _zeroshard)
 from ._touch import Units, shard_parameters
 from ._units import stage3_units, unique_parameters
 from ._config import load_config
-from ._optimizer import ZeroShardOptimizer, client_scheduler, engine_options, parameter_groups
+from ._optimizer import (HYPER_KEYS, ZeroShardOptimizer, client_scheduler, engine_options,
+                         parameter_groups)
 
 def _refuse_twice_named(text, origin, optimizer, lr_scheduler):
     """DeepSpeed's rule, said as an error: the optimizer and the scheduler come from the
@@ -86,18 +88,33 @@ class ZeroShardEngine:
         self.module = model
         self._units = stage3_units(model, units)  # [(modules, params)], every parameter
         client, groups, decoupled = parameter_groups(model, model_parameters, optimizer)
+        if client is None:  # the config may name a torch.optim class
+            client = _torch_optimizer.from_config(text, origin, groups)
+            if client is not None:
+                groups, decoupled = client.param_groups, [None] * len(client.param_groups)
+        torch_stepped = client is not None and not _torch_optimizer.is_builtin(client)
+        keys = ("lr",) if torch_stepped else HYPER_KEYS
         params = unique_parameters(model)
         unit_params = [ps for _, ps in self._units]
-        engine_groups = [(list(g["params"]), engine_options(g, d))
+        engine_groups = [(list(g["params"]), engine_options(g, d, keys))
                          for g, d in zip(groups, decoupled)]
         # Parameters built sharded (zeroshard.init) or on the meta device come whole one
         # group at a time, as the engine copies them.
         materialize = _construction.materializer_for(model)
         _sync_batchnorm.take_over(model)  # before the engine: it may start torch.distributed
+        stepped_by = {}
+        if torch_stepped:
+            stepped_by = {"optimizer_type": type(client).__name__,
+                          "optimizer_state_bytes": _torch_optimizer.state_bytes_per_element(client)}
         self._engine = _zeroshard.Engine(params, unit_params, text, origin, engine_groups,
-                                         _launch.store_already_served(), materialize, _buffers(model))
+                                         _launch.store_already_served(), materialize,
+                                         _buffers(model), **stepped_by)
         self._engine.set_aliases(_aliases(model))
-        self.optimizer = ZeroShardOptimizer(self._engine, self.zero_grad, groups, decoupled)
+        self._torch_optimizer = None  # a torch.optim class on the shards, when it is one
+        if torch_stepped:
+            self._torch_optimizer = _torch_optimizer.TorchShardOptimizer(self._engine, client)
+            self._engine.set_optimizer_hooks(self._torch_optimizer)
+        self.optimizer = ZeroShardOptimizer(self._engine, self.zero_grad, groups, decoupled, keys)
         # A client scheduler, stepped after each optimizer step as DeepSpeed does.
         self.lr_scheduler = client_scheduler(lr_scheduler, self.optimizer, client)
         self._scheduled = self._engine.scheduled  # a config scheduler sets every lr

@@ -9,7 +9,7 @@ With a client optimizer its own group dicts are the ones shown and read, so a
 scheduler built on it works unchanged."""
 import torch
 
-from . import _zeroshard
+from . import _torch_optimizer, _zeroshard
 
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
 # Keys of torch's Adam/AdamW groups that choose an implementation or are the
@@ -20,7 +20,6 @@ _UNSUPPORTED_FLAGS = ("amsgrad", "maximize", "differentiable")
 # Hyperparameters of other torch optimizers: a group carrying one was meant for another.
 _OTHER_OPTIMIZERS_KEYS = {"momentum", "dampening", "nesterov", "lr_decay", "rho", "alpha",
                           "centered", "lambd", "momentum_decay", "etas", "step_sizes"}
-SUPPORTED = (torch.optim.AdamW, torch.optim.Adam)
 
 
 def _error(message):
@@ -63,17 +62,11 @@ def _groups_from_model_parameters(model_parameters):
 
 
 def _client_groups(optimizer, model_parameters):
-    if not isinstance(optimizer, SUPPORTED):
-        raise _error(f"optimizer: {type(optimizer).__module__}.{type(optimizer).__name__} is not "
-                     "supported; allowed: torch.optim.AdamW or torch.optim.Adam (their groups "
-                     "and hyperparameters are taken over by the sharded optimizer), or the "
-                     "config's 'optimizer' section")
-    if optimizer.state:
-        raise _error(f"optimizer: this {type(optimizer).__name__} has already stepped (it holds "
-                     f"state for {len(optimizer.state)} tensors, which would be lost); pass a "
-                     "fresh one, or resume with engine.load_checkpoint")
+    _torch_optimizer.check_class(optimizer)
+    builtin = _torch_optimizer.is_builtin(optimizer)
     for i, g in enumerate(optimizer.param_groups):
-        _check_group(f"optimizer.param_groups[{i}]", g)
+        if builtin:
+            _check_group(f"optimizer.param_groups[{i}]", g)
     if model_parameters is not None:
         given = {id(p) for g in _groups_from_model_parameters(model_parameters)
                  for p in g["params"]}
@@ -82,6 +75,8 @@ def _client_groups(optimizer, model_parameters):
             raise _error("model_parameters and optimizer name different parameters "
                          f"({len(given)} vs {len(held)}); pass one of them, the optimizer's "
                          "groups are what is trained")
+    if not builtin:  # its own class steps it (bindings/zeroshard/_torch_optimizer.py)
+        return optimizer.param_groups, [None] * len(optimizer.param_groups)
     decoupled = isinstance(optimizer, torch.optim.AdamW)
     return optimizer.param_groups, [decoupled or bool(g.get("decoupled_weight_decay"))
                                     for g in optimizer.param_groups]
@@ -93,8 +88,8 @@ def parameter_groups(model, model_parameters, optimizer):
     config's optimizer type decides)."""
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         if not callable(optimizer):
-            raise _error(f"optimizer: a {type(optimizer).__name__}; allowed: a torch.optim.AdamW "
-                         "or Adam, or a callable that makes one from the model parameters")
+            raise _error(f"optimizer: a {type(optimizer).__name__}; allowed: a torch.optim "
+                         "optimizer, or a callable that makes one from the model parameters")
         params = model_parameters if model_parameters is not None else model.parameters()
         optimizer, model_parameters = optimizer(params), None  # DeepSpeed's callable form
     if optimizer is not None:
@@ -131,9 +126,10 @@ def client_scheduler(scheduler, optimizer, client_optimizer):
                  "client optimizer, or a callable taking the optimizer")
 
 
-def engine_options(group, decoupled):
-    """What the C++ engine takes of a group: its hyperparameters, nothing else."""
-    out = {k: group[k] for k in HYPER_KEYS if group.get(k) is not None}
+def engine_options(group, decoupled, keys=HYPER_KEYS):
+    """What the C++ engine takes of a group: its hyperparameters (`keys`: only lr for a
+    torch.optim class the package steps, which reads the rest from the group itself)."""
+    out = {k: group[k] for k in keys if group.get(k) is not None}
     if "betas" in out:
         out["betas"] = tuple(float(b) for b in out["betas"])
     if decoupled is not None:
@@ -142,25 +138,31 @@ def engine_options(group, decoupled):
 
 
 class ZeroShardOptimizer(torch.optim.Optimizer):
-    """The sharded Adam/AdamW, as a torch Optimizer: param_groups are the real groups,
-    and setting a group's lr, betas, eps or weight_decay takes effect at the next step.
+    """The sharded optimizer, as a torch Optimizer: param_groups are the real groups,
+    and setting a group's lr, betas, eps or weight_decay (any option of a torch.optim
+    class the package steps) takes effect at the next step.
     Stepping belongs to the engine (engine.step())."""
 
-    def __init__(self, core, zero_grad, groups, decoupled):
+    def __init__(self, core, zero_grad, groups, decoupled, keys=HYPER_KEYS):
         """core: the C++ engine, which holds each group's hyperparameters; zero_grad: the
-        ZeroShardEngine's."""
+        ZeroShardEngine's; keys: the hyperparameters the engine holds (only lr where a
+        torch.optim class steps, its groups holding the rest)."""
         hypers = core.param_group_hypers()
-        defaults = {k: v for k, v in hypers[0].items() if k != "decoupled"}
+        defaults = {k: v for k, v in hypers[0].items() if k in keys}
         super().__init__([{"params": g["params"]} for g in groups], defaults)
         self.param_groups = groups  # a client optimizer's own dicts, shared
         for g, h in zip(groups, hypers):
-            for key in HYPER_KEYS:
+            for key in keys:
                 if g.get(key) is None:
                     g[key] = h[key]
         self._core = core
         self._zero_grad = zero_grad
         self._decoupled = decoupled
-        self._pushed = [engine_options(g, d) for g, d in zip(groups, decoupled)]
+        self._keys = keys
+        self._pushed = [self._options(g, d) for g, d in zip(groups, decoupled)]
+
+    def _options(self, group, decoupled):
+        return engine_options(group, decoupled, self._keys)
 
     def push_groups(self):
         """Hands changed groups to the engine; called by the engine before each step."""
@@ -169,7 +171,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                          f"was built with {len(self._pushed)}; groups cannot be added after "
                          "initialize")
         for i, (g, d) in enumerate(zip(self.param_groups, self._decoupled)):
-            options = engine_options(g, d)
+            options = self._options(g, d)
             if options != self._pushed[i]:
                 self._core.set_param_group(i, options)
                 self._pushed[i] = options
@@ -178,15 +180,15 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         """After a checkpoint load: every group's hyperparameters as the checkpoint
         restored them in the engine."""
         for g, h in zip(self.param_groups, self._core.param_group_hypers()):
-            for key in HYPER_KEYS:
+            for key in self._keys:
                 g[key] = h[key]
-        self._pushed = [engine_options(g, d) for g, d in zip(self.param_groups, self._decoupled)]
+        self._pushed = [self._options(g, d) for g, d in zip(self.param_groups, self._decoupled)]
 
     def show_scheduled_lr(self):
         """After a step under a config scheduler: its lr into every group."""
         for g, h in zip(self.param_groups, self._core.param_group_hypers()):
             g["lr"] = h["lr"]
-        self._pushed = [engine_options(g, d) for g, d in zip(self.param_groups, self._decoupled)]
+        self._pushed = [self._options(g, d) for g, d in zip(self.param_groups, self._decoupled)]
 
     # Set by zeroshard.integrations.ZeroShardTrainer, whose training_step already ran
     # engine.step(): the Trainer's own optimizer.step() call then does nothing.

@@ -101,7 +101,7 @@ TEST(Config, WrongTypeNamesKeyValueAndAllowed) {
   expect_contains(load_error("bf16: {enabled: maybe}"), "true or false");
   expect_contains(load_error("aio: {block_size: 1000}"), "a multiple of 4096");
   expect_contains(load_error("optimizer: {params: {betas: [0.9]}}"), "two numbers");
-  expect_contains(load_error("optimizer: {type: SGD}"), "one of AdamW, Adam");
+  expect_contains(load_error("optimizer: {type: Sgd}"), "one of AdamW, Adam, SGD");
   expect_contains(load_error("zero_optimization: {offload_optimizer: {device: gpu}}"),
                   "none, cpu, nvme or auto");
   expect_contains(load_error("zero_optimization: 3"), "must be a mapping");
@@ -291,4 +291,45 @@ TEST(Config, DeepSpeedsAdamParametersAreReadAsDeepSpeedReadsThem) {
       load_error(R"({"optimizer": {"type": "Adam", "params": {"bias_correction": false}}})");
   expect_contains(error, "'optimizer.params.bias_correction' is false");
   expect_contains(error, "allowed: true");
+}
+
+TEST(Config, ATorchOptimizerTypeKeepsItsParamsForTheClassAndCountsItsState) {
+  const auto sgd = load_config_string(R"({"optimizer": {"params": {"lr": 0.1, "momentum": 0.9,
+      "nesterov": true}, "type": "SGD"}})",
+                                      "ds.json");
+  const OptimizerConfig& o = sgd.config.optimizer;
+  EXPECT_TRUE(o.external);
+  EXPECT_EQ(o.type, "SGD");
+  EXPECT_EQ(o.torch_params.at("momentum"), "0.9");
+  EXPECT_EQ(o.torch_params.at("nesterov"), "true");
+  EXPECT_EQ(o.state_bytes, 4);  // the momentum buffer: a third of Adam's m, v and master
+  const auto plain =
+      load_config_string(R"({"optimizer": {"type": "SGD", "params": {"lr": 1}}})", "ds.json");
+  EXPECT_EQ(plain.config.optimizer.state_bytes, 0);
+  const auto rms = load_config_string(
+      R"({"optimizer": {"type": "RMSprop", "params": {"momentum": 0.5, "centered": true}}})",
+      "ds.json");
+  EXPECT_EQ(rms.config.optimizer.state_bytes, 12);
+  EXPECT_EQ(load_config_string("{}", "x").config.optimizer.state_bytes, 8);  // Adam's m and v
+  // The emitted config names the class and its params, and loads back to them.
+  const auto again = load_config_string(emit_config_yaml(sgd.config), "emitted");
+  EXPECT_EQ(again.config.optimizer.torch_params, o.torch_params);
+  EXPECT_TRUE(again.config.optimizer.external);
+}
+
+TEST(Config, OptimizerTypesZeroshardLacksAreRefusedWithTheReason) {
+  std::string error = load_error(R"({"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}})");
+  expect_contains(error, "config key 'optimizer.type' is 'Lamb'");
+  expect_contains(error, "a norm of the whole parameter");
+  expect_contains(error, "allowed: one of AdamW, Adam, SGD, Adagrad");
+  error = load_error(R"({"optimizer": {"type": "OneBitAdam"}})");
+  expect_contains(error, "reduces them in full precision: use Adam");
+  error = load_error(R"({"optimizer": {"type": "Adagrad"}, "zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})");
+  expect_contains(error, "'nvme' with 'optimizer.type' Adagrad");
+  error = load_error(R"({"optimizer": {"type": "SGD", "parameters": {}}})");
+  expect_contains(error, "'optimizer.parameters' is not known");
+  error = load_error(R"({"optimizer": {"type": "SGD"}, "zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu", "overlap_step": true}}})");
+  expect_contains(error, "torch.optim.SGD steps after backward");
 }

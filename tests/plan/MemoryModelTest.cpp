@@ -266,3 +266,18 @@ TEST(MemoryModel, HpzKeepsHalfOfEveryFreedUnitPerRank) {
               0)
         << o.label();
 }
+
+// A torch.optim class's state is what it keeps per element: SGD with momentum one fp32
+// array (a third of Adam's 12 bytes with the master), beside the same fp32 master.
+TEST(MemoryModel, OptimizerStateIsTheOptimizersOwn) {
+  Config c = toy_config(true);
+  c.optimizer = load_config_string(R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9}}})",
+                                   "ds.json")
+                    .config.optimizer;
+  const auto m =
+      predict_memory(toy_spec(), {2, OD::Cpu, OD::None}, c, WorldShape{1, 2}, TrainingShape{});
+  EXPECT_EQ(m.at(Tier::Host, Kind::OptimizerStates), 4 * 3200);
+  EXPECT_EQ(m.at(Tier::Host, Kind::MasterParams), 4 * 3200);
+  const auto adam = predict({2, OD::Cpu, OD::None});
+  EXPECT_EQ(adam.at(Tier::Host, Kind::OptimizerStates), 8 * 3200);
+}

@@ -103,10 +103,11 @@ REFUSALS = [
     ("model_parameters=[{'params': decay, 'momentum': 0.9}, {'params': rest}]",
      "model_parameters[0]: key 'momentum' belongs to another optimizer"),
     ("model_parameters=[{'params': decay}, rest[0]]", "model_parameters: a mix of"),
-    ("optimizer=torch.optim.SGD(model.parameters(), lr=0.1)",
-     "optimizer: torch.optim.sgd.SGD is not supported; allowed: torch.optim.AdamW or"),
-    ("optimizer=torch.optim.AdamW(model.parameters(), amsgrad=True)",
-     "optimizer.param_groups[0]: amsgrad=True is not supported"),
+    ("optimizer=torch.optim.LBFGS(model.parameters())",
+     "optimizer: torch.optim.lbfgs.LBFGS steps with a closure over whole parameters, which a "
+     "shard does not hold; allowed: an optimizer whose update is elementwise"),
+    ("optimizer=torch.optim.AdamW(model.parameters(), differentiable=True)",
+     "optimizer: AdamW(differentiable=True) is not supported; allowed: differentiable=False"),
     ("optimizer=torch.optim.AdamW(model.parameters()), model_parameters=decay",
      "model_parameters and optimizer name different parameters"),
     ("optimizer=torch.optim.AdamW(model.parameters()), "

@@ -1,0 +1,73 @@
+#include "bindings/PyOptimizerHooks.h"
+
+#include <memory>
+
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+
+namespace zeroshard {
+namespace {
+
+// The owner, released with the GIL held whichever thread drops the last hook.
+struct Owner {
+  explicit Owner(py::object o) : object(std::move(o)) {}
+  ~Owner() {
+    py::gil_scoped_acquire gil;
+    object = py::object();
+  }
+  py::object object;
+};
+
+}  // namespace
+
+ExternalOptimizerHooks python_optimizer_hooks(py::object owner_object) {
+  auto owner = std::make_shared<Owner>(std::move(owner_object));
+  ExternalOptimizerHooks h;
+  h.step = [owner](const std::vector<at::Tensor>& grads, const std::vector<AdamHyper>& hypers) {
+    py::gil_scoped_acquire gil;
+    std::vector<double> lrs;
+    for (const auto& hyper : hypers) lrs.push_back(hyper.lr);
+    owner->object.attr("step")(grads, lrs);
+  };
+  h.state_names = [owner] {
+    py::gil_scoped_acquire gil;
+    return owner->object.attr("state_names")().cast<std::vector<std::string>>();
+  };
+  h.read_state = [owner](size_t group, const std::vector<at::Tensor>& arrays) {
+    py::gil_scoped_acquire gil;
+    owner->object.attr("read_state")(group, arrays);
+  };
+  h.write_state = [owner](size_t group, const std::vector<at::Tensor>& arrays) {
+    py::gil_scoped_acquire gil;
+    owner->object.attr("write_state")(group, arrays);
+  };
+  h.scalar_state = [owner] {
+    py::gil_scoped_acquire gil;
+    return owner->object.attr("scalar_state")().cast<std::string>();
+  };
+  h.set_scalar_state = [owner](const std::string& json, int64_t steps) {
+    py::gil_scoped_acquire gil;
+    owner->object.attr("set_scalar_state")(json, steps);
+  };
+  h.state_bytes = [owner] {
+    py::gil_scoped_acquire gil;
+    return owner->object.attr("state_bytes")().cast<int64_t>();
+  };
+  return h;
+}
+
+py::list optimizer_shards(const ExternalOptimizer& optimizer) {
+  py::list out;
+  for (size_t g = 0; g < optimizer.groups(); ++g) {
+    py::list spans;
+    for (const HyperSpan& s : optimizer.spans(g))
+      spans.append(py::make_tuple(s.begin, s.count, s.group));
+    if (optimizer.spans(g).empty())  // one parameter group: the whole shard is in group 0
+      spans.append(py::make_tuple(0, optimizer.group_numel(g), 0));
+    out.append(py::make_tuple(optimizer.masters()[g], spans));
+  }
+  return out;
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,256 @@
+"""Any elementwise torch.optim class on this rank's shards (engine/ExternalOptimizer.h).
+
+The client's optimizer class (or the config's optimizer.type, a torch.optim class name,
+as DeepSpeed takes it) is built a second time, over views of this rank's fp32 master
+shards: each parameter group's piece of each flat shard is one tensor of that group.
+An elementwise update (SGD, Adagrad, RMSprop, Adamax, NAdam, RAdam, Adam with amsgrad,
+a client's Lion, ...) gives every element what it gives it in the whole parameter, so
+training matches DDP with the same optimizer. The engine hands it the reduced, scaled
+gradients and writes the updated masters back to the parameters.
+
+What the class keeps per element (state tensors shaped like the parameter) is read by
+a probe: the class stepped once on a two-element tensor with each group's options. The
+names are then the same on every rank from the first step, which checkpoints need
+(arrays named as torch names them, resharded like the parameters); the rest of the
+state (torch's per-parameter step counts, NAdam's mu_product) is the same for every
+parameter of a group and is saved per group."""
+import json
+
+import torch
+
+from . import _zeroshard
+
+# zeroshard's own optimizer: these classes without the options it lacks.
+_BUILTIN = (torch.optim.AdamW, torch.optim.Adam)
+_BUILTIN_LACKS = ("amsgrad", "maximize")
+# Classes whose update needs a whole parameter, not the elementwise view a shard gives.
+_WHOLE_TENSOR = {"LBFGS": "steps with a closure over whole parameters",
+                 "SparseAdam": "steps sparse gradients; zeroshard's gradients are dense",
+                 "Muon": "orthogonalises each whole matrix update",
+                 "Adafactor": "factors each matrix's second moment by its rows and columns"}
+
+
+def _error(message):
+    return _zeroshard.Error(message)
+
+
+def is_builtin(optimizer):
+    """Whether zeroshard's own Adam/AdamW steps `optimizer` (a torch.optim object)."""
+    return (type(optimizer) in _BUILTIN and
+            not any(g.get(k) for g in optimizer.param_groups for k in _BUILTIN_LACKS))
+
+
+def check_class(optimizer):
+    """Refuses a class whose update is not elementwise, naming why."""
+    name = type(optimizer).__name__
+    if name in _WHOLE_TENSOR:
+        raise _error(f"optimizer: {type(optimizer).__module__}.{name} {_WHOLE_TENSOR[name]}, "
+                     "which a shard does not hold; allowed: an optimizer whose update is "
+                     "elementwise (SGD, Adagrad, RMSprop, Adam, AdamW, Adamax, NAdam, RAdam, ...)")
+    if any(g.get("differentiable") for g in optimizer.param_groups):
+        raise _error(f"optimizer: {name}(differentiable=True) is not supported; allowed: "
+                     "differentiable=False (the engine steps the shards outside autograd)")
+    if any(_has_stepped(s) for s in optimizer.state.values()):
+        raise _error(f"optimizer: this {name} has already stepped (it holds state for "
+                     f"{len(optimizer.state)} tensors, which would be lost); pass a fresh one, "
+                     "or resume with engine.load_checkpoint")
+
+
+def _yaml_scalar(text):
+    """A param as the config loader kept it (YAML flow text): numbers, booleans and lists
+    read as JSON does; anything else is the text itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {"True": True, "False": False, "None": None, "null": None}.get(text, text)
+
+
+def _has_stepped(state):
+    """Whether one parameter's state shows a step (Adagrad makes its state, at step 0,
+    in its constructor)."""
+    step = state.get("step")
+    return bool(state) and (step is None or float(step) > 0)
+
+
+def from_config(text, origin, groups):
+    """A torch.optim object of the config's optimizer section over `groups` (dicts with
+    'params'), or None where it names zeroshard's own Adam/AdamW (or is absent)."""
+    named = _zeroshard.config_torch_optimizer(text, origin)
+    if named is None:
+        return None
+    name, raw = named
+    cls = getattr(torch.optim, name)  # the config loader took only torch.optim's names
+    params = {k: _yaml_scalar(v) for k, v in raw.items()}
+    try:
+        return cls([dict(g) for g in groups], **params)
+    except (TypeError, ValueError) as e:
+        import inspect
+        taken = [p for p in inspect.signature(cls).parameters if p != "params"]
+        raise _error(f"{origin}: config key 'optimizer.params' {params} is not allowed for "
+                     f"torch.optim.{name}: {e}; allowed: {', '.join(taken)}") from None
+
+
+def _construct(cls, groups, defaults):
+    """cls over `groups` with the client's constructor arguments (its defaults): some
+    classes read an argument only there (Adagrad's initial_accumulator_value fills its
+    state in the constructor)."""
+    try:
+        return cls(groups, **defaults)
+    except TypeError:  # defaults that are not constructor arguments
+        return cls(groups)
+
+
+def _probe(cls, options, defaults):
+    """(per-element state names, scalar state names, bytes per element) of `cls` with
+    one group's `options`, from one step on a two-element tensor on the host (where
+    the implementation choices, which name no state, are left to torch)."""
+    p = torch.zeros(2, requires_grad=True)
+    p.grad = torch.full((2,), 0.5)
+    chosen = ("foreach", "fused", "capturable")
+    options = {k: v for k, v in options.items() if k not in chosen}
+    opt = _construct(cls, [dict(options, params=[p])],
+                     {k: v for k, v in defaults.items() if k not in chosen})
+    opt.step()
+    arrays, scalars, nbytes = [], [], 0
+    for key, value in opt.state[p].items():
+        if isinstance(value, torch.Tensor) and value.shape == p.shape:
+            arrays.append(key)
+            nbytes += value.element_size()
+        else:
+            scalars.append(key)
+    return arrays, scalars, nbytes
+
+
+def _options(group):
+    return {k: v for k, v in group.items() if k != "params"}
+
+
+def state_bytes_per_element(optimizer):
+    """Bytes per trained element of `optimizer`'s state: the largest group's."""
+    return max(_probe(type(optimizer), _options(g), optimizer.defaults)[2]
+               for g in optimizer.param_groups)
+
+
+def _scalar_json(value):
+    if isinstance(value, torch.Tensor):
+        return {"value": value.item(), "dtype": str(value.dtype).replace("torch.", ""),
+                "on_param_device": value.device.type != "cpu"}
+    return {"value": value}
+
+
+def _scalar_value(saved, device):
+    if "dtype" not in saved:
+        return saved["value"]
+    where = device if saved.get("on_param_device") else "cpu"
+    return torch.tensor(saved["value"], dtype=getattr(torch, saved["dtype"]), device=where)
+
+
+class TorchShardOptimizer:
+    """`client`'s class over this rank's shards; the C++ engine calls the methods below
+    (bindings/PyOptimizerHooks.h)."""
+
+    def __init__(self, core, client):
+        self._client = client
+        self._cls = type(client)
+        shards = core.optimizer_shards()
+        n_groups = len(client.param_groups)
+        self._spans = []  # per flat group: [(begin, count, param group, view)]
+        members = [[] for _ in range(n_groups)]
+        for master, spans in shards:
+            pieces = []
+            for begin, count, g in spans:
+                view = master.narrow(0, begin, count)
+                pieces.append((begin, count, g, view))
+                members[g].append(view)
+            self._spans.append(pieces)
+        self._opt = _construct(self._cls, [dict(_options(g), params=members[i])
+                                           for i, g in enumerate(client.param_groups)],
+                               client.defaults)
+        probes = [_probe(self._cls, _options(g), client.defaults) for g in client.param_groups]
+        self._group_arrays = [p[0] for p in probes]
+        self._group_scalars = [p[1] for p in probes]
+        self._names = []
+        for arrays in self._group_arrays:
+            self._names += [a for a in arrays if a not in self._names]
+        self._scalars = [None] * n_groups  # restored per group, set before write_state
+
+    def _sync_options(self, lrs):
+        """The client's group options (a scheduler or the user may change them) and the
+        engine's lr of each group (a config scheduler's)."""
+        for client, mine, lr in zip(self._client.param_groups, self._opt.param_groups, lrs):
+            for key, value in client.items():
+                if key != "params":
+                    mine[key] = value
+            mine["lr"] = lr
+
+    def step(self, grads, lrs):
+        self._sync_options(lrs)
+        for pieces, grad in zip(self._spans, grads):
+            for begin, count, _, view in pieces:
+                view.grad = grad.narrow(0, begin, count)
+        try:
+            self._opt.step()
+        finally:
+            for pieces in self._spans:
+                for *_, view in pieces:
+                    view.grad = None
+
+    def state_names(self):
+        return list(self._names)
+
+    def read_state(self, group, arrays):
+        for begin, count, _, view in self._spans[group]:
+            state = self._opt.state.get(view, {})
+            for name, out in zip(self._names, arrays):
+                piece = out.narrow(0, begin, count)
+                if name in state:
+                    piece.copy_(state[name])
+                else:
+                    piece.zero_()
+
+    def write_state(self, group, arrays):
+        for begin, count, g, view in self._spans[group]:
+            if self._scalars[g] is None:  # saved before the first step: as constructed
+                continue
+            state = self._opt.state[view]
+            state.clear()
+            for name, saved in zip(self._names, arrays):
+                if name in self._group_arrays[g]:
+                    state[name] = saved.narrow(0, begin, count).to(view.device, copy=True)
+            for key, saved in (self._scalars[g] or {}).items():
+                state[key] = _scalar_value(saved, view.device)
+
+    def scalar_state(self):
+        """Each parameter group's scalar state, from its first piece on this rank."""
+        groups = [None] * len(self._opt.param_groups)
+        for pieces in self._spans:
+            for _, _, g, view in pieces:
+                state = self._opt.state.get(view)
+                if groups[g] is None and state:
+                    groups[g] = {k: _scalar_json(v) for k, v in state.items()
+                                 if k not in self._group_arrays[g]}
+        return json.dumps({"groups": groups})
+
+    def set_scalar_state(self, text, steps):
+        """Before write_state: the saved scalars, or where a group has none (a checkpoint
+        of zeroshard's Adam, a group absent from the saving rank's shard) the step count."""
+        saved = json.loads(text)
+        groups = saved.get("groups") if isinstance(saved, dict) else None
+        self._scalars = [None] * len(self._opt.param_groups)
+        if steps == 0:
+            return
+        for g, needed in enumerate(self._group_scalars):
+            if groups and g < len(groups) and groups[g] is not None:
+                self._scalars[g] = groups[g]
+                continue
+            lacking = [k for k in needed if k != "step"]
+            if lacking:
+                raise _error(f"the checkpoint holds no {', '.join(lacking)} for parameter group "
+                             f"{g}, which {self._cls.__name__} keeps; resume with the optimizer "
+                             "the checkpoint was saved with")
+            step = {"value": float(steps), "dtype": "float32"}
+            self._scalars[g] = {"step": step} if "step" in needed else {}
+
+    def state_bytes(self):
+        return sum(v.nbytes for s in self._opt.state.values() for v in s.values()
+                   if isinstance(v, torch.Tensor) and v.dim() > 0)

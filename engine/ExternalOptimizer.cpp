@@ -1,0 +1,117 @@
+#include "engine/ExternalOptimizer.h"
+
+#include <ATen/ATen.h>
+
+#include "common/Error.h"
+
+namespace zeroshard {
+
+ExternalOptimizer::ExternalOptimizer(std::string name, Tier tier, MemoryLedger* ledger)
+    : name_(std::move(name)),
+      tier_(tier),
+      ledger_(ledger),
+      state_entry_(ledger, tier, Kind::OptimizerStates, 0) {}
+
+void ExternalOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan> spans) {
+  const bool on_host = tier_ == Tier::Host;
+  const bool in_place = shard.scalar_type() == at::kFloat && (!on_host || shard.is_cpu());
+  at::Tensor master = in_place ? shard : shard.to(on_host ? at::kCPU : shard.device(), at::kFloat);
+  if (!in_place) {
+    master_entries_.emplace_back(ledger_, tier_, Kind::MasterParams, master.numel() * 4);
+  }
+  shards_.push_back(shard);
+  masters_.push_back(master);
+  spans_.push_back(std::move(spans));
+}
+
+void ExternalOptimizer::set_hooks(ExternalOptimizerHooks hooks) {
+  hooks_ = std::move(hooks);
+  hooked_ = true;
+  count_state();
+}
+
+const ExternalOptimizerHooks& ExternalOptimizer::hooks() const {
+  if (!hooked_) {
+    fail(
+        "optimizer.type '{}' is a torch.optim class, which the Python package steps "
+        "(zeroshard.initialize); allowed in a LibTorch program: optimizer.type Adam or AdamW",
+        name_);
+  }
+  return hooks_;
+}
+
+void ExternalOptimizer::write_back(size_t group) {
+  at::Tensor& shard = shards_[group];
+  if (masters_[group].data_ptr() != shard.data_ptr()) shard.copy_(masters_[group]);
+}
+
+void ExternalOptimizer::count_state() {
+  state_entry_.resize(hooks_.state_bytes ? hooks_.state_bytes() : 0);
+}
+
+void ExternalOptimizer::step(const std::vector<at::Tensor>& grads, double grad_scale,
+                             const std::vector<AdamHyper>& hypers) {
+  const ExternalOptimizerHooks& h = hooks();
+  std::vector<at::Tensor> scaled;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    at::Tensor g = grads[i];
+    if (g.device() != masters_.at(i).device()) g = g.to(masters_[i].device());
+    if (grad_scale != 1.0) g.mul_(grad_scale);
+    scaled.push_back(g);
+  }
+  ++steps_;
+  h.step(scaled, hypers);
+  for (size_t i = 0; i < shards_.size(); ++i) write_back(i);
+  count_state();
+}
+
+void ExternalOptimizer::reload_master(size_t group) {
+  if (masters_.at(group).data_ptr() != shards_.at(group).data_ptr())
+    masters_[group].copy_(shards_[group]);
+}
+
+std::vector<std::string> ExternalOptimizer::state_names() const {
+  return hooks().state_names();
+}
+
+namespace {
+
+at::Tensor host_view(const float* data, int64_t n) {
+  return at::from_blob(const_cast<float*>(data), {n}, at::kFloat);
+}
+
+}  // namespace
+
+void ExternalOptimizer::read_state(size_t group, const std::vector<float*>& arrays) {
+  const int64_t n = group_numel(group);
+  if (arrays.empty()) fail("ExternalOptimizer::read_state: no array for the master");
+  host_view(arrays[0], n).copy_(masters_.at(group));
+  std::vector<at::Tensor> state;
+  for (size_t a = 1; a < arrays.size(); ++a) state.push_back(host_view(arrays[a], n));
+  hooks().read_state(group, state);
+}
+
+void ExternalOptimizer::write_state(size_t group, const std::vector<std::string>& names,
+                                    const std::vector<const float*>& arrays) {
+  check_state_names(names, state_names(), name_.c_str());
+  const int64_t n = group_numel(group);
+  if (arrays.size() != names.size() + 1) {
+    fail("ExternalOptimizer::write_state: {} arrays for {} names", arrays.size(), names.size());
+  }
+  masters_.at(group).copy_(host_view(arrays[0], n));
+  write_back(group);
+  std::vector<at::Tensor> state;
+  for (size_t a = 1; a < arrays.size(); ++a) state.push_back(host_view(arrays[a], n));
+  hooks().write_state(group, state);
+  count_state();
+}
+
+std::string ExternalOptimizer::scalar_state() const {
+  return hooks().scalar_state();
+}
+
+void ExternalOptimizer::set_scalar_state(const std::string& json) {
+  hooks().set_scalar_state(json, steps_);
+}
+
+}  // namespace zeroshard
