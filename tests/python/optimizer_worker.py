@@ -4,11 +4,15 @@ their own lr), clipping at 1.0, under torch DDP (mode ddp) or under zeroshard fo
 of several configs in turn (mode zs). Writes OUT.rankN.json: the per-step losses of
 each run and, from rank 0, the parameters after the last step (OUT.rank0.<i>.pt).
 usage: optimizer_worker.py ddp|zs CLASS KWARGS_JSON STEPS OUT [RUNS_JSON]
-Each zs run is {"config": {...}, "via": "client" | "config", "resume_at": N (optional)}:
-via config names the class in the config's optimizer section (DeepSpeed's way) instead
-of passing the optimizer object; resume_at saves a checkpoint after N steps, builds a
-new model and engine, loads it and trains on (the losses and parameters must then be
-bit-identical to an uninterrupted run)."""
+Each zs run is {"config": {...}, "via": "client" | "config", "resume_at": N,
+"save_to": DIR, "load_from": DIR} (all but config optional): via config names the class
+in the config's optimizer section (DeepSpeed's way) instead of passing the optimizer
+object; resume_at saves a checkpoint after N steps, builds a new model and engine, loads
+it and trains on (the losses and parameters must then be bit-identical to an
+uninterrupted run); save_to keeps that checkpoint in DIR, and load_from starts from the
+one in DIR (saved at another world size) at the step it was saved.
+Each zs run also reports this rank's optimizer state bytes, held and predicted:
+{"losses": [...], "optimizer_states": [current, predicted]}."""
 import json
 import os
 import sys
@@ -63,8 +67,12 @@ def engine_for(cls, kwargs, run):
 def train_zs(cls, kwargs, steps, run, scratch):
     engine = engine_for(cls, kwargs, run)
     rank, world = engine.rank, engine.world_size
-    losses, resume_at = [], run.get("resume_at")
-    for step in range(steps):
+    losses, resume_at, first = [], run.get("resume_at"), 0
+    scratch = run.get("save_to", scratch)
+    if run.get("load_from"):
+        _, client = engine.load_checkpoint(run["load_from"])
+        first = client["next_step"]
+    for step in range(first, steps):
         if step == resume_at:
             engine.save_checkpoint(scratch, client_state={"next_step": step})
             engine = engine_for(cls, kwargs, run)  # a new model and engine, from the file
@@ -73,7 +81,10 @@ def train_zs(cls, kwargs, steps, run, scratch):
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    return losses, engine.state_dict()
+    tier = "host" if "offload_optimizer" in run["config"]["zero_optimization"] else "device"
+    held = engine.memory_report()[tier]["kinds"]["optimizer_states"]
+    report = {"losses": losses, "optimizer_states": [held["current"], held["predicted"]]}
+    return report, engine.state_dict()
 
 
 def main():

@@ -61,11 +61,15 @@ def test_torch_optimizer_on_the_shards_matches_ddp(name, scratch):
             {"config": STAGE2_CPU, "via": "config" if name != "Adam" else "client"},
             {"config": STAGE3, "via": "client"}]
     want_losses, (want_params,) = run(scratch, "ddp", name)
-    got_losses, got_params = run(scratch, "zs", name, runs)
+    got, got_params = run(scratch, "zs", name, runs)
     for i, r in enumerate(runs):
         what = f"{name} {r['config']['zero_optimization']} via {r['via']}"
-        assert_close([got[i] for got in got_losses], got_params[i],
+        assert_close([g[i]["losses"] for g in got], got_params[i],
                      [w[0] for w in want_losses], want_params, what)
+        # The state the class holds is what the memory model predicted from its probe.
+        for rank in range(WORLD):
+            held, predicted = got[rank][i]["optimizer_states"]
+            assert held == predicted > 0, f"{what}, rank {rank}: {held} vs {predicted}"
 
 
 @pytest.mark.parametrize("name", ["SGD", "Adagrad", "NAdam"])
@@ -74,9 +78,9 @@ def test_a_torch_optimizer_resumes_bit_identically(name, scratch):
     parameters, bit for bit, as without the interruption (the state arrays resharded by
     name, the per-group step counts and NAdam's mu_product restored)."""
     runs = [{"config": STAGE3}, {"config": STAGE3, "resume_at": 4}]
-    losses, params = run(scratch, "zs", name, runs)
+    got, params = run(scratch, "zs", name, runs)
     for rank in range(WORLD):
-        assert losses[rank][1] == losses[rank][0], f"rank {rank}: {losses[rank]}"
+        assert got[rank][1]["losses"] == got[rank][0]["losses"], f"rank {rank}: {got[rank]}"
     for key, t in params[0].items():
         assert torch.equal(params[1][key], t), key
     manifest = json.load(open(os.path.join(str(scratch / f"zs-{name}.ckpt1"), "global_step4",
@@ -105,3 +109,20 @@ def test_nvme_state_and_a_classs_foreign_params_are_refused_by_name():
         in refusals[0]
     assert "config key 'optimizer.params'" in refusals[1] and "betas" in refusals[1]
     assert "allowed: " in refusals[1] and "momentum" in refusals[1]
+
+
+def test_a_torch_optimizers_checkpoint_continues_at_four_ranks(scratch):
+    """Adagrad (its sum and per-group step count) saved after 4 steps at 2 ranks, stage 3,
+    loaded at 4 ranks, stage 2: 4 more steps end where 8 uninterrupted steps at 2 ranks
+    do (the same global batches), within 1e-5."""
+    ckpt = str(scratch / "ckpt")
+    runs = [{"config": STAGE3}, {"config": STAGE3, "resume_at": 4, "save_to": ckpt}]
+    _, (whole, _) = run(scratch, "zs", "Adagrad", runs)
+    out = str(scratch / "four")
+    load = [{"config": {"zero_optimization": {"stage": 2}}, "load_from": ckpt}]
+    run_ranks([WORKER, "zs", "Adagrad", json.dumps(CASES["Adagrad"]), str(STEPS), out,
+               json.dumps(load)], 4, out, timeout=600)
+    resumed = torch.load(f"{out}.rank0.0.pt")
+    for key, w in whole.items():
+        diff = (resumed[key] - w).abs().max().item()
+        assert diff <= 1e-5 * max(w.abs().max().item(), 1e-6), f"{key} off by {diff}"
