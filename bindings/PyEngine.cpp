@@ -325,6 +325,7 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly("global_grad_norm", &TrainingEngine::global_grad_norm)
       .def_property_readonly("lr", &TrainingEngine::lr)
       .def_property_readonly("optimizer_steps", &TrainingEngine::optimizer_steps)
+      .def_property_readonly("micro_steps", &TrainingEngine::micro_steps)
       .def_property_readonly("rank", &TrainingEngine::rank)
       .def_property_readonly("world_size", &TrainingEngine::world_size)
       .def_property_readonly("stage",

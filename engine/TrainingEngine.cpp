@@ -3,6 +3,7 @@
 #include "engine/TrainingEngine.h"
 
 #include "engine/EngineImpl.h"
+#include "engine/StepPipeline.h"
 
 namespace zeroshard {
 
@@ -101,6 +102,10 @@ void TrainingEngine::set_param_group(size_t group, const ParamGroupOptions& opti
 std::vector<AdamHyper> TrainingEngine::param_group_hypers() const {
   return impl_->param_group_hypers();
 }
+int64_t TrainingEngine::micro_steps() const {
+  return impl_->pipeline_->micro_steps();
+}
+
 ExternalOptimizer& TrainingEngine::external_optimizer() {
   if (!impl_->external_) {
     fail("this engine steps zeroshard's own {}, not a torch.optim class",

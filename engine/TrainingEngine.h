@@ -111,6 +111,9 @@ class TrainingEngine final : public Engine {
   // The hyperparameters each parameter group will step with next (a config scheduler's
   // lr included).
   std::vector<AdamHyper> param_group_hypers() const;
+  // Backward passes so far (a checkpoint restores the count): the accumulation window's
+  // position.
+  int64_t micro_steps() const;
   const Plan& plan() const;
   const Config& config() const;
   MemoryDetail memory_detail() const;

@@ -126,7 +126,6 @@ class ZeroShardEngine:
         if self._engine.stage == 3:
             self._hook_stage3(model)
         self._hook_model(model)
-        self._micro_steps = 0
         self._step_applied = False
         me = weakref.ref(self)
         for _, p in params:
@@ -197,11 +196,10 @@ class ZeroShardEngine:
             raise _zeroshard.Error(
                 "engine.step() called before engine.backward(loss): there are no gradients "
                 "to step with; call engine.backward(loss) after each forward")
+        boundary = self.is_gradient_accumulation_boundary()
         self._pending_backward = False
         self.optimizer.push_groups()
-        boundary = self.is_gradient_accumulation_boundary()
         stepped = self._engine.step()
-        self._micro_steps += 1
         if boundary:
             self._step_applied = stepped
         if stepped and self._scheduled:
@@ -252,7 +250,10 @@ class ZeroShardEngine:
     def is_gradient_accumulation_boundary(self):
         """True when the next engine.step() ends an accumulation window (steps the
         optimizer), as DeepSpeed counts micro-steps."""
-        return (self._micro_steps + 1) % self.gradient_accumulation_steps() == 0
+        # The engine counts a micro-step at each backward (and a checkpoint restores the
+        # count); DeepSpeed counts at each step().
+        done = self._engine.micro_steps - (1 if self._pending_backward else 0)
+        return (done + 1) % self.gradient_accumulation_steps() == 0
 
     def get_global_grad_norm(self):
         """The gradients' global norm at the last optimizer step (before clipping)."""

@@ -67,10 +67,13 @@ def _fill(config, path, value, arg, origin):
 
 
 def _fill_optimizer(config, args, origin):
+    """Adam's and AdamW's params from TrainingArguments where missing or 'auto'; a
+    torch.optim class takes its own keyword arguments, so only those written 'auto'."""
     params = config["optimizer"].setdefault("params", {})
+    adam = config["optimizer"].get("type", "AdamW") in ("Adam", "AdamW")
     for key, value in (("lr", args.learning_rate), ("weight_decay", args.weight_decay),
                        ("betas", [args.adam_beta1, args.adam_beta2]), ("eps", args.adam_epsilon)):
-        if params.get(key, "auto") == "auto":
+        if params.get(key) == "auto" or (adam and key not in params):
             params[key] = value
 
 

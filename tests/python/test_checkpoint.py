@@ -178,3 +178,26 @@ def test_consolidate_streams_one_parameter_at_a_time(scratch):
     # The output, two copies of one parameter in flight, and 24 MiB for the interpreter's
     # own growth; holding the master, m and v shards would take 3x the output.
     assert grew <= output_kib + 2 * one_param_kib + 24 * 1024, (grew, output_kib)
+
+
+def test_a_checkpoint_saved_inside_an_accumulation_window_resumes_at_its_place(scratch):
+    """Accumulation 3, saved after one micro-step: the loaded engine's next two step()s
+    finish that window (is_gradient_accumulation_boundary() as DeepSpeed counts it),
+    the first of them without stepping the optimizer."""
+    from conftest import run_snippet as run_one
+    code, out = run_one(f"""
+config = {{"gradient_accumulation_steps": 3, "zero_optimization": {{"stage": 2}}}}
+def micro_step(engine):
+    engine.backward(engine(torch.ones(2, 4)).square().sum())
+    before = engine.is_gradient_accumulation_boundary()
+    return before, engine.step()
+engine, *_ = zeroshard.initialize(model=model, config=config)
+micro_step(engine)
+engine.save_checkpoint({str(scratch)!r})
+fresh, *_ = zeroshard.initialize(model=torch.nn.Sequential(torch.nn.Linear(4, 4)), config=config)
+fresh.load_checkpoint({str(scratch)!r})
+print("BOUNDARY", fresh.is_gradient_accumulation_boundary(), micro_step(fresh), micro_step(fresh),
+      fresh.global_steps)
+""")
+    assert code == 0, out
+    assert "BOUNDARY False (False, False) (True, True) 1" in out, out

@@ -31,19 +31,26 @@ def trainer_run(mode, scratch, config=None, tag=None, env=None):
     return run_ranks(args, WORLD, out, timeout=600, extra_env=env), out
 
 
-def ddp(scratch):
-    if not _reference:
-        _reference["run"] = trainer_run("ddp", scratch)
-    return _reference["run"]
+def ddp(scratch, optim="adamw_torch"):
+    if optim not in _reference:
+        _reference[optim] = trainer_run("ddp", scratch, tag=f"ddp-{optim}",
+                                        env={"ZS_TRAINER_OPTIM": optim})
+    return _reference[optim]
 
 
-@pytest.mark.parametrize("zero", [{"stage": 3}, {"stage": 2, "offload_optimizer": {"device": "cpu"}}],
-                         ids=["stage3", "stage2-cpu-optimizer"])
-def test_trainer_logs_ddps_losses_and_saves_its_weights(zero, scratch):
+@pytest.mark.parametrize("zero,optim", [({"stage": 3}, "adamw_torch"),
+                                        ({"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                                         "adamw_torch"),
+                                        ({"stage": 3}, "adagrad")],
+                         ids=["stage3", "stage2-cpu-optimizer", "stage3-adagrad"])
+def test_trainer_logs_ddps_losses_and_saves_its_weights(zero, optim, scratch):
+    """TrainingArguments.optim "adagrad": the Trainer's own torch.optim.Adagrad, stepped on
+    the shards."""
     import transformers
-    want, want_out = ddp(scratch)
+    want, want_out = ddp(scratch, optim)
     got, got_out = trainer_run("zs", scratch, {"zero_optimization": zero,
-                                               "gradient_accumulation_steps": "auto"})
+                                               "gradient_accumulation_steps": "auto"},
+                               tag=f"zs-{optim}", env={"ZS_TRAINER_OPTIM": optim})
     for rank in range(WORLD):
         assert len(got[rank]) == len(want[rank]) == STEPS
         for step, ((loss, norm), (loss_ddp, norm_ddp)) in enumerate(zip(got[rank], want[rank])):
@@ -86,6 +93,9 @@ def test_config_values_that_contradict_training_arguments_are_refused(tmp_path):
     assert filled["train_micro_batch_size_per_gpu"] == 4
     assert filled["gradient_clipping"] == 1.0
     assert filled["optimizer"]["params"]["lr"] == args.learning_rate
+    sgd = trainer_config({"optimizer": {"type": "SGD", "params": {"lr": "auto", "momentum": 0.9}}},
+                         args)  # a torch.optim class takes its own arguments: only 'auto' filled
+    assert sgd["optimizer"]["params"] == {"lr": args.learning_rate, "momentum": 0.9}
     with pytest.raises(zeroshard.Error, match="gradient_accumulation_steps is 4 but "
                        "TrainingArguments.gradient_accumulation_steps is 2"):
         trainer_config({"gradient_accumulation_steps": 4}, args)

@@ -57,7 +57,7 @@ def main():
         output_dir=out + ".trainer", max_steps=steps, per_device_train_batch_size=2,
         gradient_accumulation_steps=4, learning_rate=1e-2, weight_decay=0.1, adam_beta1=0.9,
         adam_beta2=0.95, adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="linear",
-        warmup_steps=2, optim="adamw_torch", logging_steps=1,
+        warmup_steps=2, optim=os.environ.get("ZS_TRAINER_OPTIM", "adamw_torch"), logging_steps=1,
         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
         report_to=[], use_cpu=True, seed=1234, data_seed=1234, disable_tqdm=True,
         dataloader_drop_last=True)
