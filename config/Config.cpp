@@ -329,6 +329,11 @@ void check_overlap_step(const Config& c) {
 
 std::optional<OverlapStepObstacle> overlap_step_obstacle(const Config& c) {
   const auto& z = c.zero;
+  if (c.optimizer.type == "Lamb") {
+    return OverlapStepObstacle{
+        "'optimizer.type' Lamb", "optimizer.type Adam or AdamW",
+        "Lamb's trust ratio needs the norm of every parameter's update before any step"};
+  }
   if (c.optimizer.external) {
     return OverlapStepObstacle{
         fmt::format("'optimizer.type' {}", c.optimizer.type),
@@ -384,10 +389,36 @@ void check_contradictions(const Config& c) {
   if (c.bf16 && c.fp16.enabled) {
     fail("config keys 'bf16.enabled' and 'fp16.enabled' are both true; allowed: at most one");
   }
-  if (!c.optimizer.bias_correction) {
+  const bool lamb = c.optimizer.type == "Lamb";
+  if (!c.optimizer.bias_correction && !lamb) {
     fail(
         "config key 'optimizer.params.bias_correction' is false; allowed: true (zeroshard's "
-        "Adam and AdamW correct the moments' bias, as torch's do)");
+        "Adam and AdamW correct the moments' bias, as torch's do), or optimizer.type Lamb");
+  }
+  const bool lamb_keys =
+      c.optimizer.max_coeff || c.optimizer.min_coeff || c.optimizer.eps_inside_sqrt;
+  if (lamb_keys && !lamb) {
+    fail(
+        "config keys 'optimizer.params.max_coeff', 'min_coeff' and 'eps_inside_sqrt' are "
+        "Lamb's, but 'optimizer.type' is {}; allowed: optimizer.type Lamb",
+        c.optimizer.type);
+  }
+  if (c.optimizer.max_grad_norm.value_or(0) > 0) {
+    fail(
+        "config key 'optimizer.params.max_grad_norm' is {}; allowed: 0 (clip with the "
+        "top-level 'gradient_clipping', which clips the global norm before any optimizer)",
+        *c.optimizer.max_grad_norm);
+  }
+  if (lamb && c.optimizer.max_coeff.value_or(10) < c.optimizer.min_coeff.value_or(0.01)) {
+    fail(
+        "config key 'optimizer.params.max_coeff' is {} below 'min_coeff' {}; allowed: "
+        "max_coeff >= min_coeff",
+        c.optimizer.max_coeff.value_or(10), c.optimizer.min_coeff.value_or(0.01));
+  }
+  if (lamb && c.zero.offload_optimizer.device == OffloadDevice::Nvme) {
+    fail(
+        "config key 'zero_optimization.offload_optimizer.device' is 'nvme' with 'optimizer.type' "
+        "Lamb; allowed: cpu or none (Lamb's state stays in memory)");
   }
   const auto& oo = c.zero.offload_optimizer;
   const auto& op = c.zero.offload_param;

@@ -88,6 +88,12 @@ struct OptimizerConfig {
   bool adam_w_mode = true;
   bool torch_adam = false;
   bool bias_correction = true;
+  // DeepSpeed's Lamb (its FusedLamb's arithmetic, sharding/LambOptimizer.h): the trust
+  // ratio's clamp and where eps goes; unset: DeepSpeed's defaults (10, 0.01, false).
+  // Refused with any other type.
+  std::optional<double> max_coeff, min_coeff;
+  std::optional<double> max_grad_norm;  // FusedLamb's own clipping: 0 only
+  bool eps_inside_sqrt = false;
   // A torch.optim class (config/TorchOptimizers.h) or a client optimizer object the
   // Python package steps on the shards (engine/ExternalOptimizer.h): `type` is its class
   // name and `torch_params` the config's params for it, passed to the class as written.

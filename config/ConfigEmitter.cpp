@@ -58,6 +58,11 @@ void set_path(YAML::Node root, const std::string& path, const YAML::Node& value)
   node[keys.back()] = value;
 }
 
+bool is_lamb_param(const std::string& path) {
+  return path == "optimizer.params.max_coeff" || path == "optimizer.params.min_coeff" ||
+         path == "optimizer.params.max_grad_norm" || path == "optimizer.params.eps_inside_sqrt";
+}
+
 }  // namespace
 
 std::string emit_config_yaml(const Config& config) {
@@ -69,6 +74,11 @@ std::string emit_config_yaml(const Config& config) {
     if (knob.type == Knob::Type::Text && knob.as_text(copy).empty()) continue;
     // A torch.optim class's params are its own keyword arguments, not Adam's knobs.
     if (config.optimizer.external && knob.path.rfind("optimizer.params.", 0) == 0) continue;
+    // Lamb's own params: only with Lamb, and only where set (unset: DeepSpeed's defaults).
+    if (is_lamb_param(knob.path) && (config.optimizer.type != "Lamb" ||
+                                     (knob.type == Knob::Type::Float && !knob.as_float(copy)))) {
+      continue;
+    }
     set_path(root, knob.path, knob_value(knob, copy));
   }
   if (config.optimizer.external) {

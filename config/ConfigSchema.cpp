@@ -73,9 +73,9 @@ Knob offload_knob(std::string path, std::function<OffloadDevice&(Config&)> ref) 
   return k;
 }
 
-// zeroshard's own Adam and AdamW, then the torch.optim classes it steps.
+// zeroshard's own Adam, AdamW and Lamb, then the torch.optim classes it steps.
 std::vector<std::string> optimizer_types() {
-  std::vector<std::string> types{"AdamW", "Adam"};
+  std::vector<std::string> types{"AdamW", "Adam", "Lamb"};
   for (const auto& t : torch_optimizer_types()) types.push_back(t);
   return types;
 }
@@ -112,6 +112,10 @@ std::vector<Knob> build_knobs() {
     bool_knob("optimizer.params.adam_w_mode", [](Config& c) -> auto& { return c.optimizer.adam_w_mode; }),
     bool_knob("optimizer.params.torch_adam", [](Config& c) -> auto& { return c.optimizer.torch_adam; }),
     bool_knob("optimizer.params.bias_correction", [](Config& c) -> auto& { return c.optimizer.bias_correction; }),
+    float_knob("optimizer.params.max_coeff", 0, kInf, [](Config& c) -> auto& { return c.optimizer.max_coeff; }),
+    float_knob("optimizer.params.min_coeff", 0, kInf, [](Config& c) -> auto& { return c.optimizer.min_coeff; }),
+    float_knob("optimizer.params.max_grad_norm", 0, kInf, [](Config& c) -> auto& { return c.optimizer.max_grad_norm; }),
+    bool_knob("optimizer.params.eps_inside_sqrt", [](Config& c) -> auto& { return c.optimizer.eps_inside_sqrt; }),
     choice_knob("scheduler.type", {"none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}, [](Config& c) -> auto& { return c.scheduler.type; }),
     float_knob("scheduler.params.warmup_min_lr", 0, kInf, [](Config& c) -> auto& { return c.scheduler.warmup_min_lr; }),
     float_knob("scheduler.params.warmup_max_lr", 0, kInf, [](Config& c) -> auto& { return c.scheduler.warmup_max_lr; }),

@@ -32,9 +32,6 @@ bool is_torch_optimizer_type(const std::string& type) {
 
 const char* refused_optimizer_reason(const std::string& type) {
   static const auto* reasons = new std::map<std::string, const char*>{
-      {"Lamb",
-       "LAMB scales each parameter's update by a norm of the whole parameter, which a shard "
-       "does not hold; use AdamW"},
       {"OneBitAdam",
        "1-bit Adam compresses gradients with error feedback; zeroshard reduces them in full "
        "precision: use Adam"},

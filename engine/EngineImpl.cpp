@@ -196,6 +196,19 @@ void EngineImpl::broadcast_initial_values(const std::vector<NamedParam>& params)
   for (auto& h : handles) h.wait();
 }
 
+// Which trainable parameter (numbered in layout order, the same on every rank) each
+// piece of the optimizer's group `t` holds: elements [begin, begin + count) of `g`.
+void EngineImpl::add_param_pieces(const FlatParamGroup& g, size_t t, int64_t begin, int64_t count,
+                                  size_t& trained_params) {
+  std::vector<ParamPiece> pieces;
+  for (const auto& s : g.slots()) {
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(begin + count, s.offset + s.numel);
+    if (lo < hi) pieces.push_back({lo - begin, hi - lo, trained_params});
+    ++trained_params;
+  }
+  pipeline_->optimizer().add_param_pieces(t, std::move(pieces), trained_params);
+}
+
 void EngineImpl::build_groups(const std::vector<NamedParam>& params,
                               const std::vector<std::vector<NamedParam>>& unit_params,
                               const MaterializeParams& materialize) {
@@ -206,6 +219,7 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   const at::ScalarType dtype = compute_dtype(plan_.config);
   make_optimizer(params.front().param.device().is_cpu());
   std::vector<FlatParamGroup*> trainable, sharded;
+  size_t trained_params = 0;  // trainable parameters so far, in layout order
   for (const auto& spec : layout) {
     materialize(spec.params);
     GroupRecord record;
@@ -227,6 +241,7 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
     const int64_t begin = stage == 0 ? 0 : shard_rank() * g->shard_numel();
     const at::Tensor shard = stage == 0 ? g->flat() : g->param_shard();
     pipeline_->optimizer().add_group(shard, param_groups_.spans(*g, begin, shard.numel()));
+    add_param_pieces(*g, trainable.size() - 1, begin, shard.numel(), trained_params);
   }
   // Shards leave RAM (parameter offload) before the gradient buffers are allocated, so
   // a model as large as host RAM is never held twice.

@@ -104,6 +104,8 @@ class EngineImpl {
             const Config& config, const std::optional<LaunchEnv>& launch,
             std::vector<ParamGroup> param_groups, const MaterializeParams& materialize,
             std::vector<NamedBuffer> buffers);
+  void add_param_pieces(const FlatParamGroup& g, size_t t, int64_t begin, int64_t count,
+                        size_t& trained_params);
   void build_groups(const std::vector<NamedParam>& params,
                     const std::vector<std::vector<NamedParam>>& unit_params,
                     const MaterializeParams& materialize);

@@ -1,6 +1,7 @@
 // The Engine's offload wiring: which optimizer steps the shards, the swap directories
 // and I/O engine, and where stage-3 parameter shards live.
 #include "common/Error.h"
+#include "engine/Communicators.h"
 #include "engine/EngineImpl.h"
 #include "engine/ExternalOptimizer.h"
 #include "engine/OffloadOptimizer.h"
@@ -10,6 +11,7 @@
 #include "offload/CpuAdam.h"
 #include "plan/MemoryModel.h"
 #include "sharding/GradReducer.h"
+#include "sharding/LambOptimizer.h"
 #include "sharding/ParamCoordinator.h"
 #include "sharding/ResidentOptimizer.h"
 
@@ -35,6 +37,21 @@ AdamKernel cpu_adam_kernel() {
 void EngineImpl::make_optimizer(bool on_cpu) {
   const TrainingSettings& z = plan_.settings;
   const OffloadDevice device = plan_.option.optimizer;
+  if (plan_.config.optimizer.type == "Lamb") {  // config/Config.cpp refuses it with NVMe
+    const OptimizerConfig& c = plan_.config.optimizer;
+    LambOptions o;
+    o.max_coeff = c.max_coeff.value_or(o.max_coeff);
+    o.min_coeff = c.min_coeff.value_or(o.min_coeff);
+    o.bias_correction = c.bias_correction;
+    o.eps_inside_sqrt = c.eps_inside_sqrt;
+    const Tier tier = device == OffloadDevice::Cpu ? Tier::Host : Tier::Device;
+    // Stage 0: every rank steps every whole parameter, so there is nothing to sum.
+    NormReduce reduce = [this](at::Tensor& norms) {
+      if (plan_.settings.stage >= 1) comms_->shards().all_reduce_sum(norms).wait();
+    };
+    pipeline_->set_optimizer(std::make_unique<LambOptimizer>(o, tier, &ledger_, reduce), nullptr);
+    return;
+  }
   if (plan_.config.optimizer.external) {  // config/Config.cpp refuses it with NVMe
     const Tier tier = device == OffloadDevice::Cpu ? Tier::Host : Tier::Device;
     auto external =
@@ -82,7 +99,7 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
                                             plan_.settings.offload_param.buffer_count, &ledger_,
                                             /*page_lock=*/!device_.is_cpu());
   OffloadOptimizer* offloaded = pipeline_->offloaded();
-  if (!offloaded && plan_.config.optimizer.external) {
+  if (!offloaded && (plan_.config.optimizer.external || plan_.config.optimizer.type == "Lamb")) {
     fail(
         "config key 'zero_optimization.offload_param.device' is 'nvme' with optimizer {}; "
         "allowed: offload_param.device cpu, or the optimizer Adam or AdamW offloaded to cpu or "

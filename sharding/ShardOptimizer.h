@@ -13,6 +13,14 @@
 
 namespace zeroshard {
 
+// Elements [begin, begin + count) of a group's shard hold part of parameter `param`:
+// its index among the trainable parameters, the same on every rank.
+struct ParamPiece {
+  int64_t begin = 0;
+  int64_t count = 0;
+  size_t param = 0;
+};
+
 // Adam's per-element state, as torch.optim.Adam names it: the built-in optimizers' names.
 inline std::vector<std::string> adam_state_names() {
   return {"exp_avg", "exp_avg_sq"};
@@ -43,6 +51,12 @@ class ShardOptimizer {
   // `shard` is this rank's compute-precision parameter shard (a view it writes back to);
   // `spans`: which parameter group each of its elements belongs to (none: group 0).
   virtual void add_group(const at::Tensor& shard, std::vector<HyperSpan> spans = {}) = 0;
+  // After add_group: which parameter each piece of the group's shard belongs to, for an
+  // optimizer whose update needs whole-parameter quantities (Lamb's norms); `params`:
+  // how many trainable parameters there are. The others ignore it.
+  virtual void add_param_pieces(size_t group, std::vector<ParamPiece> pieces, size_t params) {
+    (void)group, (void)pieces, (void)params;
+  }
   // grads[i] (fp32, same size as group i) are multiplied by `grad_scale` first;
   // hypers[g] are parameter group g's hyperparameters.
   virtual void step(const std::vector<at::Tensor>& grads, double grad_scale,

@@ -24,10 +24,17 @@ from . import _zeroshard
 _BUILTIN = (torch.optim.AdamW, torch.optim.Adam)
 _BUILTIN_LACKS = ("amsgrad", "maximize")
 # Classes whose update needs a whole parameter, not the elementwise view a shard gives.
+_LAMB = ("scales each parameter's update by norms of the whole parameter; name it in the "
+         "config instead (optimizer.type Lamb: zeroshard's Lamb sums the norms across shards)")
 _WHOLE_TENSOR = {"LBFGS": "steps with a closure over whole parameters",
                  "SparseAdam": "steps sparse gradients; zeroshard's gradients are dense",
                  "Muon": "orthogonalises each whole matrix update",
-                 "Adafactor": "factors each matrix's second moment by its rows and columns"}
+                 "Shampoo": "preconditions each whole matrix",
+                 "Adafactor": "factors each matrix's second moment by its rows and columns",
+                 "FusedLamb": _LAMB, "FusedLAMB": _LAMB, "Lamb": _LAMB, "LAMB": _LAMB,
+                 "LARS": "scales each parameter's update by norms of the whole parameter",
+                 "Lars": "scales each parameter's update by norms of the whole parameter",
+                 "NovoGrad": "normalises by each whole parameter's gradient norm"}
 
 
 def _error(message):

@@ -101,7 +101,7 @@ TEST(Config, WrongTypeNamesKeyValueAndAllowed) {
   expect_contains(load_error("bf16: {enabled: maybe}"), "true or false");
   expect_contains(load_error("aio: {block_size: 1000}"), "a multiple of 4096");
   expect_contains(load_error("optimizer: {params: {betas: [0.9]}}"), "two numbers");
-  expect_contains(load_error("optimizer: {type: Sgd}"), "one of AdamW, Adam, SGD");
+  expect_contains(load_error("optimizer: {type: Sgd}"), "one of AdamW, Adam, Lamb, SGD");
   expect_contains(load_error("zero_optimization: {offload_optimizer: {device: gpu}}"),
                   "none, cpu, nvme or auto");
   expect_contains(load_error("zero_optimization: 3"), "must be a mapping");
@@ -318,10 +318,11 @@ TEST(Config, ATorchOptimizerTypeKeepsItsParamsForTheClassAndCountsItsState) {
 }
 
 TEST(Config, OptimizerTypesZeroshardLacksAreRefusedWithTheReason) {
-  std::string error = load_error(R"({"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}})");
-  expect_contains(error, "config key 'optimizer.type' is 'Lamb'");
-  expect_contains(error, "a norm of the whole parameter");
-  expect_contains(error, "allowed: one of AdamW, Adam, SGD, Adagrad");
+  std::string error =
+      load_error(R"({"optimizer": {"type": "OneBitLamb", "params": {"lr": 1e-3}}})");
+  expect_contains(error, "config key 'optimizer.type' is 'OneBitLamb'");
+  expect_contains(error, "compresses gradients");
+  expect_contains(error, "allowed: one of AdamW, Adam, Lamb, SGD, Adagrad");
   error = load_error(R"({"optimizer": {"type": "OneBitAdam"}})");
   expect_contains(error, "reduces them in full precision: use Adam");
   error = load_error(R"({"optimizer": {"type": "Adagrad"}, "zero_optimization": {"stage": 2,
@@ -332,4 +333,25 @@ TEST(Config, OptimizerTypesZeroshardLacksAreRefusedWithTheReason) {
   error = load_error(R"({"optimizer": {"type": "SGD"}, "zero_optimization": {"stage": 2,
       "offload_optimizer": {"device": "cpu", "overlap_step": true}}})");
   expect_contains(error, "torch.optim.SGD steps after backward");
+}
+
+TEST(Config, DeepSpeedsLambTakesItsOwnParamsAndNoOtherTypeDoes) {
+  const auto lamb = load_config_string(R"({"optimizer": {"type": "Lamb", "params": {"lr": 1e-3,
+      "weight_decay": 0.01, "bias_correction": false, "max_coeff": 0.3, "min_coeff": 0.01}}})",
+                                       "ds.json");
+  EXPECT_EQ(lamb.config.optimizer.type, "Lamb");
+  EXPECT_FALSE(lamb.config.optimizer.external);
+  EXPECT_EQ(*lamb.config.optimizer.max_coeff, 0.3);
+  EXPECT_FALSE(lamb.config.optimizer.bias_correction);
+  std::string error = load_error(R"({"optimizer": {"type": "AdamW", "params": {"max_coeff": 1}}})");
+  expect_contains(error, "are Lamb's, but 'optimizer.type' is AdamW");
+  error = load_error(R"({"optimizer": {"type": "Lamb", "params": {"max_grad_norm": 1.0}}})");
+  expect_contains(error, "'optimizer.params.max_grad_norm' is 1; allowed: 0");
+  expect_contains(error, "gradient_clipping");
+  error = load_error(R"({"optimizer": {"type": "Lamb", "params": {"max_coeff": 0.01,
+      "min_coeff": 0.1}}})");
+  expect_contains(error, "allowed: max_coeff >= min_coeff");
+  error = load_error(R"({"optimizer": {"type": "Lamb"}, "zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu", "overlap_step": true}}})");
+  expect_contains(error, "Lamb's trust ratio needs the norm of every parameter's update");
 }

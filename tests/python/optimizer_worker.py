@@ -3,7 +3,10 @@ over two parameter groups (matrices with weight decay; biases and norms without,
 their own lr), clipping at 1.0, under torch DDP (mode ddp) or under zeroshard for each
 of several configs in turn (mode zs). Writes OUT.rankN.json: the per-step losses of
 each run and, from rank 0, the parameters after the last step (OUT.rank0.<i>.pt).
-usage: optimizer_worker.py ddp|zs CLASS KWARGS_JSON STEPS OUT [RUNS_JSON]
+usage: optimizer_worker.py ddp|zs|reference CLASS KWARGS_JSON STEPS OUT [RUNS_JSON]
+CLASS Lamb is DeepSpeed's config type (zeroshard runs name it in the config); its
+reference (mode reference, one process) trains on the global batch with DeepSpeed's
+FusedLamb arithmetic written out below over whole parameters.
 Each zs run is {"config": {...}, "via": "client" | "config", "resume_at": N,
 "save_to": DIR, "load_from": DIR} (all but config optional): via config names the class
 in the config's optimizer section (DeepSpeed's way) instead of passing the optimizer
@@ -50,6 +53,42 @@ def train_ddp(cls, kwargs, steps, rank, world):
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def lamb_step(params, state, lr, wd, betas=(0.9, 0.999), eps=1e-8, max_coeff=10.0,
+              min_coeff=0.01):
+    """DeepSpeed FusedLamb's step (eps outside the root, bias correction in the step
+    size), one whole parameter at a time."""
+    b1, b2 = betas
+    for p in params:
+        m, v, t = state.setdefault(p, [torch.zeros_like(p), torch.zeros_like(p), 0])
+        t += 1
+        state[p][2] = t
+        g = p.grad
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        u = m / (v.sqrt() + eps) + wd * p.detach()
+        w_norm, u_norm = p.detach().norm().item(), u.norm().item()
+        coeff = min(max(w_norm / u_norm, min_coeff), max_coeff) if w_norm and u_norm else 1.0
+        step = lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t)
+        with torch.no_grad():
+            p.add_(u, alpha=-step * coeff)
+
+
+def train_reference_lamb(kwargs, steps):
+    """One process, the global batch: what 2 ranks' mean gradient is."""
+    model = models.make("gpt")
+    state, losses = {}, []
+    for step in range(steps):
+        model.zero_grad(set_to_none=False)
+        loss = model(models.batch(step, 0, 1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        for g in groups(model):
+            lamb_step(g["params"], state, g.get("lr", kwargs.get("lr", LR)), g["weight_decay"],
+                      **{k: v for k, v in kwargs.items() if k != "lr"})
+        losses.append(loss.item())
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
 def engine_for(cls, kwargs, run):
     import zeroshard
     model = models.make("gpt")
@@ -91,10 +130,15 @@ def main():
     mode, name, kwargs, steps, out = (sys.argv[1], sys.argv[2], json.loads(sys.argv[3]),
                                       int(sys.argv[4]), sys.argv[5])
     torch.set_num_threads(1)
-    cls = getattr(torch.optim, name)
+    # Lamb has no torch.optim class: a stand-in that only carries the name to the config.
+    cls = getattr(torch.optim, name) if name != "Lamb" else type("Lamb", (), {})
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     results = []
-    if mode == "ddp":
+    if mode == "reference":
+        losses, params = train_reference_lamb(kwargs, steps)
+        results.append(losses)
+        torch.save(params, f"{out}.rank0.0.pt")
+    elif mode == "ddp":
         losses, params = train_ddp(cls, kwargs, steps, rank, world)
         results.append(losses)
         if rank == 0:

@@ -126,3 +126,29 @@ def test_a_torch_optimizers_checkpoint_continues_at_four_ranks(scratch):
     for key, w in whole.items():
         diff = (resumed[key] - w).abs().max().item()
         assert diff <= 1e-5 * max(w.abs().max().item(), 1e-6), f"{key} off by {diff}"
+
+
+def test_deepspeeds_lamb_sums_each_parameters_norms_across_the_shards(scratch):
+    """optimizer.type Lamb (DeepSpeed's FusedLamb arithmetic): its trust ratio needs the
+    norms of whole parameters, which 2 ranks' shards hold in pieces. At stages 1, 2 (on
+    the host) and 3 the parameters end where one process training the global batch with
+    that arithmetic over whole parameters ends (within 1e-5), and the mean of the ranks'
+    losses is its loss every step."""
+    kwargs = {"max_coeff": 5.0, "min_coeff": 0.02}
+    out = str(scratch / "reference")
+    run_ranks([WORKER, "reference", "Lamb", json.dumps(kwargs), str(STEPS), out], 1, out)
+    want_losses = json.load(open(f"{out}.rank0.json"))[0]
+    want = torch.load(f"{out}.rank0.0.pt")
+    runs = [{"config": c, "via": "config"} for c in (STAGE1, STAGE2_CPU, STAGE3)]
+    out = str(scratch / "zs")
+    got = run_ranks([WORKER, "zs", "Lamb", json.dumps(kwargs), str(STEPS), out, json.dumps(runs)],
+                    WORLD, out, timeout=600)
+    for i, r in enumerate(runs):
+        what = f"Lamb {r['config']['zero_optimization']}"
+        for step, want_loss in enumerate(want_losses):
+            mean = sum(got[rank][i]["losses"][step] for rank in range(WORLD)) / WORLD
+            assert abs(mean - want_loss) <= 1e-5 * want_loss, f"{what} step {step}"
+        params = torch.load(f"{out}.rank0.{i}.pt")
+        for key, w in want.items():
+            diff = (params[key] - w).abs().max().item()
+            assert diff <= 1e-5 * max(w.abs().max().item(), 1e-6), f"{what}: {key} off by {diff}"
