@@ -165,13 +165,13 @@ void check_left_off(const LackedFeature& lacked, const std::string& path, const 
                     const std::string& origin) {
   if (lacked.off == nullptr) {  // a section: off unless enabled
     const YAML::Node enabled = value.IsMap() ? value["enabled"] : YAML::Node();
-    const bool off =
-        value.IsMap() && (!enabled || (enabled.IsScalar() && enabled.Scalar() == "false"));
+    const bool off = value.IsMap() && !lacked.present_is_on &&
+                     (!enabled || (enabled.IsScalar() && enabled.Scalar() == "false"));
     if (!off) {
       fail(
           "{}: config key '{}' turns on a DeepSpeed feature zeroshard does not have: {}; "
-          "allowed: the section left out, or with enabled: false",
-          origin, path, lacked.instead);
+          "allowed: the section left out{}",
+          origin, path, lacked.instead, lacked.present_is_on ? "" : ", or with enabled: false");
     }
     return;
   }

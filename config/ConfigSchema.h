@@ -45,6 +45,7 @@ const char* ignored_key_reason(const std::string& path);
 struct LackedFeature {
   const char* off;  // nullptr: a section, off unless its "enabled" is true
   const char* instead;
+  bool present_is_on = false;  // a section DeepSpeed turns on by being there at all
 };
 const LackedFeature* lacked_feature(const std::string& path);
 

@@ -1,6 +1,7 @@
 #include "config/TorchOptimizers.h"
 
 #include <algorithm>
+#include <cctype>
 
 namespace zeroshard {
 namespace {
@@ -51,8 +52,14 @@ const char* refused_optimizer_reason(const std::string& type) {
       {"LBFGS", "L-BFGS steps with a closure over whole parameters; use a first-order optimizer"},
       {"SparseAdam", "SparseAdam steps sparse gradients; zeroshard's gradients are dense"},
   };
-  const auto it = reasons->find(type);
-  return it == reasons->end() ? nullptr : it->second;
+  // DeepSpeed reads its own optimizer names in any case ("OnebitAdam" is 1-bit Adam).
+  auto lower = [](std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+    return s;
+  };
+  for (const auto& [name, reason] : *reasons)
+    if (lower(name) == lower(type)) return reason;
+  return nullptr;
 }
 
 int64_t optimizer_state_bytes(const std::string& type, const TorchOptimizerParams& params) {

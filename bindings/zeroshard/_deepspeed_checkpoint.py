@@ -2,7 +2,8 @@
 what DeepSpeed's save_checkpoint wrote (ZeRO stages 1-3: its `latest` file, the
 global_stepN/ folder, one model-states file and one optimizer-states file per rank) and
 writes a zeroshard checkpoint of the same training state: every parameter's fp32 master
-weights and Adam moments, frozen parameters, persistent buffers, the step counts and the
+weights and optimizer state (Adam's moments, SGD's momentum, any per-element state by
+its name, and per group the step count and the other scalars), frozen parameters, persistent buffers, the step counts and the
 client_state. engine.load_checkpoint(DS_DIR) converts on the fly, so a DeepSpeed run
 resumes here at any world size (zeroshard's checkpoints reshard on load).
 
@@ -10,18 +11,20 @@ Design notes.
 - DeepSpeed's layouts, as its own zero_to_fp32 reads them. Stages 1-2: per parameter
   group one flat fp32 vector, cut into one contiguous partition per rank
   (single_partition_of_fp32_groups), parameters one after the other in param_shapes'
-  order with param_alignment_paddings between them; the base optimizer's exp_avg and
-  exp_avg_sq are flat in the same layout (the last rank's may carry group_paddings).
+  order with param_alignment_paddings between them; the base optimizer's per-element
+  state (exp_avg and exp_avg_sq for Adam) is flat in the same layout (the last rank's
+  may carry group_paddings).
   Stage 3: every parameter is cut into world-size pieces of ceil(numel / world), each
   rank's pieces one after the other in its fp32_flat_groups (sub-groups concatenated),
-  and its Adam moments likewise.
+  and its optimizer state likewise.
 - The output has world size 1: one trainable group holding every trainable parameter,
   one frozen group, then the RNG state and the buffers (engine/Checkpoint.h). Loading
   re-slices it for the engine's world size and stage.
 - Memory: the whole model's fp32 master and moments, once (a model that fits the host's
   RAM three times over); each rank's files are read one at a time.
-- Only what the engine trains is converted: Adam/AdamW state (exp_avg, exp_avg_sq); fp16
-  loss-scaler state and data-sampler state are not carried over (said when present).
+- The optimizer the engine resumes with must keep the same state arrays (the engine's
+  load refuses others naming both); fp16 loss-scaler state and data-sampler state are
+  not carried over.
 """
 import json
 import math
@@ -79,36 +82,57 @@ def _load(path):
         return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def _moments(optim_state):
-    """(exp_avg, exp_avg_sq, step) lists per flat group from a base optimizer's state."""
+def _scalar(key, value):
+    """A per-group scalar of the optimizer's state, as zeroshard's manifest keeps it
+    (bindings/zeroshard/_torch_optimizer.py reads it back); a step count as torch.optim
+    keeps it, a float32 tensor (DeepSpeed's own optimizers count in ints)."""
+    if isinstance(value, torch.Tensor):
+        return {"value": value.item(), "dtype": str(value.dtype).replace("torch.", "")}
+    if key == "step":
+        return {"value": float(value), "dtype": "float32"}
+    return {"value": value}
+
+
+def _optimizer_state(optim_state, numels):
+    """(names, arrays, steps, scalars) of a base optimizer's state: the names of its
+    per-element tensors (Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer, ...),
+    arrays[g][name] flat fp32 for each flat group g (numels[g] elements: the group's
+    partition), and per group its step count and its other scalars."""
     state = optim_state["state"] if isinstance(optim_state, dict) else dict(enumerate(optim_state))
-    m, v, steps = [], [], []
-    for i in sorted(state):
+    names, arrays, steps, scalars = None, [], [], []
+    for g, i in enumerate(sorted(state)):
         s = state[i]
-        if "exp_avg" not in s or "exp_avg_sq" not in s:
-            raise _error(f"optimizer state has {sorted(s)}; allowed: Adam/AdamW's exp_avg and "
-                         "exp_avg_sq (zeroshard trains Adam and AdamW)")
-        m.append(s["exp_avg"].float().reshape(-1))
-        v.append(s["exp_avg_sq"].float().reshape(-1))
+        mine = [k for k, v in s.items()
+                if isinstance(v, torch.Tensor) and v.numel() >= numels[g] > 0]
+        if names is None:
+            names = mine
+        elif mine != names:
+            raise _error(f"flat group {g} keeps optimizer state {mine}, group 0 {names}; "
+                         "zeroshard keeps the same arrays for every group")
+        arrays.append({k: s[k].float().reshape(-1) for k in mine})
         steps.append(int(s.get("step", 0)))
-    return m, v, steps
+        scalars.append({k: _scalar(k, v) for k, v in s.items() if k not in mine})
+    return names or [], arrays, steps, scalars
 
 
 def _stage12(optim_files, model_state):
-    """name -> (master, m, v), and the optimizer's step, for ZeRO stages 1-2."""
+    """name -> (master, *state arrays), the state's names and scalars, and the
+    optimizer's step, for ZeRO stages 1-2."""
     ranks = [_load(f)["optimizer_state_dict"] for f in optim_files]
     groups = len(ranks[0]["single_partition_of_fp32_groups"])
-    full = []
-    step = 0
+    read = []
+    for r in ranks:
+        numels = [t.numel() for t in r["single_partition_of_fp32_groups"]]
+        read.append(_optimizer_state(r["base_optimizer_state"], numels))
+    names, scalars = read[0][0], read[0][3]
+    full, step = [], 0
     for g in range(groups):
         parts = [r["single_partition_of_fp32_groups"][g].float() for r in ranks]
-        ms, vs = [], []
-        for r, part in zip(ranks, parts):
-            m, v, steps = _moments(r["base_optimizer_state"])
-            ms.append(m[g][:part.numel()])
-            vs.append(v[g][:part.numel()])
-            step = max(step, steps[g])
-        full.append((torch.cat(parts), torch.cat(ms), torch.cat(vs)))
+        columns = [parts]
+        for name in names:
+            columns.append([got[1][g][name][:part.numel()] for got, part in zip(read, parts)])
+        step = max([step] + [got[2][g] for got in read])
+        full.append([torch.cat(c) for c in columns])
     paddings = ranks[0].get("param_alignment_paddings")
     out = {}
     for g, shapes in enumerate(model_state["param_shapes"]):
@@ -117,17 +141,22 @@ def _stage12(optim_files, model_state):
             n = math.prod(shape)
             out[name] = tuple(t.narrow(0, offset, n).view(shape).detach().clone() for t in full[g])
             offset += n + (paddings[g][i] if paddings else 0)
-    return out, step
+    return out, names, scalars, step
 
 
 def _stage3(optim_files, model_state):
-    """name -> (master, m, v), and the optimizer's step, for ZeRO stage 3."""
-    per_rank, step = [], 0
+    """name -> (master, *state arrays), the state's names and scalars, and the
+    optimizer's step, for ZeRO stage 3."""
+    per_rank, step, names, scalars = [], 0, None, None
     for f in optim_files:
         o = _load(f)["optimizer_state_dict"]
-        m, v, steps = _moments(o["optimizer_state_dict"])
-        per_rank.append((torch.cat([t.float().reshape(-1) for t in o["fp32_flat_groups"]]),
-                         torch.cat(m), torch.cat(v)))
+        flat = o["fp32_flat_groups"]
+        got, arrays, steps, group_scalars = _optimizer_state(o["optimizer_state_dict"],
+                                                              [t.numel() for t in flat])
+        names, scalars = (got, group_scalars) if names is None else (names, scalars)
+        per_rank.append([torch.cat([t.float().reshape(-1) for t in flat])] +
+                        [torch.cat([a[name][:t.numel()] for a, t in zip(arrays, flat)])
+                         for name in got])
         step = max([step] + steps)
     world = len(per_rank)
     out, offset = {}, 0
@@ -136,9 +165,9 @@ def _stage3(optim_files, model_state):
             n = math.prod(shape)
             piece = math.ceil(n / world)
             out[name] = tuple(torch.cat([r[k].narrow(0, offset, piece) for r in per_rank])[:n]
-                              .view(shape).detach().clone() for k in range(3))
+                              .view(shape).detach().clone() for k in range(1 + len(names)))
             offset += piece
-    return out, step
+    return out, names, scalars, step
 
 
 def _frozen(stage, model_files, model_state):
@@ -166,12 +195,14 @@ def read(ds_dir, tag=None):
     else:
         model_files = [os.path.join(folder, "mp_rank_00_model_states.pt")]
     model_state = _load(model_files[0])
-    params, step = (_stage3 if stage == 3 else _stage12)(optim_files, model_state)
+    params, names, scalars, step = (_stage3 if stage == 3 else _stage12)(optim_files,
+                                                                          model_state)
     buffers = {n: t.clone() for n, t in model_state["module"].items()
                if n in set(model_state.get("buffer_names") or [])}
     config = model_state.get("ds_config") or {}
     accumulation = int(config.get("gradient_accumulation_steps", 1) or 1)
     return {"stage": stage, "world_size": len(optim_files), "params": params,
+            "optimizer_state": names, "optimizer_scalars": {"groups": scalars},
             "frozen": _frozen(stage, model_files, model_state), "buffers": buffers,
             "aliases": [[a, s] for a, s in (model_state.get("shared_params") or {}).items()],
             "optimizer_steps": step or int(model_state.get("global_steps", 0)),
@@ -197,10 +228,11 @@ def write(state, out_dir, tag):
     trainable = state["params"]
     if trainable:
         numel = sum(t[0].numel() for t in trainable.values())
-        arrays = [torch.cat([t[k].reshape(-1) for t in trainable.values()]) for k in range(3)]
+        count = 1 + len(state["optimizer_state"])
+        arrays = [torch.cat([t[k].reshape(-1) for t in trainable.values()]) for k in range(count)]
         groups.append(_group(trainable, numel, True, "fp32", at))
         chunks += [a.detach().numpy().tobytes() for a in arrays]
-        at += 3 * 4 * numel
+        at += count * 4 * numel
     frozen = state["frozen"]
     if frozen:
         dtype = next(iter(frozen.values())).dtype
@@ -226,6 +258,8 @@ def write(state, out_dir, tag):
     manifest = {"format": 1, "tag": tag, "world_size": 1, "stage": state["stage"],
                 "optimizer_steps": state["optimizer_steps"], "micro_steps": state["micro_steps"],
                 "loss_scale": None, "param_groups": None, "lr_scheduler": None,
+                "optimizer_state": state["optimizer_state"],
+                "optimizer_scalars": state["optimizer_scalars"],
                 "client_state": {k: _jsonable(v, k) for k, v in state["client_state"].items()},
                 "config_yaml": "", "rng_offset": rng_offset, "rng_bytes": len(rng),
                 "groups": groups, "buffers": buffers, "aliases": state["aliases"],

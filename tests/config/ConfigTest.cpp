@@ -267,6 +267,14 @@ TEST(Config, DeepSpeedFeaturesZeroshardLacksLoadWhileOffAndAreRefusedByNameWhenO
   expect_contains(error, "allowed: false");
   error = load_error(R"({"data_types": {"grad_accum_dtype": "bf16"}})");
   expect_contains(error, "gradients accumulate in fp32");
+  error = load_error(R"({"sparse_attention": {"mode": "fixed", "block": 16}})");
+  expect_contains(error, "'sparse_attention' turns on a DeepSpeed feature");
+  expect_contains(error, "allowed: the section left out");
+  EXPECT_EQ(error.find("enabled: false"), std::string::npos) << error;  // it has no such key
+  error = load_error(R"({"progressive_layer_drop": {"enabled": true, "theta": 0.5}})");
+  expect_contains(error, "layers are not dropped");
+  error = load_error(R"({"optimizer": {"type": "OnebitAdam"}})");  // DeepSpeed's old spelling
+  expect_contains(error, "1-bit Adam compresses gradients");
 }
 
 TEST(Config, AutoThatOnlyTheTrainerFillsSaysSoOutsideIt) {

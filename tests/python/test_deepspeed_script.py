@@ -22,27 +22,34 @@ SWITCH = {"import deepspeed\n": "import zeroshard as deepspeed\n",
           "import deepspeed.comm as dist": "import zeroshard.comm as dist",
           "from deepspeed.accelerator import": "from zeroshard.accelerator import"}
 ZERO = {1: {"stage": 1}, 2: {"stage": 2}, 3: {"stage": 3},
-        "2-cpu": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+        "2-cpu": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+        # torch.optim.SGD named in the config, as DeepSpeed takes any torch.optim class
+        "3-sgd": {"stage": 3}}
+SGD = {"optimizer": {"type": "SGD", "params": {"lr": 5e-2, "momentum": 0.9,
+                                               "weight_decay": 0.01}},
+       "zero_allow_untested_optimizer": True}
 
 
-def write_config(scratch, zero, name):
+def write_config(scratch, zero, name, optimizer=None):
     config = scratch / f"{name}.json"
-    config.write_text(json.dumps({
+    config.write_text(json.dumps(dict({
         "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
         "gradient_clipping": 1.0, "steps_per_print": 1000,
         "zero_optimization": dict(zero, stage3_gather_16bit_weights_on_model_save=True),
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01,
-                                                  "torch_adam": True}}}))
+                                                  "torch_adam": True}}}, **(optimizer or {}))))
     return config
 
 
-def script_args(scratch, script, zero, name):
-    return [script, "--deepspeed", "--deepspeed_config", str(write_config(scratch, zero, name)),
+def script_args(scratch, script, zero, name, optimizer=None):
+    config = write_config(scratch, zero, name, optimizer)
+    return [script, "--deepspeed", "--deepspeed_config", str(config),
             "--out", str(scratch / name), "--checkpoint", str(scratch / f"{name}-ckpt")]
 
 
-def run(scratch, script, zero, name, extra=()):
-    return run_ranks(script_args(scratch, script, zero, name) + list(extra), 2, str(scratch / name),
+def run(scratch, script, zero, name, extra=(), optimizer=None):
+    return run_ranks(script_args(scratch, script, zero, name, optimizer) + list(extra), 2,
+                     str(scratch / name),
                      extra_env={"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
 
 
@@ -59,10 +66,12 @@ def switched_script(scratch):
 @WITH_DEEPSPEED
 @pytest.mark.parametrize("zero", list(ZERO), ids=str)
 def test_the_script_with_its_imports_switched_gives_deepspeeds_numbers(zero, scratch):
-    theirs = run(scratch, SCRIPT, ZERO[zero], "ds")
-    # zeroshard resumes from the checkpoint DeepSpeed saved (converted as it loads)
+    optimizer = SGD if zero == "3-sgd" else None
+    theirs = run(scratch, SCRIPT, ZERO[zero], "ds", optimizer=optimizer)
+    # zeroshard resumes from the checkpoint DeepSpeed saved (converted as it loads: its
+    # Adam moments, or SGD's momentum buffers)
     ours = run(scratch, switched_script(scratch), ZERO[zero], "zs",
-               ["--resume_from", str(scratch / "ds-ckpt")])
+               ["--resume_from", str(scratch / "ds-ckpt")], optimizer=optimizer)
     for rank, (got, want) in enumerate(zip(ours, theirs)):
         for key in ("stage", "fp16", "bf16", "local_rank", "global_rank", "world_size",
                     "train_batch_size", "micro_batch", "accumulation", "device", "rank",
