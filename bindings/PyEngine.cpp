@@ -266,6 +266,10 @@ PYBIND11_MODULE(_zeroshard, m) {
            py::arg("optimizer_type") = "", py::arg("optimizer_state_bytes") = 8)
       .def("optimizer_shards",
            [](TrainingEngine& e) { return optimizer_shards(e.external_optimizer()); })
+      .def(
+          "reduce_across_shards",
+          [](TrainingEngine& e, at::Tensor tensor) { e.reduce_across_shards(tensor); },
+          py::call_guard<py::gil_scoped_release>())
       .def("set_optimizer_hooks",
            [](TrainingEngine& e, py::object owner) {
              e.external_optimizer().set_hooks(python_optimizer_hooks(std::move(owner)));

@@ -65,7 +65,12 @@ py::list optimizer_shards(const ExternalOptimizer& optimizer) {
       spans.append(py::make_tuple(s.begin, s.count, s.group));
     if (optimizer.spans(g).empty())  // one parameter group: the whole shard is in group 0
       spans.append(py::make_tuple(0, optimizer.group_numel(g), 0));
-    out.append(py::make_tuple(optimizer.masters()[g], spans));
+    py::list pieces;  // (begin, count, param, param_offset, shape, name)
+    if (g < optimizer.piece_groups()) {
+      for (const ParamPiece& p : optimizer.pieces(g))
+        pieces.append(py::make_tuple(p.begin, p.count, p.param, p.param_offset, p.shape, p.name));
+    }
+    out.append(py::make_tuple(optimizer.masters()[g], spans, pieces));
   }
   return out;
 }

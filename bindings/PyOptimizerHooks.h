@@ -12,8 +12,9 @@ namespace zeroshard {
 // state_bytes(), each with the GIL held.
 ExternalOptimizerHooks python_optimizer_hooks(pybind11::object owner);
 
-// [(master, [(begin, count, param_group), ...]), ...]: every group's fp32 master and
-// which parameter group each of its spans is in.
+// [(master, [(begin, count, param_group), ...], [(begin, count, param, param_offset,
+// shape, name), ...]), ...]: every group's fp32 master, which parameter group each of its spans
+// is in, and which parameter each piece is (engine/ExternalOptimizer.h).
 pybind11::list optimizer_shards(const ExternalOptimizer& optimizer);
 
 }  // namespace zeroshard

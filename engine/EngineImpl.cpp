@@ -203,7 +203,11 @@ void EngineImpl::add_param_pieces(const FlatParamGroup& g, size_t t, int64_t beg
   std::vector<ParamPiece> pieces;
   for (const auto& s : g.slots()) {
     const int64_t lo = std::max(begin, s.offset), hi = std::min(begin + count, s.offset + s.numel);
-    if (lo < hi) pieces.push_back({lo - begin, hi - lo, trained_params});
+    if (lo < hi) {
+      pieces.push_back({lo - begin, hi - lo, trained_params, lo - s.offset, s.shape, s.name});
+    } else {
+      pieces.push_back({0, 0, trained_params, 0, s.shape, s.name});  // on another rank's shard
+    }
     ++trained_params;
   }
   pipeline_->optimizer().add_param_pieces(t, std::move(pieces), trained_params);

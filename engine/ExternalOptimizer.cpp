@@ -24,6 +24,13 @@ void ExternalOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan
   spans_.push_back(std::move(spans));
 }
 
+void ExternalOptimizer::add_param_pieces(size_t group, std::vector<ParamPiece> pieces,
+                                         size_t params) {
+  (void)params;
+  if (pieces_.size() <= group) pieces_.resize(group + 1);
+  pieces_[group] = std::move(pieces);
+}
+
 void ExternalOptimizer::set_hooks(ExternalOptimizerHooks hooks) {
   hooks_ = std::move(hooks);
   hooked_ = true;

@@ -46,6 +46,12 @@ class ExternalOptimizer : public ShardOptimizer {
   // What the hooks' owner builds its optimizer on: each group's master and spans.
   const std::vector<at::Tensor>& masters() const { return masters_; }
   const std::vector<HyperSpan>& spans(size_t group) const { return spans_.at(group); }
+  void add_param_pieces(size_t group, std::vector<ParamPiece> pieces, size_t params) override;
+  // Which parameter each piece of a group's shard is (every trainable parameter appears,
+  // with count 0 where another rank's shard holds it), for a class whose update needs
+  // whole-parameter statistics.
+  const std::vector<ParamPiece>& pieces(size_t group) const { return pieces_.at(group); }
+  size_t piece_groups() const { return pieces_.size(); }
   void set_hooks(ExternalOptimizerHooks hooks);
 
   using ShardOptimizer::step;
@@ -73,6 +79,7 @@ class ExternalOptimizer : public ShardOptimizer {
   MemoryLedger* ledger_;
   std::vector<at::Tensor> shards_, masters_;
   std::vector<std::vector<HyperSpan>> spans_;
+  std::vector<std::vector<ParamPiece>> pieces_;
   std::vector<LedgerEntry> master_entries_;
   LedgerEntry state_entry_;
   ExternalOptimizerHooks hooks_;

@@ -2,8 +2,10 @@
 // (engine/EngineImpl.h), so neither header carries a member of the implementation.
 #include "engine/TrainingEngine.h"
 
+#include "engine/Communicators.h"
 #include "engine/EngineImpl.h"
 #include "engine/StepPipeline.h"
+#include "sharding/Collectives.h"
 
 namespace zeroshard {
 
@@ -104,6 +106,10 @@ std::vector<AdamHyper> TrainingEngine::param_group_hypers() const {
 }
 int64_t TrainingEngine::micro_steps() const {
   return impl_->pipeline_->micro_steps();
+}
+
+void TrainingEngine::reduce_across_shards(at::Tensor& tensor) {
+  if (impl_->plan_.settings.stage >= 1) impl_->comms_->shards().all_reduce_sum(tensor).wait();
 }
 
 ExternalOptimizer& TrainingEngine::external_optimizer() {

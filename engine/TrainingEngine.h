@@ -127,6 +127,10 @@ class TrainingEngine final : public Engine {
   // The optimizer a torch.optim class is (config optimizer.external): its groups' masters
   // to build the class on, and the hooks that step it. An Error for zeroshard's Adam.
   ExternalOptimizer& external_optimizer();
+  // Sums `tensor` in place over the ranks whose shards make up whole parameters (the
+  // shard group; nothing at stage 0, where every rank holds them whole). A collective:
+  // the optimizer's step calls it on every rank in the same order.
+  void reduce_across_shards(at::Tensor& tensor);
 
  private:
   std::unique_ptr<EngineImpl> impl_;

@@ -13,12 +13,17 @@
 
 namespace zeroshard {
 
-// Elements [begin, begin + count) of a group's shard hold part of parameter `param`:
-// its index among the trainable parameters, the same on every rank.
+// Elements [begin, begin + count) of a group's shard hold elements [param_offset,
+// param_offset + count) of parameter `param` (its index among the trainable parameters,
+// the same on every rank; `shape` its shape). A parameter of the group that this rank's
+// shard does not reach has a piece of count 0, so every rank sees every parameter.
 struct ParamPiece {
   int64_t begin = 0;
   int64_t count = 0;
   size_t param = 0;
+  int64_t param_offset = 0;
+  std::vector<int64_t> shape;
+  std::string name;
 };
 
 // Adam's per-element state, as torch.optim.Adam names it: the built-in optimizers' names.
@@ -52,8 +57,9 @@ class ShardOptimizer {
   // `spans`: which parameter group each of its elements belongs to (none: group 0).
   virtual void add_group(const at::Tensor& shard, std::vector<HyperSpan> spans = {}) = 0;
   // After add_group: which parameter each piece of the group's shard belongs to, for an
-  // optimizer whose update needs whole-parameter quantities (Lamb's norms); `params`:
-  // how many trainable parameters there are. The others ignore it.
+  // optimizer whose update needs whole-parameter quantities (Lamb's norms, Adafactor's
+  // row and column statistics); `params`: how many trainable parameters there are so
+  // far. The others ignore it.
   virtual void add_param_pieces(size_t group, std::vector<ParamPiece> pieces, size_t params) {
     (void)group, (void)pieces, (void)params;
   }

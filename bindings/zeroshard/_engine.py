@@ -9,8 +9,8 @@ import weakref
 
 import torch
 
-from . import (_construction, _deepspeed_checkpoint, _launch, _sync_batchnorm, _torch_optimizer,
-               _zeroshard)
+from . import (_adafactor, _construction, _deepspeed_checkpoint, _launch, _sync_batchnorm,
+               _torch_optimizer, _zeroshard)
 from ._touch import Units, shard_parameters
 from ._units import stage3_units, unique_parameters
 from ._config import load_config
@@ -112,7 +112,10 @@ class ZeroShardEngine:
         self._engine.set_aliases(_aliases(model))
         self._torch_optimizer = None  # a torch.optim class on the shards, when it is one
         if torch_stepped:
-            self._torch_optimizer = _torch_optimizer.TorchShardOptimizer(self._engine, client)
+            self._torch_optimizer = (
+                _adafactor.ShardedAdafactor(self._engine, client, params)
+                if _adafactor.is_adafactor(client)
+                else _torch_optimizer.TorchShardOptimizer(self._engine, client))
             self._engine.set_optimizer_hooks(self._torch_optimizer)
         self.optimizer = ZeroShardOptimizer(self._engine, self.zero_grad, groups, decoupled, keys)
         # A client scheduler, stepped after each optimizer step as DeepSpeed does.

@@ -18,7 +18,7 @@ import json
 
 import torch
 
-from . import _zeroshard
+from . import _adafactor, _zeroshard
 
 # zeroshard's own optimizer: these classes without the options it lacks.
 _BUILTIN = (torch.optim.AdamW, torch.optim.Adam)
@@ -30,7 +30,8 @@ _WHOLE_TENSOR = {"LBFGS": "steps with a closure over whole parameters",
                  "SparseAdam": "steps sparse gradients; zeroshard's gradients are dense",
                  "Muon": "orthogonalises each whole matrix update",
                  "Shampoo": "preconditions each whole matrix",
-                 "Adafactor": "factors each matrix's second moment by its rows and columns",
+                 "Adafactor": "factors each matrix's second moment by its rows and columns "
+                              "(transformers' Adafactor is stepped exactly: pass that one)",
                  "FusedLamb": _LAMB, "FusedLAMB": _LAMB, "Lamb": _LAMB, "LAMB": _LAMB,
                  "LARS": "scales each parameter's update by norms of the whole parameter",
                  "Lars": "scales each parameter's update by norms of the whole parameter",
@@ -50,7 +51,7 @@ def is_builtin(optimizer):
 def check_class(optimizer):
     """Refuses a class whose update is not elementwise, naming why."""
     name = type(optimizer).__name__
-    if name in _WHOLE_TENSOR:
+    if name in _WHOLE_TENSOR and not _adafactor.is_adafactor(optimizer):
         raise _error(f"optimizer: {type(optimizer).__module__}.{name} {_WHOLE_TENSOR[name]}, "
                      "which a shard does not hold; allowed: an optimizer whose update is "
                      "elementwise (SGD, Adagrad, RMSprop, Adam, AdamW, Adamax, NAdam, RAdam, ...)")
@@ -163,7 +164,7 @@ class TorchShardOptimizer:
         n_groups = len(client.param_groups)
         self._spans = []  # per flat group: [(begin, count, param group, view)]
         members = [[] for _ in range(n_groups)]
-        for master, spans in shards:
+        for master, spans, _ in shards:
             pieces = []
             for begin, count, g in spans:
                 view = master.narrow(0, begin, count)

@@ -4,9 +4,9 @@ their own lr), clipping at 1.0, under torch DDP (mode ddp) or under zeroshard fo
 of several configs in turn (mode zs). Writes OUT.rankN.json: the per-step losses of
 each run and, from rank 0, the parameters after the last step (OUT.rank0.<i>.pt).
 usage: optimizer_worker.py ddp|zs|reference CLASS KWARGS_JSON STEPS OUT [RUNS_JSON]
-CLASS Lamb is DeepSpeed's config type (zeroshard runs name it in the config); its
-reference (mode reference, one process) trains on the global batch with DeepSpeed's
-FusedLamb arithmetic written out below over whole parameters.
+CLASS Lamb is DeepSpeed's config type (zeroshard runs name it in the config), Adafactor
+transformers' class; mode reference trains them in one process on the global batch over
+whole parameters (Lamb with DeepSpeed's FusedLamb arithmetic written out below).
 Each zs run is {"config": {...}, "via": "client" | "config", "resume_at": N,
 "save_to": DIR, "load_from": DIR} (all but config optional): via config names the class
 in the config's optimizer section (DeepSpeed's way) instead of passing the optimizer
@@ -73,20 +73,35 @@ def lamb_step(params, state, lr, wd, betas=(0.9, 0.999), eps=1e-8, max_coeff=10.
             p.add_(u, alpha=-step * coeff)
 
 
-def train_reference_lamb(kwargs, steps):
-    """One process, the global batch: what 2 ranks' mean gradient is."""
+def train_reference(cls, kwargs, steps):
+    """One process, the global batch (what 2 ranks' mean gradient is), with `cls` over
+    whole parameters: DeepSpeed's Lamb as lamb_step writes it, or the class itself."""
     model = models.make("gpt")
+    opt = None if cls.__name__ == "Lamb" else cls(groups(model), **dict({"lr": LR}, **kwargs))
     state, losses = {}, []
     for step in range(steps):
         model.zero_grad(set_to_none=False)
         loss = model(models.batch(step, 0, 1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        for g in groups(model):
+        if opt is not None:
+            opt.step()
+        for g in groups(model) if opt is None else ():
             lamb_step(g["params"], state, g.get("lr", kwargs.get("lr", LR)), g["weight_decay"],
                       **{k: v for k, v in kwargs.items() if k != "lr"})
         losses.append(loss.item())
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def optimizer_class(name):
+    """torch.optim's class; Lamb, DeepSpeed's config type (a stand-in carrying the name);
+    Adafactor, transformers' (torch.optim has its own, another algorithm)."""
+    if name == "Lamb":
+        return type("Lamb", (), {})
+    if name == "Adafactor":
+        from transformers.optimization import Adafactor
+        return Adafactor
+    return getattr(torch.optim, name)
 
 
 def engine_for(cls, kwargs, run):
@@ -130,12 +145,11 @@ def main():
     mode, name, kwargs, steps, out = (sys.argv[1], sys.argv[2], json.loads(sys.argv[3]),
                                       int(sys.argv[4]), sys.argv[5])
     torch.set_num_threads(1)
-    # Lamb has no torch.optim class: a stand-in that only carries the name to the config.
-    cls = getattr(torch.optim, name) if name != "Lamb" else type("Lamb", (), {})
+    cls = optimizer_class(name)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     results = []
     if mode == "reference":
-        losses, params = train_reference_lamb(kwargs, steps)
+        losses, params = train_reference(cls, kwargs, steps)
         results.append(losses)
         torch.save(params, f"{out}.rank0.0.pt")
     elif mode == "ddp":

@@ -41,11 +41,14 @@ def ddp(scratch, optim="adamw_torch"):
 @pytest.mark.parametrize("zero,optim", [({"stage": 3}, "adamw_torch"),
                                         ({"stage": 2, "offload_optimizer": {"device": "cpu"}},
                                          "adamw_torch"),
-                                        ({"stage": 3}, "adagrad")],
-                         ids=["stage3", "stage2-cpu-optimizer", "stage3-adagrad"])
+                                        ({"stage": 3}, "adagrad"),
+                                        ({"stage": 3}, "adafactor")],
+                         ids=["stage3", "stage2-cpu-optimizer", "stage3-adagrad",
+                              "stage3-adafactor"])
 def test_trainer_logs_ddps_losses_and_saves_its_weights(zero, optim, scratch):
     """TrainingArguments.optim "adagrad": the Trainer's own torch.optim.Adagrad, stepped on
-    the shards."""
+    the shards; "adafactor": transformers' Adafactor, its row and column statistics summed
+    across the shards."""
     import transformers
     want, want_out = ddp(scratch, optim)
     got, got_out = trainer_run("zs", scratch, {"zero_optimization": zero,
