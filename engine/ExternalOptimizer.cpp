@@ -13,10 +13,8 @@ ExternalOptimizer::ExternalOptimizer(std::string name, Tier tier, MemoryLedger* 
       state_entry_(ledger, tier, Kind::OptimizerStates, 0) {}
 
 void ExternalOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan> spans) {
-  const bool on_host = tier_ == Tier::Host;
-  const bool in_place = shard.scalar_type() == at::kFloat && (!on_host || shard.is_cpu());
-  at::Tensor master = in_place ? shard : shard.to(on_host ? at::kCPU : shard.device(), at::kFloat);
-  if (!in_place) {
+  at::Tensor master = fp32_master(shard, tier_ == Tier::Host);
+  if (!master.is_same(shard)) {
     master_entries_.emplace_back(ledger_, tier_, Kind::MasterParams, master.numel() * 4);
   }
   shards_.push_back(shard);
@@ -81,20 +79,12 @@ std::vector<std::string> ExternalOptimizer::state_names() const {
   return hooks().state_names();
 }
 
-namespace {
-
-at::Tensor host_view(const float* data, int64_t n) {
-  return at::from_blob(const_cast<float*>(data), {n}, at::kFloat);
-}
-
-}  // namespace
-
 void ExternalOptimizer::read_state(size_t group, const std::vector<float*>& arrays) {
   const int64_t n = group_numel(group);
   if (arrays.empty()) fail("ExternalOptimizer::read_state: no array for the master");
-  host_view(arrays[0], n).copy_(masters_.at(group));
+  host_floats(arrays[0], n).copy_(masters_.at(group));
   std::vector<at::Tensor> state;
-  for (size_t a = 1; a < arrays.size(); ++a) state.push_back(host_view(arrays[a], n));
+  for (size_t a = 1; a < arrays.size(); ++a) state.push_back(host_floats(arrays[a], n));
   hooks().read_state(group, state);
 }
 
@@ -105,10 +95,10 @@ void ExternalOptimizer::write_state(size_t group, const std::vector<std::string>
   if (arrays.size() != names.size() + 1) {
     fail("ExternalOptimizer::write_state: {} arrays for {} names", arrays.size(), names.size());
   }
-  masters_.at(group).copy_(host_view(arrays[0], n));
+  masters_.at(group).copy_(host_floats(arrays[0], n));
   write_back(group);
   std::vector<at::Tensor> state;
-  for (size_t a = 1; a < arrays.size(); ++a) state.push_back(host_view(arrays[a], n));
+  for (size_t a = 1; a < arrays.size(); ++a) state.push_back(host_floats(arrays[a], n));
   hooks().write_state(group, state);
   count_state();
 }

@@ -285,7 +285,7 @@ void OffloadOptimizer::write_state(size_t group, const float* master, const floa
         },
         Swapper::Pass::Fill);
   }
-  shard.copy_(at::from_blob(const_cast<float*>(master), {n}, at::kFloat));
+  shard.copy_(host_floats(master, n));
 }
 
 void OffloadOptimizer::read_state(size_t group, const std::vector<float*>& arrays) {

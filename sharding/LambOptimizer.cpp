@@ -15,13 +15,11 @@ void LambOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan> sp
   Group g;
   g.shard = shard;
   g.spans = std::move(spans);
-  const bool on_host = tier_ == Tier::Host;
-  const bool in_place = shard.scalar_type() == at::kFloat && (!on_host || shard.is_cpu());
-  g.master = in_place ? shard : shard.to(on_host ? at::kCPU : shard.device(), at::kFloat);
+  g.master = fp32_master(shard, tier_ == Tier::Host);
   g.m = at::zeros_like(g.master);
   g.v = at::zeros_like(g.master);
   const int64_t n = g.master.numel();
-  if (!in_place) entries_.emplace_back(ledger_, tier_, Kind::MasterParams, n * 4);
+  if (!g.master.is_same(shard)) entries_.emplace_back(ledger_, tier_, Kind::MasterParams, n * 4);
   entries_.emplace_back(ledger_, tier_, Kind::OptimizerStates, n * 8);
   groups_.push_back(std::move(g));
 }
@@ -113,21 +111,13 @@ void LambOptimizer::reload_master(size_t group) {
   if (g.master.data_ptr() != g.shard.data_ptr()) g.master.copy_(g.shard);
 }
 
-namespace {
-
-at::Tensor host_view(const float* data, int64_t n) {
-  return at::from_blob(const_cast<float*>(data), {n}, at::kFloat);
-}
-
-}  // namespace
-
 void LambOptimizer::read_state(size_t group, const std::vector<float*>& arrays) {
   if (arrays.size() != 3) fail("LambOptimizer::read_state: {} arrays; Lamb keeps 3", arrays.size());
   const Group& g = groups_.at(group);
   const int64_t n = g.m.numel();
-  host_view(arrays[0], n).copy_(g.master);
-  host_view(arrays[1], n).copy_(g.m);
-  host_view(arrays[2], n).copy_(g.v);
+  host_floats(arrays[0], n).copy_(g.master);
+  host_floats(arrays[1], n).copy_(g.m);
+  host_floats(arrays[2], n).copy_(g.v);
 }
 
 void LambOptimizer::write_state(size_t group, const std::vector<std::string>& names,
@@ -137,9 +127,9 @@ void LambOptimizer::write_state(size_t group, const std::vector<std::string>& na
     fail("LambOptimizer::write_state: {} arrays; Lamb keeps 3", arrays.size());
   Group& g = groups_.at(group);
   const int64_t n = g.m.numel();
-  g.master.copy_(host_view(arrays[0], n));
-  g.m.copy_(host_view(arrays[1], n));
-  g.v.copy_(host_view(arrays[2], n));
+  g.master.copy_(host_floats(arrays[0], n));
+  g.m.copy_(host_floats(arrays[1], n));
+  g.v.copy_(host_floats(arrays[2], n));
   if (g.master.data_ptr() != g.shard.data_ptr()) g.shard.copy_(g.master);
 }
 

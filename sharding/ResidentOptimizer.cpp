@@ -63,29 +63,21 @@ void ResidentOptimizer::reload_master(size_t group) {
   if (s.master.data_ptr() != s.shard.data_ptr()) s.master.copy_(s.shard);
 }
 
-namespace {
-
-at::Tensor view_of(const float* data, int64_t n) {
-  return at::from_blob(const_cast<float*>(data), {n}, at::kFloat);
-}
-
-}  // namespace
-
 void ResidentOptimizer::read_state(size_t group, float* master, float* m, float* v) {
   const State& s = states_.at(group);
   const int64_t n = s.m.numel();
-  view_of(master, n).copy_(s.master);
-  view_of(m, n).copy_(s.m);
-  view_of(v, n).copy_(s.v);
+  host_floats(master, n).copy_(s.master);
+  host_floats(m, n).copy_(s.m);
+  host_floats(v, n).copy_(s.v);
 }
 
 void ResidentOptimizer::write_state(size_t group, const float* master, const float* m,
                                     const float* v) {
   State& s = states_.at(group);
   const int64_t n = s.m.numel();
-  s.master.copy_(view_of(master, n));
-  s.m.copy_(view_of(m, n));
-  s.v.copy_(view_of(v, n));
+  s.master.copy_(host_floats(master, n));
+  s.m.copy_(host_floats(m, n));
+  s.v.copy_(host_floats(v, n));
   if (s.master.data_ptr() != s.shard.data_ptr()) s.shard.copy_(s.master);
 }
 

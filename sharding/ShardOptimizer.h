@@ -26,6 +26,14 @@ struct ParamPiece {
   std::string name;
 };
 
+// A host array of n floats as a tensor (no copy): a checkpoint's array in read_state and
+// write_state.
+at::Tensor host_floats(const float* data, int64_t n);
+
+// The fp32 weights an optimizer updates for `shard`: the shard itself where it is fp32
+// and where the master lives (on the host with `on_host`), else an fp32 copy there.
+at::Tensor fp32_master(const at::Tensor& shard, bool on_host);
+
 // Adam's per-element state, as torch.optim.Adam names it: the built-in optimizers' names.
 inline std::vector<std::string> adam_state_names() {
   return {"exp_avg", "exp_avg_sq"};
