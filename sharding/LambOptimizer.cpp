@@ -50,6 +50,7 @@ at::Tensor LambOptimizer::squared_norms(const std::vector<at::Tensor>& updates) 
   std::vector<int64_t> index;
   for (size_t i = 0; i < groups_.size(); ++i) {
     for (const ParamPiece& p : groups_[i].pieces) {
+      if (p.count == 0) continue;  // held by another rank's shard
       w2.push_back(groups_[i].master.narrow(0, p.begin, p.count).square().sum());
       u2.push_back(updates[i].narrow(0, p.begin, p.count).square().sum());
       index.push_back(static_cast<int64_t>(p.param));
@@ -59,9 +60,10 @@ at::Tensor LambOptimizer::squared_norms(const std::vector<at::Tensor>& updates) 
   at::Tensor norms = at::zeros({2, static_cast<int64_t>(params_)},
                                at::TensorOptions().dtype(at::kDouble).device(device));
   if (!index.empty()) {
-    const at::Tensor at_index = at::tensor(index, at::kLong).to(device);
-    norms.select(0, 0).index_add_(0, at_index, at::stack(w2).to(at::kDouble));
-    norms.select(0, 1).index_add_(0, at_index, at::stack(u2).to(at::kDouble));
+    // The pieces never change: their parameters' indices go to the device once.
+    if (!piece_params_.defined()) piece_params_ = at::tensor(index, at::kLong).to(device);
+    norms.select(0, 0).index_add_(0, piece_params_, at::stack(w2).to(at::kDouble));
+    norms.select(0, 1).index_add_(0, piece_params_, at::stack(u2).to(at::kDouble));
   }
   reduce_(norms);
   return norms.to(at::kCPU);

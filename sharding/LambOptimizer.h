@@ -70,6 +70,7 @@ class LambOptimizer : public ShardOptimizer {
   std::vector<Group> groups_;
   std::vector<LedgerEntry> entries_;
   size_t params_ = 0;
+  at::Tensor piece_params_;  // each held piece's parameter, in squared_norms' order
   int64_t steps_ = 0;
 };
 

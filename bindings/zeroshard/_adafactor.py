@@ -60,12 +60,15 @@ class ShardedAdafactor:
                 if count:
                     self._params[index].pieces.append((i, begin, count, offset))
         self._order = [self._params[k] for k in sorted(self._params)]
+        self._exp_avg, self._exp_avg_sq = {}, {}  # (flat group, begin) -> this rank's piece
+        self._device = self._masters[0].device if self._masters else torch.device("cpu")
+        self._row_col = {}  # (flat group, begin) -> each element's row and column index
         for p in self._order:
             if p.factored:
                 p.row = torch.zeros(p.lead * p.rows, dtype=torch.float32)
                 p.col = torch.zeros(p.lead * p.cols, dtype=torch.float32)
-        self._exp_avg, self._exp_avg_sq = {}, {}  # (flat group, begin) -> this rank's piece
-        self._device = self._masters[0].device if self._masters else torch.device("cpu")
+                for i, begin, count, offset in p.pieces:
+                    self._row_col[(i, begin)] = self._indices(p, offset, count)
 
     # --- the step
     def _options(self, p, lrs):
@@ -96,12 +99,12 @@ class ShardedAdafactor:
 
         def first(p, out):  # [sum w^2, row sums, column sums]
             eps1 = self._client.param_groups[p.group]["eps"][0]
-            for i, begin, count, offset in p.pieces:
+            for i, begin, count, _ in p.pieces:
                 w = self._masters[i].narrow(0, begin, count)
                 out[0] += w.double().square().sum()
                 if p.factored:
                     sq = grads[i].narrow(0, begin, count).square() + eps1
-                    row, col = self._indices(p, offset, count)
+                    row, col = self._row_col[(i, begin)]
                     out.narrow(0, 1, p.row.numel()).index_add_(0, row, sq.double())
                     out.narrow(0, 1 + p.row.numel(), p.col.numel()).index_add_(0, col, sq.double())
 
@@ -145,10 +148,10 @@ class ShardedAdafactor:
             row_mean = p.row.view(p.lead, p.rows).mean(dim=-1)
             r_factor = (p.row / row_mean.repeat_interleave(p.rows)).rsqrt().to(self._device)
             c_factor = p.col.rsqrt().to(self._device)
-        for i, begin, count, offset in p.pieces:
+        for i, begin, count, _ in p.pieces:
             grad = grads[i].narrow(0, begin, count)
             if p.factored:
-                row, col = self._indices(p, offset, count)
+                row, col = self._row_col[(i, begin)]
                 out.append((r_factor[row] * c_factor[col]) * grad)
             else:
                 v = self._exp_avg_sq.setdefault((i, begin), torch.zeros_like(grad))
