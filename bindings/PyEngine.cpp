@@ -170,6 +170,14 @@ PYBIND11_MODULE(_zeroshard, m) {
       },
       "(type, {param: its YAML text}) where the config names a torch.optim class, else None.");
   m.def(
+      "config_stage",
+      [](const std::string& yaml, const std::string& origin) -> py::object {
+        const auto stage = load_config_string(yaml, origin).config.zero.stage;
+        if (!stage) return py::none();
+        return py::int_(*stage);
+      },
+      "The config's zero_optimization.stage, or None where it is auto (the Planner's).");
+  m.def(
       "launch_env",
       [] {
         const LaunchEnv env = read_launch_env();
@@ -289,6 +297,9 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def("unit_forward_end", &TrainingEngine::unit_forward_end,
            py::call_guard<py::gil_scoped_release>())
       .def("unit_backward_begin", &TrainingEngine::unit_backward_begin,
+           py::call_guard<py::gil_scoped_release>())
+      .def("unit_inputs_need_grad", &TrainingEngine::unit_inputs_need_grad)
+      .def("unit_inputs_done", &TrainingEngine::unit_inputs_done,
            py::call_guard<py::gil_scoped_release>())
       .def("model_forward_begin", &TrainingEngine::model_forward_begin,
            py::call_guard<py::gil_scoped_release>())

@@ -269,11 +269,12 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   GradReducer& reducer = pipeline_->reducer();
   reducer.on_wait([this] { return coordinator_->advance(); });
   reducer.on_gradient([this](size_t group, size_t slot) { check_read(group, slot); });
-  // A unit's gradients are in: its frozen group goes with its trainable one.
+  // A unit's gradients are in: it goes, unless its frozen group is still read for the
+  // gradients of its inputs (engine/UnitRelease.h).
+  unit_release_.init(groups_);
   reducer.on_group_complete([this](size_t group) {
     const std::optional<UnitId> unit = groups_.of_trainable(TrainableId(group)).unit;
-    if (!unit) return;
-    for (CoordinatorUnit u : groups_.coordinator_units(*unit)) coordinator_->backward_done(u.value);
+    if (unit && unit_release_.grads_done(*unit)) release_in_backward(*unit);
   });
   if (param_home_) {
     const int lookahead = static_cast<int>(z.offload_param.buffer_count) - 1;
@@ -290,6 +291,7 @@ void EngineImpl::backward(const at::Tensor& loss) {
   scaled.backward();
   // Gathers first: a rank still inside backward may wait for one, never for a reduction.
   if (coordinator_) coordinator_->end_backward();
+  unit_release_.reset();
   fault_point("backward.end");
   pipeline_->end_backward();
 }

@@ -19,6 +19,7 @@
 #include "engine/GroupTable.h"
 #include "engine/ProcessGroupSetup.h"
 #include "engine/TrainingEngine.h"
+#include "engine/UnitRelease.h"
 
 namespace zeroshard {
 
@@ -57,6 +58,8 @@ class EngineImpl {
   void unit_forward_begin(size_t unit);
   void unit_forward_end(size_t unit);
   void unit_backward_begin(size_t unit);
+  bool unit_inputs_need_grad(size_t unit);
+  void unit_inputs_done(size_t unit);
   void model_forward_begin();
   void model_forward_end(bool grad_enabled);
   int touch_unit(size_t unit, bool grad_enabled);
@@ -111,6 +114,7 @@ class EngineImpl {
                     const MaterializeParams& materialize);
   // Its coordinator units (none at stages 0-2); fails for a unit that does not exist.
   const std::vector<CoordinatorUnit>& checked_unit(size_t unit) const;
+  void release_in_backward(UnitId unit);
   void check_read(size_t trainable_group, size_t slot) const;
   Manifest checkpoint_layout() const;
   void write_group_slice(GroupId group, const std::function<void(const void*, int64_t)>& write);
@@ -152,6 +156,7 @@ class EngineImpl {
   std::unique_ptr<ParamHome> param_home_;
   ParamGroupTable param_groups_;
   std::unique_ptr<ParamCoordinator> coordinator_;
+  UnitRelease unit_release_;  // when a stage-3 unit goes in backward
   std::unique_ptr<ModuleBuffers> buffers_;
   c10::Device device_{c10::kCPU};  // the model's
   int64_t device_capacity_ = 0;    // what the plan budgets the device tier with

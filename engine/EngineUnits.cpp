@@ -28,6 +28,7 @@ at::Tensor EngineImpl::run_unit(const torch::nn::Module& unit,
   unit_forward_begin(u);
   at::Tensor out = forward();
   if (out.requires_grad()) {
+    unit_release_.inputs_unknown(UnitId(u));
     out.register_hook([this, u](const at::Tensor& grad) {
       unit_backward_begin(u);
       return grad;
@@ -53,6 +54,20 @@ void EngineImpl::unit_forward_end(size_t unit) {
 
 void EngineImpl::unit_backward_begin(size_t unit) {
   for (CoordinatorUnit u : checked_unit(unit)) coordinator_->before_backward(u.value);
+}
+
+bool EngineImpl::unit_inputs_need_grad(size_t unit) {
+  if (checked_unit(unit).empty()) return false;
+  return unit_release_.inputs_need_grad(UnitId(unit), coordinator_->in_backward());
+}
+
+void EngineImpl::unit_inputs_done(size_t unit) {
+  if (!checked_unit(unit).empty() && unit_release_.inputs_done(UnitId(unit)))
+    release_in_backward(UnitId(unit));
+}
+
+void EngineImpl::release_in_backward(UnitId unit) {
+  for (CoordinatorUnit u : groups_.coordinator_units(unit)) coordinator_->backward_done(u.value);
 }
 
 void EngineImpl::model_forward_begin() {

@@ -49,6 +49,14 @@ void TrainingEngine::unit_forward_end(size_t unit) {
 void TrainingEngine::unit_backward_begin(size_t unit) {
   impl_->unit_backward_begin(unit);
 }
+
+bool TrainingEngine::unit_inputs_need_grad(size_t unit) {
+  return impl_->unit_inputs_need_grad(unit);
+}
+
+void TrainingEngine::unit_inputs_done(size_t unit) {
+  impl_->unit_inputs_done(unit);
+}
 void TrainingEngine::model_forward_begin() {
   impl_->model_forward_begin();
 }

@@ -89,6 +89,11 @@ class TrainingEngine final : public Engine {
   void unit_forward_begin(size_t unit);
   void unit_forward_end(size_t unit);
   void unit_backward_begin(size_t unit);
+  // For module hooks: a forward of `unit` whose inputs need gradients; when it returns
+  // true, call unit_inputs_done once their gradients are all computed (tensor hooks),
+  // which lets the unit's frozen parameters go (engine/UnitRelease.h).
+  bool unit_inputs_need_grad(size_t unit);
+  void unit_inputs_done(size_t unit);
   // For module hooks (the Python package): the model's forward begins and ends (a forward
   // without gradients ends its gathers there; buffers are made equal across ranks where
   // one begins, as engine/ModuleBuffers.h says: a LibTorch program that never calls

@@ -101,6 +101,7 @@ class ParamCoordinator {
   // Whether `unit` was gathered for a use since the last optimizer step: a gradient of a
   // unit that was not came from a read of the placeholder a released parameter holds.
   bool read_this_step(size_t unit) const { return state_.at(unit).read; }
+  bool in_backward() const { return phase_ == Phase::Backward; }
   void release_now(size_t unit);
 
  private:

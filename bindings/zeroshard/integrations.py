@@ -109,7 +109,12 @@ class _EngineModule(torch.nn.Module):
         return self.engine(*args, **kwargs)
 
 
-class ZeroShardTrainer(transformers.Trainer):
+class ZeroShardTrainerMixin:
+    """What puts a Trainer on the engine, ahead of any Trainer class in the MRO (see
+    zeroshard_trainer): the engine starts where the Trainer would wrap the model for
+    DDP, takes its backward, its clipping and its saving, and leaves the rest of the
+    class (its loss, its data, its metrics) as it is."""
+
     def __init__(self, *args, zeroshard_config, units=None, **kwargs):
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
         for name in ("deepspeed", "fsdp"):
@@ -145,6 +150,21 @@ class ZeroShardTrainer(transformers.Trainer):
                 self.create_optimizer()
             self._start_engine()
         return self._engine_module
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None,
+                        **gen_kwargs):
+        """Seq2SeqTrainer's generation with synced_gpus where the engine shards the
+        parameters across ranks (see the engine's generate): it passes synced_gpus itself,
+        True only under DeepSpeed's ZeRO-3 or FSDP."""
+        engine = self.zeroshard_engine
+        if (getattr(self.args, "predict_with_generate", False) and not prediction_loss_only
+                and engine is not None and engine.zero_optimization_stage() == 3
+                and engine.world_size > 1):
+            if not gen_kwargs:  # Seq2SeqTrainer's rule: evaluate()'s and predict()'s
+                gen_kwargs = dict(getattr(self, "_gen_kwargs", {}))
+            gen_kwargs.setdefault("synced_gpus", True)
+        return super().prediction_step(model, inputs, prediction_loss_only,
+                                       ignore_keys=ignore_keys, **gen_kwargs)
 
     def _engine_backward(self, loss, **kwargs):
         """accelerator.backward, as Trainer.training_step calls it, with the loss it made
@@ -190,3 +210,23 @@ class ZeroShardTrainer(transformers.Trainer):
         path = os.path.join(checkpoint, _SCHEDULER_FILE)
         if self.lr_scheduler is not None and os.path.isfile(path):
             self.lr_scheduler.load_state_dict(torch.load(path, weights_only=True))
+
+
+def zeroshard_trainer(trainer_class):
+    """trainer_class (transformers.Trainer or any subclass: Seq2SeqTrainer, TRL's
+    SFTTrainer, ...) trained by the engine: a subclass taking the same arguments plus
+    zeroshard_config (DeepSpeed's keys) and units.
+
+        SFTTrainer = zeroshard_trainer(trl.SFTTrainer)
+        trainer = SFTTrainer(model=model, args=sft_config, train_dataset=ds,
+                             peft_config=lora, zeroshard_config="ds_config.json")"""
+    if not (isinstance(trainer_class, type) and issubclass(trainer_class, transformers.Trainer)):
+        raise _zeroshard.Error(f"zeroshard_trainer: {trainer_class!r} is not a subclass of "
+                               "transformers.Trainer")
+    if issubclass(trainer_class, ZeroShardTrainerMixin):
+        return trainer_class
+    return type(f"ZeroShard{trainer_class.__name__}", (ZeroShardTrainerMixin, trainer_class),
+                {"__module__": __name__, "__doc__": trainer_class.__doc__})
+
+
+ZeroShardTrainer = zeroshard_trainer(transformers.Trainer)

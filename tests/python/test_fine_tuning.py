@@ -1,0 +1,121 @@
+"""Fine-tuning as Hugging Face users run it, on 2 real ranks, against the same run under
+DDP: TRL's SFTTrainer training LoRA adapters (peft) at stages 2 and 3, and
+Seq2SeqTrainer predicting with generation at stage 3, each put on the engine by
+zeroshard_trainer(TheirTrainer).
+
+SFT (sft_worker.py): every step's logged loss and grad norm within 1e-5 of DDP's; the
+adapter save_model writes loads with PeftModel.from_pretrained and gives DDP's logits
+and the trained model's own; at stage 3 the frozen base is sharded like the rest (each
+rank holds its shards, the parameter tensors point at placeholders) and no more than two
+units are ever gathered at once, though a frozen weight at a unit's start (its
+LayerNorm, the base weight of a LoRA layer) is read after every trainable gradient of
+the unit; the adapters merged into the sharded base (inside GatheredParameters) leave
+the logits as they were. Seq2Seq (seq2seq_worker.py): the logged losses, then DDP's
+predictions exactly, where one rank's sequences end before the other's."""
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import HERE, run_ranks
+
+for _module in ("transformers", "trl", "peft", "datasets"):
+    pytest.importorskip(_module, reason=f"{_module} is not installed beside this interpreter "
+                                        "(the oldest-torch leg has no Hugging Face stack)")
+
+WORLD, STEPS = 2, 6
+SFT, SEQ2SEQ = os.path.join(HERE, "sft_worker.py"), os.path.join(HERE, "seq2seq_worker.py")
+STAGE3 = {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 0}
+_ddp = {}
+
+
+def run(worker, mode, scratch, tag, config=None, env=None):
+    out = str(scratch / tag)
+    args = [worker, mode, str(STEPS), out] + ([json.dumps(config)] if config else [])
+    return run_ranks(args, WORLD, out, timeout=600, extra_env=env), out
+
+
+def ddp(worker, scratch, checkpointing=False):
+    """The plain trainer's run under DDP, once per test session and setting."""
+    key = (worker, checkpointing)
+    if key not in _ddp:
+        _ddp[key] = run(worker, "ddp", scratch, f"ddp{int(checkpointing)}",
+                        env={"ZS_SFT_CHECKPOINTING": str(int(checkpointing))})
+    return _ddp[key]
+
+
+def assert_logged_alike(got, want):
+    assert len(got) == len(want) == STEPS
+    for step, ((loss, norm), (loss_ddp, norm_ddp)) in enumerate(zip(got, want)):
+        assert abs(loss - loss_ddp) <= 1e-5 * abs(loss_ddp), f"step {step}: {loss} vs {loss_ddp}"
+        assert abs(norm - norm_ddp) <= 1e-5 * abs(norm_ddp), f"step {step}: {norm} vs {norm_ddp}"
+
+
+def adapter_logits(folder):
+    """The logits of sft_worker.merge's batch from the base model and the saved adapter."""
+    import peft
+
+    import hf_worker
+    import models
+    model = peft.PeftModel.from_pretrained(hf_worker.make("llama"), folder).eval()
+    with torch.no_grad():
+        return model(input_ids=torch.arange(3, 3 + models.SEQ).reshape(1, -1)).logits[0, -1]
+
+
+@pytest.mark.parametrize("zero,checkpointing", [
+    (STAGE3, False), ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, False),
+    (STAGE3, True)], ids=["stage3", "stage2-cpu-optimizer", "stage3-gradient-checkpointing"])
+def test_sft_trainer_with_lora_equals_ddp(zero, checkpointing, scratch):
+    import safetensors.torch
+    want, want_out = ddp(SFT, scratch, checkpointing)
+    got, got_out = run(SFT, "zs", scratch, "zs", {"zero_optimization": zero},
+                       env={"ZS_SFT_CHECKPOINTING": str(int(checkpointing))})
+    for rank in range(WORLD):
+        assert_logged_alike(got[rank]["logged"], want[rank]["logged"])
+        assert got[rank]["merge"]["change"] <= 1e-5, got[rank]["merge"]
+    mine = safetensors.torch.load_file(got_out + ".adapter/adapter_model.safetensors")
+    theirs = safetensors.torch.load_file(want_out + ".adapter/adapter_model.safetensors")
+    assert set(mine) == set(theirs) and all("lora_" in name for name in mine), sorted(mine)
+    for name, t in theirs.items():
+        assert torch.allclose(mine[name], t, rtol=1e-5, atol=1e-6), name
+    logits = adapter_logits(got_out + ".adapter")
+    assert torch.allclose(logits, adapter_logits(want_out + ".adapter"), atol=1e-5)
+    assert torch.allclose(logits, torch.tensor(got[0]["merge"]["before"]), atol=1e-5)
+    if zero["stage"] != 3:
+        return
+    for rank, r in enumerate(got):
+        m = r["memory"]
+        assert m["frozen"] > 20 * m["trained"], m  # the base is frozen, the adapters train
+        total = m["frozen"] + m["trained"]
+        # Each unit's trainable and frozen shards, padded to 64 elements.
+        assert 4 * total / WORLD <= m["params"] <= 4 * (total / WORLD + 2 * 64 * len(m["units"])), m
+        assert m["held_by_parameters"] <= 4 * 2 * len(m["units"]), m  # placeholders only
+        assert m["gathered_peak"] <= 4 * 2 * max(m["units"]), (rank, m)
+
+
+def test_seq2seq_trainer_predicts_with_generate_as_ddp_does(scratch):
+    want, _ = ddp(SEQ2SEQ, scratch)
+    got, _ = run(SEQ2SEQ, "zs", scratch, "zs", {"zero_optimization": STAGE3})
+    for rank in range(WORLD):
+        assert_logged_alike(got[rank]["logged"], want[rank]["logged"])
+        for key in ("full", "end", "ended"):
+            assert got[rank][key] == want[rank][key], (rank, key)
+        for key in ("full_loss", "ended_loss"):
+            assert abs(got[rank][key] - want[rank][key]) <= 1e-5 * want[rank][key], (rank, key)
+    # Rank 0's first row ends early, rank 1's goes on: generate kept them in step.
+    ended, end = got[0]["ended"], got[0]["end"]
+    assert end in ended[0] and end not in ended[1], (end, ended[:2])
+
+
+def test_zeroshard_trainer_takes_trainer_classes_only():
+    import transformers
+
+    import zeroshard
+    from zeroshard.integrations import ZeroShardTrainer, zeroshard_trainer
+    assert zeroshard_trainer(transformers.Trainer) is not transformers.Trainer
+    assert issubclass(ZeroShardTrainer, transformers.Trainer)
+    seq2seq = zeroshard_trainer(transformers.Seq2SeqTrainer)
+    assert seq2seq.__name__ == "ZeroShardSeq2SeqTrainer" and zeroshard_trainer(seq2seq) is seq2seq
+    with pytest.raises(zeroshard.Error, match="is not a subclass of transformers.Trainer"):
+        zeroshard_trainer(torch.nn.Module)
