@@ -101,8 +101,7 @@ int EngineImpl::unit_held(size_t unit) const {
 }
 
 void EngineImpl::gather_unit(size_t unit) {
-  for (CoordinatorUnit u : checked_unit(unit))
-    if (!coordinator_->gathered(u.value)) coordinator_->gather_now(u.value);
+  for (CoordinatorUnit u : checked_unit(unit)) coordinator_->gather_now(u.value);
 }
 
 void EngineImpl::release_unit(size_t unit) {

@@ -85,7 +85,11 @@ void ParamCoordinator::set_shard_home(ShardHome* home, int lookahead) {
 }
 
 void ParamCoordinator::gather_now(size_t unit) {
-  gather_for_read(unit);
+  // Already there (persistent, or held for a read: alike on every rank), it is only kept:
+  // for use, until release_now, not until the next read of another unit.
+  idle_touched_.erase(std::remove(idle_touched_.begin(), idle_touched_.end(), unit),
+                      idle_touched_.end());
+  if (!gathered(unit)) gather_for_read(unit);
   state_[unit].held_for_use = true;
 }
 

@@ -126,6 +126,7 @@ class ZeroShardTrainerMixin:
         self.zeroshard_config = zeroshard_config
         self.zeroshard_units = units
         self.zeroshard_engine = None
+        self.zeroshard_reference_engine = None  # TRL's ref_model at stage 3
         self._engine_module = None
         # The engine places parameters and optimizer state; accelerate would read the
         # sharded optimizer's state_dict to move it (batches are placed by the Trainer).
@@ -143,6 +144,25 @@ class ZeroShardTrainerMixin:
         self.zeroshard_engine = engine
         self._engine_module = _EngineModule(engine)
         self.optimizer = optimizer
+        self._shard_reference_model(config)
+
+    def _shard_reference_model(self, config):
+        """TRL's reference model (DPOTrainer's and the like: a frozen copy of the policy,
+        read without gradients) sharded at stage 3 as the policy is, by an engine of its
+        own with nothing to train, as TRL shards it under DeepSpeed's ZeRO-3; at stages
+        0-2 it stays whole on every rank, as it does there."""
+        reference = getattr(self, "ref_model", None)
+        if not isinstance(reference, torch.nn.Module):
+            return
+        if self.zeroshard_engine.zero_optimization_stage() != 3:
+            return
+        if getattr(self.args, "sync_ref_model", False):
+            raise _error("sync_ref_model=True mixes the policy's weights into the reference "
+                         "model's, and at stage 3 both are sharded: leave sync_ref_model off, "
+                         "or train at stage 2 or below (the reference model stays whole there)")
+        reference.requires_grad_(False)
+        settings = {k: v for k, v in config.items() if k != "optimizer"}
+        self.zeroshard_reference_engine = initialize(model=reference, config=settings)[0]
 
     def _wrap_model(self, model, training=True, dataloader=None):
         if self.zeroshard_engine is None:
@@ -202,6 +222,20 @@ class ZeroShardTrainerMixin:
         self.zeroshard_engine.save_checkpoint(os.path.join(output_dir, "zeroshard"))
         if self.args.should_save and self.lr_scheduler is not None:
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, _SCHEDULER_FILE))
+
+    def _load_best_model(self):
+        """load_best_model_at_end: the best checkpoint's sharded state where it has one, as
+        DeepSpeed loads its own; a checkpoint of the model alone (save_only_model) is loaded
+        by the Trainer's own code into the whole parameters, rank 0's kept."""
+        engine = self.zeroshard_engine
+        if engine is None:
+            return super()._load_best_model()
+        sharded = os.path.join(self.state.best_model_checkpoint, "zeroshard")
+        if os.path.isdir(sharded):
+            engine.load_checkpoint(sharded)
+            return
+        with engine.gathered(list(self.model.parameters()), modifier_rank=0):
+            super()._load_best_model()
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None:

@@ -110,7 +110,12 @@ class TinyTransformer : public TestModel {
     emb = register_module("emb", torch::nn::Embedding(kVocab, kDim));
     attn = register_module("attn", std::make_shared<AttentionBlock>());
     mlp = register_module("mlp", std::make_shared<MlpBlock>());
-    if (s.frozen) mlp->ln->bias.set_requires_grad(false);
+    // Frozen: the MLP's LayerNorm, at the start of its unit. Its weight is read for the
+    // input's gradient after every trainable gradient of the unit is in (UnitRelease.h).
+    if (s.frozen) {
+      mlp->ln->weight.set_requires_grad(false);
+      mlp->ln->bias.set_requires_grad(false);
+    }
   }
 
   at::Tensor loss(int step, int micro, int64_t begin, int64_t end) override {

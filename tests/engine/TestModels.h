@@ -21,7 +21,7 @@ struct Scenario {
   std::string dtype = "fp32";  // fp32 | bf16 | fp16
   int batch = 8;               // global micro-batch, split over ranks
   int64_t bucket = 300;        // reduce_bucket_size: small, so there are many groups
-  bool frozen = false;         // one parameter with requires_grad = false
+  bool frozen = false;         // parameters with requires_grad = false (see TestModels.cpp)
   bool unused = false;         // one layer used only on even steps
   bool overlap = false;        // overlap_comm
   bool branch = false;         // a layer runs only where the rank's own data says so

@@ -1,6 +1,6 @@
 """Fine-tuning as Hugging Face users run it, on 2 real ranks, against the same run under
-DDP: TRL's SFTTrainer training LoRA adapters (peft) at stages 2 and 3, and
-Seq2SeqTrainer predicting with generation at stage 3, each put on the engine by
+DDP: TRL's SFTTrainer training LoRA adapters (peft) at stages 2 and 3, TRL's DPOTrainer
+and Seq2SeqTrainer predicting with generation at stage 3, each put on the engine by
 zeroshard_trainer(TheirTrainer).
 
 SFT (sft_worker.py): every step's logged loss and grad norm within 1e-5 of DDP's; the
@@ -11,7 +11,11 @@ units are ever gathered at once, though a frozen weight at a unit's start (its
 LayerNorm, the base weight of a LoRA layer) is read after every trainable gradient of
 the unit; the adapters merged into the sharded base (inside GatheredParameters) leave
 the logits as they were. Seq2Seq (seq2seq_worker.py): the logged losses, then DDP's
-predictions exactly, where one rank's sequences end before the other's."""
+predictions exactly, where one rank's sequences end before the other's. DPO
+(dpo_worker.py): DDP's losses and grad norms with LoRA (the reference is the model with
+its adapters off) and with a reference model of its own, sharded by an engine holding
+nothing else; sync_ref_model at stage 3 is refused by name."""
+import importlib.util
 import json
 import os
 
@@ -20,27 +24,31 @@ import torch
 
 from conftest import HERE, run_ranks
 
-for _module in ("transformers", "trl", "peft", "datasets"):
-    pytest.importorskip(_module, reason=f"{_module} is not installed beside this interpreter "
-                                        "(the oldest-torch leg has no Hugging Face stack)")
+# Marked, not skipped at import (see test_hf_models.py).
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("transformers", "trl", "peft", "datasets")),
+    reason="the Hugging Face stack (transformers, trl, peft, datasets) is not installed beside "
+           "this interpreter (the trixie leg): the main leg runs these tests")
 
 WORLD, STEPS = 2, 6
 SFT, SEQ2SEQ = os.path.join(HERE, "sft_worker.py"), os.path.join(HERE, "seq2seq_worker.py")
+DPO = os.path.join(HERE, "dpo_worker.py")
 STAGE3 = {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 0}
 _ddp = {}
 
 
-def run(worker, mode, scratch, tag, config=None, env=None):
+def run(worker, mode, scratch, tag, config=None, env=None, kind=(), expect_ok=True):
     out = str(scratch / tag)
-    args = [worker, mode, str(STEPS), out] + ([json.dumps(config)] if config else [])
-    return run_ranks(args, WORLD, out, timeout=600, extra_env=env), out
+    args = [worker, mode, *kind, str(STEPS), out] + ([json.dumps(config)] if config else [])
+    got = run_ranks(args, WORLD, out, timeout=600, extra_env=env, expect_ok=expect_ok)
+    return got, out
 
 
-def ddp(worker, scratch, checkpointing=False):
+def ddp(worker, scratch, checkpointing=False, kind=()):
     """The plain trainer's run under DDP, once per test session and setting."""
-    key = (worker, checkpointing)
+    key = (worker, checkpointing, kind)
     if key not in _ddp:
-        _ddp[key] = run(worker, "ddp", scratch, f"ddp{int(checkpointing)}",
+        _ddp[key] = run(worker, "ddp", scratch, f"ddp{int(checkpointing)}", kind=kind,
                         env={"ZS_SFT_CHECKPOINTING": str(int(checkpointing))})
     return _ddp[key]
 
@@ -106,6 +114,28 @@ def test_seq2seq_trainer_predicts_with_generate_as_ddp_does(scratch):
     # Rank 0's first row ends early, rank 1's goes on: generate kept them in step.
     ended, end = got[0]["ended"], got[0]["end"]
     assert end in ended[0] and end not in ended[1], (end, ended[:2])
+
+
+@pytest.mark.parametrize("kind", ["lora", "reference"])
+def test_dpo_trainer_equals_ddp_with_its_reference_model_sharded(kind, scratch):
+    want, _ = ddp(DPO, scratch, kind=(kind,))
+    got, _ = run(DPO, "zs", scratch, "zs", {"zero_optimization": STAGE3}, kind=(kind,))
+    for rank in range(WORLD):
+        assert_logged_alike(got[rank]["logged"], want[rank]["logged"])
+        if kind == "lora":  # the reference is the model with its adapters off
+            assert "reference" not in got[rank]
+            continue
+        ref = got[rank]["reference"]
+        assert 4 * ref["elements"] / WORLD <= ref["params"] <= 1.05 * 4 * ref["elements"] / WORLD, ref
+        held = ref["held_besides"]  # its buffers (rotary frequencies), nothing to train
+        assert not any(k.startswith(("grads", "optimizer")) for k in held), ref
+
+
+def test_dpo_sync_ref_model_at_stage3_is_refused(scratch):
+    ranks, _ = run(DPO, "zs", scratch, "sync", {"zero_optimization": {"stage": 3}},
+                   env={"ZS_DPO_SYNC_REF": "1"}, kind=("reference",), expect_ok=False)
+    for status, log in ranks:
+        assert status != 0 and "sync_ref_model=True mixes the policy's weights" in log, log[-2000:]
 
 
 def test_zeroshard_trainer_takes_trainer_classes_only():

@@ -83,6 +83,30 @@ def test_trainer_checkpoints_resume_where_they_stopped(scratch):
             assert abs(loss - want) <= 1e-6 * abs(want) and abs(norm - want_norm) <= 1e-5 * want_norm
 
 
+@pytest.mark.parametrize("kept", ["checkpoint", "save_only_model"])
+def test_load_best_model_at_end_loads_the_best_checkpoint(kept, scratch):
+    """Evaluation and checkpoints every 2 steps, load_best_model_at_end with the highest
+    eval loss as the best (the first, as the loss falls): the model saved at the end is
+    DDP's, which is checkpoint-2's and not the last step's. A checkpoint holding the
+    engine's state loads it; one of the model alone (save_only_model) is loaded into the
+    whole parameters (the units of this small model are persistent: already whole)."""
+    import transformers
+    env = {"ZS_TRAINER_SAVE_STEPS": "2", "ZS_TRAINER_BEST": kept}
+    _, want_out = trainer_run("ddp", scratch, tag=f"ddp-best-{kept}", env=env)
+    _, got_out = trainer_run("zs", scratch, {"zero_optimization": {"stage": 3}},
+                             tag=f"zs-best-{kept}", env=env)
+    for out in (want_out, got_out):
+        with open(out + ".best.json") as f:
+            assert json.load(f) == "checkpoint-2"
+    mine = transformers.LlamaForCausalLM.from_pretrained(got_out + ".model").state_dict()
+    theirs = transformers.LlamaForCausalLM.from_pretrained(want_out + ".model").state_dict()
+    last = transformers.LlamaForCausalLM.from_pretrained(
+        want_out + ".trainer/checkpoint-6").state_dict()
+    assert any(not torch.allclose(last[n], t, atol=1e-4) for n, t in theirs.items())
+    for name, t in theirs.items():
+        assert torch.allclose(mine[name], t, rtol=1e-5, atol=1e-6), name
+
+
 def test_config_values_that_contradict_training_arguments_are_refused(tmp_path):
     import transformers
     import zeroshard

@@ -8,7 +8,10 @@ Writes the losses and grad norms the Trainer logged, one per step, to OUT.rankN.
 then saves the model with trainer.save_model(OUT.model) (rank 0 of a DDP run alone
 writes; every rank of a zeroshard run takes part).
 With ZS_TRAINER_SAVE_STEPS=N the Trainer checkpoints every N steps (save_strategy
-"steps"); with ZS_TRAINER_RESUME=DIR it resumes from that checkpoint.
+"steps"); with ZS_TRAINER_RESUME=DIR it resumes from that checkpoint. With
+ZS_TRAINER_BEST=checkpoint (or save_only_model, where checkpoints hold the model alone)
+it also evaluates every N steps and ends with load_best_model_at_end (the best: the
+highest eval loss), and rank 0 writes the best checkpoint's name to OUT.best.json.
 usage: trainer_worker.py ddp|zs STEPS OUT [CONFIG_JSON]"""
 import json
 import os
@@ -53,6 +56,13 @@ def main():
     mode, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     torch.set_num_threads(1)
     save_steps = int(os.environ.get("ZS_TRAINER_SAVE_STEPS", "0"))
+    best = os.environ.get("ZS_TRAINER_BEST")  # "checkpoint" or "save_only_model"
+    if best:  # "best": the highest eval loss, the first evaluation's as the loss falls
+        extra = dict(eval_strategy="steps", eval_steps=save_steps, load_best_model_at_end=True,
+                     metric_for_best_model="eval_loss", greater_is_better=True,
+                     save_only_model=best == "save_only_model")
+    else:
+        extra = {}
     args = transformers.TrainingArguments(
         output_dir=out + ".trainer", max_steps=steps, per_device_train_batch_size=2,
         gradient_accumulation_steps=4, learning_rate=1e-2, weight_decay=0.1, adam_beta1=0.9,
@@ -60,10 +70,10 @@ def main():
         warmup_steps=2, optim=os.environ.get("ZS_TRAINER_OPTIM", "adamw_torch"), logging_steps=1,
         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
         report_to=[], use_cpu=True, seed=1234, data_seed=1234, disable_tqdm=True,
-        dataloader_drop_last=True)
+        dataloader_drop_last=True, **extra)
     record = Record()
     kwargs = dict(model=hf_worker.make("llama"), args=args, train_dataset=Rows(),
-                  callbacks=[record])
+                  callbacks=[record], eval_dataset=Rows() if best else None)
     if mode == "ddp":
         trainer = transformers.Trainer(**kwargs)
     else:
@@ -73,6 +83,9 @@ def main():
     trainer.save_model(out + ".model")
     with open(f"{out}.rank{int(os.environ['RANK'])}.json", "w") as f:
         json.dump(record.logged, f)
+    if best and int(os.environ["RANK"]) == 0:
+        with open(f"{out}.best.json", "w") as f:
+            json.dump(os.path.basename(trainer.state.best_model_checkpoint), f)
     # Leave without the interpreter's finalization. A Gloo worker thread may still be
     # releasing the Trainer's last all-gather, whose tensors Python owns: it waits for the
     # GIL, finalization makes it exit, and unwinding its noexcept destructor aborts the
