@@ -143,6 +143,10 @@ class ZeroShardTrainerMixin:
         self.accelerator.backward = self._engine_backward
         self.zeroshard_engine = engine
         self._engine_module = _EngineModule(engine)
+        if self.args.torch_compile:  # what accelerate's prepare would do, which is skipped
+            self._engine_module = torch.compile(
+                self._engine_module, backend=self.args.torch_compile_backend or "inductor",
+                mode=self.args.torch_compile_mode)
         self.optimizer = optimizer
         self._shard_reference_model(config)
 

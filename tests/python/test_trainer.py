@@ -107,6 +107,20 @@ def test_load_best_model_at_end_loads_the_best_checkpoint(kept, scratch):
         assert torch.allclose(mine[name], t, rtol=1e-5, atol=1e-6), name
 
 
+def test_torch_compile_compiles_what_the_trainer_calls(scratch):
+    """TrainingArguments.torch_compile: the loop calls the engine's module compiled
+    (accelerate's prepare, which would compile it, is not used), with DDP's losses."""
+    want, _ = ddp(scratch)
+    got, out = trainer_run("zs", scratch, {"zero_optimization": {"stage": 3}}, tag="zs-compile",
+                           env={"ZS_TRAINER_COMPILE": "1"})
+    with open(out + ".wrapped.json") as f:
+        assert json.load(f) == "OptimizedModule"
+    for rank in range(WORLD):
+        for step, ((loss, norm), (loss_ddp, norm_ddp)) in enumerate(zip(got[rank], want[rank])):
+            assert abs(loss - loss_ddp) <= 1e-5 * abs(loss_ddp), f"step {step}: {loss} vs {loss_ddp}"
+            assert abs(norm - norm_ddp) <= 1e-5 * abs(norm_ddp), f"step {step}: {norm} vs {norm_ddp}"
+
+
 def test_config_values_that_contradict_training_arguments_are_refused(tmp_path):
     import transformers
     import zeroshard

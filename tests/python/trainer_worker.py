@@ -11,7 +11,9 @@ With ZS_TRAINER_SAVE_STEPS=N the Trainer checkpoints every N steps (save_strateg
 "steps"); with ZS_TRAINER_RESUME=DIR it resumes from that checkpoint. With
 ZS_TRAINER_BEST=checkpoint (or save_only_model, where checkpoints hold the model alone)
 it also evaluates every N steps and ends with load_best_model_at_end (the best: the
-highest eval loss), and rank 0 writes the best checkpoint's name to OUT.best.json.
+highest eval loss), and rank 0 writes the best checkpoint's name to OUT.best.json. With
+ZS_TRAINER_COMPILE=1, torch_compile is on. Rank 0 writes the class of the model the
+Trainer's loop called (model_wrapped) to OUT.wrapped.json.
 usage: trainer_worker.py ddp|zs STEPS OUT [CONFIG_JSON]"""
 import json
 import os
@@ -70,7 +72,8 @@ def main():
         warmup_steps=2, optim=os.environ.get("ZS_TRAINER_OPTIM", "adamw_torch"), logging_steps=1,
         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
         report_to=[], use_cpu=True, seed=1234, data_seed=1234, disable_tqdm=True,
-        dataloader_drop_last=True, **extra)
+        dataloader_drop_last=True, torch_compile=os.environ.get("ZS_TRAINER_COMPILE") == "1",
+        **extra)
     record = Record()
     kwargs = dict(model=hf_worker.make("llama"), args=args, train_dataset=Rows(),
                   callbacks=[record], eval_dataset=Rows() if best else None)
@@ -83,6 +86,9 @@ def main():
     trainer.save_model(out + ".model")
     with open(f"{out}.rank{int(os.environ['RANK'])}.json", "w") as f:
         json.dump(record.logged, f)
+    if int(os.environ["RANK"]) == 0:  # what the Trainer's loop called: compiled or not
+        with open(f"{out}.wrapped.json", "w") as f:
+            json.dump(type(trainer.model_wrapped).__name__, f)
     if best and int(os.environ["RANK"]) == 0:
         with open(f"{out}.best.json", "w") as f:
             json.dump(os.path.basename(trainer.state.best_model_checkpoint), f)
