@@ -3,16 +3,16 @@ sharded by the C++ Engine; at stage 3 each unit's parameters are gathered by for
 pre-hooks, freed by forward hooks, and gathered again when the gradient of the unit's
 output arrives in backward."""
 import contextlib
-import functools
 import json
 import os
 import weakref
 
 import torch
 
-from . import (_adafactor, _construction, _deepspeed_checkpoint, _launch, _sync_batchnorm,
-               _torch_optimizer, _zeroshard)
+from . import (_adafactor, _construction, _deepspeed_checkpoint, _generation, _launch,
+               _sync_batchnorm, _torch_optimizer, _zeroshard)
 from ._touch import Units, shard_parameters
+from ._unit_backward import GradArrival, report_input_grads, tensors
 from ._units import stage3_units, unique_parameters
 from ._config import load_config
 from ._optimizer import (HYPER_KEYS, ZeroShardOptimizer, client_scheduler, engine_options,
@@ -103,7 +103,7 @@ class ZeroShardEngine:
         # group at a time, as the engine copies them.
         materialize = _construction.materializer_for(model)
         _sync_batchnorm.take_over(model)  # before the engine: it may start torch.distributed
-        if _generation_syncs(model, text, origin):
+        if _generation.syncs(model, text, origin):
             _launch.init_distributed()  # generate's synced_gpus all-reduces through it
         stepped_by = {}
         if torch_stepped:
@@ -131,7 +131,7 @@ class ZeroShardEngine:
         self._running = None
         if self._engine.stage == 3:
             self._hook_stage3(model)
-            self._sync_generation(model)
+            _generation.sync_generate(model, self._engine.world_size)
         self._hook_model(model)
         self._step_applied = False
         me = weakref.ref(self)
@@ -163,25 +163,6 @@ class ZeroShardEngine:
             for module in modules:
                 self._hook_unit(index, module)
 
-    def _sync_generation(self, model):
-        """Hugging Face's generate, with synced_gpus on by default where several ranks
-        shard the parameters, as it is under DeepSpeed's ZeRO-3 and FSDP: each forward
-        gathers units with every other rank, so a rank whose sequences end first must go
-        on running forwards (without using them) until every rank's have ended; without
-        it the ranks' gathers stop matching and they wait on each other for ever. An
-        explicit synced_gpus is the caller's."""
-        generate = getattr(model, "generate", None)
-        if not callable(generate) or self._engine.world_size == 1:
-            return
-
-        @functools.wraps(generate)
-        def synced(*args, synced_gpus=None, **kwargs):
-            if synced_gpus is None:  # torch.distributed started before the engine
-                synced_gpus = torch.distributed.is_initialized()
-            return generate(*args, synced_gpus=synced_gpus, **kwargs)
-
-        model.generate = synced
-
     def _hook_unit(self, index, unit):
         engine, running = self._engine, self._running.running
 
@@ -189,17 +170,17 @@ class ZeroShardEngine:
             engine.unit_forward_begin(index)
             running[index] += 1
             if torch.is_grad_enabled():
-                _report_input_grads(engine, index, args, kwargs)
+                report_input_grads(engine, index, args, kwargs)
 
         def after(_module, args, kwargs, output):
             # Backward reaches the unit when a gradient of what it made arrives. A tensor
             # it was given and hands on (T5's position bias) is not what it made: its
             # gradient is complete only after every later block, long after this one.
             if torch.is_grad_enabled():
-                given = {id(t) for t in _tensors((args, kwargs))}
-                for t in _tensors(output):
+                given = {id(t) for t in tensors((args, kwargs))}
+                for t in tensors(output):
                     if t.requires_grad and id(t) not in given:
-                        _GradArrival.of(t).produced_by.append(
+                        GradArrival.of(t).produced_by.append(
                             lambda: engine.unit_backward_begin(index))
             running[index] -= 1
             engine.unit_forward_end(index)
@@ -492,66 +473,3 @@ class ZeroShardEngine:
         finally:
             for i in indices:
                 self._engine.release_unit(i)
-
-
-def _generation_syncs(model, text, origin):
-    """Whether the model's generate will keep several ranks in step at stage 3 (see
-    ZeroShardEngine._sync_generation): Hugging Face's synced_gpus, which all-reduces over
-    torch.distributed."""
-    if not callable(getattr(model, "generate", None)) or _zeroshard.launch_env()["world_size"] == 1:
-        return False
-    return _zeroshard.config_stage(text, origin) in (3, None)  # None: the Planner may pick 3
-
-
-class _GradArrival:
-    """What happens when a tensor's gradient is complete, in one hook and in this order:
-    the units that read the tensor learn that their inputs' gradients are done (their
-    frozen parameters may go), then the unit that made it begins its backward (its
-    parameters are gathered). Two hooks would run in registration order, the producer's
-    first, and hold two units' parameters at once."""
-
-    def __init__(self):
-        self.read_by = []      # callables: a unit's input has its gradient
-        self.produced_by = []  # callables: the producing unit's backward begins
-
-    @staticmethod
-    def of(t):
-        arrival = getattr(t, "_zeroshard_arrival", None)
-        if arrival is None:
-            arrival = t._zeroshard_arrival = _GradArrival()
-            t.register_hook(arrival)
-        return arrival
-
-    def __call__(self, _grad):
-        calls = self.read_by + self.produced_by
-        self.read_by, self.produced_by = [], []  # a leaf may come back in the next forward
-        for call in calls:
-            call()
-
-
-def _report_input_grads(engine, index, args, kwargs):
-    """Tells the engine when the gradients of a unit's inputs are all computed: its frozen
-    parameters are read until then (engine/UnitRelease.h)."""
-    needing = list({id(t): t for t in _tensors((args, kwargs)) if t.requires_grad}.values())
-    if not needing or not engine.unit_inputs_need_grad(index):
-        return
-    left = [len(needing)]
-
-    def arrived():
-        left[0] -= 1
-        if left[0] == 0:
-            engine.unit_inputs_done(index)
-
-    for t in needing:
-        _GradArrival.of(t).read_by.append(arrived)
-
-
-def _tensors(output):
-    if isinstance(output, torch.Tensor):
-        yield output
-    elif isinstance(output, (tuple, list)):
-        for o in output:
-            yield from _tensors(o)
-    elif isinstance(output, dict):
-        for o in output.values():
-            yield from _tensors(o)
