@@ -21,7 +21,7 @@ import trl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_worker  # noqa: E402
 from sft_worker import LORA, tokenizer  # noqa: E402
-from trainer_worker import Record  # noqa: E402
+from trainer_worker import Record, leave  # noqa: E402
 
 
 def rows(count=32):
@@ -66,11 +66,7 @@ def main():
             "elements": sum(p.numel() for p in trainer.ref_model.parameters()),
             "held_besides": {k: v["current"] for k, v in kinds.items()
                              if k != "params" and v["current"]}}
-    with open(f"{out}.rank{int(os.environ['RANK'])}.json", "w") as f:
-        json.dump(result, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # see trainer_worker
+    leave(out, result)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import transformers
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_worker  # noqa: E402
 import models  # noqa: E402
-from trainer_worker import Record  # noqa: E402
+from trainer_worker import Record, leave  # noqa: E402
 
 ROWS, EVAL_ROWS, TARGET = 32, 8, 6
 
@@ -80,13 +80,9 @@ def main():
     full, full_loss = predict(trainer)
     model.generation_config.eos_token_id = end_token(full)
     ended, ended_loss = predict(trainer)
-    with open(f"{out}.rank{int(os.environ['RANK'])}.json", "w") as f:
-        json.dump({"logged": record.logged, "full": full, "full_loss": full_loss,
-                   "end": model.generation_config.eos_token_id, "ended": ended,
-                   "ended_loss": ended_loss}, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # see trainer_worker
+    leave(out, {"logged": record.logged, "full": full, "full_loss": full_loss,
+                "end": model.generation_config.eos_token_id, "ended": ended,
+                "ended_loss": ended_loss})
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import trl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_worker  # noqa: E402
 import models  # noqa: E402
-from trainer_worker import Record  # noqa: E402
+from trainer_worker import Record, leave  # noqa: E402
 from zero3_worker import held_by_parameters  # noqa: E402
 
 ROWS = 64
@@ -109,11 +109,7 @@ def main():
         result["memory"] = memory(trainer.model, trainer.zeroshard_engine)
     trainer.save_model(out + ".adapter")
     result["merge"] = merge(trainer.model, mode)
-    with open(f"{out}.rank{int(os.environ['RANK'])}.json", "w") as f:
-        json.dump(result, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # see trainer_worker
+    leave(out, result)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,20 @@ class Record(transformers.TrainerCallback):
             self.logged.append([logs["loss"], float(logs["grad_norm"])])
 
 
+def leave(out, result):
+    """Writes this rank's result to OUT.rankN.json and leaves without the interpreter's
+    finalization. A Gloo worker thread may still be releasing the Trainer's last
+    all-gather, whose tensors Python owns: it waits for the GIL, finalization makes it
+    exit, and unwinding its noexcept destructor aborts the process ("terminate called
+    without an active exception"; seen in 2 runs of 12, in DDP runs, with or without
+    destroy_process_group first)."""
+    with open(f"{out}.rank{int(os.environ['RANK'])}.json", "w") as f:
+        json.dump(result, f)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main():
     mode, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     torch.set_num_threads(1)
@@ -84,22 +98,13 @@ def main():
         trainer = ZeroShardTrainer(zeroshard_config=json.loads(sys.argv[4]), **kwargs)
     trainer.train(resume_from_checkpoint=os.environ.get("ZS_TRAINER_RESUME"))
     trainer.save_model(out + ".model")
-    with open(f"{out}.rank{int(os.environ['RANK'])}.json", "w") as f:
-        json.dump(record.logged, f)
     if int(os.environ["RANK"]) == 0:  # what the Trainer's loop called: compiled or not
         with open(f"{out}.wrapped.json", "w") as f:
             json.dump(type(trainer.model_wrapped).__name__, f)
     if best and int(os.environ["RANK"]) == 0:
         with open(f"{out}.best.json", "w") as f:
             json.dump(os.path.basename(trainer.state.best_model_checkpoint), f)
-    # Leave without the interpreter's finalization. A Gloo worker thread may still be
-    # releasing the Trainer's last all-gather, whose tensors Python owns: it waits for the
-    # GIL, finalization makes it exit, and unwinding its noexcept destructor aborts the
-    # process ("terminate called without an active exception"; seen in 2 runs of 12, in
-    # DDP runs, with or without destroy_process_group first). Everything is written.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave(out, record.logged)
 
 
 if __name__ == "__main__":
