@@ -238,7 +238,7 @@ class ZeroShardTrainerMixin:
         if os.path.isdir(sharded):
             engine.load_checkpoint(sharded)
             return
-        with engine.gathered(list(self.model.parameters()), modifier_rank=0):
+        with engine.gathered_parameters(modifier_rank=0):
             super()._load_best_model()
 
     def _load_optimizer_and_scheduler(self, checkpoint):
