@@ -121,6 +121,7 @@ TransformerArch llama_like(const Reader& r) {
 TransformerArch mixtral(const Reader& r) {
   TransformerArch a = llama_like(r);
   a.experts = r.required("num_local_experts");
+  a.experts_per_token = r.optional("num_experts_per_tok", 2);
   return a;
 }
 
@@ -157,6 +158,7 @@ TransformerArch qwen3_moe(const Reader& r) {
   TransformerArch a = qwen3(r);
   a.experts = r.required_either("num_experts", "num_local_experts");
   a.expert_intermediate = r.required("moe_intermediate_size");
+  a.experts_per_token = r.optional("num_experts_per_tok", 8);
   const int64_t step = r.optional("decoder_sparse_step", 1);
   const std::vector<int64_t> dense = r.integers("mlp_only_layers");
   a.dense_layers.assign(static_cast<size_t>(a.layers), false);
@@ -188,6 +190,8 @@ TransformerArch gpt2(const Reader& r) {
   a.learned_positions = a.fused_qkv = true;
   a.qkv_bias = a.out_bias = a.mlp_bias = a.norm_bias = true;
   a.gated_mlp = false;
+  a.cache_copies_kv = r.flag("use_cache", true);
+  a.gelu_in_ops = r.text("activation_function", "gelu_new") == "gelu_new";
   return a;
 }
 
@@ -210,6 +214,7 @@ TransformerArch phi(const Reader& r) {
   a.qkv_bias = a.out_bias = a.mlp_bias = a.norm_bias = a.lm_head_bias = true;
   a.gated_mlp = false;
   a.norms_per_block = 1;
+  a.gelu_in_ops = r.text("hidden_act", "gelu_new") == "gelu_new";
   return a;
 }
 
@@ -230,7 +235,11 @@ TransformerArch decoder_arch(const Reader& r) {
     fail("{}: model_type '{}' is not a supported language model; allowed: {}", r.origin(), r.type(),
          fmt::format("{}", fmt::join(supported_model_types(), ", ")));
   }
-  return family->second(r);
+  TransformerArch a = family->second(r);
+  // transformers' default is sdpa (no a·s² scores kept); "eager" materialises them.
+  const std::string attention = r.text("_attn_implementation", r.text("attn_implementation", ""));
+  a.eager_attention = attention == "eager";
+  return a;
 }
 
 void set_shape(ModelSpec& spec, int64_t layers, int64_t hidden, int64_t heads, int64_t vocab,
@@ -310,6 +319,7 @@ ModelSpec llava(const Reader& r) {
   add_decoder_units(a, b);
   ModelSpec spec = b.build(r.type(), r.origin());
   set_shape(spec, a.layers, a.hidden, a.heads, a.vocab, a.max_positions);
+  set_block_shape(spec, a);
   return spec;
 }
 

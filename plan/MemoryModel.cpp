@@ -88,15 +88,46 @@ int64_t MemoryBreakdown::total(Tier tier) const {
   return sum;
 }
 
+namespace {
+
+// Bytes one token's pass through a norm keeps for backward: its input (an fp32 copy where
+// the norm computes in fp32) and its normalised output, which the next linear keeps too.
+int64_t norm_bytes(const ModelSpec& spec, int64_t kl) {
+  return spec.hidden * (spec.norm_fp32_input ? 4 + 2 * kl : 2 * kl);
+}
+
+// One block, per token, at sequence length s (docs/memory-model.md "Activations").
+int64_t block_bytes(const ModelSpec& spec, int64_t s, int64_t kl) {
+  const int64_t h = spec.hidden, a = spec.heads;
+  const int64_t head_dim = spec.head_dim > 0 ? spec.head_dim : h / a;
+  const int64_t kv = (spec.kv_heads > 0 ? spec.kv_heads : a) * head_dim;
+  const int64_t inner = spec.intermediate > 0 ? spec.intermediate : 4 * h;
+  // A fused kernel keeps queries, keys, values, its output (the output projection's input)
+  // and an fp32 log-sum-exp per head. Eager attention repeats keys and values to every
+  // head, copies the output for the projection, and keeps its fp32 softmax and the
+  // compute-precision copy the values multiply.
+  int64_t attention = spec.attention_scores ? kl * 4 * a * head_dim + (kl + 4) * a * s
+                                            : kl * (2 * a * head_dim + 2 * kv) + 4 * a;
+  if (spec.cache_copies_kv) attention += kl * 2 * kv;
+  int64_t mlp = spec.mlp_tensors * kl * inner;
+  // Routed: each token's MLP runs in k experts, on a gathered copy of its input, and
+  // each expert's output is kept for its routing weight.
+  if (spec.experts_per_token > 0) mlp = spec.experts_per_token * (mlp + 2 * kl * h);
+  return spec.norms_per_block * norm_bytes(spec, kl) + attention + mlp;
+}
+
+}  // namespace
+
 int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) {
   if (!spec.has_shape()) return 0;
-  const int64_t s = t.seq, b = t.micro_batch, h = spec.hidden, L = spec.layers, a = spec.heads;
-  // Korthikanti et al. 2022, per layer: s·b·h·(16·k_l + 2) + (2·k_l + 1)·a·s²·b
-  const int64_t per_layer = s * b * h * (16 * kl + 2) + (2 * kl + 1) * a * s * s * b;
-  // Logits in compute precision plus the fp32 copy the loss reads.
-  const int64_t logits = s * b * spec.vocab * (kl + 4);
-  if (t.activation_checkpointing) return 2 * s * b * h * L * kl + per_layer + logits;
-  return per_layer * L + logits;
+  const int64_t s = t.seq, b = t.micro_batch, L = spec.layers;
+  const int64_t per_layer = s * b * block_bytes(spec, s, kl);
+  // The final norm, then the logits in compute precision (the model's output) and the
+  // fp32 log-probabilities the loss keeps.
+  const int64_t head = s * b * (norm_bytes(spec, kl) + spec.vocab * (kl + 4));
+  // Checkpointed: each block keeps only its input; one block is recomputed at a time.
+  if (t.activation_checkpointing) return s * b * spec.hidden * L * kl + per_layer + head;
+  return per_layer * L + head;
 }
 
 int64_t shard_numel(const ModelSpec& spec, int64_t ranks) {

@@ -121,6 +121,22 @@ void add_decoder_units(const TransformerArch& a, SpecBuilder& b) {
   if (!a.tied_embeddings) b.add({linear_tensors(a.hidden, a.vocab, a.lm_head_bias)});
 }
 
+void set_block_shape(ModelSpec& spec, const TransformerArch& a) {
+  spec.kv_heads = a.kv_heads;
+  spec.head_dim = a.head_dim;
+  const bool moe = a.experts > 1;
+  spec.intermediate = moe && a.expert_intermediate > 0 ? a.expert_intermediate : a.intermediate;
+  spec.experts_per_token = moe ? a.experts_per_token : 0;
+  // gate, activation, up, product; or first linear's output, activation (gelu_new keeps
+  // its cube's sum, tanh and 1 + tanh as well)
+  spec.mlp_tensors = (a.gated_mlp ? 4 : 2) + (a.gelu_in_ops ? 3 : 0);
+  spec.cache_copies_kv = a.cache_copies_kv;
+  spec.norms_per_block = a.norms_per_block;
+  // Families without norm biases use RMSNorm, which transformers computes in fp32.
+  spec.norm_fp32_input = !a.norm_bias;
+  spec.attention_scores = a.eager_attention;
+}
+
 ModelSpec spec_from_arch(const TransformerArch& a, const std::string& model_type,
                          const std::string& source) {
   check_arch(a, source);
@@ -132,6 +148,7 @@ ModelSpec spec_from_arch(const TransformerArch& a, const std::string& model_type
   spec.heads = a.heads;
   spec.vocab = a.vocab;
   spec.max_positions = a.max_positions;
+  set_block_shape(spec, a);
   return spec;
 }
 

@@ -23,6 +23,7 @@ struct TransformerArch {
   int64_t max_positions = 0;
   int64_t experts = 1;              // > 1: a mixture of experts with a router per block
   int64_t expert_intermediate = 0;  // each expert's MLP size (0: intermediate)
+  int64_t experts_per_token = 1;    // the router's top k
   std::vector<bool> dense_layers;   // per layer (empty: none): a dense MLP, not experts
   bool qk_norm = false;             // a norm of head_dim on queries and keys (qwen3)
   bool tied_embeddings = false;     // lm_head shares the embedding matrix
@@ -35,6 +36,9 @@ struct TransformerArch {
   bool norm_bias = false;
   int norms_per_block = 2;
   bool lm_head_bias = false;
+  bool eager_attention = false;  // attention scores materialised (attn_implementation "eager")
+  bool gelu_in_ops = false;      // "gelu_new": a tanh GELU written in torch operations
+  bool cache_copies_kv = false;  // the layer's cache keeps copies of keys and values (gpt2)
 };
 
 struct ModelSpec {
@@ -46,6 +50,17 @@ struct ModelSpec {
   int64_t heads = 0;
   int64_t vocab = 0;
   int64_t max_positions = 0;
+  // What a block saves for backward (plan/MemoryModel.cpp activation_bytes; 0 = unknown,
+  // taken as a GPT block: kv_heads = heads, head_dim = hidden / heads, intermediate = 4h).
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate = 0;       // each expert's, in a mixture of experts
+  int64_t experts_per_token = 0;  // a mixture of experts' top k (0: a dense MLP)
+  int mlp_tensors = 2;            // tensors of width `intermediate` an MLP keeps
+  bool cache_copies_kv = false;   // keys and values copied into the layer's cache
+  int norms_per_block = 2;
+  bool norm_fp32_input = false;  // an RMSNorm that computes in fp32 keeps an fp32 copy of its input
+  bool attention_scores = true;  // eager attention keeps a·s² scores; sdpa/flash do not
   std::vector<int64_t> unit_params;  // stage-3 units (docs/architecture.md "Stage-3 units")
   // Per unit of unit_params (empty: none): whether stage 3 keeps it whole on every rank
   // (parameters outside every declared unit); their optimizer state and gradients are
@@ -91,6 +106,8 @@ class SpecBuilder {
 // A decoder-only transformer's units: the embedding (with the head where tied), a
 // learned position table, the blocks, the final norm, the head where untied.
 void add_decoder_units(const TransformerArch& arch, SpecBuilder& builder);
+// The block-shape numbers of `arch` that activation memory reads, into `spec`.
+void set_block_shape(ModelSpec& spec, const TransformerArch& arch);
 ModelSpec spec_from_arch(const TransformerArch& arch, const std::string& model_type,
                          const std::string& source);
 

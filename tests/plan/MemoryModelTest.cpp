@@ -159,17 +159,45 @@ TEST(MemoryModel, Fp32TrainingNeedsNoMasterCopy) {
   EXPECT_EQ(m.total(Tier::Device), 4 * 6400 + 8 * 6400 + 4 * 6400 + 4 * 1000);
 }
 
-TEST(MemoryModel, ActivationsFollowKorthikanti) {
+TEST(MemoryModel, ActivationsOfAGptBlockAreKorthikantisWithoutDropout) {
   ModelSpec s = toy_spec();
   s.layers = 2;
   s.hidden = 8;
   s.heads = 2;
   s.vocab = 10;
-  // s=4, b=3, k_l=2: per layer 4*3*8*34 + 5*2*16*3 = 3,744; logits 4*3*10*(2+4) = 720.
-  EXPECT_EQ(activation_bytes(s, TrainingShape{4, 3, false}, 2), 2 * 3744 + 720);
-  // Checkpointed: 2*s*b*h*L*k_l = 768, plus one layer and the logits.
-  EXPECT_EQ(activation_bytes(s, TrainingShape{4, 3, true}, 2), 768 + 3744 + 720);
+  // s=4, b=3, k_l=2, per token: two LayerNorms 2*(2*2*8) = 64; q, k, v, output 2*4*8 = 64;
+  // eager scores (2+4)*a*s = 48; MLP (4h) 2*2*32 = 128: 304, Korthikanti's 34h + 5as = 312
+  // less his two dropout masks (2h) and with the softmax kept in fp32 (6as for his 5as).
+  // The head: final norm 32 + logits 10*(2+4) = 92 per token.
+  EXPECT_EQ(activation_bytes(s, TrainingShape{4, 3, false}, 2), 2 * 12 * 304 + 12 * 92);
+  // Checkpointed: each block's input s*b*h*k_l, plus one block and the head.
+  EXPECT_EQ(activation_bytes(s, TrainingShape{4, 3, true}, 2), 2 * 192 + 12 * 304 + 12 * 92);
   EXPECT_EQ(activation_bytes(toy_spec(), TrainingShape{4, 3, false}, 2), 0);
+}
+
+// TinyLlama-1.1B's block, bf16, sdpa: per token 2 RMSNorms of (4 + 2*2)*2048 = 32,768;
+// q and output 2*2*2048 and k, v 2*2*256 (4 of 32 heads) = 9,216; the log-sum-exp 4*32;
+// the gated MLP 4*2*5632 = 45,056. 87,168 bytes: 42.56*h, what torch's saved-tensor hooks
+// count for transformers' LlamaDecoderLayer (tests/python/test_activation_memory.py).
+TEST(MemoryModel, ActivationsOfALlamaBlockWithFusedAttention) {
+  TransformerArch a;
+  a.vocab = 32000;
+  a.hidden = 2048;
+  a.layers = 22;
+  a.heads = 32;
+  a.kv_heads = 4;
+  a.head_dim = 64;
+  a.intermediate = 5632;
+  const ModelSpec s = spec_from_arch(a, "llama", "test");
+  const int64_t head = 2048 * 8 + 32000 * 6;
+  EXPECT_EQ(activation_bytes(s, TrainingShape{2048, 1, false}, 2), 2048 * (22 * 87'168 + head));
+  // Eager: keys and values repeated to all 32 heads and the output copied for o_proj
+  // (2*4*2048 for the fused kernel's 9,344), and the fp32 softmax with its bf16 copy 6*a*s.
+  TransformerArch eager = a;
+  eager.eager_attention = true;
+  EXPECT_EQ(
+      activation_bytes(spec_from_arch(eager, "llama", "test"), TrainingShape{2048, 1, false}, 2),
+      2048 * (22 * (87'168 - 9'344 + 2 * 4 * 2048 + 6 * 32 * 2048) + head));
 }
 
 // The seed formula (docs/memory-model.md) for Llama-2-7b, stage 3, 8 ranks, bf16:

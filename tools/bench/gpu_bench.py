@@ -156,8 +156,11 @@ def worker(args):
         if i >= args.warmup:
             for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
                 phases[name].append(seconds)
-    # zeroshard's plan beside what torch's allocator really held (the Planner's check)
+    # zeroshard's plan beside what torch's allocator really held (the Planner's check): the
+    # engine's model states for this model and config, and the activations of this batch
     plan = model.memory_report()["device"] if hasattr(model, "memory_report") else None
+    if plan:
+        plan["activations"] = estimated_activations(args, llama_config(args, layers))
     median = {k: statistics.median(v) for k, v in phases.items()}
     step_seconds = sum(median.values())
     tokens = args.batch * args.seq / step_seconds
@@ -169,12 +172,29 @@ def worker(args):
             "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "final_loss": loss.item(), "phase_seconds": median,
-            **({"planned_device_bytes": plan["predicted"], "ledger_device_peak": plan["peak"]}
-               if plan else {}),
+            **({"planned_device_bytes": plan["predicted"] + plan["activations"],
+                "planned_activation_bytes": plan["activations"],
+                "ledger_device_peak": plan["peak"]} if plan else {}),
         }, f)
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def estimated_activations(args, config):
+    """The Planner's activation bytes for this model and batch, from zeroshard-estimate
+    (the package's copy) on the model's config.json, as a user would ask before launch."""
+    import zeroshard
+    exe = os.path.join(os.path.dirname(zeroshard.__file__), "bin", "zeroshard-estimate")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "config.json")
+        config.to_json_file(path)
+        out = subprocess.run([exe, "--hf-config", path, "--seq", str(args.seq), "--micro-batch",
+                              str(args.batch), "--bf16", "--json"],
+                             capture_output=True, text=True, timeout=60)
+    if out.returncode not in (0, 1):
+        raise RuntimeError(f"zeroshard-estimate failed: {out.stderr}")
+    return json.loads(out.stdout)["options"][0]["bytes_by_kind"]["device"]["activations"]
 
 
 # ---------------------------------------------------------------- the driver
@@ -277,7 +297,7 @@ def driver(args):
     for r in rows:
         if r.get("planned_device_bytes") and r.get("peak_gpu_bytes"):
             print(f"{r['system']}: Planner's device bytes {r['planned_device_bytes'] / 2**30:.2f} "
-                  f"GiB, ledger peak {r['ledger_device_peak'] / 2**30:.2f} GiB, torch's peak "
+                  f"GiB (activations {r['planned_activation_bytes'] / 2**30:.2f}), ledger peak {r['ledger_device_peak'] / 2**30:.2f} GiB, torch's peak "
                   f"allocated {r['peak_gpu_bytes'] / 2**30:.2f} GiB: planned/allocated "
                   f"{r['planned_device_bytes'] / r['peak_gpu_bytes']:.3f} (target within 10%)")
     result = {"device": where, "rows": rows, **ratios(rows, judged)}

@@ -8,6 +8,7 @@
 #include <map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/Bytes.h"
 #include "common/DidYouMean.h"
@@ -17,11 +18,25 @@
 namespace zeroshard::estimate {
 namespace {
 
-const std::vector<std::string> kValueFlags{
-    "--hf-config", "--params",   "--layers",       "--hidden", "--heads",
-    "--kv-heads",  "--vocab",    "--intermediate", "--nodes",  "--gpus-per-node",
-    "--gpu-mem",   "--cpu-mem",  "--nvme",         "--seq",    "--micro-batch",
-    "--config",    "--headroom", "--emit-config"};
+const std::vector<std::string> kValueFlags{"--hf-config",
+                                           "--params",
+                                           "--layers",
+                                           "--hidden",
+                                           "--heads",
+                                           "--kv-heads",
+                                           "--vocab",
+                                           "--intermediate",
+                                           "--nodes",
+                                           "--gpus-per-node",
+                                           "--gpu-mem",
+                                           "--cpu-mem",
+                                           "--nvme",
+                                           "--seq",
+                                           "--micro-batch",
+                                           "--config",
+                                           "--headroom",
+                                           "--emit-config",
+                                           "--attn-implementation"};
 const std::vector<std::string> kSwitches{
     "--json", "--bf16", "--fp16", "--fp32", "--activation-checkpointing", "--help", "-h"};
 
@@ -105,6 +120,16 @@ void read_precision(const std::map<std::string, std::string>& given, bool have_c
   }
 }
 
+// transformers' attn_implementation values: whether the scores are materialised.
+bool read_attention(const std::string& name) {
+  static const std::vector<std::string> fused{"sdpa", "flash_attention_2", "flash_attention_3",
+                                              "flex_attention"};
+  if (name == "eager") return true;
+  if (std::find(fused.begin(), fused.end(), name) != fused.end()) return false;
+  fail("--attn-implementation: '{}' is not allowed; allowed: eager, {}", name,
+       fmt::format("{}", fmt::join(fused, ", ")));
+}
+
 }  // namespace
 
 const char* usage_text() {
@@ -129,6 +154,8 @@ training:
   --micro-batch N        micro-batch per rank (default: the config's, else 1)
   --bf16 | --fp16 | --fp32   precision (default: the config's, else bf16)
   --activation-checkpointing
+  --attn-implementation NAME   as transformers takes it: sdpa (default), flash_attention_2,
+                         flash_attention_3, flex_attention, eager (keeps the a*s*s scores)
   --config FILE          a zeroshard/DeepSpeed config: its fixed keys bound the choice
 output:
   --json                 JSON instead of the table
@@ -178,6 +205,9 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
   in.shape.seq = count("--seq", seq, fmt::format("sequence length {}", seq));
   in.shape.activation_checkpointing =
       given.count("--activation-checkpointing") > 0 || in.config.activation_checkpointing;
+  if (given.count("--attn-implementation")) {
+    in.spec.attention_scores = read_attention(given.at("--attn-implementation"));
+  }
   auto size = [&](const char* flag, int64_t fallback, const char* note) -> int64_t {
     const auto it = given.find(flag);
     if (it != given.end()) return static_cast<int64_t>(parse_bytes(it->second, flag));

@@ -193,13 +193,34 @@ GPU_MEMCHECK_TESTS='NcclGroup.OneRankCollectivesOnTheGpu:EngineOffload.GpuOptimi
 gpu_bench() {  # (where no GPU is, the script's own check: --device cpu --shape tiny)
   local here=()
   nvidia-smi -L >/dev/null 2>&1 || here=(--device cpu --shape tiny)
-  bench_gpu_in "$GPU_BUILD/python" --json --steps 3 --warmup 1 --timeout 100 "${here[@]}" |
+  # (ZS_GPU_BENCH_ARGS: more of bench gpu's flags, e.g. --rows or --seq)
+  # shellcheck disable=SC2086
+  bench_gpu_in "$GPU_BUILD/python" --json --steps 3 --warmup 1 --timeout 100 "${here[@]}" \
+    ${ZS_GPU_BENCH_ARGS:-} |
     tee "$GPU_OUT/bench.txt"
 }
 
 gpu_pytests() {
   (cd tests/python && ZS_BUILD_DIR="$GPU_BUILD" "$GPU_PY" -m pytest -q -p no:cacheprovider \
     test_gpu_streams.py test_gpu_resume.py)
+}
+
+gpu_checks() {
+  local checks=()  # (a plain `wait` would wait for the log's tee too)
+  if [ "$GPU_BUILD" != "$ROOT/build-gpu" ] && [ "${ZS_GPU_BUILD_THERE:-1}" = 1 ]; then
+    gpu_stage build-there 170 gpu_build_niced "$ROOT/build-gpu" >"$GPU_OUT/build.txt" 2>&1 &
+    checks+=($!)
+  fi
+  gpu_stage gtests 150 "$GPU_BUILD/tests/engine_tests" --gtest_filter="$GPU_TESTS" \
+    >"$GPU_OUT/gtests.txt" 2>&1 &
+  checks+=($!)
+  gpu_stage pytests 150 gpu_pytests >"$GPU_OUT/pytests.txt" 2>&1 &
+  checks+=($!)
+  gpu_stage syncs 120 gpu_syncs &
+  checks+=($!)
+  gpu_stage memcheck 250 gpu_memcheck &  # (the offload test alone took 141 s under it; 200 s cut the second)
+  checks+=($!)
+  wait "${checks[@]}"
 }
 
 gpu_check() {
@@ -218,23 +239,10 @@ gpu_check() {
   # The checks side by side (they count and compare, they do not time; the GPU and 16
   # cores hold them all), a build from source beside them at the lowest priority (does
   # `./zs test --gpu` build there?), then the bench alone on the machine.
-  local checks=()  # (a plain `wait` would wait for the log's tee too)
-  if [ "$GPU_BUILD" != "$ROOT/build-gpu" ] && [ "${ZS_GPU_BUILD_THERE:-1}" = 1 ]; then
-    gpu_stage build-there 170 gpu_build_niced "$ROOT/build-gpu" >"$GPU_OUT/build.txt" 2>&1 &
-    checks+=($!)
-  fi
-  gpu_stage gtests 150 "$GPU_BUILD/tests/engine_tests" --gtest_filter="$GPU_TESTS" \
-    >"$GPU_OUT/gtests.txt" 2>&1 &
-  checks+=($!)
-  gpu_stage pytests 150 gpu_pytests >"$GPU_OUT/pytests.txt" 2>&1 &
-  checks+=($!)
-  gpu_stage syncs 120 gpu_syncs &
-  checks+=($!)
-  gpu_stage memcheck 200 gpu_memcheck &  # (the offload test alone took 141 s under it)
-  checks+=($!)
-  wait "${checks[@]}"
-  gpu_stage bench 300 gpu_bench
+  # ZS_GPU_STAGES=bench: the bench alone (a second look inside the same lease)
+  [ "${ZS_GPU_STAGES:-all}" = bench ] || gpu_checks
+  gpu_stage bench 290 gpu_bench
   grep -hE '^\[  (PASSED|FAILED) |^FAILED|passed|failed' "$GPU_OUT/gtests.txt" \
-    "$GPU_OUT/pytests.txt" >>"$GPU_OUT/summary.txt"
+    "$GPU_OUT/pytests.txt" >>"$GPU_OUT/summary.txt" 2>/dev/null
   echo "== summary =="; cat "$GPU_OUT/summary.txt"
 }
