@@ -41,12 +41,14 @@ def configs():
     }
 
 
-def kept_for_backward(config):
+def kept_for_backward(config, checkpointing=False):
     """Bytes a training forward keeps: saved tensors (each storage once) and the logits."""
     import torch
     import transformers
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = {}
 
@@ -63,13 +65,13 @@ def kept_for_backward(config):
     return sum(saved.values()) + (0 if logits.data_ptr() in saved else logits.nbytes())
 
 
-def estimated(config, scratch):
+def estimated(config, scratch, *flags):
     path = scratch / "config.json"
     config.to_json_file(str(path))
     out = subprocess.run(
         [os.path.join(BUILD, "tools", "zeroshard-estimate"), "--hf-config", str(path),
          "--seq", str(SEQ), "--micro-batch", str(BATCH), "--bf16", "--json",
-         "--attn-implementation", config._attn_implementation or "sdpa"],
+         "--attn-implementation", config._attn_implementation or "sdpa", *flags],
         capture_output=True, text=True, timeout=60)
     assert out.returncode in (0, 1), out.stderr
     return json.loads(out.stdout)["options"][0]["bytes_by_kind"]["device"]["activations"]
@@ -83,3 +85,18 @@ def test_estimated_activations_are_what_the_model_keeps(family, scratch):
     predicted = estimated(config, scratch)
     assert abs(predicted - kept) <= 0.03 * kept, \
         f"{family}: estimated {predicted} bytes of activations, the model kept {kept}"
+
+
+def test_checkpointed_activations_are_the_block_inputs_and_one_block(scratch):
+    """With gradient checkpointing a forward keeps each block's input; backward recomputes
+    one block at a time, whose activations are measured as a second block's saved bytes."""
+    import copy
+    config = copy.deepcopy(configs()["llama"])
+    config.num_hidden_layers = 8  # the inputs weigh: counted twice they are 12% more
+    fewer = copy.deepcopy(config)
+    fewer.num_hidden_layers = 7
+    block = kept_for_backward(config) - kept_for_backward(fewer)
+    kept = kept_for_backward(config, checkpointing=True)
+    predicted = estimated(config, scratch, "--activation-checkpointing")
+    assert abs(predicted - (kept + block)) <= 0.03 * (kept + block), \
+        f"estimated {predicted}, kept {kept} and one block {block}"
