@@ -10,6 +10,7 @@
 #include "config/Config.h"
 #include "engine/TrainingEngine.h"
 #include "engine/UnitPartition.h"
+#include "plan/HfConfig.h"
 #include "plan/Planner.h"
 
 namespace py = pybind11;
@@ -218,20 +219,30 @@ PYBIND11_MODULE(_zeroshard, m) {
       "plan",
       [](int64_t total_params, const std::vector<int64_t>& unit_params,
          int64_t largest_module_params, const std::string& yaml, int nodes, int ranks_per_node,
-         int64_t device_bytes, int64_t host_bytes, int64_t nvme_bytes) {
+         int64_t device_bytes, int64_t host_bytes, int64_t nvme_bytes,
+         const std::string& hf_config_json, const std::string& attn_implementation, int64_t seq,
+         int64_t micro_batch, bool activation_checkpointing) {
+        TrainingShape shape;
+        shape.seq = seq;
+        shape.micro_batch = micro_batch;
+        shape.activation_checkpointing = activation_checkpointing;
         ModelSpec spec;
         spec.source = "python";
         spec.model_type = "module";
         spec.total_params = total_params;
         spec.unit_params = unit_params;
         spec.largest_module_params = largest_module_params;
+        if (!hf_config_json.empty()) {  // activations from the model's own config
+          take_shape(spec, spec_from_hf_json(hf_config_json, "model.config"));
+          spec.attention_scores =
+              attention_keeps_scores(attn_implementation, "attn_implementation");
+        }
         HardwareBudget budget;
         budget.device_bytes = device_bytes;
         budget.host_bytes = host_bytes;
         budget.nvme_bytes = nvme_bytes;
         const Config config = load_config_string(yaml, "estimate").config;
-        const Plan plan =
-            make_plan(spec, config, WorldShape{nodes, ranks_per_node}, TrainingShape{}, budget);
+        const Plan plan = make_plan(spec, config, WorldShape{nodes, ranks_per_node}, shape, budget);
         py::list options;
         for (const auto& o : plan.options) {
           py::dict d;
@@ -243,6 +254,7 @@ PYBIND11_MODULE(_zeroshard, m) {
           for (size_t t = 0; t < kNumTiers; ++t)
             per_tier[tier_name(static_cast<Tier>(t))] = o.bytes.total(static_cast<Tier>(t));
           d["bytes_per_rank"] = per_tier;
+          d["activation_bytes"] = o.bytes.at(Tier::Device, Kind::Activations);
           options.append(d);
         }
         py::dict out;
@@ -256,7 +268,9 @@ PYBIND11_MODULE(_zeroshard, m) {
       },
       py::arg("total_params"), py::arg("unit_params"), py::arg("largest_module_params"),
       py::arg("config_yaml"), py::arg("nodes"), py::arg("ranks_per_node"), py::arg("device_bytes"),
-      py::arg("host_bytes"), py::arg("nvme_bytes"));
+      py::arg("host_bytes"), py::arg("nvme_bytes"), py::arg("hf_config_json") = "",
+      py::arg("attn_implementation") = "sdpa", py::arg("seq") = 1, py::arg("micro_batch") = 1,
+      py::arg("activation_checkpointing") = false);
 
   py::class_<TrainingEngine>(m, "Engine")
       .def(py::init(&make_engine), py::arg("params"), py::arg("units"), py::arg("config_yaml"),

@@ -4,6 +4,9 @@
 #include <map>
 #include <numeric>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "common/Alignment.h"
 #include "common/Error.h"
 
@@ -119,6 +122,32 @@ void add_decoder_units(const TransformerArch& a, SpecBuilder& b) {
   }
   b.add({norm_tensors(a.hidden, a.norm_bias)});
   if (!a.tied_embeddings) b.add({linear_tensors(a.hidden, a.vocab, a.lm_head_bias)});
+}
+
+bool attention_keeps_scores(const std::string& name, const std::string& what) {
+  static const std::vector<std::string> fused{"sdpa", "flash_attention_2", "flash_attention_3",
+                                              "flex_attention"};
+  if (name == "eager") return true;
+  if (std::find(fused.begin(), fused.end(), name) != fused.end()) return false;
+  fail("{}: '{}' is not allowed; allowed: eager, {}", what, name,
+       fmt::format("{}", fmt::join(fused, ", ")));
+}
+
+void take_shape(ModelSpec& spec, const ModelSpec& shaped) {
+  spec.layers = shaped.layers;
+  spec.hidden = shaped.hidden;
+  spec.heads = shaped.heads;
+  spec.vocab = shaped.vocab;
+  spec.max_positions = shaped.max_positions;
+  spec.kv_heads = shaped.kv_heads;
+  spec.head_dim = shaped.head_dim;
+  spec.intermediate = shaped.intermediate;
+  spec.experts_per_token = shaped.experts_per_token;
+  spec.mlp_tensors = shaped.mlp_tensors;
+  spec.cache_copies_kv = shaped.cache_copies_kv;
+  spec.norms_per_block = shaped.norms_per_block;
+  spec.norm_fp32_input = shaped.norm_fp32_input;
+  spec.attention_scores = shaped.attention_scores;
 }
 
 void set_block_shape(ModelSpec& spec, const TransformerArch& a) {

@@ -106,6 +106,15 @@ class SpecBuilder {
 // A decoder-only transformer's units: the embedding (with the head where tied), a
 // learned position table, the blocks, the final norm, the head where untied.
 void add_decoder_units(const TransformerArch& arch, SpecBuilder& builder);
+// transformers' attn_implementation names: whether that attention keeps its a·s² scores
+// for backward (eager) or not (sdpa, flash_attention_2/3, flex_attention); an error
+// naming `what` for any other name.
+bool attention_keeps_scores(const std::string& attn_implementation, const std::string& what);
+
+// The shape numbers activation memory reads (layers, widths, block shape), from `shaped`
+// (a config.json's spec) into `spec` (a live model's units and counts).
+void take_shape(ModelSpec& spec, const ModelSpec& shaped);
+
 // The block-shape numbers of `arch` that activation memory reads, into `spec`.
 void set_block_shape(ModelSpec& spec, const TransformerArch& arch);
 ModelSpec spec_from_arch(const TransformerArch& arch, const std::string& model_type,

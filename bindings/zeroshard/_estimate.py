@@ -17,16 +17,50 @@ def _count(params):
 
 
 def estimate(model, config=None, nodes=1, gpus_per_node=1, gpu_memory="80GB",
-             host_memory=None, nvme=None, units=None):
+             host_memory=None, nvme=None, units=None, seq=None, micro_batch=1,
+             activation_checkpointing=None):
     """Returns the plan as a dict: summary, recommended option, per-option bytes per rank
-    per tier, and the resolved config YAML."""
+    per tier, and the resolved config YAML.
+
+    With `seq`, the device bytes include the activations of a micro-batch of `micro_batch`
+    sequences of `seq` tokens, from the model's Hugging Face config (its family as
+    zeroshard-estimate reads config.json, and the attention the model was built with),
+    checkpointed where `activation_checkpointing` says (default: where the model has
+    gradient checkpointing on); without it they are left out, and the result's
+    `activations` says so."""
     unit_counts = [_count(p for _, p in ps) for _, ps in stage3_units(model, units)]
     total = _count(model.parameters())
     text = load_config(config)[0] if config is not None else "{}"
     host = host_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return _zeroshard.plan(total, unit_counts, max(unit_counts or [total]), text, nodes,
+    shape = _activation_shape(model, seq, micro_batch, activation_checkpointing)
+    plan = _zeroshard.plan(total, unit_counts, max(unit_counts or [total]), text, nodes,
                            gpus_per_node, _bytes(gpu_memory, "gpu_memory"),
-                           _bytes(host, "host_memory"), _bytes(nvme, "nvme"))
+                           _bytes(host, "host_memory"), _bytes(nvme, "nvme"), **shape)
+    plan["activations"] = ("counted" if shape else
+                           "not counted: pass seq= (and micro_batch=) to count them")
+    return plan
+
+
+def _activation_shape(model, seq, micro_batch, activation_checkpointing):
+    """The plan's keywords for activations: the model's config as JSON and the batch."""
+    if seq is None:
+        return {}
+    hf = getattr(model, "config", None)
+    if hf is None or not hasattr(hf, "to_json_string"):
+        raise ValueError(
+            f"estimate: seq={seq} needs the model's shape, read from a Hugging Face config "
+            f"(model.config); {type(model).__name__} has none. Allowed: a transformers model, "
+            "or leave seq out to plan without activations")
+    for name, value in (("seq", seq), ("micro_batch", micro_batch)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"estimate: {name}={value!r} is not allowed; allowed: a positive "
+                             "integer")
+    return dict(hf_config_json=hf.to_json_string(use_diff=False),
+                attn_implementation=getattr(hf, "_attn_implementation", None) or "sdpa",
+                seq=seq, micro_batch=micro_batch,
+                activation_checkpointing=bool(
+                    getattr(model, "is_gradient_checkpointing", False)
+                    if activation_checkpointing is None else activation_checkpointing))
 
 
 def _bytes(value, what):

@@ -100,3 +100,33 @@ def test_checkpointed_activations_are_the_block_inputs_and_one_block(scratch):
     predicted = estimated(config, scratch, "--activation-checkpointing")
     assert abs(predicted - (kept + block)) <= 0.03 * (kept + block), \
         f"estimated {predicted}, kept {kept} and one block {block}"
+
+
+@pytest.mark.parametrize("family", ["llama", "mixtral", "gpt2"])
+def test_python_estimate_counts_the_live_models_activations(family, scratch):
+    """zeroshard.estimate(model, seq=...) reads the model's own config and attention: the
+    CLI's bytes on its config.json, and within 3% of what the model keeps."""
+    import torch
+    import transformers
+    import zeroshard
+    config = configs()[family]
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    plan = zeroshard.estimate(model, {"bf16": {"enabled": True}}, seq=SEQ, micro_batch=BATCH)
+    assert plan["activations"] == "counted"
+    assert {o["activation_bytes"] for o in plan["options"]} == {estimated(config, scratch)}
+    kept = kept_for_backward(config)
+    assert abs(plan["options"][0]["activation_bytes"] - kept) <= 0.03 * kept
+    without = zeroshard.estimate(model, gpu_memory="80GB")
+    assert without["activations"].startswith("not counted: pass seq=")
+    assert {o["activation_bytes"] for o in without["options"]} == {0}
+
+
+def test_python_estimate_with_seq_needs_a_config():
+    import torch
+    import zeroshard
+    with pytest.raises(ValueError, match=r"seq=128 needs the model's shape, read from a "
+                                         r"Hugging Face config \(model.config\); Linear has"):
+        zeroshard.estimate(torch.nn.Linear(4, 4), seq=128)
+    model = __import__("transformers").AutoModelForCausalLM.from_config(configs()["llama"])
+    with pytest.raises(ValueError, match=r"micro_batch=0 is not allowed; allowed: a positive"):
+        zeroshard.estimate(model, seq=128, micro_batch=0)

@@ -8,7 +8,6 @@
 #include <map>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "common/Bytes.h"
 #include "common/DidYouMean.h"
@@ -120,16 +119,6 @@ void read_precision(const std::map<std::string, std::string>& given, bool have_c
   }
 }
 
-// transformers' attn_implementation values: whether the scores are materialised.
-bool read_attention(const std::string& name) {
-  static const std::vector<std::string> fused{"sdpa", "flash_attention_2", "flash_attention_3",
-                                              "flex_attention"};
-  if (name == "eager") return true;
-  if (std::find(fused.begin(), fused.end(), name) != fused.end()) return false;
-  fail("--attn-implementation: '{}' is not allowed; allowed: eager, {}", name,
-       fmt::format("{}", fmt::join(fused, ", ")));
-}
-
 }  // namespace
 
 const char* usage_text() {
@@ -206,7 +195,8 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
   in.shape.activation_checkpointing =
       given.count("--activation-checkpointing") > 0 || in.config.activation_checkpointing;
   if (given.count("--attn-implementation")) {
-    in.spec.attention_scores = read_attention(given.at("--attn-implementation"));
+    in.spec.attention_scores =
+        attention_keeps_scores(given.at("--attn-implementation"), "--attn-implementation");
   }
   auto size = [&](const char* flag, int64_t fallback, const char* note) -> int64_t {
     const auto it = given.find(flag);
