@@ -111,7 +111,8 @@ void check_consistent(const Manifest& m, const std::string& origin) {
       }
     }
   }
-  if (m.rng_offset != end || m.rng_bytes < 0 || m.rng_bytes > (1 << 20)) {
+  if (m.rng_offset != end || m.rng_bytes < 0 || m.rng_bytes > (1 << 20) || m.device_rng_bytes < 0 ||
+      m.device_rng_bytes > m.rng_bytes) {
     fail("checkpoint manifest '{}': RNG state at byte {} ({} bytes), expected at byte {}", origin,
          m.rng_offset, m.rng_bytes, end);
   }
@@ -190,6 +191,7 @@ nlohmann::json Manifest::to_json() const {
           {"config_yaml", config_yaml},
           {"rng_offset", rng_offset},
           {"rng_bytes", rng_bytes},
+          {"device_rng_bytes", device_rng_bytes},
           {"groups", groups_json},
           {"buffers", buffers_json},
           {"files", files_json},
@@ -223,6 +225,7 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin)
     m.config_yaml = j.at("config_yaml").get<std::string>();
     m.rng_offset = j.at("rng_offset").get<int64_t>();
     m.rng_bytes = j.at("rng_bytes").get<int64_t>();
+    m.device_rng_bytes = j.value("device_rng_bytes", int64_t{0});  // (older: the CPU's alone)
     for (const auto& g : j.at("groups")) {
       SavedGroup sg;
       sg.shard_numel = g.at("shard_numel").get<int64_t>();

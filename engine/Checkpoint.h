@@ -86,7 +86,8 @@ struct Manifest {
   std::vector<std::string> optimizer_state{"exp_avg", "exp_avg_sq"};
   nlohmann::json optimizer_scalars;
   std::string config_yaml;
-  int64_t rng_offset = 0, rng_bytes = 0;  // in each rank file
+  int64_t rng_offset = 0, rng_bytes = 0;  // in each rank file (engine/RngStates.h)
+  int64_t device_rng_bytes = 0;           // the training device's part, at its end
   std::vector<SavedGroup> groups;
   // In rank0.bin after its RNG state. has_buffers is false for checkpoints written
   // before buffers were saved: loading them leaves the model's buffers as they are.

@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/ranges.h>
 
 #include "common/Error.h"
@@ -17,6 +16,7 @@
 #include "engine/Communicators.h"
 #include "engine/EngineImpl.h"
 #include "engine/ParamHome.h"
+#include "engine/RngStates.h"
 #include "engine/StepPipeline.h"
 #include "offload/SwapFile.h"
 #include "sharding/Collectives.h"
@@ -143,7 +143,9 @@ Manifest EngineImpl::checkpoint_layout() const {
   }
   m.aliases = groups_.aliases();
   m.rng_offset = offset;
-  m.rng_bytes = at::detail::getDefaultCPUGenerator().get_state().numel();
+  const RngStates rng = rng_states_of(device_);
+  m.rng_bytes = static_cast<int64_t>(rng.bytes.size());
+  m.device_rng_bytes = rng.device_bytes;
   m.has_buffers = true;
   int64_t pos = m.rng_offset + m.rng_bytes;
   for (const auto& b : buffers_->all()) {
@@ -208,8 +210,8 @@ void EngineImpl::write_rank_file(const std::string& folder) {
     write_group_slice(GroupId(i), [&](const void* data, int64_t bytes) { out.write(data, bytes); });
     fault_point("save.rank_file");
   }
-  const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
-  out.write(rng.data_ptr(), rng.numel());
+  const RngStates rng = rng_states_of(device_);
+  out.write(rng.bytes.data(), static_cast<int64_t>(rng.bytes.size()));
   if (rank() == 0) {  // rank 0's buffers, the ones every rank gets before a forward
     for (const auto& b : buffers_->all()) {
       if (!b.persistent) continue;
@@ -359,12 +361,7 @@ LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::
   }
   pipeline_->reducer().zero();
   if (m.world_size == world_size()) {  // each rank's own random stream, when it exists
-    const std::string rng = reader.read_rng(rank());
-    at::Tensor state = at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
-    std::memcpy(state.data_ptr(), rng.data(), rng.size());
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
+    restore_rng_states({reader.read_rng(rank()), m.device_rng_bytes}, device_);
   }
   return {m.client_state.dump(), m.lr_scheduler.dump()};
 }

@@ -2,7 +2,10 @@
 bit-exactly. The model of models.py with a frozen parameter, a tied one, one used twice
 and one skipped on some steps, at stage 3 with its optimizer on the device (OFFLOAD none)
 or the host (cpu): 6 steps straight, against 3, a checkpoint, a new engine on a new model,
-its load and 3 more. Writes both runs' losses and whether every parameter, the frozen one
+its load and 3 more. Each step scales its loss by a draw from DEVICE's generator, as
+dropout would, from a seed set for each engine: the resumed run draws what the straight
+one drew only where the checkpoint brought that generator's state back (on a GPU, the
+CUDA generator beside the CPU's). Writes both runs' losses and whether every parameter, the frozen one
 too, came out the same to OUT.rank0.json.
 usage: gpu_resume_worker.py DEVICE OFFLOAD SCRATCH OUT"""
 import json
@@ -19,6 +22,7 @@ STEPS = 6
 
 def engine_for(device, offload):
     import zeroshard
+    torch.manual_seed(0)  # the CPU's and every GPU's generator
     zero = {"stage": 3, "stage3_param_persistence_threshold": 0}
     if offload != "none":
         zero["offload_optimizer"] = {"device": offload}
@@ -35,6 +39,7 @@ def train(engine, device, first, last):
     losses = []
     for step in range(first, last):
         loss = engine(models.batch(step, 0, 1).to(device))
+        loss = loss * (1 + torch.rand((), device=device))
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())

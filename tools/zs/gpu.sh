@@ -205,9 +205,10 @@ gpu_pytests() {
     test_gpu_streams.py test_gpu_resume.py)
 }
 
-gpu_checks() {
+gpu_checks() {  # gpu_checks [tests]: every check, or the GPU tests alone
   local checks=()  # (a plain `wait` would wait for the log's tee too)
-  if [ "$GPU_BUILD" != "$ROOT/build-gpu" ] && [ "${ZS_GPU_BUILD_THERE:-1}" = 1 ]; then
+  if [ "$GPU_BUILD" != "$ROOT/build-gpu" ] && [ "${ZS_GPU_BUILD_THERE:-1}" = 1 ] &&
+    [ "${1:-}" != tests ]; then
     gpu_stage build-there 170 gpu_build_niced "$ROOT/build-gpu" >"$GPU_OUT/build.txt" 2>&1 &
     checks+=($!)
   fi
@@ -216,6 +217,10 @@ gpu_checks() {
   checks+=($!)
   gpu_stage pytests 150 gpu_pytests >"$GPU_OUT/pytests.txt" 2>&1 &
   checks+=($!)
+  if [ "${1:-}" = tests ]; then
+    wait "${checks[@]}"
+    return
+  fi
   gpu_stage syncs 120 gpu_syncs &
   checks+=($!)
   gpu_stage memcheck 250 gpu_memcheck &  # (the offload test alone took 141 s under it; 200 s cut the second)
@@ -239,9 +244,14 @@ gpu_check() {
   # The checks side by side (they count and compare, they do not time; the GPU and 16
   # cores hold them all), a build from source beside them at the lowest priority (does
   # `./zs test --gpu` build there?), then the bench alone on the machine.
-  # ZS_GPU_STAGES=bench: the bench alone (a second look inside the same lease)
-  [ "${ZS_GPU_STAGES:-all}" = bench ] || gpu_checks
-  gpu_stage bench 290 gpu_bench
+  # ZS_GPU_STAGES=bench: the bench alone; tests: the GPU tests alone (a second look
+  # inside the same lease)
+  case "${ZS_GPU_STAGES:-all}" in
+    bench) ;;
+    tests) gpu_checks tests ;;
+    *) gpu_checks ;;
+  esac
+  [ "${ZS_GPU_STAGES:-all}" = tests ] || gpu_stage bench 290 gpu_bench
   grep -hE '^\[  (PASSED|FAILED) |^FAILED|passed|failed' "$GPU_OUT/gtests.txt" \
     "$GPU_OUT/pytests.txt" >>"$GPU_OUT/summary.txt" 2>/dev/null
   echo "== summary =="; cat "$GPU_OUT/summary.txt"
