@@ -1,7 +1,5 @@
 // EngineImpl::save_checkpoint / load_checkpoint (the format: engine/Checkpoint.h).
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -68,52 +66,6 @@ void make_dir(const std::string& path) {
     fail("checkpoint: cannot create '{}': {}", path, std::strerror(errno));
   }
 }
-
-// A rank file written to its temporary name; any failure (a full disk most often)
-// removes what was written, so a failed save leaves no partial file taking the space.
-class FileWriter {
- public:
-  explicit FileWriter(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd_ < 0) fail("checkpoint: cannot create '{}': {}", path_, std::strerror(errno));
-  }
-  ~FileWriter() {
-    if (fd_ < 0) return;
-    ::close(fd_);
-    ::unlink(path_.c_str());  // not finished: an error is on its way up
-  }
-  void write(const void* data, int64_t bytes) {
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::write(fd_, p, static_cast<size_t>(bytes));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) give_up("writing", errno);
-      p += n;
-      bytes -= n;
-      written_ += n;
-    }
-  }
-  void finish() {
-    if (::fsync(fd_) != 0) give_up("syncing", errno);
-    if (::close(fd_) != 0) {
-      fd_ = -1;
-      ::unlink(path_.c_str());
-      fail("checkpoint: closing '{}' failed: {}", path_, std::strerror(errno));
-    }
-    fd_ = -1;
-  }
-
- private:
-  [[noreturn]] void give_up(const char* what, int error) {
-    const int64_t free = free_bytes(path_.substr(0, path_.rfind('/')));
-    fail("checkpoint: {} '{}' failed after {} bytes: {} (errno {}); {} bytes free there", what,
-         path_, written_, std::strerror(error), error,
-         free >= 0 ? std::to_string(free) : "unknown");
-  }
-  std::string path_;
-  int fd_ = -1;
-  int64_t written_ = 0;
-};
 
 }  // namespace
 
@@ -204,7 +156,7 @@ std::string EngineImpl::save_checkpoint(const std::string& dir, std::string tag,
 
 void EngineImpl::write_rank_file(const std::string& folder) {
   const std::string file = folder + fmt::format("/rank{}.bin", rank());
-  FileWriter out(file + ".tmp");
+  FileWriter out(file + ".tmp", "checkpoint");
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < groups_.size(); ++i) {
     write_group_slice(GroupId(i), [&](const void* data, int64_t bytes) { out.write(data, bytes); });

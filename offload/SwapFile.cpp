@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +13,7 @@
 
 #include "common/Bytes.h"
 #include "common/Error.h"
+#include "common/Files.h"
 #include "common/Logging.h"
 
 namespace zeroshard {
@@ -50,12 +50,6 @@ void remove_swap_dir(const std::string& dir) {
 }
 
 }  // namespace
-
-int64_t free_bytes(const std::string& path) {
-  struct statvfs s {};
-  if (statvfs(path.c_str(), &s) != 0) return -1;
-  return static_cast<int64_t>(s.f_bavail) * static_cast<int64_t>(s.f_frsize);
-}
 
 SwapDir::SwapDir(const std::string& nvme_path, const std::string& tag) {
   if (nvme_path.empty()) fail("nvme_path: empty; set it to a directory on a local NVMe drive");

@@ -45,7 +45,4 @@ class SwapFile {
   int64_t bytes_;
 };
 
-// Bytes free for an unprivileged writer on the file system holding `path`.
-int64_t free_bytes(const std::string& path);
-
 }  // namespace zeroshard

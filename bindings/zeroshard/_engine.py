@@ -68,8 +68,19 @@ def _all_modules(model, prefix=""):
 
 
 # id(parameter) -> (weakref to it, weakref to the engine that trains it); by id because
-# tensors compare by value
+# tensors compare by value. An entry goes when its parameter does (_hold).
 _holders = {}
+
+
+def _hold(param, engine_ref):
+    key = id(param)
+
+    def forget(ref):  # runs before the id can be reused; a newer entry for it stays
+        held = _holders.get(key)
+        if held is not None and held[0] is ref:
+            del _holders[key]
+
+    _holders[key] = (weakref.ref(param, forget), engine_ref)
 
 
 def engine_of(param):
@@ -136,7 +147,7 @@ class ZeroShardEngine:
         self._step_applied = False
         me = weakref.ref(self)
         for _, p in params:
-            _holders[id(p)] = (weakref.ref(p), me)
+            _hold(p, me)
 
     def _hook_model(self, model):
         """The model's own forward: buffers made equal across ranks where one begins

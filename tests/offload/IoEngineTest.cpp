@@ -1,5 +1,6 @@
 // IoEngine and swap files on the real file system: data written comes back, short
 // transfers are completed, errors name the file and offset, nothing is left behind.
+#include "common/Files.h"
 #include "offload/IoEngine.h"
 
 #include <fcntl.h>

@@ -121,3 +121,22 @@ with zeroshard.init(config={'zero_optimization': {'stage': 3}}):
     zeroshard.initialize(model=m, config={'zero_optimization': {'stage': 3}})""")
     assert code != 0
     assert "zeroshard.initialize was called inside a zeroshard.init context" in out
+
+
+def test_an_engine_forgets_the_parameters_that_are_gone():
+    """engine_of finds the engine a parameter is trained by; the table behind it keeps no
+    entry of a parameter that no longer exists, however many models come and go."""
+    code, out = run_one(
+        "import gc\n"
+        "from zeroshard import _engine\n"
+        "cfg = {'train_micro_batch_size_per_gpu': 1, 'zero_optimization': {'stage': 3},\n"
+        "       'optimizer': {'type': 'AdamW', 'params': {'lr': 1e-3}}}\n"
+        "for i in range(20):\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))\n"
+        "    e = zeroshard.initialize(model=m, config=cfg)[0]\n"
+        "    assert all(_engine.engine_of(p) is e for p in m.parameters())\n"
+        "    del e, m\n"
+        "    gc.collect()\n"
+        "print('held', len(_engine._holders))\n")
+    assert code == 0, out
+    assert "held 0" in out, out

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/Bytes.h"
+#include "common/Files.h"
 #include "engine/TrainingEngine.h"
 #include "offload/SwapFile.h"
 #include "tools/bench/BenchArgs.h"

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/Files.h"
 #include "common/MemoryLedger.h"
 #include "engine/OffloadOptimizer.h"
 #include "offload/CpuAdam.h"
