@@ -375,6 +375,9 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly("config_yaml",
                              [](const TrainingEngine& e) { return emit_config_yaml(e.config()); })
       .def("memory_report", [](const TrainingEngine& e) { return memory_dict(e.memory_detail()); })
+      .def("set_activation_shape", &TrainingEngine::set_activation_shape, py::arg("hf_config_json"),
+           py::arg("attn_implementation"), py::arg("seq"), py::arg("micro_batch"),
+           py::arg("activation_checkpointing"))
       .def("bytes_sent", &TrainingEngine::bytes_sent)
       .def("barrier", &TrainingEngine::barrier, py::call_guard<py::gil_scoped_release>());
 }

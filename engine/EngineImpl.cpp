@@ -407,9 +407,14 @@ MemoryDetail EngineImpl::memory_report() const {
   r.device_capacity = device_capacity_;
   r.allocator = allocator_stats(device_);
   WorldShape world{1, world_size()};
+  ModelSpec spec = spec_of_groups();
   TrainingShape shape;
+  if (activation_shape_) {
+    take_shape(spec, activation_shape_->first);
+    shape = activation_shape_->second;
+  }
   shape.device_is_host = device_.is_cpu();
-  r.predicted = predict_memory(spec_of_groups(), plan_.option, plan_.config, world, shape);
+  r.predicted = predict_memory(spec, plan_.option, plan_.config, world, shape);
   return r;
 }
 

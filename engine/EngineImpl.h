@@ -90,6 +90,11 @@ class EngineImpl {
   int shard_rank() const { return dist_.shard_rank(); }
   int shard_count() const { return dist_.shard_size; }
   MemoryDetail memory_report() const;
+  // The model's block shape and the batch it trains on: memory_report's prediction then
+  // counts activations (none without it: the engine sees parameters, not their use).
+  void set_activation_shape(const ModelSpec& shaped, const TrainingShape& batch) {
+    activation_shape_ = std::make_pair(shaped, batch);
+  }
   int64_t bytes_sent() const;
   void barrier();
   MemoryLedger& ledger() { return ledger_; }
@@ -145,6 +150,7 @@ class EngineImpl {
 
   std::shared_ptr<torch::nn::Module> module_;
   Plan plan_;
+  std::optional<std::pair<ModelSpec, TrainingShape>> activation_shape_;
   DistContext dist_;
   MemoryLedger ledger_;                   // before everything that registers in it
   std::unique_ptr<Communicators> comms_;  // every collective, by the job it does

@@ -5,6 +5,7 @@
 #include "engine/Communicators.h"
 #include "engine/EngineImpl.h"
 #include "engine/StepPipeline.h"
+#include "plan/HfConfig.h"
 #include "sharding/Collectives.h"
 
 namespace zeroshard {
@@ -148,6 +149,18 @@ MemoryReport TrainingEngine::memory_report() const {
 }
 MemoryDetail TrainingEngine::memory_detail() const {
   return impl_->memory_report();
+}
+
+void TrainingEngine::set_activation_shape(const std::string& hf_config_json,
+                                          const std::string& attn_implementation, int64_t seq,
+                                          int64_t micro_batch, bool activation_checkpointing) {
+  ModelSpec shaped = spec_from_hf_json(hf_config_json, "model.config");
+  shaped.attention_scores = attention_keeps_scores(attn_implementation, "attn_implementation");
+  TrainingShape batch;
+  batch.seq = seq;
+  batch.micro_batch = micro_batch;
+  batch.activation_checkpointing = activation_checkpointing;
+  impl_->set_activation_shape(shaped, batch);
 }
 int64_t TrainingEngine::bytes_sent() const {
   return impl_->bytes_sent();

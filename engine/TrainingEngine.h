@@ -122,6 +122,12 @@ class TrainingEngine final : public Engine {
   const Plan& plan() const;
   const Config& config() const;
   MemoryDetail memory_detail() const;
+  // memory_detail's prediction counts the activations of micro-batches of `micro_batch`
+  // sequences of `seq` tokens of the model a Hugging Face config.json describes
+  // (plan/HfConfig.h), with transformers' attention `attn_implementation`.
+  void set_activation_shape(const std::string& hf_config_json,
+                            const std::string& attn_implementation, int64_t seq,
+                            int64_t micro_batch, bool activation_checkpointing);
   // Bytes this rank has sent in collectives so far (ring-algorithm volume).
   int64_t bytes_sent() const;
   MemoryLedger& ledger();

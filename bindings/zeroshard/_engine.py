@@ -11,6 +11,7 @@ import torch
 
 from . import (_adafactor, _construction, _deepspeed_checkpoint, _generation, _launch,
                _sync_batchnorm, _torch_optimizer, _zeroshard)
+from ._activations import ActivationShape
 from ._touch import Units, shard_parameters
 from ._unit_backward import GradArrival, report_input_grads, tensors
 from ._units import stage3_units, unique_parameters
@@ -154,14 +155,17 @@ class ZeroShardEngine:
         (engine/ModuleBuffers.h), and at stage 3 the bounds of one forward's gathers (one
         without gradients ends them)."""
         engine, units = self._engine, self._running
+        activations = ActivationShape(engine, model)
 
-        def model_begins(_module, _inputs):
+        def model_begins(_module, args, kwargs):
             if units is not None:
                 units.running[:] = [0] * len(units.running)  # a forward that raised left some
             engine.model_forward_begin()
+            activations.observe(args, kwargs)
 
         # First before the forward and last after it, also where the model is a unit itself.
-        self._hooks.append(model.register_forward_pre_hook(model_begins, prepend=True))
+        self._hooks.append(
+            model.register_forward_pre_hook(model_begins, prepend=True, with_kwargs=True))
         self._hooks.append(model.register_forward_hook(
             lambda _module, _inputs, _output: engine.model_forward_end(torch.is_grad_enabled())))
 

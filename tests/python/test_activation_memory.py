@@ -130,3 +130,32 @@ def test_python_estimate_with_seq_needs_a_config():
     model = __import__("transformers").AutoModelForCausalLM.from_config(configs()["llama"])
     with pytest.raises(ValueError, match=r"micro_batch=0 is not allowed; allowed: a positive"):
         zeroshard.estimate(model, seq=128, micro_batch=0)
+
+
+def test_memory_report_predicts_the_activations_of_the_batch_trained_on(scratch):
+    """A Hugging Face model on the engine: memory_report()'s device prediction counts the
+    activations of the largest micro-batch trained on so far, the estimator's bytes for
+    that config and batch; a model without a config predicts model states alone."""
+    from conftest import run_snippet
+    config = configs()["llama"]
+    path = scratch / "config.json"
+    config.to_json_file(str(path))
+    code, out = run_snippet(
+        "import json, transformers\n"
+        f"hf = transformers.LlamaConfig.from_json_file({str(path)!r})\n"
+        "llama = transformers.LlamaForCausalLM(hf)\n"
+        "cfg = {'train_micro_batch_size_per_gpu': 1, 'bf16': {'enabled': True},\n"
+        "       'zero_optimization': {'stage': 3}, 'optimizer': {'type': 'AdamW', 'params': {'lr': 1e-3}}}\n"
+        "def predicted(m, batches):\n"
+        "    e = zeroshard.initialize(model=m, config=cfg)[0]\n"
+        "    for x in batches:\n"
+        "        e.backward(e(**x).loss if hasattr(m, 'config') else e(x).sum()); e.step()\n"
+        "    return e.memory_report()['device']['kinds']['activations']['predicted']\n"
+        "ids = lambda b, s: {'input_ids': torch.zeros(b, s, dtype=torch.long), 'labels': torch.zeros(b, s, dtype=torch.long)}\n"
+        f"got = predicted(llama, [ids(1, {SEQ}), ids({BATCH}, {SEQ}), ids(1, 8)])\n"
+        "plain = predicted(model, [torch.ones(2, 4, dtype=torch.bfloat16)])\n"
+        "print('REPORT', json.dumps([got, plain]))\n")
+    assert code == 0, out
+    got, plain = json.loads(out.split("REPORT ", 1)[1].splitlines()[0])
+    assert got == estimated(config, scratch) and got > 0
+    assert plain == 0

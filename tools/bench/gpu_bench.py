@@ -159,8 +159,6 @@ def worker(args):
     # zeroshard's plan beside what torch's allocator really held (the Planner's check): the
     # engine's model states for this model and config, and the activations of this batch
     plan = model.memory_report()["device"] if hasattr(model, "memory_report") else None
-    if plan:
-        plan["activations"] = estimated_activations(args, llama_config(args, layers))
     median = {k: statistics.median(v) for k, v in phases.items()}
     step_seconds = sum(median.values())
     tokens = args.batch * args.seq / step_seconds
@@ -172,29 +170,13 @@ def worker(args):
             "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "final_loss": loss.item(), "phase_seconds": median,
-            **({"planned_device_bytes": plan["predicted"] + plan["activations"],
-                "planned_activation_bytes": plan["activations"],
+            **({"planned_device_bytes": plan["predicted"],
+                "planned_activation_bytes": plan["kinds"]["activations"]["predicted"],
                 "ledger_device_peak": plan["peak"]} if plan else {}),
         }, f)
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def estimated_activations(args, config):
-    """The Planner's activation bytes for this model and batch, from zeroshard-estimate
-    (the package's copy) on the model's config.json, as a user would ask before launch."""
-    import zeroshard
-    exe = os.path.join(os.path.dirname(zeroshard.__file__), "bin", "zeroshard-estimate")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "config.json")
-        config.to_json_file(path)
-        out = subprocess.run([exe, "--hf-config", path, "--seq", str(args.seq), "--micro-batch",
-                              str(args.batch), "--bf16", "--json"],
-                             capture_output=True, text=True, timeout=60)
-    if out.returncode not in (0, 1):
-        raise RuntimeError(f"zeroshard-estimate failed: {out.stderr}")
-    return json.loads(out.stdout)["options"][0]["bytes_by_kind"]["device"]["activations"]
 
 
 # ---------------------------------------------------------------- the driver

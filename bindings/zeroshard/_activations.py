@@ -1,0 +1,38 @@
+"""The batch a model trains on, told to the engine so that memory_report()'s prediction
+counts activations beside the model states (plan/MemoryModel.cpp activation_bytes): for a
+Hugging Face model whose family the estimator reads, from its config, the attention it
+was built with, gradient checkpointing, and the largest micro-batch (sequences x tokens)
+of a forward with gradients so far. Other models keep a prediction of model states."""
+import torch
+
+
+class ActivationShape:
+    def __init__(self, engine, model):
+        self._engine, self._model = engine, model
+        config = getattr(model, "config", None)
+        self._config = config if hasattr(config, "to_json_string") else None
+        self._largest = 0
+        self.unread = None  # why the config could not be read, where it could not
+
+    def observe(self, args, kwargs):
+        """A forward begins: its batch, if larger than any before it."""
+        if self._config is None or not torch.is_grad_enabled():
+            return
+        tokens = kwargs.get("input_ids")
+        if tokens is None:
+            tokens = kwargs.get("inputs_embeds")
+        if tokens is None and args:
+            tokens = args[0]
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
+            return
+        batch, seq = int(tokens.shape[0]), int(tokens.shape[1])
+        if batch * seq <= self._largest:
+            return
+        self._largest = batch * seq
+        try:
+            self._engine.set_activation_shape(
+                self._config.to_json_string(use_diff=False),
+                getattr(self._config, "_attn_implementation", None) or "sdpa", seq, batch,
+                bool(getattr(self._model, "is_gradient_checkpointing", False)))
+        except RuntimeError as e:  # a family the estimator does not read: model states alone
+            self._config, self.unread = None, str(e)
