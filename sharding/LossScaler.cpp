@@ -13,6 +13,13 @@ LossScaler::LossScaler(const LossScalerOptions& options)
                                       : std::pow(2.0, options.initial_scale_power)),
       hysteresis_left_(options.hysteresis) {}
 
+// DeepSpeed's rule (runtime/fp16/loss_scaler.py): the clean steps between the last
+// overflow and this one, a positive multiple of the window.
+bool LossScaler::grows_now() const {
+  const int64_t stable = iteration_ - last_overflow_ - 1;
+  return stable > 0 && stable % options_.window == 0;
+}
+
 bool LossScaler::update(bool overflow) {
   const bool dynamic = options_.static_scale <= 0;
   if (overflow) {
@@ -29,7 +36,7 @@ bool LossScaler::update(bool overflow) {
       log_info("fp16 overflow with static loss scale {}: step skipped", scale_);
     }
     last_overflow_ = iteration_;
-  } else if (dynamic && (iteration_ - last_overflow_) % options_.window == 0) {
+  } else if (dynamic && grows_now()) {
     hysteresis_left_ = options_.hysteresis;
     scale_ *= 2;
   }

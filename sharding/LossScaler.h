@@ -1,7 +1,8 @@
 #pragma once
 // fp16 loss scaling as DeepSpeed does it: a static scale, or a dynamic one that is
-// halved on overflow (after `hysteresis` overflows in a row) and doubled after
-// `window` clean steps. An overflowing step is skipped.
+// halved on overflow (after `hysteresis` overflows in a row) and doubled on the clean
+// step that follows each `window` clean steps since the last overflow (DeepSpeed's
+// DynamicLossScaler with consecutive_hysteresis off). An overflowing step is skipped.
 #include <cstdint>
 
 namespace zeroshard {
@@ -35,6 +36,7 @@ class LossScaler {
 
  private:
   LossScalerOptions options_;
+  bool grows_now() const;
   double scale_;
   int64_t hysteresis_left_;
   int64_t iteration_ = 0;

@@ -23,8 +23,9 @@ Design notes.
 - Memory: the whole model's fp32 master and moments, once (a model that fits the host's
   RAM three times over); each rank's files are read one at a time.
 - The optimizer the engine resumes with must keep the same state arrays (the engine's
-  load refuses others naming both); fp16 loss-scaler state and data-sampler state are
-  not carried over.
+  load refuses others naming both). fp16's dynamic loss scale comes over (scale,
+  hysteresis, iteration, last overflow: the same rule on both sides); data-sampler state
+  does not.
 """
 import json
 import math
@@ -189,7 +190,8 @@ def read(ds_dir, tag=None):
         raise _error(f"'{ds_dir}' (tag {tag or 'from its latest file'}) holds no DeepSpeed "
                      "checkpoint (global_stepN/ with *_optim_states.pt files)")
     optim_files = _rank_files(folder, "_optim_states.pt")
-    stage = int(_load(optim_files[0])["optimizer_state_dict"]["zero_stage"])
+    first = _load(optim_files[0])["optimizer_state_dict"]
+    stage = int(first["zero_stage"])
     if stage == 3:
         model_files = _rank_files(folder, "_model_states.pt")
     else:
@@ -208,7 +210,18 @@ def read(ds_dir, tag=None):
             "optimizer_steps": step or int(model_state.get("global_steps", 0)),
             "micro_steps": int(model_state.get("global_steps", 0)) * accumulation,
             "client_state": {k: v for k, v in model_state.items() if k not in _DS_KEYS},
-            "lr_scheduler": model_state.get("lr_scheduler")}
+            "lr_scheduler": model_state.get("lr_scheduler"),
+            "loss_scale": loss_scale_of(first.get("loss_scaler"))}
+
+
+def loss_scale_of(scaler):
+    """fp16's dynamic loss scale as zeroshard's checkpoint keeps it (sharding/LossScaler.h
+    follows DeepSpeed's DynamicLossScaler step for step), or None: a static scale (bf16's
+    1, or fp16's loss_scale) is the config's to set."""
+    if scaler is None or not getattr(scaler, "dynamic", False):
+        return None
+    return {"scale": float(scaler.cur_scale), "hysteresis_left": int(scaler.cur_hysteresis),
+            "iteration": int(scaler.cur_iter), "last_overflow": int(scaler.last_overflow_iter)}
 
 
 def _jsonable(value, key):
@@ -257,7 +270,7 @@ def write(state, out_dir, tag):
         f.write(data)
     manifest = {"format": 1, "tag": tag, "world_size": 1, "stage": state["stage"],
                 "optimizer_steps": state["optimizer_steps"], "micro_steps": state["micro_steps"],
-                "loss_scale": None, "param_groups": None, "lr_scheduler": None,
+                "loss_scale": state["loss_scale"], "param_groups": None, "lr_scheduler": None,
                 "optimizer_state": state["optimizer_state"],
                 "optimizer_scalars": state["optimizer_scalars"],
                 "client_state": {k: _jsonable(v, k) for k, v in state["client_state"].items()},

@@ -188,3 +188,60 @@ def test_launcher_flags_without_meaning_here_are_refused_by_name(scratch):
     assert done.returncode == 2 and "starting other hosts over ssh is not supported" in done.stdout
     done = launch(["--include", "worker-1:0", "x.py"])
     assert done.returncode == 2 and "only this host's slots" in done.stdout
+
+
+@WITH_DEEPSPEED
+def test_a_deepspeed_fp16_loss_scale_resumes_where_deepspeed_left_it(scratch):
+    """A DeepSpeed stage-2 checkpoint in its own layout (one rank), its optimizer states
+    holding DeepSpeed's DynamicLossScaler after an overflow history: the engine loads it in
+    fp16 and its scale then moves step for step as DeepSpeed's own scaler does."""
+    import torch
+    import deepspeed.runtime.fp16.loss_scaler as ds_scaler
+    ds_scaler.dist.get_rank = lambda: 0  # (its log line asks for a rank)
+    scaler = ds_scaler.DynamicLossScaler(init_scale=2 ** 8, scale_window=2, min_scale=1,
+                                         delayed_shift=2, consecutive_hysteresis=False)
+    for overflow in (False, True, True, False):
+        scaler.update_scale(overflow)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    folder = scratch / "ds" / "global_step3"
+    folder.mkdir(parents=True)
+    (scratch / "ds" / "latest").write_text("global_step3")
+    torch.save({"optimizer_state_dict": {
+        "zero_stage": 2, "loss_scaler": scaler, "dynamic_loss_scale": True,
+        "single_partition_of_fp32_groups": [flat.clone()],
+        "base_optimizer_state": {"state": {0: {"step": 3, "exp_avg": torch.zeros(10),
+                                               "exp_avg_sq": torch.zeros(10)}},
+                                 "param_groups": [{"lr": 1e-3}]}}},
+        folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    torch.save({"module": model.state_dict(), "buffer_names": [],
+                "param_shapes": [{"weight": torch.Size([2, 4]), "bias": torch.Size([2])}],
+                "global_steps": 3, "ds_config": {}},
+               folder / "mp_rank_00_model_states.pt")
+    code, out = run_snippet_here(
+        "import json\n"
+        "m = torch.nn.Linear(4, 2)\n"
+        "cfg = {'train_micro_batch_size_per_gpu': 1, 'zero_optimization': {'stage': 2},\n"
+        "       'fp16': {'enabled': True, 'loss_scale_window': 2, 'hysteresis': 2},\n"
+        "       'optimizer': {'type': 'AdamW', 'params': {'lr': 1e-3}}}\n"
+        "e = zeroshard.initialize(model=m, config=cfg)[0]\n"
+        f"e.load_checkpoint({str(scratch / 'ds')!r})\n"
+        "scales = [e.loss_scale]\n"
+        "for _ in range(5):\n"
+        "    e.backward(e(torch.ones(1, 4, dtype=torch.half)).float().sum()); e.step()\n"
+        "    scales.append(e.loss_scale)\n"
+        "print('SCALES', json.dumps(scales))\n")
+    assert code == 0, out
+    scales = json.loads(out.split("SCALES ", 1)[1].splitlines()[0])
+    expected = [scaler.cur_scale]
+    for _ in range(5):
+        scaler.update_scale(False)
+        expected.append(scaler.cur_scale)
+    assert scales == expected, (scales, expected)
+    assert len(set(expected)) > 1  # the scale grew inside the steps compared
+
+
+def run_snippet_here(body):
+    from conftest import run_snippet
+    return run_snippet(body)

@@ -4,22 +4,29 @@
 
 using namespace zeroshard;
 
-TEST(LossScaler, HalvesOnOverflowAfterHysteresisAndGrowsAfterWindow) {
+// The scales DeepSpeed 0.19.8's DynamicLossScaler(init_scale=16, scale_window=3,
+// delayed_shift=2, min_scale=1, consecutive_hysteresis=False) gives for the same steps.
+TEST(LossScaler, HalvesAndGrowsStepForStepAsDeepSpeedDoes) {
   LossScalerOptions o;
   o.initial_scale_power = 4;
   o.window = 3;
   o.hysteresis = 2;
   LossScaler s(o);
-  EXPECT_EQ(s.scale(), 16);
-  EXPECT_TRUE(s.update(true));  // first overflow: hysteresis absorbs it
-  EXPECT_EQ(s.scale(), 16);
-  EXPECT_TRUE(s.update(true));  // second in a row: halve
-  EXPECT_EQ(s.scale(), 8);
-  EXPECT_FALSE(s.update(false));
-  EXPECT_FALSE(s.update(false));
-  EXPECT_EQ(s.scale(), 8);
-  EXPECT_FALSE(s.update(false));  // three clean steps since the overflow: double
-  EXPECT_EQ(s.scale(), 16);
+  const bool overflows[] = {true, true, false, false, false, false, false, false, false};
+  const double scales[] = {16, 8, 8, 8, 8, 16, 16, 16, 32};
+  for (size_t i = 0; i < 9; ++i) {
+    EXPECT_EQ(s.update(overflows[i]), overflows[i]);
+    EXPECT_EQ(s.scale(), scales[i]) << "step " << i;
+  }
+  EXPECT_EQ(s.state().hysteresis_left, 2);  // restored when the scale grew
+  EXPECT_EQ(s.state().last_overflow, 1);
+  EXPECT_EQ(s.state().iteration, 9);
+  LossScaler clean(o);  // from the start: the fourth clean step doubles, then every third
+  const double grows[] = {16, 16, 16, 32, 32, 32, 64, 64};
+  for (size_t i = 0; i < 8; ++i) {
+    clean.update(false);
+    EXPECT_EQ(clean.scale(), grows[i]) << "step " << i;
+  }
 }
 
 TEST(LossScaler, StaticScaleNeverMovesAndMinIsKept) {
