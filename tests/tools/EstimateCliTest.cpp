@@ -112,6 +112,7 @@ TEST(EstimateCli, ExplicitNumbersAndDefaultsAreShown) {
   EXPECT_NE(r.out.find("parameters: 7,000,000,000"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("assumed (not given): "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("1 node"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("attention sdpa, transformers' default"), std::string::npos) << r.out;
 }
 
 TEST(EstimateCli, NothingFitsExitsOneAndSaysWhy) {

@@ -197,6 +197,11 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
   if (given.count("--attn-implementation")) {
     in.spec.attention_scores =
         attention_keeps_scores(given.at("--attn-implementation"), "--attn-implementation");
+  } else if (in.spec.has_shape()) {
+    in.assumptions.push_back(in.spec.attention_scores
+                                 ? "attention eager, as the config says"
+                                 : "attention sdpa, transformers' default (give "
+                                   "--attn-implementation eager for scores kept in memory)");
   }
   auto size = [&](const char* flag, int64_t fallback, const char* note) -> int64_t {
     const auto it = given.find(flag);
