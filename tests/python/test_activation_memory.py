@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from conftest import BUILD
+from conftest import BUILD, run_snippet
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None,
@@ -136,7 +136,6 @@ def test_memory_report_predicts_the_activations_of_the_batch_trained_on(scratch)
     """A Hugging Face model on the engine: memory_report()'s device prediction counts the
     activations of the largest micro-batch trained on so far, the estimator's bytes for
     that config and batch; a model without a config predicts model states alone."""
-    from conftest import run_snippet
     config = configs()["llama"]
     path = scratch / "config.json"
     config.to_json_file(str(path))

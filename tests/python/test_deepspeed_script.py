@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, HERE, OLDEST_LEG, run_ranks
+from conftest import BUILD, HERE, OLDEST_LEG, run_ranks, run_snippet
 
 SCRIPT = os.path.join(HERE, "deepspeed_script.py")
 # DeepSpeed is pinned on the main leg; the oldest-torch leg has none (its torch is
@@ -219,7 +219,7 @@ def test_a_deepspeed_fp16_loss_scale_resumes_where_deepspeed_left_it(scratch):
                 "param_shapes": [{"weight": torch.Size([2, 4]), "bias": torch.Size([2])}],
                 "global_steps": 3, "ds_config": {}},
                folder / "mp_rank_00_model_states.pt")
-    code, out = run_snippet_here(
+    code, out = run_snippet(
         "import json\n"
         "m = torch.nn.Linear(4, 2)\n"
         "cfg = {'train_micro_batch_size_per_gpu': 1, 'zero_optimization': {'stage': 2},\n"
@@ -240,8 +240,3 @@ def test_a_deepspeed_fp16_loss_scale_resumes_where_deepspeed_left_it(scratch):
         expected.append(scaler.cur_scale)
     assert scales == expected, (scales, expected)
     assert len(set(expected)) > 1  # the scale grew inside the steps compared
-
-
-def run_snippet_here(body):
-    from conftest import run_snippet
-    return run_snippet(body)
