@@ -105,13 +105,14 @@ std::unique_ptr<TrainingEngine> make_engine(
     const NamedTensors& params, const std::vector<NamedTensors>& units, const std::string& yaml,
     const std::string& origin, const GroupsArg& groups, bool store_served,
     const py::object& materialize, const BuffersArg& buffers, const std::string& optimizer_type,
-    int64_t optimizer_state_bytes) {
+    int64_t optimizer_state_bytes, bool optimizer_elementwise) {
   LoadedConfig loaded = load_config_string(yaml, origin);
   if (!optimizer_type.empty()) {  // a client optimizer object or a config's torch.optim type
     OptimizerConfig& o = loaded.config.optimizer;
     o.type = optimizer_type;
     o.external = true;
     o.state_bytes = optimizer_state_bytes;
+    o.elementwise = optimizer_elementwise;
     check_contradictions(loaded.config);
   }
   std::vector<std::vector<NamedParam>> unit_params;
@@ -285,9 +286,13 @@ PYBIND11_MODULE(_zeroshard, m) {
            py::arg("buffers") = BuffersArg{},
            // A torch.optim class the package steps on the shards (its name) and the bytes
            // per element of its state; empty: zeroshard's own Adam/AdamW.
-           py::arg("optimizer_type") = "", py::arg("optimizer_state_bytes") = 8)
+           py::arg("optimizer_type") = "", py::arg("optimizer_state_bytes") = 8,
+           // Whether it steps any part of the shards on its own (its state paged from NVMe).
+           py::arg("optimizer_elementwise") = true)
       .def("optimizer_shards",
            [](TrainingEngine& e) { return optimizer_shards(e.external_optimizer()); })
+      .def("optimizer_regions",
+           [](TrainingEngine& e) { return optimizer_regions(e.external_optimizer()); })
       .def(
           "reduce_across_shards",
           [](TrainingEngine& e, at::Tensor tensor) { e.reduce_across_shards(tensor); },

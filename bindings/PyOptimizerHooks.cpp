@@ -54,6 +54,19 @@ ExternalOptimizerHooks python_optimizer_hooks(py::object owner_object) {
     py::gil_scoped_acquire gil;
     return owner->object.attr("state_bytes")().cast<int64_t>();
   };
+  if (!py::hasattr(owner->object, "step_region")) return h;  // steps whole parameters only
+  h.release_state = [owner] {
+    py::gil_scoped_acquire gil;
+    owner->object.attr("release_state")();
+  };
+  h.step_region = [owner](size_t region, const at::Tensor& grad,
+                          const std::vector<AdamHyper>& hypers,
+                          const std::vector<at::Tensor>& arrays) {
+    py::gil_scoped_acquire gil;
+    std::vector<double> lrs;
+    for (const auto& hyper : hypers) lrs.push_back(hyper.lr);
+    owner->object.attr("step_region")(region, grad, lrs, arrays);
+  };
   return h;
 }
 
@@ -72,6 +85,13 @@ py::list optimizer_shards(const ExternalOptimizer& optimizer) {
     }
     out.append(py::make_tuple(optimizer.masters()[g], spans, pieces));
   }
+  return out;
+}
+
+py::list optimizer_regions(const ExternalOptimizer& optimizer) {
+  py::list out;
+  for (const StateRegion& r : optimizer.regions())
+    out.append(py::make_tuple(r.group, r.offset, r.numel));
   return out;
 }
 

@@ -434,11 +434,12 @@ void check_contradictions(const Config& c) {
         "'zero_optimization.stage' 0; allowed: optimizer offload needs stage 1, 2 or 3",
         offload_device_name(oo.device));
   }
-  if (oo.device == OffloadDevice::Nvme && c.optimizer.external) {
+  if (oo.device == OffloadDevice::Nvme && c.optimizer.external && !c.optimizer.elementwise) {
     fail(
-        "config key 'zero_optimization.offload_optimizer.device' is 'nvme' with 'optimizer.type' "
-        "{}; allowed: cpu or none (torch.optim's state stays in memory), or optimizer.type Adam "
-        "or AdamW, whose state zeroshard streams through NVMe",
+        "config key 'zero_optimization.offload_optimizer.device' is 'nvme' with optimizer {}, "
+        "whose update needs every group's whole parameters in one step; allowed: cpu or none, "
+        "or an elementwise optimizer (Adam, AdamW, SGD, Adagrad, ...), whose state zeroshard "
+        "streams through NVMe",
         c.optimizer.type);
   }
   if (oo.device == OffloadDevice::Nvme && oo.nvme_path.empty()) {

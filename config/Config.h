@@ -98,6 +98,9 @@ struct OptimizerConfig {
   // Python package steps on the shards (engine/ExternalOptimizer.h): `type` is its class
   // name and `torch_params` the config's params for it, passed to the class as written.
   bool external = false;
+  // Whether its update is elementwise, so that any part of the shards steps on its own
+  // with that part's state (paged from NVMe); transformers' Adafactor's is not.
+  bool elementwise = true;
   TorchOptimizerParams torch_params;
   // Bytes per trained element of the optimizer's state besides the fp32 master (Adam's
   // m and v: 8); the memory model's M_o.

@@ -52,10 +52,20 @@ void EngineImpl::make_optimizer(bool on_cpu) {
     pipeline_->set_optimizer(std::make_unique<LambOptimizer>(o, tier, &ledger_, reduce), nullptr);
     return;
   }
-  if (plan_.config.optimizer.external) {  // config/Config.cpp refuses it with NVMe
-    const Tier tier = device == OffloadDevice::Cpu ? Tier::Host : Tier::Device;
-    auto external =
-        std::make_unique<ExternalOptimizer>(plan_.config.optimizer.type, tier, &ledger_);
+  if (plan_.config.optimizer.external) {
+    // With NVMe the masters stay in host RAM and the state is paged (engine/ExternalOptimizer.h).
+    const Tier tier = device == OffloadDevice::None ? Tier::Device : Tier::Host;
+    std::optional<ExternalStateSwap> swap;
+    if (device == OffloadDevice::Nvme) {
+      swap.emplace();
+      swap->dir = swap_->open_dir(z.offload_optimizer.nvme_path);
+      swap->io = swap_->io();
+      swap->sub_group_numel = z.sub_group_size;
+      swap->buffer_count = z.offload_optimizer.buffer_count;
+      swap->page_lock = !on_cpu;
+    }
+    auto external = std::make_unique<ExternalOptimizer>(plan_.config.optimizer.type, tier, &ledger_,
+                                                        std::move(swap));
     external_ = external.get();
     pipeline_->set_optimizer(std::move(external), nullptr);
     return;

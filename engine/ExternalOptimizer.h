@@ -8,7 +8,14 @@
 // hooks own the state and the update; the engine writes the updated master back to the
 // compute-precision shard, counts the state in the ledger, and checkpoints it as named
 // arrays (engine/Checkpoint.h).
+// With offload_optimizer.device nvme the engine keeps the per-element state itself, in
+// swap regions (each group's shard cut into sub-groups of at most sub_group_size
+// elements) that the Swapper streams through pinned buffers: read ahead, the hooks'
+// update of that region, write behind. The masters stay in host RAM; the hooks keep
+// only the per-group scalars (step counts) between steps.
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,12 +42,44 @@ struct ExternalOptimizerHooks {
   std::function<void(const std::string& json, int64_t steps)> set_scalar_state;
   // Bytes of state held now (the ledger's optimizer_states).
   std::function<int64_t()> state_bytes;
+  // NVMe only; an optimizer without them (one needing whole parameters in one step) is
+  // refused there. release_state: from now on the engine keeps the per-element state
+  // (read_state has just given it); the hooks drop theirs. step_region: updates the
+  // elements of swap region `region` from that group's whole gradient `grad`; `arrays`
+  // are the region's state, host fp32 tensors of its numel in state_names' order, which
+  // the update leaves holding the new state.
+  std::function<void()> release_state;
+  std::function<void(size_t region, const at::Tensor& grad, const std::vector<AdamHyper>& hypers,
+                     const std::vector<at::Tensor>& arrays)>
+      step_region;
+};
+
+class IoEngine;
+class PinnedPool;
+class Swapper;
+
+// offload_optimizer.device nvme: where the per-element state is paged.
+struct ExternalStateSwap {
+  IoEngine* io = nullptr;
+  std::string dir;  // this rank's swap directory
+  int64_t sub_group_numel = 100'000'000;
+  int64_t buffer_count = 4;
+  bool page_lock = false;  // the model is on a GPU: page-lock the buffers
+};
+
+// A swap region: elements [offset, offset + numel) of a group's shard.
+struct StateRegion {
+  size_t group = 0;
+  int64_t offset = 0, numel = 0;
 };
 
 class ExternalOptimizer : public ShardOptimizer {
  public:
-  // `name`: the class, for messages; `tier`: where the masters and the state live.
-  ExternalOptimizer(std::string name, Tier tier, MemoryLedger* ledger);
+  // `name`: the class, for messages; `tier`: where the masters and the state live
+  // (host with `swap`, the state on NVMe).
+  ExternalOptimizer(std::string name, Tier tier, MemoryLedger* ledger,
+                    std::optional<ExternalStateSwap> swap = std::nullopt);
+  ~ExternalOptimizer() override;
 
   void add_group(const at::Tensor& shard, std::vector<HyperSpan> spans = {}) override;
   // What the hooks' owner builds its optimizer on: each group's master and spans.
@@ -52,6 +91,8 @@ class ExternalOptimizer : public ShardOptimizer {
   // whole-parameter statistics.
   const std::vector<ParamPiece>& pieces(size_t group) const { return pieces_.at(group); }
   size_t piece_groups() const { return pieces_.size(); }
+  // With NVMe: every group's swap regions, in order (empty without).
+  const std::vector<StateRegion>& regions() const { return regions_; }
   void set_hooks(ExternalOptimizerHooks hooks);
 
   using ShardOptimizer::step;
@@ -73,6 +114,11 @@ class ExternalOptimizer : public ShardOptimizer {
   const ExternalOptimizerHooks& hooks() const;
   void write_back(size_t group);  // master -> compute-precision shard
   void count_state();
+  void open_swap();  // NVMe: the swap regions, holding the state the hooks had
+  std::vector<size_t> regions_of(size_t group) const;
+  std::vector<at::Tensor> region_arrays(size_t region, void* buffer) const;
+  void fill_regions(size_t group, const std::vector<const float*>& arrays);
+  void drain_regions(size_t group, const std::vector<float*>& arrays);
 
   std::string name_;
   Tier tier_;
@@ -85,6 +131,12 @@ class ExternalOptimizer : public ShardOptimizer {
   ExternalOptimizerHooks hooks_;
   bool hooked_ = false;
   int64_t steps_ = 0;
+  std::optional<ExternalStateSwap> swap_;
+  std::vector<StateRegion> regions_;
+  std::vector<std::string> swapped_names_;  // the arrays of each region, in order
+  std::unique_ptr<PinnedPool> pool_;
+  std::unique_ptr<Swapper> swapper_;  // none where the class keeps no per-element state
+  LedgerEntry nvme_entry_;
 };
 
 }  // namespace zeroshard

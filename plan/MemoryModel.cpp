@@ -185,7 +185,10 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   }
   // The optimizer updates fp32 weights: a separate master copy in mixed precision,
   // and the host/NVMe copy CPU Adam works on when offloaded.
-  if (mixed || opt_off) m.at(opt_tier, Kind::MasterParams) = 4 * opt_numel;
+  // A torch.optim class keeps its masters in host RAM and pages only its state.
+  const bool paged_external = config.optimizer.external && option.optimizer == OffloadDevice::Nvme;
+  if (mixed || opt_off)
+    m.at(paged_external ? Tier::Host : opt_tier, Kind::MasterParams) = 4 * opt_numel;
   // Adam's m and v (8 bytes), or what the torch.optim class keeps (config/TorchOptimizers.h).
   m.at(opt_tier, Kind::OptimizerStates) = config.optimizer.state_bytes * opt_numel;
   // Stage >= 2 reduces each bucket inside backward and frees it: no whole gradient
@@ -205,10 +208,12 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   int64_t pinned = 0;
   if (opt_off && !shape.device_is_host) pinned += 2 * kl * reduce_bucket;  // gradient staging
   if (option.optimizer == OffloadDevice::Nvme) {
-    // Each swap slot holds one sub-group's master, m and v; sub-groups split each unit's shard.
+    // Each swap slot holds one sub-group's master, m and v (a torch.optim class's: its
+    // state arrays); sub-groups split each unit's shard.
     const int64_t largest_shard = option.stage >= 1 ? padded_shard_numel(spec.largest_unit(), d)
                                                     : padded_shard_numel(spec.largest_unit(), 1);
-    const int64_t slot = std::min(*z.sub_group_size, largest_shard) * 12;
+    const int64_t per_element = paged_external ? config.optimizer.state_bytes : 12;
+    const int64_t slot = std::min(*z.sub_group_size, largest_shard) * per_element;
     const int64_t aligned_slot = round_up(slot, kIoAlignment);
     pinned += *z.offload_optimizer.buffer_count * aligned_slot;
   }

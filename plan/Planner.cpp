@@ -106,10 +106,13 @@ bool permitted(const Config& c, const PlanOption& o) {
   if (hpz && *hpz > 1 && (o.stage != 3 || o.params != OD::None)) return false;
   const OD opt = c.zero.offload_optimizer.device;
   const OD par = c.zero.offload_param.device;
-  // Lamb and torch.optim classes step state in memory; only zeroshard's Adam streams it through
-  // NVMe and brings NVMe parameter shards in for its update (engine/EngineOffload.cpp).
-  const bool in_memory = c.optimizer.external || c.optimizer.type == "Lamb";
-  if (in_memory && (o.optimizer == OD::Nvme || o.params == OD::Nvme)) return false;
+  // Lamb and Adafactor step state in memory; elementwise torch.optim classes page theirs
+  // through NVMe; only zeroshard's Adam brings NVMe parameter shards in for its update
+  // (engine/EngineOffload.cpp).
+  const bool in_memory =
+      (c.optimizer.external && !c.optimizer.elementwise) || c.optimizer.type == "Lamb";
+  if (in_memory && o.optimizer == OD::Nvme) return false;
+  if ((c.optimizer.external || c.optimizer.type == "Lamb") && o.params == OD::Nvme) return false;
   return (opt == OD::Auto || opt == o.optimizer) && (par == OD::Auto || par == o.params);
 }
 

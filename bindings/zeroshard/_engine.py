@@ -120,7 +120,8 @@ class ZeroShardEngine:
         stepped_by = {}
         if torch_stepped:
             stepped_by = {"optimizer_type": type(client).__name__,
-                          "optimizer_state_bytes": _torch_optimizer.state_bytes_per_element(client)}
+                          "optimizer_state_bytes": _torch_optimizer.state_bytes_per_element(client),
+                          "optimizer_elementwise": not _adafactor.is_adafactor(client)}
         self._engine = _zeroshard.Engine(params, unit_params, text, origin, engine_groups,
                                          _launch.store_already_served(), materialize,
                                          _buffers(model), **stepped_by)

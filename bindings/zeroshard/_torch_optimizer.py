@@ -13,7 +13,13 @@ a probe: the class stepped once on a two-element tensor with each group's option
 names are then the same on every rank from the first step, which checkpoints need
 (arrays named as torch names them, resharded like the parameters); the rest of the
 state (torch's per-parameter step counts, NAdam's mu_product) is the same for every
-parameter of a group and is saved per group."""
+parameter of a group and is saved per group.
+
+With offload_optimizer.device nvme the engine keeps the per-element state in swap
+regions (sub-groups of each shard) and streams them through pinned buffers; the class is
+then built over views cut at the regions' edges too, and step_region steps one region's
+views with their state bound to the region's buffer, which the class updates in place
+(a copy where it makes a new tensor), keeping only the scalars afterwards."""
 import json
 
 import torch
@@ -129,6 +135,16 @@ def _probe(cls, options, defaults):
     return arrays, scalars, nbytes
 
 
+def _cut(spans, edges):
+    """`spans` ((begin, count, param group)) cut at the element offsets `edges`."""
+    for begin, count, g in spans:
+        end = begin + count
+        for edge in sorted(e for e in edges if begin < e < end):
+            yield begin, edge - begin, g
+            begin = edge
+        yield begin, end - begin, g
+
+
 def _options(group):
     return {k: v for k, v in group.items() if k != "params"}
 
@@ -161,16 +177,24 @@ class TorchShardOptimizer:
         self._client = client
         self._cls = type(client)
         shards = core.optimizer_shards()
+        regions = core.optimizer_regions()
         n_groups = len(client.param_groups)
         self._spans = []  # per flat group: [(begin, count, param group, view)]
+        self._regions = [[] for _ in regions]  # per swap region: [(its offset, piece)]
         members = [[] for _ in range(n_groups)]
-        for master, spans, _ in shards:
+        for i, (master, spans, _) in enumerate(shards):
             pieces = []
-            for begin, count, g in spans:
+            edges = [(r, off, off + n) for r, (grp, off, n) in enumerate(regions) if grp == i]
+            for begin, count, g in _cut(spans, [e[2] for e in edges]):
                 view = master.narrow(0, begin, count)
                 pieces.append((begin, count, g, view))
                 members[g].append(view)
+                for r, start, end in edges:
+                    if start <= begin < end:
+                        self._regions[r].append((begin - start, pieces[-1]))
             self._spans.append(pieces)
+        self._swapped = False  # the engine keeps the per-element state (NVMe)
+        self._held = {}  # with it: id(view) -> the names its region holds for it
         self._opt = _construct(self._cls, [dict(_options(g), params=members[i])
                                            for i, g in enumerate(client.param_groups)],
                                client.defaults)
@@ -203,10 +227,50 @@ class TorchShardOptimizer:
                 for *_, view in pieces:
                     view.grad = None
 
+    def step_region(self, region, grad, lrs, arrays):
+        """One swap region's pieces, their state bound to the region's `arrays`."""
+        self._sync_options(lrs)
+        pieces = self._regions[region]
+        for at, (begin, count, _, view) in pieces:
+            state = self._opt.state[view]
+            for name, array in zip(self._names, arrays):
+                if name in self._held.get(id(view), ()):
+                    state[name] = array.narrow(0, at, count)
+            view.grad = grad.narrow(0, begin, count)
+        try:
+            self._opt.step()
+        finally:
+            for _, (*_, view) in pieces:
+                view.grad = None
+        for at, (_, count, _, view) in pieces:
+            self._drop(view, [a.narrow(0, at, count) for a in arrays])
+
+    def _drop(self, view, arrays=None):
+        """Forgets `view`'s per-element state, keeping the scalars, after moving it into
+        `arrays` where the class made tensors of its own (a first step)."""
+        state = self._opt.state.get(view, {})
+        held = set()
+        for i, name in enumerate(self._names):
+            if name in state:
+                if arrays is not None and state[name].data_ptr() != arrays[i].data_ptr():
+                    arrays[i].copy_(state[name])
+                del state[name]
+                held.add(name)
+        self._held[id(view)] = held
+
+    def release_state(self):
+        """From now on the engine keeps the per-element state (read_state gave it)."""
+        for pieces in self._spans:
+            for *_, view in pieces:
+                self._drop(view)
+        self._swapped = True
+
     def state_names(self):
         return list(self._names)
 
     def read_state(self, group, arrays):
+        if self._swapped:
+            raise RuntimeError("read_state: the engine keeps the state (NVMe)")
         for begin, count, _, view in self._spans[group]:
             state = self._opt.state.get(view, {})
             for name, out in zip(self._names, arrays):
@@ -222,8 +286,10 @@ class TorchShardOptimizer:
                 continue
             state = self._opt.state[view]
             state.clear()
+            if self._swapped:  # the engine has written the arrays to the regions
+                self._held[id(view)] = set(self._group_arrays[g])
             for name, saved in zip(self._names, arrays):
-                if name in self._group_arrays[g]:
+                if name in self._group_arrays[g] and not self._swapped:
                     state[name] = saved.narrow(0, begin, count).to(view.device, copy=True)
             for key, saved in (self._scalars[g] or {}).items():
                 state[key] = _scalar_value(saved, view.device)

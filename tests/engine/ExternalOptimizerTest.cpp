@@ -7,8 +7,12 @@
 #include <gtest/gtest.h>
 
 #include "common/Error.h"
+#include "offload/IoEngine.h"
+#include "offload/SwapFile.h"
+#include "tests/offload/Scratch.h"
 
 using namespace zeroshard;
+using namespace zeroshard::testing;
 
 namespace {
 
@@ -92,6 +96,106 @@ TEST(ExternalOptimizer, WithoutHooksAStepSaysWhoStepsIt) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("optimizer.type 'Adagrad' is a torch.optim class, which "
                                          "the Python package steps"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+namespace {
+
+// The same SGD with momentum, one swap region at a time, keeping no state of its own:
+// the engine hands it each region's momentum buffer (what Python's TorchShardOptimizer
+// does with NVMe).
+ExternalOptimizerHooks paged_momentum(ExternalOptimizer& opt, std::vector<at::Tensor>& initial) {
+  ExternalOptimizerHooks h;
+  h.step = [](const std::vector<at::Tensor>&, const std::vector<AdamHyper>&) {
+    FAIL() << "stepped all groups at once";
+  };
+  h.state_names = [] { return std::vector<std::string>{"momentum_buffer"}; };
+  h.scalar_state = [] { return std::string("null"); };
+  h.set_scalar_state = [](const std::string&, int64_t) {};
+  h.read_state = [&initial](size_t g, const std::vector<at::Tensor>& a) { a[0].copy_(initial[g]); };
+  h.write_state = [](size_t, const std::vector<at::Tensor>&) {};
+  h.state_bytes = [] { return int64_t{0}; };
+  h.release_state = [&initial] { initial.clear(); };
+  h.step_region = [&opt](size_t r, const at::Tensor& grad, const std::vector<AdamHyper>& hypers,
+                         const std::vector<at::Tensor>& arrays) {
+    const StateRegion& region = opt.regions().at(r);
+    arrays[0].mul_(0.9).add_(grad.narrow(0, region.offset, region.numel));
+    opt.masters()[region.group]
+        .narrow(0, region.offset, region.numel)
+        .add_(arrays[0], -hypers[0].lr);
+  };
+  return h;
+}
+
+}  // namespace
+
+TEST(ExternalOptimizer, OnNvmeTheStateIsPagedRegionByRegionAndSteppedAsInMemory) {
+  const std::string dir = scratch_dir("external-nvme");
+  SwapDir swap_dir(dir, "sgd");
+  IoEngine io(IoOptions{});
+  MemoryLedger ledger;
+  const int64_t n = 10'000;  // three regions, the last one short
+  at::manual_seed(5);
+  const at::Tensor start = at::randn({n}), first_momentum = at::randn({n});
+  ExternalStateSwap swap;
+  swap.io = &io;
+  swap.dir = swap_dir.path();
+  swap.sub_group_numel = 4'000;
+  swap.buffer_count = 2;
+  at::Tensor paged_shard = start.clone(), memory_shard = start.clone();
+  ExternalOptimizer paged("SGD", Tier::Host, &ledger, swap);
+  paged.add_group(paged_shard);
+  ASSERT_EQ(paged.regions().size(), 3u);
+  std::vector<at::Tensor> initial{first_momentum.clone()};  // a constructor's state
+  paged.set_hooks(paged_momentum(paged, initial));
+  EXPECT_TRUE(initial.empty());  // the hooks dropped theirs
+  EXPECT_EQ(ledger.current(Tier::Nvme, Kind::OptimizerStates), 4 * n);
+  EXPECT_EQ(ledger.current(Tier::Host, Kind::PinnedBuffers), 2 * 16'384);  // 4,000 x 4, aligned
+
+  MemoryLedger other;
+  ExternalOptimizer memory("SGD", Tier::Host, &other);
+  memory.add_group(memory_shard);
+  Momentum sgd{{memory.masters()[0]}, {first_momentum.clone()}};
+  memory.set_hooks(sgd.hooks());
+  AdamHyper h;
+  h.lr = 0.1;
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor grad = at::randn({n});
+    paged.step({grad.clone()}, 0.5, h);
+    memory.step({grad.clone()}, 0.5, h);
+  }
+  EXPECT_TRUE(at::equal(paged_shard, memory_shard));
+  EXPECT_FALSE(at::equal(paged_shard, start));
+  // Checkpoints read and write the regions.
+  at::Tensor master = at::empty({n}), momentum = at::empty({n});
+  paged.read_state(0, std::vector<float*>{master.data_ptr<float>(), momentum.data_ptr<float>()});
+  EXPECT_TRUE(at::equal(momentum, sgd.buffers[0]));
+  const at::Tensor saved = at::full({n}, 0.25);
+  paged.write_state(0, {"momentum_buffer"},
+                    std::vector<const float*>{master.data_ptr<float>(), saved.data_ptr<float>()});
+  paged.read_state(0, std::vector<float*>{master.data_ptr<float>(), momentum.data_ptr<float>()});
+  EXPECT_TRUE(at::equal(momentum, saved));
+}
+
+TEST(ExternalOptimizer, OnNvmeAnOptimizerThatStepsOnlyWholeParametersIsRefused) {
+  const std::string dir = scratch_dir("external-nvme-refused");
+  SwapDir swap_dir(dir, "adafactor");
+  IoEngine io(IoOptions{});
+  MemoryLedger ledger;
+  ExternalStateSwap swap;
+  swap.io = &io;
+  swap.dir = swap_dir.path();
+  ExternalOptimizer opt("Adafactor", Tier::Host, &ledger, swap);
+  opt.add_group(at::zeros({16}));
+  Momentum whole{{opt.masters()[0]}, {at::zeros({16})}};
+  try {
+    opt.set_hooks(whole.hooks());  // no step_region
+    FAIL() << "paged an optimizer that steps whole parameters";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'nvme' with optimizer Adafactor, whose update needs "
+                                         "every group's whole parameters in one step"),
               std::string::npos)
         << e.what();
   }

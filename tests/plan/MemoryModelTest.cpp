@@ -309,3 +309,19 @@ TEST(MemoryModel, OptimizerStateIsTheOptimizersOwn) {
   const auto adam = predict({2, OD::Cpu, OD::None});
   EXPECT_EQ(adam.at(Tier::Host, Kind::OptimizerStates), 8 * 3200);
 }
+
+TEST(MemoryModel, ATorchOptimizerPagesOnlyItsStateThroughNvme) {
+  Config c = toy_config(true);
+  c.optimizer = load_config_string(R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9}}})",
+                                   "ds.json")
+                    .config.optimizer;
+  const auto m =
+      predict_memory(toy_spec(), {2, OD::Nvme, OD::None}, c, WorldShape{1, 2}, TrainingShape{});
+  // The momentum buffer (4 bytes an element) on NVMe; the fp32 master stays in host RAM.
+  EXPECT_EQ(m.at(Tier::Nvme, Kind::OptimizerStates), 4 * 3200);
+  EXPECT_EQ(m.at(Tier::Nvme, Kind::MasterParams), 0);
+  EXPECT_EQ(m.at(Tier::Host, Kind::MasterParams), 4 * 3200);
+  // Gradient staging 4,000 + 4 swap slots of an 800-element sub-group x 4 bytes (3,200,
+  // aligned to 4,096).
+  EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 4000 + 4 * 4096);
+}

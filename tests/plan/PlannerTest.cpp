@@ -375,3 +375,27 @@ TEST(TrainingSettings, DeepSpeedsAdamDecouplesWeightDecayUnlessAdamWModeIsOff) {
   o.type = "AdamW";
   EXPECT_TRUE(adam_defaults(o).decoupled);
 }
+
+// A torch.optim class whose update is elementwise pages its state through NVMe, so the
+// planner may put it there; transformers' Adafactor (not elementwise) and Lamb may not.
+// None brings NVMe parameter shards in for its update.
+TEST(Planner, NvmeForATorchOptimizerOnlyWhereItsUpdateIsElementwise) {
+  Config c = open_config();
+  c.optimizer = load_config_string(R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9}}})",
+                                   "ds.json")
+                    .config.optimizer;
+  auto allowed = [](const Plan& plan, OD optimizer, OD params) {
+    int n = 0;
+    for (const auto& e : plan.options)
+      n += e.allowed && e.option.optimizer == optimizer && e.option.params == params;
+    return n;
+  };
+  const Plan sgd = plan_for(1'000'000, 1'000'000, 1 << 30, c);
+  EXPECT_EQ(allowed(sgd, OD::Nvme, OD::None), 3);  // stages 1, 2 and 3
+  EXPECT_EQ(allowed(sgd, OD::Nvme, OD::Nvme) + allowed(sgd, OD::Cpu, OD::Nvme), 0);
+  c.optimizer.type = "Adafactor";
+  c.optimizer.elementwise = false;
+  const Plan adafactor = plan_for(1'000'000, 1'000'000, 1 << 30, c);
+  EXPECT_EQ(allowed(adafactor, OD::Nvme, OD::None), 0);
+  EXPECT_EQ(allowed(adafactor, OD::Cpu, OD::None), 3);
+}

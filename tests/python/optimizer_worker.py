@@ -135,7 +135,8 @@ def train_zs(cls, kwargs, steps, run, scratch):
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    tier = "host" if "offload_optimizer" in run["config"]["zero_optimization"] else "device"
+    offload = run["config"]["zero_optimization"].get("offload_optimizer", {})
+    tier = {"cpu": "host", "nvme": "nvme"}.get(offload.get("device"), "device")
     held = engine.memory_report()[tier]["kinds"]["optimizer_states"]
     report = {"losses": losses, "optimizer_states": [held["current"], held["predicted"]]}
     return report, engine.state_dict()
