@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/stl.h>
+#include <tuple>
 
 #include "bindings/PyOptimizerHooks.h"
 #include "common/Bytes.h"
@@ -105,7 +106,8 @@ std::unique_ptr<TrainingEngine> make_engine(
     const NamedTensors& params, const std::vector<NamedTensors>& units, const std::string& yaml,
     const std::string& origin, const GroupsArg& groups, bool store_served,
     const py::object& materialize, const BuffersArg& buffers, const std::string& optimizer_type,
-    int64_t optimizer_state_bytes, bool optimizer_elementwise) {
+    int64_t optimizer_state_bytes, bool optimizer_elementwise,
+    std::pair<int64_t, int64_t> optimizer_state_other) {
   LoadedConfig loaded = load_config_string(yaml, origin);
   if (!optimizer_type.empty()) {  // a client optimizer object or a config's torch.optim type
     OptimizerConfig& o = loaded.config.optimizer;
@@ -113,6 +115,7 @@ std::unique_ptr<TrainingEngine> make_engine(
     o.external = true;
     o.state_bytes = optimizer_state_bytes;
     o.elementwise = optimizer_elementwise;
+    std::tie(o.state_whole_bytes, o.state_sharded_bytes) = optimizer_state_other;
     check_contradictions(loaded.config);
   }
   std::vector<std::vector<NamedParam>> unit_params;
@@ -288,7 +291,10 @@ PYBIND11_MODULE(_zeroshard, m) {
            // per element of its state; empty: zeroshard's own Adam/AdamW.
            py::arg("optimizer_type") = "", py::arg("optimizer_state_bytes") = 8,
            // Whether it steps any part of the shards on its own (its state paged from NVMe).
-           py::arg("optimizer_elementwise") = true)
+           py::arg("optimizer_elementwise") = true,
+           // (bytes held whole by every rank, bytes sharded) of state that is not per
+           // element (config/Config.h).
+           py::arg("optimizer_state_other") = std::pair<int64_t, int64_t>{0, 0})
       .def("optimizer_shards",
            [](TrainingEngine& e) { return optimizer_shards(e.external_optimizer()); })
       .def("optimizer_regions",

@@ -105,6 +105,11 @@ struct OptimizerConfig {
   // Bytes per trained element of the optimizer's state besides the fp32 master (Adam's
   // m and v: 8); the memory model's M_o.
   int64_t state_bytes = 8;
+  // State that is not one number per trained element (transformers' Adafactor): bytes
+  // every rank holds whole (a matrix's row and column statistics), and bytes per element
+  // of only some parameters (a vector's second moment), in total, sharded like them.
+  int64_t state_whole_bytes = 0;
+  int64_t state_sharded_bytes = 0;
 };
 
 struct SchedulerConfig {

@@ -190,7 +190,9 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   if (mixed || opt_off)
     m.at(paged_external ? Tier::Host : opt_tier, Kind::MasterParams) = 4 * opt_numel;
   // Adam's m and v (8 bytes), or what the torch.optim class keeps (config/TorchOptimizers.h).
-  m.at(opt_tier, Kind::OptimizerStates) = config.optimizer.state_bytes * opt_numel;
+  const OptimizerConfig& o = config.optimizer;
+  m.at(opt_tier, Kind::OptimizerStates) = o.state_bytes * opt_numel + o.state_whole_bytes +
+                                          o.state_sharded_bytes / (option.stage >= 1 ? d : 1);
   // Stage >= 2 reduces each bucket inside backward and frees it: no whole gradient
   // buffer at rest, only an fp32 accumulator of this rank's shard.
   m.at(Tier::Device, Kind::Grads) = option.stage >= 2 ? 0 : kl * trained * d;

@@ -26,6 +26,26 @@ def is_adafactor(optimizer):
     return cls.__name__ == "Adafactor" and cls.__module__.startswith("transformers")
 
 
+def state_footprint(optimizer):
+    """What ShardedAdafactor will hold for `optimizer`'s parameters, for the memory
+    model: (bytes per trained element: exp_avg with beta1; bytes every rank holds whole:
+    each matrix's row and column statistics; bytes sharded: exp_avg_sq of the
+    parameters that are not factored)."""
+    per_element = whole = sharded = 0
+    for group in optimizer.param_groups:
+        if group.get("beta1") is not None:
+            per_element = 4
+        for p in group["params"]:
+            if not p.requires_grad:
+                continue
+            if p.dim() >= 2:
+                lead = p.numel() // (p.shape[-2] * p.shape[-1])
+                whole += 4 * lead * (p.shape[-2] + p.shape[-1])
+            else:
+                sharded += 4 * p.numel()
+    return per_element, whole, sharded
+
+
 class _Param:
     """One trainable parameter: its shape, group, step count, RMS and factored
     statistics (every rank), and this rank's pieces of it."""

@@ -119,9 +119,14 @@ class ZeroShardEngine:
             _launch.init_distributed()  # generate's synced_gpus all-reduces through it
         stepped_by = {}
         if torch_stepped:
+            adafactor = _adafactor.is_adafactor(client)
             stepped_by = {"optimizer_type": type(client).__name__,
                           "optimizer_state_bytes": _torch_optimizer.state_bytes_per_element(client),
-                          "optimizer_elementwise": not _adafactor.is_adafactor(client)}
+                          "optimizer_elementwise": not adafactor}
+            if adafactor:
+                per_element, whole, sharded = _adafactor.state_footprint(client)
+                stepped_by.update(optimizer_state_bytes=per_element,
+                                  optimizer_state_other=(whole, sharded))
         self._engine = _zeroshard.Engine(params, unit_params, text, origin, engine_groups,
                                          _launch.store_already_served(), materialize,
                                          _buffers(model), **stepped_by)

@@ -308,6 +308,13 @@ TEST(MemoryModel, OptimizerStateIsTheOptimizersOwn) {
   EXPECT_EQ(m.at(Tier::Host, Kind::MasterParams), 4 * 3200);
   const auto adam = predict({2, OD::Cpu, OD::None});
   EXPECT_EQ(adam.at(Tier::Host, Kind::OptimizerStates), 8 * 3200);
+  // Adafactor with beta1: exp_avg per element, row and column statistics whole on every
+  // rank, the vectors' exp_avg_sq sharded over the 2 ranks.
+  c.optimizer.state_whole_bytes = 1000;
+  c.optimizer.state_sharded_bytes = 640;
+  const auto adafactor =
+      predict_memory(toy_spec(), {2, OD::Cpu, OD::None}, c, WorldShape{1, 2}, TrainingShape{});
+  EXPECT_EQ(adafactor.at(Tier::Host, Kind::OptimizerStates), 4 * 3200 + 1000 + 320);
 }
 
 TEST(MemoryModel, ATorchOptimizerPagesOnlyItsStateThroughNvme) {
