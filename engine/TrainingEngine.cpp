@@ -2,6 +2,7 @@
 // (engine/EngineImpl.h), so neither header carries a member of the implementation.
 #include "engine/TrainingEngine.h"
 
+#include "common/Error.h"
 #include "engine/Communicators.h"
 #include "engine/EngineImpl.h"
 #include "engine/StepPipeline.h"
@@ -12,8 +13,15 @@ namespace zeroshard {
 
 std::unique_ptr<Engine> Engine::create(std::shared_ptr<torch::nn::Module> module,
                                        const std::string& config_file, EngineOptions options) {
-  return std::make_unique<TrainingEngine>(std::move(module), load_config_file(config_file).config,
-                                          std::move(options));
+  const Config config = load_config_file(config_file).config;
+  // Said here, on every rank alike, before any rank waits for the others.
+  if (config.optimizer.external) {
+    fail(
+        "{}: config key 'optimizer.type' is '{}', a torch.optim class, which the Python package "
+        "steps (zeroshard.initialize); allowed in a LibTorch program: Adam, AdamW or Lamb",
+        config_file, config.optimizer.type);
+  }
+  return std::make_unique<TrainingEngine>(std::move(module), config, std::move(options));
 }
 
 Engine::~Engine() = default;
