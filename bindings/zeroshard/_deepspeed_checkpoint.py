@@ -20,8 +20,11 @@ Design notes.
 - The output has world size 1: one trainable group holding every trainable parameter,
   one frozen group, then the RNG state and the buffers (engine/Checkpoint.h). Loading
   re-slices it for the engine's world size and stage.
-- Memory: the whole model's fp32 master and moments, once (a model that fits the host's
-  RAM three times over); each rank's files are read one at a time.
+- Memory: one DeepSpeed rank file at a time. The output's layout is known from rank
+  0's files (every parameter's shape, the state's names), so each rank's pieces are
+  written in place (pwrite) where they belong, then the file is dropped; the CRC-32 is
+  read back in 4 MB pieces. Converting a 2-rank stage-3 checkpoint of 2 x 50 MB grows
+  the process by 51 MB (the whole state held at once took 404 MB).
 - The optimizer the engine resumes with must keep the same state arrays (the engine's
   load refuses others naming both). fp16's dynamic loss scale comes over (scale,
   hysteresis, iteration, last overflow: the same rule on both sides); data-sampler state
@@ -116,102 +119,217 @@ def _optimizer_state(optim_state, numels):
     return names or [], arrays, steps, scalars
 
 
-def _stage12(optim_files, model_state):
-    """name -> (master, *state arrays), the state's names and scalars, and the
-    optimizer's step, for ZeRO stages 1-2."""
-    ranks = [_load(f)["optimizer_state_dict"] for f in optim_files]
-    groups = len(ranks[0]["single_partition_of_fp32_groups"])
-    read = []
-    for r in ranks:
-        numels = [t.numel() for t in r["single_partition_of_fp32_groups"]]
-        read.append(_optimizer_state(r["base_optimizer_state"], numels))
-    names, scalars = read[0][0], read[0][3]
-    full, step = [], 0
-    for g in range(groups):
-        parts = [r["single_partition_of_fp32_groups"][g].float() for r in ranks]
-        columns = [parts]
-        for name in names:
-            columns.append([got[1][g][name][:part.numel()] for got, part in zip(read, parts)])
-        step = max([step] + [got[2][g] for got in read])
-        full.append([torch.cat(c) for c in columns])
-    paddings = ranks[0].get("param_alignment_paddings")
-    out = {}
+class _Output:
+    """rank0.bin of the converted checkpoint, written in place as DeepSpeed's rank files
+    are read one at a time: the trainable group's arrays (master, then each state array,
+    every trainable parameter one after the other in param_shapes' order), the frozen
+    group, the RNG state and the buffers (engine/Checkpoint.h's layout, world size 1)."""
+
+    def __init__(self, path, trainable, frozen, frozen_dtype, arrays):
+        self.trainable, self.frozen, self.arrays = trainable, frozen, arrays
+        self.at, numel = {}, 0
+        for name, shape in trainable.items():
+            self.at[name] = numel
+            numel += math.prod(shape)
+        self.numel = numel
+        self.frozen_at, frozen_numel = {}, 0
+        for name, shape in frozen.items():
+            self.frozen_at[name] = frozen_numel
+            frozen_numel += math.prod(shape)
+        self.frozen_dtype = frozen_dtype
+        self.frozen_offset = arrays * 4 * numel
+        self.size = self.frozen_offset + frozen_numel * (
+            frozen_dtype.itemsize if frozen else 0)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.ftruncate(self.fd, self.size)
+
+    def _write(self, values, offset):
+        """values (a 1-D tensor) at byte `offset`, without a copy where it is contiguous."""
+        raw = memoryview(values.detach().contiguous().view(torch.uint8).numpy())
+        while raw:
+            done = os.pwrite(self.fd, raw, offset)
+            raw, offset = raw[done:], offset + done
+
+    def trained(self, name, begin, columns):
+        """Elements [begin, begin + n) of parameter `name` of each array: columns[k] is
+        array k's n values (k = 0 the master)."""
+        for k, values in enumerate(columns):
+            self._write(values.float(), 4 * (k * self.numel + self.at[name] + begin))
+
+    def frozen_part(self, name, begin, values):
+        at = self.frozen_offset + (self.frozen_at[name] + begin) * self.frozen_dtype.itemsize
+        self._write(values.to(self.frozen_dtype), at)
+
+    def append(self, raw):
+        """Bytes after everything so far; returns their offset."""
+        offset = self.size
+        os.pwrite(self.fd, raw, offset)
+        self.size += len(raw)
+        return offset
+
+    def close(self):
+        """The file's CRC-32, read back in pieces."""
+        os.fsync(self.fd)
+        crc, offset = 0, 0
+        while offset < self.size:
+            chunk = os.pread(self.fd, min(4 << 20, self.size - offset), offset)
+            crc, offset = zlib.crc32(chunk, crc), offset + len(chunk)
+        os.close(self.fd)
+        return crc & 0xFFFFFFFF
+
+
+def _write_stage12(out, optim, group_starts, model_state):
+    """One rank's partition of each parameter group (stages 1-2): its part of every
+    parameter the partition's range covers."""
+    flat = optim["single_partition_of_fp32_groups"]
+    numels = [t.numel() for t in flat]
+    names, arrays, steps, scalars = _optimizer_state(optim["base_optimizer_state"], numels)
+    paddings = optim.get("param_alignment_paddings")
     for g, shapes in enumerate(model_state["param_shapes"]):
-        offset = 0
+        start, end, offset = group_starts[g], group_starts[g] + numels[g], 0
+        columns = [flat[g].reshape(-1)] + [arrays[g][n][:numels[g]] for n in names]
         for i, (name, shape) in enumerate(shapes.items()):
             n = math.prod(shape)
-            out[name] = tuple(t.narrow(0, offset, n).view(shape).detach().clone() for t in full[g])
+            lo, hi = max(start, offset), min(end, offset + n)
+            if lo < hi:
+                out.trained(name, lo - offset, [c.narrow(0, lo - start, hi - lo) for c in columns])
             offset += n + (paddings[g][i] if paddings else 0)
-    return out, names, scalars, step
+        group_starts[g] = end
+    return names, steps, scalars
 
 
-def _stage3(optim_files, model_state):
-    """name -> (master, *state arrays), the state's names and scalars, and the
-    optimizer's step, for ZeRO stage 3."""
-    per_rank, step, names, scalars = [], 0, None, None
-    for f in optim_files:
-        o = _load(f)["optimizer_state_dict"]
-        flat = o["fp32_flat_groups"]
-        got, arrays, steps, group_scalars = _optimizer_state(o["optimizer_state_dict"],
-                                                              [t.numel() for t in flat])
-        names, scalars = (got, group_scalars) if names is None else (names, scalars)
-        per_rank.append([torch.cat([t.float().reshape(-1) for t in flat])] +
-                        [torch.cat([a[name][:t.numel()] for a, t in zip(arrays, flat)])
-                         for name in got])
-        step = max([step] + steps)
-    world = len(per_rank)
-    out, offset = {}, 0
+def _write_stage3(out, optim, rank, world, model_state):
+    """One rank's piece of every parameter (stage 3): ceil(numel / world) elements each,
+    one after the other in its fp32_flat_groups (sub-groups concatenated)."""
+    flat = optim["fp32_flat_groups"]
+    names, arrays, steps, scalars = _optimizer_state(optim["optimizer_state_dict"],
+                                                     [t.numel() for t in flat])
+    columns = [_Pieces([t.float().reshape(-1) for t in flat])]
+    columns += [_Pieces([a[n][:t.numel()] for a, t in zip(arrays, flat)]) for n in names]
+    offset = 0
     for shapes in model_state["param_shapes"]:
         for name, shape in shapes.items():
             n = math.prod(shape)
             piece = math.ceil(n / world)
-            out[name] = tuple(torch.cat([r[k].narrow(0, offset, piece) for r in per_rank])[:n]
-                              .view(shape).detach().clone() for k in range(1 + len(names)))
+            count = min(piece, n - rank * piece)
+            if count > 0:
+                out.trained(name, rank * piece, [c.narrow(offset, count) for c in columns])
             offset += piece
-    return out, names, scalars, step
+    return names, steps, scalars
 
 
-def _frozen(stage, model_files, model_state):
-    """name -> value of the parameters DeepSpeed did not train."""
+class _Pieces:
+    """Tensors one after the other (a rank's sub-groups), read without concatenating
+    them: a range inside one is a view of it."""
+
+    def __init__(self, tensors):
+        self.tensors, self.starts, at = tensors, [], 0
+        for t in tensors:
+            self.starts.append(at)
+            at += t.numel()
+
+    def narrow(self, offset, count):
+        parts = []
+        for t, start in zip(self.tensors, self.starts):
+            lo, hi = max(offset, start), min(offset + count, start + t.numel())
+            if lo < hi:
+                parts.append(t.narrow(0, lo - start, hi - lo))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _write_frozen(out, stage, model_files, model_state):
+    """The parameters DeepSpeed did not train: whole in the model file (stages 1-2), or a
+    piece per rank file (stage 3), read one file at a time."""
+    if not out.frozen:
+        return
+    if stage <= 2:
+        for name in out.frozen:
+            out.frozen_part(name, 0, model_state["module"][name].reshape(-1))
+        return
+    world = len(model_files)
+    for rank, path in enumerate(model_files):
+        fragments = (model_state if rank == 0 else _load(path)).get("frozen_param_fragments")
+        for name, shape in out.frozen.items():
+            n = math.prod(shape)
+            piece = math.ceil(n / world)
+            count = min(piece, n - rank * piece)
+            if count > 0:
+                out.frozen_part(name, rank * piece, fragments[name].reshape(-1)[:count])
+
+
+def _frozen_dtype(stage, model_state):
     shapes = model_state.get("frozen_param_shapes") or {}
     if not shapes:
-        return {}
+        return torch.float32
+    first = next(iter(shapes))
     if stage <= 2:
-        return {n: model_state["module"][n].clone() for n in shapes}
-    fragments = [_load(f).get("frozen_param_fragments") or {} for f in model_files]
-    return {n: torch.cat([fr[n].reshape(-1) for fr in fragments])[:math.prod(s)].view(s)
-            for n, s in shapes.items()}
+        return model_state["module"][first].dtype
+    return model_state["frozen_param_fragments"][first].dtype
 
 
-def read(ds_dir, tag=None):
-    """The training state of a DeepSpeed checkpoint, whole, as a dict."""
-    folder = folder_of(ds_dir, tag)
-    if folder is None:
-        raise _error(f"'{ds_dir}' (tag {tag or 'from its latest file'}) holds no DeepSpeed "
-                     "checkpoint (global_stepN/ with *_optim_states.pt files)")
+def _write_all(folder, out_path):
+    """Writes DeepSpeed's checkpoint FOLDER as OUT_PATH (rank0.bin), one rank file at a
+    time; returns what the manifest needs besides the layout."""
     optim_files = _rank_files(folder, "_optim_states.pt")
     first = _load(optim_files[0])["optimizer_state_dict"]
     stage = int(first["zero_stage"])
+    loss_scale = loss_scale_of(first.get("loss_scaler"))
     if stage == 3:
         model_files = _rank_files(folder, "_model_states.pt")
     else:
         model_files = [os.path.join(folder, "mp_rank_00_model_states.pt")]
     model_state = _load(model_files[0])
-    params, names, scalars, step = (_stage3 if stage == 3 else _stage12)(optim_files,
-                                                                          model_state)
-    buffers = {n: t.clone() for n, t in model_state["module"].items()
-               if n in set(model_state.get("buffer_names") or [])}
+    trainable = {n: s for shapes in model_state["param_shapes"] for n, s in shapes.items()}
+    state = first["base_optimizer_state" if stage <= 2 else "optimizer_state_dict"]
+    flat = first["single_partition_of_fp32_groups" if stage <= 2 else "fp32_flat_groups"]
+    names = _optimizer_state(state, [t.numel() for t in flat])[0]
+    del state, flat  # rank 0's file is dropped once written, like every other
+    frozen = dict(model_state.get("frozen_param_shapes") or {})
+    out = _Output(out_path, trainable, frozen, _frozen_dtype(stage, model_state),
+                  1 + len(names))
+    try:
+        step, scalars, group_starts = 0, None, [0] * len(model_state["param_shapes"])
+        for rank, path in enumerate(optim_files):
+            optim = first if rank == 0 else _load(path)["optimizer_state_dict"]
+            got, steps, group_scalars = (
+                _write_stage3(out, optim, rank, len(optim_files), model_state) if stage == 3
+                else _write_stage12(out, optim, group_starts, model_state))
+            if got != names:
+                raise _error(f"rank {rank} keeps optimizer state {got}, rank 0 {names}")
+            scalars = group_scalars if scalars is None else scalars
+            step = max([step] + steps)
+            del optim
+            first = None
+        _write_frozen(out, stage, model_files, model_state)
+        rng = torch.get_rng_state().numpy().tobytes()
+        rng_offset = out.append(rng)
+        buffers = []
+        for name, t in model_state["module"].items():
+            if name in set(model_state.get("buffer_names") or []):
+                raw = t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                buffers.append({"name": name, "dtype": str(t.dtype).replace("torch.", ""),
+                                "shape": list(t.shape), "offset": out.append(raw),
+                                "bytes": len(raw)})
+    except BaseException:
+        os.close(out.fd)
+        raise
+    crc = out.close()
     config = model_state.get("ds_config") or {}
     accumulation = int(config.get("gradient_accumulation_steps", 1) or 1)
-    return {"stage": stage, "world_size": len(optim_files), "params": params,
-            "optimizer_state": names, "optimizer_scalars": {"groups": scalars},
-            "frozen": _frozen(stage, model_files, model_state), "buffers": buffers,
+    groups = []
+    if trainable:
+        groups.append(_group(trainable, out.numel, True, "fp32", 0))
+    if frozen:
+        groups.append(_group(frozen, sum(math.prod(s) for s in frozen.values()), False,
+                             _GROUP_DTYPE[out.frozen_dtype], out.frozen_offset))
+    return {"stage": stage, "optimizer_state": names, "optimizer_scalars": {"groups": scalars},
             "aliases": [[a, s] for a, s in (model_state.get("shared_params") or {}).items()],
             "optimizer_steps": step or int(model_state.get("global_steps", 0)),
             "micro_steps": int(model_state.get("global_steps", 0)) * accumulation,
             "client_state": {k: v for k, v in model_state.items() if k not in _DS_KEYS},
-            "lr_scheduler": model_state.get("lr_scheduler"),
-            "loss_scale": loss_scale_of(first.get("loss_scaler"))}
+            "loss_scale": loss_scale,
+            "groups": groups, "rng_offset": rng_offset, "rng_bytes": len(rng),
+            "buffers": buffers, "file_bytes": out.size, "crc32": crc}
 
 
 def loss_scale_of(scaler):
@@ -233,61 +351,33 @@ def _jsonable(value, key):
                      "zeroshard checkpoint's manifest (JSON) cannot keep") from None
 
 
-def write(state, out_dir, tag):
-    """A zeroshard checkpoint OUT_DIR/TAG (world size 1) of read()'s state."""
+def write(ds_folder, out_dir, tag):
+    """A zeroshard checkpoint OUT_DIR/TAG (world size 1) of the DeepSpeed checkpoint in
+    DS_FOLDER, streamed: one DeepSpeed rank file in memory at a time."""
     folder = os.path.join(out_dir, tag)
     os.makedirs(folder, exist_ok=True)
-    groups, chunks, at = [], [], 0
-    trainable = state["params"]
-    if trainable:
-        numel = sum(t[0].numel() for t in trainable.values())
-        count = 1 + len(state["optimizer_state"])
-        arrays = [torch.cat([t[k].reshape(-1) for t in trainable.values()]) for k in range(count)]
-        groups.append(_group(trainable, numel, True, "fp32", at))
-        chunks += [a.detach().numpy().tobytes() for a in arrays]
-        at += count * 4 * numel
-    frozen = state["frozen"]
-    if frozen:
-        dtype = next(iter(frozen.values())).dtype
-        numel = sum(t.numel() for t in frozen.values())
-        flat = torch.cat([t.to(dtype).reshape(-1) for t in frozen.values()])
-        groups.append(_group(frozen, numel, False, _GROUP_DTYPE[dtype], at))
-        chunks.append(flat.detach().view(torch.uint8).numpy().tobytes())
-        at += flat.numel() * flat.element_size()
-    rng = torch.get_rng_state().numpy().tobytes()
-    rng_offset = at
-    at += len(rng)
-    chunks.append(rng)
-    buffers = []
-    for name, t in state["buffers"].items():
-        raw = t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-        buffers.append({"name": name, "dtype": str(t.dtype).replace("torch.", ""),
-                        "shape": list(t.shape), "offset": at, "bytes": len(raw)})
-        chunks.append(raw)
-        at += len(raw)
-    data = b"".join(chunks)
-    with open(os.path.join(folder, "rank0.bin"), "wb") as f:
-        f.write(data)
+    state = _write_all(ds_folder, os.path.join(folder, "rank0.bin"))
     manifest = {"format": 1, "tag": tag, "world_size": 1, "stage": state["stage"],
                 "optimizer_steps": state["optimizer_steps"], "micro_steps": state["micro_steps"],
                 "loss_scale": state["loss_scale"], "param_groups": None, "lr_scheduler": None,
                 "optimizer_state": state["optimizer_state"],
                 "optimizer_scalars": state["optimizer_scalars"],
                 "client_state": {k: _jsonable(v, k) for k, v in state["client_state"].items()},
-                "config_yaml": "", "rng_offset": rng_offset, "rng_bytes": len(rng),
-                "groups": groups, "buffers": buffers, "aliases": state["aliases"],
-                "files": [{"name": "rank0.bin", "bytes": len(data),
-                           "crc32": zlib.crc32(data) & 0xFFFFFFFF}]}
+                "config_yaml": "", "rng_offset": state["rng_offset"],
+                "rng_bytes": state["rng_bytes"], "groups": state["groups"],
+                "buffers": state["buffers"], "aliases": state["aliases"],
+                "files": [{"name": "rank0.bin", "bytes": state["file_bytes"],
+                           "crc32": state["crc32"]}]}
     with open(os.path.join(folder, "manifest.json"), "w") as f:
         json.dump(manifest, f)
     with open(os.path.join(out_dir, "latest"), "w") as f:
         f.write(tag)
 
 
-def _group(tensors, numel, trainable, dtype, file_offset):
+def _group(shapes, numel, trainable, dtype, file_offset):
     params, offset = [], 0
-    for name, t in tensors.items():
-        shape = list((t[0] if trainable else t).shape)
+    for name, shape in shapes.items():
+        shape = list(shape)
         n = math.prod(shape)
         params.append({"name": name, "shape": shape, "offset": offset, "numel": n})
         offset += n
@@ -299,9 +389,11 @@ def convert_deepspeed_checkpoint(ds_dir, out_dir, tag=None):
     """Writes the DeepSpeed checkpoint DS_DIR (its latest tag, or TAG) as a zeroshard
     checkpoint in OUT_DIR under the same tag; returns the tag."""
     folder = folder_of(ds_dir, tag)
-    state = read(ds_dir, tag)
+    if folder is None:
+        raise _error(f"'{ds_dir}' (tag {tag or 'from its latest file'}) holds no DeepSpeed "
+                     "checkpoint (global_stepN/ with *_optim_states.pt files)")
     name = os.path.basename(folder)
-    write(state, out_dir, name)
+    write(folder, out_dir, name)
     return name
 
 
