@@ -18,12 +18,13 @@ export CCACHE_NOHASHDIR=1
 # libgloo-dev: headers only. PyPI's torch links Gloo in but ships no gloo/ headers, which
 # its ProcessGroupGloo.hpp includes; zeroshard holds gloo types by pointer only.
 # libaio-dev: DeepSpeed's NVMe offload (its async_io op, built on first use) in bench peers.
-# openmpi-bin, slurm*, munge: the launchers tests/python/test_launchers.py starts jobs with.
+# openmpi-bin, slurm*, munge, openssh-server: the launchers tests/python/test_launchers.py
+# starts jobs with (ssh: the `zeroshard` command's hostfile mode).
 HOST_PACKAGES=(
   cmake ninja-build g++ ccache pkg-config
   liburing-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libgtest-dev libgloo-dev
   zlib1g-dev fio debootstrap libaio-dev iproute2
-  openmpi-bin slurmctld slurmd slurm-client munge
+  openmpi-bin slurmctld slurmd slurm-client munge openssh-server openssh-client
 )
 # The fuzzers' compiler and runtime (host leg only; trixie's clang is another version).
 FUZZ_PACKAGES=(clang libclang-rt-14-dev)

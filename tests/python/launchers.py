@@ -1,8 +1,9 @@
 """The launchers users start ranks with, run for real on namespace hosts (netns.Hosts):
 Open MPI's mpirun, started on the first host, reaching the others through an rsh agent
-that logs into a host's namespace as ssh would log into a node; and a Slurm cluster on
+that logs into a host's namespace as ssh would log into a node; a Slurm cluster on
 this machine (munged, slurmctld on the first host, one slurmd per host) that srun runs
-jobs on. Nothing sets a rank variable by hand: what the ranks know, the launchers told them.
+jobs on; and an ssh server on each host (key login) that the `zeroshard` command logs
+into with a hostfile, as DeepSpeed's launcher does. Nothing sets a rank variable by hand: what the ranks know, the launchers told them.
 """
 import contextlib
 import os
@@ -10,7 +11,8 @@ import shutil
 import subprocess
 import time
 
-COMMANDS = ["mpirun", "srun", "sinfo", "slurmctld", "slurmd", "munged", "nsenter", "unshare"]
+COMMANDS = ["mpirun", "srun", "sinfo", "slurmctld", "slurmd", "munged", "nsenter", "unshare",
+            "sshd", "ssh", "ssh-keygen"]
 
 # Open MPI's rsh agent: `agent HOST COMMAND...` runs COMMAND on HOST, as ssh would (through a
 # shell: Open MPI sends shell words). Host names are namespace names (netns.Hosts).
@@ -140,3 +142,55 @@ def slurm(hosts, cpus, scratch):
             except subprocess.TimeoutExpired:
                 p.kill()
         subprocess.run(["munged", "--stop", f"--socket={d}/munge.socket"], capture_output=True)
+
+
+@contextlib.contextmanager
+def ssh(hosts, scratch):
+    """An ssh server on each host (root logs in with a key made here); yields the
+    environment for the `zeroshard` command and the hostfile naming the hosts."""
+    d = os.path.join(scratch, "ssh")
+    os.makedirs(d)
+    for key in ("id", "host_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                        os.path.join(d, key)], check=True)
+    shutil.copy(os.path.join(d, "id.pub"), os.path.join(d, "authorized_keys"))
+    with open(os.path.join(d, "config"), "w") as f:
+        f.write(f"Host *\n  IdentityFile {d}/id\n  StrictHostKeyChecking no\n"
+                "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
+    daemons = []
+    try:
+        for i, addr in enumerate(hosts.addresses):
+            conf = os.path.join(d, f"sshd-{i}.conf")
+            with open(conf, "w") as f:
+                f.write(f"ListenAddress {addr}\nHostKey {d}/host_key\n"
+                        f"AuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd-{i}.pid\n"
+                        "StrictModes no\nUsePAM no\nPasswordAuthentication no\n"
+                        "PermitRootLogin prohibit-password\n")
+            daemons.append(subprocess.Popen(hosts.daemon_login(i) + [
+                shutil.which("sshd"), "-D", "-e", "-f", conf], stdout=subprocess.DEVNULL,
+                stderr=open(os.path.join(d, f"sshd-{i}.log"), "w")))
+        hostfile = os.path.join(d, "hostfile")
+        with open(hostfile, "w") as f:
+            f.write("".join(f"{name} slots=2\n" for name in hosts.names))
+        env = clean_env(PDSH_SSH_ARGS_APPEND=f"-F {d}/config")
+        _wait_listening(hosts, env)
+        yield env, hostfile
+    finally:
+        for p in daemons:
+            p.terminate()
+            p.wait(timeout=20)
+
+
+def _wait_listening(hosts, env, timeout=30):
+    deadline = time.monotonic() + timeout
+    for i, name in enumerate(hosts.names):
+        while True:
+            r = subprocess.run(hosts.login(0) + ["ssh", "-o", "BatchMode=yes"] +
+                               env["PDSH_SSH_ARGS_APPEND"].split() + [name, "true"],
+                               env=env, capture_output=True, text=True)
+            if r.returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no ssh login to {name} in {timeout} s: {r.stderr}")
+            time.sleep(0.2)

@@ -5,6 +5,7 @@ exported parameters agree. DeepSpeed's names that zeroshard carries keep its sig
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -185,9 +186,38 @@ def test_a_failing_rank_stops_the_others_and_is_the_exit_status(scratch):
 
 def test_launcher_flags_without_meaning_here_are_refused_by_name(scratch):
     done = launch(["--num_nodes", "2", "x.py"])
-    assert done.returncode == 2 and "starting other hosts over ssh is not supported" in done.stdout
+    assert done.returncode == 2 and "--num_nodes 2: name the hosts in a --hostfile" in done.stdout
     done = launch(["--include", "worker-1:0", "x.py"])
     assert done.returncode == 2 and "only this host's slots" in done.stdout
+    hostfile = scratch / "hostfile"
+    hostfile.write_text("worker-0 slots=2\nworker-1 slots=2\n")
+    done = launch(["--hostfile", str(hostfile), "--include", "worker-2", "x.py"])
+    assert done.returncode == 2 and ("--include 'worker-2': host 'worker-2' is not in the "
+                                     "hostfile; allowed: worker-0, worker-1") in done.stdout
+    done = launch(["--hostfile", str(hostfile), "--launcher", "slurm", "x.py"])
+    assert done.returncode == 2 and "--launcher slurm: start the ranks with that launcher" \
+        in done.stdout
+    hostfile.write_text("worker-0 gpus=2\n")
+    done = launch(["--hostfile", str(hostfile), "x.py"])
+    assert done.returncode == 2 and ("line 1: 'worker-0 gpus=2'; allowed: 'HOSTNAME slots=N'"
+                                     in done.stdout)
+
+
+def test_a_hostfile_and_deepspeeds_resource_flags_choose_hosts_and_slots():
+    """DeepSpeed's NODE_SPEC syntax for --include/--exclude, then --num_nodes and
+    --num_gpus, over a hostfile's hosts in its order (bindings/zeroshard/_hostfile.py)."""
+    from zeroshard._hostfile import HostfileError, resources
+    hosts = {"a": 4, "b": 4, "c": 2}
+    assert resources(hosts) == {"a": [0, 1, 2, 3], "b": [0, 1, 2, 3], "c": [0, 1]}
+    assert resources(hosts, include="c@a:1,3") == {"a": [1, 3], "c": [0, 1]}
+    assert resources(hosts, exclude="b@a:0") == {"a": [1, 2, 3], "c": [0, 1]}
+    assert resources(hosts, num_nodes=2, num_gpus=2) == {"a": [0, 1], "b": [0, 1]}
+    for kwargs, said in (({"num_gpus": 3}, "--num_gpus 3: c has fewer slots"),
+                         ({"include": "a:7"}, "--include 'a:7': a has slots 0..3, not [7]"),
+                         ({"num_nodes": 4}, "--num_nodes 4: the hostfile leaves 3 host(s)"),
+                         ({"exclude": "a@b@c"}, "no host is left to run on")):
+        with pytest.raises(HostfileError, match=re.escape(said)):
+            resources(hosts, **kwargs)
 
 
 @WITH_DEEPSPEED

@@ -1,5 +1,6 @@
-"""Jobs started by the launchers themselves (tests/python/launchers.py): Open MPI's mpirun
-and Slurm's srun start 2 hosts x 2 ranks on namespace hosts, Python scripts and the C++
+"""Jobs started by the launchers themselves (tests/python/launchers.py): Open MPI's mpirun,
+Slurm's srun and the `zeroshard` command with a hostfile (over ssh) start 2 hosts x 2
+ranks on namespace hosts, Python scripts and the C++
 engine alike, with no rank variable set by hand. The ranks find each other from what the
 launcher set (mpirun's address and job id, Slurm's node list and job id), count the ranks
 on their host from it, and with mics_shard_size auto shard inside each host: they train
@@ -116,6 +117,28 @@ def test_srun_starts_python_and_cpp_ranks_across_hosts(scratch, single_process_e
         engine = engine_job(prefix, env, scratch, "srun-cpp")
     assert_same(got, want, WIDE_STEPS)
     assert_engine_equal(engine, single_process_engine)
+
+
+def test_the_zeroshard_command_starts_the_hosts_of_a_hostfile_over_ssh(scratch):
+    """DeepSpeed's way: `zeroshard --hostfile H` on the first host logs into each host of
+    the hostfile (its own too) and starts that host's ranks there; a rank failing on one
+    host stops the other host's, and its status is the command's."""
+    want = ddp_on_one_host(scratch)
+    with netns.hosts(HOSTS, "10gbit") as h, launchers.ssh(h, str(scratch)) as (env, hostfile):
+        zeroshard = [sys.executable, "-m", "zeroshard", "--hostfile", hostfile]
+        prefix = h.login(0) + zeroshard + ["--no_local_rank", "--no_python"]
+        got = python_job(prefix, env, scratch, "ssh-py")
+        assert_grouped_by_host(h, scratch)
+        failing = scratch / "fails.py"
+        failing.write_text("import os, sys, time\n"
+                           "if os.environ['RANK'] == '3': sys.exit(3)\n"
+                           "time.sleep(120)\n")
+        r = subprocess.run(h.login(0) + zeroshard + ["--no_local_rank", str(failing)],
+                           env=dict(env, PYTHONPATH=os.path.join(BUILD, "python")),
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    assert_same(got, want, WIDE_STEPS)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert f"host {h.names[1]} exited with status 3; stopping the other 1 host(s)" in r.stderr
 
 
 def test_mpirun_without_rank_0_on_its_host_names_the_fix(scratch):
