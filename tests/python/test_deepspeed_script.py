@@ -86,6 +86,23 @@ def test_the_script_with_its_imports_switched_gives_deepspeeds_numbers(zero, scr
         assert got["saved_sums"] == pytest.approx(want["saved_sums"], abs=1e-5)
         assert sorted(got["saved_sums"]) == sorted(got["export"])
     assert ours[0]["train_batch_size"] == 16 and ours[0]["boundaries"][:2] == [False, True]
+    # The same checkpoint at another world size: one rank holds every parameter's master
+    # as DeepSpeed's own zero_to_fp32 reads it from the 2 ranks' files.
+    code, out = run_snippet(
+        f"import sys; sys.path.insert(0, {HERE!r})\n"
+        "from deepspeed_script import Net\n"
+        "from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint\n"
+        f"ckpt = {str(scratch / 'ds-ckpt')!r}\n"
+        "want = get_fp32_state_dict_from_zero_checkpoint(ckpt)\n"
+        "torch.manual_seed(1)\n"
+        "engine = zeroshard.initialize(model=Net(), config="
+        f"{str(write_config(scratch, ZERO[zero], 'one', optimizer))!r})[0]\n"
+        "engine.load_checkpoint(ckpt)\n"
+        "got = engine.state_dict()\n"
+        "assert sorted(got) == sorted(want), (sorted(got), sorted(want))\n"
+        "print('DIFF', max((got[k] - want[k]).abs().max().item() for k in want))\n")
+    assert code == 0, out
+    assert float(out.split("DIFF ", 1)[1].split()[0]) == 0.0, out
 
 
 def _undecorated(fn):
