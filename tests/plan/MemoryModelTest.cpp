@@ -35,6 +35,15 @@ Config toy_config(bool bf16) {
   return c;
 }
 
+// torch.optim.SGD with momentum named in the config: 4 bytes of state an element.
+Config sgd_momentum_config() {
+  Config c = toy_config(true);
+  c.optimizer = load_config_string(R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9}}})",
+                                   "ds.json")
+                    .config.optimizer;
+  return c;
+}
+
 MemoryBreakdown predict(const PlanOption& o, bool bf16 = true, bool overlap = false) {
   Config c = toy_config(bf16);
   c.zero.overlap_comm = overlap;
@@ -298,10 +307,7 @@ TEST(MemoryModel, HpzKeepsHalfOfEveryFreedUnitPerRank) {
 // A torch.optim class's state is what it keeps per element: SGD with momentum one fp32
 // array (a third of Adam's 12 bytes with the master), beside the same fp32 master.
 TEST(MemoryModel, OptimizerStateIsTheOptimizersOwn) {
-  Config c = toy_config(true);
-  c.optimizer = load_config_string(R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9}}})",
-                                   "ds.json")
-                    .config.optimizer;
+  Config c = sgd_momentum_config();
   const auto m =
       predict_memory(toy_spec(), {2, OD::Cpu, OD::None}, c, WorldShape{1, 2}, TrainingShape{});
   EXPECT_EQ(m.at(Tier::Host, Kind::OptimizerStates), 4 * 3200);
@@ -318,12 +324,8 @@ TEST(MemoryModel, OptimizerStateIsTheOptimizersOwn) {
 }
 
 TEST(MemoryModel, ATorchOptimizerPagesOnlyItsStateThroughNvme) {
-  Config c = toy_config(true);
-  c.optimizer = load_config_string(R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9}}})",
-                                   "ds.json")
-                    .config.optimizer;
-  const auto m =
-      predict_memory(toy_spec(), {2, OD::Nvme, OD::None}, c, WorldShape{1, 2}, TrainingShape{});
+  const auto m = predict_memory(toy_spec(), {2, OD::Nvme, OD::None}, sgd_momentum_config(),
+                                WorldShape{1, 2}, TrainingShape{});
   // The momentum buffer (4 bytes an element) on NVMe; the fp32 master stays in host RAM.
   EXPECT_EQ(m.at(Tier::Nvme, Kind::OptimizerStates), 4 * 3200);
   EXPECT_EQ(m.at(Tier::Nvme, Kind::MasterParams), 0);
