@@ -46,6 +46,10 @@ bool CommHandle::ready() const {
   return owner_ == nullptr || !work_ || work_->isCompleted();
 }
 
+bool CommHandle::stream_ordered() const {
+  return owner_ != nullptr && owner_->nccl();
+}
+
 Collectives::Collectives(c10::intrusive_ptr<c10d::Backend> group, int rank, int world,
                          std::function<std::string()> diagnose, MemoryLedger* ledger)
     : group_(std::move(group)),

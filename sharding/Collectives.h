@@ -30,6 +30,8 @@ class CommHandle {
   void wait();
   // Done on the wire (wait() will not block), without waiting.
   bool ready() const;
+  // An NCCL collective: wait() makes the current stream wait, not the host.
+  bool stream_ordered() const;
 
  private:
   const Collectives* owner_ = nullptr;
@@ -58,6 +60,7 @@ class Collectives {
   CommHandle broadcast(const at::Tensor& tensor, int root);
 
   [[noreturn]] void fail_collective(const std::string& op, const std::string& what) const;
+  bool nccl() const { return nccl_; }
 
   // Bytes this rank has sent, counted as bandwidth-optimal (ring) algorithms send them:
   // all-reduce 2(d-1)/d of the buffer, all-gather and reduce-scatter (d-1)/d.

@@ -138,6 +138,9 @@ void GradReducer::launch(size_t g) {
 }
 
 void GradReducer::wait_issuing_gathers(const CommHandle& handle) {
+  // NCCL: waiting holds back the compute stream, never this thread, so no peer can be
+  // stuck behind it; polling would only make the host wait for the device.
+  if (handle.stream_ordered()) return;
   constexpr auto kPatience = std::chrono::milliseconds(20);
   auto since = std::chrono::steady_clock::now();
   while (hooks_.advance && !handle.ready()) {

@@ -72,7 +72,8 @@ class GradReducer {
   const at::Tensor& settled(size_t group);
   // Stage 3: while a reduction is waited for inside backward, `advance` issues this
   // rank's next parameter gather (false when none is left), so a peer that waits on that
-  // gather before it can launch the reduction is never stuck.
+  // gather before it can launch the reduction is never stuck (Gloo: a wait blocks this
+  // thread; an NCCL wait holds only the stream, and is not polled).
   void on_wait(std::function<bool()> advance) { hooks_.advance = std::move(advance); }
 
  private:
