@@ -1,15 +1,8 @@
 #include "engine/ExternalOptimizer.h"
 
-#include <algorithm>
-#include <cstring>
-#include <numeric>
-
 #include <ATen/ATen.h>
 
 #include "common/Error.h"
-#include "offload/IoEngine.h"
-#include "offload/PinnedPool.h"
-#include "offload/Swapper.h"
 
 namespace zeroshard {
 
@@ -18,11 +11,8 @@ ExternalOptimizer::ExternalOptimizer(std::string name, Tier tier, MemoryLedger* 
     : name_(std::move(name)),
       tier_(tier),
       ledger_(ledger),
-      state_entry_(ledger, tier, Kind::OptimizerStates, 0),
-      swap_(std::move(swap)) {
-  if (swap_ && swap_->sub_group_numel < 1) {
-    fail("zero_optimization.sub_group_size: {} is not allowed; use >= 1", swap_->sub_group_numel);
-  }
+      state_entry_(ledger, tier, Kind::OptimizerStates, 0) {
+  if (swap) paged_ = std::make_unique<PagedState>(std::move(*swap));
 }
 
 ExternalOptimizer::~ExternalOptimizer() = default;
@@ -35,11 +25,12 @@ void ExternalOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan
   shards_.push_back(shard);
   masters_.push_back(master);
   spans_.push_back(std::move(spans));
-  if (!swap_) return;
-  if (hooked_) fail("ExternalOptimizer: add_group after the hooks were set");
-  const int64_t n = shard.numel();
-  for (int64_t off = 0; off < n; off += swap_->sub_group_numel)
-    regions_.push_back({shards_.size() - 1, off, std::min(swap_->sub_group_numel, n - off)});
+  if (paged_) paged_->add_group(shards_.size() - 1, shard.numel());
+}
+
+const std::vector<StateRegion>& ExternalOptimizer::regions() const {
+  static const std::vector<StateRegion> none;
+  return paged_ ? paged_->regions() : none;
 }
 
 void ExternalOptimizer::add_param_pieces(size_t group, std::vector<ParamPiece> pieces,
@@ -52,7 +43,7 @@ void ExternalOptimizer::add_param_pieces(size_t group, std::vector<ParamPiece> p
 void ExternalOptimizer::set_hooks(ExternalOptimizerHooks hooks) {
   hooks_ = std::move(hooks);
   hooked_ = true;
-  if (swap_) open_swap();
+  if (paged_) open_swap();
   count_state();
 }
 
@@ -63,75 +54,23 @@ void ExternalOptimizer::open_swap() {
         "whose update needs every group's whole parameters in one step; allowed: cpu or none",
         name_);
   }
-  swapped_names_ = hooks_.state_names();
-  if (swapped_names_.empty()) return;  // nothing per element (SGD without momentum)
-  const auto arrays = static_cast<int64_t>(swapped_names_.size());
-  std::vector<int64_t> bytes;
-  int64_t largest = 0, total = 0;
-  for (const StateRegion& r : regions_) {
-    bytes.push_back(4 * arrays * r.numel);
-    largest = std::max(largest, r.numel);
-    total += r.numel;
-  }
-  pool_ = std::make_unique<PinnedPool>(std::max<int64_t>(1, swap_->buffer_count),
-                                       4 * arrays * largest, ledger_, swap_->page_lock);
-  swap_->io->register_buffers(pool_->all());
-  swapper_ = std::make_unique<Swapper>(swap_->io, swap_->dir, "optimizer", bytes, nullptr,
-                                       Kind::OptimizerStates);
-  nvme_entry_ = LedgerEntry(ledger_, Tier::Nvme, Kind::OptimizerStates, 4 * arrays * total);
+  const size_t arrays = hooks_.state_names().size();
+  paged_->open(arrays, ledger_);
+  if (!paged_->is_open()) return;
   // The state as the class holds it now: zeros, or what its constructor made (Adagrad's
   // initial accumulator), one group at a time; then the hooks drop theirs.
   for (size_t g = 0; g < groups(); ++g) {
-    at::Tensor held = at::empty({arrays, group_numel(g)}, at::kFloat);
+    at::Tensor held = at::empty({static_cast<int64_t>(arrays), group_numel(g)}, at::kFloat);
     std::vector<at::Tensor> rows;
     std::vector<const float*> pointers;
-    for (int64_t a = 0; a < arrays; ++a) {
-      rows.push_back(held[a]);
+    for (size_t a = 0; a < arrays; ++a) {
+      rows.push_back(held[static_cast<int64_t>(a)]);
       pointers.push_back(rows.back().data_ptr<float>());
     }
     hooks_.read_state(g, rows);
-    fill_regions(g, pointers);
+    paged_->fill(g, pointers);
   }
   hooks_.release_state();
-}
-
-std::vector<size_t> ExternalOptimizer::regions_of(size_t group) const {
-  std::vector<size_t> order;
-  for (size_t r = 0; r < regions_.size(); ++r)
-    if (regions_[r].group == group) order.push_back(r);
-  return order;
-}
-
-std::vector<at::Tensor> ExternalOptimizer::region_arrays(size_t region, void* buffer) const {
-  const int64_t n = regions_.at(region).numel;
-  std::vector<at::Tensor> arrays;
-  for (size_t a = 0; a < swapped_names_.size(); ++a)
-    arrays.push_back(at::from_blob(static_cast<float*>(buffer) + a * n, {n}, at::kFloat));
-  return arrays;
-}
-
-void ExternalOptimizer::fill_regions(size_t group, const std::vector<const float*>& arrays) {
-  swapper_->update_each(
-      regions_of(group), *pool_,
-      [&](size_t r, void* buffer) {
-        const StateRegion& s = regions_[r];
-        auto* f = static_cast<float*>(buffer);
-        for (size_t a = 0; a < arrays.size(); ++a)
-          std::memcpy(f + a * s.numel, arrays[a] + s.offset, s.numel * 4);
-      },
-      Swapper::Pass::Fill);
-}
-
-void ExternalOptimizer::drain_regions(size_t group, const std::vector<float*>& arrays) {
-  swapper_->update_each(
-      regions_of(group), *pool_,
-      [&](size_t r, void* buffer) {
-        const StateRegion& s = regions_[r];
-        const auto* f = static_cast<const float*>(buffer);
-        for (size_t a = 0; a < arrays.size(); ++a)
-          std::memcpy(arrays[a] + s.offset, f + a * s.numel, s.numel * 4);
-      },
-      Swapper::Pass::Drain);
 }
 
 const ExternalOptimizerHooks& ExternalOptimizer::hooks() const {
@@ -164,14 +103,12 @@ void ExternalOptimizer::step(const std::vector<at::Tensor>& grads, double grad_s
     scaled.push_back(g);
   }
   ++steps_;
-  if (!swapper_) {
-    h.step(scaled, hypers);
-  } else {  // one pipeline over every region of every group, reads running ahead
-    std::vector<size_t> order(regions_.size());
-    std::iota(order.begin(), order.end(), size_t{0});
-    swapper_->update_each(order, *pool_, [&](size_t r, void* buffer) {
-      h.step_region(r, scaled[regions_[r].group], hypers, region_arrays(r, buffer));
+  if (paged()) {  // one pipeline over every region, reads running ahead
+    paged_->update_all([&](size_t r, const std::vector<at::Tensor>& arrays) {
+      h.step_region(r, scaled[paged_->regions()[r].group], hypers, arrays);
     });
+  } else {
+    h.step(scaled, hypers);
   }
   for (size_t i = 0; i < shards_.size(); ++i) write_back(i);
   count_state();
@@ -190,7 +127,7 @@ void ExternalOptimizer::read_state(size_t group, const std::vector<float*>& arra
   const int64_t n = group_numel(group);
   if (arrays.empty()) fail("ExternalOptimizer::read_state: no array for the master");
   host_floats(arrays[0], n).copy_(masters_.at(group));
-  if (swapper_) return drain_regions(group, {arrays.begin() + 1, arrays.end()});
+  if (paged()) return paged_->drain(group, {arrays.begin() + 1, arrays.end()});
   std::vector<at::Tensor> state;
   for (size_t a = 1; a < arrays.size(); ++a) state.push_back(host_floats(arrays[a], n));
   hooks().read_state(group, state);
@@ -205,7 +142,7 @@ void ExternalOptimizer::write_state(size_t group, const std::vector<std::string>
   }
   masters_.at(group).copy_(host_floats(arrays[0], n));
   write_back(group);
-  if (swapper_) fill_regions(group, {arrays.begin() + 1, arrays.end()});
+  if (paged()) paged_->fill(group, {arrays.begin() + 1, arrays.end()});
   std::vector<at::Tensor> state;  // with NVMe the hooks take only what is not per element
   for (size_t a = 1; a < arrays.size(); ++a) state.push_back(host_floats(arrays[a], n));
   hooks().write_state(group, state);

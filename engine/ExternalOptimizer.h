@@ -9,10 +9,9 @@
 // compute-precision shard, counts the state in the ledger, and checkpoints it as named
 // arrays (engine/Checkpoint.h).
 // With offload_optimizer.device nvme the engine keeps the per-element state itself, in
-// swap regions (each group's shard cut into sub-groups of at most sub_group_size
-// elements) that the Swapper streams through pinned buffers: read ahead, the hooks'
-// update of that region, write behind. The masters stay in host RAM; the hooks keep
-// only the per-group scalars (step counts) between steps.
+// swap regions (engine/PagedState.h) streamed through pinned buffers: read ahead, the
+// hooks' update of that region, write behind. The masters stay in host RAM; the hooks
+// keep only the per-group scalars (step counts) between steps.
 #include <functional>
 #include <memory>
 #include <optional>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "common/MemoryLedger.h"
+#include "engine/PagedState.h"
 #include "sharding/ShardOptimizer.h"
 
 namespace zeroshard {
@@ -54,25 +54,6 @@ struct ExternalOptimizerHooks {
       step_region;
 };
 
-class IoEngine;
-class PinnedPool;
-class Swapper;
-
-// offload_optimizer.device nvme: where the per-element state is paged.
-struct ExternalStateSwap {
-  IoEngine* io = nullptr;
-  std::string dir;  // this rank's swap directory
-  int64_t sub_group_numel = 100'000'000;
-  int64_t buffer_count = 4;
-  bool page_lock = false;  // the model is on a GPU: page-lock the buffers
-};
-
-// A swap region: elements [offset, offset + numel) of a group's shard.
-struct StateRegion {
-  size_t group = 0;
-  int64_t offset = 0, numel = 0;
-};
-
 class ExternalOptimizer : public ShardOptimizer {
  public:
   // `name`: the class, for messages; `tier`: where the masters and the state live
@@ -92,7 +73,7 @@ class ExternalOptimizer : public ShardOptimizer {
   const std::vector<ParamPiece>& pieces(size_t group) const { return pieces_.at(group); }
   size_t piece_groups() const { return pieces_.size(); }
   // With NVMe: every group's swap regions, in order (empty without).
-  const std::vector<StateRegion>& regions() const { return regions_; }
+  const std::vector<StateRegion>& regions() const;
   void set_hooks(ExternalOptimizerHooks hooks);
 
   using ShardOptimizer::step;
@@ -115,10 +96,7 @@ class ExternalOptimizer : public ShardOptimizer {
   void write_back(size_t group);  // master -> compute-precision shard
   void count_state();
   void open_swap();  // NVMe: the swap regions, holding the state the hooks had
-  std::vector<size_t> regions_of(size_t group) const;
-  std::vector<at::Tensor> region_arrays(size_t region, void* buffer) const;
-  void fill_regions(size_t group, const std::vector<const float*>& arrays);
-  void drain_regions(size_t group, const std::vector<float*>& arrays);
+  bool paged() const { return paged_ && paged_->is_open(); }  // per-element state on NVMe
 
   std::string name_;
   Tier tier_;
@@ -131,12 +109,7 @@ class ExternalOptimizer : public ShardOptimizer {
   ExternalOptimizerHooks hooks_;
   bool hooked_ = false;
   int64_t steps_ = 0;
-  std::optional<ExternalStateSwap> swap_;
-  std::vector<StateRegion> regions_;
-  std::vector<std::string> swapped_names_;  // the arrays of each region, in order
-  std::unique_ptr<PinnedPool> pool_;
-  std::unique_ptr<Swapper> swapper_;  // none where the class keeps no per-element state
-  LedgerEntry nvme_entry_;
+  std::unique_ptr<PagedState> paged_;  // NVMe
 };
 
 }  // namespace zeroshard
