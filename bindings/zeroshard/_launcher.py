@@ -98,6 +98,10 @@ def local_slots(args):
     return slots
 
 
+def _port(args):
+    return args.master_port or int(os.environ.get("MASTER_PORT", 0)) or free_port()
+
+
 def _resources(args):
     try:
         return _hostfile.resources(_hostfile.read(args.hostfile), args.include, args.exclude,
@@ -108,7 +112,7 @@ def _resources(args):
 
 def layout(args):
     """(this node's slots, world size, first global rank here, master address, port)."""
-    port = args.master_port or int(os.environ.get("MASTER_PORT", 0)) or free_port()
+    port = _port(args)
     hosts = None
     if args.world_info:  # reached over ssh by the command on the first host
         hosts = json.loads(base64.urlsafe_b64decode(args.world_info))
@@ -161,7 +165,7 @@ def _over_ssh(args):
                "over ssh)")
     hosts = _resources(args)
     addr = args.master_addr or next(iter(hosts))
-    port = args.master_port or int(os.environ.get("MASTER_PORT", 0)) or free_port()
+    port = _port(args)
     info = base64.urlsafe_b64encode(json.dumps(hosts).encode()).decode()
     flags = [f for f, on in (("--module", args.module), ("--no_python", args.no_python),
                              ("--no_local_rank", args.no_local_rank)) if on]
@@ -176,7 +180,7 @@ def _over_ssh(args):
         remote += flags + [args.user_script] + args.user_args
         line = (f"cd {shlex.quote(os.getcwd())} && exec env {exports} "
                 + " ".join(shlex.quote(w) for w in remote))
-        procs.append((host, _start(ssh + [host, line], dict(os.environ), host)))
+        procs.append((host, _start(ssh + [host, line], None, host)))
     return _wait(procs, "host")
 
 
@@ -222,7 +226,7 @@ def _relay(prefix, stream):
 
 def _start(cmd, env, name, prefix=b""):
     """`cmd` in a session of its own (so that it can be stopped with what it started),
-    its output relayed line by line."""
+    its output relayed line by line; `env` None: this one's environment."""
     p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, start_new_session=True)
     relay = threading.Thread(target=_relay, args=(prefix, p.stdout), daemon=True, name=name)

@@ -232,9 +232,9 @@ class TorchShardOptimizer:
         self._sync_options(lrs)
         pieces = self._regions[region]
         for at, (begin, count, _, view) in pieces:
-            state = self._opt.state[view]
+            state, held = self._opt.state[view], self._held.get(id(view), ())
             for name, array in zip(self._names, arrays):
-                if name in self._held.get(id(view), ()):
+                if name in held:
                     state[name] = array.narrow(0, at, count)
             view.grad = grad.narrow(0, begin, count)
         try:
