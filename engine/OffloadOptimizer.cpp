@@ -143,12 +143,12 @@ void OffloadOptimizer::adam(size_t group, const Update& u, int64_t first, int64_
                             float* master, float* m, float* v) {
   const at::Tensor staging = upload_staging(group, count);
   uint16_t* bf16 = fused_bf16(group, first, staging);
-  for_each_span(spans_[group], *u.hypers, first, count,
-                [&](int64_t begin, int64_t n, const AdamHyper& h) {
-                  const int64_t at = begin - first;
-                  cpu_adam_step(CpuAdamStep{h, steps_, u.grad_scale}, master + at, u.grad + begin,
-                                m + at, v + at, n, bf16 == nullptr ? nullptr : bf16 + at);
-                });
+  for_each_span(
+      spans_[group], *u.hypers, first, count, [&](int64_t begin, int64_t n, const AdamHyper& h) {
+        const int64_t at = begin - first;
+        cpu_adam_step(CpuAdamStep{h, steps_, u.grad_scale}, master + at, u.grad + begin, m + at,
+                      v + at, n, bf16 == nullptr ? nullptr : bf16 + at, &grad_squares_.at(group));
+      });
   write_back(group, first, count, master, bf16, staging);
 }
 
@@ -163,6 +163,12 @@ void OffloadOptimizer::adam_sub_group(size_t r, const Update& u, void* buffer) {
     wait_uploads(0);  // what end_group_ does with the shard reads the updated values
     end_group_(sg.group);
   }
+}
+
+double OffloadOptimizer::grad_sum_squares() const {
+  double sum = 0;
+  for (const double x : grad_squares_) sum += x;
+  return sum;
 }
 
 SwapPassTimes OffloadOptimizer::last_swap_pass() const {

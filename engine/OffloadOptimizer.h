@@ -59,9 +59,17 @@ class OffloadOptimizer : public ShardOptimizer {
   // The same step one group at a time, as each gradient shard is ready (overlap_step):
   // begin_step() counts the step once, then step_group() for every group in any order.
   // The arithmetic is step()'s, so the result is the same.
-  void begin_step() { ++steps_; }
+  void begin_step() {
+    ++steps_;
+    grad_squares_.assign(shards_.size(), 0.0);
+  }
   void step_group(size_t group, const at::Tensor& grad, double grad_scale,
                   const std::vector<AdamHyper>& hypers);
+  // The last step's gradients, squared and summed (as they came, before the step's
+  // scale), read by CPU Adam in its own pass over them: this rank's share of the gradient
+  // norm with no pass of its own. Summed per group, then in group order: the same sum
+  // whichever order the groups were stepped in.
+  double grad_sum_squares() const;
   // Shards on a GPU: the calling thread's current stream waits (on the device) for every
   // updated shard's copy; step() does it itself, the overlapped step once it is finished.
   void order_uploads_before_current();
@@ -117,6 +125,7 @@ class OffloadOptimizer : public ShardOptimizer {
   std::unique_ptr<PinnedPool> pool_;
   std::function<void(size_t)> begin_group_, end_group_;
   int64_t steps_ = 0;
+  std::vector<double> grad_squares_;  // per group, this step's
   struct Upload {
     CopyDone done;
     LedgerEntry staging_bytes;

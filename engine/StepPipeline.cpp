@@ -76,7 +76,8 @@ bool StepPipeline::update(const Hypers& hypers) {
           "set overlap_step false");
     }
     fault_point("step.norm");
-    grad_norm_ = reducer_->global_norm(scale);  // reported; clipping is off here
+    // Reported only (clipping is off here), from the squares CPU Adam summed as it went.
+    grad_norm_ = reducer_->global_norm_of(offloaded_->grad_sum_squares(), scale);
     return true;
   }
   if (scaler_) {
@@ -86,9 +87,18 @@ bool StepPipeline::update(const Hypers& hypers) {
       return false;
     }
   }
+  const double max_norm = settings_.gradient_clipping;
+  if (offloaded_ && max_norm <= 0) {
+    // Nothing waits for the norm: CPU Adam sums the squares in its own pass over the
+    // gradients, and the norm is reported from those (one pass over memory fewer).
+    fault_point("step.update");
+    optimizer_->step(grads, scale, hypers());
+    fault_point("step.norm");
+    grad_norm_ = reducer_->global_norm_of(offloaded_->grad_sum_squares(), scale);
+    return true;
+  }
   fault_point("step.norm");
   grad_norm_ = reducer_->global_norm(scale);
-  const double max_norm = settings_.gradient_clipping;
   if (max_norm > 0) {
     const double coefficient = max_norm / (grad_norm_ + 1e-6);  // torch's clip_grad_norm_
     if (coefficient < 1) scale *= coefficient;

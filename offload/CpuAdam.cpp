@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace zeroshard {
 namespace {
@@ -87,8 +88,46 @@ void kernel_generic(const Coefficients c, float* param, const G* grad, float* m,
   ZS_ADAM_KERNEL(ZS_NO_FMA)
 }
 
+// The sum of the squared gradients, as read (before any scale), in double: sixteen
+// independent lanes, so that the loop vectorizes without reassociating anything and
+// enough additions are in flight to hide their latency.
+#define ZS_SUM_SQUARES_BODY                                         \
+  double lanes[16] = {};                                            \
+  int64_t i = 0;                                                    \
+  for (; i + 16 <= n; i += 16) {                                    \
+    for (int j = 0; j < 16; ++j) {                                  \
+      const double x = static_cast<double>(load_grad(grad[i + j])); \
+      lanes[j] += x * x;                                            \
+    }                                                               \
+  }                                                                 \
+  for (; i < n; ++i) {                                              \
+    const double x = static_cast<double>(load_grad(grad[i]));       \
+    lanes[i % 16] += x * x;                                         \
+  }                                                                 \
+  for (int width = 8; width > 0; width /= 2) {                      \
+    for (int j = 0; j < width; ++j) lanes[j] += lanes[j + width];   \
+  }                                                                 \
+  return lanes[0];
+
+template <typename G>
+__attribute__((target("avx512f,avx512bw"))) double squares_avx512(const G* grad, int64_t n) {
+  ZS_SUM_SQUARES_BODY
+}
+
+template <typename G>
+__attribute__((target("avx2,fma"))) double squares_avx2(const G* grad, int64_t n) {
+  ZS_SUM_SQUARES_BODY
+}
+
+template <typename G>
+double squares_generic(const G* grad, int64_t n) {
+  ZS_SUM_SQUARES_BODY
+}
+
 template <typename G>
 using Kernel = void (*)(const Coefficients, float*, const G*, float*, float*, int64_t, uint16_t*);
+template <typename G>
+using Squares = double (*)(const G*, int64_t);
 
 enum class Isa { Avx512, Avx2, Generic };
 
@@ -113,6 +152,18 @@ Kernel<G> kernel() {
   }
 }
 
+template <typename G>
+Squares<G> squares() {
+  switch (kIsa) {
+    case Isa::Avx512:
+      return squares_avx512<G>;
+    case Isa::Avx2:
+      return squares_avx2<G>;
+    default:
+      return squares_generic<G>;
+  }
+}
+
 }  // namespace
 
 const char* cpu_adam_isa() {
@@ -125,8 +176,9 @@ namespace {
 
 template <typename G>
 void adam_step(const CpuAdamStep& s, float* param, const G* grad, float* m, float* v, int64_t n,
-               uint16_t* bf16_out) {
+               uint16_t* bf16_out, double* grad_sum_squares) {
   const Kernel<G> run = kernel<G>();
+  const Squares<G> square = squares<G>();
   Coefficients c;
   auto f = [](double x) { return static_cast<float>(x); };
   const AdamHyper& h = s.hyper;
@@ -145,25 +197,30 @@ void adam_step(const CpuAdamStep& s, float* param, const G* grad, float* m, floa
   // Chunks big enough to stream, small enough to share out across the cores.
   constexpr int64_t kChunk = 1 << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
+  // Per chunk, summed in chunk order below: the same sum whatever the thread count.
+  std::vector<double> chunk_squares(grad_sum_squares == nullptr ? 0 : chunks);
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < chunks; ++k) {
     const int64_t begin = k * kChunk;
     const int64_t len = std::min(kChunk, n - begin);
     run(c, param + begin, grad + begin, m + begin, v + begin, len,
         bf16_out == nullptr ? nullptr : bf16_out + begin);
+    // Just read by Adam, the chunk's gradients are still in this core's cache.
+    if (grad_sum_squares != nullptr) chunk_squares[k] = square(grad + begin, len);
   }
+  for (const double x : chunk_squares) *grad_sum_squares += x;
 }
 
 }  // namespace
 
 void cpu_adam_step(const CpuAdamStep& s, float* param, const float* grad, float* m, float* v,
-                   int64_t n, uint16_t* bf16_out) {
-  adam_step(s, param, grad, m, v, n, bf16_out);
+                   int64_t n, uint16_t* bf16_out, double* grad_sum_squares) {
+  adam_step(s, param, grad, m, v, n, bf16_out, grad_sum_squares);
 }
 
 void cpu_adam_step(const CpuAdamStep& s, float* param, const uint16_t* bf16_grad, float* m,
-                   float* v, int64_t n, uint16_t* bf16_out) {
-  adam_step(s, param, bf16_grad, m, v, n, bf16_out);
+                   float* v, int64_t n, uint16_t* bf16_out, double* grad_sum_squares) {
+  adam_step(s, param, bf16_grad, m, v, n, bf16_out, grad_sum_squares);
 }
 
 void set_cpu_adam_threads(int threads) {

@@ -17,12 +17,16 @@ struct CpuAdamStep {
 };
 
 // bf16_out (may be null): the updated parameters rounded to bf16 (nearest even).
+// grad_sum_squares (may be null): gets the sum of the squared gradients added, as read
+// (before grad_scale), summed in double; they are read once for both, so a gradient norm
+// costs no pass over memory of its own. The sum is the same for any thread count.
 void cpu_adam_step(const CpuAdamStep& s, float* param, const float* grad, float* m, float* v,
-                   int64_t n, uint16_t* bf16_out = nullptr);
+                   int64_t n, uint16_t* bf16_out = nullptr, double* grad_sum_squares = nullptr);
 
 // The same with the gradients in bf16 (their bits), read as such: no conversion pass.
 void cpu_adam_step(const CpuAdamStep& s, float* param, const uint16_t* bf16_grad, float* m,
-                   float* v, int64_t n, uint16_t* bf16_out = nullptr);
+                   float* v, int64_t n, uint16_t* bf16_out = nullptr,
+                   double* grad_sum_squares = nullptr);
 
 // OpenMP's thread count is a setting of each calling thread: a thread other than the
 // one that configured torch sets cpu_adam_step's here.

@@ -53,6 +53,7 @@ GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool ov
     landings_ = std::make_unique<HostLandings>(grads_on, &sums_.fp32, ledger);
   }
   sums_.clean.assign(groups_.size(), true);
+  sums_.stale.assign(groups_.size(), 0);
   install_hooks();
 }
 
@@ -120,6 +121,7 @@ void GradReducer::launch(size_t g) {
   groups_[g]->materialize_grads();  // a group no gradient reached this step
   InFlight f;
   f.group = g;
+  sums_.stale[g] = 0;  // stages 0-1 write the whole sum; later ones land in it whole or add
   if (stage_ == 0) {
     if (sums_.fp32[g].data_ptr() != groups_[g]->flat_grad().data_ptr()) {
       sums_.fp32[g].copy_(groups_[g]->flat_grad());
@@ -199,7 +201,21 @@ void GradReducer::accumulate(const InFlight& f) {
 
 const at::Tensor& GradReducer::settled(size_t group) {
   if (landings_) landings_->settle(group);
-  return sums_.fp32.at(group);
+  return sum(group);
+}
+
+const at::Tensor& GradReducer::sum(size_t group) {
+  at::Tensor& s = sums_.fp32.at(group);
+  if (sums_.stale[group]) {  // no backward since zero(): it must read as zeros
+    s.zero_();
+    sums_.stale[group] = 0;
+  }
+  return s;
+}
+
+const std::vector<at::Tensor>& GradReducer::sums() {
+  for (size_t g = 0; g < sums_.fp32.size(); ++g) sum(g);
+  return sums_.fp32;
 }
 
 void GradReducer::settle_all() {
@@ -226,7 +242,7 @@ void GradReducer::end_backward() {
 const std::vector<at::Tensor>& GradReducer::reduced() {
   drain();
   settle_all();
-  return sums_.fp32;
+  return sums();
 }
 
 // Both passes below leave their per-buffer results where the gradients are and read one
@@ -237,11 +253,20 @@ double GradReducer::global_norm(double scale) {
   if (sums_.fp32.empty()) return 0;
   std::vector<at::Tensor> norms;
   const at::Device where = sums_.fp32.front().device();  // (all in one place, as a rule)
-  for (const auto& g : sums_.fp32) norms.push_back(g.norm().to(where));
-  at::Tensor sq = at::stack(norms).to(at::kDouble).square().sum().reshape({1});
+  for (const auto& g : sums()) norms.push_back(g.norm().to(where));
+  return norm_across_ranks(at::stack(norms).to(at::kDouble).square().sum().reshape({1}), scale);
+}
+
+double GradReducer::global_norm_of(double sum_squares, double scale) {
+  if (sums_.fp32.empty()) return 0;
+  const at::Device where = sums_.fp32.front().device();
+  return norm_across_ranks(at::full({1}, sum_squares, at::dtype(at::kDouble).device(where)), scale);
+}
+
+double GradReducer::norm_across_ranks(at::Tensor sum_squares, double scale) {
   // Stage 0 holds identical full gradients on every rank; the shards need a sum.
-  if (sharded_grads()) comm_->all_reduce_sum(sq).wait();
-  return std::sqrt(sq.item<double>()) * std::abs(scale);
+  if (sharded_grads()) comm_->all_reduce_sum(sum_squares).wait();
+  return std::sqrt(sum_squares.item<double>()) * std::abs(scale);
 }
 
 bool GradReducer::any_overflow() {
@@ -249,7 +274,7 @@ bool GradReducer::any_overflow() {
   if (sums_.fp32.empty()) return false;
   std::vector<at::Tensor> finite;
   const at::Device where = sums_.fp32.front().device();
-  for (const auto& g : sums_.fp32) finite.push_back(at::isfinite(g).all().to(where));
+  for (const auto& g : sums()) finite.push_back(at::isfinite(g).all().to(where));
   at::Tensor bad = at::logical_not(at::stack(finite)).any().to(at::kFloat).reshape({1});
   if (sharded_grads()) comm_->all_reduce_sum(bad).wait();
   return bad.item<float>() > 0;
@@ -261,7 +286,7 @@ void GradReducer::zero() {
   for (size_t i = 0; i < groups_.size(); ++i) {
     groups_[i]->zero_grads();
     // fp32 at stages 0-1 reduces in the gradient buffer itself: already zeroed above.
-    if (!sums_.fp32[i].is_alias_of(groups_[i]->flat_grad())) sums_.fp32[i].zero_();
+    if (!sums_.fp32[i].is_alias_of(groups_[i]->flat_grad())) sums_.stale[i] = 1;
   }
 }
 

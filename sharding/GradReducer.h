@@ -53,6 +53,9 @@ class GradReducer {
   const std::vector<at::Tensor>& reduced();
   // Global L2 norm of the reduced gradients times `scale`, across all shards.
   double global_norm(double scale);
+  // The same from this rank's squares, summed by what read the gradients anyway (CPU
+  // Adam): no pass over them here.
+  double global_norm_of(double sum_squares, double scale);
   // Whether any rank's reduced gradients hold inf or NaN (fp16 overflow).
   bool any_overflow();
   void zero();
@@ -108,6 +111,10 @@ class GradReducer {
     std::vector<at::Tensor> fp32;
     std::vector<LedgerEntry> entries;
     std::vector<bool> clean;  // fp32[g] holds zeros: nothing accumulated since zero()
+    // fp32[g] is clean but its memory was not zeroed: zero() leaves that to the first
+    // read, since a backward's first reduction overwrites the whole buffer anyway (one
+    // pass over every gradient byte a step saved). Bytes, not bits: read from any thread.
+    std::vector<uint8_t> stale;
   };
   // Reductions launched and not yet accumulated, and the bytes of their outputs.
   struct Reductions {
@@ -124,10 +131,13 @@ class GradReducer {
   void finish_across();  // the oldest all-reduce across groups
   void drain();          // every reduction in flight, both kinds
   bool sharded_grads() const { return stage_ >= 1; }
+  double norm_across_ranks(at::Tensor sum_squares, double scale);  // [1] double, this rank's
   void settle_all();
   void wait_issuing_gathers(const CommHandle& handle);
   void accumulate(const InFlight& f);
-  void finished(size_t group);  // the group's reduced gradient is in sums_
+  const at::Tensor& sum(size_t group);    // sums_.fp32[group], zeroed first if stale
+  const std::vector<at::Tensor>& sums();  // every one, as sum()
+  void finished(size_t group);            // the group's reduced gradient is in sums_
 
   std::vector<FlatParamGroup*> groups_;
   int stage_;

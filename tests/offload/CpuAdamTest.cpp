@@ -90,6 +90,42 @@ TEST(CpuAdam, Bf16GradientsAreReadAsTheirFp32Values) {
   EXPECT_FALSE(torch::equal(a, p0));
 }
 
+// The squared gradients summed in Adam's own pass: torch's sum in double of the same
+// values (as read, before grad_scale), added to what the sum held; fp32 and bf16
+// gradients; the same to the last bit with 1 thread or 2; the update itself unchanged.
+TEST(CpuAdam, SumsTheSquaredGradientsInItsOwnPass) {
+  torch::manual_seed(7);
+  const at::Tensor p0 = torch::randn({kN}), grad = torch::randn({kN}) * 3;
+  const double want = grad.to(torch::kDouble).square().sum().item<double>();
+  CpuAdamStep s;
+  s.grad_scale = 0.5;
+  auto step = [&](int threads, at::Tensor& p, double* squares) {
+    set_cpu_adam_threads(threads);
+    at::Tensor m = torch::zeros({kN}), v = torch::zeros({kN});
+    cpu_adam_step(s, p.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(),
+                  v.data_ptr<float>(), kN, nullptr, squares);
+  };
+  double one = 10.0, two = 10.0;
+  at::Tensor a = p0.clone(), b = p0.clone(), c = p0.clone();
+  step(1, a, &one);
+  step(2, b, &two);
+  step(2, c, nullptr);
+  set_cpu_adam_threads(at::get_num_threads());
+  EXPECT_NEAR(one - 10.0, want, 1e-12 * want);
+  EXPECT_EQ(one, two);
+  EXPECT_TRUE(torch::equal(a, c));
+  EXPECT_TRUE(torch::equal(b, c));
+
+  const at::Tensor grad16 = grad.to(torch::kBFloat16);
+  const double want16 = grad16.to(torch::kDouble).square().sum().item<double>();
+  double squares16 = 0;
+  at::Tensor m = torch::zeros({kN}), v = torch::zeros({kN}), p = p0.clone();
+  cpu_adam_step(s, p.data_ptr<float>(),
+                reinterpret_cast<const uint16_t*>(grad16.data_ptr<at::BFloat16>()),
+                m.data_ptr<float>(), v.data_ptr<float>(), kN, nullptr, &squares16);
+  EXPECT_NEAR(squares16, want16, 1e-12 * want16);
+}
+
 TEST(CpuAdam, ChoosesAnInstructionSetThisMachineHas) {
   const std::string isa = cpu_adam_isa();
   EXPECT_TRUE(isa == "avx512" || isa == "avx2" || isa == "generic") << isa;
