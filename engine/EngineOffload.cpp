@@ -71,9 +71,9 @@ void EngineImpl::make_optimizer(bool on_cpu) {
     return;
   }
   if (device == OffloadDevice::None) {
-    pipeline_->set_optimizer(
-        std::make_unique<ResidentOptimizer>(&ledger_, on_cpu ? cpu_adam_kernel() : AdamKernel{}),
-        nullptr);
+    pipeline_->set_optimizer(std::make_unique<ResidentOptimizer>(
+                                 &ledger_, on_cpu ? cpu_adam_kernel() : fused_adam_kernel()),
+                             nullptr);
     return;
   }
   OffloadOptimizerOptions o;

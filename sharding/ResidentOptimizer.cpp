@@ -1,10 +1,31 @@
 #include "sharding/ResidentOptimizer.h"
 
 #include <cmath>
+#include <optional>
 
 #include <ATen/ATen.h>
 
 namespace zeroshard {
+
+AdamKernel fused_adam_kernel() {
+  return [](const AdamHyper& h, int64_t step, double grad_scale, at::Tensor& master,
+            at::Tensor& grad, at::Tensor& m, at::Tensor& v) {
+    const auto on = master.options();  // fp32, where the state is
+    // The count the kernel reads (torch.optim increments it before the call).
+    const at::Tensor steps = at::full({}, static_cast<double>(step), on);
+    std::optional<at::Tensor> divisor;
+    if (grad_scale != 1.0) divisor = at::full({}, 1.0 / grad_scale, on);
+    if (h.decoupled) {
+      at::_fused_adamw_({master}, {grad}, {m}, {v}, {}, {steps}, h.lr, h.beta1, h.beta2,
+                        h.weight_decay, h.eps, /*amsgrad=*/false, /*maximize=*/false, divisor,
+                        std::nullopt);
+    } else {
+      at::_fused_adam_({master}, {grad}, {m}, {v}, {}, {steps}, h.lr, h.beta1, h.beta2,
+                       h.weight_decay, h.eps, /*amsgrad=*/false, /*maximize=*/false, divisor,
+                       std::nullopt);
+    }
+  };
+}
 
 void ResidentOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan> spans) {
   State s;

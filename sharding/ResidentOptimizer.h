@@ -16,10 +16,18 @@
 namespace zeroshard {
 
 // One step's arithmetic over fp32 master, grad (scaled by grad_scale first), m and v.
-// The default is ATen operations; engine/ may hand in a faster one (CpuAdam).
+// The default is ATen operations, one per term, as torch.optim.AdamW's for-loop
+// implementation; engine/ hands in a faster one: CpuAdam on the host, fused_adam_kernel()
+// on a GPU.
 using AdamKernel =
     std::function<void(const AdamHyper& h, int64_t step, double grad_scale, at::Tensor& master,
                        at::Tensor& grad, at::Tensor& m, at::Tensor& v)>;
+
+// torch's fused AdamW (or Adam with L2 decay) kernel, what torch.optim.AdamW(fused=True)
+// runs: one pass over master, grad, m and v where the ATen operations make about nine,
+// with temporaries. The gradient's scale goes in as the kernel's divisor (1/grad_scale),
+// and the kernel leaves the gradient divided by it.
+AdamKernel fused_adam_kernel();
 
 class ResidentOptimizer : public ShardOptimizer {
  public:
