@@ -16,6 +16,7 @@
 #include "engine/ParamHome.h"
 #include "engine/RngStates.h"
 #include "engine/StepPipeline.h"
+#include "engine/UnitSchedule.h"
 #include "offload/SwapFile.h"
 #include "sharding/Collectives.h"
 #include "sharding/GradReducer.h"
@@ -436,7 +437,7 @@ void EngineImpl::load_group(const CheckpointReader& reader, GroupId i) {
       ShardUpdate update(param_home_.get(), u);
       pipeline_->optimizer().write_state(t, names, data);
     }
-    if (g->sharded() && g->gathered() && u >= 0) coordinator_->release_now(u);
+    if (g->sharded() && g->gathered() && u >= 0) units_->coordinator().release_now(u);
     return;
   }
   const int64_t begin = g->sharded() ? shard_rank() * S : 0;
@@ -452,7 +453,7 @@ void EngineImpl::load_group(const CheckpointReader& reader, GroupId i) {
     ShardUpdate update(param_home_.get(), u);
     g->param_shard().copy_(src);
   }
-  if (g->gathered() && u >= 0) coordinator_->release_now(u);
+  if (g->gathered() && u >= 0) units_->coordinator().release_now(u);
 }
 
 }  // namespace zeroshard

@@ -24,6 +24,7 @@
 #include "engine/StepPipeline.h"
 #include "engine/SwapSpace.h"  // the members it destroys
 #include "engine/UnitPartition.h"
+#include "engine/UnitSchedule.h"
 #include "sharding/Collectives.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
@@ -260,26 +261,26 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   o.prefetch_numel = z.stage3_prefetch_bucket_size;
   o.max_live_numel = z.stage3_max_live_parameters;
   o.persistence_numel = z.stage3_param_persistence_threshold;
-  coordinator_ =
+  auto coordinator =
       std::make_unique<ParamCoordinator>(sharded, &comms_->params(), &comms_->touches(), o);
   if (dist_.hpz_size > 1) {  // a group of every rank gathers as the primary shards do
-    coordinator_->set_secondary(
+    coordinator->set_secondary(
         std::make_unique<SecondaryShards>(&comms_->backward_gathers(), sharded.size(), &ledger_));
   }
+  if (param_home_) {
+    const int lookahead = static_cast<int>(z.offload_param.buffer_count) - 1;
+    coordinator->set_shard_home(param_home_.get(), lookahead);
+  }
+  units_ = std::make_unique<UnitSchedule>(groups_, std::move(coordinator));
   GradReducer& reducer = pipeline_->reducer();
-  reducer.on_wait([this] { return coordinator_->advance(); });
+  reducer.on_wait([this] { return units_->coordinator().advance(); });
   reducer.on_gradient([this](size_t group, size_t slot) { check_read(group, slot); });
   // A unit's gradients are in: it goes, unless its frozen group is still read for the
   // gradients of its inputs (engine/UnitRelease.h).
-  unit_release_.init(groups_);
   reducer.on_group_complete([this](size_t group) {
     const std::optional<UnitId> unit = groups_.of_trainable(TrainableId(group)).unit;
-    if (unit && unit_release_.grads_done(*unit)) release_in_backward(*unit);
+    if (unit) units_->grads_done(*unit);
   });
-  if (param_home_) {
-    const int lookahead = static_cast<int>(z.offload_param.buffer_count) - 1;
-    coordinator_->set_shard_home(param_home_.get(), lookahead);
-  }
 }
 
 void EngineImpl::backward(const at::Tensor& loss) {
@@ -287,11 +288,9 @@ void EngineImpl::backward(const at::Tensor& loss) {
   if (!device_.is_cpu()) stream = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
   const at::Tensor scaled = pipeline_->begin_backward(
       loss, [this] { return param_group_hypers(); }, stream);
-  if (coordinator_) coordinator_->end_forward();
+  if (units_) units_->end_forward();
   scaled.backward();
-  // Gathers first: a rank still inside backward may wait for one, never for a reduction.
-  if (coordinator_) coordinator_->end_backward();
-  unit_release_.reset();
+  if (units_) units_->end_backward();
   fault_point("backward.end");
   pipeline_->end_backward();
 }
@@ -314,7 +313,7 @@ bool EngineImpl::finish_step() {
     }
     for (auto& handle : handles) handle.wait();
   }
-  if (coordinator_) coordinator_->after_step();
+  if (units_) units_->coordinator().after_step();
   pipeline_->reducer().zero();
   buffers_->after_step(comms_->world());
   return true;
@@ -339,11 +338,11 @@ std::vector<NamedParam> EngineImpl::full_parameters() {
   for (const GroupRecord& record : groups_) {
     const auto& g = record.flat;
     const bool gather = g->sharded() && !g->gathered();
-    if (gather) coordinator_->gather_now(record.coordinator_unit->value);
+    if (gather) units_->coordinator().gather_now(record.coordinator_unit->value);
     for (const auto& slot : g->slots()) {
       copies[slot.param.unsafeGetTensorImpl()] = slot.param.detach().clone();
     }
-    if (gather) coordinator_->release_now(record.coordinator_unit->value);
+    if (gather) units_->coordinator().release_now(record.coordinator_unit->value);
   }
   std::vector<NamedParam> out;
   if (!module_) {

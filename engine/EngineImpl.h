@@ -19,7 +19,6 @@
 #include "engine/GroupTable.h"
 #include "engine/ProcessGroupSetup.h"
 #include "engine/TrainingEngine.h"
-#include "engine/UnitRelease.h"
 
 namespace zeroshard {
 
@@ -35,6 +34,7 @@ class ParamCoordinator;
 class SecondaryShards;
 class OverlappedStep;
 class StepPipeline;
+class UnitSchedule;
 class OffloadOptimizer;
 
 class EngineImpl {
@@ -117,9 +117,9 @@ class EngineImpl {
   void build_groups(const std::vector<NamedParam>& params,
                     const std::vector<std::vector<NamedParam>>& unit_params,
                     const MaterializeParams& materialize);
-  // Its coordinator units (none at stages 0-2); fails for a unit that does not exist.
-  const std::vector<CoordinatorUnit>& checked_unit(size_t unit) const;
-  void release_in_backward(UnitId unit);
+  // Stage 3's schedule for `unit` (null at stages 0-2); fails for a unit that does not
+  // exist.
+  UnitSchedule* schedule_of(size_t unit) const;
   void check_read(size_t trainable_group, size_t slot) const;
   Manifest checkpoint_layout() const;
   void write_group_slice(GroupId group, const std::function<void(const void*, int64_t)>& write);
@@ -161,8 +161,7 @@ class EngineImpl {
   ExternalOptimizer* external_ = nullptr;   // the pipeline's optimizer, a torch.optim class
   std::unique_ptr<ParamHome> param_home_;
   ParamGroupTable param_groups_;
-  std::unique_ptr<ParamCoordinator> coordinator_;
-  UnitRelease unit_release_;  // when a stage-3 unit goes in backward
+  std::unique_ptr<UnitSchedule> units_;  // stage 3: gathers and releases per unit
   std::unique_ptr<ModuleBuffers> buffers_;
   c10::Device device_{c10::kCPU};  // the model's
   int64_t device_capacity_ = 0;    // what the plan budgets the device tier with

@@ -8,6 +8,7 @@
 #include "engine/EngineImpl.h"
 #include "engine/ParamHome.h"
 #include "engine/StepPipeline.h"
+#include "engine/UnitSchedule.h"
 #include "sharding/Collectives.h"
 #include "sharding/ParamCoordinator.h"
 #include "sharding/ShardOptimizer.h"
@@ -16,7 +17,7 @@ namespace zeroshard {
 
 at::Tensor EngineImpl::run_unit(const torch::nn::Module& unit,
                                 const std::function<at::Tensor()>& forward) {
-  if (!coordinator_) return forward();
+  if (!units_) return forward();
   const std::optional<UnitId> found = groups_.unit_of(unit);
   if (!found) {
     fail(
@@ -24,88 +25,74 @@ at::Tensor EngineImpl::run_unit(const torch::nn::Module& unit,
         "modules gather one; run one of those, or declare this one in EngineOptions::units",
         unit.name());
   }
-  const size_t u = found->value;
-  unit_forward_begin(u);
+  const UnitId u = *found;
+  units_->forward_begin(u);
   at::Tensor out = forward();
   if (out.requires_grad()) {
-    unit_release_.inputs_unknown(UnitId(u));
+    units_->inputs_unknown(u);
     out.register_hook([this, u](const at::Tensor& grad) {
-      unit_backward_begin(u);
+      units_->backward_begin(u);
       return grad;
     });
   }
-  unit_forward_end(u);
+  units_->forward_end(u);
   return out;
 }
 
-const std::vector<CoordinatorUnit>& EngineImpl::checked_unit(size_t unit) const {
-  static const std::vector<CoordinatorUnit> kNone;
-  const auto& units = groups_.coordinator_units(UnitId(unit));  // fails if none such
-  return coordinator_ ? units : kNone;
+UnitSchedule* EngineImpl::schedule_of(size_t unit) const {
+  groups_.coordinator_units(UnitId(unit));  // fails if none such
+  return units_.get();
 }
 
 void EngineImpl::unit_forward_begin(size_t unit) {
-  for (CoordinatorUnit u : checked_unit(unit)) coordinator_->before_forward(u.value);
+  if (UnitSchedule* s = schedule_of(unit)) s->forward_begin(UnitId(unit));
 }
 
 void EngineImpl::unit_forward_end(size_t unit) {
-  for (CoordinatorUnit u : checked_unit(unit)) coordinator_->after_forward(u.value);
+  if (UnitSchedule* s = schedule_of(unit)) s->forward_end(UnitId(unit));
 }
 
 void EngineImpl::unit_backward_begin(size_t unit) {
-  for (CoordinatorUnit u : checked_unit(unit)) coordinator_->before_backward(u.value);
+  if (UnitSchedule* s = schedule_of(unit)) s->backward_begin(UnitId(unit));
 }
 
 bool EngineImpl::unit_inputs_need_grad(size_t unit) {
-  if (checked_unit(unit).empty()) return false;
-  return unit_release_.inputs_need_grad(UnitId(unit), coordinator_->in_backward());
+  UnitSchedule* s = schedule_of(unit);
+  return s && s->inputs_need_grad(UnitId(unit));
 }
 
 void EngineImpl::unit_inputs_done(size_t unit) {
-  if (!checked_unit(unit).empty() && unit_release_.inputs_done(UnitId(unit)))
-    release_in_backward(UnitId(unit));
-}
-
-void EngineImpl::release_in_backward(UnitId unit) {
-  for (CoordinatorUnit u : groups_.coordinator_units(unit)) coordinator_->backward_done(u.value);
+  if (UnitSchedule* s = schedule_of(unit)) s->inputs_done(UnitId(unit));
 }
 
 void EngineImpl::model_forward_begin() {
   buffers_->forward_begin(comms_->world());
-  if (coordinator_) coordinator_->model_forward_begin();
+  if (units_) units_->model_forward_begin();
 }
 
 void EngineImpl::model_forward_end(bool grad_enabled) {
   // This forward's backward reduces gradients when it ends the accumulation window.
   const int64_t accumulation = plan_.settings.gradient_accumulation_steps;
   buffers_->forward_end(grad_enabled && (pipeline_->micro_steps() + 1) % accumulation == 0);
-  if (coordinator_) coordinator_->model_forward_end(grad_enabled);
+  if (units_) units_->model_forward_end(grad_enabled);
 }
 
 int EngineImpl::touch_unit(size_t unit, bool grad_enabled) {
-  std::vector<int> units;
-  for (CoordinatorUnit u : checked_unit(unit)) units.push_back(static_cast<int>(u.value));
-  if (!units.empty()) coordinator_->touch(units, grad_enabled);
-  return unit_held(unit);
+  UnitSchedule* s = schedule_of(unit);
+  return s ? s->touch(UnitId(unit), grad_enabled) : unit_held(unit);
 }
 
-// The unit's groups held alike, or the least of them.
 int EngineImpl::unit_held(size_t unit) const {
-  auto held = ParamCoordinator::Held::ForUse;
-  for (CoordinatorUnit u : checked_unit(unit)) {
-    const auto h = coordinator_->held(u.value);
-    if (h == ParamCoordinator::Held::No) return static_cast<int>(h);
-    if (h == ParamCoordinator::Held::ForRead) held = h;
-  }
-  return static_cast<int>(held);
+  const UnitSchedule* s = schedule_of(unit);
+  return s ? s->held(UnitId(unit)) : static_cast<int>(ParamCoordinator::Held::ForUse);
 }
 
 void EngineImpl::gather_unit(size_t unit) {
-  for (CoordinatorUnit u : checked_unit(unit)) coordinator_->gather_now(u.value);
+  if (UnitSchedule* s = schedule_of(unit)) s->gather(UnitId(unit));
 }
 
 void EngineImpl::release_unit(size_t unit) {
-  for (CoordinatorUnit u : checked_unit(unit)) coordinator_->release_now(u.value);
+  if (UnitSchedule* s = schedule_of(unit)) s->release(UnitId(unit));
 }
 
 // A gradient of a stage-3 parameter whose unit was never gathered for a use this step
@@ -113,7 +100,8 @@ void EngineImpl::release_unit(size_t unit) {
 // read the parameter outside run_unit. Said here rather than trained on.
 void EngineImpl::check_read(size_t trainable_group, size_t slot) const {
   const GroupRecord& g = groups_.of_trainable(TrainableId(trainable_group));
-  if (!g.coordinator_unit || coordinator_->read_this_step(g.coordinator_unit->value)) return;
+  if (!g.coordinator_unit || units_->coordinator().read_this_step(g.coordinator_unit->value))
+    return;
   fail(
       "stage 3: parameter '{}' got a gradient, but its unit was not gathered in this step, so "
       "what read it read the placeholder a sharded parameter holds between uses; run every "
