@@ -42,13 +42,12 @@ void OffloadOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan>
   shards_.push_back(shard);
   spans_.push_back(std::move(spans));
   if (!shard.device().is_cpu() && !uploads_)
-    uploads_ = std::make_unique<CopyStream>(shard.device());
+    uploads_ = std::make_unique<ShardUploads>(shard.device(), ledger_);
   const int64_t n = shard.numel();
   if (options_.device == OffloadDevice::Cpu) {
     const auto host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
-    master_.push_back(shard.to(host, /*non_blocking=*/false, /*copy=*/true));
-    m_.push_back(at::zeros({n}, host));
-    v_.push_back(at::zeros({n}, host));
+    host_.push_back({shard.to(host, /*non_blocking=*/false, /*copy=*/true), at::zeros({n}, host),
+                     at::zeros({n}, host)});
     entries_.emplace_back(ledger_, Tier::Host, Kind::MasterParams, n * 4);
     entries_.emplace_back(ledger_, Tier::Host, Kind::OptimizerStates, n * 8);
     return;
@@ -102,9 +101,7 @@ uint16_t* OffloadOptimizer::fused_bf16(size_t group, int64_t first, const at::Te
 
 at::Tensor OffloadOptimizer::upload_staging(size_t group, int64_t count) const {
   const at::Tensor& shard = shards_[group];
-  if (shard.device().is_cpu()) return {};
-  // From torch's caching host allocator: kept until the copy that reads it has ended.
-  return at::empty({count}, shard.options().device(at::kCPU).pinned_memory(true));
+  return shard.device().is_cpu() ? at::Tensor() : ShardUploads::staging(shard, count);
 }
 
 void OffloadOptimizer::write_back(size_t group, int64_t first, int64_t count, const float* master,
@@ -116,27 +113,15 @@ void OffloadOptimizer::write_back(size_t group, int64_t first, int64_t count, co
     return;
   }
   if (bf16 == nullptr) staging.copy_(updated);  // compute precision, on the host
-  upload(dst, staging);
-}
-
-void OffloadOptimizer::upload(const at::Tensor& dst, const at::Tensor& staging) {
-  wait_uploads(1);  // at most two staging buffers at a time
-  Upload u;
-  u.staging_bytes = LedgerEntry(ledger_, Tier::Host, Kind::PinnedBuffers, staging.nbytes());
-  u.done = uploads_->copy(dst, staging);
-  in_flight_.push_back(std::move(u));
+  uploads_->upload(dst, staging);
 }
 
 void OffloadOptimizer::wait_uploads(size_t keep) {
-  while (in_flight_.size() > keep) {
-    in_flight_.front().done.wait();
-    in_flight_.pop_front();
-  }
+  if (uploads_) uploads_->wait(keep);
 }
 
 void OffloadOptimizer::order_uploads_before_current() {
-  for (const Upload& u : in_flight_) u.done.before_current();
-  in_flight_.clear();  // their staging stays with torch's host allocator until they end
+  if (uploads_) uploads_->order_before_current();
 }
 
 void OffloadOptimizer::adam(size_t group, const Update& u, int64_t first, int64_t count,
@@ -155,13 +140,13 @@ void OffloadOptimizer::adam(size_t group, const Update& u, int64_t first, int64_
 void OffloadOptimizer::adam_sub_group(size_t r, const Update& u, void* buffer) {
   const SubGroup& sg = sub_groups_[r];
   fault_point("step.nvme_sub_group");
-  if (sg.offset == 0 && begin_group_) begin_group_(sg.group);
+  if (sg.offset == 0 && hooks_.begin) hooks_.begin(sg.group);
   auto* f = static_cast<float*>(buffer);
   adam(sg.group, u, sg.offset, sg.numel, f, f + sg.numel, f + 2 * sg.numel);
   const bool last = sg.offset + sg.numel == shards_[sg.group].numel();
-  if (last && end_group_) {
-    wait_uploads(0);  // what end_group_ does with the shard reads the updated values
-    end_group_(sg.group);
+  if (last && hooks_.end) {
+    wait_uploads(0);  // what the hook does with the shard reads the updated values
+    hooks_.end(sg.group);
   }
 }
 
@@ -208,12 +193,13 @@ void OffloadOptimizer::step_group(size_t group, const at::Tensor& grad, double g
   const Update u{host_grad.data_ptr<float>(), grad_scale, &hypers};
   if (options_.device == OffloadDevice::Cpu) {
     fault_point("step.cpu_group");
-    if (begin_group_) begin_group_(group);
-    adam(group, u, 0, master_[group].numel(), master_[group].data_ptr<float>(),
-         m_[group].data_ptr<float>(), v_[group].data_ptr<float>());
-    if (end_group_) {
+    if (hooks_.begin) hooks_.begin(group);
+    HostState& h = host_[group];
+    adam(group, u, 0, h.master.numel(), h.master.data_ptr<float>(), h.m.data_ptr<float>(),
+         h.v.data_ptr<float>());
+    if (hooks_.end) {
       wait_uploads(0);
-      end_group_(group);
+      hooks_.end(group);
     }
     return;
   }
@@ -225,7 +211,7 @@ void OffloadOptimizer::step_group(size_t group, const at::Tensor& grad, double g
 void OffloadOptimizer::reload_master(size_t group) {
   const at::Tensor& shard = shards_.at(group);
   if (options_.device == OffloadDevice::Cpu) {
-    master_[group].copy_(shard);
+    host_[group].master.copy_(shard);
     return;
   }
   if (!swapper_) open_swap();
@@ -251,9 +237,10 @@ std::vector<size_t> OffloadOptimizer::sub_groups_of(size_t group) const {
 void OffloadOptimizer::read_state(size_t group, float* master, float* m, float* v) {
   const int64_t n = shards_.at(group).numel();
   if (options_.device == OffloadDevice::Cpu) {
-    std::memcpy(master, master_[group].data_ptr<float>(), n * 4);
-    std::memcpy(m, m_[group].data_ptr<float>(), n * 4);
-    std::memcpy(v, v_[group].data_ptr<float>(), n * 4);
+    const HostState& h = host_[group];
+    std::memcpy(master, h.master.data_ptr<float>(), n * 4);
+    std::memcpy(m, h.m.data_ptr<float>(), n * 4);
+    std::memcpy(v, h.v.data_ptr<float>(), n * 4);
     return;
   }
   if (!swapper_) open_swap();
@@ -275,9 +262,10 @@ void OffloadOptimizer::write_state(size_t group, const float* master, const floa
   at::Tensor& shard = shards_.at(group);
   const int64_t n = shard.numel();
   if (options_.device == OffloadDevice::Cpu) {
-    std::memcpy(master_[group].data_ptr<float>(), master, n * 4);
-    std::memcpy(m_[group].data_ptr<float>(), m, n * 4);
-    std::memcpy(v_[group].data_ptr<float>(), v, n * 4);
+    HostState& h = host_[group];
+    std::memcpy(h.master.data_ptr<float>(), master, n * 4);
+    std::memcpy(h.m.data_ptr<float>(), m, n * 4);
+    std::memcpy(h.v.data_ptr<float>(), v, n * 4);
   } else {
     if (!swapper_) open_swap();
     swapper_->update_each(

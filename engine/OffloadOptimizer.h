@@ -6,9 +6,8 @@
 // most sub_group_size elements, each a swap region [master | m | v] that the Swapper
 // streams through the pinned buffers: read ahead, Adam, write behind.
 // Shards on a GPU get their updated values back through page-locked staging and a copy
-// stream (sharding/CopyStream.h), while CPU Adam goes on with the next part;
+// stream (sharding/ShardUploads.h), while CPU Adam goes on with the next part;
 // order_uploads_before_current() then orders them before what the compute stream runs next.
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -16,8 +15,8 @@
 
 #include "common/MemoryLedger.h"
 #include "config/Config.h"
-#include "sharding/CopyStream.h"
 #include "sharding/ShardOptimizer.h"
+#include "sharding/ShardUploads.h"
 
 namespace zeroshard {
 
@@ -78,8 +77,8 @@ class OffloadOptimizer : public ShardOptimizer {
   // Called before a group's first update and after its last (parameter offload brings
   // the shard's storage back and writes it out).
   void on_group(std::function<void(size_t)> begin, std::function<void(size_t)> end) {
-    begin_group_ = std::move(begin);
-    end_group_ = std::move(end);
+    hooks_.begin = std::move(begin);
+    hooks_.end = std::move(end);
   }
   // nvme: where the last pass over the swap file spent its time (zeros before one).
   SwapPassTimes last_swap_pass() const;
@@ -93,6 +92,12 @@ class OffloadOptimizer : public ShardOptimizer {
     size_t group;
     int64_t offset, numel;
   };
+  struct HostState {  // cpu: a group's Adam state
+    at::Tensor master, m, v;
+  };
+  struct GroupHooks {  // on_group()'s
+    std::function<void(size_t)> begin, end;
+  };
   std::vector<size_t> sub_groups_of(size_t group) const;
   std::vector<size_t> all_sub_groups() const;  // nvme: every swap region, in order
   void open_swap();  // nvme: lays out every sub-group and writes the initial state
@@ -102,7 +107,7 @@ class OffloadOptimizer : public ShardOptimizer {
   at::Tensor upload_staging(size_t group, int64_t count) const;  // undefined: a host shard
   void write_back(size_t group, int64_t first, int64_t count, const float* master,
                   const uint16_t* bf16, const at::Tensor& staging);
-  void upload(const at::Tensor& dst, const at::Tensor& staging);
+  void wait_uploads(size_t keep);  // the host waits until at most `keep` are in flight
   // Adam over `count` elements of `group` from element `first`, whose master, m and v
   // start at the given pointers; `grad` is the group's whole fp32 gradient.
   struct Update {
@@ -118,22 +123,15 @@ class OffloadOptimizer : public ShardOptimizer {
   MemoryLedger* ledger_;
   std::vector<at::Tensor> shards_;
   std::vector<std::vector<HyperSpan>> spans_;  // per group
-  std::vector<at::Tensor> master_, m_, v_;     // cpu
+  std::vector<HostState> host_;                // cpu, per group
   std::vector<LedgerEntry> entries_;
   std::vector<SubGroup> sub_groups_;  // nvme
   std::unique_ptr<Swapper> swapper_;
   std::unique_ptr<PinnedPool> pool_;
-  std::function<void(size_t)> begin_group_, end_group_;
+  GroupHooks hooks_;
   int64_t steps_ = 0;
-  std::vector<double> grad_squares_;  // per group, this step's
-  struct Upload {
-    CopyDone done;
-    LedgerEntry staging_bytes;
-  };
-  std::unique_ptr<CopyStream> uploads_;  // shards on a GPU
-  std::deque<Upload>
-      in_flight_;  // issued since the last order_uploads_before_current(), oldest first
-  void wait_uploads(size_t keep);  // the host waits until at most `keep` are in flight
+  std::vector<double> grad_squares_;       // per group, this step's
+  std::unique_ptr<ShardUploads> uploads_;  // shards on a GPU
 };
 
 }  // namespace zeroshard
