@@ -18,20 +18,16 @@
 // of updated shards to the device (on a copy stream, docs/architecture.md) start after
 // the backward kernels already queued there, and finish() orders them before what the
 // training thread's stream runs next.
-#include <condition_variable>
 #include <cstddef>
-#include <deque>
-#include <exception>
 #include <functional>
-#include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Stream.h>
 
 #include "common/AdamHyper.h"
+#include "common/TaskThread.h"
 
 namespace zeroshard {
 
@@ -56,26 +52,12 @@ class OverlappedStep {
   void finish();
 
  private:
-  struct Task {
-    size_t group;
-    std::function<at::Tensor()> gradient;
-  };
-  void work();
-  void run(const Task& task);
-
   OffloadOptimizer* optimizer_;
-  int threads_;
   bool pending_ = false;
   double grad_scale_ = 1.0;
   std::vector<AdamHyper> hypers_;
   std::optional<c10::Stream> stream_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<Task> queue_;
-  size_t running_ = 0;  // tasks taken off the queue and not done
-  std::exception_ptr failure_;
-  bool stop_ = false;
-  std::thread worker_;  // last: started once everything above exists
+  TaskThread worker_;  // last: its thread reads the members above
 };
 
 }  // namespace zeroshard
