@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/MemoryLedger.h"
+#include "sharding/CountedBuffer.h"
 #include "zeroshard/Types.h"  // NamedParam
 
 namespace zeroshard {
@@ -42,11 +43,11 @@ class FlatParamGroup {
   bool sharded() const { return sharded_; }
 
   // The full buffer (for a sharded group, valid only while gathered).
-  const at::Tensor& flat() const { return flat_; }
+  const at::Tensor& flat() const { return flat_.tensor(); }
   // This rank's shard of the parameters: a slice of flat(), or the kept shard (stage 3).
   at::Tensor param_shard() const;
   // The full gradient buffer and this rank's slice of it.
-  const at::Tensor& flat_grad() const { return flat_grad_; }
+  const at::Tensor& flat_grad() const { return grad_.tensor(); }
   at::Tensor grad_shard() const;
 
   // Gradient buffer storage: released after its reduction at stage >= 2 and brought
@@ -67,14 +68,16 @@ class FlatParamGroup {
   void allocate_full(bool fill_own_shard = true);
   void release_full();
   // Stage 3, after the full parameters were written: keep this rank's part of them.
-  void keep_own_slice() { shard_.copy_(own_slice()); }
-  at::Tensor own_slice() const { return flat_.narrow(0, rank_ * shard_numel_, shard_numel_); }
+  void keep_own_slice() { shard_.tensor().copy_(own_slice()); }
+  at::Tensor own_slice() const {
+    return flat_.tensor().narrow(0, rank_ * shard_numel_, shard_numel_);
+  }
 
   // Stage-3 parameter offload: the kept shard's storage is given back while the shard
   // lives on another tier, and brought back (contents undefined) to be written.
   void release_shard();
   void materialize_shard();
-  bool shard_resident() const { return shard_entry_.bytes() > 0; }
+  bool shard_resident() const { return shard_.resident(); }
   // The tier the kept shard is counted under while resident.
   void set_shard_tier(Tier tier, MemoryLedger* ledger);
   // Parameter offload on a GPU: the kept shard moves to page-locked host memory (gathers
@@ -93,13 +96,10 @@ class FlatParamGroup {
   bool gathered_ = true;
   int64_t numel_ = 0;
   int64_t shard_numel_ = 0;
-  at::Tensor flat_;
-  at::Tensor shard_;   // stage 3 only
+  CountedBuffer flat_;
+  CountedBuffer shard_;  // stage 3 only
+  CountedBuffer grad_;
   at::Tensor poison_;  // what released parameters point at
-  at::Tensor flat_grad_;
-  LedgerEntry flat_entry_;
-  LedgerEntry shard_entry_;
-  LedgerEntry grad_entry_;
 };
 
 }  // namespace zeroshard
