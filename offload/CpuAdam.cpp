@@ -140,28 +140,21 @@ Isa pick_isa() {
 
 const Isa kIsa = pick_isa();
 
+// The one of a function's three builds this machine runs.
+template <typename F>
+F for_this_cpu(F avx512, F avx2, F generic) {
+  if (kIsa == Isa::Avx512) return avx512;
+  return kIsa == Isa::Avx2 ? avx2 : generic;
+}
+
 template <typename G>
 Kernel<G> kernel() {
-  switch (kIsa) {
-    case Isa::Avx512:
-      return kernel_avx512<G>;
-    case Isa::Avx2:
-      return kernel_avx2<G>;
-    default:
-      return kernel_generic<G>;
-  }
+  return for_this_cpu<Kernel<G>>(kernel_avx512<G>, kernel_avx2<G>, kernel_generic<G>);
 }
 
 template <typename G>
 Squares<G> squares() {
-  switch (kIsa) {
-    case Isa::Avx512:
-      return squares_avx512<G>;
-    case Isa::Avx2:
-      return squares_avx2<G>;
-    default:
-      return squares_generic<G>;
-  }
+  return for_this_cpu<Squares<G>>(squares_avx512<G>, squares_avx2<G>, squares_generic<G>);
 }
 
 }  // namespace
