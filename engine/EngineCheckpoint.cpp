@@ -96,7 +96,7 @@ Manifest EngineImpl::checkpoint_layout() const {
   }
   m.aliases = groups_.aliases();
   m.rng_offset = offset;
-  const RngStates rng = rng_states_of(device_);
+  const RngStates rng = rng_states_of(device_.where);
   m.rng_bytes = static_cast<int64_t>(rng.bytes.size());
   m.device_rng_bytes = rng.device_bytes;
   m.has_buffers = true;
@@ -163,7 +163,7 @@ void EngineImpl::write_rank_file(const std::string& folder) {
     write_group_slice(GroupId(i), [&](const void* data, int64_t bytes) { out.write(data, bytes); });
     fault_point("save.rank_file");
   }
-  const RngStates rng = rng_states_of(device_);
+  const RngStates rng = rng_states_of(device_.where);
   out.write(rng.bytes.data(), static_cast<int64_t>(rng.bytes.size()));
   if (rank() == 0) {  // rank 0's buffers, the ones every rank gets before a forward
     for (const auto& b : buffers_->all()) {
@@ -314,7 +314,7 @@ LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::
   }
   pipeline_->reducer().zero();
   if (m.world_size == world_size()) {  // each rank's own random stream, when it exists
-    restore_rng_states({reader.read_rng(rank()), m.device_rng_bytes}, device_);
+    restore_rng_states({reader.read_rng(rank()), m.device_rng_bytes}, device_.where);
   }
   return {m.client_state.dump(), m.lr_scheduler.dump()};
 }

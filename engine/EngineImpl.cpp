@@ -147,11 +147,11 @@ void EngineImpl::init(std::vector<NamedParam> params,
   at::set_num_threads(threads);
   set_blas_threads(threads);
   check_contradictions(config);
-  device_ = params.front().param.device();
-  device_capacity_ = device_capacity(device_, env.local_world_size);
+  device_.where = params.front().param.device();
+  device_.capacity = device_capacity(device_.where, env.local_world_size);
   buffers_ =
       std::make_unique<ModuleBuffers>(std::move(buffers), config.broadcast_buffers, &ledger_);
-  plan_ = plan_for(params, buffers_->bytes(), config, env, device_capacity_);
+  plan_ = plan_for(params, buffers_->bytes(), config, env, device_.capacity);
   // Offloaded state comes and goes by design; memory kept by glibc would stay resident
   // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
   if (plan_.option.optimizer == OffloadDevice::None && plan_.option.params == OffloadDevice::None)
@@ -285,7 +285,8 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
 
 void EngineImpl::backward(const at::Tensor& loss) {
   std::optional<c10::Stream> stream;  // where an overlapped step's copies are ordered after
-  if (!device_.is_cpu()) stream = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
+  const c10::Device where = device_.where;
+  if (!where.is_cpu()) stream = c10::impl::getDeviceGuardImpl(where.type())->getStream(where);
   const at::Tensor scaled = pipeline_->begin_backward(
       loss, [this] { return param_group_hypers(); }, stream);
   if (units_) units_->end_forward();
@@ -403,8 +404,8 @@ ModelSpec EngineImpl::spec_of_groups() const {
 MemoryDetail EngineImpl::memory_report() const {
   MemoryDetail r;
   r.measured = ledger_.snapshot();
-  r.device_capacity = device_capacity_;
-  r.allocator = allocator_stats(device_);
+  r.device_capacity = device_.capacity;
+  r.allocator = allocator_stats(device_.where);
   WorldShape world{1, world_size()};
   ModelSpec spec = spec_of_groups();
   TrainingShape shape;
@@ -412,7 +413,7 @@ MemoryDetail EngineImpl::memory_report() const {
     take_shape(spec, activation_shape_->first);
     shape = activation_shape_->second;
   }
-  shape.device_is_host = device_.is_cpu();
+  shape.device_is_host = device_.where.is_cpu();
   r.predicted = predict_memory(spec, plan_.option, plan_.config, world, shape);
   return r;
 }

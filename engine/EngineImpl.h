@@ -158,13 +158,16 @@ class EngineImpl {
   // Offload: the I/O engine and swap directories outlive everything that swaps.
   std::unique_ptr<SwapSpace> swap_;
   std::unique_ptr<StepPipeline> pipeline_;  // reducer, scaler, optimizer, overlapped step
-  ExternalOptimizer* external_ = nullptr;   // the pipeline's optimizer, a torch.optim class
   std::unique_ptr<ParamHome> param_home_;
   ParamGroupTable param_groups_;
   std::unique_ptr<UnitSchedule> units_;  // stage 3: gathers and releases per unit
   std::unique_ptr<ModuleBuffers> buffers_;
-  c10::Device device_{c10::kCPU};  // the model's
-  int64_t device_capacity_ = 0;    // what the plan budgets the device tier with
+  // The model's device, and the bytes the plan budgets that tier with.
+  struct ModelDevice {
+    c10::Device where{c10::kCPU};
+    int64_t capacity = 0;
+  };
+  ModelDevice device_;
 };
 
 }  // namespace zeroshard

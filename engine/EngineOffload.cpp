@@ -66,8 +66,8 @@ void EngineImpl::make_optimizer(bool on_cpu) {
     }
     auto external = std::make_unique<ExternalOptimizer>(plan_.config.optimizer.type, tier, &ledger_,
                                                         std::move(swap));
-    external_ = external.get();
-    pipeline_->set_optimizer(std::move(external), nullptr);
+    ExternalOptimizer* kind = external.get();
+    pipeline_->set_optimizer(std::move(external), nullptr, kind);
     return;
   }
   if (device == OffloadDevice::None) {
@@ -107,7 +107,7 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
   const std::string& dir = swap_->open_dir(op.nvme_path);  // makes io() first
   param_home_ = std::make_unique<ParamHome>(sharded, on_nvme, swap_->io(), dir,
                                             plan_.settings.offload_param.buffer_count, &ledger_,
-                                            /*page_lock=*/!device_.is_cpu());
+                                            /*page_lock=*/!device_.where.is_cpu());
   OffloadOptimizer* offloaded = pipeline_->offloaded();
   if (!offloaded && (plan_.config.optimizer.external || plan_.config.optimizer.type == "Lamb")) {
     fail(

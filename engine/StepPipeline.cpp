@@ -16,9 +16,10 @@ StepPipeline::StepPipeline(const TrainingSettings& settings, int world_size)
 StepPipeline::~StepPipeline() = default;
 
 void StepPipeline::set_optimizer(std::unique_ptr<ShardOptimizer> optimizer,
-                                 OffloadOptimizer* offloaded) {
+                                 OffloadOptimizer* offloaded, ExternalOptimizer* external) {
   optimizer_ = std::move(optimizer);
   offloaded_ = offloaded;
+  external_ = external;
 }
 
 void StepPipeline::set_reducer(std::unique_ptr<GradReducer> reducer) {

@@ -24,6 +24,7 @@ namespace zeroshard {
 class GradReducer;
 class LossScaler;
 class OffloadOptimizer;
+class ExternalOptimizer;
 class OverlappedStep;
 class ShardOptimizer;
 
@@ -42,7 +43,9 @@ class StepPipeline {
   // they are built; `offloaded` is the same object when it is on the host or NVMe), the
   // reducer over the trainable groups, the scaler (fp16), and overlap_step last, on top
   // of the offloaded optimizer and the reducer.
-  void set_optimizer(std::unique_ptr<ShardOptimizer> optimizer, OffloadOptimizer* offloaded);
+  // `offloaded`, `external`: the optimizer itself when it is of that kind, else null.
+  void set_optimizer(std::unique_ptr<ShardOptimizer> optimizer, OffloadOptimizer* offloaded,
+                     ExternalOptimizer* external = nullptr);
   void set_reducer(std::unique_ptr<GradReducer> reducer);
   void set_scaler(std::unique_ptr<LossScaler> scaler);
   void overlap_step(int threads);
@@ -50,6 +53,7 @@ class StepPipeline {
   ShardOptimizer& optimizer() { return *optimizer_; }
   const ShardOptimizer& optimizer() const { return *optimizer_; }
   OffloadOptimizer* offloaded() { return offloaded_; }
+  ExternalOptimizer* external() { return external_; }  // a torch.optim class's
   GradReducer& reducer() { return *reducer_; }
   LossScaler* scaler() { return scaler_.get(); }
 
@@ -81,6 +85,7 @@ class StepPipeline {
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ShardOptimizer> optimizer_;
   OffloadOptimizer* offloaded_ = nullptr;
+  ExternalOptimizer* external_ = nullptr;
   std::unique_ptr<OverlappedStep> overlapped_;
   std::unique_ptr<LossScaler> scaler_;
   bool hypers_changed_ = false;  // set during an overlapped step

@@ -130,11 +130,12 @@ void TrainingEngine::reduce_across_shards(at::Tensor& tensor) {
 }
 
 ExternalOptimizer& TrainingEngine::external_optimizer() {
-  if (!impl_->external_) {
+  ExternalOptimizer* external = impl_->pipeline_->external();
+  if (!external) {
     fail("this engine steps zeroshard's own {}, not a torch.optim class",
          impl_->plan_.config.optimizer.type);
   }
-  return *impl_->external_;
+  return *external;
 }
 
 int64_t TrainingEngine::optimizer_steps() const {
