@@ -81,6 +81,7 @@ void EngineImpl::make_optimizer(bool on_cpu) {
   o.sub_group_numel = z.sub_group_size;
   o.buffer_count = z.offload_optimizer.buffer_count;
   o.page_lock = !on_cpu;
+  o.sum_grad_squares = z.gradient_clipping <= 0;  // StepPipeline::update reads them then
   if (device == OffloadDevice::Nvme) {
     o.swap_dir = swap_->open_dir(z.offload_optimizer.nvme_path);
     o.io = swap_->io();

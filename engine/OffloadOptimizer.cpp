@@ -128,12 +128,13 @@ void OffloadOptimizer::adam(size_t group, const Update& u, int64_t first, int64_
                             float* master, float* m, float* v) {
   const at::Tensor staging = upload_staging(group, count);
   uint16_t* bf16 = fused_bf16(group, first, staging);
-  for_each_span(
-      spans_[group], *u.hypers, first, count, [&](int64_t begin, int64_t n, const AdamHyper& h) {
-        const int64_t at = begin - first;
-        cpu_adam_step(CpuAdamStep{h, steps_, u.grad_scale}, master + at, u.grad + begin, m + at,
-                      v + at, n, bf16 == nullptr ? nullptr : bf16 + at, &grad_squares_.at(group));
-      });
+  for_each_span(spans_[group], *u.hypers, first, count,
+                [&](int64_t begin, int64_t n, const AdamHyper& h) {
+                  const int64_t at = begin - first;
+                  cpu_adam_step(CpuAdamStep{h, steps_, u.grad_scale}, master + at, u.grad + begin,
+                                m + at, v + at, n, bf16 == nullptr ? nullptr : bf16 + at,
+                                options_.sum_grad_squares ? &grad_squares_.at(group) : nullptr);
+                });
   write_back(group, first, count, master, bf16, staging);
 }
 

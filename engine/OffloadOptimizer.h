@@ -32,6 +32,9 @@ struct OffloadOptimizerOptions {
   IoEngine* io = nullptr;  // nvme
   std::string swap_dir;    // nvme: this rank's swap directory
   bool page_lock = false;  // the model is on a GPU: page-lock the swap buffers
+  // Sum the squared gradients in Adam's pass (grad_sum_squares()): the reported norm
+  // when nothing clips; with clipping the norm is taken before the step, so not.
+  bool sum_grad_squares = true;
 };
 
 class OffloadOptimizer : public ShardOptimizer {
