@@ -251,7 +251,7 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   // Shards leave RAM (parameter offload) before the gradient buffers are allocated, so
   // a model as large as host RAM is never held twice.
   if (pipeline_->offloaded()) pipeline_->offloaded()->start();
-  if (stage == 3) place_param_shards(sharded);
+  std::unique_ptr<ParamHome> home = stage == 3 ? place_param_shards(sharded) : nullptr;
   const bool opt_off = plan_.option.optimizer != OffloadDevice::None;
   pipeline_->set_reducer(std::make_unique<GradReducer>(
       trainable, stage, z.overlap_comm, &comms_->shards(), comms_->replicas(), &ledger_,
@@ -267,11 +267,11 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
     coordinator->set_secondary(
         std::make_unique<SecondaryShards>(&comms_->backward_gathers(), sharded.size(), &ledger_));
   }
-  if (param_home_) {
+  if (home) {
     const int lookahead = static_cast<int>(z.offload_param.buffer_count) - 1;
-    coordinator->set_shard_home(param_home_.get(), lookahead);
+    coordinator->set_shard_home(home.get(), lookahead);
   }
-  units_ = std::make_unique<UnitSchedule>(groups_, std::move(coordinator));
+  units_ = std::make_unique<UnitSchedule>(groups_, std::move(coordinator), std::move(home));
   GradReducer& reducer = pipeline_->reducer();
   reducer.on_wait([this] { return units_->coordinator().advance(); });
   reducer.on_gradient([this](size_t group, size_t slot) { check_read(group, slot); });
@@ -304,7 +304,7 @@ bool EngineImpl::step() {
 // After the update: the updated shards reach every rank that holds the whole group.
 bool EngineImpl::finish_step() {
   const TrainingSettings& c = plan_.settings;
-  if (param_home_) param_home_->flush();
+  if (ParamHome* home = param_home()) home->flush();
   fault_point("step.gather");
   if (c.stage >= 1) {
     std::vector<CommHandle> handles;
@@ -401,6 +401,26 @@ ModelSpec EngineImpl::spec_of_groups() const {
   return spec;
 }
 
+ParamHome* EngineImpl::param_home() const {
+  return units_ ? units_->home() : nullptr;
+}
+
+CheckpointParts EngineImpl::checkpoint_parts() {
+  return {plan_,         dist_,     *comms_,      groups_,      *pipeline_,
+          param_groups_, *buffers_, param_home(), units_.get(), device_.where};
+}
+
+std::string EngineImpl::save_checkpoint(const std::string& dir, std::string tag,
+                                        const std::string& client_state_json,
+                                        const std::string& lr_scheduler_json) {
+  return Checkpointer(checkpoint_parts())
+      .save(dir, std::move(tag), client_state_json, lr_scheduler_json);
+}
+
+LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag) {
+  return Checkpointer(checkpoint_parts()).load(dir, tag);
+}
+
 MemoryDetail EngineImpl::memory_report() const {
   MemoryDetail r;
   r.measured = ledger_.snapshot();
@@ -409,9 +429,9 @@ MemoryDetail EngineImpl::memory_report() const {
   WorldShape world{1, world_size()};
   ModelSpec spec = spec_of_groups();
   TrainingShape shape;
-  if (activation_shape_) {
-    take_shape(spec, activation_shape_->first);
-    shape = activation_shape_->second;
+  if (device_.activations) {
+    take_shape(spec, device_.activations->first);
+    shape = device_.activations->second;
   }
   shape.device_is_host = device_.where.is_cpu();
   r.predicted = predict_memory(spec, plan_.option, plan_.config, world, shape);

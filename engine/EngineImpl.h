@@ -1,8 +1,8 @@
 #pragma once
 // What stands behind zeroshard::Engine (engine/TrainingEngine.h): the groups, the process
-// groups, the optimizer, the coordinator, the offload pieces and the checkpoint code,
-// defined across EngineImpl.cpp, EngineUnits.cpp, EngineOffload.cpp and
-// EngineCheckpoint.cpp. Only the engine's own files include this header.
+// groups, the optimizer, the coordinator and the offload pieces, defined across
+// EngineImpl.cpp, EngineUnits.cpp and EngineOffload.cpp; checkpoints are a Checkpointer's
+// (engine/Checkpointer.h). Only the engine's own files include this header.
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -15,7 +15,7 @@
 
 #include "common/Error.h"
 #include "common/MemoryLedger.h"
-#include "engine/Checkpoint.h"
+#include "engine/Checkpointer.h"
 #include "engine/GroupTable.h"
 #include "engine/ProcessGroupSetup.h"
 #include "engine/TrainingEngine.h"
@@ -93,7 +93,7 @@ class EngineImpl {
   // The model's block shape and the batch it trains on: memory_report's prediction then
   // counts activations (none without it: the engine sees parameters, not their use).
   void set_activation_shape(const ModelSpec& shaped, const TrainingShape& batch) {
-    activation_shape_ = std::make_pair(shaped, batch);
+    device_.activations = std::make_pair(shaped, batch);
   }
   int64_t bytes_sent() const;
   void barrier();
@@ -121,22 +121,14 @@ class EngineImpl {
   // exist.
   UnitSchedule* schedule_of(size_t unit) const;
   void check_read(size_t trainable_group, size_t slot) const;
-  Manifest checkpoint_layout() const;
-  void write_group_slice(GroupId group, const std::function<void(const void*, int64_t)>& write);
-  void write_rank_file(const std::string& folder);
-  void publish_checkpoint(const std::string& dir, Manifest& m, const std::string& failure_here);
-  void agree_on_checkpoint(const std::string& tag, const std::function<void()>& collective);
-  void check_layout(const CheckpointReader& reader, const std::string& dir) const;
-  std::vector<ParamGroupOptions> saved_param_groups(const Manifest& m,
-                                                    const std::string& dir) const;
-  void read_range(const CheckpointReader& reader, const FlatParamGroup& group, int array,
-                  int64_t begin, int64_t count, float* out) const;
-  void load_group(const CheckpointReader& reader, GroupId group);
-  void check_buffers(const CheckpointReader& reader, const std::string& dir) const;
-  void load_buffers(const CheckpointReader& reader);
+  // The parts a Checkpointer (engine/Checkpointer.h) saves and loads.
+  CheckpointParts checkpoint_parts();
   void make_optimizer(bool on_cpu);
   void make_overlapped_step(int threads);
-  void place_param_shards(const std::vector<FlatParamGroup*>& sharded);
+  // Puts stage 3's shards where the plan says; those on NVMe get the ParamHome returned.
+  std::unique_ptr<ParamHome> place_param_shards(const std::vector<FlatParamGroup*>& sharded);
+  // Where stage 3's shards on NVMe live (the unit schedule's); null without any.
+  ParamHome* param_home() const;
   void broadcast_initial_values(const std::vector<NamedParam>& params);
   ModelSpec spec_of_groups() const;
   // The layers below index trainable groups (the reducer, the optimizer) and coordinator
@@ -150,7 +142,6 @@ class EngineImpl {
 
   std::shared_ptr<torch::nn::Module> module_;
   Plan plan_;
-  std::optional<std::pair<ModelSpec, TrainingShape>> activation_shape_;
   DistContext dist_;
   MemoryLedger ledger_;                   // before everything that registers in it
   std::unique_ptr<Communicators> comms_;  // every collective, by the job it does
@@ -158,14 +149,15 @@ class EngineImpl {
   // Offload: the I/O engine and swap directories outlive everything that swaps.
   std::unique_ptr<SwapSpace> swap_;
   std::unique_ptr<StepPipeline> pipeline_;  // reducer, scaler, optimizer, overlapped step
-  std::unique_ptr<ParamHome> param_home_;
   ParamGroupTable param_groups_;
-  std::unique_ptr<UnitSchedule> units_;  // stage 3: gathers and releases per unit
+  std::unique_ptr<UnitSchedule> units_;  // stage 3: gathers and releases per unit, ParamHome
   std::unique_ptr<ModuleBuffers> buffers_;
-  // The model's device, and the bytes the plan budgets that tier with.
+  // The model's device, the bytes the plan budgets that tier with, and the activations
+  // memory_report counts on it (set_activation_shape; none: it counts none).
   struct ModelDevice {
     c10::Device where{c10::kCPU};
     int64_t capacity = 0;
+    std::optional<std::pair<ModelSpec, TrainingShape>> activations;
   };
   ModelDevice device_;
 };

@@ -93,10 +93,11 @@ void EngineImpl::make_optimizer(bool on_cpu) {
 
 // Stage-3 parameter offload: each sharded unit's shard goes where the memory model
 // puts it (the same function decides both).
-void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded) {
+std::unique_ptr<ParamHome> EngineImpl::place_param_shards(
+    const std::vector<FlatParamGroup*>& sharded) {
   const auto& op = plan_.config.zero.offload_param;
   const OffloadDevice device = plan_.option.params;
-  if (device == OffloadDevice::None) return;
+  if (device == OffloadDevice::None) return nullptr;
   const ParamPlacement placed =
       zeroshard::place_param_shards(spec_of_groups(), device, op, shard_count());
   std::vector<bool> on_nvme(sharded.size(), device == OffloadDevice::Nvme);
@@ -104,11 +105,11 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
   for (size_t u = 0; u < sharded.size(); ++u) {
     if (!on_nvme[u]) sharded[u]->set_shard_tier(Tier::Host, &ledger_);
   }
-  if (device != OffloadDevice::Nvme) return;
+  if (device != OffloadDevice::Nvme) return nullptr;
   const std::string& dir = swap_->open_dir(op.nvme_path);  // makes io() first
-  param_home_ = std::make_unique<ParamHome>(sharded, on_nvme, swap_->io(), dir,
-                                            plan_.settings.offload_param.buffer_count, &ledger_,
-                                            /*page_lock=*/!device_.where.is_cpu());
+  auto home = std::make_unique<ParamHome>(sharded, on_nvme, swap_->io(), dir,
+                                          plan_.settings.offload_param.buffer_count, &ledger_,
+                                          /*page_lock=*/!device_.where.is_cpu());
   OffloadOptimizer* offloaded = pipeline_->offloaded();
   if (!offloaded && (plan_.config.optimizer.external || plan_.config.optimizer.type == "Lamb")) {
     fail(
@@ -124,12 +125,13 @@ void EngineImpl::place_param_shards(const std::vector<FlatParamGroup*>& sharded)
         "with parameters on NVMe, or offload_param.device cpu");
   }
   offloaded->on_group(
-      [this](size_t g) {
-        if (unit_of_trainable(g) >= 0) param_home_->open_for_update(unit_of_trainable(g));
+      [this, at = home.get()](size_t g) {
+        if (unit_of_trainable(g) >= 0) at->open_for_update(unit_of_trainable(g));
       },
-      [this](size_t g) {
-        if (unit_of_trainable(g) >= 0) param_home_->store(unit_of_trainable(g));
+      [this, at = home.get()](size_t g) {
+        if (unit_of_trainable(g) >= 0) at->store(unit_of_trainable(g));
       });
+  return home;
 }
 
 // offload_optimizer.overlap_step (engine/OverlappedStep.h), as the Planner resolved it:

@@ -126,17 +126,17 @@ void EngineImpl::commit_parameters(int src_rank) {
     FlatParamGroup* g = &trainable_group(i);
     const int u = unit_of_trainable(i);
     if (g->sharded() && !g->gathered()) continue;
-    ShardUpdate update(param_home_.get(), u);
+    ShardUpdate update(param_home(), u);
     if (g->sharded()) g->keep_own_slice();
     pipeline_->optimizer().reload_master(i);
   }
   for (const GroupRecord& record : groups_) {  // frozen units: their shard only
     FlatParamGroup* g = record.flat.get();
     if (record.trainable || !g->sharded() || !g->gathered()) continue;
-    ShardUpdate update(param_home_.get(), static_cast<int>(record.coordinator_unit->value));
+    ShardUpdate update(param_home(), static_cast<int>(record.coordinator_unit->value));
     g->keep_own_slice();
   }
-  if (param_home_) param_home_->flush();
+  if (ParamHome* home = param_home()) home->flush();
 }
 
 }  // namespace zeroshard

@@ -14,7 +14,7 @@
 // hooks (the Python package), or broadcast() at the end of each optimizer step for a
 // LibTorch module, which has no hooks: its next forward sees the same buffers.
 //
-// Checkpoints hold rank 0's persistent buffers once (engine/EngineCheckpoint.cpp);
+// Checkpoints hold rank 0's persistent buffers once (engine/Checkpointer.cpp);
 // the ledger counts all of them as the device tier's `buffers`.
 #include <cstdint>
 #include <string>

@@ -37,7 +37,7 @@ OffloadOptimizer::OffloadOptimizer(const OffloadOptimizerOptions& options, Memor
 OffloadOptimizer::~OffloadOptimizer() = default;
 
 void OffloadOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan> spans) {
-  if (swapper_) fail("OffloadOptimizer: add_group after the first step");
+  if (nvme_.swapper) fail("OffloadOptimizer: add_group after the first step");
   const size_t group = shards_.size();
   shards_.push_back(shard);
   spans_.push_back(std::move(spans));
@@ -53,36 +53,37 @@ void OffloadOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan>
     return;
   }
   for (int64_t off = 0; off < n; off += options_.sub_group_numel) {
-    sub_groups_.push_back({group, off, std::min(options_.sub_group_numel, n - off)});
+    nvme_.sub_groups.push_back({group, off, std::min(options_.sub_group_numel, n - off)});
   }
 }
 
 void OffloadOptimizer::start() {
-  if (options_.device == OffloadDevice::Nvme && !swapper_) open_swap();
+  if (options_.device == OffloadDevice::Nvme && !nvme_.swapper) open_swap();
 }
 
 void OffloadOptimizer::open_swap() {
   std::vector<int64_t> bytes;
   int64_t largest = 0;
-  for (const auto& s : sub_groups_) {
+  for (const auto& s : nvme_.sub_groups) {
     bytes.push_back(region_bytes(s.numel));
     largest = std::max(largest, s.numel);
   }
   const int64_t slots = std::max<int64_t>(1, options_.buffer_count);
-  pool_ = std::make_unique<PinnedPool>(slots, region_bytes(largest), ledger_, options_.page_lock);
-  options_.io->register_buffers(pool_->all());
+  nvme_.pool =
+      std::make_unique<PinnedPool>(slots, region_bytes(largest), ledger_, options_.page_lock);
+  options_.io->register_buffers(nvme_.pool->all());
   // The swap regions hold master and m+v: counted under those two kinds.
-  swapper_ = std::make_unique<Swapper>(options_.io, options_.swap_dir, "optimizer", bytes, nullptr,
-                                       Kind::OptimizerStates);
+  nvme_.swapper = std::make_unique<Swapper>(options_.io, options_.swap_dir, "optimizer", bytes,
+                                            nullptr, Kind::OptimizerStates);
   int64_t total = 0;
-  for (const auto& s : sub_groups_) total += s.numel;
+  for (const auto& s : nvme_.sub_groups) total += s.numel;
   entries_.emplace_back(ledger_, Tier::Nvme, Kind::MasterParams, total * 4);
   entries_.emplace_back(ledger_, Tier::Nvme, Kind::OptimizerStates, total * 8);
   // First state: master = the parameters, m = v = 0, written through the same pipeline.
-  swapper_->update_each(
-      all_sub_groups(), *pool_,
+  nvme_.swapper->update_each(
+      all_sub_groups(), *nvme_.pool,
       [&](size_t r, void* buffer) {
-        const SubGroup& s = sub_groups_[r];
+        const SubGroup& s = nvme_.sub_groups[r];
         auto* f = static_cast<float*>(buffer);
         at::Tensor master = at::from_blob(f, {s.numel}, at::kFloat);
         master.copy_(shards_[s.group].narrow(0, s.offset, s.numel));
@@ -139,7 +140,7 @@ void OffloadOptimizer::adam(size_t group, const Update& u, int64_t first, int64_
 }
 
 void OffloadOptimizer::adam_sub_group(size_t r, const Update& u, void* buffer) {
-  const SubGroup& sg = sub_groups_[r];
+  const SubGroup& sg = nvme_.sub_groups[r];
   fault_point("step.nvme_sub_group");
   if (sg.offset == 0 && hooks_.begin) hooks_.begin(sg.group);
   auto* f = static_cast<float*>(buffer);
@@ -158,14 +159,14 @@ double OffloadOptimizer::grad_sum_squares() const {
 }
 
 SwapPassTimes OffloadOptimizer::last_swap_pass() const {
-  return swapper_ ? swapper_->last_pass() : SwapPassTimes{};
+  return nvme_.swapper ? nvme_.swapper->last_pass() : SwapPassTimes{};
 }
 
 void OffloadOptimizer::io_pass() {
   if (options_.device != OffloadDevice::Nvme)
     fail("OffloadOptimizer::io_pass: the optimizer state is in host RAM, not on NVMe");
-  if (!swapper_) open_swap();
-  swapper_->update_each(all_sub_groups(), *pool_, [](size_t, void*) {});
+  if (!nvme_.swapper) open_swap();
+  nvme_.swapper->update_each(all_sub_groups(), *nvme_.pool, [](size_t, void*) {});
 }
 
 void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_scale,
@@ -180,9 +181,9 @@ void OffloadOptimizer::step(const std::vector<at::Tensor>& grads, double grad_sc
   // NVMe: one pipeline over every sub-group of every group, reads running ahead.
   std::vector<at::Tensor> host_grads;
   for (const auto& g : grads) host_grads.push_back(g.to(at::kCPU, at::kFloat).contiguous());
-  if (!swapper_) open_swap();
-  swapper_->update_each(all_sub_groups(), *pool_, [&](size_t r, void* buffer) {
-    const Update u{host_grads[sub_groups_[r].group].data_ptr<float>(), grad_scale, &hypers};
+  if (!nvme_.swapper) open_swap();
+  nvme_.swapper->update_each(all_sub_groups(), *nvme_.pool, [&](size_t r, void* buffer) {
+    const Update u{host_grads[nvme_.sub_groups[r].group].data_ptr<float>(), grad_scale, &hypers};
     adam_sub_group(r, u, buffer);
   });
   order_uploads_before_current();
@@ -204,9 +205,9 @@ void OffloadOptimizer::step_group(size_t group, const at::Tensor& grad, double g
     }
     return;
   }
-  if (!swapper_) open_swap();
-  swapper_->update_each(sub_groups_of(group), *pool_,
-                        [&](size_t r, void* buffer) { adam_sub_group(r, u, buffer); });
+  if (!nvme_.swapper) open_swap();
+  nvme_.swapper->update_each(sub_groups_of(group), *nvme_.pool,
+                             [&](size_t r, void* buffer) { adam_sub_group(r, u, buffer); });
 }
 
 void OffloadOptimizer::reload_master(size_t group) {
@@ -215,23 +216,23 @@ void OffloadOptimizer::reload_master(size_t group) {
     host_[group].master.copy_(shard);
     return;
   }
-  if (!swapper_) open_swap();
-  swapper_->update_each(sub_groups_of(group), *pool_, [&](size_t r, void* buffer) {
-    const SubGroup& s = sub_groups_[r];
+  if (!nvme_.swapper) open_swap();
+  nvme_.swapper->update_each(sub_groups_of(group), *nvme_.pool, [&](size_t r, void* buffer) {
+    const SubGroup& s = nvme_.sub_groups[r];
     at::from_blob(buffer, {s.numel}, at::kFloat).copy_(shard.narrow(0, s.offset, s.numel));
   });
 }
 
 std::vector<size_t> OffloadOptimizer::all_sub_groups() const {
-  std::vector<size_t> order(sub_groups_.size());
+  std::vector<size_t> order(nvme_.sub_groups.size());
   std::iota(order.begin(), order.end(), size_t{0});
   return order;
 }
 
 std::vector<size_t> OffloadOptimizer::sub_groups_of(size_t group) const {
   std::vector<size_t> order;
-  for (size_t r = 0; r < sub_groups_.size(); ++r)
-    if (sub_groups_[r].group == group) order.push_back(r);
+  for (size_t r = 0; r < nvme_.sub_groups.size(); ++r)
+    if (nvme_.sub_groups[r].group == group) order.push_back(r);
   return order;
 }
 
@@ -244,12 +245,12 @@ void OffloadOptimizer::read_state(size_t group, float* master, float* m, float* 
     std::memcpy(v, h.v.data_ptr<float>(), n * 4);
     return;
   }
-  if (!swapper_) open_swap();
+  if (!nvme_.swapper) open_swap();
   // Streamed one sub-group at a time through the pinned buffers.
-  swapper_->update_each(
-      sub_groups_of(group), *pool_,
+  nvme_.swapper->update_each(
+      sub_groups_of(group), *nvme_.pool,
       [&](size_t r, void* buffer) {
-        const SubGroup& s = sub_groups_[r];
+        const SubGroup& s = nvme_.sub_groups[r];
         const auto* f = static_cast<const float*>(buffer);
         std::memcpy(master + s.offset, f, s.numel * 4);
         std::memcpy(m + s.offset, f + s.numel, s.numel * 4);
@@ -268,11 +269,11 @@ void OffloadOptimizer::write_state(size_t group, const float* master, const floa
     std::memcpy(h.m.data_ptr<float>(), m, n * 4);
     std::memcpy(h.v.data_ptr<float>(), v, n * 4);
   } else {
-    if (!swapper_) open_swap();
-    swapper_->update_each(
-        sub_groups_of(group), *pool_,
+    if (!nvme_.swapper) open_swap();
+    nvme_.swapper->update_each(
+        sub_groups_of(group), *nvme_.pool,
         [&](size_t r, void* buffer) {
-          const SubGroup& s = sub_groups_[r];
+          const SubGroup& s = nvme_.sub_groups[r];
           auto* f = static_cast<float*>(buffer);
           std::memcpy(f, master + s.offset, s.numel * 4);
           std::memcpy(f + s.numel, m + s.offset, s.numel * 4);

@@ -98,6 +98,11 @@ class OffloadOptimizer : public ShardOptimizer {
   struct HostState {  // cpu: a group's Adam state
     at::Tensor master, m, v;
   };
+  struct NvmeState {  // the state's swap regions, their swap file and their pinned buffers
+    std::vector<SubGroup> sub_groups;
+    std::unique_ptr<Swapper> swapper;
+    std::unique_ptr<PinnedPool> pool;
+  };
   struct GroupHooks {  // on_group()'s
     std::function<void(size_t)> begin, end;
   };
@@ -128,9 +133,7 @@ class OffloadOptimizer : public ShardOptimizer {
   std::vector<std::vector<HyperSpan>> spans_;  // per group
   std::vector<HostState> host_;                // cpu, per group
   std::vector<LedgerEntry> entries_;
-  std::vector<SubGroup> sub_groups_;  // nvme
-  std::unique_ptr<Swapper> swapper_;
-  std::unique_ptr<PinnedPool> pool_;
+  NvmeState nvme_;
   GroupHooks hooks_;
   int64_t steps_ = 0;
   std::vector<double> grad_squares_;       // per group, this step's

@@ -1,11 +1,13 @@
 #include "engine/UnitSchedule.h"
 
+#include "engine/ParamHome.h"
 #include "sharding/ParamCoordinator.h"
 
 namespace zeroshard {
 
-UnitSchedule::UnitSchedule(const GroupTable& groups, std::unique_ptr<ParamCoordinator> coordinator)
-    : groups_(groups), coordinator_(std::move(coordinator)) {
+UnitSchedule::UnitSchedule(const GroupTable& groups, std::unique_ptr<ParamCoordinator> coordinator,
+                           std::unique_ptr<ParamHome> home)
+    : groups_(groups), home_(std::move(home)), coordinator_(std::move(coordinator)) {
   release_.init(groups_);
 }
 

@@ -17,11 +17,14 @@
 namespace zeroshard {
 
 class ParamCoordinator;
+class ParamHome;
 
 class UnitSchedule {
  public:
-  // `groups` outlives the schedule; the coordinator is the schedule's from here on.
-  UnitSchedule(const GroupTable& groups, std::unique_ptr<ParamCoordinator> coordinator);
+  // `groups` outlives the schedule; the coordinator is the schedule's from here on, and
+  // so is `home`, where the coordinator finds shards kept on NVMe (null: none are).
+  UnitSchedule(const GroupTable& groups, std::unique_ptr<ParamCoordinator> coordinator,
+               std::unique_ptr<ParamHome> home = nullptr);
   ~UnitSchedule();
   UnitSchedule(const UnitSchedule&) = delete;
   UnitSchedule& operator=(const UnitSchedule&) = delete;
@@ -29,6 +32,7 @@ class UnitSchedule {
   // For what addresses coordinator units directly (checkpoints, whole-model reads).
   ParamCoordinator& coordinator() { return *coordinator_; }
   const ParamCoordinator& coordinator() const { return *coordinator_; }
+  ParamHome* home() const { return home_.get(); }
 
   // A unit's forward and the start of its backward (run_unit, Python's module hooks).
   void forward_begin(UnitId unit);
@@ -61,6 +65,7 @@ class UnitSchedule {
   void release_in_backward(UnitId unit);
 
   const GroupTable& groups_;
+  std::unique_ptr<ParamHome> home_;  // before the coordinator, which reads it
   std::unique_ptr<ParamCoordinator> coordinator_;
   UnitRelease release_;
 };

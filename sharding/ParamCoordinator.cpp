@@ -68,20 +68,20 @@ void ParamCoordinator::launch_gather(size_t unit, Collectives* explicit_comm) {
     state_[unit].pending = secondary_->gather(unit, *u);
     return;
   }
-  const bool at_home = home_ != nullptr && home_->holds(unit);
+  const bool at_home = home_.shards != nullptr && home_.shards->holds(unit);
   u->allocate_full(/*fill_own_shard=*/!at_home);
-  if (at_home) home_->fill(unit, u->own_slice());
+  if (at_home) home_.shards->fill(unit, u->own_slice());
   state_[unit].pending = (in_walk ? comm_ : explicit_comm)->all_gather(u->flat());
-  if (home_ == nullptr || phase_ == Phase::Idle || !in_walk) return;
+  if (home_.shards == nullptr || phase_ == Phase::Idle || !in_walk) return;
   const auto& o = order();
-  for (size_t p = cursor_; p < std::min(o.size(), cursor_ + lookahead_); ++p) {
-    if (home_->holds(o[p])) home_->prefetch(o[p]);
+  for (size_t p = cursor_; p < std::min(o.size(), cursor_ + home_.lookahead); ++p) {
+    if (home_.shards->holds(o[p])) home_.shards->prefetch(o[p]);
   }
 }
 
 void ParamCoordinator::set_shard_home(ShardHome* home, int lookahead) {
-  home_ = home;
-  lookahead_ = std::max(0, lookahead);
+  home_.shards = home;
+  home_.lookahead = std::max(0, lookahead);
 }
 
 void ParamCoordinator::gather_now(size_t unit) {

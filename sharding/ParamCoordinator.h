@@ -159,8 +159,11 @@ class ParamCoordinator {
   std::vector<size_t> idle_touched_;
   size_t cursor_ = 0;  // next position of the walk
   Phase phase_ = Phase::Idle;
-  ShardHome* home_ = nullptr;
-  int lookahead_ = 0;
+  struct Home {  // set_shard_home's
+    ShardHome* shards = nullptr;
+    int lookahead = 0;
+  };
+  Home home_;
   std::unique_ptr<SecondaryShards> secondary_;
 };
 

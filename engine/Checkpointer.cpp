@@ -1,4 +1,4 @@
-// EngineImpl::save_checkpoint / load_checkpoint (the format: engine/Checkpoint.h).
+// Checkpointer::save / load_checkpoint (the format: engine/Checkpoint.h).
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -11,13 +11,17 @@
 #include "common/FaultPoint.h"
 #include "common/Files.h"
 #include "engine/Checkpoint.h"
+#include "engine/Checkpointer.h"
 #include "engine/Communicators.h"
-#include "engine/EngineImpl.h"
+#include "engine/ModuleBuffers.h"
+#include "engine/ParamGroups.h"
 #include "engine/ParamHome.h"
+#include "engine/ProcessGroupSetup.h"
 #include "engine/RngStates.h"
 #include "engine/StepPipeline.h"
 #include "engine/UnitSchedule.h"
 #include "offload/SwapFile.h"
+#include "plan/Planner.h"
 #include "sharding/Collectives.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
@@ -70,19 +74,31 @@ void make_dir(const std::string& path) {
 
 }  // namespace
 
-Manifest EngineImpl::checkpoint_layout() const {
+int Checkpointer::rank() const {
+  return p_.dist.env.rank;
+}
+
+int Checkpointer::shard_rank() const {
+  return p_.dist.shard_rank();
+}
+
+int Checkpointer::shard_count() const {
+  return p_.dist.shard_size;
+}
+
+Manifest Checkpointer::layout() const {
   Manifest m;
   // One file per shard: with shard groups (mics_shard_size) the first group writes them,
   // the others hold the same shards.
   m.world_size = shard_count();
-  m.stage = plan_.settings.stage;
-  m.optimizer_steps = pipeline_->optimizer().steps();
-  m.micro_steps = pipeline_->micro_steps();
-  m.config_yaml = emit_config_yaml(plan_.config);
-  m.optimizer_state = pipeline_->optimizer().state_names();
-  m.optimizer_scalars = nlohmann::json::parse(pipeline_->optimizer().scalar_state());
+  m.stage = p_.plan.settings.stage;
+  m.optimizer_steps = p_.pipeline.optimizer().steps();
+  m.micro_steps = p_.pipeline.micro_steps();
+  m.config_yaml = emit_config_yaml(p_.plan.config);
+  m.optimizer_state = p_.pipeline.optimizer().state_names();
+  m.optimizer_scalars = nlohmann::json::parse(p_.pipeline.optimizer().scalar_state());
   int64_t offset = 0;
-  for (const GroupRecord& record : groups_) {
+  for (const GroupRecord& record : p_.groups) {
     const auto& g = record.flat;
     SavedGroup sg;
     sg.shard_numel = g->shard_numel();
@@ -94,21 +110,21 @@ Manifest EngineImpl::checkpoint_layout() const {
     offset += sg.bytes();
     m.groups.push_back(std::move(sg));
   }
-  m.aliases = groups_.aliases();
+  m.aliases = p_.groups.aliases();
   m.rng_offset = offset;
-  const RngStates rng = rng_states_of(device_.where);
+  const RngStates rng = rng_states_of(p_.device);
   m.rng_bytes = static_cast<int64_t>(rng.bytes.size());
   m.device_rng_bytes = rng.device_bytes;
   m.has_buffers = true;
   int64_t pos = m.rng_offset + m.rng_bytes;
-  for (const auto& b : buffers_->all()) {
+  for (const auto& b : p_.buffers.all()) {
     if (!b.persistent) continue;
     const int64_t bytes = b.tensor.numel() * static_cast<int64_t>(b.tensor.element_size());
     m.buffers.push_back(
         {b.name, torch_dtype_name(b.tensor.scalar_type()), b.tensor.sizes().vec(), pos, bytes});
     pos += bytes;
   }
-  if (const LossScaler* scaler = pipeline_->scaler()) {
+  if (const LossScaler* scaler = p_.pipeline.scaler()) {
     const auto s = scaler->state();
     m.loss_scale = {{"scale", s.scale},
                     {"hysteresis_left", s.hysteresis_left},
@@ -118,15 +134,15 @@ Manifest EngineImpl::checkpoint_layout() const {
   return m;
 }
 
-std::string EngineImpl::save_checkpoint(const std::string& dir, std::string tag,
-                                        const std::string& client_state_json,
-                                        const std::string& lr_scheduler_json) {
-  if (tag.empty()) tag = fmt::format("global_step{}", pipeline_->optimizer().steps());
+std::string Checkpointer::save(const std::string& dir, std::string tag,
+                               const std::string& client_state_json,
+                               const std::string& lr_scheduler_json) {
+  if (tag.empty()) tag = fmt::format("global_step{}", p_.pipeline.optimizer().steps());
   if (tag.find('/') != std::string::npos || tag == "latest" || tag[0] == '.') {
     fail("checkpoint tag '{}' is not allowed; allowed: a plain name (no '/', not 'latest')", tag);
   }
   fault_point("save.begin");
-  Manifest m = checkpoint_layout();
+  Manifest m = layout();
   m.tag = tag;
   try {
     m.client_state = nlohmann::json::parse(client_state_json.empty() ? "{}" : client_state_json);
@@ -139,8 +155,8 @@ std::string EngineImpl::save_checkpoint(const std::string& dir, std::string tag,
     fail("lr_scheduler state is not plain data (JSON): {}", e.what());
   }
   m.param_groups = nlohmann::json::array();
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    m.param_groups.push_back(options_json(param_groups_.options(g)));
+  for (size_t g = 0; g < p_.param_groups.size(); ++g) {
+    m.param_groups.push_back(options_json(p_.param_groups.options(g)));
   }
   const std::string folder = dir + "/" + tag;
   make_dir(dir);
@@ -151,22 +167,22 @@ std::string EngineImpl::save_checkpoint(const std::string& dir, std::string tag,
   } catch (const Error& e) {
     failure = e.what();  // the other ranks hear of it in publish_checkpoint
   }
-  publish_checkpoint(dir, m, failure);
+  publish(dir, m, failure);
   return tag;
 }
 
-void EngineImpl::write_rank_file(const std::string& folder) {
+void Checkpointer::write_rank_file(const std::string& folder) {
   const std::string file = folder + fmt::format("/rank{}.bin", rank());
   FileWriter out(file + ".tmp", "checkpoint");
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < groups_.size(); ++i) {
+  for (size_t i = 0; i < p_.groups.size(); ++i) {
     write_group_slice(GroupId(i), [&](const void* data, int64_t bytes) { out.write(data, bytes); });
     fault_point("save.rank_file");
   }
-  const RngStates rng = rng_states_of(device_.where);
+  const RngStates rng = rng_states_of(p_.device);
   out.write(rng.bytes.data(), static_cast<int64_t>(rng.bytes.size()));
   if (rank() == 0) {  // rank 0's buffers, the ones every rank gets before a forward
-    for (const auto& b : buffers_->all()) {
+    for (const auto& b : p_.buffers.all()) {
       if (!b.persistent) continue;
       const at::Tensor bytes = ModuleBuffers::host_bytes(b.tensor);
       out.write(bytes.data_ptr(), bytes.numel());
@@ -178,8 +194,7 @@ void EngineImpl::write_rank_file(const std::string& folder) {
 
 // A collective, not a store wait: a peer that died fails it at once (its sockets close)
 // instead of after the whole timeout.
-void EngineImpl::agree_on_checkpoint(const std::string& tag,
-                                     const std::function<void()>& collective) {
+void Checkpointer::agree(const std::string& tag, const std::function<void()>& collective) {
   try {
     collective();
   } catch (const Error& e) {
@@ -188,13 +203,12 @@ void EngineImpl::agree_on_checkpoint(const std::string& tag,
   }
 }
 
-void EngineImpl::publish_checkpoint(const std::string& dir, Manifest& m,
-                                    const std::string& failure_here) {
+void Checkpointer::publish(const std::string& dir, Manifest& m, const std::string& failure_here) {
   // Every rank's file is complete before the manifest names it, and `latest` moves only
   // after the manifest: a crash at any point leaves the previous tag loadable.
   const std::string folder = dir + "/" + m.tag;
   const std::string mine = fmt::format("rank{}.bin", rank());
-  at::Tensor files = at::zeros({world_size(), 3}, at::kLong);  // (written, crc, bytes)
+  at::Tensor files = at::zeros({p_.dist.env.world_size, 3}, at::kLong);  // (written, crc, bytes)
   if (failure_here.empty() && rank() < m.world_size) {
     struct stat st {};
     ::stat((folder + "/" + mine).c_str(), &st);
@@ -203,7 +217,7 @@ void EngineImpl::publish_checkpoint(const std::string& dir, Manifest& m,
     files[rank()][2] = static_cast<int64_t>(st.st_size);
   }
   fault_point("save.publish");
-  agree_on_checkpoint(m.tag, [&] { comms_->world().all_gather(files.view({-1})).wait(); });
+  agree(m.tag, [&] { p_.comms.world().all_gather(files.view({-1})).wait(); });
   if (!failure_here.empty()) {
     fail("rank {}: saving checkpoint '{}' failed: {}; the previous checkpoint stays the latest",
          rank(), m.tag, failure_here);
@@ -237,7 +251,7 @@ void EngineImpl::publish_checkpoint(const std::string& dir, Manifest& m,
       failure = e.what();  // told to the other ranks before it is raised here
     }
   }
-  agree_on_checkpoint(m.tag, [&] { comms_->world().broadcast(published, 0).wait(); });
+  agree(m.tag, [&] { p_.comms.world().broadcast(published, 0).wait(); });
   if (!failure.empty()) fail("rank 0: saving checkpoint '{}' failed: {}", m.tag, failure);
   if (published.item<int64_t>() == 0) {
     fail(
@@ -250,19 +264,19 @@ void EngineImpl::publish_checkpoint(const std::string& dir, Manifest& m,
 // This rank's slice [r*S, (r+1)*S) of group `i`: fp32 master and the optimizer's state
 // arrays if trainable, the parameters otherwise. Offloaded state is streamed from its
 // tier one group at a time.
-void EngineImpl::write_group_slice(GroupId i,
-                                   const std::function<void(const void*, int64_t)>& write) {
-  const GroupRecord& record = groups_[i];
+void Checkpointer::write_group_slice(GroupId i,
+                                     const std::function<void(const void*, int64_t)>& write) {
+  const GroupRecord& record = p_.groups[i];
   FlatParamGroup* g = record.flat.get();
   const int64_t S = g->shard_numel();
   if (record.trainable) {
     const size_t t = record.trainable->value;
-    const int64_t n = pipeline_->optimizer().group_numel(t);
-    const size_t count = 1 + pipeline_->optimizer().state_names().size();
+    const int64_t n = p_.pipeline.optimizer().group_numel(t);
+    const size_t count = 1 + p_.pipeline.optimizer().state_names().size();
     std::vector<std::vector<float>> arrays(count, std::vector<float>(n));
     std::vector<float*> data;
     for (auto& a : arrays) data.push_back(a.data());
-    pipeline_->optimizer().read_state(t, data);
+    p_.pipeline.optimizer().read_state(t, data);
     const int64_t from = n == S ? 0 : shard_rank() * S;  // stage 0: the optimizer holds it all
     for (const auto& a : arrays) write(a.data() + from, S * 4);
     return;
@@ -271,9 +285,9 @@ void EngineImpl::write_group_slice(GroupId i,
   at::Tensor values;
   if (!g->sharded()) {
     values = g->own_slice();
-  } else if (param_home_ && param_home_->holds(u)) {
+  } else if (p_.param_home && p_.param_home->holds(u)) {
     values = at::empty({S}, g->flat().options());
-    param_home_->fill(u, values);
+    p_.param_home->fill(u, values);
   } else {
     values = g->param_shard();
   }
@@ -281,7 +295,7 @@ void EngineImpl::write_group_slice(GroupId i,
   write(values.data_ptr(), S * static_cast<int64_t>(values.element_size()));
 }
 
-LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag) {
+LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& tag) {
   const Manifest m = read_manifest(dir, tag);
   const CheckpointReader reader(dir, m);
   check_layout(reader, dir);  // before anything changes
@@ -289,32 +303,32 @@ LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::
   at::NoGradGuard no_grad;
   // The step counts first: an optimizer that keeps them per parameter (torch.optim's)
   // sets them as each group's state arrives.
-  pipeline_->optimizer().set_steps(m.optimizer_steps);
-  pipeline_->optimizer().set_scalar_state(m.optimizer_scalars.dump());
-  for (size_t i = 0; i < groups_.size(); ++i) {
+  p_.pipeline.optimizer().set_steps(m.optimizer_steps);
+  p_.pipeline.optimizer().set_scalar_state(m.optimizer_scalars.dump());
+  for (size_t i = 0; i < p_.groups.size(); ++i) {
     fault_point("load.group");
     load_group(reader, GroupId(i));
   }
   load_buffers(reader);
   std::vector<CommHandle> handles;
-  for (const GroupId i : groups_.trainable()) {
-    const auto& g = groups_[i].flat;
-    if (!g->sharded() && plan_.settings.stage >= 1)
-      handles.push_back(comms_->shards().all_gather(g->flat()));
+  for (const GroupId i : p_.groups.trainable()) {
+    const auto& g = p_.groups[i].flat;
+    if (!g->sharded() && p_.plan.settings.stage >= 1)
+      handles.push_back(p_.comms.shards().all_gather(g->flat()));
   }
   for (auto& h : handles) h.wait();
-  if (param_home_) param_home_->flush();
-  pipeline_->set_micro_steps(m.micro_steps);
-  for (size_t g = 0; g < groups.size(); ++g) param_groups_.set_options(g, groups[g]);
-  if (LossScaler* scaler = pipeline_->scaler(); scaler && !m.loss_scale.is_null()) {
+  if (p_.param_home) p_.param_home->flush();
+  p_.pipeline.set_micro_steps(m.micro_steps);
+  for (size_t g = 0; g < groups.size(); ++g) p_.param_groups.set_options(g, groups[g]);
+  if (LossScaler* scaler = p_.pipeline.scaler(); scaler && !m.loss_scale.is_null()) {
     scaler->restore({m.loss_scale.at("scale").get<double>(),
                      m.loss_scale.at("hysteresis_left").get<int64_t>(),
                      m.loss_scale.at("iteration").get<int64_t>(),
                      m.loss_scale.at("last_overflow").get<int64_t>()});
   }
-  pipeline_->reducer().zero();
-  if (m.world_size == world_size()) {  // each rank's own random stream, when it exists
-    restore_rng_states({reader.read_rng(rank()), m.device_rng_bytes}, device_.where);
+  p_.pipeline.reducer().zero();
+  if (m.world_size == p_.dist.env.world_size) {  // each rank's own random stream, when it exists
+    restore_rng_states({reader.read_rng(rank()), m.device_rng_bytes}, p_.device);
   }
   return {m.client_state.dump(), m.lr_scheduler.dump()};
 }
@@ -322,16 +336,16 @@ LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::
 // The saved groups' options, checked before anything changes: as many groups as this
 // engine has (none saved: a checkpoint from before groups were stored keeps the
 // engine's own).
-std::vector<ParamGroupOptions> EngineImpl::saved_param_groups(const Manifest& m,
-                                                              const std::string& dir) const {
+std::vector<ParamGroupOptions> Checkpointer::saved_param_groups(const Manifest& m,
+                                                                const std::string& dir) const {
   std::vector<ParamGroupOptions> out;
   if (m.param_groups.is_null()) return out;
-  if (m.param_groups.size() != param_groups_.size()) {
+  if (m.param_groups.size() != p_.param_groups.size()) {
     fail(
         "checkpoint '{}/{}' holds {} optimizer parameter group(s), this engine has {}; load "
         "it into an engine built with the same groups (model_parameters or the client "
         "optimizer's param_groups)",
-        dir, m.tag, m.param_groups.size(), param_groups_.size());
+        dir, m.tag, m.param_groups.size(), p_.param_groups.size());
   }
   try {
     for (const auto& j : m.param_groups) out.push_back(options_from_json(j));
@@ -345,13 +359,13 @@ std::vector<ParamGroupOptions> EngineImpl::saved_param_groups(const Manifest& m,
 // The saved buffers are the model's persistent buffers, by name and shape (a dtype
 // that differs is converted, as load_state_dict does). Checkpoints from before buffers
 // were saved leave the model's alone.
-void EngineImpl::check_buffers(const CheckpointReader& reader, const std::string& dir) const {
+void Checkpointer::check_buffers(const CheckpointReader& reader, const std::string& dir) const {
   const Manifest& m = reader.manifest();
   if (!m.has_buffers) return;
   std::unordered_set<std::string> saved;
   for (const auto& b : m.buffers) {
     saved.insert(b.name);
-    const NamedBuffer* mine = buffers_->find(b.name);
+    const NamedBuffer* mine = p_.buffers.find(b.name);
     if (mine == nullptr || !mine->persistent) {
       fail("checkpoint '{}/{}' has buffer '{}', which the model does not have", dir, m.tag, b.name);
     }
@@ -360,7 +374,7 @@ void EngineImpl::check_buffers(const CheckpointReader& reader, const std::string
            b.name, fmt::join(b.shape, ", "), fmt::join(mine->tensor.sizes(), ", "));
     }
   }
-  for (const auto& b : buffers_->all()) {
+  for (const auto& b : p_.buffers.all()) {
     if (b.persistent && !saved.count(b.name)) {
       fail("checkpoint '{}/{}' has no buffer '{}' (the model has it): a different model?", dir,
            m.tag, b.name);
@@ -368,20 +382,20 @@ void EngineImpl::check_buffers(const CheckpointReader& reader, const std::string
   }
 }
 
-void EngineImpl::load_buffers(const CheckpointReader& reader) {
+void Checkpointer::load_buffers(const CheckpointReader& reader) {
   for (const auto& saved : reader.manifest().buffers) {
     at::Tensor bytes = at::empty({saved.bytes}, at::kByte);
     reader.read_buffer(saved, bytes.data_ptr());
-    ModuleBuffers::assign(buffers_->find(saved.name)->tensor, bytes, torch_dtype(saved.dtype));
+    ModuleBuffers::assign(p_.buffers.find(saved.name)->tensor, bytes, torch_dtype(saved.dtype));
   }
 }
 
-void EngineImpl::check_layout(const CheckpointReader& reader, const std::string& dir) const {
+void Checkpointer::check_layout(const CheckpointReader& reader, const std::string& dir) const {
   check_buffers(reader, dir);
-  check_state_names(reader.manifest().optimizer_state, pipeline_->optimizer().state_names(),
-                    plan_.config.optimizer.type.c_str());
+  check_state_names(reader.manifest().optimizer_state, p_.pipeline.optimizer().state_names(),
+                    p_.plan.config.optimizer.type.c_str());
   std::unordered_set<std::string> mine;
-  for (const auto& record : groups_) {
+  for (const auto& record : p_.groups) {
     for (const auto& s : record.flat->slots()) {
       mine.insert(s.name);
       const SavedParam& p = reader.param(s.name);
@@ -403,8 +417,8 @@ void EngineImpl::check_layout(const CheckpointReader& reader, const std::string&
 
 // Fills `out` (count elements: group `g`'s flat buffer from `begin`) from the saved
 // parameters' array `array`; padding stays zero.
-void EngineImpl::read_range(const CheckpointReader& reader, const FlatParamGroup& g, int array,
-                            int64_t begin, int64_t count, float* out) const {
+void Checkpointer::read_range(const CheckpointReader& reader, const FlatParamGroup& g, int array,
+                              int64_t begin, int64_t count, float* out) const {
   std::fill(out, out + count, 0.0f);
   for (const auto& s : g.slots()) {
     const int64_t lo = std::max(begin, s.offset), hi = std::min(begin + count, s.offset + s.numel);
@@ -417,14 +431,14 @@ void EngineImpl::read_range(const CheckpointReader& reader, const FlatParamGroup
   }
 }
 
-void EngineImpl::load_group(const CheckpointReader& reader, GroupId i) {
-  const GroupRecord& record = groups_[i];
+void Checkpointer::load_group(const CheckpointReader& reader, GroupId i) {
+  const GroupRecord& record = p_.groups[i];
   FlatParamGroup* g = record.flat.get();
   const int64_t S = g->shard_numel();
   const int u = record.coordinator_unit_index();
   if (record.trainable) {
     const size_t t = record.trainable->value;
-    const int64_t n = pipeline_->optimizer().group_numel(t);
+    const int64_t n = p_.pipeline.optimizer().group_numel(t);
     const int64_t begin = n == S ? shard_rank() * S : 0;
     const std::vector<std::string>& names = reader.manifest().optimizer_state;
     std::vector<std::vector<float>> arrays(1 + names.size(), std::vector<float>(n));
@@ -434,10 +448,10 @@ void EngineImpl::load_group(const CheckpointReader& reader, GroupId i) {
       data.push_back(arrays[a].data());
     }
     {
-      ShardUpdate update(param_home_.get(), u);
-      pipeline_->optimizer().write_state(t, names, data);
+      ShardUpdate update(p_.param_home, u);
+      p_.pipeline.optimizer().write_state(t, names, data);
     }
-    if (g->sharded() && g->gathered() && u >= 0) units_->coordinator().release_now(u);
+    if (g->sharded() && g->gathered() && u >= 0) p_.units->coordinator().release_now(u);
     return;
   }
   const int64_t begin = g->sharded() ? shard_rank() * S : 0;
@@ -450,10 +464,10 @@ void EngineImpl::load_group(const CheckpointReader& reader, GroupId i) {
     return;
   }
   {
-    ShardUpdate update(param_home_.get(), u);
+    ShardUpdate update(p_.param_home, u);
     g->param_shard().copy_(src);
   }
-  if (g->gathered() && u >= 0) units_->coordinator().release_now(u);
+  if (g->gathered() && u >= 0) p_.units->coordinator().release_now(u);
 }
 
 }  // namespace zeroshard
