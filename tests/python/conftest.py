@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import forkserver
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.environ.get("ZS_BUILD_DIR", os.path.join(ROOT, "build"))
@@ -67,11 +69,14 @@ def run_ranks(args, world, out, timeout=300, extra_env=None, expect_ok=True, pyt
     port = free_port()
     procs = []
     for r in range(world):
-        prefix, env = launch(r) if launch else ([], {})
-        procs.append(subprocess.Popen(
-            prefix + [python or sys.executable] + args, cwd=cwd,
-            env=dict(rank_env(r, world, port), **(extra_env or {}), **env),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = dict(rank_env(r, world, port), **(extra_env or {}))
+        if launch or python:
+            prefix, host_env = launch(r) if launch else ([], {})
+            procs.append(subprocess.Popen(
+                prefix + [python or sys.executable] + args, cwd=cwd, env=dict(env, **host_env),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        else:
+            procs.append(forkserver.start(args, env, cwd))
     logs = []
     for p in procs:
         try:

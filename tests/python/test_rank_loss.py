@@ -7,12 +7,12 @@ one kill per phase runs (both_legs in conftest.py), with each way of losing rank
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
+import forkserver
 from conftest import (HERE, both_legs, checkpoint_config as config_for, free_port, rank_env,
                       run_ranks)
 
@@ -62,10 +62,7 @@ def run_timed(args, env):
     """Starts WORLD ranks; returns [(exit status, log, seconds until it exited)]."""
     port = free_port()
     start = time.monotonic()
-    procs = [subprocess.Popen([sys.executable] + args,
-                              env=dict(rank_env(r, WORLD, port), **env),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(WORLD)]
+    procs = [forkserver.start(args, dict(rank_env(r, WORLD, port), **env)) for r in range(WORLD)]
     results = [None] * WORLD
 
     def collect(r):

@@ -1,0 +1,249 @@
+"""Rank processes started from a warm interpreter. Most of a test rank's life is its start:
+measured here, a 2-rank run of 12 training steps lasts 2.4 s a process, of which importing
+torch takes 1.0 s and the import of torch._dynamo that torch.optim's first param group
+makes (torch/_compile.py) 0.75 s. The Python tests start hundreds of such processes.
+
+So one server process per test session imports torch once and forks a rank process per
+request: a real process of its own (own pid, own address space, its own exit status and
+signals), which runs the worker script as `python SCRIPT ARGS` would, with the test's
+environment, working directory and output pipe. What an interpreter reads from the
+environment while it starts and imports torch (PYTHON*, LD_*, OMP_*, the BLAS thread
+counts, TORCH*/PYTORCH*, CUDA*) is fixed in the server, so a request whose values for
+those differ is started the ordinary way (subprocess.Popen), as is any request when the
+server cannot run.
+
+Protocol, one Unix socket connection per process: the client sends one JSON line
+{argv, env, cwd} with the write end of its output pipe (SCM_RIGHTS); the server forks a
+monitor, which forks the rank process, writes its pid as a line, waits for it and writes
+its exit code (Popen's: negative for a signal) as a second line.
+usage (the server): forkserver.py SOCKET_PATH"""
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+# Read while an interpreter starts or torch is imported: fixed in the server.
+STARTUP_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH",
+                    "PYTORCH", "CUDA", "NVIDIA")
+
+
+def startup_env(env):
+    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES)}
+
+
+class ForkedProcess:
+    """What the tests use of subprocess.Popen (stdout=PIPE, stderr=STDOUT, text=True)."""
+
+    def __init__(self, conn, out):
+        self._conn, self._out, self._chunks, self._buf = conn, out, [], b""
+        self.returncode = None
+        self.pid = int(self._line(None) or 0)
+
+    def _line(self, timeout):
+        """The server's next line: b"" at the connection's end, None if `timeout` passes."""
+        while b"\n" not in self._buf:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                return None
+            more = self._conn.recv(64)
+            if not more:
+                return b""
+            self._buf += more
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
+
+    def _status(self, timeout):
+        """Reads the exit code; False if `timeout` passes first."""
+        line = self._line(timeout)
+        if line is None:
+            return False
+        # The connection's end with no code: the monitor itself was killed.
+        self.returncode = int(line) if line else -signal.SIGKILL
+        self._conn.close()
+        return True
+
+    def poll(self):
+        if self.returncode is None:
+            self._status(0)
+        return self.returncode
+
+    def communicate(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left():
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        while self._out is not None:
+            if not select.select([self._out], [], [], left())[0]:
+                raise subprocess.TimeoutExpired(self.pid, timeout)
+            chunk = os.read(self._out, 1 << 16)
+            if chunk:
+                self._chunks.append(chunk)
+            else:
+                os.close(self._out)
+                self._out = None
+        if self.returncode is None and not self._status(left()):
+            raise subprocess.TimeoutExpired(self.pid, timeout)
+        return b"".join(self._chunks).decode(errors="replace"), None
+
+    def wait(self, timeout=None):
+        self.communicate(timeout)
+        return self.returncode
+
+    def kill(self):
+        if self.returncode is None and self.pid > 0:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+class Client:
+    """The test session's server, started on first use; None where it cannot start."""
+
+    def __init__(self, env):
+        self.dir = tempfile.mkdtemp(prefix="zs-forkserver-")
+        self.path = os.path.join(self.dir, "socket")
+        self.fixed = startup_env(env)
+        # Its stdin is a lifeline: the server exits when this process does.
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.path],
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        ready = self.proc.stdout.readline()
+        if ready.strip() != b"ready":
+            raise RuntimeError(f"the fork server did not start: {ready!r}")
+        atexit.register(self.close)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+
+    def start(self, argv, env, cwd=None):
+        """A ForkedProcess running `python argv...`, or None for a request it cannot serve."""
+        if startup_env(env) != self.fixed or not argv or argv[0].startswith("-"):
+            return None
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self.path)
+        read, write = os.pipe()
+        request = json.dumps({"argv": argv, "env": env, "cwd": cwd or os.getcwd()})
+        socket.send_fds(conn, [request.encode() + b"\n"], [write])
+        os.close(write)
+        proc = ForkedProcess(conn, read)
+        if proc.pid <= 0:
+            os.close(read)
+            raise RuntimeError("the fork server gave no process")
+        return proc
+
+
+_client = None
+
+
+def start(argv, env, cwd=None):
+    """`python argv...` as a subprocess.Popen(stdout=PIPE, stderr=STDOUT, text=True) would
+    run it, started from the session's warm interpreter where it can be."""
+    global _client
+    proc = None
+    if os.environ.get("ZS_TEST_FORKSERVER", "1") != "0":
+        try:
+            if _client is None:
+                _client = Client(env)
+            proc = _client.start(argv, env, cwd)
+        except (OSError, RuntimeError, ValueError) as e:
+            print(f"forkserver: starting ordinarily ({e})", file=sys.stderr)
+            _client = None
+            os.environ["ZS_TEST_FORKSERVER"] = "0"
+    if proc is None:
+        proc = subprocess.Popen([sys.executable] + argv, env=env, cwd=cwd, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return proc
+
+
+# --- the server ---------------------------------------------------------------------
+
+
+def receive(conn):
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 1)
+    while not data.endswith(b"\n"):
+        more = conn.recv(1 << 20)
+        if not more:
+            raise EOFError
+        data += more
+    return json.loads(data), fds[0]
+
+
+def become_rank(request, out, conn, listener):
+    """In the forked rank process: the state a fresh `python SCRIPT ARGS` would start in."""
+    conn.close()
+    listener.close()
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    import random
+    random.seed()  # a fresh interpreter seeds from the OS, each its own
+    script = request["argv"][0]
+    sys.argv = list(request["argv"])
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    return script
+
+
+def serve(path):
+    """Returns, in a forked rank process only, the script it is to run."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
+    print("ready", flush=True)
+    while True:
+        readable = select.select([listener, sys.stdin], [], [])[0]
+        if sys.stdin in readable:  # the test session ended
+            os._exit(0)
+        conn, _ = listener.accept()
+        try:
+            request, out = receive(conn)
+        except (OSError, EOFError, ValueError):
+            conn.close()
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() != 0:
+            conn.close()
+            os.close(out)
+            continue
+        # The monitor: starts the rank process, reports its pid and then its exit code.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        pid = os.fork()
+        if pid == 0:
+            return become_rank(request, out, conn, listener)
+        os.close(out)
+        listener.close()
+        try:
+            conn.sendall(f"{pid}\n".encode())
+            _, status = os.waitpid(pid, 0)
+            conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+        finally:
+            os._exit(0)
+
+
+if __name__ == "__main__":
+    import runpy
+
+    import torch  # noqa: F401  what every rank imports first
+    import torch.distributed  # noqa: F401
+    try:
+        import torch._dynamo  # noqa: F401  torch.optim's first param group imports it
+    except ImportError:  # a torch built without it: its ranks do without it too
+        pass
+
+    runpy.run_path(serve(sys.argv[1]), run_name="__main__")
