@@ -246,4 +246,6 @@ if __name__ == "__main__":
     except ImportError:  # a torch built without it: its ranks do without it too
         pass
 
-    runpy.run_path(serve(sys.argv[1]), run_name="__main__")
+    # The script's globals kept to the end, as `python SCRIPT` keeps __main__'s: what they
+    # hold is destroyed at shutdown, after the atexit handlers, not when the script ends.
+    script_globals = runpy.run_path(serve(sys.argv[1]), run_name="__main__")
