@@ -67,11 +67,6 @@ class ForkedProcess:
         self._conn.close()
         return True
 
-    def poll(self):
-        if self.returncode is None:
-            self._status(0)
-        return self.returncode
-
     def communicate(self, timeout=None):
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -90,10 +85,6 @@ class ForkedProcess:
         if self.returncode is None and not self._status(left()):
             raise subprocess.TimeoutExpired(self.pid, timeout)
         return b"".join(self._chunks).decode(errors="replace"), None
-
-    def wait(self, timeout=None):
-        self.communicate(timeout)
-        return self.returncode
 
     def kill(self):
         if self.returncode is None and self.pid > 0:

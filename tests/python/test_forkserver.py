@@ -1,0 +1,68 @@
+"""The warm interpreter test ranks start from (forkserver.py) gives what subprocess.Popen
+gives: the script's argv, environment and working directory, its output, its exit
+status (negative for a signal), a timeout that leaves it running, and kill(); and a
+request whose start-up environment differs from the server's is started the ordinary
+way."""
+import os
+import subprocess
+
+import pytest
+
+import forkserver
+from conftest import free_port, rank_env
+
+SCRIPT = """import os, sys
+print("argv", sys.argv[1:], "cwd", os.getcwd(), "X", os.environ.get("ZS_TEST_X"),
+      "path0", sys.path[0] == os.path.dirname(os.path.abspath(__file__)), flush=True)
+if sys.argv[1] == "exit":
+    sys.exit(int(sys.argv[2]))
+if sys.argv[1] == "raise":
+    raise ValueError("from the script")
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), 9)
+if sys.argv[1] == "sleep":
+    import time
+    time.sleep(60)
+"""
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "script.py"
+    path.write_text(SCRIPT)
+    return str(path)
+
+
+def env(**extra):
+    return dict(rank_env(0, 1, free_port()), **extra)
+
+
+def test_a_forked_rank_runs_the_script_as_python_would(script, tmp_path):
+    proc = forkserver.start([script, "exit", "3"], env(ZS_TEST_X="given"), cwd=str(tmp_path))
+    assert isinstance(proc, forkserver.ForkedProcess)
+    assert proc.pid != os.getpid()
+    out, _ = proc.communicate(timeout=60)
+    assert out == f"argv ['exit', '3'] cwd {tmp_path} X given path0 True\n"
+    assert proc.returncode == 3
+
+
+def test_exceptions_signals_timeouts_and_kill_read_as_popens(script):
+    proc = forkserver.start([script, "raise"], env())
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "ValueError: from the script" in out, out
+    proc = forkserver.start([script, "kill"], env())
+    proc.communicate(timeout=60)
+    assert proc.returncode == -9
+    proc = forkserver.start([script, "sleep"], env())
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.communicate(timeout=2)
+    proc.kill()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -9 and out.startswith("argv ['sleep']"), out
+
+
+def test_another_start_up_environment_starts_the_ordinary_way(script):
+    proc = forkserver.start([script, "exit", "0"], env(OMP_NUM_THREADS="2"))
+    assert isinstance(proc, subprocess.Popen)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out.startswith("argv ['exit', '0']"), out
