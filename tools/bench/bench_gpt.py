@@ -1,7 +1,9 @@
 """The GPT of the C++ benchmarks (tools/bench/BenchGpt.h), in Python: the same modules in
 the same order and the same arithmetic, so a peer trained on the same seed and data ends
-at zeroshard's loss (`zs bench peers`, `zs bench hosts`), and `zs bench capacity`'s DDP
-baseline holds the same parameters as the C++ model it is compared with."""
+at zeroshard's loss (`zs bench peers`, `zs bench hosts`), `zs bench capacity`'s DDP
+baseline holds the same parameters as the C++ model it is compared with, and `zs bench
+python` trains it under DDP and the Python package. examples/train_gpt.py keeps its own:
+an example a user reads and copies whole."""
 
 
 def gpt_classes(torch):

@@ -14,43 +14,15 @@ import time
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from bench_gpt import gpt_classes
 
 VOCAB, DIM, LAYERS, HEADS, SEQ, ROWS = 2048, 256, 6, 4, 128, 8
 STATE_KINDS = ("params", "master_params", "grads", "grads_fp32", "optimizer_states")
 
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
-        self.qkv, self.proj = nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
-        self.fc1, self.fc2 = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, HEADS, d // HEADS).unbind(2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-1, -2)) * (d // HEADS) ** -0.5
-        att = att.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
-        x = x + self.proj((att.softmax(-1) @ v).transpose(1, 2).reshape(b, s, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
-class Gpt(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, DIM)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.ln_f = nn.LayerNorm(DIM)
-        self.head = nn.Linear(DIM, VOCAB, bias=False)
-
-    def forward(self, tokens):
-        x = self.emb(tokens[:, :-1])
-        for b in self.blocks:
-            x = b(x)
-        logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+Gpt, _ = gpt_classes(torch)  # the C++ benchmarks' GPT (bench_gpt.py)
+SHAPE = {"vocab": VOCAB, "dim": DIM, "layers": LAYERS, "heads": HEADS, "seq": SEQ}
 
 
 def tensor_bytes(tensors):
@@ -61,7 +33,7 @@ def rank_main(mode, steps, out):
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.manual_seed(0)
-    model = Gpt()
+    model = Gpt(SHAPE)
     gen = torch.Generator().manual_seed(rank)
     batches = [torch.randint(VOCAB, (ROWS, SEQ + 1), generator=gen) for _ in range(4)]
     if mode == "ddp":
@@ -86,7 +58,7 @@ def rank_main(mode, steps, out):
     else:
         import zeroshard
         stage = int(mode[-1])
-        units = [model.emb, *model.blocks, model.head]
+        units = [model.emb, *model.blocks]
         engine, *_ = zeroshard.initialize(
             model=model, units=units,
             config={"zero_optimization": {"stage": stage, "reduce_bucket_size": 2_000_000},
@@ -162,7 +134,7 @@ def main():
     if a.json:
         print(json.dumps(summary, indent=2))
         return
-    n = sum(p.numel() for p in Gpt().parameters())
+    n = sum(p.numel() for p in Gpt(SHAPE).parameters())
     print(f"GPT {n / 1e6:.2f}M parameters ({LAYERS} x d {DIM}), 2 ranks x 1 thread, "
           f"{ROWS} x {SEQ} tokens per rank per step, fp32, best of 2 interleaved runs")
     print(f"{'':22s}{'tokens/s':>10s}{'vs DDP':>8s}{'states MiB/rank':>17s}{'vs DDP':>8s}"
