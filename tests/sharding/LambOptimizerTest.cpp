@@ -41,7 +41,7 @@ TEST(LambOptimizer, EachParameterStepsWithItsOwnTrustRatioAsWholeFusedLamb) {
   at::Tensor shard = at::cat({at::randn({6}), at::randn({4}) * 1e-3, at::zeros({2})});
   at::Tensor w0 = shard.narrow(0, 0, 6).clone(), w1 = shard.narrow(0, 6, 4).clone();
   opt.add_group(shard);
-  opt.add_param_pieces(0, {{0, 6, 0}, {6, 4, 1}}, 2);
+  opt.add_param_pieces(0, {{0, 6, 0, 0, {6}, "w0"}, {6, 4, 1, 0, {4}, "w1"}}, 2);
   EXPECT_EQ(ledger.current(Tier::Device, Kind::OptimizerStates), 12 * 8);
   AdamHyper h;
   h.lr = 0.1;
