@@ -21,6 +21,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -95,7 +96,7 @@ class ForkedProcess:
 
 
 class Client:
-    """The test session's server, started on first use; None where it cannot start."""
+    """The test session's server, started on first use; raises where it cannot start."""
 
     def __init__(self, env):
         self.dir = tempfile.mkdtemp(prefix="zs-forkserver-")
@@ -113,6 +114,7 @@ class Client:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)  # its socket
 
     def start(self, argv, env, cwd=None):
         """A ForkedProcess running `python argv...`, or None for a request it cannot serve."""
