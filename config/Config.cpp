@@ -246,8 +246,11 @@ void walk(const YAML::Node& map, const std::string& section, LoadedConfig& out,
       out.warnings.push_back(
           fmt::format("config key '{}' is accepted and ignored: {}", path, reason));
     } else if (const Knob* knob = find_knob(path)) {
-      if (value.IsNull())
+      if (value.IsNull()) {
+        // A choice whose default is unset takes null as DeepSpeed takes None.
+        if (knob->type == Knob::Type::Choice && knob->as_text(out.config).empty()) continue;
         fail("{}: config key '{}' has no value; allowed: {}", origin, path, knob->allowed());
+      }
       apply_knob(*knob, value, out.config, origin);
     } else if (path == "optimizer" && value.IsMap() &&
                read_torch_optimizer(value, out.config, origin)) {

@@ -135,6 +135,10 @@ struct Config {
   // How long a collective may wait for the other ranks before this rank gives up
   // and names the ranks that stopped answering.
   std::optional<double> comm_timeout_seconds = 300.0;
+  // The dtype gradients are reduced in (DeepSpeed's key): fp32, fp16 or bf16 cast them to
+  // it for the reduction. Unset (empty; null in a file): summed in fp32, each travelling
+  // in its own dtype (sharding/Collectives.h).
+  std::string communication_data_type;
   Fp16Config fp16;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;

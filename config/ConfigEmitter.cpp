@@ -71,7 +71,10 @@ std::string emit_config_yaml(const Config& config) {
   for (const auto& knob : config_knobs()) {
     // Unset train_batch_size means micro x accumulation x ranks; writing it would fix it.
     if (knob.path == "train_batch_size" && !config.train_batch_size) continue;
-    if (knob.type == Knob::Type::Text && knob.as_text(copy).empty()) continue;
+    if ((knob.type == Knob::Type::Text || knob.type == Knob::Type::Choice) &&
+        knob.as_text(copy).empty()) {
+      continue;  // unset
+    }
     // A torch.optim class's params are its own keyword arguments, not Adam's knobs.
     if (config.optimizer.external && knob.path.rfind("optimizer.params.", 0) == 0) continue;
     // Lamb's own params: only with Lamb, and only where set (unset: DeepSpeed's defaults).

@@ -41,6 +41,14 @@ at::ScalarType compute_dtype(const Config& c) {
   return at::kFloat;
 }
 
+// communication_data_type; unset leaves each gradient in its dtype, summed in fp32.
+std::optional<at::ScalarType> wire_dtype(const std::string& name) {
+  if (name == "fp32") return at::kFloat;
+  if (name == "fp16") return at::kHalf;
+  if (name == "bf16") return at::kBFloat16;
+  return std::nullopt;
+}
+
 // Debian's libblas.so.3 is OpenBLAS, whose own thread pool is sized from the environment
 // when it loads and is not reached by at::set_num_threads: several ranks on one machine
 // would each start one BLAS thread per core (measured: 2.2x slower steps, 2 ranks).
@@ -253,9 +261,13 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   if (pipeline_->offloaded()) pipeline_->offloaded()->start();
   std::unique_ptr<ParamHome> home = stage == 3 ? place_param_shards(sharded) : nullptr;
   const bool opt_off = plan_.option.optimizer != OffloadDevice::None;
-  pipeline_->set_reducer(std::make_unique<GradReducer>(
-      trainable, stage, z.overlap_comm, &comms_->shards(), comms_->replicas(), &ledger_,
-      opt_off ? Tier::Host : Tier::Device));
+  ReduceOptions reduce;
+  reduce.stage = static_cast<int>(stage);
+  reduce.overlap = z.overlap_comm;
+  reduce.fp32_tier = opt_off ? Tier::Host : Tier::Device;
+  reduce.wire = wire_dtype(plan_.config.communication_data_type);
+  pipeline_->set_reducer(std::make_unique<GradReducer>(trainable, reduce, &comms_->shards(),
+                                                       comms_->replicas(), &ledger_));
   if (stage < 3) return;
   CoordinatorOptions o;
   o.prefetch_numel = z.stage3_prefetch_bucket_size;

@@ -148,6 +148,20 @@ int64_t sharding_ranks(const Config& config, int stage, int64_t ranks) {
   return stage >= 1 && mics > 0 ? std::min(mics, ranks) : ranks;
 }
 
+namespace {
+
+// Bytes per element a gradient reduction holds in flight: its receive buffer in the
+// gradients' own dtype, or, reduced in another (communication_data_type), the cast copy
+// and the receive buffer in that dtype (sharding/Collectives.cpp).
+int64_t reduce_scratch_bytes(const Config& config) {
+  const std::string& wire = config.communication_data_type;
+  const int64_t kl = config.compute_bytes();
+  const int64_t kw = wire == "fp32" ? 4 : (wire == "bf16" || wire == "fp16") ? 2 : kl;
+  return kw == kl ? kl : 2 * kw;
+}
+
+}  // namespace
+
 MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
                                const Config& config, const WorldShape& world,
                                const TrainingShape& shape) {
@@ -203,7 +217,7 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   }
   m.at(Tier::Device, Kind::Activations) = activation_bytes(spec, shape, static_cast<int>(kl));
   m.at(Tier::Device, Kind::Buffers) = spec.buffer_bytes;  // whole on every rank, never offloaded
-  int64_t buckets = kl * reduce_bucket * (z.overlap_comm ? 2 : 1);
+  int64_t buckets = reduce_scratch_bytes(config) * reduce_bucket * (z.overlap_comm ? 2 : 1);
   if (option.stage == 1 || option.stage == 2) buckets += kl * std::min(*z.allgather_bucket_size, p);
   m.at(Tier::Device, Kind::CommBuckets) = buckets;
 

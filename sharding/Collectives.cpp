@@ -83,13 +83,29 @@ Collectives::OnWire Collectives::on_wire(const at::Tensor& tensor) const {
   return {wire, [tensor, wire] { tensor.copy_(wire); }};
 }
 
-CommHandle Collectives::all_reduce_sum(const at::Tensor& tensor) {
-  if (!group_) return {};
-  OnWire w = on_wire(tensor);
+CommHandle Collectives::all_reduce_sum(const at::Tensor& tensor,
+                                       std::optional<at::ScalarType> wire) {
+  // In another dtype a cast copy travels, and its sum is copied back when waited on.
+  const bool cast = wire && *wire != tensor.scalar_type();
+  if (!group_ && !cast) return {};
+  const at::Tensor sent = cast ? tensor.to(*wire) : tensor;
+  LedgerEntry scratch(ledger_, Tier::Device, Kind::CommBuckets, cast ? bytes_of(sent) : 0);
+  if (!group_) {
+    tensor.copy_(sent);  // one rank: the same rounding as any other world size
+    return {};
+  }
+  OnWire w = on_wire(sent);
   count(w.tensor, 2);
   std::vector<at::Tensor> tensors{w.tensor};
   auto work = group_->allreduce(tensors);
-  return {this, "all-reduce", work, w.back, LedgerEntry()};
+  std::function<void()> back = w.back;
+  if (cast) {
+    back = [back, tensor, sent] {
+      if (back) back();
+      tensor.copy_(sent);
+    };
+  }
+  return {this, "all-reduce", work, back, std::move(scratch)};
 }
 
 CommHandle Collectives::all_gather(const at::Tensor& flat) {
@@ -108,29 +124,41 @@ CommHandle Collectives::all_gather(const at::Tensor& flat) {
   return {this, "all-gather", work, w.back, LedgerEntry()};
 }
 
-CommHandle Collectives::reduce_scatter_sum(const at::Tensor& flat_in, const at::Tensor& shard_out) {
+CommHandle Collectives::reduce_scatter_sum(const at::Tensor& flat_in, const at::Tensor& shard_out,
+                                           std::optional<at::ScalarType> wire) {
+  const bool cast = wire && *wire != flat_in.scalar_type();
+  const at::Tensor in = cast ? flat_in.to(*wire) : flat_in;
+  LedgerEntry scratch(ledger_, Tier::Device, Kind::CommBuckets, cast ? bytes_of(in) : 0);
   if (!group_) {
-    shard_out.copy_(flat_in);
+    shard_out.copy_(in);
     return {};
   }
-  const int64_t shard = flat_in.numel() / world_;
-  count(flat_in, 1);
-  if (native_flat() && flat_in.scalar_type() == shard_out.scalar_type() &&
-      flat_in.device() == shard_out.device()) {
-    at::Tensor in = flat_in;
-    at::Tensor out = shard_out;
-    auto work = group_->_reduce_scatter_base(out, in);
-    return {this, "reduce-scatter", work, nullptr, LedgerEntry()};
+  const int64_t shard = in.numel() / world_;
+  count(in, 1);
+  if (native_flat() && in.device() == shard_out.device() &&
+      (wire || in.scalar_type() == shard_out.scalar_type())) {
+    const bool same = in.scalar_type() == shard_out.scalar_type();
+    at::Tensor out = same ? shard_out : at::empty({shard}, in.options());
+    if (!same) scratch.resize(scratch.bytes() + bytes_of(out));
+    at::Tensor input = in;
+    auto work = group_->_reduce_scatter_base(out, input);
+    // The cast input lives until the op is waited on; a cast output is copied back then.
+    auto finish = [in, out, shard_out, same] {
+      if (!same) shard_out.copy_(out);
+    };
+    return {this, "reduce-scatter", work, finish, std::move(scratch)};
   }
-  // alltoall: chunk j of the output is rank j's chunk `rank`; summed here in fp32.
-  at::Tensor received = at::empty_like(flat_in);
-  LedgerEntry scratch(ledger_, Tier::Device, Kind::CommBuckets, bytes_of(received));
+  // alltoall: chunk j of the output is rank j's chunk `rank`; summed here, in the wire
+  // dtype when one is named, else in fp32.
+  at::Tensor received = at::empty_like(in);
+  scratch.resize(scratch.bytes() + bytes_of(received));
   at::Tensor out_payload = as_payload(received);
-  at::Tensor in_payload = as_payload(flat_in);
+  at::Tensor in_payload = as_payload(in);
   std::vector<int64_t> even;
   auto work = group_->alltoall_base(out_payload, in_payload, even, even);
-  auto finish = [received, shard_out, shard, world = world_] {
-    shard_out.copy_(received.view({world, shard}).to(at::kFloat).sum(0));
+  auto finish = [in, received, shard_out, shard, world = world_, in_wire = wire.has_value()] {
+    const at::Tensor rows = received.view({world, shard});
+    shard_out.copy_(in_wire ? rows.sum(0) : rows.to(at::kFloat).sum(0));
   };
   return {this, "reduce-scatter", work, finish, std::move(scratch)};
 }

@@ -6,7 +6,13 @@
 //   ops, but they measured slower (LibTorch 2.6, GPT bench, 2 ranks: stage-3 step
 //   0.23 s flat vs 0.16 s list/alltoall).
 //   NCCL: the native flat ops.
+// A gradient reduction may name its `wire` dtype (DeepSpeed's communication_data_type):
+// the values are cast to it, travel in it and are summed in it, and the result is cast
+// back. Without one they travel in their own dtype and are summed in fp32 (a bf16 or
+// fp16 gradient then takes the alltoall path on NCCL too: its reduce-scatter would sum
+// in 16 bits).
 #include <functional>
+#include <optional>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -51,12 +57,15 @@ class Collectives {
   int rank() const { return rank_; }
   int world() const { return world_; }
 
-  // Sum over ranks, in place.
-  CommHandle all_reduce_sum(const at::Tensor& tensor);
+  // Sum over ranks, in place; in `wire` when given (see above).
+  CommHandle all_reduce_sum(const at::Tensor& tensor,
+                            std::optional<at::ScalarType> wire = std::nullopt);
   // `flat` holds world equal chunks; chunk `rank` is this rank's input. In place.
   CommHandle all_gather(const at::Tensor& flat);
-  // shard_out (any float dtype) = sum over ranks of chunk `rank` of their flat_in.
-  CommHandle reduce_scatter_sum(const at::Tensor& flat_in, const at::Tensor& shard_out);
+  // shard_out (any float dtype) = sum over ranks of chunk `rank` of their flat_in; in
+  // `wire` when given (see above).
+  CommHandle reduce_scatter_sum(const at::Tensor& flat_in, const at::Tensor& shard_out,
+                                std::optional<at::ScalarType> wire = std::nullopt);
   CommHandle broadcast(const at::Tensor& tensor, int root);
 
   [[noreturn]] void fail_collective(const std::string& op, const std::string& what) const;

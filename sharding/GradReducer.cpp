@@ -24,24 +24,24 @@ at::TensorOptions fp32_options(const at::Tensor& grad, Tier tier) {
 
 }  // namespace
 
-GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool overlap,
-                         Collectives* comm, Collectives* replicas, MemoryLedger* ledger,
-                         Tier fp32_tier)
+GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, ReduceOptions options,
+                         Collectives* comm, Collectives* replicas, MemoryLedger* ledger)
     : groups_(std::move(groups)),
-      stage_(stage),
-      overlap_(overlap),
+      options_(options),
       comm_(comm),
       replicas_(replicas),
       ledger_(ledger) {
+  const int stage = options_.stage;
+  const Tier fp32_tier = options_.fp32_tier;
   for (FlatParamGroup* g : groups_) {
     const at::Tensor& grad = g->flat_grad();
     // fp32 stage 0/1 reduce in place in the gradient buffer itself; otherwise a separate
     // fp32 buffer holds the reduced (and, at stage >= 2, accumulated) gradient.
-    if (grad.scalar_type() == at::kFloat && stage_ <= 1 && fp32_tier == Tier::Device) {
-      sums_.fp32.push_back(stage_ == 0 ? grad : g->grad_shard());
+    if (grad.scalar_type() == at::kFloat && stage <= 1 && fp32_tier == Tier::Device) {
+      sums_.fp32.push_back(stage == 0 ? grad : g->grad_shard());
       sums_.entries.emplace_back();
     } else {
-      const int64_t n = stage_ == 0 ? g->padded_numel() : g->shard_numel();
+      const int64_t n = stage == 0 ? g->padded_numel() : g->shard_numel();
       sums_.fp32.push_back(at::zeros({n}, fp32_options(grad, fp32_tier)));
       sums_.entries.emplace_back(ledger, fp32_tier, Kind::GradsFp32, n * 4);
     }
@@ -49,7 +49,7 @@ GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool ov
   reductions_.received_bytes = LedgerEntry(ledger, Tier::Device, Kind::CommBuckets, 0);
   const c10::Device grads_on =
       groups_.empty() ? c10::Device(at::kCPU) : groups_.front()->flat_grad().device();
-  if (stage_ >= 2 && fp32_tier != Tier::Device && !grads_on.is_cpu()) {
+  if (stage >= 1 && fp32_tier != Tier::Device && !grads_on.is_cpu()) {
     landings_ = std::make_unique<HostLandings>(grads_on, &sums_.fp32, ledger);
   }
   sums_.clean.assign(groups_.size(), true);
@@ -89,7 +89,7 @@ void GradReducer::install_hooks() {
 }
 
 void GradReducer::begin_backward(bool boundary) {
-  window_.reducing = stage_ >= 2 || boundary;
+  window_.reducing = options_.stage >= 2 || boundary;
   window_.boundary = boundary;
   window_.next = static_cast<int>(groups_.size()) - 1;
   std::fill(arrivals_.arrived.begin(), arrivals_.arrived.end(), 0);
@@ -107,34 +107,37 @@ void GradReducer::launch_ready() {
   while (next >= 0 && arrivals_.arrived[next] >= arrivals_.expected[next]) launch(next--);
 }
 
+bool GradReducer::bounded() const {
+  return options_.stage >= 1 || options_.wire.value_or(at::kFloat) != at::kFloat;
+}
+
 void GradReducer::launch(size_t g) {
   // overlap_comm lets two groups be in flight while backward goes on; without it each
   // group is retired before the next is launched.
-  const size_t max_in_flight = overlap_ ? 2 : 1;
-  if (stage_ >= 2) {
-    while (reductions_.in_flight.size() >= max_in_flight) {
-      wait_issuing_gathers(reductions_.in_flight.front().handle);
-      retire_oldest();
-    }
+  const size_t max_in_flight = options_.overlap ? 2 : 1;
+  while (bounded() && reductions_.in_flight.size() >= max_in_flight) {
+    wait_issuing_gathers(reductions_.in_flight.front().handle);
+    retire_oldest();
   }
   fault_point("backward.reduce");
   groups_[g]->materialize_grads();  // a group no gradient reached this step
   InFlight f;
   f.group = g;
   sums_.stale[g] = 0;  // stages 0-1 write the whole sum; later ones land in it whole or add
-  if (stage_ == 0) {
+  const std::optional<at::ScalarType> wire = options_.wire;
+  if (options_.stage == 0) {
     if (sums_.fp32[g].data_ptr() != groups_[g]->flat_grad().data_ptr()) {
       sums_.fp32[g].copy_(groups_[g]->flat_grad());
     }
-    f.handle = comm_->all_reduce_sum(sums_.fp32[g]);
-  } else if (stage_ == 1) {
-    f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), sums_.fp32[g]);
+    f.handle = comm_->all_reduce_sum(sums_.fp32[g], wire);
+  } else if (options_.stage == 1 && !landings_) {
+    f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), sums_.fp32[g], wire);
   } else {
     // Reduced where the gradients are (a landing brings it to a host accumulator).
     f.received =
         at::empty(sums_.fp32[g].sizes(), groups_[g]->flat_grad().options().dtype(at::kFloat));
     reductions_.received_bytes.resize(reductions_.received_bytes.bytes() + f.received.numel() * 4);
-    f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), f.received);
+    f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), f.received, wire);
   }
   reductions_.in_flight.push_back(std::move(f));
 }
@@ -159,14 +162,15 @@ void GradReducer::retire_oldest() {
   InFlight f = std::move(reductions_.in_flight.front());
   reductions_.in_flight.erase(reductions_.in_flight.begin());
   f.handle.wait();
-  if (stage_ >= 2) groups_[f.group]->release_grads();  // the shard is in f.received
+  if (options_.stage >= 2) groups_[f.group]->release_grads();  // the shard is in f.received
   if (!replicas_) {
     accumulate(f);
     return finished(f.group);
   }
   // Across groups: the shard's all-reduce (the slow link's share) runs while the next
   // group's reduce-scatter does; one is kept in flight.
-  f.handle = replicas_->all_reduce_sum(stage_ >= 2 ? f.received : sums_.fp32[f.group]);
+  f.handle = replicas_->all_reduce_sum(f.received.defined() ? f.received : sums_.fp32[f.group],
+                                       options_.wire);
   reductions_.across.push_back(std::move(f));
   if (reductions_.across.size() > 1) finish_across();
 }
@@ -181,11 +185,12 @@ void GradReducer::finish_across() {
 }
 
 void GradReducer::accumulate(const InFlight& f) {
-  if (stage_ < 2) return;  // stages 0-1 reduce into sums_.fp32 itself
+  if (!f.received.defined()) return;  // reduced into sums_.fp32 itself
   if (landings_) {
     reductions_.received_bytes.resize(reductions_.received_bytes.bytes() -
                                       f.received.numel() * 4);  // the landing's now
-    landings_->land(f.group, f.received, sums_.clean[f.group]);
+    // Stage 1 reduces once per window: its shard is the whole sum.
+    landings_->land(f.group, f.received, options_.stage == 1 || sums_.clean[f.group]);
     sums_.clean[f.group] = false;
     return;
   }
@@ -235,7 +240,7 @@ void GradReducer::end_backward() {
   if (!window_.reducing) return;
   // Whatever did not arrive (unused parameters) counts as zero: launch the rest.
   while (window_.next >= 0) launch(window_.next--);
-  if (stage_ >= 2) drain();
+  if (options_.stage >= 2) drain();
   settle_all();
 }
 

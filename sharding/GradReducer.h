@@ -15,13 +15,19 @@
 // With shard groups (mics_shard_size), `comm` is this rank's group and `replicas` the
 // ranks holding the same shard in the other groups: each reduce-scattered shard is then
 // all-reduced across them, so every copy of a shard sees the sum over all ranks.
-// An offloaded optimizer on a GPU (stage >= 2) gets each reduced shard on the host
+// A reduction holds buffers while in flight (the alltoall's receive buffer, a cast copy,
+// the reduced shard), so at stages 1-3, and at stage 0 when it casts, a backward keeps at
+// most two in flight (one without overlap_comm), as the memory model counts them.
+// `wire` (DeepSpeed's communication_data_type) is the dtype the gradients are reduced
+// in (sharding/Collectives.h); unset, they are summed in fp32.
+// An offloaded optimizer on a GPU (stage >= 1) gets each reduced shard on the host
 // through a copy stream: the shard is reduced on the device, and its copy "lands" in the
 // host accumulator while backward goes on (sharding/HostLandings.h). A landing is settled
 // before the host reads the accumulator: settled(group) for one group, from any thread;
 // every one by the end of backward.
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -37,12 +43,19 @@ struct Node;
 
 namespace zeroshard {
 
+struct ReduceOptions {
+  int stage = 0;
+  bool overlap = false;  // overlap_comm
+  // Where the optimizer reads the reduced gradients; anywhere but the device they get a
+  // buffer of their own (the host copy an offloaded optimizer reads).
+  Tier fp32_tier = Tier::Device;
+  std::optional<at::ScalarType> wire;
+};
+
 class GradReducer {
  public:
-  // `fp32_tier`: where the optimizer reads the reduced gradients; anywhere but the
-  // device they get a buffer of their own (the host copy an offloaded optimizer reads).
-  GradReducer(std::vector<FlatParamGroup*> groups, int stage, bool overlap, Collectives* comm,
-              Collectives* replicas, MemoryLedger* ledger, Tier fp32_tier = Tier::Device);
+  GradReducer(std::vector<FlatParamGroup*> groups, ReduceOptions options, Collectives* comm,
+              Collectives* replicas, MemoryLedger* ledger);
   ~GradReducer();
 
   // Around each backward; `boundary` when this backward ends an accumulation window.
@@ -103,7 +116,9 @@ class GradReducer {
   struct InFlight {
     size_t group;
     CommHandle handle;
-    at::Tensor received;  // stage >= 2: the reduce-scatter's output before accumulation
+    // Stage >= 2, or a shard landing on the host: the reduction's output before it is
+    // accumulated (or landed).
+    at::Tensor received;
   };
   // Per group, the fp32 gradient summed over ranks and micro-batches: what reduced()
   // returns (the gradient buffer itself for fp32 at stages 0-1, else a buffer of its own).
@@ -130,7 +145,8 @@ class GradReducer {
   void retire_oldest();
   void finish_across();  // the oldest all-reduce across groups
   void drain();          // every reduction in flight, both kinds
-  bool sharded_grads() const { return stage_ >= 1; }
+  bool sharded_grads() const { return options_.stage >= 1; }
+  bool bounded() const;  // whether a reduction in flight holds buffers (see above)
   double norm_across_ranks(at::Tensor sum_squares, double scale);  // [1] double, this rank's
   void settle_all();
   void wait_issuing_gathers(const CommHandle& handle);
@@ -140,8 +156,7 @@ class GradReducer {
   void finished(size_t group);            // the group's reduced gradient is in sums_
 
   std::vector<FlatParamGroup*> groups_;
-  int stage_;
-  bool overlap_;
+  const ReduceOptions options_;
   Collectives* comm_;
   Collectives* replicas_;  // null without shard groups
   MemoryLedger* ledger_;

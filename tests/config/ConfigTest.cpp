@@ -1,5 +1,6 @@
 #include "config/Config.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/Error.h"
@@ -239,6 +240,27 @@ TEST(Config, EmittedYamlLoadsBackToTheSameConfig) {
   EXPECT_DOUBLE_EQ(*back.optimizer.beta2, 0.95);
   EXPECT_DOUBLE_EQ(*back.gradient_clipping, 0.5);
   EXPECT_EQ(emit_config_yaml(back), text);
+}
+
+// communication_data_type is DeepSpeed's: one of its three names, or left unset (null in
+// a DeepSpeed JSON file); the emitted YAML writes it only where set.
+TEST(Config, CommunicationDataTypeTakesDeepSpeedsNamesOrNull) {
+  EXPECT_EQ(Config().communication_data_type, "");
+  for (const char* name : {"fp32", "fp16", "bf16"}) {
+    const auto loaded = load_config_string(fmt::format("communication_data_type: {}", name), "t");
+    EXPECT_EQ(loaded.config.communication_data_type, name);
+    EXPECT_TRUE(loaded.warnings.empty());
+    expect_contains(emit_config_yaml(loaded.config),
+                    fmt::format("communication_data_type: {}", name));
+  }
+  const auto unset = load_config_string(R"({"communication_data_type": null})", "ds.json");
+  EXPECT_EQ(unset.config.communication_data_type, "");
+  EXPECT_TRUE(unset.warnings.empty());
+  EXPECT_EQ(emit_config_yaml(unset.config).find("communication_data_type"), std::string::npos);
+  const std::string msg = load_error("communication_data_type: bfloat16");
+  expect_contains(msg, "'communication_data_type'");
+  expect_contains(msg, "'bfloat16'");
+  expect_contains(msg, "one of fp32, fp16, bf16");
 }
 
 // DeepSpeed's Adam parameters: its type Adam means AdamW's decoupled weight decay unless

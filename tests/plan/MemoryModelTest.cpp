@@ -83,6 +83,24 @@ TEST(MemoryModel, OverlapCommDoublesTheReduceBucket) {
   EXPECT_EQ(predict({0, OD::None, OD::None}, true, true).at(Tier::Device, Kind::CommBuckets), 4000);
 }
 
+// Reduced in another dtype (communication_data_type), a bucket in flight holds a copy cast
+// to it and the receive buffer in it: 2 x 4 x 1,000 for bf16 gradients reduced in fp32;
+// 2 x 2 x 1,000 for fp32 ones in bf16; in their own dtype, the receive buffer alone.
+TEST(MemoryModel, ReducingInAnotherDtypeHoldsTheCastCopyToo) {
+  Config c = toy_config(true);
+  const auto bucket = [&](const char* wire, bool bf16) {
+    c.bf16 = bf16;
+    c.communication_data_type = wire;
+    return predict_memory(toy_spec(), {0, OD::None, OD::None}, c, WorldShape{1, 2}, TrainingShape{})
+        .at(Tier::Device, Kind::CommBuckets);
+  };
+  EXPECT_EQ(bucket("fp32", true), 8000);
+  EXPECT_EQ(bucket("bf16", false), 4000);
+  EXPECT_EQ(bucket("bf16", true), 2000);
+  EXPECT_EQ(bucket("", true), 2000);
+  EXPECT_EQ(bucket("fp32", false), 4000);
+}
+
 TEST(MemoryModel, Stage1ShardsOptimizerState) {
   const auto m = predict({1, OD::None, OD::None});
   EXPECT_EQ(m.at(Tier::Device, Kind::MasterParams), 4 * 3200);
