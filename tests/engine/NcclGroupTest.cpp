@@ -9,7 +9,9 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "common/Error.h"
+#include "common/MemoryLedger.h"
 #include "engine/ProcessGroupSetup.h"
+#include "sharding/Collectives.h"
 #include "tests/common/BuildPython.h"
 
 namespace zeroshard {
@@ -48,6 +50,32 @@ TEST(NcclGroup, OneRankCollectivesOnTheGpu) {
   at::Tensor mine = at::arange(1024, opts.dtype(at::kBFloat16));
   group->_allgather_base(gathered, mine)->wait();
   EXPECT_TRUE(at::equal(gathered.cpu(), mine.cpu()));
+}
+
+// Collectives' reductions over NCCL (sharding/Collectives.h): the native reduce-scatter in
+// the gradients' dtype, the native one in another wire dtype (communication_data_type),
+// alltoall summed in fp32 for 16-bit gradients, an all-reduce in a wire dtype. With one
+// rank each is a copy, rounded as its wire dtype rounds; the scratch is given back.
+TEST(NcclGroup, OneRankReductionsInEveryWireDtype) {
+  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  MemoryLedger ledger;
+  Collectives comm(make_nccl_group(store, 0, 1, 0, std::chrono::seconds(60), true), 0, 1, nullptr,
+                   &ledger);
+  const at::Tensor x = at::randn({4096}, at::TensorOptions().device(at::kCUDA, 0));
+  const at::Tensor host = x.cpu();
+  const auto rounded = [&](at::ScalarType t) { return host.to(t).to(at::kFloat); };
+  at::Tensor out = at::empty_like(x);
+  comm.reduce_scatter_sum(x, out).wait();
+  EXPECT_TRUE(at::equal(out.cpu(), host));
+  comm.reduce_scatter_sum(x, out, at::kBFloat16).wait();
+  EXPECT_TRUE(at::equal(out.cpu(), rounded(at::kBFloat16)));
+  comm.reduce_scatter_sum(x.to(at::kHalf), out).wait();
+  EXPECT_TRUE(at::equal(out.cpu(), rounded(at::kHalf)));
+  at::Tensor sum = x.clone();
+  comm.all_reduce_sum(sum, at::kBFloat16).wait();
+  EXPECT_TRUE(at::equal(sum.cpu(), rounded(at::kBFloat16)));
+  EXPECT_EQ(ledger.current(Tier::Device, Kind::CommBuckets), 0);
 }
 
 TEST(NcclGroup, AskingForAMissingDeviceNamesIt) {
