@@ -189,7 +189,8 @@ void check_overlap(const Overlap& c, int world, const std::string& device) {
 
 }  // namespace
 
-TEST(EngineOffload, OptimizerToCpuStage2And3) {
+TEST(EngineOffload, OptimizerToCpuStages1To3) {
+  check({1, "bf16", "cpu", "none"});
   check({2, "fp32", "cpu", "none"});
   check({3, "bf16", "cpu", "none"});
 }
@@ -216,6 +217,7 @@ TEST(EngineOffload, ParametersToCpuStage3) {
 // memory and go up to the GPU at each gather.
 TEST(EngineOffload, GpuOptimizerOffloadEndsWhereTheDeviceOptimizerDoes) {
   if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
+  check({1, "fp32", "cpu", "none", 2, "cuda", 1});  // the shard lands as at stage 2
   check({2, "fp32", "cpu", "none", 2, "cuda", 1});
   check({3, "fp32", "nvme", "none", 1, "cuda", 1});
   check({3, "fp32", "nvme", "nvme", 1, "cuda", 1});  // shards: host RAM <-> NVMe -> GPU
