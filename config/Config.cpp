@@ -175,7 +175,13 @@ void check_left_off(const LackedFeature& lacked, const std::string& path, const 
     }
     return;
   }
-  if (!value.IsScalar() || value.Scalar() != lacked.off) {
+  // A number may be written either way: 1 and 1.0.
+  double number = 0, off_number = 0;
+  const bool off = value.IsScalar() &&
+                   (value.Scalar() == lacked.off ||
+                    (parse_number(value, number) &&
+                     parse_number(YAML::Node(lacked.off), off_number) && number == off_number));
+  if (!off) {
     fail(
         "{}: config key '{}' is '{}': a DeepSpeed feature zeroshard does not have: {}; "
         "allowed: {}",

@@ -193,7 +193,6 @@ const std::map<std::string, const char*>& ignored_keys() {
       {"zero_optimization.stage3_gather_fp16_weights_on_model_save",
        "engine.save_16bit_model gathers at every stage"},
       {"zero_optimization.offload_param.buffer_size", "buffers are sized from the largest unit"},
-      {"zero_optimization.offload_optimizer.ratio", "offload is all or nothing"},
       {"zero_optimization.offload_optimizer.fast_init", "not needed"},
       {"zero_optimization.offload_optimizer.pipeline_read", "the Swapper always pipelines"},
       {"zero_optimization.offload_optimizer.pipeline_write", "the Swapper always pipelines"},
@@ -226,6 +225,11 @@ const std::map<std::string, LackedFeature>& lacked_features() {
       {"autotuning",
        {nullptr, "zeroshard-estimate (./zs estimate) plans the config before launch"}},
       {"sparse_gradients", {"false", "sparse gradients are not supported; gradients are dense"}},
+      {"zero_optimization.offload_optimizer.ratio",
+       {"1.0",
+        "partial optimizer offload is not supported: every shard's optimizer steps on the "
+        "offload device (DeepSpeed's default); to keep it on the GPU, set "
+        "zero_optimization.offload_optimizer.device none"}},
       {"checkpoint.load_universal",
        {"false",
         "DeepSpeed's universal checkpoints are not read; zeroshard's own reshard on load"}},

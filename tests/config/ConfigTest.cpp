@@ -263,9 +263,8 @@ TEST(Config, CommunicationDataTypeTakesDeepSpeedsNamesOrNull) {
   expect_contains(msg, "one of fp32, fp16, bf16");
 }
 
-// DeepSpeed's Adam parameters: its type Adam means AdamW's decoupled weight decay unless
-// adam_w_mode is false (deepspeed/runtime/engine.py); torch_adam changes no arithmetic;
-// bias_correction false is refused by name.
+// A DeepSpeed feature zeroshard lacks loads while the config leaves it off, with a warning,
+// and is refused by name, with what to do instead, when the config turns it on.
 TEST(Config, DeepSpeedFeaturesZeroshardLacksLoadWhileOffAndAreRefusedByNameWhenOn) {
   const auto off = load_config_string(R"({
       "amp": {"enabled": false}, "elasticity": {"enabled": false}, "autotuning": {"fast": true},
@@ -297,7 +296,22 @@ TEST(Config, DeepSpeedFeaturesZeroshardLacksLoadWhileOffAndAreRefusedByNameWhenO
   expect_contains(error, "layers are not dropped");
   error = load_error(R"({"optimizer": {"type": "OnebitAdam"}})");  // DeepSpeed's old spelling
   expect_contains(error, "1-bit Adam compresses gradients");
+  // offload_optimizer.ratio: DeepSpeed's default (every shard offloaded), written either way.
+  for (const char* all : {"1", "1.0"}) {
+    const auto loaded = load_config_string(
+        fmt::format(R"({{"zero_optimization": {{"offload_optimizer": {{"ratio": {}}}}}}})", all),
+        "ds.json");
+    EXPECT_EQ(loaded.warnings.size(), 1u);
+  }
+  error = load_error(R"({"zero_optimization": {"offload_optimizer": {"ratio": 0.3}}})");
+  expect_contains(error, "'zero_optimization.offload_optimizer.ratio' is '0.3'");
+  expect_contains(error, "partial optimizer offload is not supported");
+  expect_contains(error, "allowed: 1.0");
 }
+
+// DeepSpeed's Adam parameters: its type Adam means AdamW's decoupled weight decay unless
+// adam_w_mode is false (deepspeed/runtime/engine.py); torch_adam changes no arithmetic;
+// bias_correction false is refused by name.
 
 TEST(Config, AutoThatOnlyTheTrainerFillsSaysSoOutsideIt) {
   const std::string error = load_error(R"({"bf16": {"enabled": "auto"}})");
