@@ -58,6 +58,7 @@ void OffloadOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan>
 }
 
 void OffloadOptimizer::start() {
+  if (uploads_ && uploads_->slot_bytes() == 0) uploads_->reserve(largest_part_bytes());
   if (options_.device == OffloadDevice::Nvme && !nvme_.swapper) open_swap();
 }
 
@@ -100,9 +101,22 @@ uint16_t* OffloadOptimizer::fused_bf16(size_t group, int64_t first, const at::Te
   return reinterpret_cast<uint16_t*>(shard.data_ptr<at::BFloat16>()) + first;
 }
 
-at::Tensor OffloadOptimizer::upload_staging(size_t group, int64_t count) const {
+int64_t OffloadOptimizer::largest_part_bytes() const {
+  int64_t largest = 0;
+  for (const at::Tensor& shard : shards_) {
+    const int64_t part = options_.device == OffloadDevice::Nvme
+                             ? std::min(options_.sub_group_numel, shard.numel())
+                             : shard.numel();
+    largest = std::max(largest, part * static_cast<int64_t>(shard.element_size()));
+  }
+  return largest;
+}
+
+at::Tensor OffloadOptimizer::upload_staging(size_t group, int64_t count) {
   const at::Tensor& shard = shards_[group];
-  return shard.device().is_cpu() ? at::Tensor() : ShardUploads::staging(shard, count);
+  if (shard.device().is_cpu()) return at::Tensor();
+  if (uploads_->slot_bytes() == 0) uploads_->reserve(largest_part_bytes());  // start() not called
+  return uploads_->staging(shard.scalar_type(), count);
 }
 
 void OffloadOptimizer::write_back(size_t group, int64_t first, int64_t count, const float* master,

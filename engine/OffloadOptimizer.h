@@ -6,7 +6,7 @@
 // most sub_group_size elements, each a swap region [master | m | v] that the Swapper
 // streams through the pinned buffers: read ahead, Adam, write behind.
 // Shards on a GPU get their updated values back through page-locked staging and a copy
-// stream (sharding/ShardUploads.h), while CPU Adam goes on with the next part;
+// stream (engine/ShardUploads.h), while CPU Adam goes on with the next part;
 // order_uploads_before_current() then orders them before what the compute stream runs next.
 #include <functional>
 #include <memory>
@@ -15,8 +15,8 @@
 
 #include "common/MemoryLedger.h"
 #include "config/Config.h"
+#include "engine/ShardUploads.h"
 #include "sharding/ShardOptimizer.h"
-#include "sharding/ShardUploads.h"
 
 namespace zeroshard {
 
@@ -75,7 +75,8 @@ class OffloadOptimizer : public ShardOptimizer {
   // Shards on a GPU: the calling thread's current stream waits (on the device) for every
   // updated shard's copy; step() does it itself, the overlapped step once it is finished.
   void order_uploads_before_current();
-  // After the last add_group: writes the initial state to NVMe (else the first step does).
+  // After the last add_group: writes the initial state to NVMe (else the first step does)
+  // and, for shards on a GPU, allocates the staging of their way back.
   void start();
   // Called before a group's first update and after its last (parameter offload brings
   // the shard's storage back and writes it out).
@@ -112,7 +113,8 @@ class OffloadOptimizer : public ShardOptimizer {
   // Where CPU Adam writes the updated bf16 parameters of [first, first + count), if it
   // does: the shard itself (host) or `staging` (a device shard's way back).
   uint16_t* fused_bf16(size_t group, int64_t first, const at::Tensor& staging);
-  at::Tensor upload_staging(size_t group, int64_t count) const;  // undefined: a host shard
+  at::Tensor upload_staging(size_t group, int64_t count);  // undefined: a host shard
+  int64_t largest_part_bytes() const;  // the most one upload carries: a shard or a sub-group
   void write_back(size_t group, int64_t first, int64_t count, const float* master,
                   const uint16_t* bf16, const at::Tensor& staging);
   void wait_uploads(size_t keep);  // the host waits until at most `keep` are in flight

@@ -222,7 +222,15 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   m.at(Tier::Device, Kind::CommBuckets) = buckets;
 
   int64_t pinned = 0;
-  if (opt_off && !shape.device_is_host) pinned += 2 * kl * reduce_bucket;  // gradient staging
+  if (opt_off && !shape.device_is_host && !config.optimizer.external) {
+    // The updated shards' way back to the GPU: two slots of the largest part CPU Adam
+    // steps at once (a group's shard, or a sub-group of it on NVMe). A group holds a
+    // unit or a bucket of at most reduce_bucket elements (one larger tensor alone).
+    const int64_t group = std::max(spec.largest_unit(), reduce_bucket);
+    int64_t part = padded_shard_numel(group, d);
+    if (option.optimizer == OffloadDevice::Nvme) part = std::min(*z.sub_group_size, part);
+    pinned += 2 * round_up(kl * part, kIoAlignment);
+  }
   if (option.optimizer == OffloadDevice::Nvme) {
     // Each swap slot holds one sub-group's master, m and v (a torch.optim class's: its
     // state arrays); sub-groups split each unit's shard.

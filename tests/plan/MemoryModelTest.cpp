@@ -161,8 +161,10 @@ TEST(MemoryModel, Stage2CpuOffloadMovesOptimizerAndFp32GradsToHost) {
   EXPECT_EQ(m.at(Tier::Host, Kind::MasterParams), 4 * 3200);
   EXPECT_EQ(m.at(Tier::Host, Kind::OptimizerStates), 8 * 3200);
   EXPECT_EQ(m.at(Tier::Host, Kind::GradsFp32), 4 * 3200);
-  EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 2 * 2 * 1000);
-  EXPECT_EQ(m.total(Tier::Host), 55'200);
+  // The updated shards' staging: two slots of a unit's 1,600-element bf16 shard (3,200
+  // bytes, aligned to 4,096).
+  EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 2 * 4096);
+  EXPECT_EQ(m.total(Tier::Host), 4 * 3200 + 8 * 3200 + 4 * 3200 + 2 * 4096);
 }
 
 TEST(MemoryModel, Stage3NvmeEverything) {
@@ -173,10 +175,11 @@ TEST(MemoryModel, Stage3NvmeEverything) {
   EXPECT_EQ(m.total(Tier::Device), 2 * 3300 + 2000);
   // Each unit's 1,600-element bf16 shard is a swap region aligned to 4,096 bytes.
   EXPECT_EQ(m.total(Tier::Nvme), 2 * 4096 + 4 * 3200 + 8 * 3200);
-  // Gradient staging 4,000 + 4 swap slots of 800 x 12 (9,600 bytes, aligned to 12,288) +
-  // 5 param buffers of a 1,600 shard x 2 (3,200 bytes, aligned to 4,096).
-  EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 4000 + 4 * 12'288 + 5 * 4096);
-  EXPECT_EQ(m.total(Tier::Host), 4 * 3200 + 4000 + 4 * 12'288 + 5 * 4096);
+  // Staging of the updated shards: 2 slots of an 800-element sub-group x 2 (1,600 bytes,
+  // aligned to 4,096); 4 swap slots of 800 x 12 (9,600 bytes, aligned to 12,288); 5 param
+  // buffers of a 1,600 shard x 2 (3,200 bytes, aligned to 4,096).
+  EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 2 * 4096 + 4 * 12'288 + 5 * 4096);
+  EXPECT_EQ(m.total(Tier::Host), 4 * 3200 + 2 * 4096 + 4 * 12'288 + 5 * 4096);
 }
 
 TEST(MemoryModel, Fp32TrainingNeedsNoMasterCopy) {
@@ -348,7 +351,7 @@ TEST(MemoryModel, ATorchOptimizerPagesOnlyItsStateThroughNvme) {
   EXPECT_EQ(m.at(Tier::Nvme, Kind::OptimizerStates), 4 * 3200);
   EXPECT_EQ(m.at(Tier::Nvme, Kind::MasterParams), 0);
   EXPECT_EQ(m.at(Tier::Host, Kind::MasterParams), 4 * 3200);
-  // Gradient staging 4,000 + 4 swap slots of an 800-element sub-group x 4 bytes (3,200,
-  // aligned to 4,096).
-  EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 4000 + 4 * 4096);
+  // 4 swap slots of an 800-element sub-group x 4 bytes (3,200, aligned to 4,096); no
+  // staging: the Python package's class writes the shards back itself.
+  EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 4 * 4096);
 }
