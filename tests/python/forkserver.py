@@ -7,13 +7,14 @@ So one server process per test session imports torch once and forks a rank proce
 request: a real process of its own (own pid, own address space, its own exit status and
 signals), which runs the worker script as `python SCRIPT ARGS` would, with the test's
 environment, working directory and output pipe. What an interpreter reads from the
-environment while it starts and imports torch (PYTHON*, LD_*, OMP_*, the BLAS thread
-counts, TORCH*/PYTORCH*, CUDA*) is fixed in the server, so a request whose values for
-those differ is started the ordinary way (subprocess.Popen), as is any request when the
-server cannot run.
+environment while it starts and imports torch or transformers (PYTHON*, LD_*, OMP_*, the
+BLAS thread counts, TORCH*/PYTORCH*, CUDA*, HF_*/TRANSFORMERS*, ...) is fixed in the server,
+so a request whose values for those differ is started the ordinary way (subprocess.Popen),
+as is any request when the server cannot run. transformers is imported by the server
+before the first rank whose script names it (PRELOAD_WHEN).
 
 Protocol, one Unix socket connection per process: the client sends one JSON line
-{argv, env, cwd} with the write end of its output pipe (SCM_RIGHTS); the server forks a
+{argv, env, cwd, preload} with the write end of its output pipe (SCM_RIGHTS); the server forks a
 monitor, which forks the rank process, writes its pid as a line, waits for it and writes
 its exit code (Popen's: negative for a signal) as a second line.
 usage (the server): forkserver.py SOCKET_PATH"""
@@ -29,13 +30,32 @@ import sys
 import tempfile
 import time
 
-# Read while an interpreter starts or torch is imported: fixed in the server.
+# Read while an interpreter starts or torch and transformers are imported: fixed in the
+# server.
 STARTUP_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH",
-                    "PYTORCH", "CUDA", "NVIDIA")
+                    "PYTORCH", "CUDA", "NVIDIA", "HF_", "HUGGINGFACE", "TRANSFORMERS",
+                    "TOKENIZERS", "ACCELERATE", "USE_TORCH", "USE_TF", "USE_FLAX", "USE_JAX",
+                    "DATASETS")
+
+
+# What a rank spends seconds importing (transformers' Trainer: 1-2 s), and the names in a
+# worker script that say it will: the server imports it before the first such rank, so a
+# session that never starts one never pays for it.
+PRELOAD = ["transformers.modeling_utils", "transformers.trainer"]
+PRELOAD_WHEN = ("transformers", "trl", "hf_worker")
 
 
 def startup_env(env):
     return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES)}
+
+
+def preloads_of(script):
+    try:
+        with open(script, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return []
+    return PRELOAD if any(name in text for name in PRELOAD_WHEN) else []
 
 
 class ForkedProcess:
@@ -123,7 +143,8 @@ class Client:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(self.path)
         read, write = os.pipe()
-        request = json.dumps({"argv": argv, "env": env, "cwd": cwd or os.getcwd()})
+        request = json.dumps({"argv": argv, "env": env, "cwd": cwd or os.getcwd(),
+                              "preload": preloads_of(argv[0])})
         socket.send_fds(conn, [request.encode() + b"\n"], [write])
         os.close(write)
         proc = ForkedProcess(conn, read)
@@ -191,6 +212,15 @@ def become_rank(request, out, conn, listener):
     return script
 
 
+def preload(modules):
+    import importlib
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001  the rank imports it again and reports what fails
+            pass
+
+
 def serve(path):
     """Returns, in a forked rank process only, the script it is to run."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -208,6 +238,7 @@ def serve(path):
         except (OSError, EOFError, ValueError):
             conn.close()
             continue
+        preload(request.get("preload", []))
         sys.stdout.flush()
         sys.stderr.flush()
         if os.fork() != 0:

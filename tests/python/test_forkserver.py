@@ -1,8 +1,8 @@
 """The warm interpreter test ranks start from (forkserver.py) gives what subprocess.Popen
 gives: the script's argv, environment and working directory, its output, its exit
-status (negative for a signal), a timeout that leaves it running, and kill(); and a
-request whose start-up environment differs from the server's is started the ordinary
-way."""
+status (negative for a signal), a timeout that leaves it running, and kill(); a request
+whose start-up environment differs from the server's is started the ordinary way; and
+transformers is imported before a rank whose script names it, and only then."""
 import os
 import subprocess
 
@@ -66,3 +66,24 @@ def test_another_start_up_environment_starts_the_ordinary_way(script):
     assert isinstance(proc, subprocess.Popen)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and out.startswith("argv ['exit', '0']"), out
+
+
+def test_transformers_is_imported_before_the_ranks_that_name_it_only(tmp_path):
+    pytest.importorskip("transformers")
+    # The plain script must not name it: the name is put together.
+    check = ("import sys\nname = 'trans' + 'formers.trainer'\n"
+             "print(sorted(m for m in ('torch', name) if m in sys.modules))\n")
+    plain, hf = tmp_path / "plain.py", tmp_path / "hf.py"
+    plain.write_text(check)
+    hf.write_text("# a transformers worker\n" + check)
+    client, outs = forkserver.Client(env()), []  # a server of its own, fresh
+    try:
+        for path in (plain, hf, plain):
+            proc = client.start([str(path)], env())
+            outs.append(proc.communicate(timeout=120)[0].strip())
+            assert proc.returncode == 0, outs[-1]
+    finally:
+        client.close()
+    # The first plain rank started before any import; the last one shares the server's.
+    assert outs == ["['torch']", "['torch', 'transformers.trainer']",
+                    "['torch', 'transformers.trainer']"], outs
