@@ -109,7 +109,7 @@ std::unique_ptr<ParamHome> EngineImpl::place_param_shards(
   const std::string& dir = swap_->open_dir(op.nvme_path);  // makes io() first
   auto home = std::make_unique<ParamHome>(sharded, on_nvme, swap_->io(), dir,
                                           plan_.settings.offload_param.buffer_count, &ledger_,
-                                          /*page_lock=*/!device_.where.is_cpu());
+                                          device_.where);
   OffloadOptimizer* offloaded = pipeline_->offloaded();
   if (!offloaded && (plan_.config.optimizer.external || plan_.config.optimizer.type == "Lamb")) {
     fail(

@@ -1,7 +1,9 @@
 #include "engine/ParamHome.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
+#include <iterator>
 
 #include <ATen/ATen.h>
 
@@ -15,8 +17,8 @@ namespace zeroshard {
 
 ParamHome::ParamHome(std::vector<FlatParamGroup*> units, std::vector<bool> on_nvme, IoEngine* io,
                      const std::string& swap_dir, int64_t buffer_count, MemoryLedger* ledger,
-                     bool page_lock)
-    : units_(std::move(units)), on_nvme_(std::move(on_nvme)) {
+                     c10::Device device)
+    : units_(std::move(units)), on_nvme_(std::move(on_nvme)), uploads_(device) {
   std::vector<int64_t> bytes;
   int64_t largest = 0;
   region_.assign(units_.size(), 0);
@@ -28,8 +30,9 @@ ParamHome::ParamHome(std::vector<FlatParamGroup*> units, std::vector<bool> on_nv
   }
   reads_.resize(units_.size());
   if (bytes.empty()) return;
-  pool_ =
-      std::make_unique<PinnedPool>(std::max<int64_t>(1, buffer_count), largest, ledger, page_lock);
+  pool_ = std::make_unique<PinnedPool>(std::max<int64_t>(1, buffer_count), largest, ledger,
+                                       /*page_lock=*/!device.is_cpu());
+  uploaded_.resize(static_cast<size_t>(pool_->count()));
   io->register_buffers(pool_->all());
   for (int64_t i = 0; i < pool_->count(); ++i) free_.push_back(pool_->acquire());
   swapper_ = std::make_unique<Swapper>(io, swap_dir, "params", bytes, ledger, Kind::Params);
@@ -40,6 +43,7 @@ ParamHome::ParamHome(std::vector<FlatParamGroup*> units, std::vector<bool> on_nv
 }
 
 ParamHome::~ParamHome() {
+  for (const CopyDone& copy : uploaded_) copy.wait();
   try {
     for (size_t u = 0; u < units_.size(); ++u)
       if (reads_[u].slot >= 0) reads_[u].done.wait();
@@ -80,9 +84,16 @@ int64_t ParamHome::take_slot(bool may_wait) {
       reads_[u] = Transfer{};
     }
   }
-  if (free_.empty()) return -1;
-  const int64_t slot = free_.back();
-  free_.pop_back();
+  // A free buffer whose copy to the device has ended, else (with `may_wait`) the last.
+  auto pick = std::find_if(free_.rbegin(), free_.rend(),
+                           [&](int64_t s) { return uploaded_[static_cast<size_t>(s)].ready(); });
+  if (pick == free_.rend()) {
+    if (free_.empty() || !may_wait) return -1;
+    pick = free_.rbegin();
+  }
+  const int64_t slot = *pick;
+  free_.erase(std::next(pick).base());
+  uploaded_[static_cast<size_t>(slot)].wait();
   return slot;
 }
 
@@ -107,9 +118,13 @@ void ParamHome::fill(size_t unit, const at::Tensor& slice) {
     reads_[unit] = {slot, swapper_->read(region_[unit], pool_->buffer(slot))};
   }
   const int64_t slot = reads_[unit].slot;
-  finish_read(unit);  // the buffer is only reused by this thread, after the copy below
-  // `slice` is in the full buffer: on a GPU a copy up (done when it returns), else memcpy.
-  slice.copy_(at::from_blob(pool_->buffer(slot), slice.sizes(), slice.options().device(at::kCPU)));
+  finish_read(unit);  // take_slot() hands the buffer out again once the copy below ends
+  // `slice` is in the full buffer: on a GPU a copy up that the current stream waits for
+  // (the host does not), else memcpy.
+  const at::Tensor staged =
+      at::from_blob(pool_->buffer(slot), slice.sizes(), slice.options().device(at::kCPU));
+  uploaded_[static_cast<size_t>(slot)] = uploads_.copy(slice, staged);
+  uploaded_[static_cast<size_t>(slot)].before_current();
 }
 
 void ParamHome::open_for_update(size_t unit) {

@@ -3,6 +3,9 @@
 // the ParamCoordinator's walk prefetches the next units' shards into pinned buffers
 // and fill() copies one into its gather just before the all-gather. After the
 // optimizer step, store() writes a unit's updated shard back and frees its storage.
+// On a GPU fill()'s copy runs on a copy stream (sharding/CopyStream.h) that the
+// current stream then waits for, so the host goes on issuing work; a buffer is used
+// again (read into, or written from) only once the copy that last read it has ended.
 // Used from the training thread only.
 #include <deque>
 #include <future>
@@ -10,7 +13,10 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "common/MemoryLedger.h"
+#include "sharding/CopyStream.h"
 #include "sharding/FlatParamGroup.h"
 #include "sharding/ParamCoordinator.h"
 
@@ -23,11 +29,11 @@ class Swapper;
 class ParamHome : public ShardHome {
  public:
   // units: the coordinator's units; on_nvme: which of them live here. Writes their
-  // current shards out and frees them. `page_lock`: the shards are on a GPU, so the
+  // current shards out and frees them. `device`: where the gathers are; on a GPU the
   // staging buffers are page-locked.
   ParamHome(std::vector<FlatParamGroup*> units, std::vector<bool> on_nvme, IoEngine* io,
             const std::string& swap_dir, int64_t buffer_count, MemoryLedger* ledger,
-            bool page_lock = false);
+            c10::Device device = c10::Device(c10::kCPU));
   ~ParamHome() override;
 
   bool holds(size_t unit) const override { return on_nvme_.at(unit); }
@@ -44,7 +50,7 @@ class ParamHome : public ShardHome {
     int64_t slot = -1;
     std::future<void> done;
   };
-  int64_t take_slot(bool may_wait);
+  int64_t take_slot(bool may_wait);  // once the copy that last read it has ended
   void finish_read(size_t unit);
   int64_t bytes_of(size_t unit) const;
 
@@ -56,7 +62,8 @@ class ParamHome : public ShardHome {
   std::vector<int64_t> free_;
   std::vector<Transfer> reads_;  // per unit: a prefetch in flight
   std::deque<Transfer> writes_;
-  LedgerEntry entry_;
+  CopyStream uploads_;              // fill()'s copies to the device
+  std::vector<CopyDone> uploaded_;  // per buffer: the copy that last read it
 };
 
 // ParamHome's open_for_update/store bracket as a scope: while it lives, `unit`'s shard

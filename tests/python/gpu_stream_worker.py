@@ -1,8 +1,10 @@
 """One process on a GPU (tests/python/test_gpu_streams.py): the tiny GPT of models.py
 trained by zeroshard at stage 3, two micro-batches per step, with its optimizer on the
 device (OFFLOAD none) or on the host (cpu), the host's step after backward or inside it
-(OVERLAP false or true). Writes its losses to OUT.rank0.json.
-usage: gpu_stream_worker.py DEVICE OFFLOAD OVERLAP OUT"""
+(OVERLAP false or true), and the parameter shards on the device or, with PARAMS_NVME (a
+folder), on NVMe (engine/ParamHome.h: each copied up on a copy stream at its gather).
+Writes its losses to OUT.rank0.json.
+usage: gpu_stream_worker.py DEVICE OFFLOAD OVERLAP OUT [PARAMS_NVME]"""
 import json
 import os
 import sys
@@ -22,6 +24,8 @@ def main():
     zero = {"stage": 3, "stage3_param_persistence_threshold": 0}  # every block sharded
     if offload != "none":
         zero["offload_optimizer"] = {"device": offload, "overlap_step": overlap}
+    if len(sys.argv) > 5:
+        zero["offload_param"] = {"device": "nvme", "nvme_path": sys.argv[5], "max_in_cpu": 0}
     config = {"train_micro_batch_size_per_gpu": models.GLOBAL_ROWS // 2,
               "gradient_accumulation_steps": ACCUMULATION,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
