@@ -168,8 +168,12 @@ const std::map<std::string, const char*>& ignored_keys() {
       {"dump_state", "engine.memory_report() shows the state"},
       {"cuda_visible_devices",
        "not a DeepSpeed key either; the launcher's CUDA_VISIBLE_DEVICES picks the GPUs"},
-      {"prescale_gradients", "gradients are averaged after reduction in fp32"},
-      {"gradient_predivide_factor", "gradients are averaged after reduction in fp32"},
+      {"prescale_gradients",
+       "gradients are summed (in fp32 unless communication_data_type names another dtype), "
+       "then averaged in fp32"},
+      {"gradient_predivide_factor",
+       "gradients are summed (in fp32 unless communication_data_type names another dtype), "
+       "then averaged in fp32"},
       {"zero_allow_untested_optimizer", "every optimizer zeroshard offers is tested"},
       {"flops_profiler", "not implemented"},
       {"tensorboard", "not implemented"},
