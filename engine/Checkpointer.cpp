@@ -465,6 +465,7 @@ void Checkpointer::load_group(const CheckpointReader& reader, GroupId i) {
   }
   {
     ShardUpdate update(p_.param_home, u);
+    g->settle_shard_read();  // a gather's copy of it to the GPU may still be reading it
     g->param_shard().copy_(src);
   }
   if (g->gathered() && u >= 0) p_.units->coordinator().release_now(u);

@@ -309,6 +309,9 @@ void EngineImpl::backward(const at::Tensor& loss) {
 }
 
 bool EngineImpl::step() {
+  // Shards kept in host memory may still be read by a gather's copy to the GPU (one
+  // with no backward since, as after an evaluation's forward): the step writes them.
+  for (const GroupRecord& g : groups_) g.flat->settle_shard_read();
   if (!pipeline_->update([this] { return param_group_hypers(); })) return false;
   return finish_step();
 }

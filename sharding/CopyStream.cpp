@@ -31,6 +31,18 @@ CopyStream::CopyStream(c10::Device device) {
                 ->getStreamFromGlobalPool(device, /*isHighPriority=*/false);
 }
 
+CopyDone CopyStream::on_current(const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.is_cpu() && src.is_cpu()) {
+    dst.copy_(src);
+    return {};
+  }
+  const c10::Device device = dst.is_cpu() ? src.device() : dst.device();
+  dst.copy_(src, /*non_blocking=*/true);
+  auto done = std::make_shared<c10::Event>(device.type());
+  done->record(current_stream(device));
+  return CopyDone(std::move(done));
+}
+
 CopyDone CopyStream::copy(const at::Tensor& dst, const at::Tensor& src) {
   if (!stream_) {
     dst.copy_(src);

@@ -44,6 +44,9 @@ class CopyStream {
   explicit CopyStream(c10::Device device);
   // dst <- src, one of them on the device, after the current stream's queued work.
   CopyDone copy(const at::Tensor& dst, const at::Tensor& src);
+  // dst <- src on the calling thread's current stream itself, without the host waiting
+  // (src page-locked host memory, dst on the device); on the host a plain copy.
+  static CopyDone on_current(const at::Tensor& dst, const at::Tensor& src);
   bool on_device() const { return stream_.has_value(); }
 
  private:

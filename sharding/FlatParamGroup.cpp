@@ -44,7 +44,7 @@ FlatParamGroup::FlatParamGroup(const std::vector<NamedParam>& params, int rank, 
   flat_ =
       CountedBuffer(flat, ledger, tier, sharded_ ? Kind::GatheredParams : Kind::Params, full_bytes);
   if (sharded_) {
-    shard_ =
+    kept_.buffer =
         CountedBuffer(own_slice().clone(), ledger, tier, Kind::Params, nbytes(shard_numel_, flat));
   }
   if (with_grads_) {
@@ -85,7 +85,7 @@ void FlatParamGroup::poison_params() {
 }
 
 at::Tensor FlatParamGroup::param_shard() const {
-  return sharded_ ? shard_.tensor() : own_slice();
+  return sharded_ ? kept_.buffer.tensor() : own_slice();
 }
 
 at::Tensor FlatParamGroup::grad_shard() const {
@@ -119,30 +119,37 @@ void FlatParamGroup::zero_grads() {
 void FlatParamGroup::allocate_full(bool fill_own_shard) {
   if (gathered_) return;
   flat_.resize(nbytes(padded_numel(), flat_.tensor()));
-  if (fill_own_shard) own_slice().copy_(shard_.tensor());
+  if (fill_own_shard) {
+    const at::Tensor& kept = kept_.buffer.tensor();
+    if (kept.is_cpu() && !flat_.tensor().is_cpu()) {  // host to GPU: the host does not wait
+      kept_.read = CopyStream::on_current(own_slice(), kept);
+    } else {
+      own_slice().copy_(kept);
+    }
+  }
   for (auto& s : slots_) bind_param(s);
   gathered_ = true;
 }
 
 void FlatParamGroup::release_shard() {
-  shard_.resize(0);
+  kept_.buffer.resize(0);
 }
 
 void FlatParamGroup::materialize_shard() {
   if (shard_resident()) return;
-  shard_.resize(nbytes(shard_numel_, shard_.tensor()));
+  kept_.buffer.resize(nbytes(shard_numel_, kept_.buffer.tensor()));
 }
 
 void FlatParamGroup::set_shard_tier(Tier tier, MemoryLedger* ledger) {
-  shard_.recount(ledger, tier, Kind::Params);
+  kept_.buffer.recount(ledger, tier, Kind::Params);
 }
 
 void FlatParamGroup::keep_shard_on_host(MemoryLedger* ledger) {
-  const at::Tensor& shard = shard_.tensor();
+  const at::Tensor& shard = kept_.buffer.tensor();
   if (!sharded_ || shard.device().is_cpu()) return;
-  shard_ = CountedBuffer(shard.to(shard.options().device(at::kCPU).pinned_memory(true),
-                                  /*non_blocking=*/false, /*copy=*/true),
-                         ledger, Tier::Host, Kind::Params, shard_.bytes());
+  kept_.buffer = CountedBuffer(shard.to(shard.options().device(at::kCPU).pinned_memory(true),
+                                        /*non_blocking=*/false, /*copy=*/true),
+                               ledger, Tier::Host, Kind::Params, kept_.buffer.bytes());
 }
 
 void FlatParamGroup::release_full() {

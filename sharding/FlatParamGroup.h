@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/MemoryLedger.h"
+#include "sharding/CopyStream.h"
 #include "sharding/CountedBuffer.h"
 #include "zeroshard/Types.h"  // NamedParam
 
@@ -68,7 +69,7 @@ class FlatParamGroup {
   void allocate_full(bool fill_own_shard = true);
   void release_full();
   // Stage 3, after the full parameters were written: keep this rank's part of them.
-  void keep_own_slice() { shard_.tensor().copy_(own_slice()); }
+  void keep_own_slice() { kept_.buffer.tensor().copy_(own_slice()); }
   at::Tensor own_slice() const {
     return flat_.tensor().narrow(0, rank_ * shard_numel_, shard_numel_);
   }
@@ -77,12 +78,16 @@ class FlatParamGroup {
   // lives on another tier, and brought back (contents undefined) to be written.
   void release_shard();
   void materialize_shard();
-  bool shard_resident() const { return shard_.resident(); }
+  bool shard_resident() const { return kept_.buffer.resident(); }
   // The tier the kept shard is counted under while resident.
   void set_shard_tier(Tier tier, MemoryLedger* ledger);
   // Parameter offload on a GPU: the kept shard moves to page-locked host memory (gathers
   // copy it up to the full buffer), counted under the host tier. On the host: nothing.
+  // A gather's copy up is queued on the current stream and the host goes on; before the
+  // host writes the kept shard (a step, a checkpoint's load), settle_shard_read() waits
+  // for the last such copy to end.
   void keep_shard_on_host(MemoryLedger* ledger);
+  void settle_shard_read() const { kept_.read.wait(); }
 
  private:
   void bind_views();
@@ -96,8 +101,12 @@ class FlatParamGroup {
   bool gathered_ = true;
   int64_t numel_ = 0;
   int64_t shard_numel_ = 0;
+  struct KeptShard {  // stage 3 only
+    CountedBuffer buffer;
+    CopyDone read;  // in host memory: the last gather's copy of it to the device
+  };
   CountedBuffer flat_;
-  CountedBuffer shard_;  // stage 3 only
+  KeptShard kept_;
   CountedBuffer grad_;
   at::Tensor poison_;  // what released parameters point at
 };

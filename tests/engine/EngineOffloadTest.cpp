@@ -221,6 +221,7 @@ TEST(EngineOffload, GpuOptimizerOffloadEndsWhereTheDeviceOptimizerDoes) {
   check({2, "fp32", "cpu", "none", 2, "cuda", 1});
   check({3, "fp32", "nvme", "none", 1, "cuda", 1});
   check({3, "fp32", "nvme", "nvme", 1, "cuda", 1});  // shards: host RAM <-> NVMe -> GPU
+  check({3, "fp32", "cpu", "cpu", 2, "cuda", 1});    // shards in host RAM, copied up unwaited
   ::setenv("ZS_DIST_BACKEND", "gloo", 1);            // inherited by the ranks
   check({3, "fp32", "cpu", "none", 2, "cuda", 2});
   ::unsetenv("ZS_DIST_BACKEND");

@@ -1,10 +1,11 @@
 """One process on a GPU (tests/python/test_gpu_streams.py): the tiny GPT of models.py
 trained by zeroshard at stage 3, two micro-batches per step, with its optimizer on the
 device (OFFLOAD none) or on the host (cpu), the host's step after backward or inside it
-(OVERLAP false or true), and the parameter shards on the device or, with PARAMS_NVME (a
-folder), on NVMe (engine/ParamHome.h: each copied up on a copy stream at its gather).
+(OVERLAP false or true), and the parameter shards on the device or, with PARAMS (cpu, or
+a folder for NVMe), in host RAM (sharding/FlatParamGroup.h: each copied up at its gather
+without the host waiting) or on NVMe (engine/ParamHome.h: copied up on a copy stream).
 Writes its losses to OUT.rank0.json.
-usage: gpu_stream_worker.py DEVICE OFFLOAD OVERLAP OUT [PARAMS_NVME]"""
+usage: gpu_stream_worker.py DEVICE OFFLOAD OVERLAP OUT [PARAMS]"""
 import json
 import os
 import sys
@@ -24,7 +25,9 @@ def main():
     zero = {"stage": 3, "stage3_param_persistence_threshold": 0}  # every block sharded
     if offload != "none":
         zero["offload_optimizer"] = {"device": offload, "overlap_step": overlap}
-    if len(sys.argv) > 5:
+    if len(sys.argv) > 5 and sys.argv[5] == "cpu":
+        zero["offload_param"] = {"device": "cpu"}
+    elif len(sys.argv) > 5:
         zero["offload_param"] = {"device": "nvme", "nvme_path": sys.argv[5], "max_in_cpu": 0}
     config = {"train_micro_batch_size_per_gpu": models.GLOBAL_ROWS // 2,
               "gradient_accumulation_steps": ACCUMULATION,

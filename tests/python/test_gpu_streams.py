@@ -5,7 +5,8 @@ updated parameters up, on streams of their own) run under torch's CUDA stream sa
 is ordered before the kernel fails the run), and give the losses of the same training
 with the optimizer on the device, from the first step on. The sanitizer sees what runs
 on the training thread and autograd's threads; the overlapped step's own worker thread
-is outside its reach. Parameter shards on NVMe go up to their gathers the same way."""
+is outside its reach. Parameter shards kept in host RAM or on NVMe are copied up to
+their gathers under it too."""
 import os
 
 import pytest
@@ -18,10 +19,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no GPU visible (torch.cuda.is_available() is False)")
 
 
-def losses(scratch, offload, overlap, sanitize, params_nvme=None):
-    out = str(scratch / f"{offload}-{overlap}-{int(sanitize)}-{bool(params_nvme)}")
+def losses(scratch, offload, overlap, sanitize, params=None):
+    out = str(scratch / f"{offload}-{overlap}-{int(sanitize)}-{bool(params)}")
     env = {"TORCH_CUDA_SANITIZER": "1"} if sanitize else {}
-    args = [WORKER, "cuda", offload, overlap, out] + ([params_nvme] if params_nvme else [])
+    args = [WORKER, "cuda", offload, overlap, out] + ([params] if params else [])
     return run_ranks(args, 1, out, extra_env=env)[0]
 
 
@@ -32,11 +33,17 @@ def test_offload_copies_are_ordered_and_give_the_device_optimizers_losses(overla
     assert got == pytest.approx(want, rel=1e-4)  # CPU Adam against the device's AdamW
 
 
-def test_parameter_shards_from_nvme_are_ordered_and_give_the_device_optimizers_losses(scratch):
-    """Each shard read from NVMe goes up to its gather on a copy stream the compute stream
-    waits for; its staging buffer is read into again only once that copy has ended."""
-    nvme = scratch / "nvme"
-    nvme.mkdir()
+@pytest.mark.parametrize("params", ["cpu", "nvme"])
+def test_parameter_shards_off_the_gpu_are_ordered_and_give_the_device_optimizers_losses(
+        params, scratch):
+    """Each shard kept in host RAM goes up to its gather without the host waiting, and
+    is written by the step only once that copy has ended; each shard read from NVMe goes
+    up on a copy stream the compute stream waits for, and its staging buffer is read
+    into again only once that copy has ended."""
+    where = "cpu"
+    if params == "nvme":
+        where = str(scratch / "nvme")
+        os.mkdir(where)
     want = losses(scratch, "none", "false", sanitize=False)
-    got = losses(scratch, "cpu", "false", sanitize=True, params_nvme=str(nvme))
+    got = losses(scratch, "cpu", "false", sanitize=True, params=where)
     assert got == pytest.approx(want, rel=1e-4)
