@@ -131,8 +131,8 @@ void OffloadOptimizer::write_back(size_t group, int64_t first, int64_t count, co
   uploads_->upload(dst, staging);
 }
 
-void OffloadOptimizer::wait_uploads(size_t keep) {
-  if (uploads_) uploads_->wait(keep);
+void OffloadOptimizer::wait_uploads() {
+  if (uploads_) uploads_->wait_all();
 }
 
 void OffloadOptimizer::order_uploads_before_current() {
@@ -161,7 +161,7 @@ void OffloadOptimizer::adam_sub_group(size_t r, const Update& u, void* buffer) {
   adam(sg.group, u, sg.offset, sg.numel, f, f + sg.numel, f + 2 * sg.numel);
   const bool last = sg.offset + sg.numel == shards_[sg.group].numel();
   if (last && hooks_.end) {
-    wait_uploads(0);  // what the hook does with the shard reads the updated values
+    wait_uploads();  // what the hook does with the shard reads the updated values
     hooks_.end(sg.group);
   }
 }
@@ -214,7 +214,7 @@ void OffloadOptimizer::step_group(size_t group, const at::Tensor& grad, double g
     adam(group, u, 0, h.master.numel(), h.master.data_ptr<float>(), h.m.data_ptr<float>(),
          h.v.data_ptr<float>());
     if (hooks_.end) {
-      wait_uploads(0);
+      wait_uploads();
       hooks_.end(group);
     }
     return;

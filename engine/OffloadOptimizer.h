@@ -117,7 +117,7 @@ class OffloadOptimizer : public ShardOptimizer {
   int64_t largest_part_bytes() const;  // the most one upload carries: a shard or a sub-group
   void write_back(size_t group, int64_t first, int64_t count, const float* master,
                   const uint16_t* bf16, const at::Tensor& staging);
-  void wait_uploads(size_t keep);  // the host waits until at most `keep` are in flight
+  void wait_uploads();  // the host waits until no upload is in flight
   // Adam over `count` elements of `group` from element `first`, whose master, m and v
   // start at the given pointers; `grad` is the group's whole fp32 gradient.
   struct Update {

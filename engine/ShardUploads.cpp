@@ -32,26 +32,21 @@ at::Tensor ShardUploads::staging(at::ScalarType dtype, int64_t count) {
 }
 
 void ShardUploads::upload(const at::Tensor& dst, const at::Tensor& staging) {
-  const size_t slot = staging.data_ptr() == slots_->buffer(0) ? 0 : 1;
-  if (staging.data_ptr() != slots_->buffer(static_cast<int64_t>(slot))) {
-    fail("ShardUploads: upload() takes staging() slots only");
+  const size_t slot = 1 - next_;  // the one staging() handed out last
+  if (!slots_ || staging.data_ptr() != slots_->buffer(static_cast<int64_t>(slot))) {
+    fail("ShardUploads: upload() takes the slot staging() handed out last");
   }
-  CopyDone done = stream_.copy(dst, staging);
-  last_read_[slot] = done;
-  in_flight_.push_back(std::move(done));
-  wait(2);  // any older one has ended: its slot was waited on before this part was written
+  last_read_[slot] = stream_.copy(dst, staging);
 }
 
-void ShardUploads::wait(size_t keep) {
-  while (in_flight_.size() > keep) {
-    in_flight_.front().wait();
-    in_flight_.pop_front();
-  }
+// Any upload older than the slots' last two has ended: its slot was waited on before the
+// next part was written into it.
+void ShardUploads::wait_all() {
+  for (const CopyDone& done : last_read_) done.wait();
 }
 
 void ShardUploads::order_before_current() {
-  for (const CopyDone& done : in_flight_) done.before_current();
-  in_flight_.clear();  // last_read_ still keeps the host from writing a slot too early
+  for (const CopyDone& done : last_read_) done.before_current();
 }
 
 }  // namespace zeroshard

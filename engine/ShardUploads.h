@@ -8,7 +8,6 @@
 // part written into a slot waits first for the copy that last read that slot, so at most
 // two parts are in flight.
 #include <array>
-#include <deque>
 #include <memory>
 
 #include <ATen/core/Tensor.h>
@@ -34,10 +33,10 @@ class ShardUploads {
   // Staging for `count` elements of `dtype`: the next slot, once the copy that last read
   // it has ended. Pass it to upload() before asking for the next one.
   at::Tensor staging(at::ScalarType dtype, int64_t count);
-  // dst <- staging on the copy stream.
+  // dst <- staging (what staging() handed out last) on the copy stream.
   void upload(const at::Tensor& dst, const at::Tensor& staging);
-  // The host waits until at most `keep` uploads are in flight.
-  void wait(size_t keep);
+  // The host waits until no upload is in flight.
+  void wait_all();
   // The calling thread's current stream waits (on the device) for every upload issued
   // so far; the host does not.
   void order_before_current();
@@ -49,7 +48,6 @@ class ShardUploads {
   std::unique_ptr<PinnedPool> slots_;
   std::array<CopyDone, 2> last_read_;  // per slot: the copy that read it last
   size_t next_ = 0;                    // the slot staging() hands out next
-  std::deque<CopyDone> in_flight_;     // since the last order_before_current(), oldest first
 };
 
 }  // namespace zeroshard

@@ -32,7 +32,7 @@ TEST(ShardUploads, TwoSlotsOfTheLargestPartCountedOnceForEveryPart) {
       uploads.upload(shard.narrow(0, 0, count), staging);
       EXPECT_EQ(shard[count - 1].item<float>(), part);
     }
-    uploads.wait(0);
+    uploads.wait_all();
     uploads.order_before_current();
     EXPECT_NE(slots[0], slots[1]);
     for (size_t i = 2; i < slots.size(); ++i) EXPECT_EQ(slots[i], slots[i - 2]);
