@@ -175,13 +175,7 @@ void check_left_off(const LackedFeature& lacked, const std::string& path, const 
     }
     return;
   }
-  // A number may be written either way: 1 and 1.0.
-  double number = 0, off_number = 0;
-  const bool off = value.IsScalar() &&
-                   (value.Scalar() == lacked.off ||
-                    (parse_number(value, number) &&
-                     parse_number(YAML::Node(lacked.off), off_number) && number == off_number));
-  if (!off) {
+  if (!value.IsScalar() || value.Scalar() != lacked.off) {
     fail(
         "{}: config key '{}' is '{}': a DeepSpeed feature zeroshard does not have: {}; "
         "allowed: {}",
@@ -322,6 +316,38 @@ void check_hpz(const Config& c) {
   }
 }
 
+// offload_optimizer.ratio below 1: part of the optimizer stays on the GPU. As DeepSpeed,
+// only at stage 3 with CPU Adam; its resident part steps where the parameters are, so
+// they stay there too.
+void check_offload_ratio(const Config& c) {
+  const auto& ratio = c.zero.offload_optimizer.ratio;
+  if (!ratio || *ratio >= 1) return;
+  const std::string key =
+      fmt::format("config key 'zero_optimization.offload_optimizer.ratio' is {}", *ratio);
+  const OffloadDevice device = c.zero.offload_optimizer.device;
+  if (device != OffloadDevice::Cpu) {
+    fail(
+        "{} with 'zero_optimization.offload_optimizer.device' '{}'; allowed: device cpu (the "
+        "shards not offloaded step on the GPU), or ratio 1",
+        key, offload_device_name(device));
+  }
+  if (c.zero.stage && *c.zero.stage != 3) {
+    fail("{} with 'zero_optimization.stage' {}; allowed: stage 3 (as DeepSpeed), or ratio 1", key,
+         *c.zero.stage);
+  }
+  if (c.optimizer.external || c.optimizer.type == "Lamb") {
+    fail("{} with optimizer {}; allowed: optimizer Adam or AdamW, or ratio 1", key,
+         c.optimizer.type);
+  }
+  const OffloadDevice params = c.zero.offload_param.device;
+  if (offloads(params)) {
+    fail(
+        "{} with 'zero_optimization.offload_param.device' '{}'; allowed: offload_param.device "
+        "none (the shards not offloaded step where their parameters are, on the GPU), or ratio 1",
+        key, offload_device_name(params));
+  }
+}
+
 // overlap_step: true asks for the step inside backward; refused where that would not be
 // exact or could not run (auto resolves to false there instead, and the Planner says why).
 void check_overlap_step(const Config& c) {
@@ -371,6 +397,11 @@ std::optional<OverlapStepObstacle> overlap_step_obstacle(const Config& c) {
     return OverlapStepObstacle{
         "'fp16.enabled' true", "bf16 or fp32",
         "fp16 loss scaling skips a step only known to overflow after backward"};
+  }
+  if (z.offload_optimizer.ratio && *z.offload_optimizer.ratio < 1) {
+    return OverlapStepObstacle{
+        fmt::format("'zero_optimization.offload_optimizer.ratio' {}", *z.offload_optimizer.ratio),
+        "ratio 1", "the shards kept on the GPU step after backward"};
   }
   if (z.offload_param.device == OffloadDevice::Nvme) {
     return OverlapStepObstacle{
@@ -463,6 +494,7 @@ void check_contradictions(const Config& c) {
   }
   check_mics(c);
   check_hpz(c);
+  check_offload_ratio(c);
   check_overlap_step(c);
   const auto& s = c.scheduler;
   if (s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") {

@@ -23,6 +23,12 @@ struct OffloadOptimizerConfig {
   // backward that ends the accumulation window (exact: the same arithmetic as after
   // backward). auto: on for a model on a GPU where that is exact; true; false.
   std::string overlap_step = "auto";
+  // The share of the optimizer's shards (by elements) that steps on the offload device;
+  // the rest keeps its state on the GPU and steps there (DeepSpeed's ZeRO-Offload++
+  // "Twin-Flow"). 1: all of it, DeepSpeed's default. Below 1: stage 3 with device cpu,
+  // the last units to the host (plan/OptimizerSplit.h). auto: the Planner puts on the
+  // device as much as fits there.
+  std::optional<double> ratio = 1.0;
 };
 
 struct OffloadParamConfig {

@@ -141,6 +141,7 @@ std::vector<Knob> build_knobs() {
     bool_knob(oo + "pin_memory", [](Config& c) -> auto& { return c.zero.offload_optimizer.pin_memory; }),
     int_knob(oo + "buffer_count", 1, 1024, [](Config& c) -> auto& { return c.zero.offload_optimizer.buffer_count; }),
     choice_knob(oo + "overlap_step", {"auto", "true", "false"}, [](Config& c) -> auto& { return c.zero.offload_optimizer.overlap_step; }),
+    float_knob(oo + "ratio", 0, 1, [](Config& c) -> auto& { return c.zero.offload_optimizer.ratio; }),
     offload_knob(op + "device", [](Config& c) -> auto& { return c.zero.offload_param.device; }),
     text_knob(op + "nvme_path", [](Config& c) -> auto& { return c.zero.offload_param.nvme_path; }),
     bool_knob(op + "pin_memory", [](Config& c) -> auto& { return c.zero.offload_param.pin_memory; }),
@@ -229,11 +230,6 @@ const std::map<std::string, LackedFeature>& lacked_features() {
       {"autotuning",
        {nullptr, "zeroshard-estimate (./zs estimate) plans the config before launch"}},
       {"sparse_gradients", {"false", "sparse gradients are not supported; gradients are dense"}},
-      {"zero_optimization.offload_optimizer.ratio",
-       {"1.0",
-        "partial optimizer offload is not supported: every shard's optimizer steps on the "
-        "offload device (DeepSpeed's default); to keep it on the GPU, set "
-        "zero_optimization.offload_optimizer.device none"}},
       {"checkpoint.load_universal",
        {"false",
         "DeepSpeed's universal checkpoints are not read; zeroshard's own reshard on load"}},

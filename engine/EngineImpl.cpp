@@ -230,7 +230,8 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   groups_.set_unit_count(unit_params.size());
   const auto layout = layout_groups(params, unit_params, stage, z.reduce_bucket_size);
   const at::ScalarType dtype = compute_dtype(plan_.config);
-  make_optimizer(params.front().param.device().is_cpu());
+  const std::vector<bool> on_host = optimizer_on_host(layout);
+  make_optimizer(params.front().param.device().is_cpu(), on_host);
   std::vector<FlatParamGroup*> trainable, sharded;
   size_t trained_params = 0;  // trainable parameters so far, in layout order
   for (const auto& spec : layout) {
@@ -258,13 +259,14 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   }
   // Shards leave RAM (parameter offload) before the gradient buffers are allocated, so
   // a model as large as host RAM is never held twice.
-  if (pipeline_->offloaded()) pipeline_->offloaded()->start();
+  pipeline_->optimizer().start();
   std::unique_ptr<ParamHome> home = stage == 3 ? place_param_shards(sharded) : nullptr;
   const bool opt_off = plan_.option.optimizer != OffloadDevice::None;
   ReduceOptions reduce;
   reduce.stage = static_cast<int>(stage);
   reduce.overlap = z.overlap_comm;
-  reduce.fp32_tier = opt_off ? Tier::Host : Tier::Device;
+  for (bool host : on_host)
+    reduce.fp32_tiers.push_back(opt_off && host ? Tier::Host : Tier::Device);
   reduce.wire = wire_dtype(plan_.config.communication_data_type);
   pipeline_->set_reducer(std::make_unique<GradReducer>(trainable, reduce, &comms_->shards(),
                                                        comms_->replicas(), &ledger_));

@@ -16,6 +16,7 @@
 #include "common/Error.h"
 #include "common/MemoryLedger.h"
 #include "engine/Checkpointer.h"
+#include "engine/GroupLayout.h"
 #include "engine/GroupTable.h"
 #include "engine/ProcessGroupSetup.h"
 #include "engine/TrainingEngine.h"
@@ -123,7 +124,10 @@ class EngineImpl {
   void check_read(size_t trainable_group, size_t slot) const;
   // The parts a Checkpointer (engine/Checkpointer.h) saves and loads.
   CheckpointParts checkpoint_parts();
-  void make_optimizer(bool on_cpu);
+  // `on_host[i]`: the i-th trainable group's optimizer shard steps on the host (all of
+  // them unless offload_optimizer.ratio keeps the first on the device).
+  void make_optimizer(bool on_cpu, const std::vector<bool>& on_host);
+  std::vector<bool> optimizer_on_host(const std::vector<GroupSpec>& layout) const;
   void make_overlapped_step(int threads);
   // Puts stage 3's shards where the plan says; those on NVMe get the ParamHome returned.
   std::unique_ptr<ParamHome> place_param_shards(const std::vector<FlatParamGroup*>& sharded);

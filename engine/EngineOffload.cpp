@@ -1,5 +1,8 @@
 // The Engine's offload wiring: which optimizer steps the shards, the swap directories
 // and I/O engine, and where stage-3 parameter shards live.
+#include <algorithm>
+
+#include "common/Alignment.h"
 #include "common/Error.h"
 #include "engine/Communicators.h"
 #include "engine/EngineImpl.h"
@@ -10,10 +13,12 @@
 #include "engine/SwapSpace.h"
 #include "offload/CpuAdam.h"
 #include "plan/MemoryModel.h"
+#include "plan/OptimizerSplit.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LambOptimizer.h"
 #include "sharding/ParamCoordinator.h"
 #include "sharding/ResidentOptimizer.h"
+#include "sharding/SplitOptimizer.h"
 
 namespace zeroshard {
 namespace {
@@ -34,7 +39,7 @@ AdamKernel cpu_adam_kernel() {
 
 }  // namespace
 
-void EngineImpl::make_optimizer(bool on_cpu) {
+void EngineImpl::make_optimizer(bool on_cpu, const std::vector<bool>& on_host) {
   const TrainingSettings& z = plan_.settings;
   const OffloadDevice device = plan_.option.optimizer;
   if (plan_.config.optimizer.type == "Lamb") {  // config/Config.cpp refuses it with NVMe
@@ -87,8 +92,33 @@ void EngineImpl::make_optimizer(bool on_cpu) {
     o.io = swap_->io();
   }
   auto offloaded = std::make_unique<OffloadOptimizer>(o, &ledger_);
-  OffloadOptimizer* typed = offloaded.get();
-  pipeline_->set_optimizer(std::move(offloaded), typed);
+  const bool all_on_host = std::find(on_host.begin(), on_host.end(), false) == on_host.end();
+  if (all_on_host) {
+    OffloadOptimizer* typed = offloaded.get();
+    pipeline_->set_optimizer(std::move(offloaded), typed);
+    return;
+  }
+  // offload_optimizer.ratio < 1: the first groups step on the device. What steps only an
+  // offloaded optimizer (the overlapped step, NVMe parameter shards) is refused with it
+  // (config/Config.cpp), so the pipeline sees no offloaded optimizer.
+  auto resident = std::make_unique<ResidentOptimizer>(
+      &ledger_, on_cpu ? cpu_adam_kernel() : fused_adam_kernel());
+  pipeline_->set_optimizer(
+      std::make_unique<SplitOptimizer>(std::move(resident), std::move(offloaded), on_host),
+      nullptr);
+}
+
+std::vector<bool> EngineImpl::optimizer_on_host(const std::vector<GroupSpec>& layout) const {
+  std::vector<int64_t> numels;
+  for (const auto& spec : layout) {
+    if (!spec.trainable) continue;
+    int64_t numel = 0;
+    for (const auto& p : spec.params) numel += p.param.numel();
+    numels.push_back(padded_shard_numel(numel, plan_.settings.stage == 0 ? 1 : shard_count()));
+  }
+  const auto& ratio = plan_.config.zero.offload_optimizer.ratio;
+  const bool splits = plan_.option.optimizer == OffloadDevice::Cpu && plan_.settings.stage == 3;
+  return zeroshard::optimizer_on_host(numels, splits ? ratio.value_or(1.0) : 1.0);
 }
 
 // Stage-3 parameter offload: each sharded unit's shard goes where the memory model

@@ -77,7 +77,7 @@ class OffloadOptimizer : public ShardOptimizer {
   void order_uploads_before_current();
   // After the last add_group: writes the initial state to NVMe (else the first step does)
   // and, for shards on a GPU, allocates the staging of their way back.
-  void start();
+  void start() override;
   // Called before a group's first update and after its last (parameter offload brings
   // the shard's storage back and writes it out).
   void on_group(std::function<void(size_t)> begin, std::function<void(size_t)> end) {

@@ -4,6 +4,7 @@
 
 #include "common/Alignment.h"
 #include "common/Error.h"
+#include "plan/OptimizerSplit.h"
 
 namespace zeroshard {
 namespace {
@@ -148,6 +149,26 @@ int64_t sharding_ranks(const Config& config, int stage, int64_t ranks) {
   return stage >= 1 && mics > 0 ? std::min(mics, ranks) : ranks;
 }
 
+int64_t resident_optimizer_numel(const ModelSpec& spec, const PlanOption& option,
+                                 const Config& config, int64_t ranks) {
+  const auto& ratio = config.zero.offload_optimizer.ratio;
+  if (option.stage != 3 || option.optimizer != OffloadDevice::Cpu || !ratio || *ratio >= 1)
+    return 0;
+  const std::vector<int64_t> numels = trainable_shard_numels(spec, ranks);
+  const std::vector<bool> on_host = optimizer_on_host(numels, *ratio);
+  int64_t resident = 0;
+  for (size_t i = 0; i < numels.size(); ++i)
+    if (!on_host[i]) resident += numels[i];
+  return resident;
+}
+
+std::vector<int64_t> trainable_shard_numels(const ModelSpec& spec, int64_t ranks) {
+  std::vector<int64_t> numels;
+  for (size_t u = 0; u < spec.unit_params.size(); ++u)
+    if (!spec.is_frozen(u)) numels.push_back(padded_shard_numel(spec.unit_params[u], ranks));
+  return numels;
+}
+
 namespace {
 
 // Bytes per element a gradient reduction holds in flight: its receive buffer in the
@@ -201,17 +222,24 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   // and the host/NVMe copy CPU Adam works on when offloaded.
   // A torch.optim class keeps its masters in host RAM and pages only its state.
   const bool paged_external = config.optimizer.external && option.optimizer == OffloadDevice::Nvme;
+  // offload_optimizer.ratio < 1: the shards kept on the device hold there what the
+  // optimizer on the device would (plan/OptimizerSplit.h); the rest is offloaded.
+  const int64_t resident = resident_optimizer_numel(spec, option, config, d);
+  const int64_t off_numel = opt_numel - resident;
   if (mixed || opt_off)
-    m.at(paged_external ? Tier::Host : opt_tier, Kind::MasterParams) = 4 * opt_numel;
+    m.at(paged_external ? Tier::Host : opt_tier, Kind::MasterParams) = 4 * off_numel;
+  if (mixed && resident > 0) m.at(Tier::Device, Kind::MasterParams) = 4 * resident;
   // Adam's m and v (8 bytes), or what the torch.optim class keeps (config/TorchOptimizers.h).
   const OptimizerConfig& o = config.optimizer;
-  m.at(opt_tier, Kind::OptimizerStates) = o.state_bytes * opt_numel + o.state_whole_bytes +
+  m.at(opt_tier, Kind::OptimizerStates) = o.state_bytes * off_numel + o.state_whole_bytes +
                                           o.state_sharded_bytes / (option.stage >= 1 ? d : 1);
+  if (resident > 0) m.at(Tier::Device, Kind::OptimizerStates) = o.state_bytes * resident;
   // Stage >= 2 reduces each bucket inside backward and frees it: no whole gradient
   // buffer at rest, only an fp32 accumulator of this rank's shard.
   m.at(Tier::Device, Kind::Grads) = option.stage >= 2 ? 0 : kl * trained * d;
   if (opt_off) {
-    m.at(Tier::Host, Kind::GradsFp32) = 4 * opt_numel;
+    m.at(Tier::Host, Kind::GradsFp32) = 4 * off_numel;
+    if (resident > 0) m.at(Tier::Device, Kind::GradsFp32) = 4 * resident;  // stage 3
   } else if (mixed || option.stage >= 2) {
     m.at(Tier::Device, Kind::GradsFp32) = 4 * opt_numel;
   }

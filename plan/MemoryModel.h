@@ -60,6 +60,13 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& shape, int 
 // (what has gradients and optimizer state).
 int64_t shard_numel(const ModelSpec& spec, int64_t ranks);
 int64_t trainable_shard_numel(const ModelSpec& spec, int64_t ranks);
+// The same per trainable unit, in unit order.
+std::vector<int64_t> trainable_shard_numels(const ModelSpec& spec, int64_t ranks);
+
+// Elements of this rank's optimizer shard kept on the device by offload_optimizer.ratio
+// below 1 (stage 3, optimizer cpu; plan/OptimizerSplit.h); 0 otherwise. `config` resolved.
+int64_t resident_optimizer_numel(const ModelSpec& spec, const PlanOption& option,
+                                 const Config& config, int64_t ranks);
 
 // Ranks each state is sharded over at `stage`: mics_shard_size where it is set (> 0) and
 // the stage shards, else all `ranks`. `config.zero.mics_shard_size` must be resolved.

@@ -7,6 +7,7 @@
 
 #include "common/Bytes.h"
 #include "common/Error.h"
+#include "plan/OptimizerSplit.h"
 
 namespace zeroshard {
 namespace {
@@ -113,6 +114,9 @@ bool permitted(const Config& c, const PlanOption& o) {
       (c.optimizer.external && !c.optimizer.elementwise) || c.optimizer.type == "Lamb";
   if (in_memory && o.optimizer == OD::Nvme) return false;
   if ((c.optimizer.external || c.optimizer.type == "Lamb") && o.params == OD::Nvme) return false;
+  // Part of the optimizer on the device steps where the parameters are (config/Config.h).
+  const auto& ratio = c.zero.offload_optimizer.ratio;
+  if (ratio && *ratio < 1 && (o.stage != 3 || o.params != OD::None)) return false;
   return (opt == OD::Auto || opt == o.optimizer) && (par == OD::Auto || par == o.params);
 }
 
@@ -139,6 +143,31 @@ void judge(OptionEstimate& e, const WorldShape& world, const HardwareBudget& b) 
   e.verdict = e.fits ? "fits" : fmt::format("{}", fmt::join(short_by, "; "));
 }
 
+void resolve_ratio(Plan& plan, const OptionEstimate& chosen) {
+  const double ratio = chosen.ratio.value_or(1.0);
+  plan.config.zero.offload_optimizer.ratio = ratio;
+  const char* path = "zero_optimization.offload_optimizer.ratio";
+  if (chosen.option.optimizer == OD::None) return;  // nothing to say: nothing is offloaded
+  if (ratio >= 1) {
+    plan.reasons.push_back(fmt::format(
+        "{}: auto -> 1 (every optimizer shard steps on the offload device: {})", path,
+        chosen.option.stage == 3 && chosen.option.optimizer == OD::Cpu &&
+                chosen.option.params == OD::None
+            ? "the device has no room for any shard's state besides the rest"
+            : "only stage 3 with the optimizer on the host and the parameters on the device "
+              "keeps part of it there"));
+    return;
+  }
+  const int64_t resident = chosen.bytes.at(Tier::Device, Kind::OptimizerStates) +
+                           chosen.bytes.at(Tier::Device, Kind::MasterParams) +
+                           chosen.bytes.at(Tier::Device, Kind::GradsFp32);
+  plan.reasons.push_back(fmt::format(
+      "{}: auto -> {:.6g} (the optimizer's first shards step on the device, {} GiB of master "
+      "weights, state and fp32 gradients there, as much as the device holds; the rest on the "
+      "host)",
+      path, ratio, format_gib(static_cast<double>(resident))));
+}
+
 void apply_choice(Plan& plan, const OptionEstimate& chosen) {
   plan.option = chosen.option;
   plan.predicted = chosen.bytes;
@@ -146,6 +175,7 @@ void apply_choice(Plan& plan, const OptionEstimate& chosen) {
   z.stage = chosen.option.stage;
   z.offload_optimizer.device = chosen.option.optimizer;
   z.offload_param.device = chosen.option.params;
+  if (!z.offload_optimizer.ratio) resolve_ratio(plan, chosen);
   for (auto* path : {&z.offload_optimizer.nvme_path, &z.offload_param.nvme_path}) {
     if (path->empty()) *path = "/local_nvme";
   }
@@ -206,13 +236,45 @@ struct Choice {
   int closest = -1;
 };
 
+// offload_optimizer.ratio auto for `option`: where the optimizer is on the host at stage 3,
+// the ratio that keeps the most shards on the device that its memory holds, and the bytes
+// with it; elsewhere ratio 1.
+void fill_ratio(OptionEstimate& e, const ModelSpec& spec, const Config& resolved,
+                const WorldShape& world, const TrainingShape& shape, const HardwareBudget& b) {
+  Config c = resolved;
+  auto& ratio = c.zero.offload_optimizer.ratio;
+  const PlanOption& o = e.option;
+  const bool splits = o.stage == 3 && o.optimizer == OD::Cpu && o.params == OD::None &&
+                      !resolved.optimizer.external && resolved.optimizer.type != "Lamb" &&
+                      resolved.zero.offload_optimizer.overlap_step != "true";
+  ratio = 1.0;
+  e.bytes = predict_memory(spec, o, c, world, shape);
+  e.ratio = 1.0;
+  if (!splits) return;
+  const auto usable_device = static_cast<int64_t>(b.device_bytes * (1.0 - b.headroom));
+  const std::vector<int64_t> numels =
+      trainable_shard_numels(spec, sharding_ranks(resolved, o.stage, world.ranks()));
+  for (size_t first = numels.size(); first > 0; --first) {  // the most on the device first
+    ratio = ratio_from(numels, first);
+    MemoryBreakdown bytes = predict_memory(spec, o, c, world, shape);
+    if (bytes.total(Tier::Device) > usable_device) continue;
+    e.bytes = bytes;
+    e.ratio = ratio;
+    return;
+  }
+}
+
 Choice choose(const ModelSpec& spec, const Config& fixed, const Config& resolved,
               const WorldShape& world, const TrainingShape& shape, const HardwareBudget& budget) {
   Choice c;
   for (const auto& option : plan_options()) {
     OptionEstimate e;
     e.option = option;
-    e.bytes = predict_memory(spec, option, resolved, world, shape);
+    if (resolved.zero.offload_optimizer.ratio) {
+      e.bytes = predict_memory(spec, option, resolved, world, shape);
+    } else {
+      fill_ratio(e, spec, resolved, world, shape, budget);
+    }
     e.allowed = permitted(fixed, option);
     judge(e, world, budget);
     c.options.push_back(e);

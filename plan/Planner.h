@@ -2,6 +2,7 @@
 // The Planner: fills every `auto` knob and picks where each kind of state lives,
 // preferring, in order: no offload at the lowest stage that fits, optimizer to CPU,
 // optimizer to NVMe, parameters to CPU, parameters to NVMe.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct OptionEstimate {
   bool fits = false;
   std::string verdict;         // "fits", or the tier that overflows and by how much
   int64_t overflow_bytes = 0;  // sum over tiers of what does not fit (per node)
+  // offload_optimizer.ratio auto, stage 3 with the optimizer on the host: the ratio that
+  // keeps on the device as much of the optimizer as fits there (1: none of it).
+  std::optional<double> ratio;
 };
 
 struct Plan {

@@ -32,8 +32,11 @@ GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, ReduceOptions opti
       replicas_(replicas),
       ledger_(ledger) {
   const int stage = options_.stage;
-  const Tier fp32_tier = options_.fp32_tier;
-  for (FlatParamGroup* g : groups_) {
+  bool any_off_device = false;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    FlatParamGroup* g = groups_[i];
+    const Tier fp32_tier = this->fp32_tier(i);
+    any_off_device = any_off_device || fp32_tier != Tier::Device;
     const at::Tensor& grad = g->flat_grad();
     // fp32 stage 0/1 reduce in place in the gradient buffer itself; otherwise a separate
     // fp32 buffer holds the reduced (and, at stage >= 2, accumulated) gradient.
@@ -49,7 +52,7 @@ GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, ReduceOptions opti
   reductions_.received_bytes = LedgerEntry(ledger, Tier::Device, Kind::CommBuckets, 0);
   const c10::Device grads_on =
       groups_.empty() ? c10::Device(at::kCPU) : groups_.front()->flat_grad().device();
-  if (stage >= 1 && fp32_tier != Tier::Device && !grads_on.is_cpu()) {
+  if (stage >= 1 && any_off_device && !grads_on.is_cpu()) {
     landings_ = std::make_unique<HostLandings>(grads_on, &sums_.fp32, ledger);
   }
   sums_.clean.assign(groups_.size(), true);
@@ -58,6 +61,14 @@ GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, ReduceOptions opti
 }
 
 GradReducer::~GradReducer() = default;
+
+Tier GradReducer::fp32_tier(size_t group) const {
+  return group < options_.fp32_tiers.size() ? options_.fp32_tiers[group] : Tier::Device;
+}
+
+bool GradReducer::lands(size_t group) const {
+  return landings_ && fp32_tier(group) != Tier::Device;
+}
 
 void GradReducer::install_hooks() {
   arrivals_.expected.assign(groups_.size(), 0);
@@ -130,7 +141,7 @@ void GradReducer::launch(size_t g) {
       sums_.fp32[g].copy_(groups_[g]->flat_grad());
     }
     f.handle = comm_->all_reduce_sum(sums_.fp32[g], wire);
-  } else if (options_.stage == 1 && !landings_) {
+  } else if (options_.stage == 1 && !lands(g)) {
     f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), sums_.fp32[g], wire);
   } else {
     // Reduced where the gradients are (a landing brings it to a host accumulator).
@@ -186,7 +197,7 @@ void GradReducer::finish_across() {
 
 void GradReducer::accumulate(const InFlight& f) {
   if (!f.received.defined()) return;  // reduced into sums_.fp32 itself
-  if (landings_) {
+  if (lands(f.group)) {
     reductions_.received_bytes.resize(reductions_.received_bytes.bytes() -
                                       f.received.numel() * 4);  // the landing's now
     // Stage 1 reduces once per window: its shard is the whole sum.
@@ -205,7 +216,7 @@ void GradReducer::accumulate(const InFlight& f) {
 }
 
 const at::Tensor& GradReducer::settled(size_t group) {
-  if (landings_) landings_->settle(group);
+  if (lands(group)) landings_->settle(group);
   return sum(group);
 }
 

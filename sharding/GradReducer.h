@@ -46,9 +46,10 @@ namespace zeroshard {
 struct ReduceOptions {
   int stage = 0;
   bool overlap = false;  // overlap_comm
-  // Where the optimizer reads the reduced gradients; anywhere but the device they get a
-  // buffer of their own (the host copy an offloaded optimizer reads).
-  Tier fp32_tier = Tier::Device;
+  // Per group, where the optimizer reads its reduced gradient (empty: every group on the
+  // device); anywhere but the device it gets a buffer of its own (the host copy an
+  // offloaded optimizer reads). offload_optimizer.ratio mixes the two.
+  std::vector<Tier> fp32_tiers;
   std::optional<at::ScalarType> wire;
 };
 
@@ -146,7 +147,9 @@ class GradReducer {
   void finish_across();  // the oldest all-reduce across groups
   void drain();          // every reduction in flight, both kinds
   bool sharded_grads() const { return options_.stage >= 1; }
-  bool bounded() const;  // whether a reduction in flight holds buffers (see above)
+  Tier fp32_tier(size_t group) const;
+  bool lands(size_t group) const;  // its reduced shard lands on the host (HostLandings)
+  bool bounded() const;            // whether a reduction in flight holds buffers (see above)
   double norm_across_ranks(at::Tensor sum_squares, double scale);  // [1] double, this rank's
   void settle_all();
   void wait_issuing_gathers(const CommHandle& handle);
@@ -165,7 +168,7 @@ class GradReducer {
   Arrivals arrivals_;
   Window window_;
   Reductions reductions_;
-  std::unique_ptr<HostLandings> landings_;  // null: the reduced shard is where sums_ are
+  std::unique_ptr<HostLandings> landings_;  // null: no reduced shard lands on the host
 };
 
 }  // namespace zeroshard

@@ -99,6 +99,9 @@ class ShardOptimizer {
   virtual std::string scalar_state() const { return "null"; }
   virtual void set_scalar_state(const std::string& json) { (void)json; }
   virtual void set_steps(int64_t steps) = 0;
+  // After the last add_group, before the first step: what needs every group to be known
+  // (the offloaded optimizer's NVMe layout and upload staging).
+  virtual void start() {}
 };
 
 }  // namespace zeroshard

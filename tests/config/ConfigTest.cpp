@@ -296,17 +296,49 @@ TEST(Config, DeepSpeedFeaturesZeroshardLacksLoadWhileOffAndAreRefusedByNameWhenO
   expect_contains(error, "layers are not dropped");
   error = load_error(R"({"optimizer": {"type": "OnebitAdam"}})");  // DeepSpeed's old spelling
   expect_contains(error, "1-bit Adam compresses gradients");
-  // offload_optimizer.ratio: DeepSpeed's default (every shard offloaded), written either way.
-  for (const char* all : {"1", "1.0"}) {
+}
+
+// offload_optimizer.ratio (DeepSpeed's ZeRO-Offload++): the share of the optimizer stepped
+// on the host, below 1 only where the rest can step on the GPU.
+TEST(Config, OffloadRatioBelowOneOnlyAtStage3WithCpuAdamAndParametersOnTheDevice) {
+  const std::string base = R"({"zero_optimization": {"stage": 3, "offload_optimizer": )";
+  for (const char* all : {"1", "1.0"}) {  // DeepSpeed's default, written either way
     const auto loaded = load_config_string(
         fmt::format(R"({{"zero_optimization": {{"offload_optimizer": {{"ratio": {}}}}}}})", all),
         "ds.json");
-    EXPECT_EQ(loaded.warnings.size(), 1u);
+    EXPECT_TRUE(loaded.warnings.empty());
+    EXPECT_EQ(loaded.config.zero.offload_optimizer.ratio, 1.0);
   }
-  error = load_error(R"({"zero_optimization": {"offload_optimizer": {"ratio": 0.3}}})");
-  expect_contains(error, "'zero_optimization.offload_optimizer.ratio' is '0.3'");
-  expect_contains(error, "partial optimizer offload is not supported");
-  expect_contains(error, "allowed: 1.0");
+  const auto split = load_config_string(base + R"({"device": "cpu", "ratio": 0.3}}})", "ds.json");
+  EXPECT_EQ(split.config.zero.offload_optimizer.ratio, 0.3);
+  expect_contains(emit_config_yaml(split.config), "ratio: 0.3");
+  const auto left = load_config_string(base + R"({"device": "cpu", "ratio": "auto"}}})", "ds.json");
+  EXPECT_FALSE(left.config.zero.offload_optimizer.ratio.has_value());
+  // Refused, naming the key and the value and what allows it.
+  std::string error = load_error(R"({"zero_optimization": {"offload_optimizer": {"ratio": 0.3}}})");
+  expect_contains(error,
+                  "'zero_optimization.offload_optimizer.ratio' is 0.3 with "
+                  "'zero_optimization.offload_optimizer.device' 'none'");
+  expect_contains(error, "allowed: device cpu");
+  error = load_error(base + R"({"device": "nvme", "nvme_path": "/x", "ratio": 0.3}}})");
+  expect_contains(error, "'zero_optimization.offload_optimizer.device' 'nvme'");
+  error = load_error(
+      R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
+  expect_contains(error, "is 0.5 with 'zero_optimization.stage' 2; allowed: stage 3");
+  error =
+      load_error(base + R"({"device": "cpu", "ratio": 0.3}, "offload_param": {"device": "cpu"}}})");
+  expect_contains(error,
+                  "'zero_optimization.offload_param.device' 'cpu'; allowed: "
+                  "offload_param.device none");
+  error = load_error(R"({"optimizer": {"type": "Lamb"}, )" + base.substr(1) +
+                     R"({"device": "cpu", "ratio": 0.3}}})");
+  expect_contains(error, "with optimizer Lamb; allowed: optimizer Adam or AdamW");
+  error = load_error(base + R"({"device": "cpu", "ratio": 0.3, "overlap_step": true}}})");
+  expect_contains(error,
+                  "overlap_step' is true with 'zero_optimization.offload_optimizer.ratio' 0.3");
+  error = load_error(base + R"({"device": "cpu", "ratio": 1.5}}})");
+  expect_contains(error, "'zero_optimization.offload_optimizer.ratio'");
+  expect_contains(error, "1.5");
 }
 
 // DeepSpeed's Adam parameters: its type Adam means AdamW's decoupled weight decay unless

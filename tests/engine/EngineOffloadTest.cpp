@@ -187,6 +187,40 @@ void check_overlap(const Overlap& c, int world, const std::string& device) {
   EXPECT_EQ(swap_dirs_left(s.nvme_path), 0);
 }
 
+// offload_optimizer.ratio below 1 (sharding/SplitOptimizer.h) against `reference` (the
+// same run with every shard on the host, or the optimizer on the device): the same
+// parameters, losses and norms, and the ledger's bytes on each tier are the plan's, with
+// the optimizer really split between the two.
+void check_split(Scenario s, int world, double ratio, bool bit_exact) {
+  SCOPED_TRACE(s.dtype + " ratio " + std::to_string(ratio) + " on " + s.device + " x" +
+               std::to_string(world));
+  const auto reference = run_ranks(s, world);
+  s.offload_opt = "cpu";
+  s.ratio = ratio;
+  const auto split = run_ranks(s, world);
+  ASSERT_EQ(split.size(), static_cast<size_t>(world));
+  if (bit_exact) {
+    expect_identical(split, reference);
+  } else {
+    expect_same_parameters(split, reference);
+  }
+  for (const auto& r : split) {
+    for (Tier tier : {Tier::Device, Tier::Host}) {
+      for (Kind kind : {Kind::MasterParams, Kind::OptimizerStates, Kind::GradsFp32}) {
+        if (tier == Tier::Device && kind == Kind::MasterParams && s.dtype == "fp32") continue;
+        const double predicted = memory(r, tier, kind, 1);
+        const bool holds = tier == Tier::Device ? ratio < 1 : ratio > 0;
+        EXPECT_EQ(predicted > 0, holds) << tier_name(tier) << " " << kind_name(kind);
+        EXPECT_EQ(memory(r, tier, kind, 0), predicted) << tier_name(tier) << " " << kind_name(kind);
+      }
+    }
+    // Adam's m and v, 8 bytes an element, split between the two.
+    const double device = memory(r, Tier::Device, Kind::OptimizerStates, 0) / 8;
+    const double host = memory(r, Tier::Host, Kind::OptimizerStates, 0) / 8;
+    EXPECT_GE(device / (device + host), 1 - ratio);
+  }
+}
+
 }  // namespace
 
 TEST(EngineOffload, OptimizerToCpuStages1To3) {
@@ -225,6 +259,35 @@ TEST(EngineOffload, GpuOptimizerOffloadEndsWhereTheDeviceOptimizerDoes) {
   ::setenv("ZS_DIST_BACKEND", "gloo", 1);            // inherited by the ranks
   check({3, "fp32", "cpu", "none", 2, "cuda", 2});
   ::unsetenv("ZS_DIST_BACKEND");
+}
+
+// offload_optimizer.ratio: the first units' Adam state stays where the parameters are and
+// steps there, the rest steps on the host, as DeepSpeed's ZeRO-Offload++ splits them. On
+// the CPU both halves run CPU Adam's arithmetic, so the run is the all-host run's bit for
+// bit (clipping, so both take the same norm; accumulation 2; a frozen and an unused
+// parameter); the device's bytes and the host's are each the plan's.
+TEST(EngineOffload, PartOfTheOptimizerKeptOnTheDeviceStepsAsAllOfItOnTheHost) {
+  for (const char* dtype : {"bf16", "fp32"}) {
+    Scenario s = base(3, dtype);
+    s.accum = 2;
+    s.persist = 0;
+    s.frozen = s.unused = true;
+    s.offload_opt = "cpu";
+    check_split(s, 2, 0.5, /*bit_exact=*/true);
+  }
+  Scenario s = base(3, "bf16");
+  s.offload_opt = "cpu";
+  check_split(s, 2, 0.0, true);  // every shard on the device
+}
+
+// The same on a GPU: the kept shards step with torch's fused Adam on the device, the rest
+// with CPU Adam, against the optimizer all on the device.
+TEST(EngineOffload, GpuPartOfTheOptimizerKeptOnTheDeviceEndsWhereTheDeviceOptimizerDoes) {
+  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
+  Scenario s = base(3, "fp32");
+  s.accum = 2;
+  s.device = "cuda";
+  check_split(s, 1, 0.5, /*bit_exact=*/false);
 }
 
 // Staging buffers for a model on a GPU are page-locked where a GPU is visible, and stay

@@ -1,5 +1,7 @@
 #include "tests/engine/TestModels.h"
 
+#include <fmt/format.h>
+
 #include <torch/torch.h>
 
 #include "common/Error.h"
@@ -233,6 +235,8 @@ Scenario Scenario::parse(const std::vector<std::string>& args) {
       s.device = value;
     else if (key == "overlap_step")
       s.overlap_step = value;
+    else if (key == "ratio")
+      s.ratio = std::stod(value);
     else if (key == "counter")
       s.counter = value == "1";
     else if (key == "broadcast_buffers")
@@ -274,6 +278,7 @@ std::vector<std::string> Scenario::to_args() const {
           "hpz=" + std::to_string(hpz),
           "device=" + device,
           "overlap_step=" + overlap_step,
+          "ratio=" + fmt::format("{}", ratio),
           std::string("counter=") + (counter ? "1" : "0"),
           std::string("broadcast_buffers=") + (broadcast_buffers ? "1" : "0")};
 }
@@ -309,6 +314,11 @@ Config Scenario::config() const {
   oo.nvme_path = op.nvme_path = nvme_path;
   oo.buffer_count = op.buffer_count = buffers;
   oo.overlap_step = overlap_step;
+  if (ratio >= 0) {
+    oo.ratio = ratio;
+  } else {
+    oo.ratio.reset();
+  }
   c.zero.mics_shard_size = mics;
   c.zero.hpz_partition_size = hpz;
   c.broadcast_buffers = broadcast_buffers;

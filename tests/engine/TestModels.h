@@ -44,6 +44,7 @@ struct Scenario {
   int hpz = 1;                         // zero_hpz_partition_size (1: no secondary copy)
   std::string device = "cpu";          // cpu | cuda: where the model and its data are
   std::string overlap_step = "auto";   // offload_optimizer.overlap_step
+  double ratio = 1;                    // offload_optimizer.ratio (-1: auto)
   bool counter = false;  // mlp: a buffer starting at 100 x rank, plus each forward's input mean
   bool broadcast_buffers = true;
 
