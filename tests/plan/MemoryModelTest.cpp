@@ -1,9 +1,13 @@
 // Every figure here is derived by hand from docs/memory-model.md, not from the code.
 #include "plan/MemoryModel.h"
 
+#include <string>
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "plan/HfConfig.h"
+#include "plan/OptimizerSplit.h"
 
 using namespace zeroshard;
 using OD = OffloadDevice;
@@ -354,4 +358,55 @@ TEST(MemoryModel, ATorchOptimizerPagesOnlyItsStateThroughNvme) {
   // 4 swap slots of an 800-element sub-group x 4 bytes (3,200, aligned to 4,096); no
   // staging: the Python package's class writes the shards back itself.
   EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 4 * 4096);
+}
+
+// offload_optimizer.ratio: the last shards (by elements) step on the host, the first keep
+// master, Adam state and fp32 gradient on the device; rounded up to a whole shard there.
+TEST(OptimizerSplit, TheLastShardsGoToTheHostAsDeepSpeedsSubGroupsDo) {
+  const std::vector<int64_t> shards{100, 300, 100, 500};  // 1,000 elements
+  using V = std::vector<bool>;
+  EXPECT_EQ(optimizer_on_host(shards, 1.0), (V{true, true, true, true}));
+  EXPECT_EQ(optimizer_on_host(shards, 0.0), (V{false, false, false, false}));
+  // (1 - ratio) x 1,000 elements kept on the device, up to the end of the shard it ends in.
+  EXPECT_EQ(optimizer_on_host(shards, 0.5), (V{false, false, false, true}));   // 500
+  EXPECT_EQ(optimizer_on_host(shards, 0.6), (V{false, false, true, true}));    // 400
+  EXPECT_EQ(optimizer_on_host(shards, 0.55), (V{false, false, false, true}));  // 450: 500
+  EXPECT_EQ(optimizer_on_host(shards, 0.95), (V{false, true, true, true}));    // 50: 100
+  // ratio_from is its inverse, also through its shortest decimal text.
+  for (size_t first = 0; first <= shards.size(); ++first) {
+    const double ratio = ratio_from(shards, first);
+    const double reread = std::stod(fmt::format("{}", ratio));
+    for (double r : {ratio, reread}) {
+      const V on_host = optimizer_on_host(shards, r);
+      for (size_t i = 0; i < shards.size(); ++i) EXPECT_EQ(on_host[i], i >= first) << r;
+    }
+  }
+  EXPECT_EQ(ratio_from(shards, 2), 0.6);
+}
+
+// Stage 3, optimizer on the host, ratio 0.5: of the toy's two 1,600-element shards per
+// rank the first keeps 16 bytes an element on the device (fp32 master 4, m and v 8, fp32
+// gradient 4) and the host holds the other's; 0.3 rounds up to both on the device.
+TEST(MemoryModel, OffloadRatioKeepsTheFirstShardsOptimizerOnTheDevice) {
+  Config c = toy_config(true);
+  const PlanOption o{3, OD::Cpu, OD::None};
+  const auto all = predict_memory(toy_spec(), o, c, WorldShape{1, 2}, TrainingShape{});
+  c.zero.offload_optimizer.ratio = 0.5;
+  const auto half = predict_memory(toy_spec(), o, c, WorldShape{1, 2}, TrainingShape{});
+  for (Kind k : {Kind::MasterParams, Kind::GradsFp32}) {
+    EXPECT_EQ(half.at(Tier::Device, k), 4 * 1600);
+    EXPECT_EQ(half.at(Tier::Host, k), 4 * 1600);
+  }
+  EXPECT_EQ(half.at(Tier::Device, Kind::OptimizerStates), 8 * 1600);
+  EXPECT_EQ(half.at(Tier::Host, Kind::OptimizerStates), 8 * 1600);
+  EXPECT_EQ(half.total(Tier::Device) - all.total(Tier::Device), 16 * 1600);
+  EXPECT_EQ(all.total(Tier::Host) - half.total(Tier::Host), 16 * 1600);
+  c.zero.offload_optimizer.ratio = 0.3;
+  const auto most = predict_memory(toy_spec(), o, c, WorldShape{1, 2}, TrainingShape{});
+  EXPECT_EQ(most.at(Tier::Device, Kind::OptimizerStates), 8 * 3200);
+  EXPECT_EQ(most.at(Tier::Host, Kind::OptimizerStates), 0);
+  // Only stage 3 with the optimizer on the host splits (the Config refuses the rest).
+  const auto stage2 = predict_memory(toy_spec(), {2, OD::Cpu, OD::None}, c, WorldShape{1, 2},
+                                     TrainingShape{});
+  EXPECT_EQ(stage2.at(Tier::Device, Kind::OptimizerStates), 0);
 }

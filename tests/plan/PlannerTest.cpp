@@ -399,3 +399,40 @@ TEST(Planner, NvmeForATorchOptimizerOnlyWhereItsUpdateIsElementwise) {
   EXPECT_EQ(allowed(adafactor, OD::Nvme, OD::None), 0);
   EXPECT_EQ(allowed(adafactor, OD::Cpu, OD::None), 3);
 }
+
+// offload_optimizer.ratio auto at stage 3 with the optimizer on the host: as much of the
+// optimizer on the device as its memory holds. The toy's device bytes per rank there: 15,000
+// with every shard on the host, 40,600 with the first kept (16 bytes x 1,600 more), 66,200
+// with both (stage 3 without offload).
+TEST(Planner, OffloadRatioAutoKeepsOnTheDeviceWhatFitsThere) {
+  Config c = open_config();
+  c.zero.stage = 3;
+  c.zero.offload_optimizer.device = OD::Cpu;
+  c.zero.offload_param.device = OD::None;
+  c.zero.offload_optimizer.ratio.reset();
+  const auto ratio_for = [&](int64_t device) {
+    const Plan p = plan_for(device, 1 << 30, 0, c);
+    EXPECT_TRUE(p.fits) << p.summary;
+    return *p.config.zero.offload_optimizer.ratio;
+  };
+  EXPECT_EQ(ratio_for(15'000), 1.0);
+  EXPECT_EQ(ratio_for(40'599), 1.0);
+  EXPECT_EQ(ratio_for(40'600), 0.5);
+  EXPECT_EQ(ratio_for(66'199), 0.5);
+  EXPECT_EQ(ratio_for(66'200), 0.0);
+  const Plan half = plan_for(40'600, 1 << 30, 0, c);
+  EXPECT_EQ(half.predicted.total(Tier::Device), 40'600);
+  const std::string reasons = fmt::format("{}", fmt::join(half.reasons, "\n"));
+  EXPECT_NE(reasons.find("zero_optimization.offload_optimizer.ratio: auto -> 0.5"),
+            std::string::npos)
+      << reasons;
+  // overlap_step true steps every shard on the host: auto is 1 there.
+  c.zero.offload_optimizer.overlap_step = "true";
+  EXPECT_EQ(ratio_for(66'200), 1.0);
+  // A ratio below 1 rules out every choice but stage 3 with parameters on the device.
+  Config fixed = open_config();
+  fixed.zero.offload_optimizer.device = OD::Cpu;
+  fixed.zero.offload_optimizer.ratio = 0.5;
+  const Plan p = plan_for(1 << 30, 1 << 30, 0, fixed);
+  EXPECT_EQ(p.option, (PlanOption{3, OD::Cpu, OD::None}));
+}

@@ -26,6 +26,28 @@ def test_resume_is_bit_identical(stage, offload, scratch):
         assert_params(resumed[r], whole[r], exact=True)
 
 
+def with_ratio(config, ratio):
+    config = json.loads(json.dumps(config))
+    config["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
+    return config
+
+
+def test_an_optimizer_split_between_device_and_host_resumes_into_any_split(scratch):
+    """offload_optimizer.ratio 0.5 (the first units' Adam state where the parameters are,
+    the rest on the host), saved at step 6 of 12: resumed with the same split, and with
+    every shard on the host, it ends at the uninterrupted run's bits (on the CPU both halves
+    step with CPU Adam's arithmetic)."""
+    split = with_ratio(config_for(3, "cpu", scratch), 0.5)
+    whole = train(scratch, "whole", split, 2, {})
+    ckpt = str(scratch / "ckpt")
+    train(scratch, "first", split, 2, {"ZS_CKPT_DIR": ckpt, "ZS_CKPT_SAVE_AT": "6",
+                                       "ZS_CKPT_STOP": "1"})
+    for name, ratio in (("same", 0.5), ("host", 1.0)):
+        resumed = train(scratch, name, with_ratio(split, ratio), 2, {"ZS_CKPT_LOAD": ckpt})
+        for r in range(2):
+            assert_params(resumed[r], whole[r], exact=True)
+
+
 @pytest.mark.parametrize("world,stage", [(2, 2), both_legs(1, 3)])
 def test_saved_at_four_ranks_stage3_continues_at_another_world_size_and_stage(world, stage,
                                                                              scratch):
