@@ -12,7 +12,10 @@ the median forward, backward and step (optimizer and copies back) times, so a sh
 names its phase. A row that cannot run keeps its row with the reason.
 
 `--search`: the largest model each of the three steps on this machine, by layers at the
-shape's width (doubling, then bisection; each try a fresh process, two steps).
+shape's width (doubling, then bisection; each try a fresh process, two steps). There
+zeroshard's row keeps on the GPU as much of the optimizer as the planner says fits beside
+the parameters and activations (offload_optimizer.ratio, as zeroshard-estimate plans it),
+and steps the rest on the host.
 `--device cpu --shape tiny`: the same code on the CPU, where no GPU is, to check the
 script itself; no target is judged there.
 
@@ -62,16 +65,40 @@ def build_model(args, layers, torch):
 
 def zeroshard_row(args, model, torch, device):
     import zeroshard
-    model.to(device=device, dtype=torch.bfloat16)
     config = {
         "train_micro_batch_size_per_gpu": args.batch,
         "bf16": {"enabled": True},
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WEIGHT_DECAY}},
         "zero_optimization": {"stage": 3,
-                              "offload_optimizer": {"device": "cpu", "overlap_step": "auto"}},
+                              "offload_optimizer": {"device": "cpu", "overlap_step": "auto",
+                                                    "ratio": planned_ratio(args, model, torch)}},
     }
+    model.to(device=device, dtype=torch.bfloat16)
     engine, *_ = zeroshard.initialize(model=model, config=config)
     return engine, engine.backward, engine.step
+
+
+def planned_ratio(args, model, torch):
+    """offload_optimizer.ratio: 1 (every shard's Adam on the host, the throughput rows), or
+    with --ratio auto (the search) as zeroshard-estimate plans it before launch for this
+    model, batch and device: as much of the optimizer on the GPU as its memory holds beside
+    the parameters and this batch's activations, the rest on the host."""
+    if args.ratio != "auto":
+        args.planned_ratio = float(args.ratio)
+        return args.planned_ratio
+    import yaml
+    import zeroshard
+    config = {"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": args.batch,
+              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu",
+                                                                       "ratio": "auto"}}}
+    gpu = (torch.cuda.get_device_properties(0).total_memory if args.device == "cuda"
+           else 4 * 2**20)  # the script's CPU check: a device too small for all of it
+    plan = zeroshard.estimate(model, config, gpu_memory=gpu, seq=args.seq,
+                              micro_batch=args.batch)
+    ratio = yaml.safe_load(plan["config_yaml"])["zero_optimization"]["offload_optimizer"]["ratio"]
+    print(f"planned offload_optimizer.ratio: {ratio} ({plan['summary']})", flush=True)
+    args.planned_ratio = float(ratio)
+    return args.planned_ratio
 
 
 def fsdp2_row(args, model, torch, device):
@@ -170,6 +197,7 @@ def worker(args):
             "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "final_loss": loss.item(), "phase_seconds": median,
+            **({"offload_ratio": args.planned_ratio} if hasattr(args, "planned_ratio") else {}),
             **({"planned_device_bytes": plan["predicted"],
                 "planned_activation_bytes": plan["kinds"]["activations"]["predicted"],
                 "ledger_device_peak": plan["peak"]} if plan else {}),
@@ -191,14 +219,14 @@ def last_lines(printed, n=6):
     return " | ".join(printed.strip().splitlines()[-n:])
 
 
-def run_row(args, row, layers, steps, warmup, timeout):
+def run_row(args, row, layers, steps, warmup, timeout, ratio="1"):
     """One row in a fresh process: its measurements, or {"error": what it printed}."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", row, "--out", out,
                "--shape", args.shape, "--layers", str(layers), "--seq", str(args.seq),
                "--batch", str(args.batch), "--steps", str(steps), "--warmup", str(warmup),
-               "--device", args.device]
+               "--device", args.device, "--ratio", ratio]
         env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         try:
@@ -217,7 +245,9 @@ def run_row(args, row, layers, steps, warmup, timeout):
 
 def largest(args, row):
     """The most layers `row` steps twice (doubling from the shape's, then bisection)."""
-    fits = lambda layers: "error" not in run_row(args, row, layers, 2, 0, args.search_timeout)
+    # zeroshard's row keeps on the GPU what the planner says fits there (planned_ratio).
+    fits = lambda layers: "error" not in run_row(args, row, layers, 2, 0, args.search_timeout,
+                                                 ratio="auto")
     good, bad = 0, SHAPES[args.shape]["num_hidden_layers"]
     while fits(bad):
         good, bad = bad, bad * 2
@@ -315,6 +345,7 @@ def main():
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--timeout", type=int, default=600, help="seconds per row")
     p.add_argument("--search-timeout", type=int, default=300, help="seconds per try")
+    p.add_argument("--ratio", default="1", help=argparse.SUPPRESS)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
