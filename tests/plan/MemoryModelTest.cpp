@@ -406,7 +406,7 @@ TEST(MemoryModel, OffloadRatioKeepsTheFirstShardsOptimizerOnTheDevice) {
   EXPECT_EQ(most.at(Tier::Device, Kind::OptimizerStates), 8 * 3200);
   EXPECT_EQ(most.at(Tier::Host, Kind::OptimizerStates), 0);
   // Only stage 3 with the optimizer on the host splits (the Config refuses the rest).
-  const auto stage2 = predict_memory(toy_spec(), {2, OD::Cpu, OD::None}, c, WorldShape{1, 2},
-                                     TrainingShape{});
+  const auto stage2 =
+      predict_memory(toy_spec(), {2, OD::Cpu, OD::None}, c, WorldShape{1, 2}, TrainingShape{});
   EXPECT_EQ(stage2.at(Tier::Device, Kind::OptimizerStates), 0);
 }
