@@ -86,13 +86,14 @@ void EngineImpl::make_optimizer(bool on_cpu, const std::vector<bool>& on_host) {
   o.sub_group_numel = z.sub_group_size;
   o.buffer_count = z.offload_optimizer.buffer_count;
   o.page_lock = !on_cpu;
-  o.sum_grad_squares = z.gradient_clipping <= 0;  // StepPipeline::update reads them then
+  const bool all_on_host = std::find(on_host.begin(), on_host.end(), false) == on_host.end();
+  // StepPipeline::update reads them when nothing clips and every shard is on the host.
+  o.sum_grad_squares = z.gradient_clipping <= 0 && all_on_host;
   if (device == OffloadDevice::Nvme) {
     o.swap_dir = swap_->open_dir(z.offload_optimizer.nvme_path);
     o.io = swap_->io();
   }
   auto offloaded = std::make_unique<OffloadOptimizer>(o, &ledger_);
-  const bool all_on_host = std::find(on_host.begin(), on_host.end(), false) == on_host.end();
   if (all_on_host) {
     OffloadOptimizer* typed = offloaded.get();
     pipeline_->set_optimizer(std::move(offloaded), typed);

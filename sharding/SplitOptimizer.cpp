@@ -6,9 +6,7 @@ namespace zeroshard {
 
 SplitOptimizer::SplitOptimizer(std::unique_ptr<ShardOptimizer> device,
                                std::unique_ptr<ShardOptimizer> host, std::vector<bool> on_host)
-    : device_(std::move(device)), host_(std::move(host)), on_host_(std::move(on_host)) {
-  check_state_names(device_->state_names(), host_->state_names(), "split between device and host");
-}
+    : device_(std::move(device)), host_(std::move(host)), on_host_(std::move(on_host)) {}
 
 void SplitOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan> spans) {
   const size_t i = where_.size();

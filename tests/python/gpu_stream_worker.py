@@ -1,7 +1,8 @@
 """One process on a GPU (tests/python/test_gpu_streams.py): the tiny GPT of models.py
 trained by zeroshard at stage 3, two micro-batches per step, with its optimizer on the
 device (OFFLOAD none) or on the host (cpu), the host's step after backward or inside it
-(OVERLAP false or true), and the parameter shards on the device or, with PARAMS (cpu, or
+(OVERLAP false or true), or split between the two (cpu@RATIO: offload_optimizer.ratio,
+the first blocks' state on the device), and the parameter shards on the device or, with PARAMS (cpu, or
 a folder for NVMe), in host RAM (sharding/FlatParamGroup.h: each copied up at its gather
 without the host waiting) or on NVMe (engine/ParamHome.h: copied up on a copy stream).
 Writes its losses to OUT.rank0.json.
@@ -23,8 +24,11 @@ def main():
     import zeroshard
     model = models.make("gpt").to(device)
     zero = {"stage": 3, "stage3_param_persistence_threshold": 0}  # every block sharded
+    offload, _, ratio = offload.partition("@")
     if offload != "none":
         zero["offload_optimizer"] = {"device": offload, "overlap_step": overlap}
+    if ratio:
+        zero["offload_optimizer"]["ratio"] = float(ratio)
     if len(sys.argv) > 5 and sys.argv[5] == "cpu":
         zero["offload_param"] = {"device": "cpu"}
     elif len(sys.argv) > 5:

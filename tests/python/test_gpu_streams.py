@@ -6,7 +6,8 @@ is ordered before the kernel fails the run), and give the losses of the same tra
 with the optimizer on the device, from the first step on. The sanitizer sees what runs
 on the training thread and autograd's threads; the overlapped step's own worker thread
 is outside its reach. Parameter shards kept in host RAM or on NVMe are copied up to
-their gathers under it too."""
+their gathers under it too, and an optimizer split between the GPU and the host
+(offload_optimizer.ratio) steps under it."""
 import os
 
 import pytest
@@ -46,4 +47,13 @@ def test_parameter_shards_off_the_gpu_are_ordered_and_give_the_device_optimizers
         os.mkdir(where)
     want = losses(scratch, "none", "false", sanitize=False)
     got = losses(scratch, "cpu", "false", sanitize=True, params=where)
+    assert got == pytest.approx(want, rel=1e-4)
+
+
+def test_an_optimizer_split_between_gpu_and_host_is_ordered_and_gives_the_device_optimizers_losses(
+        scratch):
+    """offload_optimizer.ratio 0.5: the first blocks step on the GPU with torch's fused
+    Adam, the rest on the host, whose reduced gradients alone land there."""
+    want = losses(scratch, "none", "false", sanitize=False)
+    got = losses(scratch, "cpu@0.5", "false", sanitize=True)
     assert got == pytest.approx(want, rel=1e-4)

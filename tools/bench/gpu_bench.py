@@ -12,7 +12,8 @@ the median forward, backward and step (optimizer and copies back) times, so a sh
 names its phase. A row that cannot run keeps its row with the reason.
 
 `--search`: the largest model each of the three steps on this machine, by layers at the
-shape's width (doubling, then bisection; each try a fresh process, two steps). There
+shape's width (each try a fresh process, two steps; on a GPU from the layers zeroshard's
+plan says fit, stepping by about 6%, so that a row takes a few tries). There
 zeroshard's row keeps on the GPU as much of the optimizer as the planner says fits beside
 the parameters and activations (offload_optimizer.ratio, as zeroshard-estimate plans it),
 and steps the rest on the host.
@@ -243,15 +244,56 @@ def run_row(args, row, layers, steps, warmup, timeout, ratio="1"):
             return json.load(f)
 
 
+def planned_layers(args, ratio):
+    """The most layers zeroshard's plan says fit on this machine at offload_optimizer.ratio
+    `ratio` (1, or auto), counted on the meta device: where the search starts. With ratio 1
+    every row keeps about 16 bytes a parameter in host RAM, so it is the peers' start too."""
+    import torch
+    import transformers
+    import yaml
+    import zeroshard
+    gpu = torch.cuda.get_device_properties(0).total_memory
+    config = {"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": args.batch,
+              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu",
+                                                                       "ratio": ratio}}}
+
+    def fits(layers):
+        with torch.device("meta"):
+            model = transformers.LlamaForCausalLM(llama_config(args, layers))
+        plan = zeroshard.estimate(model, config, gpu_memory=gpu, seq=args.seq,
+                                  micro_batch=args.batch)
+        return plan["fits"]
+
+    good, bad = 0, 1024  # 1024 layers of the 1b shape: 45 B parameters
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+
+
 def largest(args, row):
-    """The most layers `row` steps twice (doubling from the shape's, then bisection)."""
+    """The most layers `row` steps twice, to within about 6%: on a GPU from where the plan
+    says (planned_layers), stepping up while it fits or bisecting below where it did not;
+    on the CPU (the script's check) doubling from the shape's, then bisecting."""
     # zeroshard's row keeps on the GPU what the planner says fits there (planned_ratio).
     fits = lambda layers: "error" not in run_row(args, row, layers, 2, 0, args.search_timeout,
                                                  ratio="auto")
-    good, bad = 0, SHAPES[args.shape]["num_hidden_layers"]
-    while fits(bad):
-        good, bad = bad, bad * 2
-    while bad - good > max(1, good // 16):  # to within about 6%
+    if args.device == "cuda":
+        guess = max(1, planned_layers(args, "auto" if row == ROWS[0] else 1))
+        step = max(1, guess // 16)
+        print(f"{row}: the plan's largest {guess} layers; trying from there", flush=True)
+        if fits(guess):
+            good, bad = guess, guess + step
+            while fits(bad):
+                good, bad = bad, bad + step
+        else:
+            good, bad = 0, guess
+    else:
+        good, bad = 0, SHAPES[args.shape]["num_hidden_layers"]
+        while fits(bad):
+            good, bad = bad, bad * 2
+        step = 1
+    while bad - good > max(1, step, good // 16):
         mid = (good + bad) // 2
         good, bad = (mid, bad) if fits(mid) else (good, mid)
     if good == 0:
