@@ -1,0 +1,238 @@
+// The checks across keys (config/Config.h): contradictions a loaded config is refused
+// for, each naming the keys, their values and what is allowed, and what rules out the
+// overlapped step.
+#include <fmt/format.h>
+
+#include "common/Error.h"
+#include "config/Config.h"
+
+namespace zeroshard {
+namespace {
+
+bool offloads(OffloadDevice d) {
+  return d == OffloadDevice::Cpu || d == OffloadDevice::Nvme;
+}
+
+void check_mics(const Config& c) {
+  const auto& mics = c.zero.mics_shard_size;
+  if (!mics || *mics == -1) return;
+  if (*mics == 0) {
+    fail(
+        "config key 'zero_optimization.mics_shard_size' is 0; allowed: -1 (shard across every "
+        "rank), auto, or a group size >= 1 that divides the number of ranks");
+  }
+  if (c.zero.stage && *c.zero.stage == 0) {
+    fail(
+        "config key 'zero_optimization.mics_shard_size' is {} with 'zero_optimization.stage' 0; "
+        "allowed: sharding groups need stage 1, 2 or 3 (or mics_shard_size -1)",
+        *mics);
+  }
+}
+
+// hpZ keeps a secondary copy of stage 3's parameters; the checks that need the world
+// size (the group must divide it) are the Planner's.
+void check_hpz(const Config& c) {
+  const auto& hpz = c.zero.hpz_partition_size;
+  if (!hpz || *hpz == 1) return;
+  const char* key = "config key 'zero_optimization.zero_hpz_partition_size'";
+  if (c.zero.stage && *c.zero.stage != 3) {
+    fail(
+        "{} is {} with 'zero_optimization.stage' {}; allowed: the secondary copy (ZeRO++ hpZ) "
+        "is of stage 3's parameters: stage 3, or zero_hpz_partition_size 1",
+        key, *hpz, *c.zero.stage);
+  }
+  const auto& mics = c.zero.mics_shard_size;
+  if (mics && *mics > 0) {
+    fail(
+        "{} is {} with 'zero_optimization.mics_shard_size' {}; allowed: one of the two: "
+        "mics_shard_size keeps every gather inside its group already (set "
+        "zero_hpz_partition_size 1, or mics_shard_size -1)",
+        key, *hpz, *mics);
+  }
+  if (offloads(c.zero.offload_param.device)) {
+    fail(
+        "{} is {} with 'zero_optimization.offload_param.device' '{}'; allowed: "
+        "zero_hpz_partition_size 1 with parameter offload (the secondary copy would hold "
+        "the parameters in device memory that offload frees)",
+        key, *hpz, offload_device_name(c.zero.offload_param.device));
+  }
+}
+
+// offload_optimizer.ratio below 1: part of the optimizer stays on the GPU. As DeepSpeed,
+// only at stage 3 with CPU Adam; its resident part steps where the parameters are, so
+// they stay there too.
+void check_offload_ratio(const Config& c) {
+  const auto& ratio = c.zero.offload_optimizer.ratio;
+  if (!ratio || *ratio >= 1) return;
+  const std::string key =
+      fmt::format("config key 'zero_optimization.offload_optimizer.ratio' is {}", *ratio);
+  const OffloadDevice device = c.zero.offload_optimizer.device;
+  if (device != OffloadDevice::Cpu) {
+    fail(
+        "{} with 'zero_optimization.offload_optimizer.device' '{}'; allowed: device cpu (the "
+        "shards not offloaded step on the GPU), or ratio 1",
+        key, offload_device_name(device));
+  }
+  if (c.zero.stage && *c.zero.stage != 3) {
+    fail("{} with 'zero_optimization.stage' {}; allowed: stage 3 (as DeepSpeed), or ratio 1", key,
+         *c.zero.stage);
+  }
+  if (c.optimizer.external || c.optimizer.type == "Lamb") {
+    fail("{} with optimizer {}; allowed: optimizer Adam or AdamW, or ratio 1", key,
+         c.optimizer.type);
+  }
+  const OffloadDevice params = c.zero.offload_param.device;
+  if (offloads(params)) {
+    fail(
+        "{} with 'zero_optimization.offload_param.device' '{}'; allowed: offload_param.device "
+        "none (the shards not offloaded step where their parameters are, on the GPU), or ratio 1",
+        key, offload_device_name(params));
+  }
+}
+
+// overlap_step: true asks for the step inside backward; refused where that would not be
+// exact or could not run (auto resolves to false there instead, and the Planner says why).
+void check_overlap_step(const Config& c) {
+  if (c.zero.offload_optimizer.overlap_step != "true") return;
+  if (const auto o = overlap_step_obstacle(c)) {
+    fail(
+        "config key 'zero_optimization.offload_optimizer.overlap_step' is true with {}; "
+        "allowed: {}, or overlap_step false or auto ({})",
+        o->setting, o->allowed, o->why);
+  }
+}
+
+}  // namespace
+
+std::optional<OverlapStepObstacle> overlap_step_obstacle(const Config& c) {
+  const auto& z = c.zero;
+  if (c.optimizer.type == "Lamb") {
+    return OverlapStepObstacle{
+        "'optimizer.type' Lamb", "optimizer.type Adam or AdamW",
+        "Lamb's trust ratio needs the norm of every parameter's update before any step"};
+  }
+  if (c.optimizer.external) {
+    return OverlapStepObstacle{
+        fmt::format("'optimizer.type' {}", c.optimizer.type),
+        "optimizer.type Adam or AdamW, whose CPU Adam steps inside backward",
+        fmt::format("torch.optim.{} steps after backward", c.optimizer.type)};
+  }
+  if (z.offload_optimizer.device == OffloadDevice::None) {
+    return OverlapStepObstacle{"'zero_optimization.offload_optimizer.device' none",
+                               "overlap_step steps an offloaded optimizer (device cpu or nvme)",
+                               "the optimizer is not offloaded (offload_optimizer.device none)"};
+  }
+  if (z.stage && *z.stage < 2) {
+    return OverlapStepObstacle{
+        fmt::format("'zero_optimization.stage' {}", *z.stage),
+        "stage 2 or 3, whose backward reduces each gradient shard",
+        fmt::format("stage {} reduces the gradients after backward", *z.stage)};
+  }
+  const double clipping = c.gradient_clipping.value_or(0);
+  if (clipping > 0) {
+    return OverlapStepObstacle{
+        fmt::format("'gradient_clipping' {}", clipping), "gradient_clipping 0",
+        fmt::format("gradient_clipping {} needs the norm of every gradient before any step",
+                    clipping)};
+  }
+  if (c.fp16.enabled) {
+    return OverlapStepObstacle{
+        "'fp16.enabled' true", "bf16 or fp32",
+        "fp16 loss scaling skips a step only known to overflow after backward"};
+  }
+  if (z.offload_optimizer.ratio && *z.offload_optimizer.ratio < 1) {
+    return OverlapStepObstacle{
+        fmt::format("'zero_optimization.offload_optimizer.ratio' {}", *z.offload_optimizer.ratio),
+        "ratio 1", "the shards kept on the GPU step after backward"};
+  }
+  if (z.offload_param.device == OffloadDevice::Nvme) {
+    return OverlapStepObstacle{
+        "'zero_optimization.offload_param.device' nvme", "parameter offload none or cpu",
+        "backward's gathers read the NVMe parameter shards that the step writes"};
+  }
+  return std::nullopt;
+}
+
+void check_contradictions(const Config& c) {
+  if (c.bf16 && c.fp16.enabled) {
+    fail("config keys 'bf16.enabled' and 'fp16.enabled' are both true; allowed: at most one");
+  }
+  const bool lamb = c.optimizer.type == "Lamb";
+  if (!c.optimizer.bias_correction && !lamb) {
+    fail(
+        "config key 'optimizer.params.bias_correction' is false; allowed: true (zeroshard's "
+        "Adam and AdamW correct the moments' bias, as torch's do), or optimizer.type Lamb");
+  }
+  const bool lamb_keys =
+      c.optimizer.max_coeff || c.optimizer.min_coeff || c.optimizer.eps_inside_sqrt;
+  if (lamb_keys && !lamb) {
+    fail(
+        "config keys 'optimizer.params.max_coeff', 'min_coeff' and 'eps_inside_sqrt' are "
+        "Lamb's, but 'optimizer.type' is {}; allowed: optimizer.type Lamb",
+        c.optimizer.type);
+  }
+  if (c.optimizer.max_grad_norm.value_or(0) > 0) {
+    fail(
+        "config key 'optimizer.params.max_grad_norm' is {}; allowed: 0 (clip with the "
+        "top-level 'gradient_clipping', which clips the global norm before any optimizer)",
+        *c.optimizer.max_grad_norm);
+  }
+  if (lamb && c.optimizer.max_coeff.value_or(10) < c.optimizer.min_coeff.value_or(0.01)) {
+    fail(
+        "config key 'optimizer.params.max_coeff' is {} below 'min_coeff' {}; allowed: "
+        "max_coeff >= min_coeff",
+        c.optimizer.max_coeff.value_or(10), c.optimizer.min_coeff.value_or(0.01));
+  }
+  if (lamb && c.zero.offload_optimizer.device == OffloadDevice::Nvme) {
+    fail(
+        "config key 'zero_optimization.offload_optimizer.device' is 'nvme' with 'optimizer.type' "
+        "Lamb; allowed: cpu or none (Lamb's state stays in memory)");
+  }
+  const auto& oo = c.zero.offload_optimizer;
+  const auto& op = c.zero.offload_param;
+  if (c.zero.stage && offloads(op.device) && *c.zero.stage < 3) {
+    fail(
+        "config key 'zero_optimization.offload_param.device' is '{}' with "
+        "'zero_optimization.stage' {}; allowed: parameter offload needs stage 3 (or stage auto)",
+        offload_device_name(op.device), *c.zero.stage);
+  }
+  if (c.zero.stage && offloads(oo.device) && *c.zero.stage < 1) {
+    fail(
+        "config key 'zero_optimization.offload_optimizer.device' is '{}' with "
+        "'zero_optimization.stage' 0; allowed: optimizer offload needs stage 1, 2 or 3",
+        offload_device_name(oo.device));
+  }
+  if (oo.device == OffloadDevice::Nvme && c.optimizer.external && !c.optimizer.elementwise) {
+    fail(
+        "config key 'zero_optimization.offload_optimizer.device' is 'nvme' with optimizer {}, "
+        "whose update needs every group's whole parameters in one step; allowed: cpu or none, "
+        "or an elementwise optimizer (Adam, AdamW, SGD, Adagrad, ...), whose state zeroshard "
+        "streams through NVMe",
+        c.optimizer.type);
+  }
+  if (oo.device == OffloadDevice::Nvme && oo.nvme_path.empty()) {
+    fail(
+        "config key 'zero_optimization.offload_optimizer.nvme_path' is missing; "
+        "allowed: a directory on a local file system, required with device nvme");
+  }
+  if (op.device == OffloadDevice::Nvme && op.nvme_path.empty()) {
+    fail(
+        "config key 'zero_optimization.offload_param.nvme_path' is missing; "
+        "allowed: a directory on a local file system, required with device nvme");
+  }
+  check_mics(c);
+  check_hpz(c);
+  check_offload_ratio(c);
+  check_overlap_step(c);
+  const auto& s = c.scheduler;
+  if (s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") {
+    if (s.warmup_num_steps && s.total_num_steps && *s.warmup_num_steps > *s.total_num_steps) {
+      fail(
+          "config key 'scheduler.params.warmup_num_steps' is {} but 'total_num_steps' is {}; "
+          "allowed: warmup_num_steps <= total_num_steps",
+          *s.warmup_num_steps, *s.total_num_steps);
+    }
+  }
+}
+
+}  // namespace zeroshard
