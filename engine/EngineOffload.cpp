@@ -101,7 +101,7 @@ void EngineImpl::make_optimizer(bool on_cpu, const std::vector<bool>& on_host) {
   }
   // offload_optimizer.ratio < 1: the first groups step on the device. What steps only an
   // offloaded optimizer (the overlapped step, NVMe parameter shards) is refused with it
-  // (config/Config.cpp), so the pipeline sees no offloaded optimizer.
+  // (config/ConfigChecks.cpp), so the pipeline sees no offloaded optimizer.
   auto resident = std::make_unique<ResidentOptimizer>(
       &ledger_, on_cpu ? cpu_adam_kernel() : fused_adam_kernel());
   pipeline_->set_optimizer(
@@ -115,7 +115,7 @@ std::vector<bool> EngineImpl::optimizer_on_host(const std::vector<GroupSpec>& la
     if (!spec.trainable) continue;
     int64_t numel = 0;
     for (const auto& p : spec.params) numel += p.param.numel();
-    numels.push_back(padded_shard_numel(numel, plan_.settings.stage == 0 ? 1 : shard_count()));
+    numels.push_back(padded_shard_numel(numel, shard_count()));  // (split only at stage 3)
   }
   const auto& ratio = plan_.config.zero.offload_optimizer.ratio;
   const bool splits = plan_.option.optimizer == OffloadDevice::Cpu && plan_.settings.stage == 3;

@@ -149,13 +149,20 @@ void resolve_ratio(Plan& plan, const OptionEstimate& chosen) {
   const char* path = "zero_optimization.offload_optimizer.ratio";
   if (chosen.option.optimizer == OD::None) return;  // nothing to say: nothing is offloaded
   if (ratio >= 1) {
+    const PlanOption& o = chosen.option;
+    const OptimizerConfig& opt = plan.config.optimizer;
+    std::string why = "the device has no room for any shard's state besides the rest";
+    if (o.stage != 3 || o.optimizer != OD::Cpu || o.params != OD::None) {
+      why =
+          "only stage 3 with the optimizer on the host and the parameters on the device "
+          "keeps part of it there";
+    } else if (opt.external || opt.type == "Lamb") {
+      why = fmt::format("optimizer {} steps on one side only", opt.type);
+    } else if (plan.config.zero.offload_optimizer.overlap_step == "true") {
+      why = "overlap_step true steps every shard on the host inside backward";
+    }
     plan.reasons.push_back(fmt::format(
-        "{}: auto -> 1 (every optimizer shard steps on the offload device: {})", path,
-        chosen.option.stage == 3 && chosen.option.optimizer == OD::Cpu &&
-                chosen.option.params == OD::None
-            ? "the device has no room for any shard's state besides the rest"
-            : "only stage 3 with the optimizer on the host and the parameters on the device "
-              "keeps part of it there"));
+        "{}: auto -> 1 (every optimizer shard steps on the offload device: {})", path, why));
     return;
   }
   const int64_t resident = chosen.bytes.at(Tier::Device, Kind::OptimizerStates) +

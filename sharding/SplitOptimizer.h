@@ -38,10 +38,6 @@ class SplitOptimizer : public ShardOptimizer {
   void set_steps(int64_t steps) override;
   void start() override;
 
-  // How many groups each holds.
-  size_t device_groups() const { return device_->groups(); }
-  size_t host_groups() const { return host_->groups(); }
-
  private:
   struct Place {
     ShardOptimizer* optimizer;

@@ -429,6 +429,12 @@ TEST(Planner, OffloadRatioAutoKeepsOnTheDeviceWhatFitsThere) {
   // overlap_step true steps every shard on the host: auto is 1 there.
   c.zero.offload_optimizer.overlap_step = "true";
   EXPECT_EQ(ratio_for(66'200), 1.0);
+  const Plan overlapped = plan_for(66'200, 1 << 30, 0, c);
+  const std::string why = fmt::format("{}", fmt::join(overlapped.reasons, "\n"));
+  EXPECT_NE(why.find("ratio: auto -> 1 (every optimizer shard steps on the offload device: "
+                     "overlap_step true steps every shard on the host"),
+            std::string::npos)
+      << why;
   // A ratio below 1 rules out every choice but stage 3 with parameters on the device.
   Config fixed = open_config();
   fixed.zero.offload_optimizer.device = OD::Cpu;

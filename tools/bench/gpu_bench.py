@@ -21,7 +21,7 @@ and steps the rest on the host.
 script itself; no target is judged there.
 
 usage: ./zs bench gpu [--json] [--shape 1b|tiny] [--layers N] [--seq N] [--batch N]
-                      [--steps N] [--rows a,b] [--search] [--device cuda|cpu]
+                      [--steps N] [--rows a,b] [--search | --search-only] [--device cuda|cpu]
 """
 import argparse
 import json
@@ -273,19 +273,27 @@ def planned_layers(args, ratio):
 
 def largest(args, row):
     """The most layers `row` steps twice, to within about 6%: on a GPU from where the plan
-    says (planned_layers), stepping up while it fits or bisecting below where it did not;
+    says (planned_layers), stepping up (6%, then twice each step) while it fits, then
+    bisecting, or bisecting below the plan's where that did not fit;
     on the CPU (the script's check) doubling from the shape's, then bisecting."""
-    # zeroshard's row keeps on the GPU what the planner says fits there (planned_ratio).
-    fits = lambda layers: "error" not in run_row(args, row, layers, 2, 0, args.search_timeout,
-                                                 ratio="auto")
+    def fits(layers):  # each try said as it ends: a search cut short still tells
+        # zeroshard's row keeps on the GPU what the planner says fits there (planned_ratio).
+        got = run_row(args, row, layers, 2, 0, args.search_timeout, ratio="auto")
+        ratio = f", offload_optimizer.ratio {got['offload_ratio']:.3f}" \
+            if "offload_ratio" in got else ""
+        print(f"{row}: {layers} layers: " +
+              (f"stepped{ratio}" if "error" not in got else f"did not: {got['error'][-300:]}"),
+              flush=True)
+        return "error" not in got
     if args.device == "cuda":
         guess = max(1, planned_layers(args, "auto" if row == ROWS[0] else 1))
         step = max(1, guess // 16)
         print(f"{row}: the plan's largest {guess} layers; trying from there", flush=True)
         if fits(guess):
-            good, bad = guess, guess + step
-            while fits(bad):
-                good, bad = bad, bad + step
+            good, bad, up = guess, guess + step, step
+            while fits(bad):  # each step up twice the last: a plan far too cautious costs
+                up *= 2       # a few tries, not one per 6%
+                good, bad = bad, bad + up
         else:
             good, bad = 0, guess
     else:
@@ -345,8 +353,9 @@ def driver(args):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import deepspeed_ops
         print(deepspeed_ops.prepare(cpu=not judged), flush=True)
-    rows = [run_row(args, row, layers, args.steps, args.warmup, args.timeout)
-            for row in args.rows.split(",")]
+    rows = [] if args.search_only else [
+        run_row(args, row, layers, args.steps, args.warmup, args.timeout)
+        for row in args.rows.split(",")]
     print_rows(rows)
     for r in rows:
         if r.get("planned_device_bytes") and r.get("peak_gpu_bytes"):
@@ -384,6 +393,8 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rows", default=",".join(ROWS))
     p.add_argument("--search", action="store_true")
+    p.add_argument("--search-only", action="store_true",
+                   help="the search without the throughput rows")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--timeout", type=int, default=600, help="seconds per row")
     p.add_argument("--search-timeout", type=int, default=300, help="seconds per try")
@@ -391,6 +402,7 @@ def main():
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
+    args.search = args.search or args.search_only
     for row in args.rows.split(","):
         if row not in ROWS:
             p.error(f"--rows: '{row}' is not a row; allowed: {', '.join(ROWS)}")

@@ -200,6 +200,12 @@ gpu_bench() {  # (where no GPU is, the script's own check: --device cpu --shape 
     tee "$GPU_OUT/bench.txt"
 }
 
+gpu_search() {  # the largest model each row steps (ZS_GPU_BENCH_ARGS: --rows, one a lease)
+  # shellcheck disable=SC2086
+  bench_gpu_in "$GPU_BUILD/python" --json --search-only --search-timeout 240 \
+    ${ZS_GPU_BENCH_ARGS:-} | tee "$GPU_OUT/search.txt"
+}
+
 gpu_pytests() {
   (cd tests/python && ZS_BUILD_DIR="$GPU_BUILD" "$GPU_PY" -m pytest -q -p no:cacheprovider \
     test_gpu_streams.py test_gpu_resume.py)
@@ -237,7 +243,7 @@ gpu_check() {
   cd "$ROOT" || return 1
   export ROOT GPU_DIR GPU_OUT GPU_PY GPU_TESTS GPU_MEMCHECK_TESTS
   export -f gpu_machine_info gpu_build_here gpu_build_niced configure_gpu use_gpu_prefix \
-    gpu_syncs gpu_memcheck gpu_pytests gpu_bench bench_gpu_in
+    gpu_syncs gpu_memcheck gpu_pytests gpu_bench gpu_search bench_gpu_in
   gpu_stage machine 30 gpu_machine_info
   use_gpu_prefix
   gpu_programs || { cat "$GPU_OUT/summary.txt"; return 1; }
@@ -245,13 +251,18 @@ gpu_check() {
   # cores hold them all), a build from source beside them at the lowest priority (does
   # `./zs test --gpu` build there?), then the bench alone on the machine.
   # ZS_GPU_STAGES=bench: the bench alone; tests: the GPU tests alone (a second look
-  # inside the same lease)
+  # inside the same lease); search: the largest-model search alone (bench gpu
+  # --search-only; ZS_GPU_BENCH_ARGS="--rows ROW" keeps it to one row a command)
   case "${ZS_GPU_STAGES:-all}" in
-    bench) ;;
+    bench | search) ;;
     tests) gpu_checks tests ;;
     *) gpu_checks ;;
   esac
-  [ "${ZS_GPU_STAGES:-all}" = tests ] || gpu_stage bench 290 gpu_bench
+  case "${ZS_GPU_STAGES:-all}" in
+    tests) ;;
+    search) gpu_stage search 570 gpu_search ;;
+    *) gpu_stage bench 290 gpu_bench ;;
+  esac
   grep -hE '^\[  (PASSED|FAILED) |^FAILED|passed|failed' "$GPU_OUT/gtests.txt" \
     "$GPU_OUT/pytests.txt" >>"$GPU_OUT/summary.txt" 2>/dev/null
   echo "== summary =="; cat "$GPU_OUT/summary.txt"
