@@ -7,7 +7,7 @@
 
 #include "common/Bytes.h"
 #include "common/Error.h"
-#include "plan/OptimizerSplit.h"
+#include "plan/OffloadRatio.h"
 
 namespace zeroshard {
 namespace {
@@ -143,38 +143,6 @@ void judge(OptionEstimate& e, const WorldShape& world, const HardwareBudget& b) 
   e.verdict = e.fits ? "fits" : fmt::format("{}", fmt::join(short_by, "; "));
 }
 
-void resolve_ratio(Plan& plan, const OptionEstimate& chosen) {
-  const double ratio = chosen.ratio.value_or(1.0);
-  plan.config.zero.offload_optimizer.ratio = ratio;
-  const char* path = "zero_optimization.offload_optimizer.ratio";
-  if (chosen.option.optimizer == OD::None) return;  // nothing to say: nothing is offloaded
-  if (ratio >= 1) {
-    const PlanOption& o = chosen.option;
-    const OptimizerConfig& opt = plan.config.optimizer;
-    std::string why = "the device has no room for any shard's state besides the rest";
-    if (o.stage != 3 || o.optimizer != OD::Cpu || o.params != OD::None) {
-      why =
-          "only stage 3 with the optimizer on the host and the parameters on the device "
-          "keeps part of it there";
-    } else if (opt.external || opt.type == "Lamb") {
-      why = fmt::format("optimizer {} steps on one side only", opt.type);
-    } else if (plan.config.zero.offload_optimizer.overlap_step == "true") {
-      why = "overlap_step true steps every shard on the host inside backward";
-    }
-    plan.reasons.push_back(fmt::format(
-        "{}: auto -> 1 (every optimizer shard steps on the offload device: {})", path, why));
-    return;
-  }
-  const int64_t resident = chosen.bytes.at(Tier::Device, Kind::OptimizerStates) +
-                           chosen.bytes.at(Tier::Device, Kind::MasterParams) +
-                           chosen.bytes.at(Tier::Device, Kind::GradsFp32);
-  plan.reasons.push_back(fmt::format(
-      "{}: auto -> {:.6g} (the optimizer's first shards step on the device, {} GiB of master "
-      "weights, state and fp32 gradients there, as much as the device holds; the rest on the "
-      "host)",
-      path, ratio, format_gib(static_cast<double>(resident))));
-}
-
 void apply_choice(Plan& plan, const OptionEstimate& chosen) {
   plan.option = chosen.option;
   plan.predicted = chosen.bytes;
@@ -182,7 +150,7 @@ void apply_choice(Plan& plan, const OptionEstimate& chosen) {
   z.stage = chosen.option.stage;
   z.offload_optimizer.device = chosen.option.optimizer;
   z.offload_param.device = chosen.option.params;
-  if (!z.offload_optimizer.ratio) resolve_ratio(plan, chosen);
+  if (!z.offload_optimizer.ratio) resolve_offload_ratio(plan, chosen);
   for (auto* path : {&z.offload_optimizer.nvme_path, &z.offload_param.nvme_path}) {
     if (path->empty()) *path = "/local_nvme";
   }
@@ -243,34 +211,6 @@ struct Choice {
   int closest = -1;
 };
 
-// offload_optimizer.ratio auto for `option`: where the optimizer is on the host at stage 3,
-// the ratio that keeps the most shards on the device that its memory holds, and the bytes
-// with it; elsewhere ratio 1.
-void fill_ratio(OptionEstimate& e, const ModelSpec& spec, const Config& resolved,
-                const WorldShape& world, const TrainingShape& shape, const HardwareBudget& b) {
-  Config c = resolved;
-  auto& ratio = c.zero.offload_optimizer.ratio;
-  const PlanOption& o = e.option;
-  const bool splits = o.stage == 3 && o.optimizer == OD::Cpu && o.params == OD::None &&
-                      !resolved.optimizer.external && resolved.optimizer.type != "Lamb" &&
-                      resolved.zero.offload_optimizer.overlap_step != "true";
-  ratio = 1.0;
-  e.bytes = predict_memory(spec, o, c, world, shape);
-  e.ratio = 1.0;
-  if (!splits) return;
-  const auto usable_device = static_cast<int64_t>(b.device_bytes * (1.0 - b.headroom));
-  const std::vector<int64_t> numels =
-      trainable_shard_numels(spec, sharding_ranks(resolved, o.stage, world.ranks()));
-  for (size_t first = numels.size(); first > 0; --first) {  // the most on the device first
-    ratio = ratio_from(numels, first);
-    MemoryBreakdown bytes = predict_memory(spec, o, c, world, shape);
-    if (bytes.total(Tier::Device) > usable_device) continue;
-    e.bytes = bytes;
-    e.ratio = ratio;
-    return;
-  }
-}
-
 Choice choose(const ModelSpec& spec, const Config& fixed, const Config& resolved,
               const WorldShape& world, const TrainingShape& shape, const HardwareBudget& budget) {
   Choice c;
@@ -280,7 +220,7 @@ Choice choose(const ModelSpec& spec, const Config& fixed, const Config& resolved
     if (resolved.zero.offload_optimizer.ratio) {
       e.bytes = predict_memory(spec, option, resolved, world, shape);
     } else {
-      fill_ratio(e, spec, resolved, world, shape, budget);
+      fill_offload_ratio(e, spec, resolved, world, shape, budget);
     }
     e.allowed = permitted(fixed, option);
     judge(e, world, budget);
@@ -419,6 +359,27 @@ void resolve_overlap_step(Plan& plan, const TrainingShape& shape) {
       why.empty() ? "each gradient shard steps on the host while backward goes on" : why));
 }
 
+// Nothing fits with every optimizer shard on the host (offload_optimizer.ratio 1,
+// DeepSpeed's default): say whether part of it on the device would.
+std::string ratio_hint(const ModelSpec& spec, const Config& fixed, const Config& resolved,
+                       const WorldShape& world, const TrainingShape& shape,
+                       const HardwareBudget& budget) {
+  const auto& ratio = fixed.zero.offload_optimizer.ratio;
+  if (!ratio || *ratio < 1) return "";
+  Config open = fixed;
+  open.zero.offload_optimizer.ratio.reset();
+  Config trial = resolved;
+  trial.zero.offload_optimizer.ratio.reset();
+  trial.zero.offload_optimizer.overlap_step = fixed.zero.offload_optimizer.overlap_step;
+  const Choice c = choose(spec, open, trial, world, shape, budget);
+  if (c.chosen < 0) return "";
+  const OptionEstimate& e = c.options[c.chosen];
+  return fmt::format(
+      "; with zero_optimization.offload_optimizer.ratio auto (part of the optimizer on the "
+      "device) {} fits, at ratio {:.6g}",
+      e.option.label(), e.ratio.value_or(1.0));
+}
+
 }  // namespace
 
 const std::vector<PlanOption>& plan_options() {
@@ -471,6 +432,7 @@ Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& wo
     plan.summary = fmt::format("nothing fits: the closest, {}, has {}", closest->option.label(),
                                closest->verdict);
     plan.summary += activation_hint(spec, plan.config, closest->bytes, shape);
+    plan.summary += ratio_hint(spec, config, plan.config, world, shape, budget);
   }
   plan.reasons.insert(plan.reasons.begin(), plan.summary);
   plan.settings = settings_of(plan.config);

@@ -442,3 +442,23 @@ TEST(Planner, OffloadRatioAutoKeepsOnTheDeviceWhatFitsThere) {
   const Plan p = plan_for(1 << 30, 1 << 30, 0, fixed);
   EXPECT_EQ(p.option, (PlanOption{3, OD::Cpu, OD::None}));
 }
+
+// Nothing fits with every optimizer shard on the host: the summary says that ratio auto
+// would. The toy's stage 3 with the optimizer on the host holds 59,392 host bytes per rank
+// (118,784 per node; 40,600 device bytes with the first unit's 16 x 1,600 kept there, and
+// 25,600 fewer on the host: 67,584 per node).
+TEST(Planner, NothingFitsSaysWhenPartOfTheOptimizerOnTheDeviceWould) {
+  const Plan plan = plan_for(40'600, 67'584, 0);
+  EXPECT_FALSE(plan.fits);
+  EXPECT_NE(plan.summary.find("with zero_optimization.offload_optimizer.ratio auto (part of the "
+                              "optimizer on the device) stage 3, optimizer cpu fits, at ratio 0.5"),
+            std::string::npos)
+      << plan.summary;
+  EXPECT_EQ(plan_for(40'600, 67'583, 0).summary.find("ratio auto"), std::string::npos);
+  Config auto_ratio = open_config();
+  auto_ratio.zero.offload_optimizer.ratio.reset();
+  const Plan split = plan_for(40'600, 67'584, 0, auto_ratio);
+  EXPECT_TRUE(split.fits) << split.summary;
+  EXPECT_EQ(split.option, (PlanOption{3, OD::Cpu, OD::None}));
+  EXPECT_EQ(split.config.zero.offload_optimizer.ratio, 0.5);
+}
