@@ -117,9 +117,7 @@ std::vector<bool> EngineImpl::optimizer_on_host(const std::vector<GroupSpec>& la
     for (const auto& p : spec.params) numel += p.param.numel();
     numels.push_back(padded_shard_numel(numel, shard_count()));  // (split only at stage 3)
   }
-  const auto& ratio = plan_.config.zero.offload_optimizer.ratio;
-  const bool splits = plan_.option.optimizer == OffloadDevice::Cpu && plan_.settings.stage == 3;
-  return zeroshard::optimizer_on_host(numels, splits ? ratio.value_or(1.0) : 1.0);
+  return zeroshard::optimizer_on_host(numels, split_ratio(plan_.option, plan_.config));
 }
 
 // Stage-3 parameter offload: each sharded unit's shard goes where the memory model

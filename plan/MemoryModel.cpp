@@ -1,6 +1,7 @@
 #include "plan/MemoryModel.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "common/Alignment.h"
 #include "common/Error.h"
@@ -138,10 +139,8 @@ int64_t shard_numel(const ModelSpec& spec, int64_t ranks) {
 }
 
 int64_t trainable_shard_numel(const ModelSpec& spec, int64_t ranks) {
-  int64_t total = 0;
-  for (size_t u = 0; u < spec.unit_params.size(); ++u)
-    if (!spec.is_frozen(u)) total += padded_shard_numel(spec.unit_params[u], ranks);
-  return total;
+  const std::vector<int64_t> numels = trainable_shard_numels(spec, ranks);
+  return std::accumulate(numels.begin(), numels.end(), int64_t{0});
 }
 
 int64_t sharding_ranks(const Config& config, int stage, int64_t ranks) {
@@ -149,13 +148,18 @@ int64_t sharding_ranks(const Config& config, int stage, int64_t ranks) {
   return stage >= 1 && mics > 0 ? std::min(mics, ranks) : ranks;
 }
 
+double split_ratio(const PlanOption& option, const Config& config) {
+  const auto& ratio = config.zero.offload_optimizer.ratio;
+  const bool splits = option.stage == 3 && option.optimizer == OffloadDevice::Cpu;
+  return splits && ratio ? *ratio : 1.0;
+}
+
 int64_t resident_optimizer_numel(const ModelSpec& spec, const PlanOption& option,
                                  const Config& config, int64_t ranks) {
-  const auto& ratio = config.zero.offload_optimizer.ratio;
-  if (option.stage != 3 || option.optimizer != OffloadDevice::Cpu || !ratio || *ratio >= 1)
-    return 0;
+  const double ratio = split_ratio(option, config);
+  if (ratio >= 1) return 0;
   const std::vector<int64_t> numels = trainable_shard_numels(spec, ranks);
-  const std::vector<bool> on_host = optimizer_on_host(numels, *ratio);
+  const std::vector<bool> on_host = optimizer_on_host(numels, ratio);
   int64_t resident = 0;
   for (size_t i = 0; i < numels.size(); ++i)
     if (!on_host[i]) resident += numels[i];

@@ -63,6 +63,10 @@ int64_t trainable_shard_numel(const ModelSpec& spec, int64_t ranks);
 // The same per trainable unit, in unit order.
 std::vector<int64_t> trainable_shard_numels(const ModelSpec& spec, int64_t ranks);
 
+// The offload_optimizer.ratio that splits the optimizer at `option`: the config's at
+// stage 3 with the optimizer on the host, else 1 (every shard where the option puts it).
+double split_ratio(const PlanOption& option, const Config& config);
+
 // Elements of this rank's optimizer shard kept on the device by offload_optimizer.ratio
 // below 1 (stage 3, optimizer cpu; plan/OptimizerSplit.h); 0 otherwise. `config` resolved.
 int64_t resident_optimizer_numel(const ModelSpec& spec, const PlanOption& option,
