@@ -13,15 +13,21 @@ names its phase. A row that cannot run keeps its row with the reason.
 
 `--search`: the largest model each of the three steps on this machine, by layers at the
 shape's width (each try a fresh process, two steps; on a GPU from the layers zeroshard's
-plan says fit, stepping by about 6%, so that a row takes a few tries). There
-zeroshard's row keeps on the GPU as much of the optimizer as the planner says fits beside
-the parameters and activations (offload_optimizer.ratio, as zeroshard-estimate plans it),
-and steps the rest on the host.
+plan says fit, stepping by about 6%, so that a row takes a few tries). Every row's tries
+recompute each layer's activations in backward (Hugging Face's gradient checkpointing),
+as one training the largest model it can would, unless --checkpointing off; their
+weights are one value per matrix (filled in a second, where drawing them takes minutes).
+There zeroshard's row keeps on the GPU as much of the optimizer as the planner says fits
+beside the parameters and activations (offload_optimizer.ratio, as zeroshard-estimate
+plans it), and steps the rest on the host; the peers keep their defaults (every shard's
+Adam on the host: DeepSpeed's own `ratio` is left at 1, as its users must pick a value
+by hand).
 `--device cpu --shape tiny`: the same code on the CPU, where no GPU is, to check the
 script itself; no target is judged there.
 
 usage: ./zs bench gpu [--json] [--shape 1b|tiny] [--layers N] [--seq N] [--batch N]
                       [--steps N] [--rows a,b] [--search | --search-only] [--device cuda|cpu]
+                      [--checkpointing search|on|off]
 """
 import argparse
 import json
@@ -54,14 +60,36 @@ def llama_config(args, layers):
     import transformers
     shape = dict(SHAPES[args.shape], num_hidden_layers=layers)
     return transformers.LlamaConfig(max_position_embeddings=args.seq, tie_word_embeddings=False,
-                                    **shape)
+                                    use_cache=False, **shape)  # training: no KV cache
 
 
 def build_model(args, layers, torch):
-    """fp32 on the CPU from seed 0: the same weights for every row."""
+    """fp32 on the CPU from seed 0: the same weights for every row. A search's try
+    (--fast-init) fills each matrix with one value instead: transformers' initialisation
+    draws its normals on one core (about 120 M a second), minutes for a model of ten
+    billion parameters, and whether a model fits does not depend on its values."""
     import transformers
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(llama_config(args, layers))
+    if not args.fast_init:
+        model = transformers.LlamaForCausalLM(llama_config(args, layers))
+    else:
+        with no_init_weights():
+            model = transformers.LlamaForCausalLM(llama_config(args, layers))
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() > 1:  # the norms' weights are ones from their constructor
+                    p.fill_(0.02)
+    if args.checkpointing == "on":  # every row alike: each layer recomputed in backward
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def no_init_weights():
+    try:
+        from transformers.initialization import no_init_weights as skip
+    except ImportError:  # transformers before 5
+        from transformers.modeling_utils import no_init_weights as skip
+    return skip()
 
 
 def zeroshard_row(args, model, torch, device):
@@ -193,6 +221,7 @@ def worker(args):
     with open(args.out, "w") as f:
         json.dump({
             "system": args.worker, "layers": layers, "parameters": params,
+            "checkpointing": args.checkpointing == "on",
             "tokens_per_second": tokens,
             "tflops": tokens * flops_per_token(llama_config(args, layers), params) / 1e12,
             "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None,
@@ -220,14 +249,18 @@ def last_lines(printed, n=6):
     return " | ".join(printed.strip().splitlines()[-n:])
 
 
-def run_row(args, row, layers, steps, warmup, timeout, ratio="1"):
-    """One row in a fresh process: its measurements, or {"error": what it printed}."""
+def run_row(args, row, layers, steps, warmup, timeout, ratio="1", search=False):
+    """One row in a fresh process: its measurements, or {"error": what it printed}. A
+    search's try fills its weights fast and recomputes activations unless
+    --checkpointing off; the throughput rows only with --checkpointing on."""
+    checkpointing = checkpointed(args, search)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", row, "--out", out,
                "--shape", args.shape, "--layers", str(layers), "--seq", str(args.seq),
                "--batch", str(args.batch), "--steps", str(steps), "--warmup", str(warmup),
-               "--device", args.device, "--ratio", ratio]
+               "--device", args.device, "--ratio", ratio, "--checkpointing", checkpointing] + \
+            (["--fast-init"] if search else [])
         env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         try:
@@ -242,6 +275,12 @@ def run_row(args, row, layers, steps, warmup, timeout, ratio="1"):
                     "error": f"exit {p.returncode}: " + last_lines(p.stdout + p.stderr)}
         with open(out) as f:
             return json.load(f)
+
+
+def checkpointed(args, search):
+    """--checkpointing for one run: on or off ("search": on in the search's tries only)."""
+    return "on" if args.checkpointing == "on" or (search and args.checkpointing == "search") \
+        else "off"
 
 
 def planned_layers(args, ratio):
@@ -261,7 +300,8 @@ def planned_layers(args, ratio):
         with torch.device("meta"):
             model = transformers.LlamaForCausalLM(llama_config(args, layers))
         plan = zeroshard.estimate(model, config, gpu_memory=gpu, seq=args.seq,
-                                  micro_batch=args.batch)
+                                  micro_batch=args.batch,
+                                  activation_checkpointing=checkpointed(args, True) == "on")
         return plan["fits"]
 
     good, bad = 0, 1024  # 1024 layers of the 1b shape: 45 B parameters
@@ -278,12 +318,13 @@ def largest(args, row):
     on the CPU (the script's check) doubling from the shape's, then bisecting."""
     def fits(layers):  # each try said as it ends: a search cut short still tells
         # zeroshard's row keeps on the GPU what the planner says fits there (planned_ratio).
-        got = run_row(args, row, layers, 2, 0, args.search_timeout, ratio="auto")
+        start = time.perf_counter()
+        got = run_row(args, row, layers, 2, 0, args.search_timeout, ratio="auto", search=True)
         ratio = f", offload_optimizer.ratio {got['offload_ratio']:.3f}" \
             if "offload_ratio" in got else ""
         print(f"{row}: {layers} layers: " +
-              (f"stepped{ratio}" if "error" not in got else f"did not: {got['error'][-300:]}"),
-              flush=True)
+              (f"stepped{ratio}" if "error" not in got else f"did not: {got['error'][-300:]}") +
+              f" ({time.perf_counter() - start:.0f} s)", flush=True)
         return "error" not in got
     if args.device == "cuda":
         guess = max(1, planned_layers(args, "auto" if row == ROWS[0] else 1))
@@ -348,7 +389,9 @@ def driver(args):
     where = torch.cuda.get_device_name(0) if judged else "the CPU (script check only)"
     layers = args.layers or SHAPES[args.shape]["num_hidden_layers"]
     print(f"zs bench gpu: Llama shape {args.shape}, {layers} layers, sequence {args.seq}, "
-          f"batch {args.batch}, on {where}; torch {torch.__version__}")
+          f"batch {args.batch}, on {where}; torch {torch.__version__}; activations "
+          f"recomputed in backward: {checkpointed(args, False)} in the throughput rows, "
+          f"{checkpointed(args, True)} in the search")
     if ROWS[2] in args.rows.split(","):  # DeepSpeed's CPU Adam: compiled here, not in the row
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import deepspeed_ops
@@ -398,7 +441,12 @@ def main():
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--timeout", type=int, default=600, help="seconds per row")
     p.add_argument("--search-timeout", type=int, default=300, help="seconds per try")
+    p.add_argument("--checkpointing", choices=["search", "on", "off"], default="search",
+                   help="recompute each layer's activations in backward, every row alike "
+                        "(gradient_checkpointing_enable): in the search's tries only (default), "
+                        "everywhere, or nowhere")
     p.add_argument("--ratio", default="1", help=argparse.SUPPRESS)
+    p.add_argument("--fast-init", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
