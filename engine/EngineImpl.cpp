@@ -17,6 +17,7 @@
 #include "config/LrSchedule.h"
 #include "engine/Communicators.h"
 #include "engine/DeviceMemory.h"
+#include "engine/EnginePlan.h"
 #include "engine/GroupLayout.h"
 #include "engine/OffloadOptimizer.h"
 #include "engine/OverlappedStep.h"
@@ -69,32 +70,6 @@ void keep_freed_memory() {
   constexpr int kThreshold = 1 << 30;
   mallopt(M_MMAP_THRESHOLD, kThreshold);
   mallopt(M_TRIM_THRESHOLD, kThreshold);
-}
-
-ModelSpec spec_of(const std::vector<NamedParam>& params, int64_t buffer_bytes) {
-  ModelSpec spec;
-  spec.buffer_bytes = buffer_bytes;
-  spec.source = "module";
-  spec.model_type = "module";
-  for (const auto& p : params) {
-    spec.total_params += p.param.numel();
-    spec.tensor_counts.push_back({p.param.numel(), 1});
-  }
-  spec.unit_params = {spec.total_params};
-  spec.largest_module_params = spec.total_params;
-  return spec;
-}
-
-Plan plan_for(const std::vector<NamedParam>& params, int64_t buffer_bytes, const Config& config,
-              const LaunchEnv& env, int64_t device_bytes) {
-  HardwareBudget budget;
-  budget.device_bytes = device_bytes;
-  budget.host_bytes = host_memory_bytes();
-  WorldShape world{env.world_size / std::max(1, env.local_world_size), env.local_world_size};
-  if (world.ranks() != env.world_size) world = WorldShape{1, env.world_size};
-  TrainingShape shape;
-  shape.device_is_host = params.front().param.device().is_cpu();
-  return make_plan(spec_of(params, buffer_bytes), config, world, shape, budget);
 }
 
 }  // namespace
@@ -159,7 +134,7 @@ void EngineImpl::init(std::vector<NamedParam> params,
   device_.capacity = device_capacity(device_.where, env.local_world_size);
   buffers_ =
       std::make_unique<ModuleBuffers>(std::move(buffers), config.broadcast_buffers, &ledger_);
-  plan_ = plan_for(params, buffers_->bytes(), config, env, device_.capacity);
+  plan_ = plan_for(params, unit_params, buffers_->bytes(), config, env, device_.capacity);
   // Offloaded state comes and goes by design; memory kept by glibc would stay resident
   // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
   if (plan_.option.optimizer == OffloadDevice::None && plan_.option.params == OffloadDevice::None)
@@ -403,19 +378,15 @@ int64_t EngineImpl::optimizer_steps() const {
 }
 
 ModelSpec EngineImpl::spec_of_groups() const {
-  ModelSpec spec;
-  spec.source = "module";
-  spec.model_type = "module";
+  std::vector<GroupShape> shapes;
   for (const auto& record : groups_) {
-    const auto& g = record.flat;
-    spec.unit_params.push_back(g->numel());
-    spec.unit_whole.push_back(!g->sharded());
-    spec.unit_frozen.push_back(!record.trainable);
-    spec.total_params += g->numel();
+    GroupShape shape;
+    shape.numel = record.flat->numel();
+    shape.sharded = record.flat->sharded();
+    shape.trainable = record.trainable.has_value();
+    shapes.push_back(shape);
   }
-  spec.buffer_bytes = buffers_->bytes();
-  spec.largest_module_params = spec.largest_unit();
-  return spec;
+  return zeroshard::spec_of_groups(shapes, buffers_->bytes());
 }
 
 ParamHome* EngineImpl::param_home() const {

@@ -1,0 +1,34 @@
+#pragma once
+// The plan an engine makes when it is built (plan/Planner.h on the parameters it holds),
+// and the memory model's view of its flat groups. At stage 3 the plan counts the units
+// the engine builds (engine/GroupLayout.h), each one of ModelSpec's units: a gather holds
+// one unit, not the whole model, and offload_optimizer.ratio auto keeps on the device
+// the optimizer of the first units that fit there, as the engine splits it.
+#include <cstdint>
+#include <vector>
+
+#include "config/Config.h"
+#include "config/LaunchEnv.h"
+#include "engine/GroupLayout.h"
+#include "plan/ModelSpec.h"
+#include "plan/Planner.h"
+
+namespace zeroshard {
+
+// One flat group as the memory model counts it.
+struct GroupShape {
+  int64_t numel = 0;
+  bool sharded = false;   // stage 3: a unit's shard (else kept whole on every rank)
+  bool trainable = true;  // has gradients and optimizer state
+};
+
+// Each group one unit of the spec, in the engine's group order.
+ModelSpec spec_of_groups(const std::vector<GroupShape>& groups, int64_t buffer_bytes);
+std::vector<GroupShape> shapes_of(const std::vector<GroupSpec>& layout);
+
+// `device_bytes`: what the plan budgets the model's device with (engine/DeviceMemory.h).
+Plan plan_for(const std::vector<NamedParam>& params,
+              const std::vector<std::vector<NamedParam>>& unit_params, int64_t buffer_bytes,
+              const Config& config, const LaunchEnv& env, int64_t device_bytes);
+
+}  // namespace zeroshard
