@@ -102,12 +102,35 @@ using GroupsArg = std::vector<std::pair<std::vector<at::Tensor>, py::dict>>;
 using BuffersArg =
     std::vector<std::tuple<std::string, at::Tensor, bool>>;  // name, tensor, persistent
 
+// (Hugging Face config as JSON, attn_implementation, sequence length, where it came from,
+// gradient checkpointing): see engine/EnginePlan.h AssumedBatch.
+using AssumedBatchArg =
+    std::optional<std::tuple<std::string, std::string, int64_t, std::string, bool>>;
+
+// A family the estimator does not read leaves the plan without activations (its reason
+// says so), as memory_report's prediction does (bindings/zeroshard/_activations.py).
+std::optional<AssumedBatch> to_assumed_batch(const AssumedBatchArg& arg) {
+  if (!arg) return std::nullopt;
+  const auto& [json, attn, seq, source, checkpointing] = *arg;
+  AssumedBatch batch;
+  try {
+    batch.shaped = spec_from_hf_json(json, "model.config");
+    batch.shaped.attention_scores = attention_keeps_scores(attn, "attn_implementation");
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  batch.seq = seq;
+  batch.source = source;
+  batch.activation_checkpointing = checkpointing;
+  return batch;
+}
+
 std::unique_ptr<TrainingEngine> make_engine(
     const NamedTensors& params, const std::vector<NamedTensors>& units, const std::string& yaml,
     const std::string& origin, const GroupsArg& groups, bool store_served,
     const py::object& materialize, const BuffersArg& buffers, const std::string& optimizer_type,
     int64_t optimizer_state_bytes, bool optimizer_elementwise,
-    std::pair<int64_t, int64_t> optimizer_state_other) {
+    std::pair<int64_t, int64_t> optimizer_state_other, const AssumedBatchArg& assumed_batch) {
   LoadedConfig loaded = load_config_string(yaml, origin);
   if (!optimizer_type.empty()) {  // a client optimizer object or a config's torch.optim type
     OptimizerConfig& o = loaded.config.optimizer;
@@ -138,7 +161,8 @@ std::unique_ptr<TrainingEngine> make_engine(
   for (const auto& [name, tensor, persistent] : buffers)
     named_buffers.push_back({name, tensor, persistent});
   return std::make_unique<TrainingEngine>(to_params(params), unit_params, loaded.config, launch,
-                                          std::move(param_groups), fill, std::move(named_buffers));
+                                          std::move(param_groups), fill, std::move(named_buffers),
+                                          to_assumed_batch(assumed_batch));
 }
 
 }  // namespace
@@ -294,7 +318,9 @@ PYBIND11_MODULE(_zeroshard, m) {
            py::arg("optimizer_elementwise") = true,
            // (bytes held whole by every rank, bytes sharded) of state that is not per
            // element (config/Config.h).
-           py::arg("optimizer_state_other") = std::pair<int64_t, int64_t>{0, 0})
+           py::arg("optimizer_state_other") = std::pair<int64_t, int64_t>{0, 0},
+           // The batch offload_optimizer.ratio auto leaves room for (engine/EnginePlan.h).
+           py::arg("assumed_batch") = py::none())
       .def("optimizer_shards",
            [](TrainingEngine& e) { return optimizer_shards(e.external_optimizer()); })
       .def("optimizer_regions",
@@ -383,6 +409,8 @@ PYBIND11_MODULE(_zeroshard, m) {
           "scheduled", [](const TrainingEngine& e) { return e.config().scheduler.type != "none"; })
       .def_property_readonly("plan_label",
                              [](const TrainingEngine& e) { return e.plan().option.label(); })
+      .def_property_readonly("plan_reasons",
+                             [](const TrainingEngine& e) { return e.plan().reasons; })
       .def_property_readonly("config_yaml",
                              [](const TrainingEngine& e) { return emit_config_yaml(e.config()); })
       .def("memory_report", [](const TrainingEngine& e) { return memory_dict(e.memory_detail()); })

@@ -113,16 +113,18 @@ EngineImpl::EngineImpl(std::shared_ptr<torch::nn::Module> module, const Config& 
 EngineImpl::EngineImpl(std::vector<NamedParam> params,
                        std::vector<std::vector<NamedParam>> unit_params, const Config& config,
                        std::optional<LaunchEnv> launch, std::vector<ParamGroup> param_groups,
-                       MaterializeParams materialize, std::vector<NamedBuffer> buffers) {
+                       MaterializeParams materialize, std::vector<NamedBuffer> buffers,
+                       std::optional<AssumedBatch> batch) {
   if (params.empty()) fail("the model has no parameters to train");
   init(std::move(params), unit_params, config, launch, std::move(param_groups), materialize,
-       std::move(buffers));
+       std::move(buffers), batch);
 }
 
 void EngineImpl::init(std::vector<NamedParam> params,
                       const std::vector<std::vector<NamedParam>>& unit_params, const Config& config,
                       const std::optional<LaunchEnv>& launch, std::vector<ParamGroup> param_groups,
-                      const MaterializeParams& materialize, std::vector<NamedBuffer> buffers) {
+                      const MaterializeParams& materialize, std::vector<NamedBuffer> buffers,
+                      const std::optional<AssumedBatch>& batch) {
   // Checked before any collective: every rank refuses the same groups alike.
   param_groups_ = ParamGroupTable(std::move(param_groups), params);
   const LaunchEnv env = launch ? *launch : read_launch_env();
@@ -134,7 +136,7 @@ void EngineImpl::init(std::vector<NamedParam> params,
   device_.capacity = device_capacity(device_.where, env.local_world_size);
   buffers_ =
       std::make_unique<ModuleBuffers>(std::move(buffers), config.broadcast_buffers, &ledger_);
-  plan_ = plan_for(params, unit_params, buffers_->bytes(), config, env, device_.capacity);
+  plan_ = plan_for(params, unit_params, buffers_->bytes(), config, env, device_.capacity, batch);
   // Offloaded state comes and goes by design; memory kept by glibc would stay resident
   // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
   if (plan_.option.optimizer == OffloadDevice::None && plan_.option.params == OffloadDevice::None)

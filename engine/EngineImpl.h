@@ -16,6 +16,7 @@
 #include "common/Error.h"
 #include "common/MemoryLedger.h"
 #include "engine/Checkpointer.h"
+#include "engine/EnginePlan.h"
 #include "engine/GroupLayout.h"
 #include "engine/GroupTable.h"
 #include "engine/ProcessGroupSetup.h"
@@ -46,7 +47,7 @@ class EngineImpl {
   EngineImpl(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
              const Config& config, std::optional<LaunchEnv> launch,
              std::vector<ParamGroup> param_groups, MaterializeParams materialize,
-             std::vector<NamedBuffer> buffers);
+             std::vector<NamedBuffer> buffers, std::optional<AssumedBatch> batch);
   ~EngineImpl();
   EngineImpl(const EngineImpl&) = delete;
   EngineImpl& operator=(const EngineImpl&) = delete;
@@ -112,7 +113,7 @@ class EngineImpl {
   void init(std::vector<NamedParam> params, const std::vector<std::vector<NamedParam>>& unit_params,
             const Config& config, const std::optional<LaunchEnv>& launch,
             std::vector<ParamGroup> param_groups, const MaterializeParams& materialize,
-            std::vector<NamedBuffer> buffers);
+            std::vector<NamedBuffer> buffers, const std::optional<AssumedBatch>& batch = {});
   void add_param_pieces(const FlatParamGroup& g, size_t t, int64_t begin, int64_t count,
                         size_t& trained_params);
   void build_groups(const std::vector<NamedParam>& params,

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "engine/DeviceMemory.h"
 
 namespace zeroshard {
@@ -20,6 +22,45 @@ ModelSpec spec_of_params(const std::vector<NamedParam>& params, int64_t buffer_b
   spec.unit_params = {spec.total_params};
   spec.largest_module_params = spec.total_params;
   return spec;
+}
+
+// offload_optimizer.ratio auto again, with the batch's activations on the device; every
+// other value as `plan` resolved it (the batch's model shape would otherwise fill the
+// bucket sizes from its hidden size, and ratio auto would change them).
+Plan with_activations(const Plan& plan, ModelSpec spec, const AssumedBatch& batch,
+                      const WorldShape& world, TrainingShape shape, const HardwareBudget& budget) {
+  const std::string key = "zero_optimization.offload_optimizer.ratio";
+  Config resolved = plan.config;
+  resolved.zero.offload_optimizer.ratio.reset();
+  take_shape(spec, batch.shaped);
+  shape.seq = batch.seq;
+  shape.micro_batch = resolved.train_micro_batch_size_per_gpu.value_or(1);
+  shape.activation_checkpointing = batch.activation_checkpointing;
+  Plan with = make_plan(spec, resolved, world, shape, budget);
+  std::vector<std::string> reasons;
+  for (const auto& r : plan.reasons)
+    if (r.rfind(key, 0) != 0) reasons.push_back(r);
+  for (const auto& r : with.reasons)
+    if (r.rfind(key, 0) == 0) reasons.push_back(r);
+  with.reasons = std::move(reasons);
+  return with;
+}
+
+std::string ratio_batch_reason(const AssumedBatch* batch, const Config& resolved) {
+  const char* other =
+      "for another batch, pass the ratio zeroshard-estimate --seq or "
+      "zeroshard.estimate(model, config, seq=...) writes";
+  if (!batch)
+    return fmt::format(
+        "zero_optimization.offload_optimizer.ratio: auto planned without "
+        "activations (no model shape to count them from; only the device's "
+        "headroom is left for them): {}",
+        other);
+  return fmt::format(
+      "zero_optimization.offload_optimizer.ratio: auto planned with the "
+      "activations of micro-batches of {} x {} tokens ({}{}): {}",
+      resolved.train_micro_batch_size_per_gpu.value_or(1), batch->seq, batch->source,
+      batch->activation_checkpointing ? ", layers recomputed in backward" : "", other);
 }
 
 }  // namespace
@@ -53,7 +94,8 @@ std::vector<GroupShape> shapes_of(const std::vector<GroupSpec>& layout) {
 
 Plan plan_for(const std::vector<NamedParam>& params,
               const std::vector<std::vector<NamedParam>>& unit_params, int64_t buffer_bytes,
-              const Config& config, const LaunchEnv& env, int64_t device_bytes) {
+              const Config& config, const LaunchEnv& env, int64_t device_bytes,
+              const std::optional<AssumedBatch>& batch) {
   HardwareBudget budget;
   budget.device_bytes = device_bytes;
   budget.host_bytes = host_memory_bytes();
@@ -61,12 +103,21 @@ Plan plan_for(const std::vector<NamedParam>& params,
   if (world.ranks() != env.world_size) world = WorldShape{1, env.world_size};
   TrainingShape shape;
   shape.device_is_host = params.front().param.device().is_cpu();
-  Plan plan = make_plan(spec_of_params(params, buffer_bytes), config, world, shape, budget);
-  if (plan.settings.stage != 3) return plan;
-  // The stage (and the bucket size that lays out parameters outside every unit) known:
-  // planned again on the groups the engine will build.
-  const auto layout = layout_groups(params, unit_params, 3, plan.settings.reduce_bucket_size);
-  return make_plan(spec_of_groups(shapes_of(layout), buffer_bytes), config, world, shape, budget);
+  ModelSpec spec = spec_of_params(params, buffer_bytes);
+  Plan plan = make_plan(spec, config, world, shape, budget);
+  if (plan.settings.stage == 3) {
+    // The stage (and the bucket size that lays out parameters outside every unit) known:
+    // planned again on the groups the engine will build.
+    const auto layout = layout_groups(params, unit_params, 3, plan.settings.reduce_bucket_size);
+    spec = spec_of_groups(shapes_of(layout), buffer_bytes);
+    plan = make_plan(spec, config, world, shape, budget);
+  }
+  if (config.zero.offload_optimizer.ratio) return plan;  // a fixed ratio: nothing to fill
+  const bool counted = batch && batch->seq > 0;
+  if (counted) plan = with_activations(plan, spec, *batch, world, shape, budget);
+  if (plan.option.optimizer != OffloadDevice::None)
+    plan.reasons.push_back(ratio_batch_reason(counted ? &*batch : nullptr, plan.config));
+  return plan;
 }
 
 }  // namespace zeroshard

@@ -5,6 +5,8 @@
 // one unit, not the whole model, and offload_optimizer.ratio auto keeps on the device
 // the optimizer of the first units that fit there, as the engine splits it.
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "config/Config.h"
@@ -26,9 +28,23 @@ struct GroupShape {
 ModelSpec spec_of_groups(const std::vector<GroupShape>& groups, int64_t buffer_bytes);
 std::vector<GroupShape> shapes_of(const std::vector<GroupSpec>& layout);
 
+// The batch a plan made before any forward assumes for offload_optimizer.ratio auto, so
+// that the device keeps room for the activations: the model's block shape
+// (plan/HfConfig.h), its sequence length and whether layers are recomputed; the micro
+// batch is the config's. The Python package assumes the model's longest sequence.
+struct AssumedBatch {
+  ModelSpec shaped;
+  int64_t seq = 0;
+  bool activation_checkpointing = false;
+  std::string source;  // where seq came from, for the plan's reason
+};
+
 // `device_bytes`: what the plan budgets the model's device with (engine/DeviceMemory.h).
+// `batch`: counted only where offload_optimizer.ratio is auto (none: the Planner's
+// headroom is all the activations get).
 Plan plan_for(const std::vector<NamedParam>& params,
               const std::vector<std::vector<NamedParam>>& unit_params, int64_t buffer_bytes,
-              const Config& config, const LaunchEnv& env, int64_t device_bytes);
+              const Config& config, const LaunchEnv& env, int64_t device_bytes,
+              const std::optional<AssumedBatch>& batch = std::nullopt);
 
 }  // namespace zeroshard

@@ -35,10 +35,10 @@ TrainingEngine::TrainingEngine(std::vector<NamedParam> params,
                                std::vector<std::vector<NamedParam>> unit_params,
                                const Config& config, std::optional<LaunchEnv> launch,
                                std::vector<ParamGroup> param_groups, MaterializeParams materialize,
-                               std::vector<NamedBuffer> buffers)
-    : impl_(std::make_unique<EngineImpl>(std::move(params), std::move(unit_params), config,
-                                         std::move(launch), std::move(param_groups),
-                                         std::move(materialize), std::move(buffers))) {}
+                               std::vector<NamedBuffer> buffers, std::optional<AssumedBatch> batch)
+    : impl_(std::make_unique<EngineImpl>(
+          std::move(params), std::move(unit_params), config, std::move(launch),
+          std::move(param_groups), std::move(materialize), std::move(buffers), std::move(batch))) {}
 
 TrainingEngine::~TrainingEngine() = default;
 

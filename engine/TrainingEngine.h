@@ -16,6 +16,7 @@
 #include "config/Config.h"
 #include "config/LaunchEnv.h"
 #include "engine/DeviceMemory.h"
+#include "engine/EnginePlan.h"
 #include "engine/ModuleBuffers.h"
 #include "engine/ParamGroups.h"
 #include "plan/MemoryModel.h"
@@ -51,11 +52,13 @@ class TrainingEngine final : public Engine {
   // For models that are not a torch::nn::Module (the Python package): every trainable
   // parameter once (registration order), and each stage-3 unit's parameters. Units are
   // then driven by index through the unit_* calls (Python's module hooks). `buffers`:
-  // the model's buffers, kept in step across ranks (engine/ModuleBuffers.h).
+  // the model's buffers, kept in step across ranks (engine/ModuleBuffers.h). `batch`:
+  // what offload_optimizer.ratio auto plans room for (engine/EnginePlan.h).
   TrainingEngine(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
                  const Config& config, std::optional<LaunchEnv> launch = std::nullopt,
                  std::vector<ParamGroup> param_groups = {}, MaterializeParams materialize = {},
-                 std::vector<NamedBuffer> buffers = {});
+                 std::vector<NamedBuffer> buffers = {},
+                 std::optional<AssumedBatch> batch = std::nullopt);
   ~TrainingEngine() override;
 
   // zeroshard::Engine's calls (include/zeroshard/Engine.h says what each does).

@@ -36,3 +36,20 @@ class ActivationShape:
                 bool(getattr(self._model, "is_gradient_checkpointing", False)))
         except RuntimeError as e:  # a family the estimator does not read: model states alone
             self._config, self.unread = None, str(e)
+
+
+def assumed_batch(model):
+    """The batch `offload_optimizer.ratio: auto` leaves room for on the device before any
+    forward (engine/EnginePlan.h): the model's longest sequence
+    (config.max_position_embeddings), its attention and gradient checkpointing; the
+    micro-batch is the config's. None where the model has no such config."""
+    config = getattr(model, "config", None)
+    if not hasattr(config, "to_json_string"):
+        return None
+    seq = getattr(config, "max_position_embeddings", None)
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        return None
+    return (config.to_json_string(use_diff=False),
+            getattr(config, "_attn_implementation", None) or "sdpa", seq,
+            "model.config.max_position_embeddings",
+            bool(getattr(model, "is_gradient_checkpointing", False)))

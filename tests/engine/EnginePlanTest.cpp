@@ -3,10 +3,13 @@
 // Planner does from a model's units (tests/plan/PlannerTest.cpp).
 #include "engine/EnginePlan.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "common/Alignment.h"
+#include "plan/HfConfig.h"
 #include "plan/MemoryModel.h"
 #include "plan/OptimizerSplit.h"
 
@@ -102,4 +105,63 @@ TEST(EnginePlan, Stage3GathersOneUnitAtATime) {
   c.zero.stage3_param_persistence_threshold = 0;
   const Plan p = plan_for(m.params, m.units, 0, c, LaunchEnv{}, int64_t{1} << 40);
   EXPECT_EQ(p.predicted.at(Tier::Device, Kind::GatheredParams), 2 * 4000);
+}
+
+// Before any forward, ratio auto leaves room on the device for the batch the Python
+// package assumes (the model's longest sequence, the config's micro-batch): the units
+// whose optimizer the device keeps are those that fit beside those activations, which
+// are the activations of the whole model's plan (the other auto values as without them).
+TEST(EnginePlan, RatioAutoLeavesRoomForTheAssumedBatchsActivations) {
+  const Model m;
+  const LaunchEnv one_rank;
+  const std::vector<int64_t> numels = trainable_numels(m);
+  AssumedBatch batch;
+  batch.shaped = spec_from_hf_json(
+      R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2,
+          "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 8})",
+      "config.json");
+  batch.seq = 8;
+  batch.source = "model.config.max_position_embeddings";
+  Config c = stage3_split_auto();
+  c.train_micro_batch_size_per_gpu = 3;
+  const int64_t huge = int64_t{1} << 40;
+  const int64_t activations = plan_for(m.params, m.units, 0, c, one_rank, huge, batch)
+                                  .predicted.at(Tier::Device, Kind::Activations);
+  ASSERT_GT(activations, 0);
+  const auto kept_on_device = [&](const Plan& p) {
+    const std::vector<bool> on_host =
+        optimizer_on_host(numels, *p.config.zero.offload_optimizer.ratio);
+    return static_cast<size_t>(std::count(on_host.begin(), on_host.end(), false));
+  };
+  const auto device_for = [](int64_t bytes) { return (bytes * 10 + 8) / 9; };
+  for (size_t kept = 1; kept < numels.size(); ++kept) {
+    SCOPED_TRACE("groups whose optimizer the device keeps: " + std::to_string(kept));
+    Config fixed = c;
+    fixed.zero.offload_optimizer.ratio = ratio_from(numels, kept);
+    const int64_t states = device_bytes_of(plan_for(m.params, m.units, 0, fixed, one_rank, huge));
+    const Plan enough =
+        plan_for(m.params, m.units, 0, c, one_rank, device_for(states + activations), batch);
+    EXPECT_EQ(kept_on_device(enough), kept);
+    EXPECT_EQ(device_bytes_of(enough), states + activations);
+    EXPECT_EQ(enough.config.zero.reduce_bucket_size,
+              plan_for(m.params, m.units, 0, c, one_rank, huge).config.zero.reduce_bucket_size);
+    const Plan short_by_one =
+        plan_for(m.params, m.units, 0, c, one_rank, device_for(states + activations) - 2, batch);
+    EXPECT_EQ(kept_on_device(short_by_one), kept - 1);
+    // Without the batch the same device keeps more, and the reason says the plan had none.
+    const Plan blind =
+        plan_for(m.params, m.units, 0, c, one_rank, device_for(states + activations));
+    EXPECT_GT(kept_on_device(blind), kept);
+    const std::string said = fmt::format("{}", fmt::join(blind.reasons, "\n"));
+    EXPECT_NE(said.find("ratio: auto planned without activations"), std::string::npos) << said;
+  }
+  const Plan p = plan_for(m.params, m.units, 0, c, one_rank, huge, batch);
+  const std::string said = fmt::format("{}", fmt::join(p.reasons, "\n"));
+  EXPECT_NE(said.find("zero_optimization.offload_optimizer.ratio: auto planned with the "
+                      "activations of micro-batches of 3 x 8 tokens "
+                      "(model.config.max_position_embeddings)"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("zero_optimization.offload_optimizer.ratio: auto -> 0 "), std::string::npos)
+      << said;
 }

@@ -132,17 +132,28 @@ def test_python_estimate_with_seq_needs_a_config():
         zeroshard.estimate(model, seq=128, micro_batch=0)
 
 
+def run_with_llama(config, scratch, body):
+    """run_snippet with `llama`, a LlamaForCausalLM of `config`, built first."""
+    path = scratch / "config.json"
+    config.to_json_file(str(path))
+    return run_snippet(
+        "import json, transformers\n"
+        f"hf = transformers.LlamaConfig.from_json_file({str(path)!r})\n"
+        "llama = transformers.LlamaForCausalLM(hf)\n" + body)
+
+
+def printed(out, tag):
+    """The JSON a snippet printed after `tag`."""
+    return json.loads(out.split(f"{tag} ", 1)[1].splitlines()[0])
+
+
 def test_memory_report_predicts_the_activations_of_the_batch_trained_on(scratch):
     """A Hugging Face model on the engine: memory_report()'s device prediction counts the
     activations of the largest micro-batch trained on so far, the estimator's bytes for
     that config and batch; a model without a config predicts model states alone."""
     config = configs()["llama"]
-    path = scratch / "config.json"
-    config.to_json_file(str(path))
-    code, out = run_snippet(
-        "import json, transformers\n"
-        f"hf = transformers.LlamaConfig.from_json_file({str(path)!r})\n"
-        "llama = transformers.LlamaForCausalLM(hf)\n"
+    code, out = run_with_llama(
+        config, scratch,
         "cfg = {'train_micro_batch_size_per_gpu': 1, 'bf16': {'enabled': True},\n"
         "       'zero_optimization': {'stage': 3}, 'optimizer': {'type': 'AdamW', 'params': {'lr': 1e-3}}}\n"
         "def predicted(m, batches):\n"
@@ -155,6 +166,36 @@ def test_memory_report_predicts_the_activations_of_the_batch_trained_on(scratch)
         "plain = predicted(model, [torch.ones(2, 4, dtype=torch.bfloat16)])\n"
         "print('REPORT', json.dumps([got, plain]))\n")
     assert code == 0, out
-    got, plain = json.loads(out.split("REPORT ", 1)[1].splitlines()[0])
+    got, plain = printed(out, "REPORT")
     assert got == estimated(config, scratch) and got > 0
     assert plain == 0
+
+
+def test_ratio_auto_at_initialize_leaves_room_for_the_models_longest_sequence(scratch):
+    """offload_optimizer.ratio auto, decided when the engine is built, before any batch:
+    for a Hugging Face model the plan counts micro-batches of its longest sequence
+    (max_position_embeddings, gradient checkpointing as the model has it), as
+    zeroshard.estimate does for that batch on the same device, and rank 0 says so. A model
+    without a config: the line says the plan had no activations to count."""
+    code, out = run_with_llama(
+        configs()["llama"], scratch,
+        "import os, yaml\n"
+        "llama.gradient_checkpointing_enable()\n"
+        f"cfg = {{'train_micro_batch_size_per_gpu': {BATCH}, 'bf16': {{'enabled': True}},\n"
+        "       'zero_optimization': {'stage': 3, 'offload_optimizer': {'device': 'cpu', 'ratio': 'auto'}},\n"
+        "       'optimizer': {'type': 'AdamW', 'params': {'lr': 1e-3}}}\n"
+        "ratio = lambda text: yaml.safe_load(text)['zero_optimization']['offload_optimizer']['ratio']\n"
+        "e = zeroshard.initialize(model=llama, config=cfg)[0]\n"
+        "ram = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')\n"
+        f"plan = zeroshard.estimate(llama, cfg, gpu_memory=ram, seq={SEQ}, micro_batch={BATCH})\n"
+        "print('RATIOS', json.dumps([ratio(e._engine.config_yaml), ratio(plan['config_yaml'])]))\n"
+        "zeroshard.initialize(model=model, config=cfg)\n")
+    assert code == 0, out
+    engine_ratio, estimated_ratio = printed(out, "RATIOS")
+    assert engine_ratio == estimated_ratio
+    assert (f"zeroshard: zero_optimization.offload_optimizer.ratio: auto planned with the "
+            f"activations of micro-batches of {BATCH} x {SEQ} tokens "
+            "(model.config.max_position_embeddings, layers recomputed in backward)") in out, out
+    assert "zeroshard: zero_optimization.offload_optimizer.ratio: auto planned without " \
+           "activations (no model shape to count them from" in out, out
+    assert out.count("ratio: auto planned") == 2, out
