@@ -2,7 +2,9 @@
 counts activations beside the model states (plan/MemoryModel.cpp activation_bytes): for a
 Hugging Face model whose family the estimator reads, from its config, the attention it
 was built with, gradient checkpointing, and the largest micro-batch (sequences x tokens)
-of a forward with gradients so far. Other models keep a prediction of model states."""
+of a forward with gradients so far. Other models keep a prediction of model states.
+Before any forward, the batch offload_optimizer.ratio auto leaves room for (the model's
+longest sequence), and what it chose."""
 import torch
 
 
@@ -53,3 +55,13 @@ def assumed_batch(model):
             getattr(config, "_attn_implementation", None) or "sdpa", seq,
             "model.config.max_position_embeddings",
             bool(getattr(model, "is_gradient_checkpointing", False)))
+
+
+def say_offload_ratio(engine):
+    """What offload_optimizer.ratio auto decided and for which batch, on rank 0: where it
+    splits the optimizer decides what fits on the device (engine/EnginePlan.h)."""
+    if engine.rank != 0:
+        return
+    for line in engine.plan_reasons:
+        if line.startswith("zero_optimization.offload_optimizer.ratio: auto"):
+            print(f"zeroshard: {line}", flush=True)

@@ -11,7 +11,7 @@ import torch
 
 from . import (_adafactor, _construction, _deepspeed_checkpoint, _generation, _launch,
                _sync_batchnorm, _torch_optimizer, _zeroshard)
-from ._activations import ActivationShape, assumed_batch
+from ._activations import ActivationShape, assumed_batch, say_offload_ratio
 from ._touch import Units, shard_parameters
 from ._unit_backward import GradArrival, report_input_grads, tensors
 from ._units import stage3_units, unique_parameters
@@ -132,7 +132,7 @@ class ZeroShardEngine:
                                          _buffers(model), assumed_batch=assumed_batch(model),
                                          **stepped_by)
         self._engine.set_aliases(_aliases(model))
-        self._say_offload_ratio()
+        say_offload_ratio(self._engine)
         self._torch_optimizer = None  # a torch.optim class on the shards, when it is one
         if torch_stepped:
             self._torch_optimizer = (
@@ -157,15 +157,6 @@ class ZeroShardEngine:
         me = weakref.ref(self)
         for _, p in params:
             _hold(p, me)
-
-    def _say_offload_ratio(self):
-        """What offload_optimizer.ratio auto decided and for which batch, on rank 0: where
-        it splits the optimizer decides what fits on the device (engine/EnginePlan.h)."""
-        if self._engine.rank != 0:
-            return
-        for line in self._engine.plan_reasons:
-            if line.startswith("zero_optimization.offload_optimizer.ratio: auto"):
-                print(f"zeroshard: {line}", flush=True)
 
     def _hook_model(self, model):
         """The model's own forward: buffers made equal across ranks where one begins
