@@ -24,14 +24,21 @@ ModelSpec spec_of_params(const std::vector<NamedParam>& params, int64_t buffer_b
   return spec;
 }
 
-// offload_optimizer.ratio auto again, with the batch's activations on the device; every
-// other value as `plan` resolved it (the batch's model shape would otherwise fill the
-// bucket sizes from its hidden size, and ratio auto would change them).
-Plan with_activations(const Plan& plan, ModelSpec spec, const AssumedBatch& batch,
-                      const WorldShape& world, TrainingShape shape, const HardwareBudget& budget) {
-  const std::string key = "zero_optimization.offload_optimizer.ratio";
+// offload_optimizer.ratio auto again, with the batch's activations on the device, and
+// overlap_step where it was auto (it steps every shard on the host, so it follows the
+// ratio); every other value as `plan` resolved it (the batch's model shape would
+// otherwise fill the bucket sizes from its hidden size, and ratio auto would change them).
+Plan with_activations(const Plan& plan, const Config& config, ModelSpec spec,
+                      const AssumedBatch& batch, const WorldShape& world, TrainingShape shape,
+                      const HardwareBudget& budget) {
+  const std::string keys[] = {"zero_optimization.offload_optimizer.ratio",
+                              "zero_optimization.offload_optimizer.overlap_step"};
+  const auto decided_again = [&keys](const std::string& reason) {
+    return reason.rfind(keys[0], 0) == 0 || reason.rfind(keys[1], 0) == 0;
+  };
   Config resolved = plan.config;
   resolved.zero.offload_optimizer.ratio.reset();
+  resolved.zero.offload_optimizer.overlap_step = config.zero.offload_optimizer.overlap_step;
   take_shape(spec, batch.shaped);
   shape.seq = batch.seq;
   shape.micro_batch = resolved.train_micro_batch_size_per_gpu.value_or(1);
@@ -39,9 +46,9 @@ Plan with_activations(const Plan& plan, ModelSpec spec, const AssumedBatch& batc
   Plan with = make_plan(spec, resolved, world, shape, budget);
   std::vector<std::string> reasons;
   for (const auto& r : plan.reasons)
-    if (r.rfind(key, 0) != 0) reasons.push_back(r);
+    if (!decided_again(r)) reasons.push_back(r);
   for (const auto& r : with.reasons)
-    if (r.rfind(key, 0) == 0) reasons.push_back(r);
+    if (decided_again(r)) reasons.push_back(r);
   with.reasons = std::move(reasons);
   return with;
 }
@@ -114,7 +121,7 @@ Plan plan_for(const std::vector<NamedParam>& params,
   }
   if (config.zero.offload_optimizer.ratio) return plan;  // a fixed ratio: nothing to fill
   const bool counted = batch && batch->seq > 0;
-  if (counted) plan = with_activations(plan, spec, *batch, world, shape, budget);
+  if (counted) plan = with_activations(plan, config, spec, *batch, world, shape, budget);
   if (plan.option.optimizer != OffloadDevice::None)
     plan.reasons.push_back(ratio_batch_reason(counted ? &*batch : nullptr, plan.config));
   return plan;

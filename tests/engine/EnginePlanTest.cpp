@@ -20,7 +20,7 @@ namespace {
 // Four stage-3 units, the first larger (as an embedding is), one frozen tensor in the
 // second, and a tensor outside every unit (kept whole, its optimizer state sharded).
 struct Model {
-  Model() {
+  explicit Model(c10::Device device = c10::kCPU) : device(device) {
     const std::vector<int64_t> sizes = {4000, 1500, 1500, 1500};
     for (size_t u = 0; u < sizes.size(); ++u) {
       units.emplace_back();
@@ -30,13 +30,25 @@ struct Model {
     add("outside.scale", 16, true, nullptr);
   }
   void add(const std::string& name, int64_t numel, bool trainable, std::vector<NamedParam>* unit) {
-    NamedParam p{name, torch::zeros({numel}).set_requires_grad(trainable)};
+    NamedParam p{name, torch::zeros({numel}, torch::device(device)).set_requires_grad(trainable)};
     params.push_back(p);
     if (unit) unit->push_back(p);
   }
+  c10::Device device;
   std::vector<NamedParam> params;
   std::vector<std::vector<NamedParam>> units;
 };
+
+AssumedBatch llama_batch(int64_t seq) {
+  AssumedBatch batch;
+  batch.shaped = spec_from_hf_json(
+      R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2,
+          "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 8})",
+      "config.json");
+  batch.seq = seq;
+  batch.source = "model.config.max_position_embeddings";
+  return batch;
+}
 
 Config stage3_split_auto() {
   Config c;
@@ -115,13 +127,7 @@ TEST(EnginePlan, RatioAutoLeavesRoomForTheAssumedBatchsActivations) {
   const Model m;
   const LaunchEnv one_rank;
   const std::vector<int64_t> numels = trainable_numels(m);
-  AssumedBatch batch;
-  batch.shaped = spec_from_hf_json(
-      R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2,
-          "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 8})",
-      "config.json");
-  batch.seq = 8;
-  batch.source = "model.config.max_position_embeddings";
+  const AssumedBatch batch = llama_batch(8);
   Config c = stage3_split_auto();
   c.train_micro_batch_size_per_gpu = 3;
   const int64_t huge = int64_t{1} << 40;
@@ -164,4 +170,27 @@ TEST(EnginePlan, RatioAutoLeavesRoomForTheAssumedBatchsActivations) {
       << said;
   EXPECT_NE(said.find("zero_optimization.offload_optimizer.ratio: auto -> 0 "), std::string::npos)
       << said;
+}
+
+// overlap_step auto follows the ratio the batch leaves: planned without activations the
+// whole optimizer fits on a GPU (ratio 0, nothing to overlap), with them none of it does
+// (ratio 1), and then each shard steps on the host inside backward.
+TEST(EnginePlan, OverlapStepAutoFollowsTheRatioTheAssumedBatchLeaves) {
+  const Model m(c10::kMeta);  // not on the CPU: the device is a GPU's, not host RAM
+  const LaunchEnv one_rank;
+  const Config c = stage3_split_auto();
+  const int64_t huge = int64_t{1} << 40;
+  const AssumedBatch batch = llama_batch(4096);
+  const Plan roomy = plan_for(m.params, m.units, 0, c, one_rank, huge);
+  const int64_t device = roomy.predicted.total(Tier::Device) * 2;
+  const Plan blind = plan_for(m.params, m.units, 0, c, one_rank, device);
+  EXPECT_EQ(*blind.config.zero.offload_optimizer.ratio, 0.0);
+  EXPECT_EQ(blind.config.zero.offload_optimizer.overlap_step, "false");
+  const Plan seen = plan_for(m.params, m.units, 0, c, one_rank, device, batch);
+  ASSERT_GT(seen.predicted.at(Tier::Device, Kind::Activations), device);
+  EXPECT_EQ(*seen.config.zero.offload_optimizer.ratio, 1.0);
+  EXPECT_EQ(seen.config.zero.offload_optimizer.overlap_step, "true");
+  const std::string said = fmt::format("{}", fmt::join(seen.reasons, "\n"));
+  EXPECT_NE(said.find("overlap_step: auto -> true"), std::string::npos) << said;
+  EXPECT_EQ(said.find("overlap_step: auto -> false"), std::string::npos) << said;
 }

@@ -85,7 +85,10 @@ def test_building_holds_a_shard_of_the_model_not_all_of_it(scratch):
               f"MiB plain ({p['construction_peak'] / model:.2f}x); initialize "
               f"{s['initialize_peak'] / mib:.0f} vs {p['initialize_peak'] / mib:.0f} MiB, "
               f"ledger peak {s['ledger_peak'] / mib:.0f} MiB")
-        assert s["construction_peak"] <= 0.6 * model + block
+        # A shard of each unit (half the model on two ranks) and the block being built,
+        # whole; RSS also sees the process's own allocations, which come and go (measured
+        # 12-40 MiB above the first two): well below the whole model plain building holds.
+        assert s["construction_peak"] <= model / 2 + block + 64 * mib
         assert p["construction_peak"] >= model  # the measure sees a whole model
         # Making the engine from shards gathers one unit at a time: its peak is what the
         # engine counts plus about two blocks (the unit whole and its flat copy).

@@ -21,13 +21,14 @@ There zeroshard's row keeps on the GPU as much of the optimizer as the planner s
 beside the parameters and activations (offload_optimizer.ratio, as zeroshard-estimate
 plans it), and steps the rest on the host; the peers keep their defaults (every shard's
 Adam on the host: DeepSpeed's own `ratio` is left at 1, as its users must pick a value
-by hand).
+by hand; --deepspeed-ratio planned gives it the ratio zeroshard plans, to tell how much
+of the gain the split alone makes).
 `--device cpu --shape tiny`: the same code on the CPU, where no GPU is, to check the
 script itself; no target is judged there.
 
 usage: ./zs bench gpu [--json] [--shape 1b|tiny] [--layers N] [--seq N] [--batch N]
                       [--steps N] [--rows a,b] [--search | --search-only] [--device cuda|cpu]
-                      [--checkpointing search|on|off]
+                      [--checkpointing search|on|off] [--deepspeed-ratio 1|planned]
 """
 import argparse
 import json
@@ -130,6 +131,17 @@ def planned_ratio(args, model, torch):
     return args.planned_ratio
 
 
+def deepspeed_ratio(args, model, torch):
+    """DeepSpeed's offload_optimizer.ratio (its ZeRO-Offload++): 1, its default, or with
+    --deepspeed-ratio planned the ratio zeroshard plans for this model and batch, as a
+    DeepSpeed user who copied it from zeroshard-estimate would set it: how much of
+    zeroshard's larger model the split alone gives."""
+    if args.deepspeed_ratio != "planned":
+        return 1.0
+    args.ratio = "auto"
+    return planned_ratio(args, model, torch)
+
+
 def fsdp2_row(args, model, torch, device):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -164,7 +176,8 @@ def deepspeed_row(args, model, torch, device):
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WEIGHT_DECAY}},
         "zero_optimization": {"stage": 3,
                               "offload_optimizer": {"device": "cpu",
-                                                    "pin_memory": device.type == "cuda"}},
+                                                    "pin_memory": device.type == "cuda",
+                                                    "ratio": deepspeed_ratio(args, model, torch)}},
         "steps_per_print": 10**9,
     }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
@@ -259,7 +272,8 @@ def run_row(args, row, layers, steps, warmup, timeout, ratio="1", search=False):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", row, "--out", out,
                "--shape", args.shape, "--layers", str(layers), "--seq", str(args.seq),
                "--batch", str(args.batch), "--steps", str(steps), "--warmup", str(warmup),
-               "--device", args.device, "--ratio", ratio, "--checkpointing", checkpointing] + \
+               "--device", args.device, "--ratio", ratio, "--checkpointing", checkpointing,
+               "--deepspeed-ratio", args.deepspeed_ratio] + \
             (["--fast-init"] if search else [])
         env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -445,6 +459,9 @@ def main():
                    help="recompute each layer's activations in backward, every row alike "
                         "(gradient_checkpointing_enable): in the search's tries only (default), "
                         "everywhere, or nowhere")
+    p.add_argument("--deepspeed-ratio", choices=["1", "planned"], default="1",
+                   help="DeepSpeed's offload_optimizer.ratio: 1 (its default) or the ratio "
+                        "zeroshard's plan gives for the same model and batch")
     p.add_argument("--ratio", default="1", help=argparse.SUPPRESS)
     p.add_argument("--fast-init", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker", help=argparse.SUPPRESS)
