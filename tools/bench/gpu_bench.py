@@ -341,7 +341,8 @@ def largest(args, row):
               f" ({time.perf_counter() - start:.0f} s)", flush=True)
         return "error" not in got
     if args.device == "cuda":
-        guess = max(1, planned_layers(args, "auto" if row == ROWS[0] else 1))
+        split = row == ROWS[0] or (row == ROWS[2] and args.deepspeed_ratio == "planned")
+        guess = max(1, planned_layers(args, "auto" if split else 1))
         step = max(1, guess // 16)
         print(f"{row}: the plan's largest {guess} layers; trying from there", flush=True)
         if fits(guess):
