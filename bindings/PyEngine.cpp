@@ -114,8 +114,7 @@ std::optional<AssumedBatch> to_assumed_batch(const AssumedBatchArg& arg) {
   const auto& [json, attn, seq, source, checkpointing] = *arg;
   AssumedBatch batch;
   try {
-    batch.shaped = spec_from_hf_json(json, "model.config");
-    batch.shaped.attention_scores = attention_keeps_scores(attn, "attn_implementation");
+    batch.shaped = spec_from_hf_model(json, attn);
   } catch (const Error&) {
     return std::nullopt;
   }
@@ -261,9 +260,7 @@ PYBIND11_MODULE(_zeroshard, m) {
         spec.unit_params = unit_params;
         spec.largest_module_params = largest_module_params;
         if (!hf_config_json.empty()) {  // activations from the model's own config
-          take_shape(spec, spec_from_hf_json(hf_config_json, "model.config"));
-          spec.attention_scores =
-              attention_keeps_scores(attn_implementation, "attn_implementation");
+          take_shape(spec, spec_from_hf_model(hf_config_json, attn_implementation));
         }
         HardwareBudget budget;
         budget.device_bytes = device_bytes;

@@ -163,8 +163,7 @@ MemoryDetail TrainingEngine::memory_detail() const {
 void TrainingEngine::set_activation_shape(const std::string& hf_config_json,
                                           const std::string& attn_implementation, int64_t seq,
                                           int64_t micro_batch, bool activation_checkpointing) {
-  ModelSpec shaped = spec_from_hf_json(hf_config_json, "model.config");
-  shaped.attention_scores = attention_keeps_scores(attn_implementation, "attn_implementation");
+  const ModelSpec shaped = spec_from_hf_model(hf_config_json, attn_implementation);
   TrainingShape batch;
   batch.seq = seq;
   batch.micro_batch = micro_batch;

@@ -369,4 +369,10 @@ ModelSpec spec_from_hf_file(const std::string& path) {
   return spec_from_hf_json(read_whole_file(path, "--hf-config"), path);
 }
 
+ModelSpec spec_from_hf_model(const std::string& json_text, const std::string& attn_implementation) {
+  ModelSpec spec = spec_from_hf_json(json_text, "model.config");
+  spec.attention_scores = attention_keeps_scores(attn_implementation, "attn_implementation");
+  return spec;
+}
+
 }  // namespace zeroshard

@@ -11,5 +11,8 @@ namespace zeroshard {
 std::vector<std::string> supported_model_types();
 ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& origin);
 ModelSpec spec_from_hf_file(const std::string& path);
+// A live model's (the Python package's): its config as JSON and the attention it was
+// built with (transformers' attn_implementation, which decides whether scores are kept).
+ModelSpec spec_from_hf_model(const std::string& json_text, const std::string& attn_implementation);
 
 }  // namespace zeroshard

@@ -32,12 +32,18 @@ class ActivationShape:
             return
         self._largest = batch * seq
         try:
-            self._engine.set_activation_shape(
-                self._config.to_json_string(use_diff=False),
-                getattr(self._config, "_attn_implementation", None) or "sdpa", seq, batch,
-                bool(getattr(self._model, "is_gradient_checkpointing", False)))
+            hf_json, attention, recomputed = model_shape(self._model, self._config)
+            self._engine.set_activation_shape(hf_json, attention, seq, batch, recomputed)
         except RuntimeError as e:  # a family the estimator does not read: model states alone
             self._config, self.unread = None, str(e)
+
+
+def model_shape(model, config):
+    """What the engine and the estimate read a Hugging Face model's activations from: its
+    config as JSON, the attention it was built with, and whether it recomputes layers."""
+    return (config.to_json_string(use_diff=False),
+            getattr(config, "_attn_implementation", None) or "sdpa",
+            bool(getattr(model, "is_gradient_checkpointing", False)))
 
 
 def assumed_batch(model):
@@ -51,10 +57,8 @@ def assumed_batch(model):
     seq = getattr(config, "max_position_embeddings", None)
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
         return None
-    return (config.to_json_string(use_diff=False),
-            getattr(config, "_attn_implementation", None) or "sdpa", seq,
-            "model.config.max_position_embeddings",
-            bool(getattr(model, "is_gradient_checkpointing", False)))
+    hf_json, attention, recomputed = model_shape(model, config)
+    return hf_json, attention, seq, "model.config.max_position_embeddings", recomputed
 
 
 def say_offload_ratio(engine):

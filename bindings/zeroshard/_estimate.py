@@ -3,6 +3,7 @@ Planner as the zeroshard-estimate CLI."""
 import os
 
 from . import _zeroshard
+from ._activations import model_shape
 from ._config import load_config
 from ._units import stage3_units
 
@@ -55,12 +56,11 @@ def _activation_shape(model, seq, micro_batch, activation_checkpointing):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"estimate: {name}={value!r} is not allowed; allowed: a positive "
                              "integer")
-    return dict(hf_config_json=hf.to_json_string(use_diff=False),
-                attn_implementation=getattr(hf, "_attn_implementation", None) or "sdpa",
-                seq=seq, micro_batch=micro_batch,
-                activation_checkpointing=bool(
-                    getattr(model, "is_gradient_checkpointing", False)
-                    if activation_checkpointing is None else activation_checkpointing))
+    hf_json, attention, recomputed = model_shape(model, hf)
+    return dict(hf_config_json=hf_json, attn_implementation=attention, seq=seq,
+                micro_batch=micro_batch,
+                activation_checkpointing=bool(recomputed if activation_checkpointing is None
+                                              else activation_checkpointing))
 
 
 def _bytes(value, what):

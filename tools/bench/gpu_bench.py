@@ -116,6 +116,12 @@ def planned_ratio(args, model, torch):
     if args.ratio != "auto":
         args.planned_ratio = float(args.ratio)
         return args.planned_ratio
+    return plan_ratio(args, model, torch)
+
+
+def plan_ratio(args, model, torch):
+    """The ratio zeroshard-estimate plans for this model, batch and device (recorded in
+    the row's JSON)."""
     import yaml
     import zeroshard
     config = {"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": args.batch,
@@ -136,10 +142,7 @@ def deepspeed_ratio(args, model, torch):
     --deepspeed-ratio planned the ratio zeroshard plans for this model and batch, as a
     DeepSpeed user who copied it from zeroshard-estimate would set it: how much of
     zeroshard's larger model the split alone gives."""
-    if args.deepspeed_ratio != "planned":
-        return 1.0
-    args.ratio = "auto"
-    return planned_ratio(args, model, torch)
+    return plan_ratio(args, model, torch) if args.deepspeed_ratio == "planned" else 1.0
 
 
 def fsdp2_row(args, model, torch, device):
