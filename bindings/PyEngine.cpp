@@ -359,23 +359,36 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def("release_unit", &TrainingEngine::release_unit, py::call_guard<py::gil_scoped_release>())
       .def("commit_parameters", &TrainingEngine::commit_parameters,
            py::call_guard<py::gil_scoped_release>())
-      .def("save_checkpoint", &TrainingEngine::save_checkpoint, py::arg("dir"), py::arg("tag"),
-           py::arg("client_state_json"), py::arg("lr_scheduler_json"),
-           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "save_checkpoint",
+          [](TrainingEngine& e, const std::string& dir, const std::string& tag,
+             const std::string& client_state_json, const std::string& lr_scheduler_json,
+             bool latest, bool frozen_parameters) {
+            return e.save_checkpoint(dir, tag, client_state_json, lr_scheduler_json,
+                                     SaveOptions{latest, frozen_parameters});
+          },
+          py::arg("dir"), py::arg("tag"), py::arg("client_state_json"),
+          py::arg("lr_scheduler_json"), py::arg("latest") = true,
+          py::arg("frozen_parameters") = true, py::call_guard<py::gil_scoped_release>())
       // (client_state JSON, lr_scheduler JSON)
       .def(
           "load_checkpoint",
-          [](TrainingEngine& e, const std::string& dir, const std::string& tag) {
+          [](TrainingEngine& e, const std::string& dir, const std::string& tag, bool strict,
+             bool optimizer_states, bool lr_scheduler, bool module_only) {
             LoadedCheckpoint loaded;
             {
               py::gil_scoped_release release;
-              loaded = e.load_checkpoint(dir, tag);
+              loaded = e.load_checkpoint(
+                  dir, tag, LoadOptions{strict, optimizer_states, lr_scheduler, module_only});
             }
             return py::make_tuple(loaded.client_state_json, loaded.lr_scheduler_json);
           },
-          py::arg("dir"), py::arg("tag"))
+          py::arg("dir"), py::arg("tag"), py::arg("strict") = true,
+          py::arg("optimizer_states") = true, py::arg("lr_scheduler") = true,
+          py::arg("module_only") = false)
       .def("set_aliases", &TrainingEngine::set_aliases)
-      .def("backward", &TrainingEngine::backward, py::call_guard<py::gil_scoped_release>())
+      .def("backward", &TrainingEngine::backward, py::arg("loss"), py::arg("retain_graph") = false,
+           py::call_guard<py::gil_scoped_release>())
       .def("step", &TrainingEngine::step, py::call_guard<py::gil_scoped_release>())
       .def("zero_grad", &TrainingEngine::zero_grad)
       .def("full_parameters",
@@ -388,6 +401,7 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly("global_grad_norm", &TrainingEngine::global_grad_norm)
       .def_property_readonly("lr", &TrainingEngine::lr)
       .def_property_readonly("optimizer_steps", &TrainingEngine::optimizer_steps)
+      .def_property_readonly("global_steps", &TrainingEngine::global_steps)
       .def_property_readonly("micro_steps", &TrainingEngine::micro_steps)
       .def_property_readonly("rank", &TrainingEngine::rank)
       .def_property_readonly("world_size", &TrainingEngine::world_size)

@@ -19,6 +19,39 @@
 #include "common/Files.h"
 
 namespace zeroshard {
+
+namespace {
+
+// Every option of a group with its manifest key (`Options`: const or not).
+template <typename Options, typename Fn>
+void for_each_option(Options& o, Fn&& fn) {
+  fn("lr", o.lr);
+  fn("beta1", o.beta1);
+  fn("beta2", o.beta2);
+  fn("eps", o.eps);
+  fn("weight_decay", o.weight_decay);
+  fn("decoupled", o.decoupled);
+}
+
+}  // namespace
+
+nlohmann::json param_group_json(const ParamGroupOptions& o) {
+  nlohmann::json j = nlohmann::json::object();
+  for_each_option(o, [&j](const char* key, const auto& value) {
+    if (value) j[key] = *value;
+  });
+  return j;
+}
+
+ParamGroupOptions param_group_from_json(const nlohmann::json& j) {
+  ParamGroupOptions o;
+  for_each_option(o, [&j](const char* key, auto& value) {
+    using T = typename std::decay_t<decltype(value)>::value_type;
+    if (j.contains(key)) value = j.at(key).get<T>();
+  });
+  return o;
+}
+
 namespace {
 
 int64_t element_size(const std::string& dtype) {
@@ -181,6 +214,8 @@ nlohmann::json Manifest::to_json() const {
           {"world_size", world_size},
           {"stage", stage},
           {"optimizer_steps", optimizer_steps},
+          {"global_steps", global_steps},
+          {"schedule_steps", schedule_steps},
           {"micro_steps", micro_steps},
           {"loss_scale", loss_scale},
           {"client_state", client_state},
@@ -210,6 +245,8 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin)
     m.world_size = j.at("world_size").get<int>();
     m.stage = j.at("stage").get<int>();
     m.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+    m.global_steps = j.value("global_steps", m.optimizer_steps);  // (older: the same)
+    m.schedule_steps = j.value("schedule_steps", m.optimizer_steps);
     m.micro_steps = j.at("micro_steps").get<int64_t>();
     m.loss_scale = j.at("loss_scale");
     m.client_state = j.at("client_state");

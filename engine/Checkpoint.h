@@ -21,9 +21,16 @@
 #include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>
 
+#include "zeroshard/Types.h"
+
 namespace zeroshard {
 
 constexpr int kCheckpointFormat = 1;
+
+// A parameter group's options as the manifest keeps them: the ones set (unset ones
+// follow the config).
+nlohmann::json param_group_json(const ParamGroupOptions& options);
+ParamGroupOptions param_group_from_json(const nlohmann::json& j);
 
 struct SavedParam {
   std::string name;
@@ -72,6 +79,9 @@ struct Manifest {
   int world_size = 1;
   int stage = 0;
   int64_t optimizer_steps = 0;
+  // The engine's step count and the config scheduler's position (StepPipeline): the
+  // optimizer's count unless a load without its state set them apart.
+  int64_t global_steps = 0, schedule_steps = 0;
   int64_t micro_steps = 0;
   nlohmann::json loss_scale;  // null without fp16
   nlohmann::json client_state;
@@ -116,6 +126,7 @@ class CheckpointReader {
   const Manifest& manifest() const { return manifest_; }
   // The saved parameter `name`: its group and entry, or an Error naming it.
   const SavedParam& param(const std::string& name, size_t* group = nullptr) const;
+  bool has_param(const std::string& name) const { return index_.count(name) != 0; }
   // Elements [begin, begin+count) of parameter `name`, from array `array` (0 master,
   // then the optimizer's state arrays in Manifest::optimizer_state's order for trainable
   // groups; 0 the parameters for frozen ones), as fp32.

@@ -37,35 +37,6 @@ std::string dtype_name(at::ScalarType t) {
   return "fp32";
 }
 
-// Every option of a group with its manifest key (`Options`: const or not).
-template <typename Options, typename Fn>
-void for_each_option(Options& o, Fn&& fn) {
-  fn("lr", o.lr);
-  fn("beta1", o.beta1);
-  fn("beta2", o.beta2);
-  fn("eps", o.eps);
-  fn("weight_decay", o.weight_decay);
-  fn("decoupled", o.decoupled);
-}
-
-// A group's options as set (unset ones stay unset: they follow the config).
-nlohmann::json options_json(const ParamGroupOptions& o) {
-  nlohmann::json j = nlohmann::json::object();
-  for_each_option(o, [&j](const char* key, const auto& value) {
-    if (value) j[key] = *value;
-  });
-  return j;
-}
-
-ParamGroupOptions options_from_json(const nlohmann::json& j) {
-  ParamGroupOptions o;
-  for_each_option(o, [&j](const char* key, auto& value) {
-    using T = typename std::decay_t<decltype(value)>::value_type;
-    if (j.contains(key)) value = j.at(key).get<T>();
-  });
-  return o;
-}
-
 void make_dir(const std::string& path) {
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
     fail("checkpoint: cannot create '{}': {}", path, std::strerror(errno));
@@ -86,19 +57,26 @@ int Checkpointer::shard_count() const {
   return p_.dist.shard_size;
 }
 
-Manifest Checkpointer::layout() const {
+bool Checkpointer::saved(const GroupRecord& record, const SaveOptions& options) const {
+  return options.frozen_parameters || record.trainable.has_value();
+}
+
+Manifest Checkpointer::layout(const SaveOptions& options) const {
   Manifest m;
   // One file per shard: with shard groups (mics_shard_size) the first group writes them,
   // the others hold the same shards.
   m.world_size = shard_count();
   m.stage = p_.plan.settings.stage;
   m.optimizer_steps = p_.pipeline.optimizer().steps();
+  m.global_steps = p_.pipeline.global_steps();
+  m.schedule_steps = p_.pipeline.schedule_steps();
   m.micro_steps = p_.pipeline.micro_steps();
   m.config_yaml = emit_config_yaml(p_.plan.config);
   m.optimizer_state = p_.pipeline.optimizer().state_names();
   m.optimizer_scalars = nlohmann::json::parse(p_.pipeline.optimizer().scalar_state());
   int64_t offset = 0;
   for (const GroupRecord& record : p_.groups) {
+    if (!saved(record, options)) continue;
     const auto& g = record.flat;
     SavedGroup sg;
     sg.shard_numel = g->shard_numel();
@@ -136,13 +114,13 @@ Manifest Checkpointer::layout() const {
 
 std::string Checkpointer::save(const std::string& dir, std::string tag,
                                const std::string& client_state_json,
-                               const std::string& lr_scheduler_json) {
-  if (tag.empty()) tag = fmt::format("global_step{}", p_.pipeline.optimizer().steps());
+                               const std::string& lr_scheduler_json, const SaveOptions& options) {
+  if (tag.empty()) tag = fmt::format("global_step{}", p_.pipeline.global_steps());
   if (tag.find('/') != std::string::npos || tag == "latest" || tag[0] == '.') {
     fail("checkpoint tag '{}' is not allowed; allowed: a plain name (no '/', not 'latest')", tag);
   }
   fault_point("save.begin");
-  Manifest m = layout();
+  Manifest m = layout(options);
   m.tag = tag;
   try {
     m.client_state = nlohmann::json::parse(client_state_json.empty() ? "{}" : client_state_json);
@@ -156,26 +134,27 @@ std::string Checkpointer::save(const std::string& dir, std::string tag,
   }
   m.param_groups = nlohmann::json::array();
   for (size_t g = 0; g < p_.param_groups.size(); ++g) {
-    m.param_groups.push_back(options_json(p_.param_groups.options(g)));
+    m.param_groups.push_back(param_group_json(p_.param_groups.options(g)));
   }
   const std::string folder = dir + "/" + tag;
   make_dir(dir);
   make_dir(folder);
   std::string failure;
   try {
-    if (rank() < shard_count()) write_rank_file(folder);
+    if (rank() < shard_count()) write_rank_file(folder, options);
   } catch (const Error& e) {
     failure = e.what();  // the other ranks hear of it in publish_checkpoint
   }
-  publish(dir, m, failure);
+  publish(dir, m, failure, options.latest);
   return tag;
 }
 
-void Checkpointer::write_rank_file(const std::string& folder) {
+void Checkpointer::write_rank_file(const std::string& folder, const SaveOptions& options) {
   const std::string file = folder + fmt::format("/rank{}.bin", rank());
   FileWriter out(file + ".tmp", "checkpoint");
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < p_.groups.size(); ++i) {
+    if (!saved(p_.groups[GroupId(i)], options)) continue;
     write_group_slice(GroupId(i), [&](const void* data, int64_t bytes) { out.write(data, bytes); });
     fault_point("save.rank_file");
   }
@@ -203,7 +182,8 @@ void Checkpointer::agree(const std::string& tag, const std::function<void()>& co
   }
 }
 
-void Checkpointer::publish(const std::string& dir, Manifest& m, const std::string& failure_here) {
+void Checkpointer::publish(const std::string& dir, Manifest& m, const std::string& failure_here,
+                           bool move_latest) {
   // Every rank's file is complete before the manifest names it, and `latest` moves only
   // after the manifest: a crash at any point leaves the previous tag loadable.
   const std::string folder = dir + "/" + m.tag;
@@ -245,7 +225,7 @@ void Checkpointer::publish(const std::string& dir, Manifest& m, const std::strin
       fault_point("save.manifest");
       write_file_atomically(folder + "/manifest.json", m.to_json().dump(1), "checkpoint");
       fault_point("save.latest");
-      write_file_atomically(dir + "/latest", m.tag + "\n", "checkpoint");
+      if (move_latest) write_file_atomically(dir + "/latest", m.tag + "\n", "checkpoint");
       published.fill_(1);
     } catch (const Error& e) {
       failure = e.what();  // told to the other ranks before it is raised here
@@ -293,182 +273,6 @@ void Checkpointer::write_group_slice(GroupId i,
   }
   values = values.to(at::kCPU).contiguous();  // the writer reads host memory
   write(values.data_ptr(), S * static_cast<int64_t>(values.element_size()));
-}
-
-LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& tag) {
-  const Manifest m = read_manifest(dir, tag);
-  const CheckpointReader reader(dir, m);
-  check_layout(reader, dir);  // before anything changes
-  const std::vector<ParamGroupOptions> groups = saved_param_groups(m, dir);
-  at::NoGradGuard no_grad;
-  // The step counts first: an optimizer that keeps them per parameter (torch.optim's)
-  // sets them as each group's state arrives.
-  p_.pipeline.optimizer().set_steps(m.optimizer_steps);
-  p_.pipeline.optimizer().set_scalar_state(m.optimizer_scalars.dump());
-  for (size_t i = 0; i < p_.groups.size(); ++i) {
-    fault_point("load.group");
-    load_group(reader, GroupId(i));
-  }
-  load_buffers(reader);
-  std::vector<CommHandle> handles;
-  for (const GroupId i : p_.groups.trainable()) {
-    const auto& g = p_.groups[i].flat;
-    if (!g->sharded() && p_.plan.settings.stage >= 1)
-      handles.push_back(p_.comms.shards().all_gather(g->flat()));
-  }
-  for (auto& h : handles) h.wait();
-  if (p_.param_home) p_.param_home->flush();
-  p_.pipeline.set_micro_steps(m.micro_steps);
-  for (size_t g = 0; g < groups.size(); ++g) p_.param_groups.set_options(g, groups[g]);
-  if (LossScaler* scaler = p_.pipeline.scaler(); scaler && !m.loss_scale.is_null()) {
-    scaler->restore({m.loss_scale.at("scale").get<double>(),
-                     m.loss_scale.at("hysteresis_left").get<int64_t>(),
-                     m.loss_scale.at("iteration").get<int64_t>(),
-                     m.loss_scale.at("last_overflow").get<int64_t>()});
-  }
-  p_.pipeline.reducer().zero();
-  if (m.world_size == p_.dist.env.world_size) {  // each rank's own random stream, when it exists
-    restore_rng_states({reader.read_rng(rank()), m.device_rng_bytes}, p_.device);
-  }
-  return {m.client_state.dump(), m.lr_scheduler.dump()};
-}
-
-// The saved groups' options, checked before anything changes: as many groups as this
-// engine has (none saved: a checkpoint from before groups were stored keeps the
-// engine's own).
-std::vector<ParamGroupOptions> Checkpointer::saved_param_groups(const Manifest& m,
-                                                                const std::string& dir) const {
-  std::vector<ParamGroupOptions> out;
-  if (m.param_groups.is_null()) return out;
-  if (m.param_groups.size() != p_.param_groups.size()) {
-    fail(
-        "checkpoint '{}/{}' holds {} optimizer parameter group(s), this engine has {}; load "
-        "it into an engine built with the same groups (model_parameters or the client "
-        "optimizer's param_groups)",
-        dir, m.tag, m.param_groups.size(), p_.param_groups.size());
-  }
-  try {
-    for (const auto& j : m.param_groups) out.push_back(options_from_json(j));
-  } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint '{}/{}': param_groups in manifest.json are malformed: {}", dir, m.tag,
-         e.what());
-  }
-  return out;
-}
-
-// The saved buffers are the model's persistent buffers, by name and shape (a dtype
-// that differs is converted, as load_state_dict does). Checkpoints from before buffers
-// were saved leave the model's alone.
-void Checkpointer::check_buffers(const CheckpointReader& reader, const std::string& dir) const {
-  const Manifest& m = reader.manifest();
-  if (!m.has_buffers) return;
-  std::unordered_set<std::string> saved;
-  for (const auto& b : m.buffers) {
-    saved.insert(b.name);
-    const NamedBuffer* mine = p_.buffers.find(b.name);
-    if (mine == nullptr || !mine->persistent) {
-      fail("checkpoint '{}/{}' has buffer '{}', which the model does not have", dir, m.tag, b.name);
-    }
-    if (mine->tensor.sizes().vec() != b.shape) {
-      fail("checkpoint '{}/{}': buffer '{}' has shape [{}] there and [{}] in the model", dir, m.tag,
-           b.name, fmt::join(b.shape, ", "), fmt::join(mine->tensor.sizes(), ", "));
-    }
-  }
-  for (const auto& b : p_.buffers.all()) {
-    if (b.persistent && !saved.count(b.name)) {
-      fail("checkpoint '{}/{}' has no buffer '{}' (the model has it): a different model?", dir,
-           m.tag, b.name);
-    }
-  }
-}
-
-void Checkpointer::load_buffers(const CheckpointReader& reader) {
-  for (const auto& saved : reader.manifest().buffers) {
-    at::Tensor bytes = at::empty({saved.bytes}, at::kByte);
-    reader.read_buffer(saved, bytes.data_ptr());
-    ModuleBuffers::assign(p_.buffers.find(saved.name)->tensor, bytes, torch_dtype(saved.dtype));
-  }
-}
-
-void Checkpointer::check_layout(const CheckpointReader& reader, const std::string& dir) const {
-  check_buffers(reader, dir);
-  check_state_names(reader.manifest().optimizer_state, p_.pipeline.optimizer().state_names(),
-                    p_.plan.config.optimizer.type.c_str());
-  std::unordered_set<std::string> mine;
-  for (const auto& record : p_.groups) {
-    for (const auto& s : record.flat->slots()) {
-      mine.insert(s.name);
-      const SavedParam& p = reader.param(s.name);
-      if (p.shape != s.shape) {
-        fail("checkpoint '{}/{}': parameter '{}' has shape [{}] there and [{}] in the model", dir,
-             reader.manifest().tag, s.name, fmt::join(p.shape, ", "), fmt::join(s.shape, ", "));
-      }
-    }
-  }
-  for (const auto& g : reader.manifest().groups) {
-    for (const auto& p : g.params) {
-      if (!mine.count(p.name)) {
-        fail("checkpoint '{}/{}' has parameter '{}', which the model does not have", dir,
-             reader.manifest().tag, p.name);
-      }
-    }
-  }
-}
-
-// Fills `out` (count elements: group `g`'s flat buffer from `begin`) from the saved
-// parameters' array `array`; padding stays zero.
-void Checkpointer::read_range(const CheckpointReader& reader, const FlatParamGroup& g, int array,
-                              int64_t begin, int64_t count, float* out) const {
-  std::fill(out, out + count, 0.0f);
-  for (const auto& s : g.slots()) {
-    const int64_t lo = std::max(begin, s.offset), hi = std::min(begin + count, s.offset + s.numel);
-    if (lo >= hi) continue;
-    size_t saved_group = 0;
-    reader.param(s.name, &saved_group);
-    const bool saved_trainable = reader.manifest().groups[saved_group].trainable;
-    if (array > 0 && !saved_trainable) continue;  // frozen when saved: no Adam state
-    reader.read(s.name, array, lo - s.offset, hi - lo, out + (lo - begin));
-  }
-}
-
-void Checkpointer::load_group(const CheckpointReader& reader, GroupId i) {
-  const GroupRecord& record = p_.groups[i];
-  FlatParamGroup* g = record.flat.get();
-  const int64_t S = g->shard_numel();
-  const int u = record.coordinator_unit_index();
-  if (record.trainable) {
-    const size_t t = record.trainable->value;
-    const int64_t n = p_.pipeline.optimizer().group_numel(t);
-    const int64_t begin = n == S ? shard_rank() * S : 0;
-    const std::vector<std::string>& names = reader.manifest().optimizer_state;
-    std::vector<std::vector<float>> arrays(1 + names.size(), std::vector<float>(n));
-    std::vector<const float*> data;
-    for (size_t a = 0; a < arrays.size(); ++a) {
-      read_range(reader, *g, static_cast<int>(a), begin, n, arrays[a].data());
-      data.push_back(arrays[a].data());
-    }
-    {
-      ShardUpdate update(p_.param_home, u);
-      p_.pipeline.optimizer().write_state(t, names, data);
-    }
-    if (g->sharded() && g->gathered() && u >= 0) p_.units->coordinator().release_now(u);
-    return;
-  }
-  const int64_t begin = g->sharded() ? shard_rank() * S : 0;
-  const int64_t n = g->sharded() ? S : g->padded_numel();
-  std::vector<float> values(n);
-  read_range(reader, *g, 0, begin, n, values.data());
-  const at::Tensor src = at::from_blob(values.data(), {n}, at::kFloat);
-  if (!g->sharded()) {
-    g->flat().copy_(src);
-    return;
-  }
-  {
-    ShardUpdate update(p_.param_home, u);
-    g->settle_shard_read();  // a gather's copy of it to the GPU may still be reading it
-    g->param_shard().copy_(src);
-  }
-  if (g->gathered() && u >= 0) p_.units->coordinator().release_now(u);
 }
 
 }  // namespace zeroshard

@@ -7,7 +7,10 @@
 // fails them at once) before rank 0 writes the manifest and moves `latest`: a crash at any
 // point leaves the previous tag loadable. Load: the layout (parameters by name and shape,
 // buffers, the optimizer's state names and groups) is checked before anything changes,
-// then each group is refilled from the saved slices that overlap this rank's.
+// then each group is refilled from the saved slices that overlap this rank's: whole (the
+// fp32 master and the optimizer's state), or its parameters alone where LoadOptions
+// leave the optimizer's state as it is. Saving is Checkpointer.cpp, loading
+// CheckpointLoad.cpp.
 #include <functional>
 #include <string>
 #include <vector>
@@ -50,8 +53,9 @@ class Checkpointer {
   // Writes DIR/TAG (TAG empty: global_stepN) and returns the tag; fails on every rank,
   // naming the cause, if any rank could not write its part.
   std::string save(const std::string& dir, std::string tag, const std::string& client_state_json,
-                   const std::string& lr_scheduler_json);
-  LoadedCheckpoint load(const std::string& dir, const std::string& tag);
+                   const std::string& lr_scheduler_json, const SaveOptions& options = {});
+  LoadedCheckpoint load(const std::string& dir, const std::string& tag,
+                        const LoadOptions& options = {});
 
  private:
   int rank() const;
@@ -59,20 +63,30 @@ class Checkpointer {
   int shard_count() const;
 
   // Saving.
-  Manifest layout() const;
-  void write_rank_file(const std::string& folder);
+  Manifest layout(const SaveOptions& options) const;
+  bool saved(const GroupRecord& record, const SaveOptions& options) const;
+  void write_rank_file(const std::string& folder, const SaveOptions& options);
   void write_group_slice(GroupId group, const std::function<void(const void*, int64_t)>& write);
-  void publish(const std::string& dir, Manifest& m, const std::string& failure_here);
+  void publish(const std::string& dir, Manifest& m, const std::string& failure_here,
+               bool move_latest);
   void agree(const std::string& tag, const std::function<void()>& collective);
 
   // Loading.
-  void check_layout(const CheckpointReader& reader, const std::string& dir) const;
-  void check_buffers(const CheckpointReader& reader, const std::string& dir) const;
+  void check_layout(const CheckpointReader& reader, const std::string& dir,
+                    const LoadOptions& options) const;
+  void check_params(const CheckpointReader& reader, const std::string& dir,
+                    const LoadOptions& options) const;
+  void check_buffers(const CheckpointReader& reader, const std::string& dir, bool strict) const;
   std::vector<ParamGroupOptions> saved_param_groups(const Manifest& m,
                                                     const std::string& dir) const;
   void read_range(const CheckpointReader& reader, const FlatParamGroup& group, int array,
                   int64_t begin, int64_t count, float* out) const;
   void load_group(const CheckpointReader& reader, GroupId group);
+  // The parameters alone: the optimizer, where the group trains, restarts its fp32
+  // master from them and keeps its state. Parameters the checkpoint lacks keep their
+  // values.
+  void load_group_values(const CheckpointReader& reader, GroupId group);
+  at::Tensor current_values(const GroupRecord& record) const;
   void load_buffers(const CheckpointReader& reader);
 
   CheckpointParts p_;

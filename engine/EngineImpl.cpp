@@ -274,14 +274,14 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   });
 }
 
-void EngineImpl::backward(const at::Tensor& loss) {
+void EngineImpl::backward(const at::Tensor& loss, bool retain_graph) {
   std::optional<c10::Stream> stream;  // where an overlapped step's copies are ordered after
   const c10::Device where = device_.where;
   if (!where.is_cpu()) stream = c10::impl::getDeviceGuardImpl(where.type())->getStream(where);
   const at::Tensor scaled = pipeline_->begin_backward(
       loss, [this] { return param_group_hypers(); }, stream);
   if (units_) units_->end_forward();
-  scaled.backward();
+  scaled.backward({}, retain_graph);
   if (units_) units_->end_backward();
   fault_point("backward.end");
   pipeline_->end_backward();
@@ -371,7 +371,7 @@ void EngineImpl::set_param_group(size_t group, const ParamGroupOptions& options)
 std::vector<AdamHyper> EngineImpl::param_group_hypers() const {
   const Config& c = plan_.config;
   std::optional<double> scheduled;
-  if (c.scheduler.type != "none") scheduled = learning_rate(c, pipeline_->optimizer().steps());
+  if (c.scheduler.type != "none") scheduled = learning_rate(c, pipeline_->schedule_steps());
   return param_groups_.resolve(plan_.settings.optimizer, scheduled);
 }
 
@@ -402,13 +402,15 @@ CheckpointParts EngineImpl::checkpoint_parts() {
 
 std::string EngineImpl::save_checkpoint(const std::string& dir, std::string tag,
                                         const std::string& client_state_json,
-                                        const std::string& lr_scheduler_json) {
+                                        const std::string& lr_scheduler_json,
+                                        const SaveOptions& options) {
   return Checkpointer(checkpoint_parts())
-      .save(dir, std::move(tag), client_state_json, lr_scheduler_json);
+      .save(dir, std::move(tag), client_state_json, lr_scheduler_json, options);
 }
 
-LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag) {
-  return Checkpointer(checkpoint_parts()).load(dir, tag);
+LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag,
+                                             const LoadOptions& options) {
+  return Checkpointer(checkpoint_parts()).load(dir, tag, options);
 }
 
 MemoryDetail EngineImpl::memory_report() const {

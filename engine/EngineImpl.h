@@ -69,7 +69,7 @@ class EngineImpl {
   void gather_unit(size_t unit);
   void release_unit(size_t unit);
   void commit_parameters(int src_rank);
-  void backward(const at::Tensor& loss);
+  void backward(const at::Tensor& loss, bool retain_graph);
   std::vector<NamedParam> full_parameters();
   bool step();
   bool finish_step();
@@ -101,10 +101,11 @@ class EngineImpl {
   void barrier();
   MemoryLedger& ledger() { return ledger_; }
 
-  std::string save_checkpoint(const std::string& dir, std::string tag = "",
-                              const std::string& client_state_json = "{}",
-                              const std::string& lr_scheduler_json = "");
-  LoadedCheckpoint load_checkpoint(const std::string& dir, const std::string& tag = "");
+  std::string save_checkpoint(const std::string& dir, std::string tag,
+                              const std::string& client_state_json,
+                              const std::string& lr_scheduler_json, const SaveOptions& options);
+  LoadedCheckpoint load_checkpoint(const std::string& dir, const std::string& tag,
+                                   const LoadOptions& options);
   void set_aliases(std::vector<std::pair<std::string, std::string>> aliases) {
     groups_.set_aliases(std::move(aliases));
   }

@@ -132,4 +132,20 @@ double StepPipeline::mean_scale() const {
   return 1.0 / static_cast<double>(world_size_ * settings_.gradient_accumulation_steps);
 }
 
+int64_t StepPipeline::global_steps() const {
+  return optimizer_->steps() + global_offset_;
+}
+
+int64_t StepPipeline::schedule_steps() const {
+  return optimizer_->steps() + schedule_offset_;
+}
+
+void StepPipeline::set_global_steps(int64_t steps) {
+  global_offset_ = steps - optimizer_->steps();
+}
+
+void StepPipeline::set_schedule_steps(int64_t steps) {
+  schedule_offset_ = steps - optimizer_->steps();
+}
+
 }  // namespace zeroshard

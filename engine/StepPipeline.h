@@ -75,6 +75,13 @@ class StepPipeline {
   double grad_norm() const { return grad_norm_; }
   int64_t micro_steps() const { return micro_steps_; }
   void set_micro_steps(int64_t steps) { micro_steps_ = steps; }
+  // The engine's step count and the config scheduler's position: the optimizer's own
+  // count (its bias correction follows it) plus what a checkpoint loaded without the
+  // optimizer's state (LoadOptions) set apart from it.
+  int64_t global_steps() const;
+  int64_t schedule_steps() const;
+  void set_global_steps(int64_t steps);
+  void set_schedule_steps(int64_t steps);
 
  private:
   // The reduced gradients are sums over ranks and micro-batches; the step takes their mean.
@@ -91,6 +98,7 @@ class StepPipeline {
   bool hypers_changed_ = false;  // set during an overlapped step
   double grad_norm_ = 0;
   int64_t micro_steps_ = 0;
+  int64_t global_offset_ = 0, schedule_offset_ = 0;
 };
 
 }  // namespace zeroshard

@@ -87,8 +87,8 @@ void TrainingEngine::release_unit(size_t unit) {
 void TrainingEngine::commit_parameters(int src_rank) {
   impl_->commit_parameters(src_rank);
 }
-void TrainingEngine::backward(const at::Tensor& loss) {
-  impl_->backward(loss);
+void TrainingEngine::backward(const at::Tensor& loss, bool retain_graph) {
+  impl_->backward(loss, retain_graph);
 }
 std::vector<NamedParam> TrainingEngine::full_parameters() {
   return impl_->full_parameters();
@@ -141,6 +141,9 @@ ExternalOptimizer& TrainingEngine::external_optimizer() {
 int64_t TrainingEngine::optimizer_steps() const {
   return impl_->optimizer_steps();
 }
+int64_t TrainingEngine::global_steps() const {
+  return impl_->pipeline_->global_steps();
+}
 const Plan& TrainingEngine::plan() const {
   return impl_->plan();
 }
@@ -182,11 +185,13 @@ MemoryLedger& TrainingEngine::ledger() {
 
 std::string TrainingEngine::save_checkpoint(const std::string& dir, std::string tag,
                                             const std::string& client_state_json,
-                                            const std::string& lr_scheduler_json) {
-  return impl_->save_checkpoint(dir, std::move(tag), client_state_json, lr_scheduler_json);
+                                            const std::string& lr_scheduler_json,
+                                            const SaveOptions& options) {
+  return impl_->save_checkpoint(dir, std::move(tag), client_state_json, lr_scheduler_json, options);
 }
-LoadedCheckpoint TrainingEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
-  return impl_->load_checkpoint(dir, tag);
+LoadedCheckpoint TrainingEngine::load_checkpoint(const std::string& dir, const std::string& tag,
+                                                 const LoadOptions& options) {
+  return impl_->load_checkpoint(dir, tag, options);
 }
 void TrainingEngine::set_aliases(std::vector<std::pair<std::string, std::string>> aliases) {
   impl_->set_aliases(std::move(aliases));

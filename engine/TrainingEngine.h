@@ -65,7 +65,7 @@ class TrainingEngine final : public Engine {
   torch::nn::Module& module() override;
   at::Tensor run_unit(const torch::nn::Module& unit,
                       const std::function<at::Tensor()>& forward) override;
-  void backward(const at::Tensor& loss) override;
+  void backward(const at::Tensor& loss, bool retain_graph = false) override;
   bool step() override;
   void zero_grad() override;
   std::vector<NamedParam> full_parameters() override;
@@ -76,6 +76,7 @@ class TrainingEngine final : public Engine {
   const ParamGroupOptions& param_group(size_t group) const override;
   void set_param_group(size_t group, const ParamGroupOptions& options) override;
   int64_t optimizer_steps() const override;
+  int64_t global_steps() const override;
   int rank() const override;
   int world_size() const override;
   MemoryReport memory_report() const override;
@@ -84,8 +85,10 @@ class TrainingEngine final : public Engine {
   // must hold as many groups as the engine has).
   std::string save_checkpoint(const std::string& dir, std::string tag = "",
                               const std::string& client_state_json = "{}",
-                              const std::string& lr_scheduler_json = "") override;
-  LoadedCheckpoint load_checkpoint(const std::string& dir, const std::string& tag = "") override;
+                              const std::string& lr_scheduler_json = "",
+                              const SaveOptions& options = {}) override;
+  LoadedCheckpoint load_checkpoint(const std::string& dir, const std::string& tag = "",
+                                   const LoadOptions& options = {}) override;
 
   // run_unit in pieces, by unit index (stages 0-2, and units without parameters: no-ops):
   // before the unit's forward, after it, and when its output's gradient arrives.

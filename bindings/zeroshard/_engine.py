@@ -3,14 +3,12 @@ sharded by the C++ Engine; at stage 3 each unit's parameters are gathered by for
 pre-hooks, freed by forward hooks, and gathered again when the gradient of the unit's
 output arrives in backward."""
 import contextlib
-import json
-import os
 import weakref
 
 import torch
 
-from . import (_adafactor, _construction, _deepspeed_checkpoint, _generation, _launch,
-               _sync_batchnorm, _torch_optimizer, _zeroshard)
+from . import (_adafactor, _construction, _generation, _launch, _sync_batchnorm,
+               _torch_optimizer, _zeroshard)
 from ._activations import ActivationShape, assumed_batch, say_offload_ratio
 from ._touch import Units, shard_parameters
 from ._unit_backward import GradArrival, report_input_grads, tensors
@@ -18,6 +16,7 @@ from ._units import stage3_units, unique_parameters
 from ._config import load_config
 from ._optimizer import (HYPER_KEYS, ZeroShardOptimizer, client_scheduler, engine_options,
                          parameter_groups)
+from ._saving import SavingMethods
 
 def _refuse_twice_named(text, origin, optimizer, lr_scheduler):
     """DeepSpeed's rule, said as an error: the optimizer and the scheduler come from the
@@ -90,7 +89,7 @@ def engine_of(param):
     return held[1]() if held is not None and held[0]() is param else None
 
 
-class ZeroShardEngine:
+class ZeroShardEngine(SavingMethods):
     def __init__(self, model, config, units=None, model_parameters=None, optimizer=None,
                  lr_scheduler=None):
         _launch.require_launch_env()
@@ -217,18 +216,31 @@ class ZeroShardEngine:
 
     forward = __call__
 
-    def backward(self, loss):
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
+        """One micro-batch's backward (DeepSpeed's keywords: retain_graph keeps autograd's
+        graph for another pass through it)."""
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise _zeroshard.Error("engine.backward(loss): loss must be a one-element tensor")
-        self._engine.backward(loss)
+        if not scale_wrt_gas:
+            raise _zeroshard.Error(
+                "engine.backward(loss, scale_wrt_gas=False): not supported; allowed: True (the "
+                "step takes the mean over the accumulation window's micro-batches; to sum "
+                "them instead, multiply the loss by gradient_accumulation_steps)")
+        self._engine.backward(loss, retain_graph=bool(retain_graph))
         self._pending_backward = True
 
-    def step(self):
-        """Steps the optimizer at each gradient-accumulation boundary; True when it did."""
+    def step(self, lr_kwargs=None):
+        """Steps the optimizer at each gradient-accumulation boundary; True when it did.
+        lr_kwargs go to the client LR scheduler's step() (DeepSpeed's keyword)."""
         if not self._pending_backward:
             raise _zeroshard.Error(
                 "engine.step() called before engine.backward(loss): there are no gradients "
                 "to step with; call engine.backward(loss) after each forward")
+        if lr_kwargs and self.lr_scheduler is None:
+            raise _zeroshard.Error(
+                f"engine.step(lr_kwargs={lr_kwargs!r}): there is no client LR scheduler to "
+                "take them (a config scheduler follows the step count); allowed: None, or pass "
+                "lr_scheduler= to initialize()")
         boundary = self.is_gradient_accumulation_boundary()
         self._pending_backward = False
         self.optimizer.push_groups()
@@ -243,7 +255,7 @@ class ZeroShardEngine:
             bound = getattr(self.lr_scheduler, "optimizer", None)
             if bound is not None:
                 bound._opt_called = True
-            self.lr_scheduler.step()
+            self.lr_scheduler.step(**(lr_kwargs or {}))
         return stepped
 
     def zero_grad(self):
@@ -302,28 +314,6 @@ class ZeroShardEngine:
             "already; set gradient_accumulation_steps in the config and call engine.step() "
             "after every backward (DeepSpeed also refuses no_sync at stages 2 and 3)")
 
-    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
-                         exclude_frozen_parameters=False):
-        """The whole model's state_dict in its training precision, written by rank 0 to
-        save_dir/save_filename (a collective at stage 3: every rank calls it). DeepSpeed
-        gathers at stage 3 only with stage3_gather_16bit_weights_on_model_save; here it
-        always does. Returns True."""
-        state = self.state_dict()
-        if exclude_frozen_parameters:
-            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
-            state = {k: v for k, v in state.items() if k not in frozen}
-        dtype = torch.bfloat16 if self.bfloat16_enabled() else \
-            torch.float16 if self.fp16_enabled() else None
-        if dtype is not None:
-            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-        if self.rank == 0:
-            os.makedirs(save_dir, exist_ok=True)
-            path = os.path.join(os.fspath(save_dir), save_filename)
-            torch.save(state, path + ".tmp")
-            os.replace(path + ".tmp", path)  # atomic: an old file stays whole until then
-        self._engine.barrier()
-        return True
-
     def get_lr(self):
         """Every parameter group's lr for the next step."""
         return [g["lr"] for g in self.optimizer.param_groups]
@@ -338,7 +328,8 @@ class ZeroShardEngine:
 
     @property
     def global_steps(self):
-        return self._engine.optimizer_steps
+        """Optimizer steps taken, counting the ones a loaded checkpoint had taken."""
+        return self._engine.global_steps
 
     @property
     def rank(self):
@@ -384,90 +375,6 @@ class ZeroShardEngine:
         memory_allocated, max_memory_allocated, max_memory_reserved), which count
         activations too."""
         return self._engine.memory_report()
-
-    def full_parameters(self):
-        """Whole copies of every parameter (a collective at stage 3: call on every rank)."""
-        return dict(self._engine.full_parameters())
-
-    def state_dict(self):
-        """An ordinary state_dict (full tensors, tied parameters under every name)."""
-        full = self.full_parameters()
-        by_id = {id(p): full[n] for n, p in unique_parameters(self.module)}
-        out = {}
-        for prefix, mod in self.module.named_modules():
-            dot = prefix + "." if prefix else ""
-            for name, p in mod._parameters.items():
-                if p is not None:
-                    out[dot + name] = by_id[id(p)]
-            for name, b in mod._buffers.items():
-                if b is not None and name not in mod._non_persistent_buffers_set:
-                    out[dot + name] = b.detach().clone()
-        return out
-
-    def save_pretrained(self, save_directory, **kwargs):
-        """Hugging Face's layout in save_directory: safetensors shards (with their index
-        when there are several) and config.json, which `from_pretrained` loads. The
-        model's own save_pretrained writes it from the full parameters (tied ones once,
-        as Hugging Face does); its other keywords (max_shard_size, variant, ...) pass
-        through. A collective: every rank calls it, rank 0 writes, and it returns on every
-        rank once the folder is complete. Files written first in a sibling folder are
-        moved in one by one, the index and config.json last; other files already in the
-        folder (a tokenizer, say) stay, old weight shards go."""
-        save = getattr(self.module, "save_pretrained", None)
-        if save is None:
-            raise _zeroshard.Error(
-                f"save_pretrained: the model is a {type(self.module).__name__}, which has no "
-                "save_pretrained (it is not a Hugging Face PreTrainedModel); use "
-                "engine.state_dict(), or save_checkpoint() and zeroshard.consolidate(..., "
-                "format='safetensors')")
-        for key in ("state_dict", "is_main_process", "push_to_hub"):
-            if key in kwargs:
-                raise _zeroshard.Error(
-                    f"save_pretrained: '{key}' is not allowed here: zeroshard gathers the "
-                    "state_dict and writes from rank 0 (push the folder afterwards with "
-                    "huggingface_hub if you need to)")
-        state = self.state_dict()  # every rank: a collective at stage 3
-        if self.rank == 0:
-            from ._consolidate import write_into_folder_atomically
-            write_into_folder_atomically(os.fspath(save_directory),
-                           lambda tmp: save(tmp, state_dict=state, **kwargs))
-        self._engine.barrier()
-
-    def save_checkpoint(self, save_dir, tag=None, client_state=None):
-        """Each rank writes its shards to save_dir/tag, rank 0 the manifest; save_dir/latest
-        moves last. client_state must be plain data (JSON). The parameter groups'
-        hyperparameters and a client LR scheduler's state_dict are stored too, as
-        DeepSpeed stores them. A collective. Returns the tag."""
-        try:
-            text = json.dumps(client_state or {})
-        except TypeError as e:
-            raise _zeroshard.Error(f"client_state must be plain data (JSON): {e}") from None
-        scheduler = ""
-        if self.lr_scheduler is not None:
-            try:
-                scheduler = json.dumps(self.lr_scheduler.state_dict())
-            except TypeError as e:
-                raise _zeroshard.Error(
-                    f"lr_scheduler: the state_dict of the {type(self.lr_scheduler).__name__} "
-                    f"is not plain data (JSON), so the checkpoint cannot hold it: {e}") from None
-        self.optimizer.push_groups()  # the groups as they are now
-        return self._engine.save_checkpoint(os.fspath(save_dir), tag or "", text, scheduler)
-
-    def load_checkpoint(self, load_dir, tag=None):
-        """Loads load_dir/tag (default: load_dir/latest), saved at any world size and stage:
-        the model, optimizer state, the parameter groups' hyperparameters and the client
-        LR scheduler's state where the checkpoint holds one. Returns (path, client_state)
-        as DeepSpeed does. A checkpoint DeepSpeed saved is converted on the way in
-        (zeroshard.convert_deepspeed_checkpoint) and loads the same way."""
-        if _deepspeed_checkpoint.folder_of(os.fspath(load_dir), tag) is not None:
-            return _deepspeed_checkpoint.loaded_through_conversion(
-                os.fspath(load_dir), tag, self.load_checkpoint)
-        state, scheduler = self._engine.load_checkpoint(os.fspath(load_dir), tag or "")
-        self.optimizer.pull_groups()
-        scheduler = json.loads(scheduler)
-        if scheduler is not None and self.lr_scheduler is not None:
-            self.lr_scheduler.load_state_dict(scheduler)
-        return os.path.join(os.fspath(load_dir), tag or "latest"), json.loads(state)
 
     @contextlib.contextmanager
     def gathered_parameters(self, module=None, modifier_rank=None):

@@ -52,7 +52,8 @@ class Engine {
   // stages 0-2 it only calls `forward`.
   virtual at::Tensor run_unit(const torch::nn::Module& unit,
                               const std::function<at::Tensor()>& forward) = 0;
-  virtual void backward(const at::Tensor& loss) = 0;
+  // retain_graph: autograd keeps the graph for another backward through it.
+  virtual void backward(const at::Tensor& loss, bool retain_graph = false) = 0;
   // True when the optimizer stepped: at an accumulation boundary, without overflow.
   virtual bool step() = 0;
   virtual void zero_grad() = 0;
@@ -67,7 +68,10 @@ class Engine {
   virtual const ParamGroupOptions& param_group(size_t group) const = 0;
   // Takes effect at the next optimizer step.
   virtual void set_param_group(size_t group, const ParamGroupOptions& options) = 0;
+  // The optimizer's own step count (its bias correction follows it), and the engine's:
+  // they differ after a load that kept the optimizer's state (LoadOptions).
   virtual int64_t optimizer_steps() const = 0;
+  virtual int64_t global_steps() const = 0;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   // What this rank holds, per tier and kind, beside what the memory model planned.
@@ -81,10 +85,12 @@ class Engine {
   // manifest. Collectives: every rank calls them.
   virtual std::string save_checkpoint(const std::string& dir, std::string tag = "",
                                       const std::string& client_state_json = "{}",
-                                      const std::string& lr_scheduler_json = "") = 0;
+                                      const std::string& lr_scheduler_json = "",
+                                      const SaveOptions& options = {}) = 0;
   // Loads DIR/TAG (TAG empty: DIR/latest), saved at any world size and stage; every file
   // and the layout are checked before anything changes.
-  virtual LoadedCheckpoint load_checkpoint(const std::string& dir, const std::string& tag = "") = 0;
+  virtual LoadedCheckpoint load_checkpoint(const std::string& dir, const std::string& tag = "",
+                                           const LoadOptions& options = {}) = 0;
 
  protected:
   Engine() = default;

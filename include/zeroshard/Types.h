@@ -65,7 +65,35 @@ struct MemoryReport {
 // What load_checkpoint hands back of what save_checkpoint stored beside the state.
 struct LoadedCheckpoint {
   std::string client_state_json;
-  std::string lr_scheduler_json;  // "null" when the checkpoint holds none
+  std::string lr_scheduler_json;  // "null" when the checkpoint holds none or it was not asked for
+};
+
+// What save_checkpoint writes beside every rank's shards (DeepSpeed's keywords).
+struct SaveOptions {
+  bool latest = true;             // DIR/latest names this tag afterwards (save_latest)
+  bool frozen_parameters = true;  // false: parameters that do not train are left out
+                                  // (exclude_frozen_parameters; loading then needs strict false)
+};
+
+// What load_checkpoint restores (DeepSpeed's keywords). By default everything: the
+// parameters, buffers, the optimizer's state and step count, the parameter groups'
+// hyperparameters, the loss scale, the step counts, the schedule's position and the
+// random streams.
+struct LoadOptions {
+  // Every parameter and buffer on both sides, by name (load_module_strict). False: what
+  // the checkpoint lacks keeps the model's values, what the model lacks is skipped;
+  // shapes must still agree, and a trainable parameter the checkpoint lacks needs
+  // optimizer_states false (its state would be missing).
+  bool strict = true;
+  // False: the optimizer keeps the state it has (a fresh one after construction), and
+  // its fp32 master restarts from the loaded parameters; the step counts and the random
+  // streams are restored (load_optimizer_states).
+  bool optimizer_states = true;
+  // False: the schedule's position (a config scheduler's, and a client scheduler's state
+  // handed back) stays where this engine has it (load_lr_scheduler_states).
+  bool lr_scheduler = true;
+  // Parameters and buffers only; nothing else changes (load_module_only).
+  bool module_only = false;
 };
 
 }  // namespace zeroshard

@@ -121,8 +121,13 @@ def test_deepspeeds_names_keep_their_signatures():
     import zeroshard
     import zeroshard.comm
     from deepspeed.accelerator import get_accelerator as ds_accelerator
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from zeroshard._engine import ZeroShardEngine
     from zeroshard.accelerator import get_accelerator
-    pairs = [(zeroshard.init_distributed, deepspeed.init_distributed),
+    pairs = [(getattr(ZeroShardEngine, name), getattr(DeepSpeedEngine, name))
+             for name in ("backward", "step", "save_checkpoint", "load_checkpoint",
+                          "save_16bit_model", "zero_grad", "train", "eval")]
+    pairs += [(zeroshard.init_distributed, deepspeed.init_distributed),
              (zeroshard.add_config_arguments, deepspeed.add_config_arguments),
              (zeroshard.zero.GatheredParameters, deepspeed.zero.GatheredParameters),
              (zeroshard.zero.register_external_parameter,

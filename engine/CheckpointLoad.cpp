@@ -1,0 +1,277 @@
+// Checkpointer::load (the format: engine/Checkpoint.h; saving: Checkpointer.cpp).
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+#include <fmt/ranges.h>
+
+#include "common/Error.h"
+#include "common/FaultPoint.h"
+#include "engine/Checkpoint.h"
+#include "engine/Checkpointer.h"
+#include "engine/Communicators.h"
+#include "engine/ModuleBuffers.h"
+#include "engine/ParamGroups.h"
+#include "engine/ParamHome.h"
+#include "engine/ProcessGroupSetup.h"
+#include "engine/RngStates.h"
+#include "engine/StepPipeline.h"
+#include "engine/UnitSchedule.h"
+#include "plan/Planner.h"
+#include "sharding/Collectives.h"
+#include "sharding/GradReducer.h"
+#include "sharding/LossScaler.h"
+#include "sharding/ParamCoordinator.h"
+#include "sharding/ShardOptimizer.h"
+
+namespace zeroshard {
+
+LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& tag,
+                                    const LoadOptions& options) {
+  const Manifest m = read_manifest(dir, tag);
+  const CheckpointReader reader(dir, m);
+  check_layout(reader, dir, options);  // before anything changes
+  const bool with_optimizer = options.optimizer_states && !options.module_only;
+  const std::vector<ParamGroupOptions> groups =
+      with_optimizer ? saved_param_groups(m, dir) : std::vector<ParamGroupOptions>{};
+  const int64_t global_steps = p_.pipeline.global_steps();
+  const int64_t schedule_steps = p_.pipeline.schedule_steps();
+  at::NoGradGuard no_grad;
+  if (with_optimizer) {
+    // The step counts first: an optimizer that keeps them per parameter (torch.optim's)
+    // sets them as each group's state arrives.
+    p_.pipeline.optimizer().set_steps(m.optimizer_steps);
+    p_.pipeline.optimizer().set_scalar_state(m.optimizer_scalars.dump());
+  }
+  for (size_t i = 0; i < p_.groups.size(); ++i) {
+    fault_point("load.group");
+    if (with_optimizer && p_.groups[GroupId(i)].trainable) {
+      load_group(reader, GroupId(i));
+    } else {
+      load_group_values(reader, GroupId(i));
+    }
+  }
+  load_buffers(reader);
+  std::vector<CommHandle> handles;
+  for (const GroupId i : p_.groups.trainable()) {
+    const auto& g = p_.groups[i].flat;
+    if (!g->sharded() && p_.plan.settings.stage >= 1)
+      handles.push_back(p_.comms.shards().all_gather(g->flat()));
+  }
+  for (auto& h : handles) h.wait();
+  if (p_.param_home) p_.param_home->flush();
+  const bool lr_scheduler = options.lr_scheduler && !options.module_only;
+  p_.pipeline.set_global_steps(options.module_only ? global_steps : m.global_steps);
+  p_.pipeline.set_schedule_steps(lr_scheduler ? m.schedule_steps : schedule_steps);
+  if (!options.module_only) p_.pipeline.set_micro_steps(m.micro_steps);
+  for (size_t g = 0; g < groups.size(); ++g) p_.param_groups.set_options(g, groups[g]);
+  LossScaler* scaler = p_.pipeline.scaler();
+  if (scaler && with_optimizer && !m.loss_scale.is_null()) {
+    scaler->restore({m.loss_scale.at("scale").get<double>(),
+                     m.loss_scale.at("hysteresis_left").get<int64_t>(),
+                     m.loss_scale.at("iteration").get<int64_t>(),
+                     m.loss_scale.at("last_overflow").get<int64_t>()});
+  }
+  p_.pipeline.reducer().zero();
+  // Each rank's own random stream, when it exists; a warm start keeps its own.
+  if (m.world_size == p_.dist.env.world_size && !options.module_only) {
+    restore_rng_states({reader.read_rng(rank()), m.device_rng_bytes}, p_.device);
+  }
+  return {m.client_state.dump(), lr_scheduler ? m.lr_scheduler.dump() : "null"};
+}
+
+// The saved groups' options, checked before anything changes: as many groups as this
+// engine has (none saved: a checkpoint from before groups were stored keeps the
+// engine's own).
+std::vector<ParamGroupOptions> Checkpointer::saved_param_groups(const Manifest& m,
+                                                                const std::string& dir) const {
+  std::vector<ParamGroupOptions> out;
+  if (m.param_groups.is_null()) return out;
+  if (m.param_groups.size() != p_.param_groups.size()) {
+    fail(
+        "checkpoint '{}/{}' holds {} optimizer parameter group(s), this engine has {}; load "
+        "it into an engine built with the same groups (model_parameters or the client "
+        "optimizer's param_groups)",
+        dir, m.tag, m.param_groups.size(), p_.param_groups.size());
+  }
+  try {
+    for (const auto& j : m.param_groups) out.push_back(param_group_from_json(j));
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint '{}/{}': param_groups in manifest.json are malformed: {}", dir, m.tag,
+         e.what());
+  }
+  return out;
+}
+
+// The saved buffers are the model's persistent buffers, by name and shape (a dtype
+// that differs is converted, as load_state_dict does). Checkpoints from before buffers
+// were saved leave the model's alone; so does a non-strict load for the ones one side lacks.
+void Checkpointer::check_buffers(const CheckpointReader& reader, const std::string& dir,
+                                 bool strict) const {
+  const Manifest& m = reader.manifest();
+  if (!m.has_buffers) return;
+  std::unordered_set<std::string> saved;
+  for (const auto& b : m.buffers) {
+    saved.insert(b.name);
+    const NamedBuffer* mine = p_.buffers.find(b.name);
+    if (mine == nullptr || !mine->persistent) {
+      if (!strict) continue;
+      fail(
+          "checkpoint '{}/{}' has buffer '{}', which the model does not have (non-strict "
+          "loading skips it: load_module_strict=False)",
+          dir, m.tag, b.name);
+    }
+    if (mine->tensor.sizes().vec() != b.shape) {
+      fail("checkpoint '{}/{}': buffer '{}' has shape [{}] there and [{}] in the model", dir, m.tag,
+           b.name, fmt::join(b.shape, ", "), fmt::join(mine->tensor.sizes(), ", "));
+    }
+  }
+  for (const auto& b : p_.buffers.all()) {
+    if (strict && b.persistent && !saved.count(b.name)) {
+      fail(
+          "checkpoint '{}/{}' has no buffer '{}' (the model has it): a different model? "
+          "(non-strict loading keeps the model's: load_module_strict=False)",
+          dir, m.tag, b.name);
+    }
+  }
+}
+
+void Checkpointer::load_buffers(const CheckpointReader& reader) {
+  for (const auto& saved : reader.manifest().buffers) {
+    const NamedBuffer* mine = p_.buffers.find(saved.name);
+    if (mine == nullptr || !mine->persistent) continue;  // a non-strict load's: checked
+    at::Tensor bytes = at::empty({saved.bytes}, at::kByte);
+    reader.read_buffer(saved, bytes.data_ptr());
+    ModuleBuffers::assign(mine->tensor, bytes, torch_dtype(saved.dtype));
+  }
+}
+
+void Checkpointer::check_layout(const CheckpointReader& reader, const std::string& dir,
+                                const LoadOptions& options) const {
+  check_buffers(reader, dir, options.strict);
+  if (options.optimizer_states && !options.module_only) {
+    check_state_names(reader.manifest().optimizer_state, p_.pipeline.optimizer().state_names(),
+                      p_.plan.config.optimizer.type.c_str());
+  }
+  check_params(reader, dir, options);
+}
+
+// Parameters by name and shape. A non-strict load skips what the model lacks and keeps
+// the model's values where the checkpoint lacks one (saved with frozen parameters left
+// out, say), except for a parameter whose optimizer state it would load.
+void Checkpointer::check_params(const CheckpointReader& reader, const std::string& dir,
+                                const LoadOptions& options) const {
+  const std::string& tag = reader.manifest().tag;
+  const bool with_optimizer = options.optimizer_states && !options.module_only;
+  std::unordered_set<std::string> mine;
+  for (const auto& record : p_.groups) {
+    for (const auto& s : record.flat->slots()) {
+      mine.insert(s.name);
+      if (!reader.has_param(s.name)) {
+        if (!options.strict && !(record.trainable && with_optimizer)) continue;
+        fail(
+            "checkpoint '{}/{}' has no parameter '{}' (the model has it): a different model, "
+            "or saved with exclude_frozen_parameters=True? {}",
+            dir, tag, s.name,
+            options.strict ? "load_module_strict=False keeps the model's values for what the "
+                             "checkpoint lacks"
+                           : "it trains, so its optimizer state is missing too: pass "
+                             "load_optimizer_states=False to load the parameters alone");
+      }
+      const SavedParam& p = reader.param(s.name);
+      if (p.shape != s.shape) {
+        fail("checkpoint '{}/{}': parameter '{}' has shape [{}] there and [{}] in the model", dir,
+             tag, s.name, fmt::join(p.shape, ", "), fmt::join(s.shape, ", "));
+      }
+    }
+  }
+  if (!options.strict) return;
+  for (const auto& g : reader.manifest().groups) {
+    for (const auto& p : g.params) {
+      if (!mine.count(p.name)) {
+        fail(
+            "checkpoint '{}/{}' has parameter '{}', which the model does not have (non-strict "
+            "loading skips it: load_module_strict=False)",
+            dir, tag, p.name);
+      }
+    }
+  }
+}
+
+// Fills `out` (count elements: group `g`'s flat buffer from `begin`) from the saved
+// parameters' array `array`; padding and what the checkpoint lacks (a non-strict load's,
+// checked) keep what `out` holds.
+void Checkpointer::read_range(const CheckpointReader& reader, const FlatParamGroup& g, int array,
+                              int64_t begin, int64_t count, float* out) const {
+  for (const auto& s : g.slots()) {
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(begin + count, s.offset + s.numel);
+    if (lo >= hi || !reader.has_param(s.name)) continue;
+    size_t saved_group = 0;
+    reader.param(s.name, &saved_group);
+    const bool saved_trainable = reader.manifest().groups[saved_group].trainable;
+    if (array > 0 && !saved_trainable) continue;  // frozen when saved: no Adam state
+    reader.read(s.name, array, lo - s.offset, hi - lo, out + (lo - begin));
+  }
+}
+
+// A trainable group whole: its fp32 master and the optimizer's state arrays.
+void Checkpointer::load_group(const CheckpointReader& reader, GroupId i) {
+  const GroupRecord& record = p_.groups[i];
+  FlatParamGroup* g = record.flat.get();
+  const int64_t S = g->shard_numel();
+  const int u = record.coordinator_unit_index();
+  const size_t t = record.trainable->value;
+  const int64_t n = p_.pipeline.optimizer().group_numel(t);
+  const int64_t begin = n == S ? shard_rank() * S : 0;
+  const std::vector<std::string>& names = reader.manifest().optimizer_state;
+  std::vector<std::vector<float>> arrays(1 + names.size(), std::vector<float>(n, 0.0f));
+  std::vector<const float*> data;
+  for (size_t a = 0; a < arrays.size(); ++a) {
+    read_range(reader, *g, static_cast<int>(a), begin, n, arrays[a].data());
+    data.push_back(arrays[a].data());
+  }
+  {
+    ShardUpdate update(p_.param_home, u);
+    p_.pipeline.optimizer().write_state(t, names, data);
+  }
+  if (g->sharded() && g->gathered() && u >= 0) p_.units->coordinator().release_now(u);
+}
+
+// What this rank holds of a group's parameters, as fp32 on the host: its shard, or the
+// whole group where it is not sharded.
+at::Tensor Checkpointer::current_values(const GroupRecord& record) const {
+  FlatParamGroup* g = record.flat.get();
+  if (!g->sharded()) return g->flat().to(at::kCPU, at::kFloat).contiguous();
+  const int u = record.coordinator_unit_index();
+  if (p_.param_home && u >= 0 && p_.param_home->holds(u)) {
+    at::Tensor values = at::empty({g->shard_numel()}, g->flat().options());
+    p_.param_home->fill(u, values);
+    return values.to(at::kCPU, at::kFloat).contiguous();
+  }
+  return g->param_shard().to(at::kCPU, at::kFloat).contiguous();
+}
+
+void Checkpointer::load_group_values(const CheckpointReader& reader, GroupId i) {
+  const GroupRecord& record = p_.groups[i];
+  FlatParamGroup* g = record.flat.get();
+  const int64_t S = g->shard_numel();
+  const int u = record.coordinator_unit_index();
+  const int64_t begin = g->sharded() ? shard_rank() * S : 0;
+  const int64_t n = g->sharded() ? S : g->padded_numel();
+  bool whole = true;  // every parameter of the group is in the checkpoint
+  for (const auto& s : g->slots()) whole = whole && reader.has_param(s.name);
+  at::Tensor src = whole ? at::zeros({n}, at::kFloat) : current_values(record);
+  read_range(reader, *g, 0, begin, n, src.data_ptr<float>());
+  {
+    ShardUpdate update(p_.param_home, u);
+    if (!g->sharded()) {
+      g->flat().copy_(src);
+    } else {
+      g->settle_shard_read();  // a gather's copy of it to the GPU may still be reading it
+      g->param_shard().copy_(src);
+    }
+    if (record.trainable) p_.pipeline.optimizer().reload_master(record.trainable->value);
+  }
+  if (g->sharded() && g->gathered() && u >= 0) p_.units->coordinator().release_now(u);
+}
+
+}  // namespace zeroshard
