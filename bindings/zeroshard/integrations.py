@@ -222,8 +222,14 @@ class ZeroShardTrainerMixin:
                 self.processing_class.save_pretrained(output_dir)
             torch.save(self.args, os.path.join(output_dir, transformers.trainer.TRAINING_ARGS_NAME))
 
+    def _peft(self):
+        """A PEFT model: its checkpoints leave the frozen base out and load non-strictly,
+        as the Trainer does under DeepSpeed (the base comes from the pretrained weights)."""
+        return transformers.trainer._is_peft_model(self.model)
+
     def _save_optimizer_and_scheduler(self, output_dir):
-        self.zeroshard_engine.save_checkpoint(os.path.join(output_dir, "zeroshard"))
+        self.zeroshard_engine.save_checkpoint(os.path.join(output_dir, "zeroshard"),
+                                              exclude_frozen_parameters=self._peft())
         if self.args.should_save and self.lr_scheduler is not None:
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, _SCHEDULER_FILE))
 
@@ -236,7 +242,7 @@ class ZeroShardTrainerMixin:
             return super()._load_best_model()
         sharded = os.path.join(self.state.best_model_checkpoint, "zeroshard")
         if os.path.isdir(sharded):
-            engine.load_checkpoint(sharded)
+            engine.load_checkpoint(sharded, load_module_strict=not self._peft())
             return
         with engine.gathered_parameters(modifier_rank=0):
             super()._load_best_model()
@@ -244,7 +250,8 @@ class ZeroShardTrainerMixin:
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None:
             return
-        self.zeroshard_engine.load_checkpoint(os.path.join(checkpoint, "zeroshard"))
+        self.zeroshard_engine.load_checkpoint(os.path.join(checkpoint, "zeroshard"),
+                                              load_module_strict=not self._peft())
         path = os.path.join(checkpoint, _SCHEDULER_FILE)
         if self.lr_scheduler is not None and os.path.isfile(path):
             self.lr_scheduler.load_state_dict(torch.load(path, weights_only=True))

@@ -9,7 +9,9 @@ Writes the losses and grad norms the Trainer logged, one per step, to OUT.rankN.
 then trainer.save_model(OUT.adapter), which writes what PEFT writes: the adapter alone;
 then merges the adapters into the base weights and writes the last position's logits
 of a batch before the merge and how far the merge moved them.
-With ZS_SFT_CHECKPOINTING=1 both runs use Hugging Face's gradient checkpointing.
+With ZS_SFT_CHECKPOINTING=1 both runs use Hugging Face's gradient checkpointing. With
+ZS_SFT_SAVE_STEPS=N the Trainer checkpoints every N steps; with ZS_SFT_RESUME=DIR it
+resumes from that checkpoint.
 usage: sft_worker.py ddp|zs STEPS OUT [CONFIG_JSON]"""
 import json
 import os
@@ -90,7 +92,9 @@ def main():
         output_dir=out + ".trainer", max_steps=steps, per_device_train_batch_size=2,
         gradient_accumulation_steps=4, learning_rate=1e-2, weight_decay=0.1, adam_beta1=0.9,
         adam_beta2=0.95, adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="linear",
-        warmup_steps=2, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+        warmup_steps=2, logging_steps=1, report_to=[], use_cpu=True,
+        save_strategy="steps" if os.environ.get("ZS_SFT_SAVE_STEPS") else "no",
+        save_steps=int(os.environ.get("ZS_SFT_SAVE_STEPS", "500")),
         bf16=False, seed=1234, data_seed=1234, disable_tqdm=True, dataloader_drop_last=True,
         gradient_checkpointing=checkpointing, dataset_num_proc=None)
     record = Record()
@@ -103,7 +107,7 @@ def main():
         from zeroshard.integrations import zeroshard_trainer
         trainer = zeroshard_trainer(trl.SFTTrainer)(zeroshard_config=json.loads(sys.argv[4]),
                                                      **kwargs)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=os.environ.get("ZS_SFT_RESUME"))
     result = {"logged": record.logged}
     if mode == "zs":
         result["memory"] = memory(trainer.model, trainer.zeroshard_engine)

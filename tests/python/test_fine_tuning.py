@@ -53,8 +53,8 @@ def ddp(worker, scratch, checkpointing=False, kind=()):
     return _ddp[key]
 
 
-def assert_logged_alike(got, want):
-    assert len(got) == len(want) == STEPS
+def assert_logged_alike(got, want, steps=STEPS):
+    assert len(got) == len(want) == steps
     for step, ((loss, norm), (loss_ddp, norm_ddp)) in enumerate(zip(got, want)):
         assert abs(loss - loss_ddp) <= 1e-5 * abs(loss_ddp), f"step {step}: {loss} vs {loss_ddp}"
         assert abs(norm - norm_ddp) <= 1e-5 * abs(norm_ddp), f"step {step}: {norm} vs {norm_ddp}"
@@ -100,6 +100,22 @@ def test_sft_trainer_with_lora_equals_ddp(zero, checkpointing, scratch):
         assert 4 * total / WORLD <= m["params"] <= 4 * (total / WORLD + 2 * 64 * len(m["units"])), m
         assert m["held_by_parameters"] <= 4 * 2 * len(m["units"]), m  # placeholders only
         assert m["gathered_peak"] <= 4 * 2 * max(m["units"]), (rank, m)
+
+
+def test_lora_checkpoints_leave_the_frozen_base_out_and_resume(scratch):
+    """save_steps 3 at stage 3: the sharded checkpoint holds the adapters and their
+    optimizer state alone (the Trainer under DeepSpeed saves a PEFT model so), and a run
+    resumed from it logs the uninterrupted run's last 3 steps."""
+    full, out = run(SFT, "zs", scratch, "full", {"zero_optimization": STAGE3},
+                    env={"ZS_SFT_SAVE_STEPS": "3"})
+    ckpt = out + ".trainer/checkpoint-3"
+    with open(os.path.join(ckpt, "zeroshard", "global_step3", "manifest.json")) as f:
+        saved = [p["name"] for g in json.load(f)["groups"] for p in g["params"]]
+    assert saved and all("lora_" in name for name in saved), saved
+    resumed, _ = run(SFT, "zs", scratch, "resumed", {"zero_optimization": STAGE3},
+                     env={"ZS_SFT_RESUME": ckpt})
+    for rank in range(WORLD):
+        assert_logged_alike(resumed[rank]["logged"], full[rank]["logged"][3:], STEPS - 3)
 
 
 def test_seq2seq_trainer_predicts_with_generate_as_ddp_does(scratch):
