@@ -77,7 +77,7 @@ def _client_groups(optimizer, model_parameters):
                          "groups are what is trained")
     if not builtin:  # its own class steps it (bindings/zeroshard/_torch_optimizer.py)
         return optimizer.param_groups, [None] * len(optimizer.param_groups)
-    decoupled = isinstance(optimizer, torch.optim.AdamW)
+    decoupled = _torch_optimizer.decoupled_decay(optimizer)
     return optimizer.param_groups, [decoupled or bool(g.get("decoupled_weight_decay"))
                                     for g in optimizer.param_groups]
 

@@ -44,13 +44,49 @@ _WHOLE_TENSOR = {"LBFGS": "steps with a closure over whole parameters",
                  "NovoGrad": "normalises by each whole parameter's gradient norm"}
 
 
+# DeepSpeed's own Adam classes, which scripts build themselves (DeepSpeed-Chat takes
+# DeepSpeedCPUAdam when it offloads, FusedAdam when not): the update of zeroshard's Adam
+# (adam_w_mode: AdamW's decoupled decay, else Adam's L2), so zeroshard's own steps them,
+# wherever the state lives (DeepSpeedCPUAdam itself needs it on the host, FusedAdam on
+# the GPU).
+_DEEPSPEED_ADAM = ("deepspeed.ops.adam.cpu_adam.DeepSpeedCPUAdam",
+                   "deepspeed.ops.adam.fused_adam.FusedAdam")
+
+
 def _error(message):
     return _zeroshard.Error(message)
 
 
+def _class_path(optimizer):
+    return f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+
+
+def deepspeed_adam(optimizer):
+    """Whether `optimizer` is one of DeepSpeed's Adam classes; refuses what zeroshard's
+    Adam does not do."""
+    if _class_path(optimizer) not in _DEEPSPEED_ADAM:
+        return False
+    name = type(optimizer).__name__
+    if getattr(optimizer, "fp32_optimizer_states", True) is False:
+        raise _error(f"optimizer: {name}(fp32_optimizer_states=False) keeps Adam's moments in "
+                     "16 bits; zeroshard keeps them in fp32; allowed: fp32_optimizer_states=True")
+    for i, g in enumerate(optimizer.param_groups):
+        if not g.get("bias_correction", True):
+            raise _error(f"optimizer.param_groups[{i}]: bias_correction=False is not supported "
+                         f"by zeroshard's Adam; allowed: bias_correction=True ({name})")
+    return True
+
+
+def decoupled_decay(optimizer):
+    """Whether the built-in Adam class `optimizer` decouples weight decay (AdamW)."""
+    if deepspeed_adam(optimizer):
+        return bool(optimizer.adam_w_mode)
+    return isinstance(optimizer, torch.optim.AdamW)
+
+
 def is_builtin(optimizer):
     """Whether zeroshard's own Adam/AdamW steps `optimizer` (a torch.optim object)."""
-    return (type(optimizer) in _BUILTIN and
+    return ((type(optimizer) in _BUILTIN or deepspeed_adam(optimizer)) and
             not any(g.get(k) for g in optimizer.param_groups for k in _BUILTIN_LACKS))
 
 

@@ -14,8 +14,9 @@ object; resume_at saves a checkpoint after N steps, builds a new model and engin
 it and trains on (the losses and parameters must then be bit-identical to an
 uninterrupted run); save_to keeps that checkpoint in DIR, and load_from starts from the
 one in DIR (saved at another world size) at the step it was saved.
-Each zs run also reports this rank's optimizer state bytes, held and predicted:
-{"losses": [...], "optimizer_states": [current, predicted]}."""
+Each zs run also reports this rank's optimizer state bytes, held and predicted, and
+whether zeroshard's own Adam steps it:
+{"losses": [...], "optimizer_states": [current, predicted], "own_adam": bool}."""
 import json
 import os
 import sys
@@ -95,7 +96,11 @@ def train_reference(cls, kwargs, steps):
 
 def optimizer_class(name):
     """torch.optim's class; Lamb, DeepSpeed's config type (a stand-in carrying the name);
-    Adafactor, transformers' (torch.optim has its own, another algorithm)."""
+    Adafactor, transformers' (torch.optim has its own, another algorithm);
+    DeepSpeedCPUAdam, DeepSpeed's."""
+    if name == "DeepSpeedCPUAdam":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        return DeepSpeedCPUAdam
     if name == "Lamb":
         return type("Lamb", (), {})
     if name == "Adafactor":
@@ -138,7 +143,8 @@ def train_zs(cls, kwargs, steps, run, scratch):
     offload = run["config"]["zero_optimization"].get("offload_optimizer", {})
     tier = {"cpu": "host", "nvme": "nvme"}.get(offload.get("device"), "device")
     held = engine.memory_report()[tier]["kinds"]["optimizer_states"]
-    report = {"losses": losses, "optimizer_states": [held["current"], held["predicted"]]}
+    report = {"losses": losses, "optimizer_states": [held["current"], held["predicted"]],
+              "own_adam": engine._torch_optimizer is None}  # not a class the package steps
     return report, engine.state_dict()
 
 

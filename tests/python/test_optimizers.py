@@ -4,9 +4,10 @@ trains as it does under torch DDP (losses every step and parameters after the la
 within 1e-5) at stages 1, 2 (optimizer offloaded to the host) and 3, with its state in
 memory and paged through NVMe; a checkpoint saved mid-run resumes bit-identically (NVMe
 too); Lamb (DeepSpeed's) and Adafactor (transformers') sum their whole-parameter
-statistics across the shards and match one process; what zeroshard lacks (Adafactor's
-state on NVMe, a param the class does not take) is refused naming why. Classes that
-need whole parameters are refused in test_param_groups.py."""
+statistics across the shards and match one process; DeepSpeed's DeepSpeedCPUAdam, built
+by the script, is zeroshard's own Adam; what zeroshard lacks (Adafactor's state on NVMe,
+a param the class does not take, a 16-bit DeepSpeedCPUAdam) is refused naming why.
+Classes that need whole parameters are refused in test_param_groups.py."""
 import json
 import os
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import models
-from conftest import HERE, run_ranks, run_snippet
+from conftest import HERE, OLDEST_LEG, run_ranks, run_snippet
 
 WORKER = os.path.join(HERE, "optimizer_worker.py")
 STEPS, WORLD = 8, 2
@@ -209,3 +210,43 @@ def test_whole_parameter_statistics_are_summed_across_the_shards(case, scratch):
         held, predicted = (sum(got[r][i]["optimizer_states"][k] for r in range(WORLD))
                            for k in (0, 1))
         assert 0.97 * predicted <= held <= predicted, f"{what}: {held} vs {predicted}"
+
+
+@pytest.mark.skipif(OLDEST_LEG, reason="DeepSpeed is installed on the main leg only")
+@pytest.mark.parametrize("adamw_mode,torch_class", [(True, "AdamW"), (False, "Adam")])
+def test_deepspeeds_cpu_adam_from_the_script_is_stepped_as_zeroshards_adam(adamw_mode,
+                                                                          torch_class, scratch):
+    """DeepSpeedCPUAdam as DeepSpeed-Chat builds it when it offloads (the script's own
+    object, passed as optimizer=) trains as torch's AdamW (adamw_mode) or Adam (L2 decay)
+    does under DDP, at stage 2 with the optimizer on the host and at stage 3 on the device
+    (where DeepSpeedCPUAdam itself cannot step), with zeroshard's Adam doing the steps."""
+    kwargs = {"betas": [0.9, 0.95], "eps": 1e-8}
+    out = str(scratch / "ddp")
+    want_losses = run_ranks([WORKER, "ddp", torch_class, json.dumps(kwargs), str(STEPS), out],
+                            WORLD, out, timeout=600)
+    want = torch.load(f"{out}.rank0.0.pt")
+    runs = [{"config": STAGE2_CPU}, {"config": STAGE3}]
+    out = str(scratch / "zs")
+    got = run_ranks([WORKER, "zs", "DeepSpeedCPUAdam",
+                     json.dumps(dict(kwargs, adamw_mode=adamw_mode)), str(STEPS), out,
+                     json.dumps(runs)], WORLD, out, timeout=600)
+    for i, r in enumerate(runs):
+        assert_close([g[i]["losses"] for g in got], torch.load(f"{out}.rank0.{i}.pt"),
+                     [w[0] for w in want_losses], want, f"{torch_class} {r['config']}")
+        assert all(g[i]["own_adam"] for g in got)
+
+
+@pytest.mark.skipif(OLDEST_LEG, reason="DeepSpeed is installed on the main leg only")
+def test_what_zeroshards_adam_lacks_of_deepspeeds_cpu_adam_is_refused():
+    code, out = run_snippet("""
+from deepspeed.ops.adam import DeepSpeedCPUAdam
+for kwargs in ({"fp32_optimizer_states": False}, {"bias_correction": False}):
+    try:
+        zeroshard.initialize(model=model, config={}, optimizer=DeepSpeedCPUAdam(
+            model.parameters(), **kwargs))
+    except zeroshard.Error as e:
+        print("refused:", e)
+""")
+    assert code == 0, out
+    assert "DeepSpeedCPUAdam(fp32_optimizer_states=False) keeps Adam's moments in 16 bits" in out
+    assert "bias_correction=False is not supported" in out
