@@ -413,6 +413,9 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly(
           "micro_batch_size",
           [](const TrainingEngine& e) { return *e.config().train_micro_batch_size_per_gpu; })
+      .def_property_readonly(
+          "gradient_clipping",
+          [](const TrainingEngine& e) { return e.config().gradient_clipping.value_or(0.0); })
       .def_property_readonly("bf16", [](const TrainingEngine& e) { return e.config().bf16; })
       .def_property_readonly("fp16",
                              [](const TrainingEngine& e) { return e.config().fp16.enabled; })

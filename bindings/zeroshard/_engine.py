@@ -347,6 +347,29 @@ class ZeroShardEngine(SavingMethods):
         """Samples per rank per micro-batch, the config's value (DeepSpeed's accessor)."""
         return self._engine.micro_batch_size
 
+    def get_batch_info(self):
+        """(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)."""
+        return (self.train_batch_size(), self.train_micro_batch_size_per_gpu(),
+                self.gradient_accumulation_steps())
+
+    def gradient_clipping(self):
+        """The global gradient norm the step clips to (0: no clipping)."""
+        return self._engine.gradient_clipping
+
+    @property
+    def global_samples(self):
+        """Samples the optimizer steps so far have taken, over all ranks."""
+        return self.global_steps * self.train_batch_size()
+
+    @property
+    def dp_world_size(self):
+        """Data-parallel ranks: every rank (there is no model parallelism)."""
+        return self.world_size
+
+    @property
+    def mp_world_size(self):
+        return 1
+
     @property
     def scheduled_by_config(self):
         """True when the config's `scheduler` sets every group's lr at each step."""

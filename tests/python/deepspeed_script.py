@@ -1,7 +1,8 @@
 """A training script written the way DeepSpeed's examples are (cifar10_deepspeed.py,
 the getting-started page): argparse with add_config_arguments, init_distributed,
 get_accelerator, deepspeed.comm for logging, zero.Init at stage 3, GatheredParameters
-around an export, the engine's accessors, checkpoints with client_state.
+around an export, the engine's accessors, checkpoints with client_state (with
+--load_weights_only, loaded without the optimizer's state).
 tests/python/test_deepspeed_script.py runs it with DeepSpeed and, its three import lines
 pointed at zeroshard, with zeroshard. Writes what it saw to --out as JSON."""
 import argparse
@@ -35,6 +36,8 @@ def add_argument():
     parser.add_argument("--out", required=True)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--resume_from", help="resume from this checkpoint (default: --checkpoint)")
+    parser.add_argument("--load_weights_only", action="store_true",
+                        help="resume with load_optimizer_states=False: the moments stay")
     parser = deepspeed.add_config_arguments(parser)
     return parser.parse_args()
 
@@ -86,7 +89,13 @@ def main():
             losses.append(logged.item() / dist.get_world_size())
         applied.append(engine.was_step_applied())
         norms.append(float(engine.get_global_grad_norm()))
-    _, client = engine.load_checkpoint(args.resume_from or args.checkpoint)
+    seen.update(global_steps=engine.global_steps, global_samples=engine.global_samples,
+                dp_world_size=engine.dp_world_size, mp_world_size=engine.mp_world_size,
+                gradient_clipping=engine.gradient_clipping(),
+                batch_info=list(engine.get_batch_info()))
+    _, client = engine.load_checkpoint(args.resume_from or args.checkpoint,
+                                       load_optimizer_states=not args.load_weights_only)
+    seen["steps_loaded"] = engine.global_steps
     resumed = []
     for step in range(client["step"], STEPS):
         for micro in range(ACCUMULATION):

@@ -4,10 +4,10 @@ config's AdamW and a client LambdaLR. Mode zs (CONFIG_JSON, the checkpoint folde
 6 steps, saved twice (global_step6 without the frozen parameters; `whole` with them,
 without moving `latest`), 6 more; then fresh engines load what each keyword asks and train
 the same 6 steps. Writes OUT.rankN.json (what it saw) and, rank 0, OUT.NAME.pt (the
-parameters after each run). Mode single: the reference, one process on the whole batch
-with torch's AdamW from the step-6 weights (OUT.w6.pt), the scheduler advanced by
-SCHEDULED steps first; writes OUT.single.json and OUT.single.pt.
-usage: load_options_worker.py zs CONFIG_JSON CKPT OUT | single OUT SCHEDULED"""
+parameters after each run). Mode ddp: the reference, torch DDP with torch's AdamW from
+the step-6 weights (OUT.w6.pt), the scheduler's state that of one advanced by SCHEDULED
+steps; writes OUT.ddp.rankN.json (losses) and, rank 0, OUT.ddp.pt.
+usage: load_options_worker.py zs CONFIG_JSON CKPT OUT | ddp OUT SCHEDULED"""
 import gc
 import json
 import os
@@ -131,9 +131,13 @@ def config_schedule(config, ckpt, seen):
     seen["config_schedule"] = lrs
 
 
-def single(out, scheduled):
+def ddp(out, scheduled):
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
     model = make_model()
     model.load_state_dict(torch.load(f"{out}.w6.pt"))
+    trained = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
                             betas=BETAS, eps=EPS, weight_decay=WD)
     sched = schedule(opt)
@@ -148,21 +152,23 @@ def single(out, scheduled):
     losses = []
     for step in range(STEPS, 2 * STEPS):
         opt.zero_grad()
-        loss = model(models.batch(step, 0, 1))
+        loss = trained(models.batch(step, rank, world))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         sched.step()
         losses.append(loss.item())
-    torch.save(model.state_dict(), f"{out}.single.pt")
-    with open(f"{out}.single.json", "w") as f:
+    if rank == 0:
+        torch.save(model.state_dict(), f"{out}.ddp.pt")
+    with open(f"{out}.ddp.rank{rank}.json", "w") as f:
         json.dump(losses, f)
+    dist.destroy_process_group()
 
 
 def main():
     torch.set_num_threads(1)
-    if sys.argv[1] == "single":
-        return single(sys.argv[2], int(sys.argv[3]))
+    if sys.argv[1] == "ddp":
+        return ddp(sys.argv[2], int(sys.argv[3]))
     config, ckpt, out = json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
     seen = {}
     saving(config, ckpt, out, seen)
