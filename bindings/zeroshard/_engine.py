@@ -348,7 +348,9 @@ class ZeroShardEngine(SavingMethods):
         return self._engine.micro_batch_size
 
     def get_batch_info(self):
-        """(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)."""
+        """(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps),
+        the numbers DeepSpeed's docstring promises (DeepSpeed 0.19.8 returns the first two
+        as bound methods)."""
         return (self.train_batch_size(), self.train_micro_batch_size_per_gpu(),
                 self.gradient_accumulation_steps())
 

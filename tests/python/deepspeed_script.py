@@ -91,8 +91,7 @@ def main():
         norms.append(float(engine.get_global_grad_norm()))
     seen.update(global_steps=engine.global_steps, global_samples=engine.global_samples,
                 dp_world_size=engine.dp_world_size, mp_world_size=engine.mp_world_size,
-                gradient_clipping=engine.gradient_clipping(),
-                batch_info=list(engine.get_batch_info()))
+                gradient_clipping=engine.gradient_clipping())
     _, client = engine.load_checkpoint(args.resume_from or args.checkpoint,
                                        load_optimizer_states=not args.load_weights_only)
     seen["steps_loaded"] = engine.global_steps
