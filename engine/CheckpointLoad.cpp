@@ -236,18 +236,22 @@ void Checkpointer::load_group(const CheckpointReader& reader, GroupId i) {
   if (g->sharded() && g->gathered() && u >= 0) p_.units->coordinator().release_now(u);
 }
 
-// What this rank holds of a group's parameters, as fp32 on the host: its shard, or the
-// whole group where it is not sharded.
+// A copy of what this rank holds of a group's parameters, as fp32 on the host: its
+// shard, or the whole group where it is not sharded (a copy even where they are host
+// fp32 already: it is filled before the group is written).
 at::Tensor Checkpointer::current_values(const GroupRecord& record) const {
+  const auto host_copy = [](const at::Tensor& t) {
+    return t.to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  };
   FlatParamGroup* g = record.flat.get();
-  if (!g->sharded()) return g->flat().to(at::kCPU, at::kFloat).contiguous();
+  if (!g->sharded()) return host_copy(g->flat());
   const int u = record.coordinator_unit_index();
   if (p_.param_home && u >= 0 && p_.param_home->holds(u)) {
     at::Tensor values = at::empty({g->shard_numel()}, g->flat().options());
     p_.param_home->fill(u, values);
-    return values.to(at::kCPU, at::kFloat).contiguous();
+    return host_copy(values);
   }
-  return g->param_shard().to(at::kCPU, at::kFloat).contiguous();
+  return host_copy(g->param_shard());
 }
 
 void Checkpointer::load_group_values(const CheckpointReader& reader, GroupId i) {
