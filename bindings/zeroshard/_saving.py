@@ -33,7 +33,6 @@ class SavingMethods:
         self._engine.barrier()
         return True
 
-
     def full_parameters(self):
         """Whole copies of every parameter (a collective at stage 3: call on every rank)."""
         return dict(self._engine.full_parameters())
