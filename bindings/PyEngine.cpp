@@ -9,6 +9,7 @@
 #include "common/Bytes.h"
 #include "common/Error.h"
 #include "config/Config.h"
+#include "engine/ProcessGroupSetup.h"
 #include "engine/TrainingEngine.h"
 #include "engine/UnitPartition.h"
 #include "plan/HfConfig.h"
@@ -124,12 +125,27 @@ std::optional<AssumedBatch> to_assumed_batch(const AssumedBatchArg& arg) {
   return batch;
 }
 
-std::unique_ptr<TrainingEngine> make_engine(
-    const NamedTensors& params, const std::vector<NamedTensors>& units, const std::string& yaml,
-    const std::string& origin, const GroupsArg& groups, bool store_served,
-    const py::object& materialize, const BuffersArg& buffers, const std::string& optimizer_type,
-    int64_t optimizer_state_bytes, bool optimizer_elementwise,
-    std::pair<int64_t, int64_t> optimizer_state_other, const AssumedBatchArg& assumed_batch) {
+// No call into the engine that may issue or wait on a collective holds the GIL. A
+// collective's work keeps its tensors until Gloo's worker thread drops them, and a tensor
+// whose storage Python owns (weights a safetensors file maps: from_pretrained) needs the GIL
+// to be freed there. Holding it while the next collective waits for that thread is a
+// deadlock: two ranks loading pretrained weights hung in the initial broadcast. The engine
+// is also destroyed without it, since its threads may be finishing such work.
+struct DeleteWithoutGil {
+  void operator()(TrainingEngine* engine) const {
+    py::gil_scoped_release release;
+    delete engine;
+  }
+};
+using EngineHolder = std::unique_ptr<TrainingEngine, DeleteWithoutGil>;
+
+EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTensors>& units,
+                         const std::string& yaml, const std::string& origin,
+                         const GroupsArg& groups, bool store_served, const py::object& materialize,
+                         const BuffersArg& buffers, const std::string& optimizer_type,
+                         int64_t optimizer_state_bytes, bool optimizer_elementwise,
+                         std::pair<int64_t, int64_t> optimizer_state_other,
+                         const AssumedBatchArg& assumed_batch) {
   LoadedConfig loaded = load_config_string(yaml, origin);
   if (!optimizer_type.empty()) {  // a client optimizer object or a config's torch.optim type
     OptimizerConfig& o = loaded.config.optimizer;
@@ -159,9 +175,14 @@ std::unique_ptr<TrainingEngine> make_engine(
   std::vector<NamedBuffer> named_buffers;
   for (const auto& [name, tensor, persistent] : buffers)
     named_buffers.push_back({name, tensor, persistent});
-  return std::make_unique<TrainingEngine>(to_params(params), unit_params, loaded.config, launch,
-                                          std::move(param_groups), fill, std::move(named_buffers),
-                                          to_assumed_batch(assumed_batch));
+  std::vector<NamedParam> named = to_params(params);
+  std::optional<AssumedBatch> batch = to_assumed_batch(assumed_batch);
+  // Construction issues collectives (the initial broadcast, the agreement of what every rank
+  // built): never with the GIL held (see EngineHolder).
+  py::gil_scoped_release release;
+  return EngineHolder(new TrainingEngine(std::move(named), unit_params, loaded.config, launch,
+                                         std::move(param_groups), fill, std::move(named_buffers),
+                                         batch));
 }
 
 }  // namespace
@@ -205,6 +226,10 @@ PYBIND11_MODULE(_zeroshard, m) {
         return py::int_(*stage);
       },
       "The config's zero_optimization.stage, or None where it is auto (the Planner's).");
+  m.def(
+      "engine_serves_rendezvous", [] { return engine_serves_rendezvous(read_launch_env()); },
+      "True when an earlier engine of this process met the others in the rendezvous store "
+      "that rank 0's process serves and keeps (engine/ProcessGroupSetup.h).");
   m.def(
       "launch_env",
       [] {
@@ -297,7 +322,7 @@ PYBIND11_MODULE(_zeroshard, m) {
       py::arg("attn_implementation") = "sdpa", py::arg("seq") = 1, py::arg("micro_batch") = 1,
       py::arg("activation_checkpointing") = false);
 
-  py::class_<TrainingEngine>(m, "Engine")
+  py::class_<TrainingEngine, EngineHolder>(m, "Engine")
       .def(py::init(&make_engine), py::arg("params"), py::arg("units"), py::arg("config_yaml"),
            py::arg("origin"), py::arg("param_groups") = GroupsArg{},
            // torch.distributed, initialised in this process, serves the store at
@@ -390,11 +415,16 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def("backward", &TrainingEngine::backward, py::arg("loss"), py::arg("retain_graph") = false,
            py::call_guard<py::gil_scoped_release>())
       .def("step", &TrainingEngine::step, py::call_guard<py::gil_scoped_release>())
-      .def("zero_grad", &TrainingEngine::zero_grad)
+      .def("zero_grad", &TrainingEngine::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("full_parameters",
            [](TrainingEngine& e) {
+             std::vector<NamedParam> full;
+             {
+               py::gil_scoped_release release;  // stage 3 gathers every unit
+               full = e.full_parameters();
+             }
              NamedTensors out;
-             for (auto& p : e.full_parameters()) out.emplace_back(p.name, p.param);
+             for (auto& p : full) out.emplace_back(p.name, p.param);
              return out;
            })
       .def_property_readonly("loss_scale", &TrainingEngine::loss_scale)

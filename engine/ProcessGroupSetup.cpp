@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -169,6 +170,11 @@ std::string backend_for(const c10::Device& device) {
 // The store rank 0 serves is kept for the process too, for the engines after this one: a
 // rank done with an engine may build the next one's groups before rank 0 has let go of
 // its first engine, and would find the first engine's store gone under it.
+std::set<std::pair<std::string, int>>& engine_served_rendezvous() {
+  static std::set<std::pair<std::string, int>> where;
+  return where;
+}
+
 c10::intrusive_ptr<c10d::Store> make_store(const LaunchEnv& env,
                                            std::chrono::milliseconds timeout) {
   static std::atomic<int> engines_made{0};
@@ -181,6 +187,7 @@ c10::intrusive_ptr<c10d::Store> make_store(const LaunchEnv& env,
   const bool serves = env.rank == 0 && !env.agent_store;
   const std::pair<std::string, int> where{env.master_addr, env.master_port};
   std::lock_guard<std::mutex> lock(served_mutex);
+  if (!env.agent_store) engine_served_rendezvous().insert(where);
   if (serves && served.count(where) > 0) {
     served.at(where)->setTimeout(timeout);
     return c10::make_intrusive<c10d::PrefixStore>(prefix, served.at(where));
@@ -203,6 +210,11 @@ c10::intrusive_ptr<c10d::Store> make_store(const LaunchEnv& env,
 }
 
 }  // namespace
+
+bool engine_serves_rendezvous(const LaunchEnv& env) {
+  return env.world_size > 1 && !env.agent_store &&
+         engine_served_rendezvous().count({env.master_addr, env.master_port}) > 0;
+}
 
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
                              c10::Device device, int shard_size, int hpz_size) {

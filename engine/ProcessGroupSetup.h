@@ -56,6 +56,11 @@ struct DistContext {
   std::string describe_missing_ranks() const;
 };
 
+// True when an engine of this process has met the others at env's rendezvous in the store
+// rank 0's process serves and keeps (the same answer on every rank: each builds its engines
+// in the same order). torch.distributed started later must join that store, not serve it.
+bool engine_serves_rendezvous(const LaunchEnv& env);
+
 // `device`: where the model's parameters are; its groups carry tensors of that device.
 // `shard_size`: ranks per shard group (a divisor of the world size; <= 0: all ranks).
 // `hpz_size`: ranks per hpZ group (a divisor of the world size; <= 1: none).

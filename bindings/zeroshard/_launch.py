@@ -40,6 +40,14 @@ def init_distributed():
     if dist.is_initialized():
         return
     env = _zeroshard.launch_env()
+    if _zeroshard.engine_serves_rendezvous():
+        # An earlier engine's rank 0 serves the store at MASTER_PORT for the whole process:
+        # every rank joins it as a client, torch.distributed's keys under a prefix of their own.
+        store = dist.TCPStore(env["master_addr"], env["master_port"], env["world_size"],
+                              is_master=False)
+        dist.init_process_group("gloo", store=dist.PrefixStore("torch.distributed/", store),
+                                rank=env["rank"], world_size=env["world_size"])
+        return
     dist.init_process_group(
         "gloo", init_method=f"tcp://{env['master_addr']}:{env['master_port']}",
         rank=env["rank"], world_size=env["world_size"])
