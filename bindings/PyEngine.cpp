@@ -8,6 +8,7 @@
 #include "bindings/PyOptimizerHooks.h"
 #include "common/Bytes.h"
 #include "common/Error.h"
+#include "common/InterpreterLock.h"
 #include "config/Config.h"
 #include "engine/ProcessGroupSetup.h"
 #include "engine/TrainingEngine.h"
@@ -189,6 +190,7 @@ EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTens
 
 PYBIND11_MODULE(_zeroshard, m) {
   m.doc() = "zeroshard's C++ runtime (use the zeroshard package, not this module)";
+  set_interpreter_lock_probe([] { return PyGILState_Check() == 1; });
   static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {

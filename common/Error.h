@@ -14,6 +14,12 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// A message from LibTorch (c10::Error's what()) without the C++ backtrace it carries.
+inline std::string without_backtrace(const std::string& what) {
+  const auto at = what.find("\nException raised from");
+  return at == std::string::npos ? what : what.substr(0, at);
+}
+
 template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {
   throw Error(fmt::format(format, std::forward<Args>(args)...));

@@ -35,13 +35,16 @@ Trigger parse_trigger(const char* text) {
 struct Hooks {
   Trigger kill = parse_trigger(std::getenv("ZS_TEST_KILL_AT"));
   Trigger pause = parse_trigger(std::getenv("ZS_TEST_PAUSE_AT"));
+  Trigger skip = parse_trigger(std::getenv("ZS_TEST_SKIP_AT"));
   double pause_seconds = std::getenv("ZS_TEST_PAUSE_SECONDS")
                              ? std::strtod(std::getenv("ZS_TEST_PAUSE_SECONDS"), nullptr)
                              : 2.0;
   bool this_rank = std::getenv("ZS_TEST_KILL_RANK") == nullptr ||
                    std::string(std::getenv("ZS_TEST_KILL_RANK")) ==
                        (std::getenv("RANK") ? std::getenv("RANK") : "0");
-  bool armed() const { return this_rank && !(kill.point.empty() && pause.point.empty()); }
+  bool armed() const {
+    return this_rank && !(kill.point.empty() && pause.point.empty() && skip.point.empty());
+  }
   std::mutex mutex;
   std::unordered_map<std::string, long> passes;
 };
@@ -76,6 +79,20 @@ void fault_point(const char* point) {
                     point, pass));
     std::this_thread::sleep_for(std::chrono::duration<double>(h.pause_seconds));
   }
+}
+
+bool fault_skip(const char* point) {
+  Hooks& h = hooks();
+  if (!h.armed() || h.skip.point != point) return false;
+  long pass = 0;
+  {
+    std::lock_guard<std::mutex> lock(h.mutex);
+    pass = ++h.passes[std::string("skip:") + point];
+  }
+  if (h.skip.hit != pass) return false;
+  const char* rank = std::getenv("RANK") ? std::getenv("RANK") : "0";
+  say(fmt::format("zeroshard test hook: rank {} skips {}@{}\n", rank, point, pass));
+  return true;
 }
 
 }  // namespace zeroshard

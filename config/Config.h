@@ -141,6 +141,11 @@ struct Config {
   // How long a collective may wait for the other ranks before this rank gives up
   // and names the ranks that stopped answering.
   std::optional<double> comm_timeout_seconds = 300.0;
+  // Before each collective the ranks agree on what it is (op, size, dtype, its number in its
+  // group's order, what it is for), so that ranks whose programs part fail at once, each
+  // naming every rank's collective, instead of waiting out the timeout. A small all-gather
+  // per collective: for debugging and tests. ZS_CHECK_COLLECTIVES=1 turns it on too.
+  bool check_collectives = false;
   // The dtype gradients are reduced in (DeepSpeed's key): fp32, fp16 or bf16 cast them to
   // it for the reduction. Unset (empty; null in a file): summed in fp32, each travelling
   // in its own dtype (sharding/Collectives.h).

@@ -125,6 +125,7 @@ std::vector<Knob> build_knobs() {
     choice_knob("scheduler.params.warmup_type", {"log", "linear"}, [](Config& c) -> auto& { return c.scheduler.warmup_type; }),
     bool_knob("activation_checkpointing.enabled", [](Config& c) -> auto& { return c.activation_checkpointing; }),
     bool_knob("broadcast_buffers", [](Config& c) -> auto& { return c.broadcast_buffers; }),
+    bool_knob("check_collectives", [](Config& c) -> auto& { return c.check_collectives; }),
     int_knob(z + "stage", 0, 3, [](Config& c) -> auto& { return c.zero.stage; }),
     bool_knob(z + "overlap_comm", [](Config& c) -> auto& { return c.zero.overlap_comm; }),
     bool_knob(z + "contiguous_gradients", [](Config& c) -> auto& { return c.zero.contiguous_gradients; }),

@@ -21,7 +21,8 @@ namespace zeroshard {
 class Communicators {
  public:
   // `dist` outlives this object: a failed collective asks it which ranks are gone.
-  Communicators(const DistContext& dist, MemoryLedger* ledger);
+  // `check`: every collective's fingerprint is agreed on first (sharding/Collectives.h).
+  Communicators(const DistContext& dist, MemoryLedger* ledger, bool check = false);
 
   Collectives& world() { return *world_; }
   Collectives& shards() { return group_ ? *group_ : *world_; }
@@ -34,6 +35,7 @@ class Communicators {
   int64_t bytes_sent() const;
 
  private:
+  std::unique_ptr<CollectiveWatch> watch_;  // before the groups: they report to it
   std::unique_ptr<Collectives> world_;
   std::unique_ptr<Collectives> group_;  // the shard group, with mics_shard_size
   std::unique_ptr<Collectives> params_;

@@ -22,6 +22,7 @@
 #include "engine/OffloadOptimizer.h"
 #include "engine/OverlappedStep.h"
 #include "engine/ParamHome.h"
+#include "engine/RankAgreement.h"
 #include "engine/StepPipeline.h"
 #include "engine/SwapSpace.h"  // the members it destroys
 #include "engine/UnitPartition.h"
@@ -125,6 +126,8 @@ void EngineImpl::init(std::vector<NamedParam> params,
                       const std::optional<LaunchEnv>& launch, std::vector<ParamGroup> param_groups,
                       const MaterializeParams& materialize, std::vector<NamedBuffer> buffers,
                       const std::optional<AssumedBatch>& batch) {
+  // What every rank must have built alike, agreed on before the first collective.
+  BuildDescription built(params, unit_params, param_groups, buffers);
   // Checked before any collective: every rank refuses the same groups alike.
   param_groups_ = ParamGroupTable(std::move(param_groups), params);
   const LaunchEnv env = launch ? *launch : read_launch_env();
@@ -143,10 +146,12 @@ void EngineImpl::init(std::vector<NamedParam> params,
     keep_freed_memory();
   const int64_t mics = plan_.settings.mics_shard_size;
   const int64_t hpz = plan_.settings.stage == 3 ? plan_.settings.hpz_partition_size : 1;
-  dist_ = init_distributed(env, plan_.settings.comm_timeout, params.front().param.device(),
-                           plan_.settings.stage >= 1 && mics > 0 ? static_cast<int>(mics) : -1,
-                           static_cast<int>(hpz));
-  comms_ = std::make_unique<Communicators>(dist_, &ledger_);
+  built.add_config(plan_.config);
+  dist_ = init_distributed(
+      env, plan_.settings.comm_timeout, params.front().param.device(),
+      plan_.settings.stage >= 1 && mics > 0 ? static_cast<int>(mics) : -1, static_cast<int>(hpz),
+      [&](c10d::Store& store) { agree_on_build(store, env.rank, env.world_size, built); });
+  comms_ = std::make_unique<Communicators>(dist_, &ledger_, plan_.settings.check_collectives);
   pipeline_ = std::make_unique<StepPipeline>(plan_.settings, world_size());
   IoOptions io;
   io.block_size = *plan_.config.aio.block_size;
@@ -178,7 +183,10 @@ void EngineImpl::broadcast_initial_values(const std::vector<NamedParam>& params)
   // Every rank starts from rank 0's values, whatever each rank's initialisation did.
   std::vector<CommHandle> handles;
   at::NoGradGuard no_grad;
-  for (const auto& p : params) handles.push_back(comms_->world().broadcast(p.param.data(), 0));
+  for (const auto& p : params) {
+    const CollectiveLabel label("initial value of " + p.name);
+    handles.push_back(comms_->world().broadcast(p.param.data(), 0));
+  }
   for (auto& h : handles) h.wait();
 }
 

@@ -71,6 +71,7 @@ void ModuleBuffers::broadcast(Collectives& comm) {
     const at::Tensor& t = buffers_[i].tensor;
     flat.narrow(0, offsets[i], bytes_of(t)).copy_(as_bytes(t));
   }
+  const CollectiveLabel label("the module's buffers");
   comm.broadcast(flat, 0).wait();
   for (size_t i = 0; i < buffers_.size(); ++i) {
     const at::Tensor& t = buffers_[i].tensor;

@@ -217,7 +217,8 @@ bool engine_serves_rendezvous(const LaunchEnv& env) {
 }
 
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
-                             c10::Device device, int shard_size, int hpz_size) {
+                             c10::Device device, int shard_size, int hpz_size,
+                             const std::function<void(c10d::Store&)>& agree) {
   DistContext ctx;
   ctx.env = env;
   ctx.timeout = timeout;
@@ -237,6 +238,7 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
   if (env.world_size == 1 && !device.is_cuda()) return ctx;
   try {
     ctx.store = make_store(env, timeout);
+    if (agree) agree(*ctx.store);
     GroupMaker make_group;
     if (backend == "nccl") {
       const int index = device.has_index() ? device.index() : env.local_rank;

@@ -3,6 +3,7 @@
 // Gloo for CPU tensors, NCCL for CUDA tensors (engine/NcclGroup). One process (world
 // size 1) gets no group: every collective is then a no-op.
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -64,8 +65,10 @@ bool engine_serves_rendezvous(const LaunchEnv& env);
 // `device`: where the model's parameters are; its groups carry tensors of that device.
 // `shard_size`: ranks per shard group (a divisor of the world size; <= 0: all ranks).
 // `hpz_size`: ranks per hpZ group (a divisor of the world size; <= 1: none).
+// `agree`: called with the engine's store once it is made, before any process group (where
+// the ranks check that they built alike: engine/RankAgreement.h).
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
                              c10::Device device = c10::Device(c10::kCPU), int shard_size = -1,
-                             int hpz_size = 1);
+                             int hpz_size = 1, const std::function<void(c10d::Store&)>& agree = {});
 
 }  // namespace zeroshard

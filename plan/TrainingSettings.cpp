@@ -1,6 +1,8 @@
 #include "plan/TrainingSettings.h"
 
+#include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "common/Error.h"
 
@@ -61,6 +63,8 @@ TrainingSettings settings_of(const Config& c) {
   s.gradient_clipping = resolved(c.gradient_clipping, "gradient_clipping");
   s.comm_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(resolved(c.comm_timeout_seconds, "comm_timeout_seconds") * 1000));
+  const char* check = std::getenv("ZS_CHECK_COLLECTIVES");
+  s.check_collectives = c.check_collectives || (check != nullptr && std::string(check) == "1");
   const Fp16Config& f = c.fp16;
   s.fp16.enabled = f.enabled;
   if (f.enabled) {

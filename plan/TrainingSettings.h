@@ -43,6 +43,7 @@ struct TrainingSettings {
   int64_t gradient_accumulation_steps = 1;
   double gradient_clipping = 0;  // 0: no clipping
   std::chrono::milliseconds comm_timeout{0};
+  bool check_collectives = false;  // the config's key, or ZS_CHECK_COLLECTIVES=1
   LossScaleSettings fp16;
   AdamHyper optimizer;  // the config's optimizer values: each parameter group's defaults
 };

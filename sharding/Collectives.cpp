@@ -1,12 +1,41 @@
 #include "sharding/Collectives.h"
 
+#include <chrono>
+#include <map>
+#include <thread>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "common/Error.h"
+#include "common/InterpreterLock.h"
 
 namespace zeroshard {
 namespace {
+
+thread_local std::string current_label;
+
+const char* op_name(int64_t op) {
+  switch (op) {
+    case 1:
+      return "all-reduce";
+    case 2:
+      return "all-gather";
+    case 3:
+      return "reduce-scatter";
+    case 4:
+      return "broadcast";
+    default:
+      return "collective";
+  }
+}
+
+// FNV-1a: the same on every rank and build, unlike std::hash.
+int64_t fingerprint_of(const std::string& text) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return static_cast<int64_t>(h);
+}
 
 // Gloo moves bytes for all-gather, alltoall and broadcast without looking at them, so
 // a bf16 payload travels as fp16 bit for bit: one 16-bit type on the wire.
@@ -20,11 +49,23 @@ int64_t bytes_of(const at::Tensor& t) {
 
 }  // namespace
 
-CommHandle::CommHandle(const Collectives* owner, std::string op,
+CollectiveLabel::CollectiveLabel(std::string label) : previous_(std::move(current_label)) {
+  current_label = std::move(label);
+}
+
+CollectiveLabel::~CollectiveLabel() {
+  current_label = std::move(previous_);
+}
+
+const std::string& CollectiveLabel::current() {
+  return current_label;
+}
+
+CommHandle::CommHandle(const Collectives* owner, CollectiveCall call,
                        c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish,
                        LedgerEntry scratch)
     : owner_(owner),
-      op_(std::move(op)),
+      call_(std::move(call)),
       work_(std::move(work)),
       finish_(std::move(finish)),
       scratch_(std::move(scratch)) {}
@@ -32,10 +73,15 @@ CommHandle::CommHandle(const Collectives* owner, std::string op,
 void CommHandle::wait() {
   if (owner_ == nullptr) return;
   const Collectives* owner = std::exchange(owner_, nullptr);
-  try {
-    if (work_) work_->wait();
-  } catch (const std::exception& e) {
-    owner->fail_collective(op_, e.what());
+  if (work_) {
+    owner->refuse_under_interpreter_lock(call_, "waited on");
+    std::optional<CollectiveWatch::Waiting> waiting;
+    if (owner->options_.watch != nullptr) waiting.emplace(owner->options_.watch, call_);
+    try {
+      work_->wait();
+    } catch (const std::exception& e) {
+      owner->fail_collective(call_, e.what());
+    }
   }
   if (finish_) finish_();
   work_.reset();
@@ -51,12 +97,14 @@ bool CommHandle::stream_ordered() const {
 }
 
 Collectives::Collectives(c10::intrusive_ptr<c10d::Backend> group, int rank, int world,
-                         std::function<std::string()> diagnose, MemoryLedger* ledger)
+                         std::function<std::string()> diagnose, MemoryLedger* ledger,
+                         CollectiveOptions options)
     : group_(std::move(group)),
       rank_(rank),
       world_(world),
       diagnose_(std::move(diagnose)),
-      ledger_(ledger) {
+      ledger_(ledger),
+      options_(std::move(options)) {
   if (group_) nccl_ = group_->getBackendName() == "nccl";
 }
 
@@ -69,9 +117,101 @@ bool Collectives::native_flat() const {
   return nccl_;
 }
 
-void Collectives::fail_collective(const std::string& op, const std::string& what) const {
+void Collectives::fail_collective(const CollectiveCall& call, const std::string& what) const {
+  // What the others wait on first: the roll-call keeps rank 0, which may serve the store,
+  // until every rank has answered it.
+  const std::string others = options_.watch ? options_.watch->report(call) : "";
   const std::string missing = diagnose_ ? diagnose_() : "";
-  fail("rank {}: {} failed: {}{}{}", rank_, op, what, missing.empty() ? "" : "; ", missing);
+  fail("rank {}: {} failed: {}{}{}{}{}", rank_, call.describe(), without_backtrace(what),
+       missing.empty() ? "" : "; ", missing, others.empty() ? "" : "; ", others);
+}
+
+void Collectives::refuse_under_interpreter_lock(const CollectiveCall& call,
+                                                const char* doing) const {
+  if (!options_.check || !interpreter_lock_held()) return;
+  fail(
+      "rank {}: {} was {} while this thread held Python's GIL; a collective whose tensors "
+      "Python owns then deadlocks (common/InterpreterLock.h): the binding that called it must "
+      "release the GIL",
+      rank_, call.describe(), doing);
+}
+
+CollectiveCall Collectives::next_call(Op op, const at::Tensor& tensor,
+                                      std::optional<at::ScalarType> wire, int root) {
+  CollectiveCall call;
+  call.group = options_.name;
+  call.seq = ++seq_;
+  const std::string& label = CollectiveLabel::current();
+  call.what = fmt::format("{} of {} {}{}{}{}", op_name(static_cast<int64_t>(op)), tensor.numel(),
+                          c10::toString(tensor.scalar_type()),
+                          wire ? fmt::format(" in {}", c10::toString(*wire)) : "",
+                          op == Op::Broadcast ? fmt::format(" from rank {}", root) : "",
+                          label.empty() ? "" : fmt::format(" ({})", label));
+  refuse_under_interpreter_lock(call, "issued");
+  if (options_.check) {
+    agree_on(call, {call.seq, static_cast<int64_t>(op), tensor.numel(),
+                    static_cast<int64_t>(tensor.scalar_type()),
+                    wire ? static_cast<int64_t>(*wire) : -1, root, fingerprint_of(label)});
+  }
+  return call;
+}
+
+// One small all-gather over the same group before the collective itself: every rank sees
+// every rank's fingerprint, so all of them find a mismatch at once.
+void Collectives::agree_on(const CollectiveCall& call, const std::vector<int64_t>& fingerprint) {
+  const auto n = static_cast<int64_t>(fingerprint.size());
+  at::Tensor mine = at::tensor(fingerprint, at::kLong);
+  at::Tensor all = at::empty({world_ * n}, at::kLong);
+  OnWire in = on_wire(mine), out = on_wire(all);
+  c10::intrusive_ptr<c10d::Work> work;
+  if (native_flat()) {
+    work = group_->_allgather_base(out.tensor, in.tensor);
+  } else {
+    std::vector<std::vector<at::Tensor>> outputs{out.tensor.chunk(world_)};
+    std::vector<at::Tensor> inputs{in.tensor};
+    work = group_->allgather(outputs, inputs);
+  }
+  CollectiveCall agreeing = call;
+  agreeing.what = "the fingerprint of " + call.what;
+  CommHandle(this, agreeing, work, out.back, LedgerEntry()).wait();
+  const at::Tensor rows = all.view({world_, n});
+  if (!rows.eq(rows[0]).all().item<bool>()) fail_diverged(call);
+}
+
+// Each rank tells the others its own description through the store, then every rank fails
+// with all of them.
+void Collectives::fail_diverged(const CollectiveCall& call) const {
+  const std::string key = fmt::format("diverged/{}/{}/", options_.name, call.seq);
+  std::map<std::string, std::vector<int>> by_call;
+  if (options_.store) {
+    try {
+      options_.store->set(key + std::to_string(rank_),
+                          std::vector<uint8_t>(call.what.begin(), call.what.end()));
+      for (int r = 0; r < world_; ++r) {
+        const auto bytes = options_.store->get(key + std::to_string(r));
+        by_call[std::string(bytes.begin(), bytes.end())].push_back(r);
+      }
+      // Every rank stays until the group has read (at most 5 s): the rank that serves the
+      // store may be one of them.
+      options_.store->add(key + "read", 1);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (options_.store->add(key + "read", 0) < world_ &&
+             std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } catch (const std::exception&) {
+      by_call.clear();
+    }
+  }
+  if (by_call.empty()) by_call[call.what].push_back(rank_);
+  std::string calls;
+  for (const auto& [what, ranks] : by_call)
+    calls +=
+        fmt::format("{}rank(s) {}: {}", calls.empty() ? "" : "; ", describe_ranks(ranks), what);
+  fail(
+      "rank {}: collectives diverged: the ranks of group '{}' issued different collectives as "
+      "its #{} ({}); every rank must issue the same collectives in the same order, so the "
+      "program took a different path on some rank (docs/reliability.md)",
+      rank_, options_.name, call.seq, calls);
 }
 
 // NCCL moves CUDA tensors only. A host tensor (a norm, a flag, a schedule, a
@@ -94,6 +234,8 @@ CommHandle Collectives::all_reduce_sum(const at::Tensor& tensor,
     tensor.copy_(sent);  // one rank: the same rounding as any other world size
     return {};
   }
+  std::lock_guard<std::mutex> order(order_);
+  CollectiveCall call = next_call(Op::AllReduce, tensor, wire, -1);
   OnWire w = on_wire(sent);
   count(w.tensor, 2);
   std::vector<at::Tensor> tensors{w.tensor};
@@ -105,23 +247,25 @@ CommHandle Collectives::all_reduce_sum(const at::Tensor& tensor,
       tensor.copy_(sent);
     };
   }
-  return {this, "all-reduce", work, back, std::move(scratch)};
+  return {this, std::move(call), work, back, std::move(scratch)};
 }
 
 CommHandle Collectives::all_gather(const at::Tensor& flat) {
   if (!group_) return {};
+  std::lock_guard<std::mutex> order(order_);
+  CollectiveCall call = next_call(Op::AllGather, flat, std::nullopt, -1);
   OnWire w = on_wire(flat);
   at::Tensor payload = as_payload(w.tensor);
   count(payload, 1);
   if (native_flat()) {
     at::Tensor input = payload.chunk(world_)[rank_];
     auto work = group_->_allgather_base(payload, input);
-    return {this, "all-gather", work, w.back, LedgerEntry()};
+    return {this, std::move(call), work, w.back, LedgerEntry()};
   }
   std::vector<std::vector<at::Tensor>> outputs{payload.chunk(world_)};
   std::vector<at::Tensor> inputs{outputs[0][rank_]};
   auto work = group_->allgather(outputs, inputs);
-  return {this, "all-gather", work, w.back, LedgerEntry()};
+  return {this, std::move(call), work, w.back, LedgerEntry()};
 }
 
 CommHandle Collectives::reduce_scatter_sum(const at::Tensor& flat_in, const at::Tensor& shard_out,
@@ -134,6 +278,8 @@ CommHandle Collectives::reduce_scatter_sum(const at::Tensor& flat_in, const at::
     return {};
   }
   const int64_t shard = in.numel() / world_;
+  std::lock_guard<std::mutex> order(order_);
+  CollectiveCall call = next_call(Op::ReduceScatter, flat_in, wire, -1);
   count(in, 1);
   if (native_flat() && in.device() == shard_out.device() &&
       (wire || in.scalar_type() == shard_out.scalar_type())) {
@@ -146,7 +292,7 @@ CommHandle Collectives::reduce_scatter_sum(const at::Tensor& flat_in, const at::
     auto finish = [in, out, shard_out, same] {
       if (!same) shard_out.copy_(out);
     };
-    return {this, "reduce-scatter", work, finish, std::move(scratch)};
+    return {this, std::move(call), work, finish, std::move(scratch)};
   }
   // alltoall: chunk j of the output is rank j's chunk `rank`; summed here, in the wire
   // dtype when one is named, else in fp32.
@@ -160,17 +306,19 @@ CommHandle Collectives::reduce_scatter_sum(const at::Tensor& flat_in, const at::
     const at::Tensor rows = received.view({world, shard});
     shard_out.copy_(in_wire ? rows.sum(0) : rows.to(at::kFloat).sum(0));
   };
-  return {this, "reduce-scatter", work, finish, std::move(scratch)};
+  return {this, std::move(call), work, finish, std::move(scratch)};
 }
 
 CommHandle Collectives::broadcast(const at::Tensor& tensor, int root) {
   if (!group_) return {};
+  std::lock_guard<std::mutex> order(order_);
+  CollectiveCall call = next_call(Op::Broadcast, tensor, std::nullopt, root);
   OnWire w = on_wire(tensor);
   std::vector<at::Tensor> tensors{as_payload(w.tensor)};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   auto work = group_->broadcast(tensors, opts);
-  return {this, "broadcast", work, w.back, LedgerEntry()};
+  return {this, std::move(call), work, w.back, LedgerEntry()};
 }
 
 }  // namespace zeroshard

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -131,6 +132,7 @@ void GradReducer::launch(size_t g) {
     retire_oldest();
   }
   fault_point("backward.reduce");
+  const CollectiveLabel label(fmt::format("gradients of group {}", g));
   groups_[g]->materialize_grads();  // a group no gradient reached this step
   InFlight f;
   f.group = g;
@@ -180,6 +182,7 @@ void GradReducer::retire_oldest() {
   }
   // Across groups: the shard's all-reduce (the slow link's share) runs while the next
   // group's reduce-scatter does; one is kept in flight.
+  const CollectiveLabel label(fmt::format("gradients of group {}", f.group));
   f.handle = replicas_->all_reduce_sum(f.received.defined() ? f.received : sums_.fp32[f.group],
                                        options_.wire);
   reductions_.across.push_back(std::move(f));
@@ -281,6 +284,7 @@ double GradReducer::global_norm_of(double sum_squares, double scale) {
 
 double GradReducer::norm_across_ranks(at::Tensor sum_squares, double scale) {
   // Stage 0 holds identical full gradients on every rank; the shards need a sum.
+  const CollectiveLabel label("the gradient norm");
   if (sharded_grads()) comm_->all_reduce_sum(sum_squares).wait();
   return std::sqrt(sum_squares.item<double>()) * std::abs(scale);
 }
@@ -292,6 +296,7 @@ bool GradReducer::any_overflow() {
   const at::Device where = sums_.fp32.front().device();
   for (const auto& g : sums()) finite.push_back(at::isfinite(g).all().to(where));
   at::Tensor bad = at::logical_not(at::stack(finite)).any().to(at::kFloat).reshape({1});
+  const CollectiveLabel label("the overflow check");
   if (sharded_grads()) comm_->all_reduce_sum(bad).wait();
   return bad.item<float>() > 0;
 }

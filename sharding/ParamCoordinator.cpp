@@ -64,6 +64,10 @@ void ParamCoordinator::launch_gather(size_t unit, Collectives* explicit_comm) {
   fault_point(phase_ == Phase::Backward ? "backward.gather" : "forward.gather");
   at::NoGradGuard no_grad;
   const bool in_walk = explicit_comm == nullptr;
+  // Every rank gathers the same unit here: its number and first parameter say which.
+  const CollectiveLabel label(u->slots().empty()
+                                  ? fmt::format("unit {}", unit)
+                                  : fmt::format("unit {}: {}", unit, u->slots().front().name));
   if (in_walk && secondary_ != nullptr && phase_ == Phase::Backward && secondary_->holds(unit)) {
     state_[unit].pending = secondary_->gather(unit, *u);
     return;
@@ -71,6 +75,8 @@ void ParamCoordinator::launch_gather(size_t unit, Collectives* explicit_comm) {
   const bool at_home = home_.shards != nullptr && home_.shards->holds(unit);
   u->allocate_full(/*fill_own_shard=*/!at_home);
   if (at_home) home_.shards->fill(unit, u->own_slice());
+  // Tests: this rank leaves the gather out (its own shard only), as a bug in its walk would.
+  if (fault_skip(phase_ == Phase::Backward ? "backward.gather" : "forward.gather")) return;
   state_[unit].pending = (in_walk ? comm_ : explicit_comm)->all_gather(u->flat());
   if (home_.shards == nullptr || phase_ == Phase::Idle || !in_walk) return;
   const auto& o = order();
