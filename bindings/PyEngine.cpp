@@ -63,7 +63,7 @@ py::dict memory_dict(const MemoryDetail& r) {
 }
 
 // A parameter group's hyperparameters as the package passes them: {"lr", "betas",
-// "eps", "weight_decay", "decoupled"}, each optional.
+// "eps", "weight_decay", "decoupled", "bias_correction"}, each optional.
 ParamGroupOptions to_group_options(const py::dict& d) {
   ParamGroupOptions o;
   for (const auto& [key, value] : d) {
@@ -80,10 +80,12 @@ ParamGroupOptions to_group_options(const py::dict& d) {
       o.weight_decay = value.cast<double>();
     } else if (k == "decoupled") {
       o.decoupled = value.cast<bool>();
+    } else if (k == "bias_correction") {
+      o.bias_correction = value.cast<bool>();
     } else {
       fail(
           "parameter group key '{}' is not known here; allowed: lr, betas, eps, weight_decay, "
-          "decoupled",
+          "decoupled, bias_correction",
           k);
     }
   }
@@ -97,6 +99,7 @@ py::dict hyper_dict(const AdamHyper& h) {
   d["eps"] = h.eps;
   d["weight_decay"] = h.weight_decay;
   d["decoupled"] = h.decoupled;
+  d["bias_correction"] = h.bias_correction;
   return d;
 }
 
@@ -434,6 +437,8 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly("lr", &TrainingEngine::lr)
       .def_property_readonly("optimizer_steps", &TrainingEngine::optimizer_steps)
       .def_property_readonly("global_steps", &TrainingEngine::global_steps)
+      .def_property_readonly("skipped_steps", &TrainingEngine::skipped_steps)
+      .def_property_readonly("schedule_steps", &TrainingEngine::schedule_steps)
       .def_property_readonly("micro_steps", &TrainingEngine::micro_steps)
       .def_property_readonly("rank", &TrainingEngine::rank)
       .def_property_readonly("world_size", &TrainingEngine::world_size)

@@ -20,6 +20,9 @@ struct AdamHyper {
   double eps = 1e-8;
   double weight_decay = 0.0;
   bool decoupled = true;  // AdamW; false: Adam with L2 added to the gradient
+  // false: the moments are used as they are, step size lr (DeepSpeed's
+  // bias_correction: false); true: divided by 1 - beta^t, as torch's Adam does.
+  bool bias_correction = true;
 };
 
 // Elements [begin, begin + count) of a shard (its own coordinates) belong to parameter

@@ -114,6 +114,27 @@ void apply_knob(const Knob& knob, const YAML::Node& node, Config& config,
     case Knob::Type::Float:
       knob.as_float(config) = parse_float(knob, node, origin);
       return;
+    case Knob::Type::FloatList: {
+      auto& values = knob.as_floats(config);
+      if (is_auto(node) && knob.auto_ok) {
+        values = std::nullopt;
+        return;
+      }
+      std::vector<double> parsed;
+      double v = 0;
+      if (node.IsSequence() && node.size() > 0) {
+        for (const auto& item : node) {
+          if (!parse_number(item, v) || !in_range(knob, v)) bad_value(knob, node, origin);
+          parsed.push_back(v);
+        }
+      } else if (parse_number(node, v) && in_range(knob, v)) {
+        parsed.push_back(v);
+      } else {
+        bad_value(knob, node, origin);
+      }
+      values = std::move(parsed);
+      return;
+    }
     case Knob::Type::Betas: {
       auto [beta1, beta2] = knob.as_betas(config);
       if (is_auto(node)) {
@@ -252,6 +273,7 @@ void walk(const YAML::Node& map, const std::string& section, LoadedConfig& out,
         fail("{}: config key '{}' has no value; allowed: {}", origin, path, knob->allowed());
       }
       apply_knob(*knob, value, out.config, origin);
+      if (path.rfind("scheduler.params.", 0) == 0) out.config.scheduler.given.push_back(key);
     } else if (path == "optimizer" && value.IsMap() &&
                read_torch_optimizer(value, out.config, origin)) {
       continue;

@@ -118,19 +118,53 @@ struct OptimizerConfig {
   int64_t state_sharded_bytes = 0;
 };
 
+// The config's scheduler: DeepSpeed's five by their names, keys and defaults (DeepSpeed
+// 0.19.8's runtime/lr_schedules.py; config/LrSchedule.h has the arithmetic). A key of
+// another scheduler than `type` is refused, as DeepSpeed's class refuses the keyword. Keys
+// that take "a number or a list" hold one value for every parameter group or one per
+// group; an empty list means the key was left out (its default depends on `type`).
 struct SchedulerConfig {
-  std::string type = "none";  // none | WarmupLR | WarmupDecayLR | WarmupCosineLR
-  std::optional<double> warmup_min_lr = 0.0;
-  std::optional<double> warmup_max_lr = 1e-3;
+  // none | WarmupLR | WarmupDecayLR | WarmupCosineLR | OneCycle | LRRangeTest
+  std::string type = "none";
+  std::vector<std::string> given;  // the params keys the file set (load_config_string)
+  // WarmupLR, WarmupDecayLR
+  std::optional<std::vector<double>> warmup_min_lr = std::vector<double>{0.0};
+  // left out: each group's lr (WarmupLR), 0.001 (WarmupDecayLR); auto: each group's lr
+  std::optional<std::vector<double>> warmup_max_lr = std::vector<double>{};
   std::optional<int64_t> warmup_num_steps = 1000;
-  std::optional<int64_t> total_num_steps = 10000;
+  std::optional<int64_t> total_num_steps = 0;  // 0: left out (required where it is read)
   std::string warmup_type = "log";
+  // WarmupCosineLR: ratios of each group's lr
+  std::optional<double> warmup_min_ratio = 0.0;
+  std::optional<double> cos_min_ratio = 0.0001;
+  // OneCycle (cycle_min_lr and cycle_max_lr are required)
+  std::optional<std::vector<double>> cycle_min_lr = std::vector<double>{};
+  std::optional<std::vector<double>> cycle_max_lr = std::vector<double>{};
+  std::optional<double> decay_lr_rate = 0.0;
+  std::optional<int64_t> cycle_first_step_size = 2000;
+  std::optional<int64_t> cycle_second_step_size = -1;  // -1: left out, the first's
+  std::optional<int64_t> cycle_first_stair_count = 0;
+  std::optional<int64_t> cycle_second_stair_count = -1;  // -1: left out, the first's
+  std::optional<int64_t> decay_step_size = 0;
+  bool cycle_momentum = true;
+  std::optional<std::vector<double>> cycle_min_mom = std::vector<double>{0.8};
+  std::optional<std::vector<double>> cycle_max_mom = std::vector<double>{0.9};
+  std::optional<double> decay_mom_rate = 0.0;
+  // LRRangeTest
+  std::optional<std::vector<double>> lr_range_test_min_lr = std::vector<double>{1e-3};
+  std::optional<int64_t> lr_range_test_step_size = 2000;
+  std::optional<double> lr_range_test_step_rate = 1.0;
+  bool lr_range_test_staircase = false;
+  // Every scheduler's: -1 only (a resumed position comes from the checkpoint).
+  std::optional<int64_t> last_batch_iteration = -1;
 };
 
 struct Config {
-  std::optional<int64_t> train_batch_size;  // unset: micro x accumulation x ranks
-  std::optional<int64_t> train_micro_batch_size_per_gpu = 1;
-  std::optional<int64_t> gradient_accumulation_steps = 1;
+  // Left out (or auto): derived from the other two as DeepSpeed derives it (the planner);
+  // train_batch_size stays unset then, meaning micro x accumulation x ranks.
+  std::optional<int64_t> train_batch_size;
+  std::optional<int64_t> train_micro_batch_size_per_gpu;
+  std::optional<int64_t> gradient_accumulation_steps;
   std::optional<double> gradient_clipping = 0.0;  // 0 disables clipping
   bool bf16 = false;
   bool activation_checkpointing = false;

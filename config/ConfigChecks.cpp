@@ -5,6 +5,7 @@
 
 #include "common/Error.h"
 #include "config/Config.h"
+#include "config/LrSchedule.h"
 
 namespace zeroshard {
 namespace {
@@ -158,10 +159,11 @@ void check_contradictions(const Config& c) {
     fail("config keys 'bf16.enabled' and 'fp16.enabled' are both true; allowed: at most one");
   }
   const bool lamb = c.optimizer.type == "Lamb";
-  if (!c.optimizer.bias_correction && !lamb) {
+  if (!c.optimizer.bias_correction && c.optimizer.external) {
     fail(
-        "config key 'optimizer.params.bias_correction' is false; allowed: true (zeroshard's "
-        "Adam and AdamW correct the moments' bias, as torch's do), or optimizer.type Lamb");
+        "config key 'optimizer.params.bias_correction' is false with torch.optim.{}; allowed: "
+        "false with zeroshard's Adam, AdamW or Lamb (DeepSpeed's), or true",
+        c.optimizer.type);
   }
   const bool lamb_keys =
       c.optimizer.max_coeff || c.optimizer.min_coeff || c.optimizer.eps_inside_sqrt;
@@ -224,15 +226,8 @@ void check_contradictions(const Config& c) {
   check_hpz(c);
   check_offload_ratio(c);
   check_overlap_step(c);
-  const auto& s = c.scheduler;
-  if (s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") {
-    if (s.warmup_num_steps && s.total_num_steps && *s.warmup_num_steps > *s.total_num_steps) {
-      fail(
-          "config key 'scheduler.params.warmup_num_steps' is {} but 'total_num_steps' is {}; "
-          "allowed: warmup_num_steps <= total_num_steps",
-          *s.warmup_num_steps, *s.total_num_steps);
-    }
-  }
+  // DeepSpeed only warns where warmup_num_steps exceeds total_num_steps; so does the planner.
+  check_scheduler(c.scheduler);
 }
 
 }  // namespace zeroshard

@@ -7,6 +7,7 @@
 
 #include "config/Config.h"
 #include "config/ConfigSchema.h"
+#include "config/LrSchedule.h"
 
 namespace zeroshard {
 namespace {
@@ -29,6 +30,15 @@ YAML::Node knob_value(const Knob& knob, Config& config) {
       return YAML::Node(optional_text(knob.as_int(config)));
     case Knob::Type::Float:
       return YAML::Node(optional_text(knob.as_float(config)));
+    case Knob::Type::FloatList: {
+      const auto& values = knob.as_floats(config);
+      if (!values) return YAML::Node("auto");
+      if (values->size() == 1) return YAML::Node(number(values->front()));
+      YAML::Node list(YAML::NodeType::Sequence);
+      for (double v : *values) list.push_back(number(v));
+      list.SetStyle(YAML::EmitterStyle::Flow);
+      return list;
+    }
     case Knob::Type::Betas: {
       auto [b1, b2] = knob.as_betas(config);
       if (!*b1 || !*b2) return YAML::Node("auto");
@@ -82,6 +92,11 @@ std::string emit_config_yaml(const Config& config) {
                                      (knob.type == Knob::Type::Float && !knob.as_float(copy)))) {
       continue;
     }
+    // A scheduler's own keys only, and only those set (config/LrSchedule.h): another
+    // scheduler's key, or a left-out one written back, would be read as given.
+    if (knob.path.rfind("scheduler.params.", 0) == 0 &&
+        !scheduler_key_written(config.scheduler, knob.path.substr(17)))
+      continue;
     set_path(root, knob.path, knob_value(knob, copy));
   }
   if (config.optimizer.external) {

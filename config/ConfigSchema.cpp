@@ -43,6 +43,17 @@ Knob float_knob(std::string path, double min, double max, FloatRef ref,
   return k;
 }
 
+Knob floats_knob(std::string path, double min, double max,
+                 std::function<std::optional<std::vector<double>>&(Config&)> ref,
+                 bool auto_ok = false) {
+  Knob k = base_knob(std::move(path), Knob::Type::FloatList);
+  k.min = min;
+  k.max = max;
+  k.auto_ok = auto_ok;
+  k.as_floats = std::move(ref);
+  return k;
+}
+
 Knob bool_knob(std::string path, std::function<bool&(Config&)> ref) {
   Knob k = base_knob(std::move(path), Knob::Type::Bool);
   k.auto_ok = false;
@@ -83,6 +94,11 @@ std::vector<std::string> optimizer_types() {
 std::vector<Knob> build_knobs() {
   const std::string z = "zero_optimization.";
   const std::string oo = z + "offload_optimizer.";
+  const std::string sp = "scheduler.params.";
+  auto fixed = [](Knob k) {  // no auto: DeepSpeed's default stands where the key is left out
+    k.auto_ok = false;
+    return k;
+  };
   const std::string op = z + "offload_param.";
   Knob betas;
   betas.path = "optimizer.params.betas";
@@ -117,12 +133,31 @@ std::vector<Knob> build_knobs() {
     float_knob("optimizer.params.min_coeff", 0, kInf, [](Config& c) -> auto& { return c.optimizer.min_coeff; }),
     float_knob("optimizer.params.max_grad_norm", 0, kInf, [](Config& c) -> auto& { return c.optimizer.max_grad_norm; }),
     bool_knob("optimizer.params.eps_inside_sqrt", [](Config& c) -> auto& { return c.optimizer.eps_inside_sqrt; }),
-    choice_knob("scheduler.type", {"none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}, [](Config& c) -> auto& { return c.scheduler.type; }),
-    float_knob("scheduler.params.warmup_min_lr", 0, kInf, [](Config& c) -> auto& { return c.scheduler.warmup_min_lr; }),
-    float_knob("scheduler.params.warmup_max_lr", 0, kInf, [](Config& c) -> auto& { return c.scheduler.warmup_max_lr; }),
-    int_knob("scheduler.params.warmup_num_steps", 0, kBig, [](Config& c) -> auto& { return c.scheduler.warmup_num_steps; }),
-    int_knob("scheduler.params.total_num_steps", 1, kBig, [](Config& c) -> auto& { return c.scheduler.total_num_steps; }),
-    choice_knob("scheduler.params.warmup_type", {"log", "linear"}, [](Config& c) -> auto& { return c.scheduler.warmup_type; }),
+    choice_knob("scheduler.type", {"none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"}, [](Config& c) -> auto& { return c.scheduler.type; }),
+    floats_knob(sp + "warmup_min_lr", 0, kInf, [](Config& c) -> auto& { return c.scheduler.warmup_min_lr; }, true),
+    floats_knob(sp + "warmup_max_lr", 0, kInf, [](Config& c) -> auto& { return c.scheduler.warmup_max_lr; }, true),
+    int_knob(sp + "warmup_num_steps", 1, kBig, [](Config& c) -> auto& { return c.scheduler.warmup_num_steps; }),
+    int_knob(sp + "total_num_steps", 1, kBig, [](Config& c) -> auto& { return c.scheduler.total_num_steps; }),
+    choice_knob(sp + "warmup_type", {"log", "linear"}, [](Config& c) -> auto& { return c.scheduler.warmup_type; }),
+    fixed(float_knob(sp + "warmup_min_ratio", 0, 1, [](Config& c) -> auto& { return c.scheduler.warmup_min_ratio; })),
+    fixed(float_knob(sp + "cos_min_ratio", 0, 1, [](Config& c) -> auto& { return c.scheduler.cos_min_ratio; })),
+    floats_knob(sp + "cycle_min_lr", 0, kInf, [](Config& c) -> auto& { return c.scheduler.cycle_min_lr; }),
+    floats_knob(sp + "cycle_max_lr", 0, kInf, [](Config& c) -> auto& { return c.scheduler.cycle_max_lr; }),
+    fixed(float_knob(sp + "decay_lr_rate", 0, kInf, [](Config& c) -> auto& { return c.scheduler.decay_lr_rate; })),
+    fixed(int_knob(sp + "cycle_first_step_size", 1, kBig, [](Config& c) -> auto& { return c.scheduler.cycle_first_step_size; })),
+    fixed(int_knob(sp + "cycle_second_step_size", 0, kBig, [](Config& c) -> auto& { return c.scheduler.cycle_second_step_size; })),
+    fixed(int_knob(sp + "cycle_first_stair_count", 0, kBig, [](Config& c) -> auto& { return c.scheduler.cycle_first_stair_count; })),
+    fixed(int_knob(sp + "cycle_second_stair_count", 0, kBig, [](Config& c) -> auto& { return c.scheduler.cycle_second_stair_count; })),
+    fixed(int_knob(sp + "decay_step_size", 0, kBig, [](Config& c) -> auto& { return c.scheduler.decay_step_size; })),
+    bool_knob(sp + "cycle_momentum", [](Config& c) -> auto& { return c.scheduler.cycle_momentum; }),
+    floats_knob(sp + "cycle_min_mom", 0, 1, [](Config& c) -> auto& { return c.scheduler.cycle_min_mom; }),
+    floats_knob(sp + "cycle_max_mom", 0, 1, [](Config& c) -> auto& { return c.scheduler.cycle_max_mom; }),
+    fixed(float_knob(sp + "decay_mom_rate", 0, kInf, [](Config& c) -> auto& { return c.scheduler.decay_mom_rate; })),
+    floats_knob(sp + "lr_range_test_min_lr", 0, kInf, [](Config& c) -> auto& { return c.scheduler.lr_range_test_min_lr; }),
+    fixed(int_knob(sp + "lr_range_test_step_size", 1, kBig, [](Config& c) -> auto& { return c.scheduler.lr_range_test_step_size; })),
+    fixed(float_knob(sp + "lr_range_test_step_rate", 0, kInf, [](Config& c) -> auto& { return c.scheduler.lr_range_test_step_rate; })),
+    bool_knob(sp + "lr_range_test_staircase", [](Config& c) -> auto& { return c.scheduler.lr_range_test_staircase; }),
+    fixed(int_knob(sp + "last_batch_iteration", -1, -1, [](Config& c) -> auto& { return c.scheduler.last_batch_iteration; })),
     bool_knob("activation_checkpointing.enabled", [](Config& c) -> auto& { return c.activation_checkpointing; }),
     bool_knob("broadcast_buffers", [](Config& c) -> auto& { return c.broadcast_buffers; }),
     bool_knob("check_collectives", [](Config& c) -> auto& { return c.check_collectives; }),
@@ -269,6 +304,9 @@ std::string Knob::allowed() const {
     case Type::Float:
       return fmt::format("number {}{}..{}{}", min_exclusive ? ">" : "", number_text(min),
                          number_text(max), auto_text);
+    case Type::FloatList:
+      return fmt::format("a number {}..{}, or a list of them (one per parameter group){}",
+                         number_text(min), number_text(max), auto_text);
     case Type::Betas:
       return "a list of two numbers in [0, 1), e.g. [0.9, 0.999], or auto";
     case Type::Choice:

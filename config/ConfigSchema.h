@@ -13,7 +13,7 @@
 namespace zeroshard {
 
 struct Knob {
-  enum class Type { Bool, Int, Float, Betas, Choice, Text, Offload };
+  enum class Type { Bool, Int, Float, FloatList, Betas, Choice, Text, Offload };
   std::string path;  // e.g. "zero_optimization.offload_optimizer.device"
   Type type = Type::Int;
   double min = 0;
@@ -25,6 +25,8 @@ struct Knob {
   std::function<bool&(Config&)> as_bool;
   std::function<std::optional<int64_t>&(Config&)> as_int;
   std::function<std::optional<double>&(Config&)> as_float;
+  // FloatList: a number (every parameter group's) or a list (one per group), each in range.
+  std::function<std::optional<std::vector<double>>&(Config&)> as_floats;
   std::function<std::pair<std::optional<double>*, std::optional<double>*>(Config&)> as_betas;
   std::function<std::string&(Config&)> as_text;
   std::function<OffloadDevice&(Config&)> as_offload;

@@ -216,6 +216,7 @@ nlohmann::json Manifest::to_json() const {
           {"optimizer_steps", optimizer_steps},
           {"global_steps", global_steps},
           {"schedule_steps", schedule_steps},
+          {"skipped_steps", skipped_steps},
           {"micro_steps", micro_steps},
           {"loss_scale", loss_scale},
           {"client_state", client_state},
@@ -247,6 +248,7 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin)
     m.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
     m.global_steps = j.value("global_steps", m.optimizer_steps);  // (older: the same)
     m.schedule_steps = j.value("schedule_steps", m.optimizer_steps);
+    m.skipped_steps = j.value("skipped_steps", int64_t{0});
     m.micro_steps = j.at("micro_steps").get<int64_t>();
     m.loss_scale = j.at("loss_scale");
     m.client_state = j.at("client_state");

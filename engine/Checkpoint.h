@@ -82,6 +82,7 @@ struct Manifest {
   // The engine's step count and the config scheduler's position (StepPipeline): the
   // optimizer's count unless a load without its state set them apart.
   int64_t global_steps = 0, schedule_steps = 0;
+  int64_t skipped_steps = 0;  // windows an fp16 overflow dropped
   int64_t micro_steps = 0;
   nlohmann::json loss_scale;  // null without fp16
   nlohmann::json client_state;

@@ -62,7 +62,10 @@ LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& t
   const bool lr_scheduler = options.lr_scheduler && !options.module_only;
   p_.pipeline.set_global_steps(options.module_only ? global_steps : m.global_steps);
   p_.pipeline.set_schedule_steps(lr_scheduler ? m.schedule_steps : schedule_steps);
-  if (!options.module_only) p_.pipeline.set_micro_steps(m.micro_steps);
+  if (!options.module_only) {
+    p_.pipeline.set_micro_steps(m.micro_steps);
+    p_.pipeline.set_skipped_steps(m.skipped_steps);
+  }
   for (size_t g = 0; g < groups.size(); ++g) p_.param_groups.set_options(g, groups[g]);
   LossScaler* scaler = p_.pipeline.scaler();
   if (scaler && with_optimizer && !m.loss_scale.is_null()) {

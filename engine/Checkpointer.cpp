@@ -70,6 +70,7 @@ Manifest Checkpointer::layout(const SaveOptions& options) const {
   m.optimizer_steps = p_.pipeline.optimizer().steps();
   m.global_steps = p_.pipeline.global_steps();
   m.schedule_steps = p_.pipeline.schedule_steps();
+  m.skipped_steps = p_.pipeline.skipped_steps();
   m.micro_steps = p_.pipeline.micro_steps();
   m.config_yaml = emit_config_yaml(p_.plan.config);
   m.optimizer_state = p_.pipeline.optimizer().state_names();

@@ -152,6 +152,9 @@ void EngineImpl::init(std::vector<NamedParam> params,
       plan_.settings.stage >= 1 && mics > 0 ? static_cast<int>(mics) : -1, static_cast<int>(hpz),
       [&](c10d::Store& store) { agree_on_build(store, env.rank, env.world_size, built); });
   comms_ = std::make_unique<Communicators>(dist_, &ledger_, plan_.settings.check_collectives);
+  // The groups' lrs as they are now, as DeepSpeed's scheduler reads them when it is built.
+  schedule_ = LrSchedule(plan_.config.scheduler, param_groups_.lrs(plan_.settings.optimizer),
+                         /*has_betas=*/!plan_.config.optimizer.external);
   pipeline_ = std::make_unique<StepPipeline>(plan_.settings, world_size());
   IoOptions io;
   io.block_size = *plan_.config.aio.block_size;
@@ -377,10 +380,9 @@ void EngineImpl::set_param_group(size_t group, const ParamGroupOptions& options)
 }
 
 std::vector<AdamHyper> EngineImpl::param_group_hypers() const {
-  const Config& c = plan_.config;
-  std::optional<double> scheduled;
-  if (c.scheduler.type != "none") scheduled = learning_rate(c, pipeline_->schedule_steps());
-  return param_groups_.resolve(plan_.settings.optimizer, scheduled);
+  if (!schedule_.active()) return param_groups_.resolve(plan_.settings.optimizer);
+  const std::vector<ScheduledGroup> scheduled = schedule_.at(pipeline_->schedule_steps());
+  return param_groups_.resolve(plan_.settings.optimizer, &scheduled);
 }
 
 int64_t EngineImpl::optimizer_steps() const {

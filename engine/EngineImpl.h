@@ -156,6 +156,7 @@ class EngineImpl {
   std::unique_ptr<SwapSpace> swap_;
   std::unique_ptr<StepPipeline> pipeline_;  // reducer, scaler, optimizer, overlapped step
   ParamGroupTable param_groups_;
+  LrSchedule schedule_;                  // the config's scheduler (inactive without one)
   std::unique_ptr<UnitSchedule> units_;  // stage 3: gathers and releases per unit, ParamHome
   std::unique_ptr<ModuleBuffers> buffers_;
   // The model's device, the bytes the plan budgets that tier with, and the activations

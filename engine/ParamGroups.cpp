@@ -80,19 +80,28 @@ void ParamGroupTable::set_options(size_t group, const ParamGroupOptions& options
   options_[group] = options;
 }
 
-std::vector<AdamHyper> ParamGroupTable::resolve(const AdamHyper& d,
-                                                std::optional<double> scheduled_lr) const {
+std::vector<AdamHyper> ParamGroupTable::resolve(
+    const AdamHyper& d, const std::vector<ScheduledGroup>* scheduled) const {
   std::vector<AdamHyper> out;
-  for (const auto& o : options_) {
+  for (size_t g = 0; g < options_.size(); ++g) {
+    const ParamGroupOptions& o = options_[g];
+    const ScheduledGroup* s = scheduled ? &scheduled->at(g) : nullptr;
     AdamHyper h;
-    h.lr = scheduled_lr ? *scheduled_lr : o.lr.value_or(d.lr);
-    h.beta1 = o.beta1.value_or(d.beta1);
-    h.beta2 = o.beta2.value_or(d.beta2);
+    h.lr = s ? s->lr : o.lr.value_or(d.lr);
+    h.beta1 = s && s->beta1 ? *s->beta1 : o.beta1.value_or(d.beta1);
+    h.beta2 = s && s->beta2 ? *s->beta2 : o.beta2.value_or(d.beta2);
     h.eps = o.eps.value_or(d.eps);
     h.weight_decay = o.weight_decay.value_or(d.weight_decay);
     h.decoupled = o.decoupled.value_or(d.decoupled);
+    h.bias_correction = o.bias_correction.value_or(d.bias_correction);
     out.push_back(h);
   }
+  return out;
+}
+
+std::vector<double> ParamGroupTable::lrs(const AdamHyper& defaults) const {
+  std::vector<double> out;
+  for (const auto& o : options_) out.push_back(o.lr.value_or(defaults.lr));
   return out;
 }
 

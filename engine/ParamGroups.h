@@ -16,6 +16,7 @@
 
 #include "common/AdamHyper.h"
 #include "config/Config.h"
+#include "config/LrSchedule.h"
 #include "sharding/FlatParamGroup.h"
 #include "zeroshard/Types.h"  // ParamGroup, ParamGroupOptions
 
@@ -34,10 +35,12 @@ class ParamGroupTable {
   void set_options(size_t group, const ParamGroupOptions& options);
 
   // The hyperparameters of every group for the next step: its own where set, else
-  // `defaults` (the config optimizer's). `scheduled_lr`: the config scheduler's lr,
-  // which replaces every group's own.
+  // `defaults` (the config optimizer's). `scheduled`: the config scheduler's values, one
+  // per group (config/LrSchedule.h), which replace the group's lr (and betas, where set).
   std::vector<AdamHyper> resolve(const AdamHyper& defaults,
-                                 std::optional<double> scheduled_lr) const;
+                                 const std::vector<ScheduledGroup>* scheduled = nullptr) const;
+  // Each group's own lr, the config optimizer's where it sets none.
+  std::vector<double> lrs(const AdamHyper& defaults) const;
 
   // Which group each element of flat buffer elements [begin, begin + count) belongs to,
   // in coordinates relative to `begin`. Padding between and after parameters goes with

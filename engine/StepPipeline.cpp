@@ -85,6 +85,10 @@ bool StepPipeline::update(const Hypers& hypers) {
     scale /= scaler_->scale();
     if (scaler_->update(reducer_->any_overflow())) {
       reducer_->zero();
+      // DeepSpeed counts a skipped window in global_steps, but neither its optimizer nor
+      // its scheduler advances.
+      ++global_offset_;
+      ++skipped_steps_;
       return false;
     }
   }

@@ -82,6 +82,9 @@ class StepPipeline {
   int64_t schedule_steps() const;
   void set_global_steps(int64_t steps);
   void set_schedule_steps(int64_t steps);
+  // Windows an fp16 overflow dropped (DeepSpeed's skipped_steps; counted in global_steps).
+  int64_t skipped_steps() const { return skipped_steps_; }
+  void set_skipped_steps(int64_t steps) { skipped_steps_ = steps; }
 
  private:
   // The reduced gradients are sums over ranks and micro-batches; the step takes their mean.
@@ -99,6 +102,7 @@ class StepPipeline {
   double grad_norm_ = 0;
   int64_t micro_steps_ = 0;
   int64_t global_offset_ = 0, schedule_offset_ = 0;
+  int64_t skipped_steps_ = 0;
 };
 
 }  // namespace zeroshard

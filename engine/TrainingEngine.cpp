@@ -144,6 +144,12 @@ int64_t TrainingEngine::optimizer_steps() const {
 int64_t TrainingEngine::global_steps() const {
   return impl_->pipeline_->global_steps();
 }
+int64_t TrainingEngine::skipped_steps() const {
+  return impl_->pipeline_->skipped_steps();
+}
+int64_t TrainingEngine::schedule_steps() const {
+  return impl_->pipeline_->schedule_steps();
+}
 const Plan& TrainingEngine::plan() const {
   return impl_->plan();
 }

@@ -77,6 +77,9 @@ class TrainingEngine final : public Engine {
   void set_param_group(size_t group, const ParamGroupOptions& options) override;
   int64_t optimizer_steps() const override;
   int64_t global_steps() const override;
+  // Windows an fp16 overflow skipped; the config scheduler's advances (config/LrSchedule.h).
+  int64_t skipped_steps() const;
+  int64_t schedule_steps() const;
   int rank() const override;
   int world_size() const override;
   MemoryReport memory_report() const override;

@@ -181,8 +181,9 @@ void adam_step(const CpuAdamStep& s, float* param, const G* grad, float* m, floa
   c.one_minus_beta1 = f(1.0 - h.beta1);
   c.beta2 = f(h.beta2);
   c.one_minus_beta2 = f(1.0 - h.beta2);
-  const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(s.step));
-  const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(s.step));
+  const double t = static_cast<double>(s.step);
+  const double bias1 = h.bias_correction ? 1.0 - std::pow(h.beta1, t) : 1.0;
+  const double bias2 = h.bias_correction ? 1.0 - std::pow(h.beta2, t) : 1.0;
   c.sqrt_bias2 = f(std::sqrt(bias2));
   c.eps = f(h.eps);
   c.neg_step_size = f(-h.lr / bias1);

@@ -22,31 +22,56 @@ void fill(std::optional<T>& knob, T value, const char* path, const char* why,
   reasons.push_back(fmt::format("{}: auto -> {} ({})", path, value, why));
 }
 
+std::string batch_key_text(const std::optional<int64_t>& v) {
+  return v ? std::to_string(*v) : std::string("left out");
+}
+
+// DeepSpeed's rule (its config's _set_batch_related_parameters): of train_batch_size,
+// train_micro_batch_size_per_gpu and gradient_accumulation_steps, the ones left out (or
+// auto) follow from the others over the data-parallel ranks; train_batch_size alone means
+// no accumulation, the micro-batch alone too. Where DeepSpeed stops (neither of the first
+// two given), the micro-batch is 1.
 void resolve_batch(Config& c, const WorldShape& world, std::vector<std::string>& reasons) {
-  fill<int64_t>(c.train_micro_batch_size_per_gpu, 1, "train_micro_batch_size_per_gpu",
-                "one sample per rank; raise it while the plan still fits", reasons);
-  const int64_t micro = *c.train_micro_batch_size_per_gpu;
-  if (c.train_batch_size && !c.gradient_accumulation_steps) {
-    const int64_t per_step = micro * world.ranks();
-    if (*c.train_batch_size % per_step != 0) {
-      fail(
-          "config key 'train_batch_size' is {}, not a multiple of micro batch {} x {} ranks; "
-          "allowed: a multiple of {}",
-          *c.train_batch_size, micro, world.ranks(), per_step);
-    }
-    fill<int64_t>(c.gradient_accumulation_steps, *c.train_batch_size / per_step,
-                  "gradient_accumulation_steps", "train_batch_size / (micro batch x ranks)",
+  const int64_t ranks = world.ranks();
+  auto& total = c.train_batch_size;
+  auto& micro = c.train_micro_batch_size_per_gpu;
+  auto& accumulation = c.gradient_accumulation_steps;
+  const std::string given = fmt::format(
+      "train_batch_size ({}), train_micro_batch_size_per_gpu ({}) and "
+      "gradient_accumulation_steps ({})",
+      batch_key_text(total), batch_key_text(micro), batch_key_text(accumulation));
+  auto refuse = [&] {
+    const std::string product = micro && accumulation
+                                    ? fmt::format(" ({} x {} x {} = {})", *micro, *accumulation,
+                                                  ranks, *micro * *accumulation * ranks)
+                                    : "";
+    fail(
+        "config keys {} do not fit {} ranks{}; allowed: train_batch_size = "
+        "train_micro_batch_size_per_gpu x gradient_accumulation_steps x ranks (the data-parallel "
+        "ranks), with any one of them left out to be derived from the other two",
+        given, ranks, product);
+  };
+  const char* why = "DeepSpeed's rule: from the other batch keys";
+  if (total && micro && !accumulation) {
+    if (*total % (*micro * ranks) != 0) refuse();
+    fill<int64_t>(accumulation, *total / (*micro * ranks), "gradient_accumulation_steps", why,
+                  reasons);
+  } else if (total && accumulation && !micro) {
+    if (*total % (*accumulation * ranks) != 0) refuse();
+    fill<int64_t>(micro, *total / (*accumulation * ranks), "train_micro_batch_size_per_gpu", why,
+                  reasons);
+  } else if (total && !micro) {
+    if (*total % ranks != 0) refuse();
+    fill<int64_t>(accumulation, 1, "gradient_accumulation_steps", why, reasons);
+    fill<int64_t>(micro, *total / ranks, "train_micro_batch_size_per_gpu", why, reasons);
+  } else if (!total && !micro) {
+    fill<int64_t>(micro, 1, "train_micro_batch_size_per_gpu",
+                  "one sample per rank (DeepSpeed needs train_batch_size or "
+                  "train_micro_batch_size_per_gpu); raise it while the plan still fits",
                   reasons);
   }
-  fill<int64_t>(c.gradient_accumulation_steps, 1, "gradient_accumulation_steps", "no accumulation",
-                reasons);
-  const int64_t product = micro * *c.gradient_accumulation_steps * world.ranks();
-  if (c.train_batch_size && *c.train_batch_size != product) {
-    fail(
-        "config key 'train_batch_size' is {} but train_micro_batch_size_per_gpu {} x "
-        "gradient_accumulation_steps {} x {} ranks = {}; allowed: equal values",
-        *c.train_batch_size, micro, *c.gradient_accumulation_steps, world.ranks(), product);
-  }
+  fill<int64_t>(accumulation, 1, "gradient_accumulation_steps", "no accumulation", reasons);
+  if (total && *total != *micro * *accumulation * ranks) refuse();
 }
 
 void resolve_training(Config& c, std::vector<std::string>& r) {
@@ -65,8 +90,9 @@ void resolve_training(Config& c, std::vector<std::string>& r) {
   fill(c.optimizer.eps, 1e-8, "optimizer.params.eps", torch_default, r);
   fill(c.optimizer.weight_decay, 0.01, "optimizer.params.weight_decay", torch_default, r);
   auto& s = c.scheduler;
-  fill(s.warmup_min_lr, 0.0, "scheduler.params.warmup_min_lr", dflt, r);
-  fill(s.warmup_max_lr, *c.optimizer.lr, "scheduler.params.warmup_max_lr", "optimizer lr", r);
+  fill(s.warmup_min_lr, std::vector<double>{0.0}, "scheduler.params.warmup_min_lr", dflt, r);
+  fill(s.warmup_max_lr, std::vector<double>{*c.optimizer.lr}, "scheduler.params.warmup_max_lr",
+       "optimizer lr", r);
   fill<int64_t>(s.warmup_num_steps, 1000, "scheduler.params.warmup_num_steps", dflt, r);
   fill<int64_t>(s.total_num_steps, 10000, "scheduler.params.total_num_steps", dflt, r);
 }

@@ -26,6 +26,7 @@ AdamHyper adam_defaults(const OptimizerConfig& o) {
   h.weight_decay = resolved(o.weight_decay, "optimizer.params.weight_decay");
   // DeepSpeed's rule: type Adam is AdamW too unless adam_w_mode is false.
   h.decoupled = o.type == "AdamW" || o.adam_w_mode;
+  h.bias_correction = o.bias_correction;
   return h;
 }
 

@@ -43,8 +43,9 @@ void ResidentOptimizer::add_group(const at::Tensor& shard, std::vector<HyperSpan
 
 void ResidentOptimizer::aten_step(const AdamHyper& h, int64_t step, double grad_scale,
                                   at::Tensor master, at::Tensor g, at::Tensor m, at::Tensor v) {
-  const double bias1 = 1 - std::pow(h.beta1, static_cast<double>(step));
-  const double bias2 = 1 - std::pow(h.beta2, static_cast<double>(step));
+  const double t = static_cast<double>(step);
+  const double bias1 = h.bias_correction ? 1 - std::pow(h.beta1, t) : 1.0;
+  const double bias2 = h.bias_correction ? 1 - std::pow(h.beta2, t) : 1.0;
   if (grad_scale != 1.0) g.mul_(grad_scale);
   if (h.decoupled) {
     if (h.weight_decay != 0) master.mul_(1 - h.lr * h.weight_decay);
@@ -69,7 +70,7 @@ void ResidentOptimizer::step(const std::vector<at::Tensor>& grads, double grad_s
                     at::Tensor g = grad.narrow(0, begin, count);
                     at::Tensor m = s.m.narrow(0, begin, count);
                     at::Tensor v = s.v.narrow(0, begin, count);
-                    if (kernel_) {
+                    if (kernel_ && h.bias_correction) {  // torch's kernel always corrects
                       kernel_(h, steps_, grad_scale, master, g, m, v);
                     } else {
                       aten_step(h, steps_, grad_scale, master, g, m, v);

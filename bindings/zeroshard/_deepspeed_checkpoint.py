@@ -322,9 +322,19 @@ def _write_all(folder, out_path):
     if frozen:
         groups.append(_group(frozen, sum(math.prod(s) for s in frozen.values()), False,
                              _GROUP_DTYPE[out.frozen_dtype], out.frozen_offset))
+    steps = step or int(model_state.get("global_steps", 0))
+    # A DeepSpeed scheduler's position: advanced once per applied step (last_batch_iteration
+    # starts at -1), which a config scheduler here resumes from.
+    scheduler = model_state.get("lr_scheduler")
+    advanced = steps
+    if isinstance(scheduler, dict) and "last_batch_iteration" in scheduler:
+        advanced = int(scheduler["last_batch_iteration"]) + 1
     return {"stage": stage, "optimizer_state": names, "optimizer_scalars": {"groups": scalars},
+            "global_steps": int(model_state.get("global_steps", steps)),
+            "skipped_steps": int(model_state.get("skipped_steps", 0) or 0),
+            "schedule_steps": advanced,
             "aliases": [[a, s] for a, s in (model_state.get("shared_params") or {}).items()],
-            "optimizer_steps": step or int(model_state.get("global_steps", 0)),
+            "optimizer_steps": steps,
             "micro_steps": int(model_state.get("global_steps", 0)) * accumulation,
             "client_state": {k: v for k, v in model_state.items() if k not in _DS_KEYS},
             "loss_scale": loss_scale,
@@ -359,6 +369,8 @@ def write(ds_folder, out_dir, tag):
     state = _write_all(ds_folder, os.path.join(folder, "rank0.bin"))
     manifest = {"format": 1, "tag": tag, "world_size": 1, "stage": state["stage"],
                 "optimizer_steps": state["optimizer_steps"], "micro_steps": state["micro_steps"],
+                "global_steps": state["global_steps"], "skipped_steps": state["skipped_steps"],
+                "schedule_steps": state["schedule_steps"],
                 "loss_scale": state["loss_scale"], "param_groups": None, "lr_scheduler": None,
                 "optimizer_state": state["optimizer_state"],
                 "optimizer_scalars": state["optimizer_scalars"],

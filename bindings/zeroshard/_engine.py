@@ -318,6 +318,18 @@ class ZeroShardEngine(SavingMethods):
         """Every parameter group's lr for the next step."""
         return [g["lr"] for g in self.optimizer.param_groups]
 
+    def get_mom(self):
+        """Every parameter group's momentum for the next step, as DeepSpeed reports it: the
+        betas of Adam-like optimizers, `momentum` where the optimizer has that instead."""
+        key = "momentum" if "momentum" in self.optimizer.param_groups[0] and \
+            "betas" not in self.optimizer.param_groups[0] else "betas"
+        return [g.get(key) for g in self.optimizer.param_groups]
+
+    @property
+    def skipped_steps(self):
+        """Optimizer steps an fp16 overflow skipped (counted in global_steps too)."""
+        return self._engine.skipped_steps
+
     @property
     def loss_scale(self):
         return self._engine.loss_scale

@@ -14,8 +14,9 @@ def _error(message):
 
 
 class ConfigScheduler:
-    """The config's scheduler (WarmupLR, WarmupDecayLR, WarmupCosineLR): the engine
-    advances it with each optimizer step, and writes its lr into every group."""
+    """The config's scheduler (DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR,
+    OneCycle, LRRangeTest; config/LrSchedule.h): the engine advances it after each applied
+    optimizer step, as DeepSpeed's engine does, and writes its lr into every group."""
 
     def __init__(self, engine):
         self._engine = engine
@@ -24,6 +25,14 @@ class ConfigScheduler:
         return self._engine.get_lr()
 
     get_lr = get_last_lr
+
+    @property
+    def last_batch_iteration(self):
+        """DeepSpeed's position: -1 before the first advance."""
+        return self._engine._engine.schedule_steps - 1
+
+    def state_dict(self):
+        return {"last_batch_iteration": self.last_batch_iteration}
 
     def step(self):
         pass  # the engine advances it with each optimizer step

@@ -11,7 +11,8 @@ import torch
 
 from . import _torch_optimizer, _zeroshard
 
-HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
+# bias_correction: DeepSpeed's Adam classes keep it per group (their groups only).
+HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "bias_correction")
 # Keys of torch's Adam/AdamW groups that choose an implementation or are the
 # scheduler's bookkeeping: the sharded optimizer has its own implementation.
 _IMPLEMENTATION_KEYS = {"foreach", "fused", "capturable", "initial_lr", "decoupled_weight_decay"}
@@ -185,9 +186,12 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         self._pushed = [self._options(g, d) for g, d in zip(self.param_groups, self._decoupled)]
 
     def show_scheduled_lr(self):
-        """After a step under a config scheduler: its lr into every group."""
+        """Under a config scheduler: its lr (and OneCycle's betas, where it cycles them)
+        into every group, for the next step."""
         for g, h in zip(self.param_groups, self._core.param_group_hypers()):
             g["lr"] = h["lr"]
+            if "betas" in g and "betas" in self._keys:
+                g["betas"] = tuple(h["betas"])
         self._pushed = [self._options(g, d) for g, d in zip(self.param_groups, self._decoupled)]
 
     # Set by zeroshard.integrations.ZeroShardTrainer, whose training_step already ran

@@ -70,10 +70,6 @@ def deepspeed_adam(optimizer):
     if getattr(optimizer, "fp32_optimizer_states", True) is False:
         raise _error(f"optimizer: {name}(fp32_optimizer_states=False) keeps Adam's moments in "
                      "16 bits; zeroshard keeps them in fp32; allowed: fp32_optimizer_states=True")
-    for i, g in enumerate(optimizer.param_groups):
-        if not g.get("bias_correction", True):
-            raise _error(f"optimizer.param_groups[{i}]: bias_correction=False is not supported "
-                         f"by zeroshard's Adam; allowed: bias_correction=True ({name})")
     return True
 
 

@@ -21,7 +21,8 @@ struct NamedParam {
 // them; what a group leaves unset comes from the config's `optimizer` section.
 struct ParamGroupOptions {
   std::optional<double> lr, beta1, beta2, eps, weight_decay;
-  std::optional<bool> decoupled;  // unset: the config's optimizer type (AdamW decouples)
+  std::optional<bool> decoupled;        // unset: the config's optimizer type (AdamW decouples)
+  std::optional<bool> bias_correction;  // unset: the config's (DeepSpeed's Adam classes set it)
 };
 
 struct ParamGroup {

@@ -108,7 +108,7 @@ void expect_matches_torch(ShardOptimizer& optimizer) {
       reference[i].mutable_grad() = grads.narrow(0, slot.offset, slot.numel).clone();
     }
     torch_adamw.step();
-    optimizer.step({grads.clone()}, 1.0, table.resolve(adam_defaults(config), std::nullopt));
+    optimizer.step({grads.clone()}, 1.0, table.resolve(adam_defaults(config)));
   }
   for (const auto& slot : flat.slots()) {
     const size_t i = slot.name == "a" ? 0 : slot.name == "b" ? 1 : 2;

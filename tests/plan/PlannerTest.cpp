@@ -139,7 +139,7 @@ TEST(Planner, AutoKnobsFollowHiddenSize) {
   EXPECT_EQ(r.zero.stage3_param_persistence_threshold, 7680);
   EXPECT_EQ(r.zero.sub_group_size, 100'000'000);
   EXPECT_DOUBLE_EQ(*r.optimizer.lr, 1e-3);
-  EXPECT_EQ(reasons.size(), 5u);
+  EXPECT_EQ(reasons.size(), 7u);  // and the micro-batch (1) and accumulation (1)
   const std::string all = fmt::format("{}", fmt::join(reasons, "\n"));
   EXPECT_NE(all.find("reduce_bucket_size: auto -> 589824 (Hugging Face"), std::string::npos) << all;
 }
@@ -148,7 +148,6 @@ TEST(Planner, TrainBatchSizeDerivesAccumulationOrMustAgree) {
   Config c;
   c.train_batch_size = 64;
   c.train_micro_batch_size_per_gpu = 2;
-  c.gradient_accumulation_steps.reset();
   std::vector<std::string> reasons;
   EXPECT_EQ(
       resolve_auto_knobs(c, toy_spec(), WorldShape{1, 8}, reasons).gradient_accumulation_steps, 4);
@@ -157,9 +156,35 @@ TEST(Planner, TrainBatchSizeDerivesAccumulationOrMustAgree) {
     resolve_auto_knobs(c, toy_spec(), WorldShape{1, 8}, reasons);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'train_batch_size' is 64"), std::string::npos);
-    EXPECT_NE(std::string(e.what()).find("= 48"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("train_batch_size (64), train_micro_batch_size_per_gpu "
+                                         "(2) and gradient_accumulation_steps (3) do not fit 8 "
+                                         "ranks (2 x 3 x 8 = 48)"),
+              std::string::npos)
+        << e.what();
   }
+}
+
+// DeepSpeed's table: whichever of the three is left out follows from the others.
+TEST(Planner, BatchKeysLeftOutFollowDeepSpeedsRule) {
+  auto resolve = [](std::optional<int64_t> total, std::optional<int64_t> micro,
+                    std::optional<int64_t> accumulation) {
+    Config c;
+    c.train_batch_size = total;
+    c.train_micro_batch_size_per_gpu = micro;
+    c.gradient_accumulation_steps = accumulation;
+    std::vector<std::string> reasons;
+    const Config r = resolve_auto_knobs(c, toy_spec(), WorldShape{1, 2}, reasons);
+    return std::make_pair(*r.train_micro_batch_size_per_gpu, *r.gradient_accumulation_steps);
+  };
+  using P = std::pair<int64_t, int64_t>;
+  EXPECT_EQ(resolve(16, std::nullopt, std::nullopt), P(8, 1));  // DeepSpeed's cifar example
+  EXPECT_EQ(resolve(16, std::nullopt, 2), P(4, 2));
+  EXPECT_EQ(resolve(16, 2, std::nullopt), P(2, 4));
+  EXPECT_EQ(resolve(std::nullopt, 3, std::nullopt), P(3, 1));
+  EXPECT_EQ(resolve(std::nullopt, 3, 5), P(3, 5));
+  EXPECT_EQ(resolve(std::nullopt, std::nullopt, 4), P(1, 4));    // DeepSpeed stops; here 1
+  EXPECT_THROW(resolve(15, std::nullopt, std::nullopt), Error);  // odd over 2 ranks
+  EXPECT_THROW(resolve(16, 3, std::nullopt), Error);
 }
 
 TEST(Planner, ResolvedConfigHasNoAutoLeft) {
