@@ -76,6 +76,14 @@ void resolve_batch(Config& c, const WorldShape& world, std::vector<std::string>&
 
 void resolve_training(Config& c, std::vector<std::string>& r) {
   fill(c.gradient_clipping, 1.0, "gradient_clipping", "clip the global norm at 1.0", r);
+  // DeepSpeed's default: gradients are reduced in the training precision (summed in 16 bits
+  // with bf16 or fp16); communication_data_type fp32 sums them in fp32.
+  if (c.communication_data_type.empty() && (c.bf16 || c.fp16.enabled)) {
+    c.communication_data_type = c.bf16 ? "bf16" : "fp16";
+    r.push_back(fmt::format("communication_data_type: unset -> {} (DeepSpeed's default: the "
+                            "training precision; fp32 sums the gradients in fp32)",
+                            c.communication_data_type));
+  }
   fill(c.comm_timeout_seconds, 300.0, "comm_timeout_seconds", "five minutes", r);
   const char* dflt = "DeepSpeed's default";
   fill(c.fp16.loss_scale, 0.0, "fp16.loss_scale", "dynamic loss scaling", r);

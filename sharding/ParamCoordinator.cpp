@@ -101,8 +101,8 @@ void ParamCoordinator::gather_now(size_t unit) {
 
 void ParamCoordinator::gather_for_read(size_t unit) {
   state_[unit].read = true;
-  launch_gather(unit, touch_comm_);
   try {
+    launch_gather(unit, touch_comm_);  // check_collectives waits here already
     wait_gathered(unit);
   } catch (const Error& e) {
     fail(

@@ -194,6 +194,13 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                 g["betas"] = tuple(h["betas"])
         self._pushed = [self._options(g, d) for g, d in zip(self.param_groups, self._decoupled)]
 
+    @property
+    def cur_scale(self):
+        """fp16's loss scale now (1 without fp16), under DeepSpeed's optimizers' name."""
+        return self._core.loss_scale
+
+    loss_scale = cur_scale
+
     # Set by zeroshard.integrations.ZeroShardTrainer, whose training_step already ran
     # engine.step(): the Trainer's own optimizer.step() call then does nothing.
     stepped_by_engine = False
