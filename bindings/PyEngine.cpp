@@ -454,6 +454,8 @@ PYBIND11_MODULE(_zeroshard, m) {
           "gradient_clipping",
           [](const TrainingEngine& e) { return e.config().gradient_clipping.value_or(0.0); })
       .def_property_readonly("bf16", [](const TrainingEngine& e) { return e.config().bf16; })
+      .def_property_readonly("dataloader_drop_last",
+                             [](const TrainingEngine& e) { return e.config().dataloader_drop_last; })
       .def_property_readonly("fp16",
                              [](const TrainingEngine& e) { return e.config().fp16.enabled; })
       .def_property_readonly(

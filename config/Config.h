@@ -180,6 +180,9 @@ struct Config {
   // naming every rank's collective, instead of waiting out the timeout. A small all-gather
   // per collective: for debugging and tests. ZS_CHECK_COLLECTIVES=1 turns it on too.
   bool check_collectives = false;
+  // DeepSpeed's: the dataloader initialize() builds from training_data drops the last
+  // partial micro-batch.
+  bool dataloader_drop_last = false;
   // The dtype gradients are reduced in (DeepSpeed's key): fp32, fp16 or bf16 cast them to
   // it for the reduction. Unset (empty; null in a file): summed in fp32, each travelling
   // in its own dtype (sharding/Collectives.h).

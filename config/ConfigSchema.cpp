@@ -161,6 +161,7 @@ std::vector<Knob> build_knobs() {
     bool_knob("activation_checkpointing.enabled", [](Config& c) -> auto& { return c.activation_checkpointing; }),
     bool_knob("broadcast_buffers", [](Config& c) -> auto& { return c.broadcast_buffers; }),
     bool_knob("check_collectives", [](Config& c) -> auto& { return c.check_collectives; }),
+    bool_knob("dataloader_drop_last", [](Config& c) -> auto& { return c.dataloader_drop_last; }),
     int_knob(z + "stage", 0, 3, [](Config& c) -> auto& { return c.zero.stage; }),
     bool_knob(z + "overlap_comm", [](Config& c) -> auto& { return c.zero.overlap_comm; }),
     bool_knob(z + "contiguous_gradients", [](Config& c) -> auto& { return c.zero.contiguous_gradients; }),

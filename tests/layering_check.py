@@ -56,9 +56,9 @@ def check(root):
 
 
 # The package's public modules: __init__ is its face; __main__ the launcher; accelerator,
-# comm and zero carry deepspeed's module names; integrations imports transformers, so it
+# comm, zero and moe carry deepspeed's module names; integrations imports transformers, so it
 # is imported by name (zeroshard.integrations) only by those who use it.
-PUBLIC_MODULES = {"__init__", "__main__", "integrations", "accelerator", "comm", "zero"}
+PUBLIC_MODULES = {"__init__", "__main__", "integrations", "accelerator", "comm", "zero", "moe"}
 PY_IMPORT = re.compile(r"^\s*from \.(\w*) import ([\w, ]+)", re.M)
 
 

@@ -66,7 +66,10 @@ def _dataloader(training_data, engine, collate_fn):
         return None
     sampler = torch.utils.data.distributed.DistributedSampler(
         training_data, num_replicas=engine.world_size, rank=engine.rank)
+    # DeepSpeed's: a DistributedSampler (shuffled, seed 0, the same order every epoch) in
+    # micro-batches, the last partial one kept unless dataloader_drop_last.
     return torch.utils.data.DataLoader(training_data, batch_size=engine.train_micro_batch_size_per_gpu(),
+                                       drop_last=engine._engine.dataloader_drop_last,
                                        sampler=sampler, collate_fn=collate_fn)
 
 
