@@ -381,7 +381,10 @@ void EngineImpl::set_param_group(size_t group, const ParamGroupOptions& options)
 
 std::vector<AdamHyper> EngineImpl::param_group_hypers() const {
   if (!schedule_.active()) return param_groups_.resolve(plan_.settings.optimizer);
-  const std::vector<ScheduledGroup> scheduled = schedule_.at(pipeline_->schedule_steps());
+  const int64_t advanced = pipeline_->schedule_steps();
+  if (held_schedule_ && held_schedule_->advanced == advanced)
+    return param_groups_.resolve(plan_.settings.optimizer, &held_schedule_->values);
+  const std::vector<ScheduledGroup> scheduled = schedule_.at(advanced);
   return param_groups_.resolve(plan_.settings.optimizer, &scheduled);
 }
 
@@ -420,7 +423,17 @@ std::string EngineImpl::save_checkpoint(const std::string& dir, std::string tag,
 
 LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag,
                                              const LoadOptions& options) {
-  return Checkpointer(checkpoint_parts()).load(dir, tag, options);
+  std::vector<ScheduledGroup> before;
+  if (schedule_.active()) before = schedule_.at(pipeline_->schedule_steps());
+  LoadedCheckpoint loaded = Checkpointer(checkpoint_parts()).load(dir, tag, options);
+  // DeepSpeed loads its scheduler's position without its optimizer's groups when the
+  // optimizer's state stays out: the groups keep the lr they had for one more step, and
+  // the scheduler's next advance moves on from the loaded position.
+  held_schedule_.reset();
+  if (schedule_.active() && options.lr_scheduler && !options.optimizer_states &&
+      !options.module_only)
+    held_schedule_ = HeldSchedule{pipeline_->schedule_steps(), std::move(before)};
+  return loaded;
 }
 
 MemoryDetail EngineImpl::memory_report() const {

@@ -156,7 +156,14 @@ class EngineImpl {
   std::unique_ptr<SwapSpace> swap_;
   std::unique_ptr<StepPipeline> pipeline_;  // reducer, scaler, optimizer, overlapped step
   ParamGroupTable param_groups_;
-  LrSchedule schedule_;                  // the config's scheduler (inactive without one)
+  LrSchedule schedule_;  // the config's scheduler (inactive without one)
+  // After a load of the scheduler's position without the optimizer's state: the values the
+  // groups keep until the schedule advances from `advanced` (load_checkpoint says why).
+  struct HeldSchedule {
+    int64_t advanced = 0;
+    std::vector<ScheduledGroup> values;
+  };
+  std::optional<HeldSchedule> held_schedule_;
   std::unique_ptr<UnitSchedule> units_;  // stage 3: gathers and releases per unit, ParamHome
   std::unique_ptr<ModuleBuffers> buffers_;
   // The model's device, the bytes the plan budgets that tier with, and the activations

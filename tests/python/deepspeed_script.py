@@ -74,7 +74,7 @@ def main():
             "device": str(engine.device), "rank": dist.get_rank(),
             "local": dist.get_local_rank(), "ranks": dist.get_world_size(),
             "accelerator": get_accelerator().device_name()}
-    losses, boundaries, applied, norms = [], [], [], []
+    losses, boundaries, applied, norms, lrs = [], [], [], [], [engine.get_lr()]
     for step in range(STEPS):
         if step == STEPS // 2:
             engine.save_checkpoint(args.checkpoint, client_state={"step": step})
@@ -88,6 +88,7 @@ def main():
             dist.all_reduce(logged)
             losses.append(logged.item() / dist.get_world_size())
         applied.append(engine.was_step_applied())
+        lrs.append(engine.get_lr())
         norms.append(float(engine.get_global_grad_norm()))
     seen.update(global_steps=engine.global_steps, global_samples=engine.global_samples,
                 dp_world_size=engine.dp_world_size, mp_world_size=engine.mp_world_size,
@@ -95,7 +96,7 @@ def main():
     _, client = engine.load_checkpoint(args.resume_from or args.checkpoint,
                                        load_optimizer_states=not args.load_weights_only)
     seen["steps_loaded"] = engine.global_steps
-    resumed = []
+    resumed, resumed_lrs = [], [engine.get_lr()]
     for step in range(client["step"], STEPS):
         for micro in range(ACCUMULATION):
             x, y = batch(step, micro, dist.get_rank())
@@ -103,6 +104,7 @@ def main():
             engine.backward(loss)
             engine.step()
             resumed.append(loss.item())
+        resumed_lrs.append(engine.get_lr())
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
         export = {n: p.detach().double().sum().item() for n, p in engine.module.named_parameters()}
     saved = engine.save_16bit_model(args.checkpoint + "-16bit", "model.bin")
@@ -111,6 +113,7 @@ def main():
     dist.barrier()
     with open(f"{args.out}.rank{dist.get_rank()}.json", "w") as f:
         json.dump(dict(seen, losses=losses, boundaries=boundaries, applied=applied, norms=norms,
+                       lrs=lrs, resumed_lrs=resumed_lrs,
                        given_local_rank=given_local_rank, resumed_step=client["step"], resumed=resumed, export=export,
                        saved=saved, saved_sums={k: v.double().sum().item()
                                                 for k, v in whole.items()}), f)

@@ -38,7 +38,11 @@ def write_config(scratch, zero, name, optimizer=None):
         "gradient_clipping": 1.0, "steps_per_print": 1000,
         "zero_optimization": dict(zero, stage3_gather_16bit_weights_on_model_save=True),
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01,
-                                                  "torch_adam": True}}}, **(optimizer or {}))))
+                                                  "torch_adam": True}},
+        # A config scheduler: its position comes back with DeepSpeed's checkpoint too.
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4,
+                                                     "warmup_type": "linear"}}},
+        **(optimizer or {}))))
     return config
 
 
@@ -78,7 +82,7 @@ def test_the_script_with_its_imports_switched_gives_deepspeeds_numbers(zero, scr
                     "train_batch_size", "micro_batch", "accumulation", "device", "rank",
                     "local", "ranks", "accelerator", "boundaries", "applied", "resumed_step",
                     "saved", "global_steps", "global_samples", "dp_world_size", "mp_world_size",
-                    "gradient_clipping", "steps_loaded"):
+                    "gradient_clipping", "steps_loaded", "lrs", "resumed_lrs"):
             assert got[key] == want[key], (rank, key)
         assert got["losses"] == pytest.approx(want["losses"], abs=1e-5)
         assert got["norms"] == pytest.approx(want["norms"], rel=1e-5)

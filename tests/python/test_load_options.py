@@ -76,11 +76,13 @@ def test_deepspeeds_checkpoint_keywords(stage, offload, scratch):
     assert torch.equal(kept[FROZEN], w6[FROZEN])  # the model's own, never trained
     assert torch.equal(kept["blocks.0.fc1.weight"], w6["blocks.0.fc1.weight"])
 
-    # A config scheduler's position (WarmupLR, linear to 1e-2 over 10 steps)
+    # A config scheduler's position (WarmupLR, linear to 1e-2 over 10 steps; the step after
+    # 6 advances uses iteration 5, as DeepSpeed's does). Without the optimizer's state the
+    # groups keep their lr for one step, as DeepSpeed's do (test_deepspeed_script compares).
     lrs = seen["config_schedule"]
     assert lrs["fresh"] == [0.0, 0]
-    assert lrs["full"] == [pytest.approx(6e-3), 6]
-    assert lrs["weights_only"] == lrs["full"]
+    assert lrs["full"] == [pytest.approx(5e-3), 6]
+    assert lrs["weights_only"] == [0.0, 6]
     assert lrs["kept_position"] == [0.0, 6]
 
     assert seen["no_latest"] == [None, None]
