@@ -207,10 +207,12 @@ const std::map<std::string, const char*>& ignored_keys() {
       {"cuda_visible_devices",
        "not a DeepSpeed key either; the launcher's CUDA_VISIBLE_DEVICES picks the GPUs"},
       {"prescale_gradients",
-       "gradients are summed (in fp32 unless communication_data_type names another dtype), "
+       "gradients are summed in communication_data_type (DeepSpeed's default: the training "
+       "precision), "
        "then averaged in fp32"},
       {"gradient_predivide_factor",
-       "gradients are summed (in fp32 unless communication_data_type names another dtype), "
+       "gradients are summed in communication_data_type (DeepSpeed's default: the training "
+       "precision), "
        "then averaged in fp32"},
       {"zero_allow_untested_optimizer", "every optimizer zeroshard offers is tested"},
       {"flops_profiler", "not implemented"},
