@@ -220,3 +220,22 @@ def assert_params(got, want, exact):
         else:
             diff = (got[name] - w).abs().max().item()
             assert diff <= 1e-5 * max(w.abs().max().item(), 1e-6), f"{name}: {diff}"
+
+
+# A DeepSpeed script's switch to zeroshard: its import lines, nothing else.
+DEEPSPEED_SWITCH = {"import deepspeed\n": "import zeroshard as deepspeed\n",
+                    "import deepspeed.comm as dist": "import zeroshard.comm as dist",
+                    "from deepspeed.accelerator import": "from zeroshard.accelerator import"}
+
+
+def switched_to_zeroshard(script, folder):
+    """A copy of `script` in `folder` with its deepspeed imports pointed at zeroshard (each
+    switch that applies; at least the first)."""
+    text = open(script).read()
+    assert next(iter(DEEPSPEED_SWITCH)) in text, script
+    for was, now in DEEPSPEED_SWITCH.items():
+        text = text.replace(was, now)
+    path = folder / ("zeroshard_" + os.path.basename(script))
+    path.write_text(text)
+    return str(path)
+

@@ -14,12 +14,10 @@ import os
 
 import pytest
 
-from conftest import HERE, OLDEST_LEG, run_ranks
+from conftest import HERE, OLDEST_LEG, run_ranks, switched_to_zeroshard
 
 SCRIPT = os.path.join(HERE, "deepspeed_numbers.py")
 pytestmark = pytest.mark.skipif(OLDEST_LEG, reason="DeepSpeed is installed on the main leg only")
-SWITCH = {"import deepspeed\n": "import zeroshard as deepspeed\n",
-          "import deepspeed.comm as dist": "import zeroshard.comm as dist"}
 
 WARMUP = {"warmup_num_steps": 5}
 CASES = {
@@ -129,16 +127,6 @@ FP16_CASE = {"steps": 10, "overflow_at": [2, 3, 8, 9], "dtype": "float16",
                                                 "warmup_type": "linear"}}}}
 
 
-def switched(scratch):
-    path = scratch / "zeroshard_numbers.py"
-    text = open(SCRIPT).read()
-    for was, now in SWITCH.items():
-        assert was in text
-        text = text.replace(was, now)
-    path.write_text(text)
-    return str(path)
-
-
 def run(scratch, script, name, cases, extra=()):
     out = str(scratch / name)
     return run_ranks([script, "--cases", json.dumps(cases), "--out", out] + list(extra), 2, out,
@@ -153,7 +141,7 @@ def both(tmp_path_factory):
               "window": FP16["loss_scale_window"], "hysteresis": FP16["hysteresis"],
               "min_scale": FP16["min_loss_scale"]}
     theirs = run(scratch, SCRIPT, "ds", CASES, ["--loss_scaler", json.dumps(scaler)])
-    ours = run(scratch, switched(scratch), "zs", dict(CASES, fp16=FP16_CASE))
+    ours = run(scratch, switched_to_zeroshard(SCRIPT, scratch), "zs", dict(CASES, fp16=FP16_CASE))
     return ours, theirs, overflows
 
 

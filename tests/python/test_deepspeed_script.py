@@ -12,16 +12,13 @@ import time
 
 import pytest
 
-from conftest import BUILD, HERE, OLDEST_LEG, run_ranks, run_snippet
+from conftest import BUILD, HERE, OLDEST_LEG, run_ranks, run_snippet, switched_to_zeroshard
 
 SCRIPT = os.path.join(HERE, "deepspeed_script.py")
 # DeepSpeed is pinned on the main leg; the oldest-torch leg has none (its torch is
 # Debian's), so the comparisons with DeepSpeed run on the main leg only.
 WITH_DEEPSPEED = pytest.mark.skipif(OLDEST_LEG, reason="DeepSpeed is installed on the main "
                                     "leg only")
-SWITCH = {"import deepspeed\n": "import zeroshard as deepspeed\n",
-          "import deepspeed.comm as dist": "import zeroshard.comm as dist",
-          "from deepspeed.accelerator import": "from zeroshard.accelerator import"}
 ZERO = {1: {"stage": 1}, 2: {"stage": 2}, 3: {"stage": 3},
         "2-cpu": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
         # torch.optim.SGD named in the config, as DeepSpeed takes any torch.optim class
@@ -59,13 +56,7 @@ def run(scratch, script, zero, name, extra=(), optimizer=None):
 
 
 def switched_script(scratch):
-    switched = scratch / "zeroshard_script.py"
-    text = open(SCRIPT).read()
-    for was, now in SWITCH.items():
-        assert was in text
-        text = text.replace(was, now)
-    switched.write_text(text)
-    return str(switched)
+    return switched_to_zeroshard(SCRIPT, scratch)
 
 
 @WITH_DEEPSPEED
