@@ -379,12 +379,15 @@ void EngineImpl::set_param_group(size_t group, const ParamGroupOptions& options)
   pipeline_->hypers_changed();
 }
 
+std::vector<ScheduledGroup> EngineImpl::scheduled_now() const {
+  const int64_t advanced = pipeline_->schedule_steps();
+  if (held_schedule_ && held_schedule_->advanced == advanced) return held_schedule_->values;
+  return schedule_.at(advanced);
+}
+
 std::vector<AdamHyper> EngineImpl::param_group_hypers() const {
   if (!schedule_.active()) return param_groups_.resolve(plan_.settings.optimizer);
-  const int64_t advanced = pipeline_->schedule_steps();
-  if (held_schedule_ && held_schedule_->advanced == advanced)
-    return param_groups_.resolve(plan_.settings.optimizer, &held_schedule_->values);
-  const std::vector<ScheduledGroup> scheduled = schedule_.at(advanced);
+  const std::vector<ScheduledGroup> scheduled = scheduled_now();
   return param_groups_.resolve(plan_.settings.optimizer, &scheduled);
 }
 
@@ -424,7 +427,7 @@ std::string EngineImpl::save_checkpoint(const std::string& dir, std::string tag,
 LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag,
                                              const LoadOptions& options) {
   std::vector<ScheduledGroup> before;
-  if (schedule_.active()) before = schedule_.at(pipeline_->schedule_steps());
+  if (schedule_.active()) before = scheduled_now();
   LoadedCheckpoint loaded = Checkpointer(checkpoint_parts()).load(dir, tag, options);
   // DeepSpeed loads its scheduler's position without its optimizer's groups when the
   // optimizer's state stays out: the groups keep the lr they had for one more step, and

@@ -164,6 +164,8 @@ class EngineImpl {
     std::vector<ScheduledGroup> values;
   };
   std::optional<HeldSchedule> held_schedule_;
+  // The config scheduler's values for the next step (held ones after such a load).
+  std::vector<ScheduledGroup> scheduled_now() const;
   std::unique_ptr<UnitSchedule> units_;  // stage 3: gathers and releases per unit, ParamHome
   std::unique_ptr<ModuleBuffers> buffers_;
   // The model's device, the bytes the plan budgets that tier with, and the activations

@@ -1,9 +1,7 @@
 #include "engine/RankAgreement.h"
 
 #include <algorithm>
-#include <chrono>
 #include <sstream>
-#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -11,18 +9,16 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/Error.h"
+#include "common/Hash.h"
 #include "sharding/CollectiveWatch.h"  // describe_ranks
+#include "sharding/StoreNotes.h"
 
 namespace zeroshard {
 namespace {
 
-// FNV-1a over the lines: the same on every rank and build.
 uint64_t hash_lines(const std::vector<std::string>& lines) {
-  uint64_t h = 14695981039346656037ull;
-  for (const auto& line : lines) {
-    for (unsigned char c : line) h = (h ^ c) * 1099511628211ull;
-    h = (h ^ '\n') * 1099511628211ull;
-  }
+  uint64_t h = kFnvOffset;
+  for (const auto& line : lines) h = fnv1a("\n", fnv1a(line, h));
   return h;
 }
 
@@ -55,15 +51,6 @@ void flatten(const YAML::Node& node, const std::string& path, std::vector<std::s
 
 std::string value_of(const std::vector<std::string>& lines, size_t i) {
   return i < lines.size() ? fmt::format("'{}'", lines[i]) : std::string("nothing");
-}
-
-std::string get_text(c10d::Store& store, const std::string& key) {
-  const auto bytes = store.get(key);
-  return {bytes.begin(), bytes.end()};
-}
-
-void set_text(c10d::Store& store, const std::string& key, const std::string& text) {
-  store.set(key, std::vector<uint8_t>(text.begin(), text.end()));
 }
 
 // The first section where `theirs` differs from `ref`, said with its first differing line.
@@ -183,34 +170,30 @@ void agree_on_build(c10d::Store& store, int rank, int world, const BuildDescript
   std::vector<int> differing;
   int first = -1;
   try {
-    if (rank == 0) set_text(store, "build/0", hashes);
-    const bool differs = rank != 0 && get_text(store, "build/0") != hashes;
+    if (rank == 0) write_note(store, "build/0", hashes);
+    const bool differs = rank != 0 && read_note(store, "build/0") != hashes;
     if (differs) {
-      set_text(store, fmt::format("build/text/{}", rank), mine.serialize());
+      write_note(store, fmt::format("build/text/{}", rank), mine.serialize());
       const int64_t n = store.add("build/differing", 1);
-      set_text(store, fmt::format("build/differ/{}", n), std::to_string(rank));
+      write_note(store, fmt::format("build/differ/{}", n), std::to_string(rank));
     }
-    if (store.add("build/arrived", 1) == world) set_text(store, "build/done", "1");
+    if (store.add("build/arrived", 1) == world) write_note(store, "build/done", "1");
     store.wait({"build/done"});
     const int64_t count = store.add("build/differing", 0);
     if (count == 0) return;
-    if (rank == 0) set_text(store, "build/text/0", mine.serialize());
+    if (rank == 0) write_note(store, "build/text/0", mine.serialize());
     for (int64_t i = 1; i <= count; ++i)
-      differing.push_back(std::stoi(get_text(store, fmt::format("build/differ/{}", i))));
+      differing.push_back(std::stoi(read_note(store, fmt::format("build/differ/{}", i))));
     first = *std::min_element(differing.begin(), differing.end());
     const auto ref =
-        rank == 0 ? mine.sections() : BuildDescription::parse(get_text(store, "build/text/0"));
+        rank == 0 ? mine.sections() : BuildDescription::parse(read_note(store, "build/text/0"));
     const auto theirs =
         rank == first
             ? mine.sections()
-            : BuildDescription::parse(get_text(store, fmt::format("build/text/{}", first)));
+            : BuildDescription::parse(read_note(store, fmt::format("build/text/{}", first)));
     const std::string difference = first_difference(ref, theirs, first);
-    // Rank 0 may serve the store: it stays until every rank has read what it needs (or 5 s).
-    store.add("build/read", 1);
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (rank == 0 && store.add("build/read", 0) < world &&
-           std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Rank 0 may serve the store: it stays until every rank has read what it needs.
+    done_reading(store, "build/read", world, /*stay=*/rank == 0);
     fail(
         "rank {}: the ranks did not build the same engine, so their collectives would not "
         "match (checked before the first one): rank(s) {} differ from rank 0 {}",

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "sharding/StoreNotes.h"
+
 namespace zeroshard {
 namespace {
 
@@ -22,11 +24,16 @@ struct Published {
   int64_t since_ms = 0;
 };
 
+// Which collective: what a wait's text keeps while it lasts.
+std::string identity(const CollectiveCall& call) {
+  return fmt::format("{}\n{}\n{}", call.group, call.seq, call.what);
+}
+
 std::string encode(const WaitEntry& e) {
   const auto waited = Clock::now() - e.since;
   const auto since = std::chrono::system_clock::now() -
                      std::chrono::duration_cast<std::chrono::system_clock::duration>(waited);
-  return fmt::format("{}\n{}\n{}\n{}", e.call.group, e.call.seq, e.call.what, wall_ms(since));
+  return fmt::format("{}\n{}", identity(e.call), wall_ms(since));
 }
 
 bool decode(const std::string& text, Published& out) {
@@ -93,7 +100,7 @@ std::string CollectiveWatch::key(int rank) const {
 
 void CollectiveWatch::publish(const std::string& text) {
   try {
-    store_->set(key(rank_), std::vector<uint8_t>(text.begin(), text.end()));
+    write_note(*store_, key(rank_), text);
   } catch (const std::exception&) {
     // The store is gone (rank 0 died): the failing collective says so on its own.
   }
@@ -104,7 +111,7 @@ void CollectiveWatch::publish(const std::string& text) {
 void CollectiveWatch::loop() {
   const auto tick = std::min<std::chrono::milliseconds>(
       std::chrono::seconds(1), std::max(publish_after_ / 2, std::chrono::milliseconds(50)));
-  std::string shown;
+  std::string shown;  // the identity of the wait in the store; empty: none
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
     wake_.wait_for(lock, tick);
@@ -112,14 +119,11 @@ void CollectiveWatch::loop() {
     const WaitEntry* oldest = nullptr;
     for (const auto& e : waits_)
       if (oldest == nullptr || e.since < oldest->since) oldest = &e;
-    std::string text;
-    if (oldest != nullptr && Clock::now() - oldest->since >= publish_after_) text = encode(*oldest);
-    // The same wait keeps its first text: its start does not move.
-    if (!text.empty() && !shown.empty() &&
-        text.substr(0, text.rfind('\n')) == shown.substr(0, shown.rfind('\n')))
-      continue;
-    if (text == shown) continue;
-    shown = text;
+    const bool due = oldest != nullptr && Clock::now() - oldest->since >= publish_after_;
+    const std::string now = due ? identity(oldest->call) : "";
+    if (now == shown) continue;  // a wait already told keeps its first text
+    shown = now;
+    const std::string text = due ? encode(*oldest) : "";
     lock.unlock();
     publish(text);
     lock.lock();
@@ -136,12 +140,7 @@ std::string CollectiveWatch::report(const CollectiveCall& call) const {
     for (int r = 0; r < world_; ++r) {
       if (r == rank_) continue;
       Published p;
-      const bool has = store_->check({key(r)});
-      std::string text;
-      if (has) {
-        const auto bytes = store_->get(key(r));
-        text.assign(bytes.begin(), bytes.end());
-      }
+      const std::string text = store_->check({key(r)}) ? read_note(*store_, key(r)) : "";
       if (!text.empty() && decode(text, p)) {
         if (p.call.group == call.group && p.call.seq == call.seq) {
           by_state["waits at this collective too"].push_back(r);

@@ -30,7 +30,7 @@ struct CollectiveCall {
   int64_t seq = 0;
   std::string what;  // "all-gather of 4096 float (unit 3)"
 
-  std::string describe() const;  // "all-gather #12 on group 'params': all-gather of ..."
+  std::string describe() const;  // "all-gather of 4096 Float (unit 3) (#12 on group 'params')"
 };
 
 // One wait in progress (CollectiveWatch's list).
@@ -78,7 +78,6 @@ class CollectiveWatch {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::list<WaitEntry> waits_;
-  bool published_ = false;  // the store holds a wait of this rank
   bool stop_ = false;
   std::thread thread_;
 };

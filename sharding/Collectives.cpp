@@ -1,14 +1,14 @@
 #include "sharding/Collectives.h"
 
-#include <chrono>
 #include <map>
-#include <thread>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "common/Error.h"
+#include "common/Hash.h"
 #include "common/InterpreterLock.h"
+#include "sharding/StoreNotes.h"
 
 namespace zeroshard {
 namespace {
@@ -28,13 +28,6 @@ const char* op_name(int64_t op) {
     default:
       return "collective";
   }
-}
-
-// FNV-1a: the same on every rank and build, unlike std::hash.
-int64_t fingerprint_of(const std::string& text) {
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return static_cast<int64_t>(h);
 }
 
 // Gloo moves bytes for all-gather, alltoall and broadcast without looking at them, so
@@ -149,9 +142,10 @@ CollectiveCall Collectives::next_call(Op op, const at::Tensor& tensor,
                           label.empty() ? "" : fmt::format(" ({})", label));
   refuse_under_interpreter_lock(call, "issued");
   if (options_.check) {
-    agree_on(call, {call.seq, static_cast<int64_t>(op), tensor.numel(),
-                    static_cast<int64_t>(tensor.scalar_type()),
-                    wire ? static_cast<int64_t>(*wire) : -1, root, fingerprint_of(label)});
+    agree_on(call,
+             {call.seq, static_cast<int64_t>(op), tensor.numel(),
+              static_cast<int64_t>(tensor.scalar_type()), wire ? static_cast<int64_t>(*wire) : -1,
+              root, static_cast<int64_t>(fnv1a(label))});
   }
   return call;
 }
@@ -185,19 +179,12 @@ void Collectives::fail_diverged(const CollectiveCall& call) const {
   std::map<std::string, std::vector<int>> by_call;
   if (options_.store) {
     try {
-      options_.store->set(key + std::to_string(rank_),
-                          std::vector<uint8_t>(call.what.begin(), call.what.end()));
-      for (int r = 0; r < world_; ++r) {
-        const auto bytes = options_.store->get(key + std::to_string(r));
-        by_call[std::string(bytes.begin(), bytes.end())].push_back(r);
-      }
-      // Every rank stays until the group has read (at most 5 s): the rank that serves the
-      // store may be one of them.
-      options_.store->add(key + "read", 1);
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      while (options_.store->add(key + "read", 0) < world_ &&
-             std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      c10d::Store& store = *options_.store;
+      write_note(store, key + std::to_string(rank_), call.what);
+      for (int r = 0; r < world_; ++r)
+        by_call[read_note(store, key + std::to_string(r))].push_back(r);
+      // Every rank stays until the group has read: the one serving the store may be here.
+      done_reading(store, key + "read", world_, /*stay=*/true);
     } catch (const std::exception&) {
       by_call.clear();
     }
