@@ -177,16 +177,22 @@ void Collectives::agree_on(const CollectiveCall& call, const std::vector<int64_t
 void Collectives::fail_diverged(const CollectiveCall& call) const {
   const std::string key = fmt::format("diverged/{}/{}/", options_.name, call.seq);
   std::map<std::string, std::vector<int>> by_call;
+  std::string unread;  // why the others' collectives are not known
   if (options_.store) {
     try {
       c10d::Store& store = *options_.store;
       write_note(store, key + std::to_string(rank_), call.what);
       for (int r = 0; r < world_; ++r)
         by_call[read_note(store, key + std::to_string(r))].push_back(r);
-      // Every rank stays until the group has read: the one serving the store may be here.
-      done_reading(store, key + "read", world_, /*stay=*/true);
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
       by_call.clear();
+      unread = without_backtrace(e.what());
+    }
+    try {
+      // Every rank stays until the group has read: the one serving the store may be here.
+      // What this rank has read stands even if the store is gone by now.
+      if (unread.empty()) done_reading(*options_.store, key + "read", world_, /*stay=*/true);
+    } catch (const std::exception&) {
     }
   }
   if (by_call.empty()) by_call[call.what].push_back(rank_);
@@ -194,6 +200,7 @@ void Collectives::fail_diverged(const CollectiveCall& call) const {
   for (const auto& [what, ranks] : by_call)
     calls +=
         fmt::format("{}rank(s) {}: {}", calls.empty() ? "" : "; ", describe_ranks(ranks), what);
+  if (!unread.empty()) calls += "; the other ranks' could not be read from the store: " + unread;
   fail(
       "rank {}: collectives diverged: the ranks of group '{}' issued different collectives as "
       "its #{} ({}); every rank must issue the same collectives in the same order, so the "

@@ -16,10 +16,14 @@ std::string read_note(c10d::Store& store, const std::string& key) {
 }
 
 void done_reading(c10d::Store& store, const std::string& key, int readers, bool stay) {
-  store.add(key, 1);
+  // The count this rank's own add returns decides first: the last reader must not ask the
+  // store again, since the rank serving it may leave as soon as that count is in.
+  int64_t counted = store.add(key, 1);
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (stay && store.add(key, 0) < readers && std::chrono::steady_clock::now() < until)
+  while (stay && counted < readers && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    counted = store.add(key, 0);
+  }
 }
 
 }  // namespace zeroshard
