@@ -440,10 +440,17 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly("skipped_steps", &TrainingEngine::skipped_steps)
       .def_property_readonly("schedule_steps", &TrainingEngine::schedule_steps)
       .def_property_readonly("micro_steps", &TrainingEngine::micro_steps)
+      .def(
+          "ends_accumulation",
+          [](const TrainingEngine& e, int64_t micro_steps) {
+            return e.plan().settings.ends_accumulation(micro_steps);
+          },
+          py::arg("micro_steps"),
+          "Whether the micro_steps-th micro-batch (from 1) ends an accumulation window.")
       .def_property_readonly("rank", &TrainingEngine::rank)
       .def_property_readonly("world_size", &TrainingEngine::world_size)
-      .def_property_readonly("stage",
-                             [](const TrainingEngine& e) { return *e.config().zero.stage; })
+      .def_property_readonly(
+          "stage", [](const TrainingEngine& e) { return e.plan().settings.stage.number(); })
       .def_property_readonly(
           "gradient_accumulation_steps",
           [](const TrainingEngine& e) { return *e.config().gradient_accumulation_steps; })
@@ -454,8 +461,9 @@ PYBIND11_MODULE(_zeroshard, m) {
           "gradient_clipping",
           [](const TrainingEngine& e) { return e.config().gradient_clipping.value_or(0.0); })
       .def_property_readonly("bf16", [](const TrainingEngine& e) { return e.config().bf16; })
-      .def_property_readonly("dataloader_drop_last",
-                             [](const TrainingEngine& e) { return e.config().dataloader_drop_last; })
+      .def_property_readonly(
+          "dataloader_drop_last",
+          [](const TrainingEngine& e) { return e.config().dataloader_drop_last; })
       .def_property_readonly("fp16",
                              [](const TrainingEngine& e) { return e.config().fp16.enabled; })
       .def_property_readonly(

@@ -1,9 +1,9 @@
 #pragma once
-// The Python side of engine/ExternalOptimizer.h: a torch.optim class stepped by the
+// The Python side of optim/ExternalOptimizer.h: a torch.optim class stepped by the
 // package's _torch_optimizer.TorchShardOptimizer, whose methods become the hooks.
 #include <torch/csrc/utils/pybind.h>
 
-#include "engine/ExternalOptimizer.h"
+#include "optim/ExternalOptimizer.h"
 
 namespace zeroshard {
 
@@ -16,7 +16,7 @@ ExternalOptimizerHooks python_optimizer_hooks(pybind11::object owner);
 
 // [(master, [(begin, count, param_group), ...], [(begin, count, param, param_offset,
 // shape, name), ...]), ...]: every group's fp32 master, which parameter group each of its spans
-// is in, and which parameter each piece is (engine/ExternalOptimizer.h).
+// is in, and which parameter each piece is (optim/ExternalOptimizer.h).
 pybind11::list optimizer_shards(const ExternalOptimizer& optimizer);
 
 // [(group, offset, numel), ...]: the swap regions with NVMe, in order; empty without.

@@ -94,14 +94,14 @@ struct OptimizerConfig {
   bool adam_w_mode = true;
   bool torch_adam = false;
   bool bias_correction = true;
-  // DeepSpeed's Lamb (its FusedLamb's arithmetic, sharding/LambOptimizer.h): the trust
+  // DeepSpeed's Lamb (its FusedLamb's arithmetic, optim/LambOptimizer.h): the trust
   // ratio's clamp and where eps goes; unset: DeepSpeed's defaults (10, 0.01, false).
   // Refused with any other type.
   std::optional<double> max_coeff, min_coeff;
   std::optional<double> max_grad_norm;  // FusedLamb's own clipping: 0 only
   bool eps_inside_sqrt = false;
   // A torch.optim class (config/TorchOptimizers.h) or a client optimizer object the
-  // Python package steps on the shards (engine/ExternalOptimizer.h): `type` is its class
+  // Python package steps on the shards (optim/ExternalOptimizer.h): `type` is its class
   // name and `torch_params` the config's params for it, passed to the class as written.
   bool external = false;
   // Whether its update is elementwise, so that any part of the shards steps on its own
@@ -212,7 +212,7 @@ LoadedConfig load_config_string(const std::string& yaml_text, const std::string&
 void check_contradictions(const Config& config);
 
 // What rules zero_optimization.offload_optimizer.overlap_step out for `config`
-// (engine/OverlappedStep.h says why each does), or nothing. A key still auto (stage, an
+// (optim/OverlappedStep.h says why each does), or nothing. A key still auto (stage, an
 // offload device) rules nothing out yet: the Planner asks again once it is resolved.
 struct OverlapStepObstacle {
   std::string setting;  // the key and its value, e.g. "'gradient_clipping' 1"

@@ -1,5 +1,5 @@
 #pragma once
-// Optimizer types that torch.optim's own classes step (engine/ExternalOptimizer.h).
+// Optimizer types that torch.optim's own classes step (optim/ExternalOptimizer.h).
 // DeepSpeed takes any torch.optim class name as `optimizer.type` and passes `params` to
 // it; zeroshard does the same for the classes whose update is elementwise, where a
 // shard steps exactly as the whole tensor would. Adam and AdamW are zeroshard's own

@@ -16,12 +16,12 @@
 #include "engine/RngStates.h"
 #include "engine/StepPipeline.h"
 #include "engine/UnitSchedule.h"
+#include "optim/ShardOptimizer.h"
 #include "plan/Planner.h"
 #include "sharding/Collectives.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
 #include "sharding/ParamCoordinator.h"
-#include "sharding/ShardOptimizer.h"
 
 namespace zeroshard {
 
@@ -54,7 +54,7 @@ LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& t
   std::vector<CommHandle> handles;
   for (const GroupId i : p_.groups.trainable()) {
     const auto& g = p_.groups[i].flat;
-    if (!g->sharded() && p_.plan.settings.stage >= 1)
+    if (!g->sharded() && p_.plan.settings.stage.shards_optimizer())
       handles.push_back(p_.comms.shards().all_gather(g->flat()));
   }
   for (auto& h : handles) h.wait();

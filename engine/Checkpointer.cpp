@@ -21,12 +21,12 @@
 #include "engine/StepPipeline.h"
 #include "engine/UnitSchedule.h"
 #include "offload/SwapFile.h"
+#include "optim/ShardOptimizer.h"
 #include "plan/Planner.h"
 #include "sharding/Collectives.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
 #include "sharding/ParamCoordinator.h"
-#include "sharding/ShardOptimizer.h"
 
 namespace zeroshard {
 namespace {
@@ -66,7 +66,7 @@ Manifest Checkpointer::layout(const SaveOptions& options) const {
   // One file per shard: with shard groups (mics_shard_size) the first group writes them,
   // the others hold the same shards.
   m.world_size = shard_count();
-  m.stage = p_.plan.settings.stage;
+  m.stage = p_.plan.settings.stage.number();
   m.optimizer_steps = p_.pipeline.optimizer().steps();
   m.global_steps = p_.pipeline.global_steps();
   m.schedule_steps = p_.pipeline.schedule_steps();

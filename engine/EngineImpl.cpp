@@ -19,36 +19,40 @@
 #include "engine/DeviceMemory.h"
 #include "engine/EnginePlan.h"
 #include "engine/GroupLayout.h"
-#include "engine/OffloadOptimizer.h"
-#include "engine/OverlappedStep.h"
 #include "engine/ParamHome.h"
 #include "engine/RankAgreement.h"
 #include "engine/StepPipeline.h"
-#include "engine/SwapSpace.h"  // the members it destroys
 #include "engine/UnitPartition.h"
 #include "engine/UnitSchedule.h"
+#include "optim/OffloadOptimizer.h"
+#include "optim/OverlappedStep.h"
+#include "optim/ResidentOptimizer.h"
+#include "optim/SwapSpace.h"  // the members it destroys
 #include "sharding/Collectives.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
 #include "sharding/ParamCoordinator.h"
-#include "sharding/ResidentOptimizer.h"
 #include "sharding/SecondaryShards.h"
 
 namespace zeroshard {
 namespace {
 
-at::ScalarType compute_dtype(const Config& c) {
-  if (c.bf16) return at::kBFloat16;
-  if (c.fp16.enabled) return at::kHalf;
+at::ScalarType dtype_of(Precision p) {
+  switch (p) {
+    case Precision::Bf16:
+      return at::kBFloat16;
+    case Precision::Fp16:
+      return at::kHalf;
+    case Precision::Fp32:
+      break;
+  }
   return at::kFloat;
 }
 
 // communication_data_type; unset leaves each gradient in its dtype, summed in fp32.
-std::optional<at::ScalarType> wire_dtype(const std::string& name) {
-  if (name == "fp32") return at::kFloat;
-  if (name == "fp16") return at::kHalf;
-  if (name == "bf16") return at::kBFloat16;
-  return std::nullopt;
+std::optional<at::ScalarType> wire_dtype(const std::optional<Precision>& p) {
+  if (!p) return std::nullopt;
+  return dtype_of(*p);
 }
 
 // Debian's libblas.so.3 is OpenBLAS, whose own thread pool is sized from the environment
@@ -142,24 +146,24 @@ void EngineImpl::init(std::vector<NamedParam> params,
   plan_ = plan_for(params, unit_params, buffers_->bytes(), config, env, device_.capacity, batch);
   // Offloaded state comes and goes by design; memory kept by glibc would stay resident
   // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
-  if (plan_.option.optimizer == OffloadDevice::None && plan_.option.params == OffloadDevice::None)
-    keep_freed_memory();
-  const int64_t mics = plan_.settings.mics_shard_size;
-  const int64_t hpz = plan_.settings.stage == 3 ? plan_.settings.hpz_partition_size : 1;
+  const TrainingSettings& z = plan_.settings;
+  if (!z.offload_optimizer.offloaded() && !z.offload_param.offloaded()) keep_freed_memory();
+  const int64_t mics = z.mics_shard_size;
+  const int64_t hpz = z.stage.shards_parameters() ? z.hpz_partition_size : 1;
   built.add_config(plan_.config);
   dist_ = init_distributed(
-      env, plan_.settings.comm_timeout, params.front().param.device(),
-      plan_.settings.stage >= 1 && mics > 0 ? static_cast<int>(mics) : -1, static_cast<int>(hpz),
+      env, z.comm_timeout, params.front().param.device(),
+      z.stage.shards_optimizer() && mics > 0 ? static_cast<int>(mics) : -1, static_cast<int>(hpz),
       [&](c10d::Store& store) { agree_on_build(store, env.rank, env.world_size, built); });
-  comms_ = std::make_unique<Communicators>(dist_, &ledger_, plan_.settings.check_collectives);
+  comms_ = std::make_unique<Communicators>(dist_, &ledger_, z.check_collectives);
   // The groups' lrs as they are now, as DeepSpeed's scheduler reads them when it is built.
-  schedule_ = LrSchedule(plan_.config.scheduler, param_groups_.lrs(plan_.settings.optimizer),
-                         /*has_betas=*/!plan_.config.optimizer.external);
-  pipeline_ = std::make_unique<StepPipeline>(plan_.settings, world_size());
+  schedule_ = LrSchedule(z.scheduler, param_groups_.lrs(z.optimizer.defaults),
+                         /*has_betas=*/!z.optimizer.external);
+  pipeline_ = std::make_unique<StepPipeline>(z, world_size());
   IoOptions io;
-  io.block_size = *plan_.config.aio.block_size;
-  io.queue_depth = static_cast<int>(*plan_.config.aio.queue_depth);
-  io.rings = static_cast<int>(*plan_.config.aio.intra_op_parallelism);
+  io.block_size = z.aio.block_size;
+  io.queue_depth = z.aio.queue_depth;
+  io.rings = z.aio.rings;
   swap_ = std::make_unique<SwapSpace>(io, rank());
   const MaterializeParams from_rank0 = [this](const std::vector<NamedParam>& group) {
     broadcast_initial_values(group);
@@ -167,7 +171,7 @@ void EngineImpl::init(std::vector<NamedParam> params,
   build_groups(params, unit_params, materialize ? materialize : from_rank0);
   groups_.set_params(params);
   buffers_->broadcast(comms_->world());  // every rank starts from rank 0's, as DDP's construction
-  const LossScaleSettings& fp16 = plan_.settings.fp16;
+  const LossScaleSettings& fp16 = z.fp16;
   if (fp16.enabled) {
     LossScalerOptions o;
     o.static_scale = fp16.static_scale;
@@ -214,10 +218,10 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
                               const std::vector<std::vector<NamedParam>>& unit_params,
                               const MaterializeParams& materialize) {
   const TrainingSettings& z = plan_.settings;
-  const int stage = z.stage;
+  const ZeroStage stage = z.stage;
   groups_.set_unit_count(unit_params.size());
   const auto layout = layout_groups(params, unit_params, stage, z.reduce_bucket_size);
-  const at::ScalarType dtype = compute_dtype(plan_.config);
+  const at::ScalarType dtype = dtype_of(z.compute);
   const std::vector<bool> on_host = optimizer_on_host(layout);
   make_optimizer(params.front().param.device().is_cpu(), on_host);
   std::vector<FlatParamGroup*> trainable, sharded;
@@ -225,13 +229,13 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
   for (const auto& spec : layout) {
     materialize(spec.params);
     GroupRecord record;
-    record.flat = std::make_unique<FlatParamGroup>(spec.params, shard_rank(), shard_count(), dtype,
-                                                   spec.sharded, spec.trainable,
-                                                   /*lazy_grads=*/stage >= 2, &ledger_);
+    record.flat = std::make_unique<FlatParamGroup>(
+        spec.params, shard_rank(), shard_count(), dtype, spec.sharded, spec.trainable,
+        /*lazy_grads=*/stage.shards_gradients(), &ledger_);
     FlatParamGroup* g = record.flat.get();
     // Parameter offload on a GPU: the kept shard lives in host memory from here on, where
     // the optimizer updates it and ParamHome moves it to and from NVMe.
-    if (plan_.option.params != OffloadDevice::None) g->keep_shard_on_host(&ledger_);
+    if (z.offload_param.offloaded()) g->keep_shard_on_host(&ledger_);
     if (spec.sharded) {
       record.coordinator_unit = CoordinatorUnit(sharded.size());
       record.unit = UnitId(static_cast<size_t>(spec.unit));
@@ -240,25 +244,28 @@ void EngineImpl::build_groups(const std::vector<NamedParam>& params,
     groups_.add(std::move(record), spec.trainable);
     if (!spec.trainable) continue;
     trainable.push_back(g);
-    const int64_t begin = stage == 0 ? 0 : shard_rank() * g->shard_numel();
-    const at::Tensor shard = stage == 0 ? g->flat() : g->param_shard();
+    // Without sharded optimizer state every rank steps the whole group.
+    const bool whole = !stage.shards_optimizer();
+    const int64_t begin = whole ? 0 : shard_rank() * g->shard_numel();
+    const at::Tensor shard = whole ? g->flat() : g->param_shard();
     pipeline_->optimizer().add_group(shard, param_groups_.spans(*g, begin, shard.numel()));
     add_param_pieces(*g, trainable.size() - 1, begin, shard.numel(), trained_params);
   }
   // Shards leave RAM (parameter offload) before the gradient buffers are allocated, so
   // a model as large as host RAM is never held twice.
   pipeline_->optimizer().start();
-  std::unique_ptr<ParamHome> home = stage == 3 ? place_param_shards(sharded) : nullptr;
-  const bool opt_off = plan_.option.optimizer != OffloadDevice::None;
+  std::unique_ptr<ParamHome> home =
+      stage.shards_parameters() ? place_param_shards(sharded) : nullptr;
+  const bool opt_off = z.offload_optimizer.offloaded();
   ReduceOptions reduce;
-  reduce.stage = static_cast<int>(stage);
+  reduce.stage = stage;
   reduce.overlap = z.overlap_comm;
   for (bool host : on_host)
     reduce.fp32_tiers.push_back(opt_off && host ? Tier::Host : Tier::Device);
-  reduce.wire = wire_dtype(plan_.config.communication_data_type);
+  reduce.wire = wire_dtype(z.communication);
   pipeline_->set_reducer(std::make_unique<GradReducer>(trainable, reduce, &comms_->shards(),
                                                        comms_->replicas(), &ledger_));
-  if (stage < 3) return;
+  if (!stage.shards_parameters()) return;
   CoordinatorOptions o;
   o.prefetch_numel = z.stage3_prefetch_bucket_size;
   o.max_live_numel = z.stage3_max_live_parameters;
@@ -311,7 +318,7 @@ bool EngineImpl::finish_step() {
   const TrainingSettings& c = plan_.settings;
   if (ParamHome* home = param_home()) home->flush();
   fault_point("step.gather");
-  if (c.stage >= 1) {
+  if (c.stage.shards_optimizer()) {  // each rank updated its part of the whole groups
     std::vector<CommHandle> handles;
     for (const GroupId i : groups_.trainable()) {
       const auto& g = groups_[i].flat;
@@ -386,9 +393,10 @@ std::vector<ScheduledGroup> EngineImpl::scheduled_now() const {
 }
 
 std::vector<AdamHyper> EngineImpl::param_group_hypers() const {
-  if (!schedule_.active()) return param_groups_.resolve(plan_.settings.optimizer);
+  const AdamHyper& defaults = plan_.settings.optimizer.defaults;
+  if (!schedule_.active()) return param_groups_.resolve(defaults);
   const std::vector<ScheduledGroup> scheduled = scheduled_now();
-  return param_groups_.resolve(plan_.settings.optimizer, &scheduled);
+  return param_groups_.resolve(defaults, &scheduled);
 }
 
 int64_t EngineImpl::optimizer_steps() const {
@@ -452,7 +460,7 @@ MemoryDetail EngineImpl::memory_report() const {
     shape = device_.activations->second;
   }
   shape.device_is_host = device_.where.is_cpu();
-  r.predicted = predict_memory(spec, plan_.option, plan_.config, world, shape);
+  r.predicted = plan_.predict(spec, world, shape);
   return r;
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // What stands behind zeroshard::Engine (engine/TrainingEngine.h): the groups, the process
 // groups, the optimizer, the coordinator and the offload pieces, defined across
-// EngineImpl.cpp, EngineUnits.cpp and EngineOffload.cpp; checkpoints are a Checkpointer's
+// EngineImpl.cpp, EngineUnits.cpp and EnginePlacement.cpp; checkpoints are a Checkpointer's
 // (engine/Checkpointer.h). Only the engine's own files include this header.
 #include <chrono>
 #include <functional>

@@ -112,10 +112,11 @@ Plan plan_for(const std::vector<NamedParam>& params,
   shape.device_is_host = params.front().param.device().is_cpu();
   ModelSpec spec = spec_of_params(params, buffer_bytes);
   Plan plan = make_plan(spec, config, world, shape, budget);
-  if (plan.settings.stage == 3) {
+  if (plan.settings.stage.shards_parameters()) {
     // The stage (and the bucket size that lays out parameters outside every unit) known:
     // planned again on the groups the engine will build.
-    const auto layout = layout_groups(params, unit_params, 3, plan.settings.reduce_bucket_size);
+    const auto layout =
+        layout_groups(params, unit_params, plan.settings.stage, plan.settings.reduce_bucket_size);
     spec = spec_of_groups(shapes_of(layout), buffer_bytes);
     plan = make_plan(spec, config, world, shape, budget);
   }

@@ -9,9 +9,9 @@
 #include "engine/ParamHome.h"
 #include "engine/StepPipeline.h"
 #include "engine/UnitSchedule.h"
+#include "optim/ShardOptimizer.h"
 #include "sharding/Collectives.h"
 #include "sharding/ParamCoordinator.h"
-#include "sharding/ShardOptimizer.h"
 
 namespace zeroshard {
 
@@ -72,8 +72,8 @@ void EngineImpl::model_forward_begin() {
 
 void EngineImpl::model_forward_end(bool grad_enabled) {
   // This forward's backward reduces gradients when it ends the accumulation window.
-  const int64_t accumulation = plan_.settings.gradient_accumulation_steps;
-  buffers_->forward_end(grad_enabled && (pipeline_->micro_steps() + 1) % accumulation == 0);
+  buffers_->forward_end(grad_enabled &&
+                        plan_.settings.ends_accumulation(pipeline_->micro_steps() + 1));
   if (units_) units_->model_forward_end(grad_enabled);
 }
 

@@ -29,11 +29,11 @@ void add_buckets(const std::vector<NamedParam>& list, bool trainable, int64_t bu
 }  // namespace
 
 std::vector<GroupSpec> layout_groups(const std::vector<NamedParam>& params,
-                                     const std::vector<std::vector<NamedParam>>& units, int stage,
-                                     int64_t bucket_numel) {
+                                     const std::vector<std::vector<NamedParam>>& units,
+                                     ZeroStage stage, int64_t bucket_numel) {
   // Owner unit of each parameter; -2 when more than one unit uses it (tied).
   std::unordered_map<const void*, int> owner;
-  if (stage == 3) {
+  if (stage.shards_parameters()) {
     for (size_t u = 0; u < units.size(); ++u) {
       for (const auto& p : units[u]) {
         auto [it, inserted] = owner.emplace(key(p.param), static_cast<int>(u));

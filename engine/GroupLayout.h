@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/ZeroStage.h"
 #include "sharding/FlatParamGroup.h"
 
 namespace zeroshard {
@@ -23,7 +24,7 @@ struct GroupSpec {
 // trainable root groups, unit groups in unit order (trainable, then frozen), frozen
 // root groups.
 std::vector<GroupSpec> layout_groups(const std::vector<NamedParam>& params,
-                                     const std::vector<std::vector<NamedParam>>& units, int stage,
-                                     int64_t bucket_numel);
+                                     const std::vector<std::vector<NamedParam>>& units,
+                                     ZeroStage stage, int64_t bucket_numel);
 
 }  // namespace zeroshard

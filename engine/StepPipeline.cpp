@@ -2,11 +2,11 @@
 
 #include "common/Error.h"
 #include "common/FaultPoint.h"
-#include "engine/OffloadOptimizer.h"
-#include "engine/OverlappedStep.h"
+#include "optim/OffloadOptimizer.h"
+#include "optim/OverlappedStep.h"
+#include "optim/ShardOptimizer.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
-#include "sharding/ShardOptimizer.h"
 
 namespace zeroshard {
 
@@ -47,7 +47,7 @@ at::Tensor StepPipeline::begin_backward(const at::Tensor& loss, const Hypers& hy
                                         std::optional<c10::Stream> stream) {
   ++micro_steps_;
   fault_point("backward.begin");
-  const bool boundary = micro_steps_ % settings_.gradient_accumulation_steps == 0;
+  const bool boundary = settings_.ends_accumulation(micro_steps_);
   if (boundary && overlapped_) {
     // Everything a group's update reads is fixed now (OverlappedStep.h says why).
     overlapped_->begin(mean_scale(), hypers(), stream);
@@ -62,7 +62,7 @@ void StepPipeline::end_backward() {
 }
 
 bool StepPipeline::update(const Hypers& hypers) {
-  if (micro_steps_ == 0 || micro_steps_ % settings_.gradient_accumulation_steps != 0) {
+  if (micro_steps_ == 0 || !settings_.ends_accumulation(micro_steps_)) {
     return false;
   }
   const auto& grads = reducer_->reduced();  // every reduction landed

@@ -126,14 +126,15 @@ int64_t TrainingEngine::micro_steps() const {
 }
 
 void TrainingEngine::reduce_across_shards(at::Tensor& tensor) {
-  if (impl_->plan_.settings.stage >= 1) impl_->comms_->shards().all_reduce_sum(tensor).wait();
+  if (impl_->plan_.settings.stage.shards_optimizer())
+    impl_->comms_->shards().all_reduce_sum(tensor).wait();
 }
 
 ExternalOptimizer& TrainingEngine::external_optimizer() {
   ExternalOptimizer* external = impl_->pipeline_->external();
   if (!external) {
     fail("this engine steps zeroshard's own {}, not a torch.optim class",
-         impl_->plan_.config.optimizer.type);
+         impl_->plan_.settings.optimizer.type);
   }
   return *external;
 }

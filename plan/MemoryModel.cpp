@@ -53,8 +53,8 @@ int64_t secondary_numel(const ModelSpec& spec, const ZeroConfig& z, int64_t rank
 
 }  // namespace
 
-ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device,
-                                  const OffloadParamConfig& config, int64_t ranks) {
+ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device, int64_t max_in_cpu,
+                                  int64_t ranks) {
   ParamPlacement p;
   int64_t kept = 0;  // nvme: shards held in host RAM, in unit order, up to max_in_cpu
   for (size_t u = 0; u < spec.unit_params.size(); ++u) {
@@ -64,7 +64,7 @@ ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device,
       p.host_numel += n;
     } else if (device != OffloadDevice::Nvme) {
       p.device_numel += n;
-    } else if (kept + n <= config.max_in_cpu.value_or(0)) {
+    } else if (kept + n <= max_in_cpu) {
       kept += n;
       p.host_numel += n;
       p.in_host.push_back(u);
@@ -206,7 +206,8 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   const int64_t reduce_bucket = std::min(*z.reduce_bucket_size, p);
 
   MemoryBreakdown m;
-  const ParamPlacement placed = place_param_shards(spec, option.params, z.offload_param, d);
+  const ParamPlacement placed =
+      place_param_shards(spec, option.params, z.offload_param.max_in_cpu.value_or(0), d);
   if (option.stage == 3) {
     int64_t whole = 0;  // units kept whole, in full
     for (size_t u = 0; u < spec.unit_params.size(); ++u)

@@ -88,8 +88,9 @@ struct ParamPlacement {
   std::vector<int64_t> nvme_shards;  // numel of each shard on NVMe, in unit order
   std::vector<size_t> in_host;       // nvme: units whose shard stays in host RAM
 };
-ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device,
-                                  const OffloadParamConfig& config, int64_t ranks);
+// `max_in_cpu`: offload_param.max_in_cpu, the shard elements kept in host RAM with nvme.
+ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device, int64_t max_in_cpu,
+                                  int64_t ranks);
 
 MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
                                const Config& config, const WorldShape& world,

@@ -80,9 +80,10 @@ void resolve_training(Config& c, std::vector<std::string>& r) {
   // with bf16 or fp16); communication_data_type fp32 sums them in fp32.
   if (c.communication_data_type.empty() && (c.bf16 || c.fp16.enabled)) {
     c.communication_data_type = c.bf16 ? "bf16" : "fp16";
-    r.push_back(fmt::format("communication_data_type: unset -> {} (DeepSpeed's default: the "
-                            "training precision; fp32 sums the gradients in fp32)",
-                            c.communication_data_type));
+    r.push_back(
+        fmt::format("communication_data_type: unset -> {} (DeepSpeed's default: the "
+                    "training precision; fp32 sums the gradients in fp32)",
+                    c.communication_data_type));
   }
   fill(c.comm_timeout_seconds, 300.0, "comm_timeout_seconds", "five minutes", r);
   const char* dflt = "DeepSpeed's default";
@@ -143,7 +144,7 @@ bool permitted(const Config& c, const PlanOption& o) {
   const OD par = c.zero.offload_param.device;
   // Lamb and Adafactor step state in memory; elementwise torch.optim classes page theirs
   // through NVMe; only zeroshard's Adam brings NVMe parameter shards in for its update
-  // (engine/EngineOffload.cpp).
+  // (engine/EnginePlacement.cpp).
   const bool in_memory =
       (c.optimizer.external && !c.optimizer.elementwise) || c.optimizer.type == "Lamb";
   if (in_memory && o.optimizer == OD::Nvme) return false;
@@ -434,6 +435,11 @@ Config resolve_auto_knobs(const Config& config, const ModelSpec& spec, const Wor
   resolve_training(c, reasons);
   resolve_zero(c, spec, reasons);
   return c;
+}
+
+MemoryBreakdown Plan::predict(const ModelSpec& spec, const WorldShape& world,
+                              const TrainingShape& shape) const {
+  return predict_memory(spec, option, config, world, shape);
 }
 
 Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& world,

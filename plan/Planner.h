@@ -43,6 +43,10 @@ struct Plan {
   std::vector<std::string> reasons;  // one line per decision
   std::vector<OptionEstimate> options;
   std::string summary;  // one line: what was chosen, or by how much nothing fits
+
+  // What a rank holds under this plan, for groups shaped as `spec` (the memory model's).
+  MemoryBreakdown predict(const ModelSpec& spec, const WorldShape& world,
+                          const TrainingShape& shape) const;
 };
 
 // Every stage/offload choice, in the order of preference.

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/Error.h"
+#include "plan/MemoryModel.h"
 
 namespace zeroshard {
 namespace {
@@ -33,7 +34,11 @@ AdamHyper adam_defaults(const OptimizerConfig& o) {
 TrainingSettings settings_of(const Config& c) {
   const ZeroConfig& z = c.zero;
   TrainingSettings s;
-  s.stage = static_cast<int>(resolved(z.stage, "zero_optimization.stage"));
+  s.stage = ZeroStage(static_cast<int>(resolved(z.stage, "zero_optimization.stage")));
+  s.compute = c.bf16 ? Precision::Bf16 : c.fp16.enabled ? Precision::Fp16 : Precision::Fp32;
+  if (c.communication_data_type == "fp32") s.communication = Precision::Fp32;
+  if (c.communication_data_type == "fp16") s.communication = Precision::Fp16;
+  if (c.communication_data_type == "bf16") s.communication = Precision::Bf16;
   s.overlap_comm = z.overlap_comm;
   s.reduce_bucket_size = resolved(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size");
   s.stage3_prefetch_bucket_size =
@@ -53,12 +58,19 @@ TrainingSettings settings_of(const Config& c) {
         "planning");
   }
   s.overlap_step = overlap == "true";
-  s.offload_optimizer = {z.offload_optimizer.nvme_path,
+  if (const auto obstacle = overlap_step_obstacle(c)) s.overlap_step_obstacle = obstacle->why;
+  s.offload_optimizer = {z.offload_optimizer.device, z.offload_optimizer.nvme_path,
                          resolved(z.offload_optimizer.buffer_count,
                                   "zero_optimization.offload_optimizer.buffer_count")};
   s.offload_param = {
-      z.offload_param.nvme_path,
+      z.offload_param.device, z.offload_param.nvme_path,
       resolved(z.offload_param.buffer_count, "zero_optimization.offload_param.buffer_count")};
+  s.optimizer_host_ratio = split_ratio(
+      PlanOption{s.stage.number(), z.offload_optimizer.device, z.offload_param.device}, c);
+  s.param_max_in_cpu = z.offload_param.max_in_cpu.value_or(0);
+  s.aio.block_size = resolved(c.aio.block_size, "aio.block_size");
+  s.aio.queue_depth = static_cast<int>(resolved(c.aio.queue_depth, "aio.queue_depth"));
+  s.aio.rings = static_cast<int>(resolved(c.aio.intra_op_parallelism, "aio.intra_op_parallelism"));
   s.gradient_accumulation_steps =
       resolved(c.gradient_accumulation_steps, "gradient_accumulation_steps");
   s.gradient_clipping = resolved(c.gradient_clipping, "gradient_clipping");
@@ -75,7 +87,15 @@ TrainingSettings settings_of(const Config& c) {
     s.fp16.hysteresis = resolved(f.hysteresis, "fp16.hysteresis");
     s.fp16.min_scale = resolved(f.min_loss_scale, "fp16.min_loss_scale");
   }
-  s.optimizer = adam_defaults(c.optimizer);
+  const OptimizerConfig& o = c.optimizer;
+  s.optimizer.type = o.type;
+  s.optimizer.external = o.external;
+  s.optimizer.lamb_max_coeff = o.max_coeff.value_or(s.optimizer.lamb_max_coeff);
+  s.optimizer.lamb_min_coeff = o.min_coeff.value_or(s.optimizer.lamb_min_coeff);
+  s.optimizer.bias_correction = o.bias_correction;
+  s.optimizer.eps_inside_sqrt = o.eps_inside_sqrt;
+  s.optimizer.defaults = adam_defaults(o);
+  s.scheduler = c.scheduler;
   return s;
 }
 

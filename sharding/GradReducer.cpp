@@ -32,7 +32,10 @@ GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, ReduceOptions opti
       comm_(comm),
       replicas_(replicas),
       ledger_(ledger) {
-  const int stage = options_.stage;
+  // Stages 0-1 reduce once per window into a buffer that holds the whole sum; from stage 2
+  // on each backward's reduced shard is accumulated in an fp32 buffer of its own.
+  const bool whole_groups = !options_.stage.shards_optimizer();
+  const bool accumulates_reduced = options_.stage.shards_gradients();
   bool any_off_device = false;
   for (size_t i = 0; i < groups_.size(); ++i) {
     FlatParamGroup* g = groups_[i];
@@ -41,11 +44,11 @@ GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, ReduceOptions opti
     const at::Tensor& grad = g->flat_grad();
     // fp32 stage 0/1 reduce in place in the gradient buffer itself; otherwise a separate
     // fp32 buffer holds the reduced (and, at stage >= 2, accumulated) gradient.
-    if (grad.scalar_type() == at::kFloat && stage <= 1 && fp32_tier == Tier::Device) {
-      sums_.fp32.push_back(stage == 0 ? grad : g->grad_shard());
+    if (grad.scalar_type() == at::kFloat && !accumulates_reduced && fp32_tier == Tier::Device) {
+      sums_.fp32.push_back(whole_groups ? grad : g->grad_shard());
       sums_.entries.emplace_back();
     } else {
-      const int64_t n = stage == 0 ? g->padded_numel() : g->shard_numel();
+      const int64_t n = whole_groups ? g->padded_numel() : g->shard_numel();
       sums_.fp32.push_back(at::zeros({n}, fp32_options(grad, fp32_tier)));
       sums_.entries.emplace_back(ledger, fp32_tier, Kind::GradsFp32, n * 4);
     }
@@ -53,7 +56,7 @@ GradReducer::GradReducer(std::vector<FlatParamGroup*> groups, ReduceOptions opti
   reductions_.received_bytes = LedgerEntry(ledger, Tier::Device, Kind::CommBuckets, 0);
   const c10::Device grads_on =
       groups_.empty() ? c10::Device(at::kCPU) : groups_.front()->flat_grad().device();
-  if (stage >= 1 && any_off_device && !grads_on.is_cpu()) {
+  if (!whole_groups && any_off_device && !grads_on.is_cpu()) {
     landings_ = std::make_unique<HostLandings>(grads_on, &sums_.fp32, ledger);
   }
   sums_.clean.assign(groups_.size(), true);
@@ -101,7 +104,7 @@ void GradReducer::install_hooks() {
 }
 
 void GradReducer::begin_backward(bool boundary) {
-  window_.reducing = options_.stage >= 2 || boundary;
+  window_.reducing = options_.stage.shards_gradients() || boundary;
   window_.boundary = boundary;
   window_.next = static_cast<int>(groups_.size()) - 1;
   std::fill(arrivals_.arrived.begin(), arrivals_.arrived.end(), 0);
@@ -120,7 +123,7 @@ void GradReducer::launch_ready() {
 }
 
 bool GradReducer::bounded() const {
-  return options_.stage >= 1 || options_.wire.value_or(at::kFloat) != at::kFloat;
+  return options_.stage.shards_optimizer() || options_.wire.value_or(at::kFloat) != at::kFloat;
 }
 
 void GradReducer::launch(size_t g) {
@@ -138,12 +141,12 @@ void GradReducer::launch(size_t g) {
   f.group = g;
   sums_.stale[g] = 0;  // stages 0-1 write the whole sum; later ones land in it whole or add
   const std::optional<at::ScalarType> wire = options_.wire;
-  if (options_.stage == 0) {
+  if (!options_.stage.shards_optimizer()) {
     if (sums_.fp32[g].data_ptr() != groups_[g]->flat_grad().data_ptr()) {
       sums_.fp32[g].copy_(groups_[g]->flat_grad());
     }
     f.handle = comm_->all_reduce_sum(sums_.fp32[g], wire);
-  } else if (options_.stage == 1 && !lands(g)) {
+  } else if (!options_.stage.shards_gradients() && !lands(g)) {
     f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), sums_.fp32[g], wire);
   } else {
     // Reduced where the gradients are (a landing brings it to a host accumulator).
@@ -175,7 +178,7 @@ void GradReducer::retire_oldest() {
   InFlight f = std::move(reductions_.in_flight.front());
   reductions_.in_flight.erase(reductions_.in_flight.begin());
   f.handle.wait();
-  if (options_.stage >= 2) groups_[f.group]->release_grads();  // the shard is in f.received
+  if (options_.stage.shards_gradients()) groups_[f.group]->release_grads();  // in f.received
   if (!replicas_) {
     accumulate(f);
     return finished(f.group);
@@ -204,7 +207,8 @@ void GradReducer::accumulate(const InFlight& f) {
     reductions_.received_bytes.resize(reductions_.received_bytes.bytes() -
                                       f.received.numel() * 4);  // the landing's now
     // Stage 1 reduces once per window: its shard is the whole sum.
-    landings_->land(f.group, f.received, options_.stage == 1 || sums_.clean[f.group]);
+    landings_->land(f.group, f.received,
+                    !options_.stage.shards_gradients() || sums_.clean[f.group]);
     sums_.clean[f.group] = false;
     return;
   }
@@ -254,7 +258,7 @@ void GradReducer::end_backward() {
   if (!window_.reducing) return;
   // Whatever did not arrive (unused parameters) counts as zero: launch the rest.
   while (window_.next >= 0) launch(window_.next--);
-  if (options_.stage >= 2) drain();
+  if (options_.stage.shards_gradients()) drain();
   settle_all();
 }
 

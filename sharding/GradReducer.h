@@ -33,6 +33,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/MemoryLedger.h"
+#include "common/ZeroStage.h"
 #include "sharding/Collectives.h"
 #include "sharding/FlatParamGroup.h"
 #include "sharding/HostLandings.h"
@@ -44,7 +45,7 @@ struct Node;
 namespace zeroshard {
 
 struct ReduceOptions {
-  int stage = 0;
+  ZeroStage stage;
   bool overlap = false;  // overlap_comm
   // Per group, where the optimizer reads its reduced gradient (empty: every group on the
   // device); anywhere but the device it gets a buffer of its own (the host copy an
@@ -146,7 +147,7 @@ class GradReducer {
   void retire_oldest();
   void finish_across();  // the oldest all-reduce across groups
   void drain();          // every reduction in flight, both kinds
-  bool sharded_grads() const { return options_.stage >= 1; }
+  bool sharded_grads() const { return options_.stage.shards_optimizer(); }
   Tier fp32_tier(size_t group) const;
   bool lands(size_t group) const;  // its reduced shard lands on the host (HostLandings)
   bool bounded() const;            // whether a reduction in flight holds buffers (see above)

@@ -17,9 +17,10 @@ BELOW = {
     "plan": {"common", "config"},
     "sharding": {"common"},
     "offload": {"common"},
-    "engine": {"common", "config", "plan", "sharding", "offload"},
-    "bindings": {"common", "config", "plan", "sharding", "offload", "engine"},
-    "tools": {"common", "config", "plan", "sharding", "offload", "engine"},
+    "optim": {"common", "config", "plan", "sharding", "offload"},
+    "engine": {"common", "config", "plan", "sharding", "offload", "optim"},
+    "bindings": {"common", "config", "plan", "sharding", "offload", "optim", "engine"},
+    "tools": {"common", "config", "plan", "sharding", "offload", "optim", "engine"},
 }
 TORCH = re.compile(r'#include <(torch|ATen|c10|caffe2)/')
 PROJECT = re.compile(r'#include "([a-z_]+)/([^"]+)"')

@@ -1,4 +1,4 @@
-"""transformers' Adafactor on the shards, exactly (engine/ExternalOptimizer.h's hooks).
+"""transformers' Adafactor on the shards, exactly (optim/ExternalOptimizer.h's hooks).
 
 Adafactor is not elementwise: a matrix's second moment is factored into a row and a
 column statistic (means of grad^2 + eps over each row and each column), and the update

@@ -298,7 +298,7 @@ class ZeroShardEngine(SavingMethods):
         # The engine counts a micro-step at each backward (and a checkpoint restores the
         # count); DeepSpeed counts at each step().
         done = self._engine.micro_steps - (1 if self._pending_backward else 0)
-        return (done + 1) % self.gradient_accumulation_steps() == 0
+        return self._engine.ends_accumulation(done + 1)
 
     def get_global_grad_norm(self):
         """The gradients' global norm at the last optimizer step (before clipping)."""

@@ -1,4 +1,4 @@
-"""Any elementwise torch.optim class on this rank's shards (engine/ExternalOptimizer.h).
+"""Any elementwise torch.optim class on this rank's shards (optim/ExternalOptimizer.h).
 
 The client's optimizer class (or the config's optimizer.type, a torch.optim class name,
 as DeepSpeed takes it) is built a second time, over views of this rank's fp32 master

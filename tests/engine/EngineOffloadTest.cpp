@@ -187,7 +187,7 @@ void check_overlap(const Overlap& c, int world, const std::string& device) {
   EXPECT_EQ(swap_dirs_left(s.nvme_path), 0);
 }
 
-// offload_optimizer.ratio below 1 (sharding/SplitOptimizer.h) against `reference` (the
+// offload_optimizer.ratio below 1 (optim/SplitOptimizer.h) against `reference` (the
 // same run with every shard on the host, or the optimizer on the device): the same
 // parameters, losses and norms, and the ledger's bytes on each tier are the plan's, with
 // the optimizer really split between the two.
@@ -301,7 +301,7 @@ TEST(EngineOffload, StagingBuffersArePageLockedWhereAGpuIs) {
   EXPECT_EQ(ledger.current(Tier::Host, Kind::PinnedBuffers), 4 << 20);
 }
 
-// offload_optimizer.overlap_step (engine/OverlappedStep.h): every group steps on a worker
+// offload_optimizer.overlap_step (optim/OverlappedStep.h): every group steps on a worker
 // inside the backward that ends the window. Training ends at exactly the parameters,
 // losses and gradient norms of the step made after backward, at stages 2 and 3, with
 // accumulation, a frozen and an unused parameter, optimizer state in RAM or on NVMe, bf16

@@ -58,10 +58,10 @@ Config stage3_split_auto() {
   return c;
 }
 
-// The shards' elements the engine splits (engine/EngineOffload.cpp optimizer_on_host).
+// The shards' elements the engine splits (engine/EnginePlacement.cpp optimizer_on_host).
 std::vector<int64_t> trainable_numels(const Model& m) {
   std::vector<int64_t> numels;
-  for (const GroupSpec& g : layout_groups(m.params, m.units, 3, 500'000'000)) {
+  for (const GroupSpec& g : layout_groups(m.params, m.units, ZeroStage(3), 500'000'000)) {
     if (!g.trainable) continue;
     int64_t n = 0;
     for (const auto& p : g.params) n += p.param.numel();

@@ -5,10 +5,10 @@
 #include <torch/torch.h>
 
 #include "common/Error.h"
-#include "engine/OffloadOptimizer.h"
+#include "optim/OffloadOptimizer.h"
 #include "engine/ParamGroups.h"
 #include "plan/TrainingSettings.h"
-#include "sharding/ResidentOptimizer.h"
+#include "optim/ResidentOptimizer.h"
 
 using namespace zeroshard;
 

@@ -265,7 +265,8 @@ TEST(MemoryModel, Stage3ParamOffloadKeepsShardsInHostUpToMaxInCpuAndTheRestOnNvm
   EXPECT_EQ(m.at(Tier::Device, Kind::Params), 2 * 640);
   EXPECT_EQ(m.at(Tier::Host, Kind::Params), 2 * 1600);
   EXPECT_EQ(m.at(Tier::Nvme, Kind::Params), 2 * 4096);  // two 3,200-byte regions, aligned
-  const auto placed = place_param_shards(s, OD::Nvme, c.zero.offload_param, 2);
+  const auto placed =
+      place_param_shards(s, OD::Nvme, c.zero.offload_param.max_in_cpu.value_or(0), 2);
   EXPECT_EQ(placed.in_host, std::vector<size_t>{0});
   EXPECT_EQ(placed.largest_nvme_shard, 1600);
   const auto cpu = predict_memory(s, {3, OD::Cpu, OD::Cpu}, c, WorldShape{1, 2}, TrainingShape{});

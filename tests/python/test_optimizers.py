@@ -1,4 +1,4 @@
-"""torch.optim's other classes on the shards (engine/ExternalOptimizer.h), on 2 real ranks:
+"""torch.optim's other classes on the shards (optim/ExternalOptimizer.h), on 2 real ranks:
 each class, given as the client's object or named in the config's optimizer section,
 trains as it does under torch DDP (losses every step and parameters after the last
 within 1e-5) at stages 1, 2 (optimizer offloaded to the host) and 3, with its state in

@@ -20,7 +20,7 @@
 
 #include "common/Files.h"
 #include "common/MemoryLedger.h"
-#include "engine/OffloadOptimizer.h"
+#include "optim/OffloadOptimizer.h"
 #include "offload/CpuAdam.h"
 #include "offload/IoEngine.h"
 #include "offload/SwapFile.h"

@@ -1,4 +1,4 @@
-#include "engine/SwapSpace.h"
+#include "optim/SwapSpace.h"
 
 #include <fmt/format.h>
 

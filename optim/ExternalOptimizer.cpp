@@ -1,4 +1,4 @@
-#include "engine/ExternalOptimizer.h"
+#include "optim/ExternalOptimizer.h"
 
 #include <ATen/ATen.h>
 

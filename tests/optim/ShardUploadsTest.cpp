@@ -1,7 +1,7 @@
-// The updated shards' staging (engine/ShardUploads.h), on the host: there every copy is
+// The updated shards' staging (optim/ShardUploads.h), on the host: there every copy is
 // synchronous, so what is checked is the slots' bookkeeping; on a GPU the copies and
 // their events run in EngineOffload.GpuOptimizerOffloadEndsWhereTheDeviceOptimizerDoes.
-#include "engine/ShardUploads.h"
+#include "optim/ShardUploads.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

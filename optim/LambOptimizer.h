@@ -17,7 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "common/MemoryLedger.h"
-#include "sharding/ShardOptimizer.h"
+#include "optim/ShardOptimizer.h"
 
 namespace zeroshard {
 

@@ -1,7 +1,7 @@
 // OffloadOptimizer's I/O pass (bench swap's reference): it reads every sub-group and
 // writes it back unchanged, so the state, and every step after it, is what it would
 // have been without the pass.
-#include "engine/OffloadOptimizer.h"
+#include "optim/OffloadOptimizer.h"
 
 #include <vector>
 

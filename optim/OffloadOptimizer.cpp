@@ -1,4 +1,4 @@
-#include "engine/OffloadOptimizer.h"
+#include "optim/OffloadOptimizer.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "sharding/ShardOptimizer.h"
+#include "optim/ShardOptimizer.h"
 
 #include <ATen/ATen.h>
 

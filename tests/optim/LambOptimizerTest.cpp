@@ -2,7 +2,7 @@
 // a shard holding two parameters (pieces of one flat buffer) steps each with its own
 // trust ratio, and the norms pass through the reduce hook (which multi-rank runs use to
 // sum them across shards; tests/python/test_optimizers.py checks that on 2 ranks).
-#include "sharding/LambOptimizer.h"
+#include "optim/LambOptimizer.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "engine/PagedState.h"
+#include "optim/PagedState.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,15 +1,12 @@
 // ExternalOptimizer: the hooks step the fp32 masters, the engine's side keeps what it
 // keeps for its own Adam: the compute-precision shard follows the master, the state is
 // counted in the ledger, and checkpoints read and write it as named arrays.
-#include "engine/ExternalOptimizer.h"
+#include "optim/ExternalOptimizer.h"
 
 #include <fstream>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/nn/modules/linear.h>
-
-#include "zeroshard/Engine.h"
 
 #include "common/Error.h"
 #include "offload/IoEngine.h"
@@ -201,24 +198,6 @@ TEST(ExternalOptimizer, OnNvmeAnOptimizerThatStepsOnlyWholeParametersIsRefused) 
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'nvme' with optimizer Adafactor, whose update needs "
                                          "every group's whole parameters in one step"),
-              std::string::npos)
-        << e.what();
-  }
-}
-
-// A LibTorch program has no one to step a torch.optim class: Engine::create says so, on
-// every rank before any waits for the others, not at the first step.
-TEST(ExternalOptimizer, ALibTorchEngineRefusesATorchOptimizerTypeWhenCreated) {
-  const std::string path = scratch_dir("external-libtorch") + "/sgd.json";
-  std::ofstream(path) << R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}})";
-  try {
-    Engine::create(std::make_shared<torch::nn::LinearImpl>(4, 4), path);
-    FAIL() << "an engine was made for torch.optim.SGD";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("sgd.json: config key 'optimizer.type' is 'SGD', a "
-                                         "torch.optim class, which the Python package steps "
-                                         "(zeroshard.initialize); allowed in a LibTorch program: "
-                                         "Adam, AdamW or Lamb"),
               std::string::npos)
         << e.what();
   }

@@ -1,6 +1,6 @@
 // PagedState: a group's state arrays written to its swap regions come back whole, and
 // what an update leaves in a region's buffer is what the next pass reads.
-#include "engine/PagedState.h"
+#include "optim/PagedState.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

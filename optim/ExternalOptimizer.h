@@ -9,7 +9,7 @@
 // compute-precision shard, counts the state in the ledger, and checkpoints it as named
 // arrays (engine/Checkpoint.h).
 // With offload_optimizer.device nvme the engine keeps the per-element state itself, in
-// swap regions (engine/PagedState.h) streamed through pinned buffers: read ahead, the
+// swap regions (optim/PagedState.h) streamed through pinned buffers: read ahead, the
 // hooks' update of that region, write behind. The masters stay in host RAM; the hooks
 // keep only the per-group scalars (step counts) between steps.
 #include <functional>
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "common/MemoryLedger.h"
-#include "engine/PagedState.h"
-#include "sharding/ShardOptimizer.h"
+#include "optim/PagedState.h"
+#include "optim/ShardOptimizer.h"
 
 namespace zeroshard {
 

@@ -1,4 +1,4 @@
-#include "engine/ShardUploads.h"
+#include "optim/ShardUploads.h"
 
 #include <ATen/ATen.h>
 

@@ -1,7 +1,7 @@
 #pragma once
 // Two optimizers over one rank's shards, each stepping its own groups: offload_optimizer
 // .ratio below 1, where the first groups keep their Adam state on the GPU
-// (ResidentOptimizer) and the rest step on the host (engine/OffloadOptimizer.h), as
+// (ResidentOptimizer) and the rest step on the host (optim/OffloadOptimizer.h), as
 // DeepSpeed's ZeRO-Offload++ splits its sub-groups. plan/OptimizerSplit.h decides which
 // group goes where; the engine and the checkpoints see one optimizer numbering every group
 // in the order it was added.
@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "sharding/ShardOptimizer.h"
+#include "optim/ShardOptimizer.h"
 
 namespace zeroshard {
 

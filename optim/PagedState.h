@@ -1,6 +1,6 @@
 #pragma once
 // PagedState: an optimizer's per-element state on NVMe (offload_optimizer.device nvme
-// with a torch.optim class, engine/ExternalOptimizer.h). Each group's shard is cut into
+// with a torch.optim class, optim/ExternalOptimizer.h). Each group's shard is cut into
 // swap regions of at most sub_group_size elements; a region holds its elements' state
 // arrays back to back, fp32, and the Swapper streams the regions through pinned
 // buffers: read ahead, the update, write behind.

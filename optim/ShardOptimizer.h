@@ -55,7 +55,7 @@ inline void check_state_names(const std::vector<std::string>& names,
       joined(names), optimizer, joined(kept));
 }
 
-// What the Engine steps: ResidentOptimizer (sharding/ResidentOptimizer.h: state where the
+// What the Engine steps: ResidentOptimizer (optim/ResidentOptimizer.h: state where the
 // parameters are), engine/'s OffloadOptimizer (state in host RAM or on NVMe), or
 // engine/'s ExternalOptimizer (a torch.optim class the Python package steps).
 class ShardOptimizer {

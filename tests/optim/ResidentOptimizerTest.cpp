@@ -2,7 +2,7 @@
 // ATen operations (torch.optim.AdamW's for-loop arithmetic) over 100 steps, on the host,
 // where the same fused kernel runs too: AdamW and Adam with L2 decay, a scaled gradient,
 // bf16 parameters with fp32 masters, and two parameter groups' spans in one shard.
-#include "sharding/ResidentOptimizer.h"
+#include "optim/ResidentOptimizer.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

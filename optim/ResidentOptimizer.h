@@ -11,7 +11,7 @@
 
 #include "common/AdamHyper.h"
 #include "common/MemoryLedger.h"
-#include "sharding/ShardOptimizer.h"
+#include "optim/ShardOptimizer.h"
 
 namespace zeroshard {
 

@@ -1,12 +1,12 @@
-#include "engine/OverlappedStep.h"
+#include "optim/OverlappedStep.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/StreamGuard.h>
 
 #include "common/Error.h"
-#include "engine/OffloadOptimizer.h"
 #include "offload/CpuAdam.h"
+#include "optim/OffloadOptimizer.h"
 
 namespace zeroshard {
 

@@ -1,4 +1,4 @@
-#include "sharding/ResidentOptimizer.h"
+#include "optim/ResidentOptimizer.h"
 
 #include <cmath>
 #include <optional>

@@ -6,7 +6,7 @@
 // most sub_group_size elements, each a swap region [master | m | v] that the Swapper
 // streams through the pinned buffers: read ahead, Adam, write behind.
 // Shards on a GPU get their updated values back through page-locked staging and a copy
-// stream (engine/ShardUploads.h), while CPU Adam goes on with the next part;
+// stream (optim/ShardUploads.h), while CPU Adam goes on with the next part;
 // order_uploads_before_current() then orders them before what the compute stream runs next.
 #include <functional>
 #include <memory>
@@ -15,8 +15,8 @@
 
 #include "common/MemoryLedger.h"
 #include "config/Config.h"
-#include "engine/ShardUploads.h"
-#include "sharding/ShardOptimizer.h"
+#include "optim/ShardOptimizer.h"
+#include "optim/ShardUploads.h"
 
 namespace zeroshard {
 

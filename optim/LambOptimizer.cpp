@@ -1,4 +1,4 @@
-#include "sharding/LambOptimizer.h"
+#include "optim/LambOptimizer.h"
 
 #include <algorithm>
 #include <cmath>

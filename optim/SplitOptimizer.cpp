@@ -1,4 +1,4 @@
-#include "sharding/SplitOptimizer.h"
+#include "optim/SplitOptimizer.h"
 
 #include "common/Error.h"
 
