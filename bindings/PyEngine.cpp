@@ -10,8 +10,8 @@
 #include "common/Error.h"
 #include "common/InterpreterLock.h"
 #include "config/Config.h"
+#include "engine/EngineImpl.h"
 #include "engine/ProcessGroupSetup.h"
-#include "engine/TrainingEngine.h"
 #include "engine/UnitPartition.h"
 #include "plan/HfConfig.h"
 #include "plan/Planner.h"
@@ -136,21 +136,20 @@ std::optional<AssumedBatch> to_assumed_batch(const AssumedBatchArg& arg) {
 // deadlock: two ranks loading pretrained weights hung in the initial broadcast. The engine
 // is also destroyed without it, since its threads may be finishing such work.
 struct DeleteWithoutGil {
-  void operator()(TrainingEngine* engine) const {
+  void operator()(EngineImpl* engine) const {
     py::gil_scoped_release release;
     delete engine;
   }
 };
-using EngineHolder = std::unique_ptr<TrainingEngine, DeleteWithoutGil>;
+using EngineHolder = std::unique_ptr<EngineImpl, DeleteWithoutGil>;
 
 EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTensors>& units,
-                         const std::string& yaml, const std::string& origin,
-                         const GroupsArg& groups, bool store_served, const py::object& materialize,
-                         const BuffersArg& buffers, const std::string& optimizer_type,
-                         int64_t optimizer_state_bytes, bool optimizer_elementwise,
+                         LoadedConfig loaded, const GroupsArg& groups, bool store_served,
+                         const py::object& materialize, const BuffersArg& buffers,
+                         const std::string& optimizer_type, int64_t optimizer_state_bytes,
+                         bool optimizer_elementwise,
                          std::pair<int64_t, int64_t> optimizer_state_other,
                          const AssumedBatchArg& assumed_batch) {
-  LoadedConfig loaded = load_config_string(yaml, origin);
   if (!optimizer_type.empty()) {  // a client optimizer object or a config's torch.optim type
     OptimizerConfig& o = loaded.config.optimizer;
     o.type = optimizer_type;
@@ -184,9 +183,9 @@ EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTens
   // Construction issues collectives (the initial broadcast, the agreement of what every rank
   // built): never with the GIL held (see EngineHolder).
   py::gil_scoped_release release;
-  return EngineHolder(new TrainingEngine(std::move(named), unit_params, loaded.config, launch,
-                                         std::move(param_groups), fill, std::move(named_buffers),
-                                         batch));
+  return EngineHolder(new EngineImpl(std::move(named), unit_params, loaded.config, launch,
+                                     std::move(param_groups), fill, std::move(named_buffers),
+                                     batch));
 }
 
 }  // namespace
@@ -203,34 +202,31 @@ PYBIND11_MODULE(_zeroshard, m) {
     }
   });
 
-  m.def(
-      "config_warnings",
-      [](const std::string& yaml, const std::string& origin) {
-        return load_config_string(yaml, origin).warnings;
-      },
-      "Loads a config (YAML text) and returns the warnings; raises Error on bad input.");
-  m.def(
-      "config_top_level_keys",
-      [](const std::string& yaml, const std::string& origin) {
-        return load_config_string(yaml, origin).top_level_keys;
-      },
-      "The keys a config (YAML text) sets at its top level, as written.");
-  m.def(
-      "config_torch_optimizer",
-      [](const std::string& yaml, const std::string& origin) -> py::object {
-        const OptimizerConfig o = load_config_string(yaml, origin).config.optimizer;
-        if (!o.external) return py::none();
-        return py::make_tuple(o.type, o.torch_params);
-      },
-      "(type, {param: its YAML text}) where the config names a torch.optim class, else None.");
-  m.def(
-      "config_stage",
-      [](const std::string& yaml, const std::string& origin) -> py::object {
-        const auto stage = load_config_string(yaml, origin).config.zero.stage;
-        if (!stage) return py::none();
-        return py::int_(*stage);
-      },
-      "The config's zero_optimization.stage, or None where it is auto (the Planner's).");
+  // The config crosses from Python once, parsed: every question Python asks of it, and the
+  // engine built from it, read this object.
+  py::class_<LoadedConfig>(m, "LoadedConfig")
+      .def_readonly("origin", &LoadedConfig::origin)
+      .def_readonly("warnings", &LoadedConfig::warnings)
+      .def_readonly("top_level_keys", &LoadedConfig::top_level_keys,
+                    "The keys the config sets at its top level, as written.")
+      .def_property_readonly(
+          "torch_optimizer",
+          [](const LoadedConfig& c) -> py::object {
+            const OptimizerConfig& o = c.config.optimizer;
+            if (!o.external) return py::none();
+            return py::make_tuple(o.type, o.torch_params);
+          },
+          "(type, {param: its YAML text}) where the config names a torch.optim class, else "
+          "None.")
+      .def_property_readonly(
+          "stage",
+          [](const LoadedConfig& c) -> py::object {
+            if (!c.config.zero.stage) return py::none();
+            return py::int_(*c.config.zero.stage);
+          },
+          "The config's zero_optimization.stage, or None where it is auto (the Planner's).");
+  m.def("parse_config", &load_config_string, py::arg("text"), py::arg("origin"),
+        "Parses a config (YAML or JSON text) once; raises Error on bad input.");
   m.def(
       "engine_serves_rendezvous", [] { return engine_serves_rendezvous(read_launch_env()); },
       "True when an earlier engine of this process met the others in the rendezvous store "
@@ -252,10 +248,6 @@ PYBIND11_MODULE(_zeroshard, m) {
       "mpirun variables).");
   m.def("parse_bytes", &parse_bytes, py::arg("text"), py::arg("what"),
         "\"80GB\" (10^9), \"1.5TiB\" (2^40), \"4096\": the CLI's size parser");
-  m.def("load_config_file", [](const std::string& path) {
-    const auto loaded = load_config_file(path);
-    return py::make_tuple(emit_config_yaml(loaded.config), loaded.warnings);
-  });
 
   m.def(
       "partition_units",
@@ -275,7 +267,7 @@ PYBIND11_MODULE(_zeroshard, m) {
   m.def(
       "plan",
       [](int64_t total_params, const std::vector<int64_t>& unit_params,
-         int64_t largest_module_params, const std::string& yaml, int nodes, int ranks_per_node,
+         int64_t largest_module_params, const LoadedConfig& loaded, int nodes, int ranks_per_node,
          int64_t device_bytes, int64_t host_bytes, int64_t nvme_bytes,
          const std::string& hf_config_json, const std::string& attn_implementation, int64_t seq,
          int64_t micro_batch, bool activation_checkpointing) {
@@ -296,8 +288,8 @@ PYBIND11_MODULE(_zeroshard, m) {
         budget.device_bytes = device_bytes;
         budget.host_bytes = host_bytes;
         budget.nvme_bytes = nvme_bytes;
-        const Config config = load_config_string(yaml, "estimate").config;
-        const Plan plan = make_plan(spec, config, WorldShape{nodes, ranks_per_node}, shape, budget);
+        const Plan plan =
+            make_plan(spec, loaded.config, WorldShape{nodes, ranks_per_node}, shape, budget);
         py::list options;
         for (const auto& o : plan.options) {
           py::dict d;
@@ -322,14 +314,14 @@ PYBIND11_MODULE(_zeroshard, m) {
         return out;
       },
       py::arg("total_params"), py::arg("unit_params"), py::arg("largest_module_params"),
-      py::arg("config_yaml"), py::arg("nodes"), py::arg("ranks_per_node"), py::arg("device_bytes"),
+      py::arg("config"), py::arg("nodes"), py::arg("ranks_per_node"), py::arg("device_bytes"),
       py::arg("host_bytes"), py::arg("nvme_bytes"), py::arg("hf_config_json") = "",
       py::arg("attn_implementation") = "sdpa", py::arg("seq") = 1, py::arg("micro_batch") = 1,
       py::arg("activation_checkpointing") = false);
 
-  py::class_<TrainingEngine, EngineHolder>(m, "Engine")
-      .def(py::init(&make_engine), py::arg("params"), py::arg("units"), py::arg("config_yaml"),
-           py::arg("origin"), py::arg("param_groups") = GroupsArg{},
+  py::class_<EngineImpl, EngineHolder>(m, "Engine")
+      .def(py::init(&make_engine), py::arg("params"), py::arg("units"), py::arg("config"),
+           py::arg("param_groups") = GroupsArg{},
            // torch.distributed, initialised in this process, serves the store at
            // MASTER_ADDR:MASTER_PORT: join it rather than listen there again.
            py::arg("store_served") = false,
@@ -349,49 +341,49 @@ PYBIND11_MODULE(_zeroshard, m) {
            // The batch offload_optimizer.ratio auto leaves room for (engine/EnginePlan.h).
            py::arg("assumed_batch") = py::none())
       .def("optimizer_shards",
-           [](TrainingEngine& e) { return optimizer_shards(e.external_optimizer()); })
+           [](EngineImpl& e) { return optimizer_shards(e.external_optimizer()); })
       .def("optimizer_regions",
-           [](TrainingEngine& e) { return optimizer_regions(e.external_optimizer()); })
+           [](EngineImpl& e) { return optimizer_regions(e.external_optimizer()); })
       .def(
           "reduce_across_shards",
-          [](TrainingEngine& e, at::Tensor tensor) { e.reduce_across_shards(tensor); },
+          [](EngineImpl& e, at::Tensor tensor) { e.reduce_across_shards(tensor); },
           py::call_guard<py::gil_scoped_release>())
       .def("set_optimizer_hooks",
-           [](TrainingEngine& e, py::object owner) {
+           [](EngineImpl& e, py::object owner) {
              e.external_optimizer().set_hooks(python_optimizer_hooks(std::move(owner)));
            })
       .def("set_param_group",
-           [](TrainingEngine& e, size_t group, const py::dict& options) {
+           [](EngineImpl& e, size_t group, const py::dict& options) {
              e.set_param_group(group, to_group_options(options));
            })
       .def("param_group_hypers",
-           [](const TrainingEngine& e) {
+           [](const EngineImpl& e) {
              py::list out;
              for (const auto& h : e.param_group_hypers()) out.append(hyper_dict(h));
              return out;
            })
-      .def("unit_forward_begin", &TrainingEngine::unit_forward_begin,
+      .def("unit_forward_begin", &EngineImpl::unit_forward_begin,
            py::call_guard<py::gil_scoped_release>())
-      .def("unit_forward_end", &TrainingEngine::unit_forward_end,
+      .def("unit_forward_end", &EngineImpl::unit_forward_end,
            py::call_guard<py::gil_scoped_release>())
-      .def("unit_backward_begin", &TrainingEngine::unit_backward_begin,
+      .def("unit_backward_begin", &EngineImpl::unit_backward_begin,
            py::call_guard<py::gil_scoped_release>())
-      .def("unit_inputs_need_grad", &TrainingEngine::unit_inputs_need_grad)
-      .def("unit_inputs_done", &TrainingEngine::unit_inputs_done,
+      .def("unit_inputs_need_grad", &EngineImpl::unit_inputs_need_grad)
+      .def("unit_inputs_done", &EngineImpl::unit_inputs_done,
            py::call_guard<py::gil_scoped_release>())
-      .def("model_forward_begin", &TrainingEngine::model_forward_begin,
+      .def("model_forward_begin", &EngineImpl::model_forward_begin,
            py::call_guard<py::gil_scoped_release>())
-      .def("model_forward_end", &TrainingEngine::model_forward_end,
+      .def("model_forward_end", &EngineImpl::model_forward_end,
            py::call_guard<py::gil_scoped_release>())
-      .def("touch_unit", &TrainingEngine::touch_unit, py::call_guard<py::gil_scoped_release>())
-      .def("unit_held", &TrainingEngine::unit_held)
-      .def("gather_unit", &TrainingEngine::gather_unit, py::call_guard<py::gil_scoped_release>())
-      .def("release_unit", &TrainingEngine::release_unit, py::call_guard<py::gil_scoped_release>())
-      .def("commit_parameters", &TrainingEngine::commit_parameters,
+      .def("touch_unit", &EngineImpl::touch_unit, py::call_guard<py::gil_scoped_release>())
+      .def("unit_held", &EngineImpl::unit_held)
+      .def("gather_unit", &EngineImpl::gather_unit, py::call_guard<py::gil_scoped_release>())
+      .def("release_unit", &EngineImpl::release_unit, py::call_guard<py::gil_scoped_release>())
+      .def("commit_parameters", &EngineImpl::commit_parameters,
            py::call_guard<py::gil_scoped_release>())
       .def(
           "save_checkpoint",
-          [](TrainingEngine& e, const std::string& dir, const std::string& tag,
+          [](EngineImpl& e, const std::string& dir, const std::string& tag,
              const std::string& client_state_json, const std::string& lr_scheduler_json,
              bool latest, bool frozen_parameters) {
             return e.save_checkpoint(dir, tag, client_state_json, lr_scheduler_json,
@@ -403,7 +395,7 @@ PYBIND11_MODULE(_zeroshard, m) {
       // (client_state JSON, lr_scheduler JSON)
       .def(
           "load_checkpoint",
-          [](TrainingEngine& e, const std::string& dir, const std::string& tag, bool strict,
+          [](EngineImpl& e, const std::string& dir, const std::string& tag, bool strict,
              bool optimizer_states, bool lr_scheduler, bool module_only) {
             LoadedCheckpoint loaded;
             {
@@ -416,13 +408,13 @@ PYBIND11_MODULE(_zeroshard, m) {
           py::arg("dir"), py::arg("tag"), py::arg("strict") = true,
           py::arg("optimizer_states") = true, py::arg("lr_scheduler") = true,
           py::arg("module_only") = false)
-      .def("set_aliases", &TrainingEngine::set_aliases)
-      .def("backward", &TrainingEngine::backward, py::arg("loss"), py::arg("retain_graph") = false,
+      .def("set_aliases", &EngineImpl::set_aliases)
+      .def("backward", &EngineImpl::backward, py::arg("loss"), py::arg("retain_graph") = false,
            py::call_guard<py::gil_scoped_release>())
-      .def("step", &TrainingEngine::step, py::call_guard<py::gil_scoped_release>())
-      .def("zero_grad", &TrainingEngine::zero_grad, py::call_guard<py::gil_scoped_release>())
+      .def("step", &EngineImpl::step, py::call_guard<py::gil_scoped_release>())
+      .def("zero_grad", &EngineImpl::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("full_parameters",
-           [](TrainingEngine& e) {
+           [](EngineImpl& e) {
              std::vector<NamedParam> full;
              {
                py::gil_scoped_release release;  // stage 3 gathers every unit
@@ -432,52 +424,58 @@ PYBIND11_MODULE(_zeroshard, m) {
              for (auto& p : full) out.emplace_back(p.name, p.param);
              return out;
            })
-      .def_property_readonly("loss_scale", &TrainingEngine::loss_scale)
-      .def_property_readonly("global_grad_norm", &TrainingEngine::global_grad_norm)
-      .def_property_readonly("lr", &TrainingEngine::lr)
-      .def_property_readonly("optimizer_steps", &TrainingEngine::optimizer_steps)
-      .def_property_readonly("global_steps", &TrainingEngine::global_steps)
-      .def_property_readonly("skipped_steps", &TrainingEngine::skipped_steps)
-      .def_property_readonly("schedule_steps", &TrainingEngine::schedule_steps)
-      .def_property_readonly("micro_steps", &TrainingEngine::micro_steps)
+      .def_property_readonly("loss_scale", &EngineImpl::loss_scale)
+      .def_property_readonly("global_grad_norm", &EngineImpl::global_grad_norm)
+      .def_property_readonly("lr", &EngineImpl::lr)
+      .def_property_readonly("optimizer_steps", &EngineImpl::optimizer_steps)
+      .def_property_readonly("global_steps", &EngineImpl::global_steps)
+      .def_property_readonly("skipped_steps", &EngineImpl::skipped_steps)
+      .def_property_readonly("schedule_steps", &EngineImpl::schedule_steps)
+      .def_property_readonly("micro_steps", &EngineImpl::micro_steps)
       .def(
           "ends_accumulation",
-          [](const TrainingEngine& e, int64_t micro_steps) {
+          [](const EngineImpl& e, int64_t micro_steps) {
             return e.plan().settings.ends_accumulation(micro_steps);
           },
           py::arg("micro_steps"),
           "Whether the micro_steps-th micro-batch (from 1) ends an accumulation window.")
-      .def_property_readonly("rank", &TrainingEngine::rank)
-      .def_property_readonly("world_size", &TrainingEngine::world_size)
+      .def_property_readonly("rank", &EngineImpl::rank)
+      .def_property_readonly("world_size", &EngineImpl::world_size)
+      .def_property_readonly("stage",
+                             [](const EngineImpl& e) { return e.plan().settings.stage.number(); })
       .def_property_readonly(
-          "stage", [](const TrainingEngine& e) { return e.plan().settings.stage.number(); })
+          "shards_optimizer",
+          [](const EngineImpl& e) { return e.plan().settings.stage.shards_optimizer(); })
+      .def_property_readonly(
+          "shards_parameters",
+          [](const EngineImpl& e) { return e.plan().settings.stage.shards_parameters(); })
       .def_property_readonly(
           "gradient_accumulation_steps",
-          [](const TrainingEngine& e) { return *e.config().gradient_accumulation_steps; })
+          [](const EngineImpl& e) { return e.plan().settings.gradient_accumulation_steps; })
       .def_property_readonly(
           "micro_batch_size",
-          [](const TrainingEngine& e) { return *e.config().train_micro_batch_size_per_gpu; })
+          [](const EngineImpl& e) { return *e.config().train_micro_batch_size_per_gpu; })
       .def_property_readonly(
           "gradient_clipping",
-          [](const TrainingEngine& e) { return e.config().gradient_clipping.value_or(0.0); })
-      .def_property_readonly("bf16", [](const TrainingEngine& e) { return e.config().bf16; })
+          [](const EngineImpl& e) { return e.plan().settings.gradient_clipping; })
       .def_property_readonly(
-          "dataloader_drop_last",
-          [](const TrainingEngine& e) { return e.config().dataloader_drop_last; })
+          "bf16", [](const EngineImpl& e) { return e.plan().settings.compute == Precision::Bf16; })
+      .def_property_readonly("dataloader_drop_last",
+                             [](const EngineImpl& e) { return e.config().dataloader_drop_last; })
       .def_property_readonly("fp16",
-                             [](const TrainingEngine& e) { return e.config().fp16.enabled; })
+                             [](const EngineImpl& e) { return e.plan().settings.fp16.enabled; })
       .def_property_readonly(
-          "scheduled", [](const TrainingEngine& e) { return e.config().scheduler.type != "none"; })
+          "scheduled",
+          [](const EngineImpl& e) { return e.plan().settings.scheduler.type != "none"; })
       .def_property_readonly("plan_label",
-                             [](const TrainingEngine& e) { return e.plan().option.label(); })
-      .def_property_readonly("plan_reasons",
-                             [](const TrainingEngine& e) { return e.plan().reasons; })
+                             [](const EngineImpl& e) { return e.plan().option.label(); })
+      .def_property_readonly("plan_reasons", [](const EngineImpl& e) { return e.plan().reasons; })
       .def_property_readonly("config_yaml",
-                             [](const TrainingEngine& e) { return emit_config_yaml(e.config()); })
-      .def("memory_report", [](const TrainingEngine& e) { return memory_dict(e.memory_detail()); })
-      .def("set_activation_shape", &TrainingEngine::set_activation_shape, py::arg("hf_config_json"),
+                             [](const EngineImpl& e) { return emit_config_yaml(e.config()); })
+      .def("memory_report", [](const EngineImpl& e) { return memory_dict(e.memory_detail()); })
+      .def("set_activation_shape", &EngineImpl::set_activation_shape, py::arg("hf_config_json"),
            py::arg("attn_implementation"), py::arg("seq"), py::arg("micro_batch"),
            py::arg("activation_checkpointing"))
-      .def("bytes_sent", &TrainingEngine::bytes_sent)
-      .def("barrier", &TrainingEngine::barrier, py::call_guard<py::gil_scoped_release>());
+      .def("bytes_sent", &EngineImpl::bytes_sent)
+      .def("barrier", &EngineImpl::barrier, py::call_guard<py::gil_scoped_release>());
 }

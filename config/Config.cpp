@@ -313,6 +313,7 @@ LoadedConfig load_config_string(const std::string& yaml_text, const std::string&
     fail("{}: not valid YAML or JSON: {}", origin, e.what());
   }
   LoadedConfig out;
+  out.origin = origin;
   if (root.IsNull()) return out;  // an empty file means every default
   if (!root.IsMap()) fail("{}: a config must be a mapping of keys; got {}", origin, shown(root));
   walk(root, "", out, origin);

@@ -201,6 +201,7 @@ struct Config {
 // zeroshard accepts and ignores, each with a one-line reason.
 struct LoadedConfig {
   Config config;
+  std::string origin;  // the file's path, or what the text came from ("config dict")
   std::vector<std::string> warnings;
   std::vector<std::string> top_level_keys;  // as written (e.g. whether "optimizer" was given)
 };

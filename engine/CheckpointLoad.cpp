@@ -153,7 +153,7 @@ void Checkpointer::check_layout(const CheckpointReader& reader, const std::strin
   check_buffers(reader, dir, options.strict);
   if (options.optimizer_states && !options.module_only) {
     check_state_names(reader.manifest().optimizer_state, p_.pipeline.optimizer().state_names(),
-                      p_.plan.config.optimizer.type.c_str());
+                      p_.plan.settings.optimizer.type.c_str());
   }
   check_params(reader, dir, options);
 }

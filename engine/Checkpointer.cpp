@@ -54,7 +54,7 @@ int Checkpointer::shard_rank() const {
 }
 
 int Checkpointer::shard_count() const {
-  return p_.dist.shard_size;
+  return p_.dist.shard_size();
 }
 
 bool Checkpointer::saved(const GroupRecord& record, const SaveOptions& options) const {

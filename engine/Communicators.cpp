@@ -23,25 +23,24 @@ Communicators::Communicators(const DistContext& dist, MemoryLedger* ledger, bool
     o.check = check;
     return std::make_unique<Collectives>(group, in_group, size, diagnose, ledger, std::move(o));
   };
-  world_ = make(dist.group, rank, world, "world");
-  if (dist.hpz_group) {
-    hpz_ = make(dist.hpz_group, dist.hpz_rank(), dist.hpz_size,
-                fmt::format("hpz{}", rank / dist.hpz_size));
+  const ParallelDims& d = dist.dims;
+  world_ = make(dist.world(GroupStream::Main), rank, world, "world");
+  if (d.splits(Dim::Hpz)) {
+    hpz_ = make(dist.group(Dim::Hpz, GroupStream::Params), d.coordinate(Dim::Hpz), d.size(Dim::Hpz),
+                d.group_name(Dim::Hpz));
   }
-  if (dist.shard_size == world) {
-    params_ = make(dist.param_group, rank, world, "params");
-    touches_ = make(dist.touch_group, rank, world, "touches");
+  if (d.size(Dim::DpShard) == world) {
+    params_ = make(dist.world(GroupStream::Params), rank, world, "params");
+    touches_ = make(dist.world(GroupStream::Touch), rank, world, "touches");
     return;
   }
-  const int size = dist.shard_size, groups = world / size, in_group = dist.shard_rank();
-  const int shard_group = rank / size;
-  group_ = make(dist.shard_group, in_group, size, fmt::format("shard{}", shard_group));
-  params_ =
-      make(dist.shard_param_group, in_group, size, fmt::format("shard{}/params", shard_group));
-  touches_ =
-      make(dist.shard_touch_group, in_group, size, fmt::format("shard{}/touches", shard_group));
-  replicas_ = make(dist.replica_group, dist.replica_rank(), groups,
-                   fmt::format("replica{}", dist.shard_rank()));
+  const int size = d.size(Dim::DpShard), in_shard = d.coordinate(Dim::DpShard);
+  const std::string shard = d.group_name(Dim::DpShard);
+  group_ = make(dist.group(Dim::DpShard, GroupStream::Main), in_shard, size, shard);
+  params_ = make(dist.group(Dim::DpShard, GroupStream::Params), in_shard, size, shard + "/params");
+  touches_ = make(dist.group(Dim::DpShard, GroupStream::Touch), in_shard, size, shard + "/touches");
+  replicas_ = make(dist.group(Dim::DpReplicate, GroupStream::Main), d.coordinate(Dim::DpReplicate),
+                   d.size(Dim::DpReplicate), d.group_name(Dim::DpReplicate));
 }
 
 int64_t Communicators::bytes_sent() const {

@@ -1,8 +1,12 @@
 #pragma once
-// What stands behind zeroshard::Engine (engine/TrainingEngine.h): the groups, the process
-// groups, the optimizer, the coordinator and the offload pieces, defined across
-// EngineImpl.cpp, EngineUnits.cpp and EnginePlacement.cpp; checkpoints are a Checkpointer's
-// (engine/Checkpointer.h). Only the engine's own files include this header.
+// The engine: zeroshard::Engine (include/zeroshard/Engine.h, the public API) and what the
+// Python bindings, tools and tests need beyond it: the calls module hooks make (unit by
+// index, forward begin and end, reads outside a unit), an engine built from a parameter
+// list, and the plan, config, ledger and memory detail. Programs that use the engine
+// include zeroshard/Engine.h; only the bindings, tools and tests include this. An
+// EngineBuilder (engine/EngineBuilder.h) assembles its parts; its calls are defined in
+// Engine.cpp (the factory and the questions), EngineImpl.cpp (the step) and
+// EngineUnits.cpp (stage-3 units); checkpoints are a Checkpointer's (engine/Checkpointer.h).
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -15,12 +19,21 @@
 
 #include "common/Error.h"
 #include "common/MemoryLedger.h"
+#include "config/Config.h"
+#include "config/LaunchEnv.h"
+#include "config/LrSchedule.h"
 #include "engine/Checkpointer.h"
+#include "engine/DeviceMemory.h"
 #include "engine/EnginePlan.h"
 #include "engine/GroupLayout.h"
 #include "engine/GroupTable.h"
+#include "engine/ModuleBuffers.h"
+#include "engine/ParamGroups.h"
 #include "engine/ProcessGroupSetup.h"
-#include "engine/TrainingEngine.h"
+#include "plan/MemoryModel.h"
+#include "plan/Planner.h"
+#include "sharding/FlatParamGroup.h"
+#include "zeroshard/Engine.h"
 
 namespace zeroshard {
 
@@ -39,103 +52,147 @@ class StepPipeline;
 class UnitSchedule;
 class OffloadOptimizer;
 
-class EngineImpl {
+// Brings one group's parameters to their initial values, the same on every rank, just
+// before the engine copies them into its buffers: a collective, called for each group in
+// the same order on every rank. The default broadcasts rank 0's values. The Python
+// package passes one that gathers parameters built sharded (zeroshard.init), so that no
+// rank ever holds more than its shards plus one group whole.
+using MaterializeParams = std::function<void(const std::vector<NamedParam>&)>;
+
+// The memory report in the runtime's own types (memory_report() is its public form).
+struct MemoryDetail {
+  LedgerSnapshot measured;
+  MemoryBreakdown predicted;    // the Planner's model states for this model and plan
+  int64_t device_capacity = 0;  // bytes of the device tier the plan was made for, per rank
+  std::optional<AllocatorStats> allocator;  // the model's GPU's caching allocator
+  MemoryReport to_public() const;
+};
+
+class EngineImpl final : public Engine {
  public:
-  // The public calls, each as TrainingEngine's (engine/TrainingEngine.h), which forwards here.
-  EngineImpl(std::shared_ptr<torch::nn::Module> module, const Config& config, EngineOptions options,
-             std::optional<LaunchEnv> launch);
+  EngineImpl(std::shared_ptr<torch::nn::Module> module, const Config& config,
+             EngineOptions options = {}, std::optional<LaunchEnv> launch = std::nullopt);
+  // For models that are not a torch::nn::Module (the Python package): every trainable
+  // parameter once (registration order), and each stage-3 unit's parameters. Units are
+  // then driven by index through the unit_* calls (Python's module hooks). `buffers`:
+  // the model's buffers, kept in step across ranks (engine/ModuleBuffers.h). `batch`:
+  // what offload_optimizer.ratio auto plans room for (engine/EnginePlan.h).
   EngineImpl(std::vector<NamedParam> params, std::vector<std::vector<NamedParam>> unit_params,
-             const Config& config, std::optional<LaunchEnv> launch,
-             std::vector<ParamGroup> param_groups, MaterializeParams materialize,
-             std::vector<NamedBuffer> buffers, std::optional<AssumedBatch> batch);
-  ~EngineImpl();
+             const Config& config, std::optional<LaunchEnv> launch = std::nullopt,
+             std::vector<ParamGroup> param_groups = {}, MaterializeParams materialize = {},
+             std::vector<NamedBuffer> buffers = {},
+             std::optional<AssumedBatch> batch = std::nullopt);
+  ~EngineImpl() override;
   EngineImpl(const EngineImpl&) = delete;
   EngineImpl& operator=(const EngineImpl&) = delete;
 
-  torch::nn::Module& module() {
-    if (!module_) fail("this Engine was built from a parameter list, not a torch::nn::Module");
-    return *module_;
-  }
-  at::Tensor run_unit(const torch::nn::Module& unit, const std::function<at::Tensor()>& forward);
+  // zeroshard::Engine's calls (include/zeroshard/Engine.h says what each does).
+  torch::nn::Module& module() override;
+  at::Tensor run_unit(const torch::nn::Module& unit,
+                      const std::function<at::Tensor()>& forward) override;
+  void backward(const at::Tensor& loss, bool retain_graph = false) override;
+  bool step() override;
+  void zero_grad() override;
+  std::vector<NamedParam> full_parameters() override;
+  double loss_scale() const override;
+  double global_grad_norm() const override;
+  double lr() const override;
+  size_t param_group_count() const override;
+  const ParamGroupOptions& param_group(size_t group) const override;
+  void set_param_group(size_t group, const ParamGroupOptions& options) override;
+  int64_t optimizer_steps() const override;
+  int64_t global_steps() const override;
+  // Windows an fp16 overflow skipped; the config scheduler's advances (config/LrSchedule.h).
+  int64_t skipped_steps() const;
+  int64_t schedule_steps() const;
+  int rank() const override;
+  int world_size() const override;
+  MemoryReport memory_report() const override;
+  void barrier() override;
+  // The parameter groups' options are stored too, and come back on load (the checkpoint
+  // must hold as many groups as the engine has).
+  std::string save_checkpoint(const std::string& dir, std::string tag = "",
+                              const std::string& client_state_json = "{}",
+                              const std::string& lr_scheduler_json = "",
+                              const SaveOptions& options = {}) override;
+  LoadedCheckpoint load_checkpoint(const std::string& dir, const std::string& tag = "",
+                                   const LoadOptions& options = {}) override;
+
+  // run_unit in pieces, by unit index (stages 0-2, and units without parameters: no-ops):
+  // before the unit's forward, after it, and when its output's gradient arrives.
   void unit_forward_begin(size_t unit);
   void unit_forward_end(size_t unit);
   void unit_backward_begin(size_t unit);
+  // For module hooks: a forward of `unit` whose inputs need gradients; when it returns
+  // true, call unit_inputs_done once their gradients are all computed (tensor hooks),
+  // which lets the unit's frozen parameters go (engine/UnitRelease.h).
   bool unit_inputs_need_grad(size_t unit);
   void unit_inputs_done(size_t unit);
+  // For module hooks (the Python package): the model's forward begins and ends (a forward
+  // without gradients ends its gathers there; buffers are made equal across ranks where
+  // one begins, as engine/ModuleBuffers.h says: a LibTorch program that never calls
+  // model_forward_begin gets that at the end of each optimizer step instead); a
+  // parameter of `unit` is read outside the unit's modules (ParamCoordinator::touch).
+  // Both unit calls say how the unit's parameters are held now: 0 not at all, 1 for use,
+  // 2 for a read outside forward and backward (ParamCoordinator::Held).
   void model_forward_begin();
   void model_forward_end(bool grad_enabled);
   int touch_unit(size_t unit, bool grad_enabled);
   int unit_held(size_t unit) const;
+  // Outside forward/backward: a unit's full parameters, present until release_unit. A
+  // collective: every rank calls it for the same units in the same order.
   void gather_unit(size_t unit);
   void release_unit(size_t unit);
+  // After parameters were written outside training (gathered units, units kept whole):
+  // `src_rank`'s values go to every rank, each keeps its shard of them, and the
+  // optimizer's fp32 master restarts from them. A collective.
   void commit_parameters(int src_rank);
-  void backward(const at::Tensor& loss, bool retain_graph);
-  std::vector<NamedParam> full_parameters();
-  bool step();
-  bool finish_step();
-  void zero_grad();
-
-  double loss_scale() const;
-  double global_grad_norm() const;
-  double lr() const;  // parameter group 0's
-  size_t param_group_count() const { return param_groups_.size(); }
-  const ParamGroupOptions& param_group(size_t group) const { return param_groups_.options(group); }
-  void set_param_group(size_t group, const ParamGroupOptions& options);
+  // The hyperparameters each parameter group will step with next (a config scheduler's
+  // lr included).
   std::vector<AdamHyper> param_group_hypers() const;
-  int64_t optimizer_steps() const;
-  const Plan& plan() const { return plan_; }
-  const Config& config() const { return plan_.config; }
-  int rank() const { return dist_.env.rank; }
-  int world_size() const { return dist_.env.world_size; }
+  // Backward passes so far (a checkpoint restores the count): the accumulation window's
+  // position.
+  int64_t micro_steps() const;
+  const Plan& plan() const;
+  const Config& config() const;
+  MemoryDetail memory_detail() const;
+  // memory_detail's prediction counts the activations of micro-batches of `micro_batch`
+  // sequences of `seq` tokens of the model a Hugging Face config.json describes
+  // (plan/HfConfig.h), with transformers' attention `attn_implementation`.
+  void set_activation_shape(const std::string& hf_config_json,
+                            const std::string& attn_implementation, int64_t seq,
+                            int64_t micro_batch, bool activation_checkpointing);
+  // Bytes this rank has sent in collectives so far (ring-algorithm volume).
+  int64_t bytes_sent() const;
+  MemoryLedger& ledger();
+  // Names under which a parameter is also reachable (tied weights): recorded in
+  // checkpoints so a consolidated state_dict has every name. Found from the module in
+  // the module constructor; the Python package passes them.
+  void set_aliases(std::vector<std::pair<std::string, std::string>> aliases);
+  // The optimizer a torch.optim class is (config optimizer.external): its groups' masters
+  // to build the class on, and the hooks that step it. An Error for zeroshard's Adam.
+  ExternalOptimizer& external_optimizer();
+  // Sums `tensor` in place over the ranks whose shards make up whole parameters (the
+  // shard group; nothing at stage 0, where every rank holds them whole). A collective:
+  // the optimizer's step calls it on every rank in the same order.
+  void reduce_across_shards(at::Tensor& tensor);
+
+ private:
+  // After the update: the updated shards reach every rank that holds the whole group.
+  bool finish_step();
   // This rank's shard and the number of shards: its place in its shard group
   // (mics_shard_size), or among all ranks without groups.
   int shard_rank() const { return dist_.shard_rank(); }
-  int shard_count() const { return dist_.shard_size; }
-  MemoryDetail memory_report() const;
-  // The model's block shape and the batch it trains on: memory_report's prediction then
-  // counts activations (none without it: the engine sees parameters, not their use).
-  void set_activation_shape(const ModelSpec& shaped, const TrainingShape& batch) {
-    device_.activations = std::make_pair(shaped, batch);
-  }
-  int64_t bytes_sent() const;
-  void barrier();
-  MemoryLedger& ledger() { return ledger_; }
-
-  std::string save_checkpoint(const std::string& dir, std::string tag,
-                              const std::string& client_state_json,
-                              const std::string& lr_scheduler_json, const SaveOptions& options);
-  LoadedCheckpoint load_checkpoint(const std::string& dir, const std::string& tag,
-                                   const LoadOptions& options);
-  void set_aliases(std::vector<std::pair<std::string, std::string>> aliases) {
-    groups_.set_aliases(std::move(aliases));
-  }
-
-  // Internal from here on: what the public calls above are made of.
-  void init(std::vector<NamedParam> params, const std::vector<std::vector<NamedParam>>& unit_params,
-            const Config& config, const std::optional<LaunchEnv>& launch,
-            std::vector<ParamGroup> param_groups, const MaterializeParams& materialize,
-            std::vector<NamedBuffer> buffers, const std::optional<AssumedBatch>& batch = {});
-  void add_param_pieces(const FlatParamGroup& g, size_t t, int64_t begin, int64_t count,
-                        size_t& trained_params);
-  void build_groups(const std::vector<NamedParam>& params,
-                    const std::vector<std::vector<NamedParam>>& unit_params,
-                    const MaterializeParams& materialize);
+  int shard_count() const { return dist_.shard_size(); }
+  friend class EngineBuilder;  // assembles the parts below (engine/EngineBuilder.h)
   // Stage 3's schedule for `unit` (null at stages 0-2); fails for a unit that does not
   // exist.
   UnitSchedule* schedule_of(size_t unit) const;
   void check_read(size_t trainable_group, size_t slot) const;
   // The parts a Checkpointer (engine/Checkpointer.h) saves and loads.
   CheckpointParts checkpoint_parts();
-  // `on_host[i]`: the i-th trainable group's optimizer shard steps on the host (all of
-  // them unless offload_optimizer.ratio keeps the first on the device).
-  void make_optimizer(bool on_cpu, const std::vector<bool>& on_host);
-  std::vector<bool> optimizer_on_host(const std::vector<GroupSpec>& layout) const;
-  void make_overlapped_step(int threads);
-  // Puts stage 3's shards where the plan says; those on NVMe get the ParamHome returned.
-  std::unique_ptr<ParamHome> place_param_shards(const std::vector<FlatParamGroup*>& sharded);
   // Where stage 3's shards on NVMe live (the unit schedule's); null without any.
   ParamHome* param_home() const;
-  void broadcast_initial_values(const std::vector<NamedParam>& params);
   ModelSpec spec_of_groups() const;
   // The layers below index trainable groups (the reducer, the optimizer) and coordinator
   // units (ParamHome) by plain integers; these take theirs.

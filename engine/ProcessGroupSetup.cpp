@@ -119,29 +119,35 @@ int listen_on(const LaunchEnv& env) {
 using GroupMaker = std::function<c10::intrusive_ptr<c10d::Backend>(
     const std::string& prefix, int rank, int size, bool high_priority)>;
 
-// Every rank makes its groups in one order (main, params, touch, then its shard and replica
-// groups, or its hpZ group), and each group's store prefix names its members, so no two groups wait
+// Every rank makes its groups in one order (the world's, its hpZ group, then its shard and
+// replica groups), and each group's store prefix names its members, so no two groups wait
 // on each other while they connect.
 void make_groups(DistContext& ctx, const GroupMaker& make_group) {
-  const int world = ctx.env.world_size, rank = ctx.env.rank, size = ctx.shard_size;
-  ctx.group = make_group("main", rank, world, false);
-  ctx.param_group = make_group("params", rank, world, true);  // gathers: compute waits
-  ctx.touch_group = make_group("touch", rank, world, false);
-  if (ctx.hpz_size > 1 && ctx.hpz_size < world) {
-    ctx.hpz_group = make_group(fmt::format("hpz{}/params", rank / ctx.hpz_size), ctx.hpz_rank(),
-                               ctx.hpz_size, true);
+  const ParallelDims& d = ctx.dims;
+  const int world = d.world(), rank = d.rank();
+  ctx.set_group(std::nullopt, GroupStream::Main, make_group("main", rank, world, false));
+  // Gathers: compute waits on them.
+  ctx.set_group(std::nullopt, GroupStream::Params, make_group("params", rank, world, true));
+  ctx.set_group(std::nullopt, GroupStream::Touch, make_group("touch", rank, world, false));
+  if (d.splits(Dim::Hpz)) {
+    ctx.set_group(Dim::Hpz, GroupStream::Params,
+                  make_group(d.group_name(Dim::Hpz) + "/params", d.coordinate(Dim::Hpz),
+                             d.size(Dim::Hpz), true));
   }
-  if (size == world) return;
-  const int shard_group = ctx.replica_rank(), shard_rank = ctx.shard_rank();
-  if (size > 1) {
-    ctx.shard_group = make_group(fmt::format("shard{}", shard_group), shard_rank, size, false);
-    ctx.shard_param_group =
-        make_group(fmt::format("shard{}/params", shard_group), shard_rank, size, true);
-    ctx.shard_touch_group =
-        make_group(fmt::format("shard{}/touch", shard_group), shard_rank, size, false);
+  if (d.size(Dim::DpShard) == world) return;
+  if (d.splits(Dim::DpShard)) {
+    const std::string shard = d.group_name(Dim::DpShard);
+    const int in_shard = d.coordinate(Dim::DpShard), size = d.size(Dim::DpShard);
+    ctx.set_group(Dim::DpShard, GroupStream::Main, make_group(shard, in_shard, size, false));
+    ctx.set_group(Dim::DpShard, GroupStream::Params,
+                  make_group(shard + "/params", in_shard, size, true));
+    ctx.set_group(Dim::DpShard, GroupStream::Touch,
+                  make_group(shard + "/touch", in_shard, size, false));
   }
-  ctx.replica_group =
-      make_group(fmt::format("replica{}", shard_rank), shard_group, world / size, false);
+  // Shard groups of one rank still have replicas: every rank holds the same whole state.
+  ctx.set_group(Dim::DpReplicate, GroupStream::Main,
+                make_group(d.group_name(Dim::DpReplicate), d.coordinate(Dim::DpReplicate),
+                           d.size(Dim::DpReplicate), false));
 }
 
 // ZS_DIST_BACKEND picks the c10d backend for CUDA tensors: nccl (the default) or gloo
@@ -222,16 +228,7 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
   DistContext ctx;
   ctx.env = env;
   ctx.timeout = timeout;
-  ctx.shard_size = shard_size > 0 ? shard_size : env.world_size;
-  if (env.world_size % ctx.shard_size != 0) {
-    fail("zero_optimization.mics_shard_size {} does not divide the {} ranks", ctx.shard_size,
-         env.world_size);
-  }
-  ctx.hpz_size = std::max(1, hpz_size);
-  if (env.world_size % ctx.hpz_size != 0) {
-    fail("zero_optimization.zero_hpz_partition_size {} does not divide the {} ranks", ctx.hpz_size,
-         env.world_size);
-  }
+  ctx.dims = ParallelDims(env.world_size, env.rank, shard_size, hpz_size);
   // One process on the host gets no group: every collective is a no-op. On a GPU it gets
   // groups of one, so a one-GPU run takes the path (NCCL, streams) many GPUs take.
   const std::string backend = backend_for(device);
@@ -265,6 +262,21 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
          env.master_port, env.world_size, env.launcher, e.what());
   }
   return ctx;
+}
+
+c10::intrusive_ptr<c10d::Backend> DistContext::world(GroupStream stream) const {
+  const auto it = groups_.find({std::nullopt, stream});
+  return it == groups_.end() ? nullptr : it->second;
+}
+
+c10::intrusive_ptr<c10d::Backend> DistContext::group(Dim dim, GroupStream stream) const {
+  const auto it = groups_.find({dim, stream});
+  return it == groups_.end() ? nullptr : it->second;
+}
+
+void DistContext::set_group(std::optional<Dim> dim, GroupStream stream,
+                            c10::intrusive_ptr<c10d::Backend> backend) {
+  groups_[{dim, stream}] = std::move(backend);
 }
 
 std::string DistContext::describe_missing_ranks() const {

@@ -4,8 +4,11 @@
 // size 1) gets no group: every collective is then a no-op.
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -14,47 +17,47 @@
 #include <c10/core/Device.h>
 
 #include "config/LaunchEnv.h"
+#include "engine/ParallelDims.h"
 
 namespace zeroshard {
 
+// What a process group carries: each stream of collectives that ranks may issue in
+// different interleavings has a group of its own, so that every group sees one fixed order
+// on every rank (engine/Communicators.h).
+//   Main    reductions, broadcasts, barriers, checkpoints;
+//   Params  stage-3 gathers, issued from inside backward in schedule order while gradient
+//           reductions go on in Main's;
+//   Touch   stage-3 gathers outside forward and backward (a parameter read between steps,
+//           full_parameters), which no schedule orders: a rank that makes one alone waits
+//           there until the timeout and never pairs it with another rank's scheduled gather.
+enum class GroupStream { Main, Params, Touch };
+
 struct DistContext {
   LaunchEnv env;
+  ParallelDims dims;  // the job's named dimensions (engine/ParallelDims.h)
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::Backend> group;  // null when world_size == 1
-  // A second group for stage-3 parameter gathers, issued from inside backward in
-  // schedule order while gradient reductions go on in theirs: each group sees one
-  // fixed order on every rank.
-  c10::intrusive_ptr<c10d::Backend> param_group;
-  // Stage-3 gathers outside forward and backward (a parameter read between steps,
-  // gathered_parameters, full_parameters), which no schedule orders: on their own group,
-  // a rank that makes one alone waits there until the timeout and never pairs it with
-  // another rank's scheduled gather.
-  c10::intrusive_ptr<c10d::Backend> touch_group;
-  // Sharding inside groups of `shard_size` consecutive ranks (mics_shard_size): `group`
-  // and `param_group` stay over every rank for broadcasts, barriers and checkpoints;
-  // `shard_group`, `shard_param_group` and `shard_touch_group` join this rank's group,
-  // `replica_group` the
-  // ranks holding the same shard in the other groups. All three are null without
-  // groups (shard_size == world size) and where they would hold one rank.
-  int shard_size = 1;
-  c10::intrusive_ptr<c10d::Backend> shard_group;
-  c10::intrusive_ptr<c10d::Backend> shard_param_group;
-  c10::intrusive_ptr<c10d::Backend> shard_touch_group;
-  c10::intrusive_ptr<c10d::Backend> replica_group;
-  // hpZ (zero_hpz_partition_size): backward's gathers of the secondary copy, inside
-  // groups of `hpz_size` consecutive ranks. Null without it, and where the group would
-  // be every rank (param_group serves then).
-  int hpz_size = 1;
-  c10::intrusive_ptr<c10d::Backend> hpz_group;
   std::chrono::milliseconds timeout{300'000};
 
-  int shard_rank() const { return env.rank % shard_size; }
-  int replica_rank() const { return env.rank / shard_size; }
-  int hpz_rank() const { return env.rank % hpz_size; }
+  // Every rank's group for `stream`; null with one process on the host.
+  c10::intrusive_ptr<c10d::Backend> world(GroupStream stream) const;
+  // This rank's group of dimension `dim` for `stream`; null where the dimension has no group
+  // of its own (one rank, or every rank: world() serves then). Made: dp_shard's for every
+  // stream, dp_replicate's for Main, hpz's for Params.
+  c10::intrusive_ptr<c10d::Backend> group(Dim dim, GroupStream stream) const;
+  void set_group(std::optional<Dim> dim, GroupStream stream,
+                 c10::intrusive_ptr<c10d::Backend> backend);
+
+  // This rank's shard and the number of shards (the dp_shard dimension).
+  int shard_rank() const { return dims.coordinate(Dim::DpShard); }
+  int shard_size() const { return dims.size(Dim::DpShard); }
 
   // After a collective failed: which ranks no longer answer, e.g. "rank 1 did not
   // respond within 3 s" (asks the survivors through the store).
   std::string describe_missing_ranks() const;
+
+ private:
+  // Keyed by (dimension, or none for the world; stream).
+  std::map<std::pair<std::optional<Dim>, GroupStream>, c10::intrusive_ptr<c10d::Backend>> groups_;
 };
 
 // True when an engine of this process has met the others at env's rendezvous in the store

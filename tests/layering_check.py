@@ -1,6 +1,8 @@
 """The layers hold: no file includes a header of a layer above its own, the planning
-layers build without LibTorch, and the Python package's modules import one another
-without a cycle, its implementation behind `_`-prefixed names (docs/architecture.md).
+layers build without LibTorch, inside engine/ only the engine's own files include the
+engine's header (its parts sit below it), and the Python package's modules import one
+another without a cycle, its implementation behind `_`-prefixed names
+(docs/architecture.md).
 A test: exits 1 naming each include or import that breaks a rule.
 usage: layering_check.py SOURCE_DIR"""
 import os
@@ -53,6 +55,27 @@ def check(root):
                     for m in TORCH.finditer(text):
                         broken.append(f"{rel}: includes LibTorch ({m.group(0)}); {folder}/ "
                                       "builds without it")
+    return broken
+
+
+# engine/'s top: the engine class and its builder. Every other file in engine/ is a part
+# the engine composes, and includes neither.
+ENGINE_TOP = {"engine/EngineImpl.h", "engine/EngineBuilder.h"}
+ENGINE_OWN = {"Engine.cpp", "EngineImpl.h", "EngineImpl.cpp", "EngineBuilder.h",
+              "EngineBuilder.cpp", "EngineUnits.cpp"}
+
+
+def check_engine(root):
+    broken = []
+    for path in sources(root, "engine"):
+        if os.path.basename(path) in ENGINE_OWN:
+            continue
+        text = open(path, encoding="utf-8").read()
+        for m in PROJECT.finditer(text):
+            header = f"{m.group(1)}/{m.group(2)}"
+            if header in ENGINE_TOP:
+                broken.append(f"{os.path.relpath(path, root)}: includes {header}, the engine "
+                              "above its parts (only " + ", ".join(sorted(ENGINE_OWN)) + " may)")
     return broken
 
 
@@ -111,7 +134,7 @@ def check_python(root):
 
 
 def main():
-    broken = check(sys.argv[1]) + check_python(sys.argv[1])
+    broken = check(sys.argv[1]) + check_engine(sys.argv[1]) + check_python(sys.argv[1])
     for line in broken:
         print(line)
     print(f"layering: {len(broken)} include(s) or import(s) against the layers")

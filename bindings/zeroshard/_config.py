@@ -1,6 +1,7 @@
-"""Config input as users give it (a YAML/JSON path or a dict, DeepSpeed's keys), turned
-into the YAML text the C++ loader validates. Errors name the key, value and what is
-allowed; they come from the same loader as the C++ API and the CLI."""
+"""Config input as users give it (a YAML/JSON path or a dict, DeepSpeed's keys), parsed
+once by the C++ loader (parse): the engine and every question asked of the config read
+that one object. Errors name the key, value and what is allowed; they come from the same
+loader as the C++ API and the CLI."""
 import json
 import os
 
@@ -9,6 +10,28 @@ from . import _zeroshard
 
 def load_config(config):
     """Returns (yaml_text, origin) for a path or a dict; raises Error on bad input."""
+    text, origin = _read(config)
+    parse_text(text, origin)
+    return text, origin
+
+
+def parse(config):
+    """The config (a path or a dict) parsed: _zeroshard.LoadedConfig; raises Error on bad
+    input. Its warnings are said once per process (init and initialize both parse it)."""
+    return parse_text(*_read(config))
+
+
+def parse_text(text, origin):
+    loaded = _zeroshard.parse_config(text, origin)
+    for warning in loaded.warnings:
+        if warning not in _said:
+            _said.add(warning)
+            print(f"zeroshard warning: {warning}", flush=True)
+    return loaded
+
+
+def _read(config):
+    """(text, origin): a file's text, or a dict as JSON (which is YAML)."""
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
         if not os.path.isfile(path):
@@ -24,10 +47,6 @@ def load_config(config):
     else:
         raise _zeroshard.Error(
             f"config: a {type(config).__name__} is not allowed; allowed: a path or a dict")
-    for warning in _zeroshard.config_warnings(text, origin):
-        if warning not in _said:  # once per process: init and initialize both load it
-            _said.add(warning)
-            print(f"zeroshard warning: {warning}", flush=True)
     return text, origin
 
 

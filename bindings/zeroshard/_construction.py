@@ -46,7 +46,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import _launch, _zeroshard
 from ._touch import METADATA
-from ._config import load_config
+from ._config import parse
 
 _active = None  # the _Sharder of the innermost open context
 
@@ -245,7 +245,7 @@ class Init:
                                    "pass one")
         given = config if config is not None else config_dict_or_path
         if given is not None:
-            load_config(given)  # a bad config fails now, not after a long construction
+            parse(given)  # a bad config fails now, not after a long construction
         self.enabled = enabled
         self._sharder = None
         if enabled and module is not None:

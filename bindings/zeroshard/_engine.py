@@ -13,15 +13,15 @@ from ._activations import ActivationShape, assumed_batch, say_offload_ratio
 from ._touch import Units, shard_parameters
 from ._unit_backward import GradArrival, report_input_grads, tensors
 from ._units import stage3_units, unique_parameters
-from ._config import load_config
+from . import _config
 from ._optimizer import (HYPER_KEYS, ZeroShardOptimizer, client_scheduler, engine_options,
                          parameter_groups)
 from ._saving import SavingMethods
 
-def _refuse_twice_named(text, origin, optimizer, lr_scheduler):
+def _refuse_twice_named(loaded, optimizer, lr_scheduler):
     """DeepSpeed's rule, said as an error: the optimizer and the scheduler come from the
     config or from the client, never both."""
-    keys = _zeroshard.config_top_level_keys(text, origin)
+    keys, origin = loaded.top_level_keys, loaded.origin
     for given, key in ((optimizer, "optimizer"), (lr_scheduler, "scheduler")):
         if given is not None and key in keys:
             arg = "optimizer" if key == "optimizer" else "lr_scheduler"
@@ -95,13 +95,13 @@ class ZeroShardEngine(SavingMethods):
         _launch.require_launch_env()
         if not isinstance(model, torch.nn.Module):
             raise _zeroshard.Error(f"model: a {type(model).__name__}; allowed: a torch.nn.Module")
-        text, origin = load_config(config)
-        _refuse_twice_named(text, origin, optimizer, lr_scheduler)
+        loaded = _config.parse(config)  # the one parse of this engine's config
+        _refuse_twice_named(loaded, optimizer, lr_scheduler)
         self.module = model
         self._units = stage3_units(model, units)  # [(modules, params)], every parameter
         client, groups, decoupled = parameter_groups(model, model_parameters, optimizer)
         if client is None:  # the config may name a torch.optim class
-            client = _torch_optimizer.from_config(text, origin, groups)
+            client = _torch_optimizer.from_config(loaded, groups)
             if client is not None:
                 groups, decoupled = client.param_groups, [None] * len(client.param_groups)
         torch_stepped = client is not None and not _torch_optimizer.is_builtin(client)
@@ -114,7 +114,7 @@ class ZeroShardEngine(SavingMethods):
         # group at a time, as the engine copies them.
         materialize = _construction.materializer_for(model)
         _sync_batchnorm.take_over(model)  # before the engine: it may start torch.distributed
-        if _generation.syncs(model, text, origin):
+        if _generation.syncs(model, loaded):
             _launch.init_distributed()  # generate's synced_gpus all-reduces through it
         stepped_by = {}
         if torch_stepped:
@@ -126,7 +126,7 @@ class ZeroShardEngine(SavingMethods):
                 per_element, whole, sharded = _adafactor.state_footprint(client)
                 stepped_by.update(optimizer_state_bytes=per_element,
                                   optimizer_state_other=(whole, sharded))
-        self._engine = _zeroshard.Engine(params, unit_params, text, origin, engine_groups,
+        self._engine = _zeroshard.Engine(params, unit_params, loaded, engine_groups,
                                          _launch.store_already_served(), materialize,
                                          _buffers(model), assumed_batch=assumed_batch(model),
                                          **stepped_by)
@@ -148,7 +148,7 @@ class ZeroShardEngine(SavingMethods):
         self._pending_backward = False
         self._hooks = []
         self._running = None
-        if self._engine.stage == 3:
+        if self._engine.shards_parameters:
             self._hook_stage3(model)
             _generation.sync_generate(model, self._engine.world_size)
         self._hook_model(model)
@@ -282,7 +282,7 @@ class ZeroShardEngine(SavingMethods):
         return self._engine.bf16
 
     def zero_optimization(self):
-        return self._engine.stage > 0
+        return self._engine.shards_optimizer
 
     def zero_optimization_stage(self):
         return self._engine.stage

@@ -4,7 +4,7 @@ import os
 
 from . import _zeroshard
 from ._activations import model_shape
-from ._config import load_config
+from . import _config
 from ._units import stage3_units
 
 
@@ -31,10 +31,11 @@ def estimate(model, config=None, nodes=1, gpus_per_node=1, gpu_memory="80GB",
     `activations` says so."""
     unit_counts = [_count(p for _, p in ps) for _, ps in stage3_units(model, units)]
     total = _count(model.parameters())
-    text = load_config(config)[0] if config is not None else "{}"
+    loaded = (_config.parse(config) if config is not None
+              else _config.parse_text("{}", "no config"))
     host = host_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     shape = _activation_shape(model, seq, micro_batch, activation_checkpointing)
-    plan = _zeroshard.plan(total, unit_counts, max(unit_counts or [total]), text, nodes,
+    plan = _zeroshard.plan(total, unit_counts, max(unit_counts or [total]), loaded, nodes,
                            gpus_per_node, _bytes(gpu_memory, "gpu_memory"),
                            _bytes(host, "host_memory"), _bytes(nvme, "nvme"), **shape)
     plan["activations"] = ("counted" if shape else

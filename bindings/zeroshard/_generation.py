@@ -12,12 +12,12 @@ import torch
 from . import _zeroshard
 
 
-def syncs(model, text, origin):
+def syncs(model, loaded):
     """Whether `model`'s generate will keep several ranks in step, so torch.distributed
     must be started (before the engine, at the launch's rendezvous)."""
     if not callable(getattr(model, "generate", None)) or _zeroshard.launch_env()["world_size"] == 1:
         return False
-    return _zeroshard.config_stage(text, origin) in (3, None)  # None: the Planner may pick 3
+    return loaded.stage in (3, None)  # None: the Planner may pick 3
 
 
 def sync_generate(model, world_size):

@@ -118,10 +118,10 @@ def _has_stepped(state):
     return bool(state) and (step is None or float(step) > 0)
 
 
-def from_config(text, origin, groups):
+def from_config(loaded, groups):
     """A torch.optim object of the config's optimizer section over `groups` (dicts with
     'params'), or None where it names zeroshard's own Adam/AdamW (or is absent)."""
-    named = _zeroshard.config_torch_optimizer(text, origin)
+    named, origin = loaded.torch_optimizer, loaded.origin
     if named is None:
         return None
     name, raw = named

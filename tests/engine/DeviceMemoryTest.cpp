@@ -10,7 +10,7 @@
 
 #include "engine/DeviceMemory.h"
 #include "engine/NcclGroup.h"
-#include "engine/TrainingEngine.h"
+#include "engine/EngineImpl.h"
 
 using namespace zeroshard;
 
@@ -53,7 +53,7 @@ MemoryDetail one_step_report(const c10::Device& device) {
   model->to(device);
   Config c;
   c.zero.stage = 2;
-  TrainingEngine engine(model, c);
+  EngineImpl engine(model, c);
   const at::Tensor x = torch::randn({64, 256}, torch::TensorOptions().device(device));
   engine.backward(model->forward(x).square().mean());
   engine.step();

@@ -9,7 +9,7 @@
 #include "common/Error.h"
 #include "common/MemoryKinds.h"
 #include "engine/NcclGroup.h"
-#include "engine/TrainingEngine.h"
+#include "engine/EngineImpl.h"
 #include "offload/PinnedPool.h"
 #include "tests/engine/RankRuns.h"
 #include "tests/offload/Scratch.h"
@@ -142,11 +142,11 @@ struct OneRank {
     c.zero.stage = 2;
     c.zero.offload_optimizer.device = OffloadDevice::Cpu;
     c.zero.offload_optimizer.overlap_step = "true";
-    engine = std::make_unique<TrainingEngine>(model, c);
+    engine = std::make_unique<EngineImpl>(model, c);
   }
   void backward() { engine->backward(model->forward(torch::ones({2, 16})).square().mean()); }
   std::shared_ptr<torch::nn::LinearImpl> model;
-  std::unique_ptr<TrainingEngine> engine;
+  std::unique_ptr<EngineImpl> engine;
 };
 
 std::string error_of(const std::function<void()>& f) {

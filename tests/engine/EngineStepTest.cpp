@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/TrainingEngine.h"
+#include "engine/EngineImpl.h"
 
 using namespace zeroshard;
 
@@ -28,7 +28,7 @@ struct TwoBlockMlp : torch::nn::Module {
   torch::nn::Linear head{nullptr};
 };
 
-at::Tensor loss_of(TwoBlockMlp& m, TrainingEngine& engine, at::Tensor x) {
+at::Tensor loss_of(TwoBlockMlp& m, EngineImpl& engine, at::Tensor x) {
   for (auto& block : *m.blocks) {
     x = engine.run_unit(*block,
                         [&] { return torch::relu(block->as<torch::nn::Linear>()->forward(x)); });
@@ -47,7 +47,7 @@ std::vector<at::Tensor> train(int stage, const std::string& offload, bool second
   c.zero.stage3_param_persistence_threshold = 0;  // every parameter sharded
   if (offload == "cpu") c.zero.offload_optimizer.device = OffloadDevice::Cpu;
   c.optimizer.weight_decay = 0.1;
-  TrainingEngine engine(model, c);
+  EngineImpl engine(model, c);
   const at::Tensor x = torch::randn({4, 16});
   engine.backward(loss_of(*model, engine, x));
   EXPECT_TRUE(engine.step());

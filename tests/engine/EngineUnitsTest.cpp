@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "common/Error.h"
-#include "engine/TrainingEngine.h"
+#include "engine/EngineImpl.h"
 
 using namespace zeroshard;
 
@@ -31,7 +31,7 @@ Config stage3() {
 TEST(EngineUnits, EveryParameterIsInAUnitAndOnlyShardsStayBetweenSteps) {
   torch::manual_seed(0);
   auto model = std::make_shared<Stack>();
-  TrainingEngine engine(model, stage3());
+  EngineImpl engine(model, stage3());
   // The blocks of the stack, and the head (left over, a unit of its own): all sharded.
   // One rank: each unit its own shard, padded to 64 elements (blocks 72 -> 128, head 9 -> 64).
   EXPECT_EQ(engine.ledger().current(Tier::Device, Kind::Params), (128 + 128 + 64) * 4);
@@ -52,7 +52,7 @@ TEST(EngineUnits, EveryParameterIsInAUnitAndOnlyShardsStayBetweenSteps) {
 
 TEST(EngineUnits, RunningAModuleThatIsNoUnitIsAClearError) {
   auto model = std::make_shared<Stack>();
-  TrainingEngine engine(model, stage3());
+  EngineImpl engine(model, stage3());
   try {
     engine.run_unit(*model->blocks, [] { return torch::zeros({1}); });
     FAIL() << "accepted a ModuleList that is not a unit";
@@ -63,7 +63,7 @@ TEST(EngineUnits, RunningAModuleThatIsNoUnitIsAClearError) {
 
 TEST(EngineUnits, AParameterReadOutsideRunUnitIsAnErrorNotANaNStep) {
   auto model = std::make_shared<Stack>();
-  TrainingEngine engine(model, stage3());
+  EngineImpl engine(model, stage3());
   at::Tensor h = torch::randn({4, 8});
   for (const auto& block : *model->blocks) {
     auto* linear = block->as<torch::nn::Linear>();

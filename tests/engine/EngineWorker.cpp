@@ -10,7 +10,7 @@
 
 #include <torch/serialize.h>
 
-#include "engine/TrainingEngine.h"
+#include "engine/EngineImpl.h"
 #include "tests/engine/TestModels.h"
 
 using namespace zeroshard;
@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
     auto model = make_model(s);
     EngineOptions options;
     options.units = model->units();
-    TrainingEngine engine(model, s.config(), options);
+    EngineImpl engine(model, s.config(), options);
     model->run_unit = [&engine](const torch::nn::Module& unit,
                                 const std::function<at::Tensor()>& forward) {
       return engine.run_unit(unit, forward);

@@ -22,7 +22,7 @@
 
 #include "common/Bytes.h"
 #include "common/Files.h"
-#include "engine/TrainingEngine.h"
+#include "engine/EngineImpl.h"
 #include "offload/SwapFile.h"
 #include "tools/bench/BenchArgs.h"
 #include "tools/bench/BenchGpt.h"
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
       auto model = std::make_shared<bench::Gpt>(shape);
       EngineOptions options;
       options.units = model->blocks();
-      TrainingEngine engine(model, c, options);
+      EngineImpl engine(model, c, options);
       const double setup =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!json) {

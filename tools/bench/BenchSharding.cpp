@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/Error.h"
-#include "engine/TrainingEngine.h"
+#include "engine/EngineImpl.h"
 #include "tools/bench/BenchArgs.h"
 #include "tools/bench/BenchGpt.h"
 #include "tools/launch/RankLauncher.h"
@@ -110,7 +110,7 @@ int worker(int stage, const std::string& out, const Options& o) {
   if (c.zero.offload_param.device == OffloadDevice::Nvme) c.zero.offload_param.max_in_cpu = 0;
   EngineOptions options;
   options.units = model->blocks();
-  TrainingEngine engine(model, c, options);
+  EngineImpl engine(model, c, options);
   auto run_unit = [&](const torch::nn::Module& unit, const std::function<at::Tensor()>& f) {
     return engine.run_unit(unit, f);
   };

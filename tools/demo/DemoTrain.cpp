@@ -8,7 +8,7 @@
 #include <torch/torch.h>
 
 #include "common/Bytes.h"
-#include "engine/TrainingEngine.h"
+#include "engine/EngineImpl.h"
 #include "tools/bench/BenchGpt.h"
 
 using namespace zeroshard;
@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<bench::Gpt>(shape);
     EngineOptions options;
     options.units = model->blocks();
-    TrainingEngine engine(model, loaded.config, options);
+    EngineImpl engine(model, loaded.config, options);
     const bool main_rank = engine.rank() == 0;
     if (main_rank) {
       for (const auto& w : loaded.warnings) std::cout << "warning: " << w << "\n";
