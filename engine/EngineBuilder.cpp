@@ -184,8 +184,8 @@ void EngineBuilder::init(std::vector<NamedParam> params,
   };
   build_groups(params, unit_params, materialize ? materialize : from_rank0);
   e->groups_.set_params(params);
-  e->buffers_->broadcast(
-      e->comms_->world());  // every rank starts from rank 0's, as DDP's construction
+  // Every rank starts from rank 0's buffers, as DDP's construction does.
+  e->buffers_->broadcast(e->comms_->world());
   const LossScaleSettings& fp16 = z.fp16;
   if (fp16.enabled) {
     LossScalerOptions o;
@@ -288,7 +288,8 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
   o.persistence_numel = z.stage3_param_persistence_threshold;
   auto coordinator =
       std::make_unique<ParamCoordinator>(sharded, &e->comms_->params(), &e->comms_->touches(), o);
-  if (e->dist_.dims.size(Dim::Hpz) > 1) {  // a group of every rank gathers as the primary shards do
+  // hpZ: backward gathers from the secondary copy (over every rank when hpz is the world).
+  if (e->dist_.dims.size(Dim::Hpz) > 1) {
     coordinator->set_secondary(std::make_unique<SecondaryShards>(&e->comms_->backward_gathers(),
                                                                  sharded.size(), &e->ledger_));
   }

@@ -144,7 +144,7 @@ bool permitted(const Config& c, const PlanOption& o) {
   const OD par = c.zero.offload_param.device;
   // Lamb and Adafactor step state in memory; elementwise torch.optim classes page theirs
   // through NVMe; only zeroshard's Adam brings NVMe parameter shards in for its update
-  // (engine/EnginePlacement.cpp).
+  // (engine/EngineBuilder.cpp).
   const bool in_memory =
       (c.optimizer.external && !c.optimizer.elementwise) || c.optimizer.type == "Lamb";
   if (in_memory && o.optimizer == OD::Nvme) return false;

@@ -58,7 +58,7 @@ Config stage3_split_auto() {
   return c;
 }
 
-// The shards' elements the engine splits (engine/EnginePlacement.cpp optimizer_on_host).
+// The shards' elements the engine splits (engine/EngineBuilder.cpp optimizer_on_host).
 std::vector<int64_t> trainable_numels(const Model& m) {
   std::vector<int64_t> numels;
   for (const GroupSpec& g : layout_groups(m.params, m.units, ZeroStage(3), 500'000'000)) {
