@@ -237,12 +237,12 @@ class _Pieces:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _write_frozen(out, stage, model_files, model_state):
+def _write_frozen(out, params_sharded, model_files, model_state):
     """The parameters DeepSpeed did not train: whole in the model file (stages 1-2), or a
-    piece per rank file (stage 3), read one file at a time."""
+    piece per rank file (stage 3: `params_sharded`), read one file at a time."""
     if not out.frozen:
         return
-    if stage <= 2:
+    if not params_sharded:
         for name in out.frozen:
             out.frozen_part(name, 0, model_state["module"][name].reshape(-1))
         return
@@ -257,12 +257,12 @@ def _write_frozen(out, stage, model_files, model_state):
                 out.frozen_part(name, rank * piece, fragments[name].reshape(-1)[:count])
 
 
-def _frozen_dtype(stage, model_state):
+def _frozen_dtype(params_sharded, model_state):
     shapes = model_state.get("frozen_param_shapes") or {}
     if not shapes:
         return torch.float32
     first = next(iter(shapes))
-    if stage <= 2:
+    if not params_sharded:
         return model_state["module"][first].dtype
     return model_state["frozen_param_fragments"][first].dtype
 
@@ -273,26 +273,29 @@ def _write_all(folder, out_path):
     optim_files = _rank_files(folder, "_optim_states.pt")
     first = _load(optim_files[0])["optimizer_state_dict"]
     stage = int(first["zero_stage"])
+    # DeepSpeed's files differ in one way: stage 3 shards the parameters (a model file per
+    # rank, pieces of each parameter), stages 1-2 keep them whole.
+    params_sharded = stage == 3
     loss_scale = loss_scale_of(first.get("loss_scaler"))
-    if stage == 3:
+    if params_sharded:
         model_files = _rank_files(folder, "_model_states.pt")
     else:
         model_files = [os.path.join(folder, "mp_rank_00_model_states.pt")]
     model_state = _load(model_files[0])
     trainable = {n: s for shapes in model_state["param_shapes"] for n, s in shapes.items()}
-    state = first["base_optimizer_state" if stage <= 2 else "optimizer_state_dict"]
-    flat = first["single_partition_of_fp32_groups" if stage <= 2 else "fp32_flat_groups"]
+    state = first["optimizer_state_dict" if params_sharded else "base_optimizer_state"]
+    flat = first["fp32_flat_groups" if params_sharded else "single_partition_of_fp32_groups"]
     names = _optimizer_state(state, [t.numel() for t in flat])[0]
     del state, flat  # rank 0's file is dropped once written, like every other
     frozen = dict(model_state.get("frozen_param_shapes") or {})
-    out = _Output(out_path, trainable, frozen, _frozen_dtype(stage, model_state),
+    out = _Output(out_path, trainable, frozen, _frozen_dtype(params_sharded, model_state),
                   1 + len(names))
     try:
         step, scalars, group_starts = 0, None, [0] * len(model_state["param_shapes"])
         for rank, path in enumerate(optim_files):
             optim = first if rank == 0 else _load(path)["optimizer_state_dict"]
             got, steps, group_scalars = (
-                _write_stage3(out, optim, rank, len(optim_files), model_state) if stage == 3
+                _write_stage3(out, optim, rank, len(optim_files), model_state) if params_sharded
                 else _write_stage12(out, optim, group_starts, model_state))
             if got != names:
                 raise _error(f"rank {rank} keeps optimizer state {got}, rank 0 {names}")
@@ -300,7 +303,7 @@ def _write_all(folder, out_path):
             step = max([step] + steps)
             del optim
             first = None
-        _write_frozen(out, stage, model_files, model_state)
+        _write_frozen(out, params_sharded, model_files, model_state)
         rng = torch.get_rng_state().numpy().tobytes()
         rng_offset = out.append(rng)
         buffers = []
