@@ -90,9 +90,8 @@ void keep_freed_memory() {
 
 void EngineBuilder::build(std::shared_ptr<torch::nn::Module> module, const Config& config,
                           EngineOptions options, std::optional<LaunchEnv> launch) {
-  EngineImpl* const e = &e_;
-  e->module_ = std::move(module);
-  const ModuleTree tree = module_tree(*e->module_);
+  e_->module_ = std::move(module);
+  const ModuleTree tree = module_tree(*e_->module_);
   if (tree.params.empty()) fail("the module has no parameters to train");
   std::vector<size_t> declared;
   for (const auto& unit : options.units) {
@@ -108,22 +107,22 @@ void EngineBuilder::build(std::shared_ptr<torch::nn::Module> module, const Confi
   std::vector<std::vector<NamedParam>> unit_params;
   for (const UnitNodes& unit : partition_units(tree.nodes, tree.params.size(), declared)) {
     for (size_t m : unit.modules)
-      e->groups_.map_module(tree.modules[m], UnitId(unit_params.size()));
+      e_->groups_.map_module(tree.modules[m], UnitId(unit_params.size()));
     unit_params.emplace_back();
     for (size_t p : unit.params) unit_params.back().push_back(tree.params[p]);
   }
   std::vector<NamedBuffer> buffers;
-  for (const auto& item : e->module_->named_buffers(/*recurse=*/true))
+  for (const auto& item : e_->module_->named_buffers(/*recurse=*/true))
     buffers.push_back({item.key(), item.value(), true});
   init(tree.params, unit_params, config, std::move(launch), std::move(options.param_groups), {},
        std::move(buffers));
   std::unordered_map<const void*, std::string> first;
   std::vector<std::pair<std::string, std::string>> aliases;
-  for (const auto& item : e->module_->named_parameters(/*recurse=*/true)) {
+  for (const auto& item : e_->module_->named_parameters(/*recurse=*/true)) {
     const auto [it, fresh] = first.emplace(item.value().unsafeGetTensorImpl(), item.key());
     if (!fresh) aliases.emplace_back(item.key(), it->second);
   }
-  e->groups_.set_aliases(std::move(aliases));
+  e_->groups_.set_aliases(std::move(aliases));
 }
 
 void EngineBuilder::build(std::vector<NamedParam> params,
@@ -142,50 +141,49 @@ void EngineBuilder::init(std::vector<NamedParam> params,
                          std::vector<ParamGroup> param_groups, const MaterializeParams& materialize,
                          std::vector<NamedBuffer> buffers,
                          const std::optional<AssumedBatch>& batch) {
-  EngineImpl* const e = &e_;
   // What every rank must have built alike, agreed on before the first collective.
   BuildDescription built(params, unit_params, param_groups, buffers);
   // Checked before any collective: every rank refuses the same groups alike.
-  e->param_groups_ = ParamGroupTable(std::move(param_groups), params);
+  e_->param_groups_ = ParamGroupTable(std::move(param_groups), params);
   const LaunchEnv env = launch ? *launch : read_launch_env();
   const int threads = threads_per_rank(env, [](const char* n) { return std::getenv(n); });
   at::set_num_threads(threads);
   set_blas_threads(threads);
   check_contradictions(config);
-  e->device_.where = params.front().param.device();
-  e->device_.capacity = device_capacity(e->device_.where, env.local_world_size);
-  e->buffers_ =
-      std::make_unique<ModuleBuffers>(std::move(buffers), config.broadcast_buffers, &e->ledger_);
-  e->plan_ =
-      plan_for(params, unit_params, e->buffers_->bytes(), config, env, e->device_.capacity, batch);
+  e_->device_.where = params.front().param.device();
+  e_->device_.capacity = device_capacity(e_->device_.where, env.local_world_size);
+  e_->buffers_ =
+      std::make_unique<ModuleBuffers>(std::move(buffers), config.broadcast_buffers, &e_->ledger_);
+  e_->plan_ = plan_for(params, unit_params, e_->buffers_->bytes(), config, env,
+                       e_->device_.capacity, batch);
   // Offloaded state comes and goes by design; memory kept by glibc would stay resident
   // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
-  const TrainingSettings& z = e->plan_.settings;
+  const TrainingSettings& z = e_->plan_.settings;
   if (!z.offload_optimizer.offloaded() && !z.offload_param.offloaded()) keep_freed_memory();
   const int64_t mics = z.mics_shard_size;
   const int64_t hpz = z.stage.shards_parameters() ? z.hpz_partition_size : 1;
-  built.add_config(e->plan_.config);
-  e->dist_ = init_distributed(
+  built.add_config(e_->plan_.config);
+  e_->dist_ = init_distributed(
       env, z.comm_timeout, params.front().param.device(),
       z.stage.shards_optimizer() && mics > 0 ? static_cast<int>(mics) : -1, static_cast<int>(hpz),
       [&](c10d::Store& store) { agree_on_build(store, env.rank, env.world_size, built); });
-  e->comms_ = std::make_unique<Communicators>(e->dist_, &e->ledger_, z.check_collectives);
+  e_->comms_ = std::make_unique<Communicators>(e_->dist_, &e_->ledger_, z.check_collectives);
   // The groups' lrs as they are now, as DeepSpeed's scheduler reads them when it is built.
-  e->schedule_ = LrSchedule(z.scheduler, e->param_groups_.lrs(z.optimizer.defaults),
-                            /*has_betas=*/!z.optimizer.external);
-  e->pipeline_ = std::make_unique<StepPipeline>(z, e->world_size());
+  e_->schedule_ = LrSchedule(z.scheduler, e_->param_groups_.lrs(z.optimizer.defaults),
+                             /*has_betas=*/!z.optimizer.external);
+  e_->pipeline_ = std::make_unique<StepPipeline>(z, e_->world_size());
   IoOptions io;
   io.block_size = z.aio.block_size;
   io.queue_depth = z.aio.queue_depth;
   io.rings = z.aio.rings;
-  e->swap_ = std::make_unique<SwapSpace>(io, e->rank());
+  e_->swap_ = std::make_unique<SwapSpace>(io, e_->rank());
   const MaterializeParams from_rank0 = [this](const std::vector<NamedParam>& group) {
     broadcast_initial_values(group);
   };
   build_groups(params, unit_params, materialize ? materialize : from_rank0);
-  e->groups_.set_params(params);
+  e_->groups_.set_params(params);
   // Every rank starts from rank 0's buffers, as DDP's construction does.
-  e->buffers_->broadcast(e->comms_->world());
+  e_->buffers_->broadcast(e_->comms_->world());
   const LossScaleSettings& fp16 = z.fp16;
   if (fp16.enabled) {
     LossScalerOptions o;
@@ -194,19 +192,18 @@ void EngineBuilder::init(std::vector<NamedParam> params,
     o.window = fp16.window;
     o.hysteresis = fp16.hysteresis;
     o.min_scale = fp16.min_scale;
-    e->pipeline_->set_scaler(std::make_unique<LossScaler>(o));
+    e_->pipeline_->set_scaler(std::make_unique<LossScaler>(o));
   }
   make_overlapped_step(threads);
 }
 
 void EngineBuilder::broadcast_initial_values(const std::vector<NamedParam>& params) {
-  EngineImpl* const e = &e_;
   // Every rank starts from rank 0's values, whatever each rank's initialisation did.
   std::vector<CommHandle> handles;
   at::NoGradGuard no_grad;
   for (const auto& p : params) {
     const CollectiveLabel label("initial value of " + p.name);
-    handles.push_back(e->comms_->world().broadcast(p.param.data(), 0));
+    handles.push_back(e_->comms_->world().broadcast(p.param.data(), 0));
   }
   for (auto& h : handles) h.wait();
 }
@@ -215,7 +212,6 @@ void EngineBuilder::broadcast_initial_values(const std::vector<NamedParam>& para
 // piece of the optimizer's group `t` holds: elements [begin, begin + count) of `g`.
 void EngineBuilder::add_param_pieces(const FlatParamGroup& g, size_t t, int64_t begin,
                                      int64_t count, size_t& trained_params) {
-  EngineImpl* const e = &e_;
   std::vector<ParamPiece> pieces;
   for (const auto& s : g.slots()) {
     const int64_t lo = std::max(begin, s.offset), hi = std::min(begin + count, s.offset + s.numel);
@@ -226,16 +222,15 @@ void EngineBuilder::add_param_pieces(const FlatParamGroup& g, size_t t, int64_t 
     }
     ++trained_params;
   }
-  e->pipeline_->optimizer().add_param_pieces(t, std::move(pieces), trained_params);
+  e_->pipeline_->optimizer().add_param_pieces(t, std::move(pieces), trained_params);
 }
 
 void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
                                  const std::vector<std::vector<NamedParam>>& unit_params,
                                  const MaterializeParams& materialize) {
-  EngineImpl* const e = &e_;
-  const TrainingSettings& z = e->plan_.settings;
+  const TrainingSettings& z = e_->plan_.settings;
   const ZeroStage stage = z.stage;
-  e->groups_.set_unit_count(unit_params.size());
+  e_->groups_.set_unit_count(unit_params.size());
   const auto layout = layout_groups(params, unit_params, stage, z.reduce_bucket_size);
   const at::ScalarType dtype = dtype_of(z.compute);
   const std::vector<bool> on_host = optimizer_on_host(layout);
@@ -246,30 +241,30 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
     materialize(spec.params);
     GroupRecord record;
     record.flat = std::make_unique<FlatParamGroup>(
-        spec.params, e->shard_rank(), e->shard_count(), dtype, spec.sharded, spec.trainable,
-        /*lazy_grads=*/stage.shards_gradients(), &e->ledger_);
+        spec.params, e_->shard_rank(), e_->shard_count(), dtype, spec.sharded, spec.trainable,
+        /*lazy_grads=*/stage.shards_gradients(), &e_->ledger_);
     FlatParamGroup* g = record.flat.get();
     // Parameter offload on a GPU: the kept shard lives in host memory from here on, where
     // the optimizer updates it and ParamHome moves it to and from NVMe.
-    if (z.offload_param.offloaded()) g->keep_shard_on_host(&e->ledger_);
+    if (z.offload_param.offloaded()) g->keep_shard_on_host(&e_->ledger_);
     if (spec.sharded) {
       record.coordinator_unit = CoordinatorUnit(sharded.size());
       record.unit = UnitId(static_cast<size_t>(spec.unit));
       sharded.push_back(g);
     }
-    e->groups_.add(std::move(record), spec.trainable);
+    e_->groups_.add(std::move(record), spec.trainable);
     if (!spec.trainable) continue;
     trainable.push_back(g);
     // Without sharded optimizer state every rank steps the whole group.
     const bool whole = !stage.shards_optimizer();
-    const int64_t begin = whole ? 0 : e->shard_rank() * g->shard_numel();
+    const int64_t begin = whole ? 0 : e_->shard_rank() * g->shard_numel();
     const at::Tensor shard = whole ? g->flat() : g->param_shard();
-    e->pipeline_->optimizer().add_group(shard, e->param_groups_.spans(*g, begin, shard.numel()));
+    e_->pipeline_->optimizer().add_group(shard, e_->param_groups_.spans(*g, begin, shard.numel()));
     add_param_pieces(*g, trainable.size() - 1, begin, shard.numel(), trained_params);
   }
   // Shards leave RAM (parameter offload) before the gradient buffers are allocated, so
   // a model as large as host RAM is never held twice.
-  e->pipeline_->optimizer().start();
+  e_->pipeline_->optimizer().start();
   std::unique_ptr<ParamHome> home =
       stage.shards_parameters() ? place_param_shards(sharded) : nullptr;
   const bool opt_off = z.offload_optimizer.offloaded();
@@ -279,85 +274,82 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
   for (bool host : on_host)
     reduce.fp32_tiers.push_back(opt_off && host ? Tier::Host : Tier::Device);
   reduce.wire = wire_dtype(z.communication);
-  e->pipeline_->set_reducer(std::make_unique<GradReducer>(trainable, reduce, &e->comms_->shards(),
-                                                          e->comms_->replicas(), &e->ledger_));
+  e_->pipeline_->set_reducer(std::make_unique<GradReducer>(trainable, reduce, &e_->comms_->shards(),
+                                                           e_->comms_->replicas(), &e_->ledger_));
   if (!stage.shards_parameters()) return;
   CoordinatorOptions o;
   o.prefetch_numel = z.stage3_prefetch_bucket_size;
   o.max_live_numel = z.stage3_max_live_parameters;
   o.persistence_numel = z.stage3_param_persistence_threshold;
   auto coordinator =
-      std::make_unique<ParamCoordinator>(sharded, &e->comms_->params(), &e->comms_->touches(), o);
+      std::make_unique<ParamCoordinator>(sharded, &e_->comms_->params(), &e_->comms_->touches(), o);
   // hpZ: backward gathers from the secondary copy (over every rank when hpz is the world).
-  if (e->dist_.dims.size(Dim::Hpz) > 1) {
-    coordinator->set_secondary(std::make_unique<SecondaryShards>(&e->comms_->backward_gathers(),
-                                                                 sharded.size(), &e->ledger_));
+  if (e_->dist_.dims.size(Dim::Hpz) > 1) {
+    coordinator->set_secondary(std::make_unique<SecondaryShards>(&e_->comms_->backward_gathers(),
+                                                                 sharded.size(), &e_->ledger_));
   }
   if (home) {
     const int lookahead = static_cast<int>(z.offload_param.buffer_count) - 1;
     coordinator->set_shard_home(home.get(), lookahead);
   }
-  e->units_ = std::make_unique<UnitSchedule>(e->groups_, std::move(coordinator), std::move(home));
-  GradReducer& reducer = e->pipeline_->reducer();
-  reducer.on_wait([e] { return e->units_->coordinator().advance(); });
-  reducer.on_gradient([e](size_t group, size_t slot) { e->check_read(group, slot); });
+  e_->units_ = std::make_unique<UnitSchedule>(e_->groups_, std::move(coordinator), std::move(home));
+  GradReducer& reducer = e_->pipeline_->reducer();
+  reducer.on_wait([e = e_] { return e->units_->coordinator().advance(); });
+  reducer.on_gradient([e = e_](size_t group, size_t slot) { e->check_read(group, slot); });
   // A unit's gradients are in: it goes, unless its frozen group is still read for the
   // gradients of its inputs (engine/UnitRelease.h).
-  reducer.on_group_complete([e](size_t group) {
+  reducer.on_group_complete([e = e_](size_t group) {
     const std::optional<UnitId> unit = e->groups_.of_trainable(TrainableId(group)).unit;
     if (unit) e->units_->grads_done(*unit);
   });
 }
 
 void EngineBuilder::make_optimizer(bool on_cpu, const std::vector<bool>& on_host) {
-  EngineImpl* const e = &e_;
   OptimizerSite site;
-  site.ledger = &e->ledger_;
-  site.swap = e->swap_.get();
+  site.ledger = &e_->ledger_;
+  site.swap = e_->swap_.get();
   site.model_on_cpu = on_cpu;
   site.on_host = on_host;
-  site.sum_norms = [e](at::Tensor& norms) {
+  site.sum_norms = [e = e_](at::Tensor& norms) {
     // Without sharded optimizer state every rank steps every whole parameter: nothing to sum.
     if (e->plan_.settings.stage.shards_optimizer())
       e->comms_->shards().all_reduce_sum(norms).wait();
   };
-  ShardOptimizerChoice chosen = make_shard_optimizer(e->plan_.settings, site);
-  e->pipeline_->set_optimizer(std::move(chosen.optimizer), chosen.offloaded, chosen.external);
+  ShardOptimizerChoice chosen = make_shard_optimizer(e_->plan_.settings, site);
+  e_->pipeline_->set_optimizer(std::move(chosen.optimizer), chosen.offloaded, chosen.external);
 }
 
 std::vector<bool> EngineBuilder::optimizer_on_host(const std::vector<GroupSpec>& layout) const {
-  EngineImpl* const e = &e_;
   std::vector<int64_t> numels;
   for (const auto& spec : layout) {
     if (!spec.trainable) continue;
     int64_t numel = 0;
     for (const auto& p : spec.params) numel += p.param.numel();
-    numels.push_back(padded_shard_numel(numel, e->shard_count()));  // (split only at stage 3)
+    numels.push_back(padded_shard_numel(numel, e_->shard_count()));  // (split only at stage 3)
   }
-  return zeroshard::optimizer_on_host(numels, e->plan_.settings.optimizer_host_ratio);
+  return zeroshard::optimizer_on_host(numels, e_->plan_.settings.optimizer_host_ratio);
 }
 
 // Stage-3 parameter offload: each sharded unit's shard goes where the memory model
 // puts it (the same function decides both).
 std::unique_ptr<ParamHome> EngineBuilder::place_param_shards(
     const std::vector<FlatParamGroup*>& sharded) {
-  EngineImpl* const e = &e_;
-  const TrainingSettings& z = e->plan_.settings;
+  const TrainingSettings& z = e_->plan_.settings;
   const OffloadDevice device = z.offload_param.device;
   if (!z.offload_param.offloaded()) return nullptr;
-  const ParamPlacement placed = zeroshard::place_param_shards(e->spec_of_groups(), device,
-                                                              z.param_max_in_cpu, e->shard_count());
+  const ParamPlacement placed = zeroshard::place_param_shards(
+      e_->spec_of_groups(), device, z.param_max_in_cpu, e_->shard_count());
   std::vector<bool> on_nvme(sharded.size(), device == OffloadDevice::Nvme);
-  for (size_t u : placed.in_host) on_nvme[e->groups_[GroupId(u)].coordinator_unit->value] = false;
+  for (size_t u : placed.in_host) on_nvme[e_->groups_[GroupId(u)].coordinator_unit->value] = false;
   for (size_t u = 0; u < sharded.size(); ++u) {
-    if (!on_nvme[u]) sharded[u]->set_shard_tier(Tier::Host, &e->ledger_);
+    if (!on_nvme[u]) sharded[u]->set_shard_tier(Tier::Host, &e_->ledger_);
   }
   if (device != OffloadDevice::Nvme) return nullptr;
-  const std::string& dir = e->swap_->open_dir(z.offload_param.nvme_path);  // makes io() first
+  const std::string& dir = e_->swap_->open_dir(z.offload_param.nvme_path);  // makes io() first
   auto home =
-      std::make_unique<ParamHome>(sharded, on_nvme, e->swap_->io(), dir,
-                                  z.offload_param.buffer_count, &e->ledger_, e->device_.where);
-  OffloadOptimizer* offloaded = e->pipeline_->offloaded();
+      std::make_unique<ParamHome>(sharded, on_nvme, e_->swap_->io(), dir,
+                                  z.offload_param.buffer_count, &e_->ledger_, e_->device_.where);
+  OffloadOptimizer* offloaded = e_->pipeline_->offloaded();
   if (!offloaded && (z.optimizer.external || z.optimizer.lamb())) {
     fail(
         "config key 'zero_optimization.offload_param.device' is 'nvme' with optimizer {}; "
@@ -372,10 +364,10 @@ std::unique_ptr<ParamHome> EngineBuilder::place_param_shards(
         "with parameters on NVMe, or offload_param.device cpu");
   }
   offloaded->on_group(
-      [e, at = home.get()](size_t g) {
+      [e = e_, at = home.get()](size_t g) {
         if (e->unit_of_trainable(g) >= 0) at->open_for_update(e->unit_of_trainable(g));
       },
-      [e, at = home.get()](size_t g) {
+      [e = e_, at = home.get()](size_t g) {
         if (e->unit_of_trainable(g) >= 0) at->store(e->unit_of_trainable(g));
       });
   return home;
@@ -386,15 +378,14 @@ std::unique_ptr<ParamHome> EngineBuilder::place_param_shards(
 // A true that the plan's own choices rule out (an offload device left auto, then chosen
 // none) is refused here, naming why.
 void EngineBuilder::make_overlapped_step(int threads) {
-  EngineImpl* const e = &e_;
-  if (!e->plan_.settings.overlap_step) return;
-  if (const auto& obstacle = e->plan_.settings.overlap_step_obstacle) {
+  if (!e_->plan_.settings.overlap_step) return;
+  if (const auto& obstacle = e_->plan_.settings.overlap_step_obstacle) {
     fail(
         "config key 'zero_optimization.offload_optimizer.overlap_step' is true, but {}; "
         "allowed: false or auto",
         *obstacle);
   }
-  e->pipeline_->overlap_step(threads);
+  e_->pipeline_->overlap_step(threads);
 }
 
 }  // namespace zeroshard

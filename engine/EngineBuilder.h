@@ -17,7 +17,7 @@ namespace zeroshard {
 
 class EngineBuilder {
  public:
-  explicit EngineBuilder(EngineImpl& engine) : e_(engine) {}
+  explicit EngineBuilder(EngineImpl& engine) : e_(&engine) {}
 
   // A torch::nn::Module: its stage-3 units found (engine/UnitPartition.h) or declared in
   // `options`, its buffers and tied names read from it.
@@ -51,7 +51,7 @@ class EngineBuilder {
   // Puts stage 3's shards where the plan says; those on NVMe get the ParamHome returned.
   std::unique_ptr<ParamHome> place_param_shards(const std::vector<FlatParamGroup*>& sharded);
 
-  EngineImpl& e_;
+  EngineImpl* const e_;  // the engine being built; callbacks capture it, never the builder
 };
 
 }  // namespace zeroshard

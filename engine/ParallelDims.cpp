@@ -21,74 +21,32 @@ ParallelDims::ParallelDims(int world, int rank, int dp_shard, int hpz)
   }
 }
 
-int ParallelDims::size(Dim d) const {
+// Each dimension once: its size, this rank's coordinate in its group, which group, and the
+// name's prefix. dp_shard and hpz groups are consecutive ranks; a dp_replicate group takes
+// one rank of each shard group, those holding the same shard.
+ParallelDims::Layout ParallelDims::layout(Dim d) const {
   switch (d) {
     case Dim::DpShard:
-      return dp_shard_;
+      return {dp_shard_, rank_ % dp_shard_, rank_ / dp_shard_, "dp_shard", "shard"};
     case Dim::DpReplicate:
-      return world_ / dp_shard_;
+      return {world_ / dp_shard_, rank_ / dp_shard_, rank_ % dp_shard_, "dp_replicate", "replica"};
     case Dim::Hpz:
-      return hpz_;
+      return {hpz_, rank_ % hpz_, rank_ / hpz_, "hpz", "hpz"};
     case Dim::Tp:
+      return {1, 0, rank_, "tp", "tp"};
     case Dim::Pp:
       break;
   }
-  return 1;
-}
-
-int ParallelDims::coordinate(Dim d) const {
-  switch (d) {
-    case Dim::DpShard:
-      return rank_ % dp_shard_;
-    case Dim::DpReplicate:
-      return rank_ / dp_shard_;
-    case Dim::Hpz:
-      return rank_ % hpz_;
-    case Dim::Tp:
-    case Dim::Pp:
-      break;
-  }
-  return 0;
-}
-
-int ParallelDims::group_index(Dim d) const {
-  switch (d) {
-    case Dim::DpShard:
-      return rank_ / dp_shard_;  // consecutive ranks
-    case Dim::DpReplicate:
-      return rank_ % dp_shard_;  // one rank of each shard group: the same shard
-    case Dim::Hpz:
-      return rank_ / hpz_;
-    case Dim::Tp:
-    case Dim::Pp:
-      break;
-  }
-  return 0;
+  return {1, 0, rank_, "pp", "pp"};
 }
 
 std::string ParallelDims::group_name(Dim d) const {
-  const char* prefix = d == Dim::DpShard       ? "shard"
-                       : d == Dim::DpReplicate ? "replica"
-                       : d == Dim::Hpz         ? "hpz"
-                       : d == Dim::Tp          ? "tp"
-                                               : "pp";
-  return fmt::format("{}{}", prefix, group_index(d));
+  const Layout l = layout(d);
+  return fmt::format("{}{}", l.group_prefix, l.group);
 }
 
 const char* ParallelDims::name(Dim d) {
-  switch (d) {
-    case Dim::DpReplicate:
-      return "dp_replicate";
-    case Dim::DpShard:
-      return "dp_shard";
-    case Dim::Hpz:
-      return "hpz";
-    case Dim::Tp:
-      return "tp";
-    case Dim::Pp:
-      break;
-  }
-  return "pp";
+  return ParallelDims().layout(d).name;
 }
 
 }  // namespace zeroshard

@@ -30,18 +30,26 @@ class ParallelDims {
 
   int world() const { return world_; }
   int rank() const { return rank_; }
-  int size(Dim d) const;
-  int coordinate(Dim d) const;  // this rank's index inside its group of dimension d
+  int size(Dim d) const { return layout(d).size; }
+  // This rank's index inside its group of dimension d.
+  int coordinate(Dim d) const { return layout(d).coordinate; }
   // The dimension has a group of more than one rank, smaller than the world: one that
   // needs a process group of its own (a group of every rank is the world's).
   bool splits(Dim d) const { return size(d) > 1 && size(d) < world_; }
   // Which of the dimension's groups this rank is in (0 .. world / size - 1).
-  int group_index(Dim d) const;
+  int group_index(Dim d) const { return layout(d).group; }
   // The group's name, the same on every rank of it: "shard1", "replica0", "hpz0".
   std::string group_name(Dim d) const;
   static const char* name(Dim d);  // "dp_shard", ...
 
  private:
+  struct Layout {
+    int size, coordinate, group;
+    const char* name;          // the dimension's
+    const char* group_prefix;  // its groups' names: prefix and group index
+  };
+  Layout layout(Dim d) const;
+
   int world_ = 1;
   int rank_ = 0;
   int dp_shard_ = 1;
