@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/stl.h>
+#include <set>
 #include <tuple>
 
 #include "bindings/PyOptimizerHooks.h"
@@ -149,7 +150,18 @@ EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTens
                          const std::string& optimizer_type, int64_t optimizer_state_bytes,
                          bool optimizer_elementwise,
                          std::pair<int64_t, int64_t> optimizer_state_other,
-                         const AssumedBatchArg& assumed_batch) {
+                         const AssumedBatchArg& assumed_batch, int tensor_parallel_size,
+                         const std::vector<std::string>& tensor_parallel_params) {
+  if (tensor_parallel_size > 1) {  // a Megatron mpu's size (bindings/zeroshard/_tensor_parallel.py)
+    auto& configured = loaded.config.tensor_parallel_size;
+    if (configured && *configured != 1 && *configured != tensor_parallel_size) {
+      fail(
+          "config key 'tensor_parallel.autotp_size' is {}, but the mpu's tensor-parallel size "
+          "is {}; allowed: the same size, or leave the key out",
+          *configured, tensor_parallel_size);
+    }
+    configured = tensor_parallel_size;
+  }
   if (!optimizer_type.empty()) {  // a client optimizer object or a config's torch.optim type
     OptimizerConfig& o = loaded.config.optimizer;
     o.type = optimizer_type;
@@ -179,6 +191,10 @@ EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTens
   for (const auto& [name, tensor, persistent] : buffers)
     named_buffers.push_back({name, tensor, persistent});
   std::vector<NamedParam> named = to_params(params);
+  const std::set<std::string> split(tensor_parallel_params.begin(), tensor_parallel_params.end());
+  for (auto& p : named) p.tensor_parallel = split.count(p.name) > 0;
+  for (auto& unit : unit_params)
+    for (auto& p : unit) p.tensor_parallel = split.count(p.name) > 0;
   std::optional<AssumedBatch> batch = to_assumed_batch(assumed_batch);
   // Construction issues collectives (the initial broadcast, the agreement of what every rank
   // built): never with the GIL held (see EngineHolder).
@@ -339,7 +355,11 @@ PYBIND11_MODULE(_zeroshard, m) {
            // element (config/Config.h).
            py::arg("optimizer_state_other") = std::pair<int64_t, int64_t>{0, 0},
            // The batch offload_optimizer.ratio auto leaves room for (engine/EnginePlan.h).
-           py::arg("assumed_batch") = py::none())
+           py::arg("assumed_batch") = py::none(),
+           // A Megatron mpu's tensor-parallel size (0: the config's), and the names of the
+           // parameters split across its ranks.
+           py::arg("tensor_parallel_size") = 0,
+           py::arg("tensor_parallel_params") = std::vector<std::string>{})
       .def("optimizer_shards",
            [](EngineImpl& e) { return optimizer_shards(e.external_optimizer()); })
       .def("optimizer_regions",
@@ -441,6 +461,9 @@ PYBIND11_MODULE(_zeroshard, m) {
           "Whether the micro_steps-th micro-batch (from 1) ends an accumulation window.")
       .def_property_readonly("rank", &EngineImpl::rank)
       .def_property_readonly("world_size", &EngineImpl::world_size)
+      .def_property_readonly("data_parallel_rank", &EngineImpl::data_parallel_rank)
+      .def_property_readonly("data_parallel_size", &EngineImpl::data_parallel_size)
+      .def_property_readonly("tensor_parallel_size", &EngineImpl::tensor_parallel_size)
       .def_property_readonly("stage",
                              [](const EngineImpl& e) { return e.plan().settings.stage.number(); })
       .def_property_readonly(

@@ -192,6 +192,10 @@ struct Config {
   SchedulerConfig scheduler;
   ZeroConfig zero;
   AioConfig aio;
+  // Ranks each layer's matrices are split across (DeepSpeed's tensor_parallel.autotp_size;
+  // the Python package sets it from a Megatron mpu): ZeRO shards over the world / tp
+  // data-parallel ranks (engine/ParallelDims.h).
+  std::optional<int64_t> tensor_parallel_size = 1;
 
   // Bytes per low-precision value: 2 with bf16 or fp16, 4 in fp32 training.
   int compute_bytes() const { return (bf16 || fp16.enabled) ? 2 : 4; }

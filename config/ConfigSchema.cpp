@@ -172,6 +172,7 @@ std::vector<Knob> build_knobs() {
     int_knob(z + "stage3_param_persistence_threshold", 0, kBig, [](Config& c) -> auto& { return c.zero.stage3_param_persistence_threshold; }),
     int_knob(z + "sub_group_size", 1, kBig, [](Config& c) -> auto& { return c.zero.sub_group_size; }),
     int_knob(z + "mics_shard_size", -1, kBig, [](Config& c) -> auto& { return c.zero.mics_shard_size; }),
+    fixed(int_knob("tensor_parallel.autotp_size", 1, kBig, [](Config& c) -> auto& { return c.tensor_parallel_size; })),
     int_knob(z + "zero_hpz_partition_size", 1, kBig, [](Config& c) -> auto& { return c.zero.hpz_partition_size; }),
     offload_knob(oo + "device", [](Config& c) -> auto& { return c.zero.offload_optimizer.device; }),
     text_knob(oo + "nvme_path", [](Config& c) -> auto& { return c.zero.offload_optimizer.nvme_path; }),

@@ -323,17 +323,24 @@ uint32_t file_crc32(const std::string& path) {
   return static_cast<uint32_t>(crc);
 }
 
-Manifest read_manifest(const std::string& dir, std::string tag) {
-  if (tag.empty()) {
-    const std::string latest = dir + "/latest";
-    struct stat st {};
-    if (::stat(latest.c_str(), &st) != 0) {
-      fail("checkpoint: '{}' has no 'latest' file; give a tag, or save a checkpoint there first",
-           dir);
-    }
-    tag = read_whole_file(latest, "checkpoint");
-    while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+std::string tensor_parallel_part(int coordinate) {
+  return fmt::format("tp_rank_{:02d}", coordinate);
+}
+
+std::string latest_tag(const std::string& dir) {
+  const std::string latest = dir + "/latest";
+  struct stat st {};
+  if (::stat(latest.c_str(), &st) != 0) {
+    fail("checkpoint: '{}' has no 'latest' file; give a tag, or save a checkpoint there first",
+         dir);
   }
+  std::string tag = read_whole_file(latest, "checkpoint");
+  while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+  return tag;
+}
+
+Manifest read_manifest(const std::string& dir, std::string tag) {
+  if (tag.empty()) tag = latest_tag(dir);
   const std::string path = dir + "/" + tag + "/manifest.json";
   nlohmann::json j;
   try {

@@ -9,6 +9,9 @@
 // state, every group's parameters (name, shape, offset) and each file's size and CRC-32.
 // With shard groups (mics_shard_size) there is one file per shard, written by the
 // first group's ranks, and world size counts shards.
+// With tensor parallelism (engine/ParallelDims.h) DIR/TAG holds one such checkpoint per tp
+// coordinate, DIR/TAG/tp_rank_XX (DeepSpeed's mp_rank_XX, as folders), each saved by that
+// coordinate's data-parallel ranks, and DIR/TAG/tensor_parallel.json says how many.
 // DIR/latest names the newest complete tag. Because every element is addressed by
 // parameter name and offset, a checkpoint loads into any world size and stage: the
 // reader re-slices on load.
@@ -116,6 +119,10 @@ struct Manifest {
 // Reads DIR/TAG/manifest.json (TAG empty: the one DIR/latest names) and checks that
 // every rank file is there, whole, and matches its checksum. Errors name the file.
 Manifest read_manifest(const std::string& dir, std::string tag);
+// The folder inside DIR/TAG that holds tp coordinate `coordinate`'s part: "tp_rank_01".
+std::string tensor_parallel_part(int coordinate);
+// The tag DIR/latest names; fails naming DIR where there is none.
+std::string latest_tag(const std::string& dir);
 
 uint32_t file_crc32(const std::string& path);
 

@@ -1,4 +1,6 @@
 // Checkpointer::load (the format: engine/Checkpoint.h; saving: Checkpointer.cpp).
+#include <sys/stat.h>
+
 #include <unordered_set>
 
 #include <ATen/ATen.h>
@@ -6,6 +8,7 @@
 
 #include "common/Error.h"
 #include "common/FaultPoint.h"
+#include "common/Files.h"
 #include "engine/Checkpoint.h"
 #include "engine/Checkpointer.h"
 #include "engine/Communicators.h"
@@ -25,8 +28,36 @@
 
 namespace zeroshard {
 
+// With tensor parallelism this tp coordinate's part (engine/Checkpoint.h); a checkpoint
+// saved at another tp size is refused by name before anything changes.
 LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& tag,
                                     const LoadOptions& options) {
+  const std::string name = tag.empty() ? latest_tag(dir) : tag;
+  const std::string about = dir + "/" + name + "/tensor_parallel.json";
+  const int tp = p_.dist.dims.size(Dim::Tp);
+  int saved_tp = 1;
+  struct stat st {};
+  if (::stat(about.c_str(), &st) == 0) {
+    try {
+      saved_tp = nlohmann::json::parse(read_whole_file(about, "checkpoint")).at("tp_size");
+    } catch (const nlohmann::json::exception& e) {
+      fail("checkpoint '{}' is not valid: {}", about, e.what());
+    }
+  }
+  if (saved_tp != tp) {
+    fail(
+        "checkpoint '{}/{}' was saved at tensor-parallel size {} and this engine's is {}; "
+        "loading at another tensor-parallel size is not supported yet: load it with "
+        "tensor_parallel.autotp_size {} (or an mpu of that size)",
+        dir, name, saved_tp, tp, saved_tp);
+  }
+  if (tp == 1) return load_part(dir, name, options);
+  return load_part(dir + "/" + name, tensor_parallel_part(p_.dist.dims.coordinate(Dim::Tp)),
+                   options);
+}
+
+LoadedCheckpoint Checkpointer::load_part(const std::string& dir, const std::string& tag,
+                                         const LoadOptions& options) {
   const Manifest m = read_manifest(dir, tag);
   const CheckpointReader reader(dir, m);
   check_layout(reader, dir, options);  // before anything changes
@@ -76,7 +107,7 @@ LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& t
   }
   p_.pipeline.reducer().zero();
   // Each rank's own random stream, when it exists; a warm start keeps its own.
-  if (m.world_size == p_.dist.env.world_size && !options.module_only) {
+  if (m.world_size == p_.dist.dims.size(Dim::Dp) && !options.module_only) {
     restore_rng_states({reader.read_rng(rank()), m.device_rng_bytes}, p_.device);
   }
   return {m.client_state.dump(), lr_scheduler ? m.lr_scheduler.dump() : "null"};

@@ -46,7 +46,7 @@ void make_dir(const std::string& path) {
 }  // namespace
 
 int Checkpointer::rank() const {
-  return p_.dist.env.rank;
+  return p_.dist.dims.coordinate(Dim::Dp);
 }
 
 int Checkpointer::shard_rank() const {
@@ -120,6 +120,71 @@ std::string Checkpointer::save(const std::string& dir, std::string tag,
   if (tag.find('/') != std::string::npos || tag == "latest" || tag[0] == '.') {
     fail("checkpoint tag '{}' is not allowed; allowed: a plain name (no '/', not 'latest')", tag);
   }
+  const ParallelDims& d = p_.dist.dims;
+  if (d.size(Dim::Tp) == 1)
+    return save_part(dir, tag, client_state_json, lr_scheduler_json, options);
+  const std::string whole = dir + "/" + tag;
+  make_dir(dir);
+  make_dir(whole);
+  std::string failure;
+  try {
+    SaveOptions part = options;
+    part.latest = false;
+    save_part(whole, tensor_parallel_part(d.coordinate(Dim::Tp)), client_state_json,
+              lr_scheduler_json, part);
+  } catch (const Error& e) {
+    failure = e.what();  // the other tp coordinates hear of it in publish_parts
+  }
+  publish_parts(dir, tag, failure, options.latest);
+  return tag;
+}
+
+// Each data-parallel group has agreed on its own part (publish); the tp groups now agree on
+// all of them, then rank 0 writes tensor_parallel.json and moves `latest`, and tells every
+// rank through its tp group and then its data-parallel group (which holds one rank of rank
+// 0's tp group).
+void Checkpointer::publish_parts(const std::string& dir, const std::string& tag,
+                                 const std::string& failure_here, bool move_latest) {
+  Collectives* tp = p_.comms.tensor_parallel();
+  at::Tensor failed = at::full({1}, failure_here.empty() ? 0 : 1, at::kLong);
+  agree(tag, [&] { tp->all_reduce_sum(failed).wait(); });
+  if (!failure_here.empty()) throw Error(failure_here);
+  if (failed.item<int64_t>() > 0) {
+    fail(
+        "rank {}: saving checkpoint '{}' failed on another tensor-parallel rank (its message "
+        "says why); the previous checkpoint stays the latest",
+        p_.dist.env.rank, tag);
+  }
+  at::Tensor published = at::zeros({1}, at::kLong);
+  std::string failure;
+  if (p_.dist.env.rank == 0) {
+    try {
+      const nlohmann::json about = {{"tp_size", p_.dist.dims.size(Dim::Tp)},
+                                    {"dp_size", p_.dist.dims.size(Dim::Dp)}};
+      write_file_atomically(dir + "/" + tag + "/tensor_parallel.json", about.dump(1), "checkpoint");
+      if (move_latest) write_file_atomically(dir + "/latest", tag + "\n", "checkpoint");
+      published.fill_(1);
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  }
+  agree(tag, [&] {
+    tp->all_reduce_sum(published).wait();
+    p_.comms.data_parallel().all_reduce_sum(published).wait();
+  });
+  if (!failure.empty()) fail("rank 0: saving checkpoint '{}' failed: {}", tag, failure);
+  if (published.item<int64_t>() == 0) {
+    fail(
+        "rank {}: saving checkpoint '{}' failed: rank 0 could not write tensor_parallel.json "
+        "(its message says why); the previous checkpoint stays the latest",
+        p_.dist.env.rank, tag);
+  }
+}
+
+std::string Checkpointer::save_part(const std::string& dir, const std::string& tag,
+                                    const std::string& client_state_json,
+                                    const std::string& lr_scheduler_json,
+                                    const SaveOptions& options) {
   fault_point("save.begin");
   Manifest m = layout(options);
   m.tag = tag;
@@ -189,7 +254,8 @@ void Checkpointer::publish(const std::string& dir, Manifest& m, const std::strin
   // after the manifest: a crash at any point leaves the previous tag loadable.
   const std::string folder = dir + "/" + m.tag;
   const std::string mine = fmt::format("rank{}.bin", rank());
-  at::Tensor files = at::zeros({p_.dist.env.world_size, 3}, at::kLong);  // (written, crc, bytes)
+  at::Tensor files =
+      at::zeros({p_.dist.dims.size(Dim::Dp), 3}, at::kLong);  // (written, crc, bytes)
   if (failure_here.empty() && rank() < m.world_size) {
     struct stat st {};
     ::stat((folder + "/" + mine).c_str(), &st);
@@ -198,7 +264,7 @@ void Checkpointer::publish(const std::string& dir, Manifest& m, const std::strin
     files[rank()][2] = static_cast<int64_t>(st.st_size);
   }
   fault_point("save.publish");
-  agree(m.tag, [&] { p_.comms.world().all_gather(files.view({-1})).wait(); });
+  agree(m.tag, [&] { p_.comms.data_parallel().all_gather(files.view({-1})).wait(); });
   if (!failure_here.empty()) {
     fail("rank {}: saving checkpoint '{}' failed: {}; the previous checkpoint stays the latest",
          rank(), m.tag, failure_here);
@@ -232,7 +298,7 @@ void Checkpointer::publish(const std::string& dir, Manifest& m, const std::strin
       failure = e.what();  // told to the other ranks before it is raised here
     }
   }
-  agree(m.tag, [&] { p_.comms.world().broadcast(published, 0).wait(); });
+  agree(m.tag, [&] { p_.comms.data_parallel().broadcast(published, 0).wait(); });
   if (!failure.empty()) fail("rank 0: saving checkpoint '{}' failed: {}", m.tag, failure);
   if (published.item<int64_t>() == 0) {
     fail(

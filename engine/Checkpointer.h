@@ -58,9 +58,20 @@ class Checkpointer {
                         const LoadOptions& options = {});
 
  private:
-  int rank() const;
+  int rank() const;  // among the data-parallel ranks, which save and load one checkpoint
   int shard_rank() const;
   int shard_count() const;
+
+  // One checkpoint of the data-parallel ranks: the whole of it without tensor parallelism,
+  // this tp coordinate's part with it (save and load choose the folder).
+  std::string save_part(const std::string& dir, const std::string& tag,
+                        const std::string& client_state_json, const std::string& lr_scheduler_json,
+                        const SaveOptions& options);
+  LoadedCheckpoint load_part(const std::string& dir, const std::string& tag,
+                             const LoadOptions& options);
+  // Tensor parallelism: every tp coordinate's part published, then `latest` moved.
+  void publish_parts(const std::string& dir, const std::string& tag, const std::string& failure,
+                     bool move_latest);
 
   // Saving.
   Manifest layout(const SaveOptions& options) const;

@@ -3,12 +3,16 @@
 // makes the groups). Each stream of collectives that ranks may issue in different
 // interleavings has a group of its own, so that every group sees one fixed order on every
 // rank (docs/architecture.md "Rules that keep ranks in step"):
-//   world     every rank: broadcasts (initial values, buffers), barriers, checkpoints;
-//   shards    reductions and gathers of shards: the shard group (mics_shard_size), or world;
+//   data_parallel  the data-parallel ranks (engine/ParallelDims.h; every rank without tensor
+//             parallelism): broadcasts (initial values, buffers), barriers, checkpoints;
+//   shards    reductions and gathers of shards: the shard group (mics_shard_size), or
+//             data_parallel;
 //   params    stage-3 gathers in the schedule's order, inside the shard group;
 //   touches   stage-3 gathers outside any schedule (reads between steps), inside it too;
 //   replicas  the ranks holding this shard in the other shard groups (null without groups);
-//   hpz       backward's gathers of hpZ's secondary copy inside the node (null without hpZ).
+//   hpz       backward's gathers of hpZ's secondary copy inside the node (null without hpZ);
+//   tensor_parallel  the ranks splitting each tensor-parallel parameter with this one: the
+//             gradient norm and the overflow check are summed across them (null without).
 #include <cstdint>
 #include <memory>
 
@@ -24,24 +28,26 @@ class Communicators {
   // `check`: every collective's fingerprint is agreed on first (sharding/Collectives.h).
   Communicators(const DistContext& dist, MemoryLedger* ledger, bool check = false);
 
-  Collectives& world() { return *world_; }
-  Collectives& shards() { return group_ ? *group_ : *world_; }
+  Collectives& data_parallel() { return *data_parallel_; }
+  Collectives& shards() { return group_ ? *group_ : *data_parallel_; }
   Collectives& params() { return *params_; }
   Collectives& touches() { return *touches_; }
   Collectives* replicas() { return replicas_.get(); }
   // Where backward gathers a stage-3 unit: hpZ's group, else the params group.
   Collectives& backward_gathers() { return hpz_ ? *hpz_ : *params_; }
+  Collectives* tensor_parallel() { return tensor_parallel_.get(); }
   // Bytes this rank has sent over every group (ring-algorithm volume).
   int64_t bytes_sent() const;
 
  private:
   std::unique_ptr<CollectiveWatch> watch_;  // before the groups: they report to it
-  std::unique_ptr<Collectives> world_;
+  std::unique_ptr<Collectives> data_parallel_;
   std::unique_ptr<Collectives> group_;  // the shard group, with mics_shard_size
   std::unique_ptr<Collectives> params_;
   std::unique_ptr<Collectives> touches_;
   std::unique_ptr<Collectives> replicas_;
   std::unique_ptr<Collectives> hpz_;
+  std::unique_ptr<Collectives> tensor_parallel_;
 };
 
 }  // namespace zeroshard

@@ -72,6 +72,15 @@ int EngineImpl::rank() const {
 int EngineImpl::world_size() const {
   return dist_.env.world_size;
 }
+int EngineImpl::data_parallel_rank() const {
+  return dist_.dims.coordinate(Dim::Dp);
+}
+int EngineImpl::data_parallel_size() const {
+  return dist_.dims.size(Dim::Dp);
+}
+int EngineImpl::tensor_parallel_size() const {
+  return dist_.dims.size(Dim::Tp);
+}
 MemoryReport EngineImpl::memory_report() const {
   return memory_detail().to_public();
 }

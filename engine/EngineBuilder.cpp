@@ -150,6 +150,21 @@ void EngineBuilder::init(std::vector<NamedParam> params,
   at::set_num_threads(threads);
   set_blas_threads(threads);
   check_contradictions(config);
+  // Tensor parallelism is checked before the plan, which divides the ranks by it.
+  const int64_t tp = config.tensor_parallel_size.value_or(1);
+  const bool any_split = std::any_of(params.begin(), params.end(),
+                                     [](const NamedParam& p) { return p.tensor_parallel; });
+  if (tp > 1 && !any_split) {
+    fail(
+        "config key 'tensor_parallel.autotp_size' is {}, but no parameter is split across the "
+        "tensor-parallel ranks; zeroshard does not apply a model's tp_plan itself yet; allowed: "
+        "1, or a model whose layers split their parameters (Megatron-style, each marked "
+        "tensor_model_parallel=True) given with initialize(mpu=...)",
+        tp);
+  }
+  if (env.world_size % tp != 0) {
+    fail("tensor_parallel.autotp_size {} does not divide the {} ranks", tp, env.world_size);
+  }
   e_->device_.where = params.front().param.device();
   e_->device_.capacity = device_capacity(e_->device_.where, env.local_world_size);
   e_->buffers_ =
@@ -160,18 +175,26 @@ void EngineBuilder::init(std::vector<NamedParam> params,
   // (measured, 0.32B model on NVMe: RSS 9.8 GiB kept vs 4.9 GiB counted).
   const TrainingSettings& z = e_->plan_.settings;
   if (!z.offload_optimizer.offloaded() && !z.offload_param.offloaded()) keep_freed_memory();
+  if (z.tensor_parallel_size > 1 && z.optimizer.lamb()) {
+    fail(
+        "config key 'optimizer.type' is Lamb with tensor_parallel.autotp_size {}; allowed: an "
+        "elementwise optimizer (Adam, AdamW, a torch.optim class): Lamb's per-parameter norms "
+        "would be of this rank's slices, not of the parameters",
+        z.tensor_parallel_size);
+  }
   const int64_t mics = z.mics_shard_size;
   const int64_t hpz = z.stage.shards_parameters() ? z.hpz_partition_size : 1;
   built.add_config(e_->plan_.config);
   e_->dist_ = init_distributed(
       env, z.comm_timeout, params.front().param.device(),
       z.stage.shards_optimizer() && mics > 0 ? static_cast<int>(mics) : -1, static_cast<int>(hpz),
-      [&](c10d::Store& store) { agree_on_build(store, env.rank, env.world_size, built); });
+      [&](c10d::Store& store) { agree_on_build(store, env.rank, env.world_size, built); },
+      static_cast<int>(z.tensor_parallel_size));
   e_->comms_ = std::make_unique<Communicators>(e_->dist_, &e_->ledger_, z.check_collectives);
   // The groups' lrs as they are now, as DeepSpeed's scheduler reads them when it is built.
   e_->schedule_ = LrSchedule(z.scheduler, e_->param_groups_.lrs(z.optimizer.defaults),
                              /*has_betas=*/!z.optimizer.external);
-  e_->pipeline_ = std::make_unique<StepPipeline>(z, e_->world_size());
+  e_->pipeline_ = std::make_unique<StepPipeline>(z, e_->data_parallel_size());
   IoOptions io;
   io.block_size = z.aio.block_size;
   io.queue_depth = z.aio.queue_depth;
@@ -183,7 +206,7 @@ void EngineBuilder::init(std::vector<NamedParam> params,
   build_groups(params, unit_params, materialize ? materialize : from_rank0);
   e_->groups_.set_params(params);
   // Every rank starts from rank 0's buffers, as DDP's construction does.
-  e_->buffers_->broadcast(e_->comms_->world());
+  e_->buffers_->broadcast(e_->comms_->data_parallel());
   const LossScaleSettings& fp16 = z.fp16;
   if (fp16.enabled) {
     LossScalerOptions o;
@@ -203,7 +226,7 @@ void EngineBuilder::broadcast_initial_values(const std::vector<NamedParam>& para
   at::NoGradGuard no_grad;
   for (const auto& p : params) {
     const CollectiveLabel label("initial value of " + p.name);
-    handles.push_back(e_->comms_->world().broadcast(p.param.data(), 0));
+    handles.push_back(e_->comms_->data_parallel().broadcast(p.param.data(), 0));
   }
   for (auto& h : handles) h.wait();
 }
@@ -237,6 +260,9 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
   make_optimizer(params.front().param.device().is_cpu(), on_host);
   std::vector<FlatParamGroup*> trainable, sharded;
   size_t trained_params = 0;  // trainable parameters so far, in layout order
+  // Tensor parallelism: what this rank's norm leaves to tp coordinate 0 (sharding/GradReducer.h).
+  const bool counts_whole_params = e_->dist_.dims.coordinate(Dim::Tp) == 0;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> counted_elsewhere;
   for (const auto& spec : layout) {
     materialize(spec.params);
     GroupRecord record;
@@ -261,6 +287,15 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
     const at::Tensor shard = whole ? g->flat() : g->param_shard();
     e_->pipeline_->optimizer().add_group(shard, e_->param_groups_.spans(*g, begin, shard.numel()));
     add_param_pieces(*g, trainable.size() - 1, begin, shard.numel(), trained_params);
+    counted_elsewhere.emplace_back();
+    if (counts_whole_params) continue;
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      if (spec.params[i].tensor_parallel) continue;
+      const auto& s = g->slots()[i];
+      const int64_t lo = std::max(begin, s.offset);
+      const int64_t hi = std::min(begin + shard.numel(), s.offset + s.numel);
+      if (lo < hi) counted_elsewhere.back().emplace_back(lo - begin, hi - lo);
+    }
   }
   // Shards leave RAM (parameter offload) before the gradient buffers are allocated, so
   // a model as large as host RAM is never held twice.
@@ -274,8 +309,10 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
   for (bool host : on_host)
     reduce.fp32_tiers.push_back(opt_off && host ? Tier::Host : Tier::Device);
   reduce.wire = wire_dtype(z.communication);
+  reduce.counted_on_another_tp_rank = std::move(counted_elsewhere);
   e_->pipeline_->set_reducer(std::make_unique<GradReducer>(trainable, reduce, &e_->comms_->shards(),
                                                            e_->comms_->replicas(), &e_->ledger_));
+  e_->pipeline_->reducer().set_tensor_parallel(e_->comms_->tensor_parallel());
   if (!stage.shards_parameters()) return;
   CoordinatorOptions o;
   o.prefetch_numel = z.stage3_prefetch_bucket_size;

@@ -90,7 +90,7 @@ bool EngineImpl::finish_step() {
   }
   if (units_) units_->coordinator().after_step();
   pipeline_->reducer().zero();
-  buffers_->after_step(comms_->world());
+  buffers_->after_step(comms_->data_parallel());
   return true;
 }
 
@@ -103,8 +103,10 @@ int64_t EngineImpl::bytes_sent() const {
 }
 
 void EngineImpl::barrier() {
+  // Across the data-parallel group, then across the tp group: every rank of the job.
   at::Tensor token = at::zeros({1});
-  comms_->world().all_reduce_sum(token).wait();
+  comms_->data_parallel().all_reduce_sum(token).wait();
+  if (Collectives* tp = comms_->tensor_parallel()) tp->all_reduce_sum(token).wait();
 }
 
 std::vector<NamedParam> EngineImpl::full_parameters() {
@@ -214,7 +216,7 @@ MemoryDetail EngineImpl::memory_detail() const {
   r.measured = ledger_.snapshot();
   r.device_capacity = device_.capacity;
   r.allocator = allocator_stats(device_.where);
-  WorldShape world{1, world_size()};
+  WorldShape world{1, data_parallel_size()};
   ModelSpec spec = spec_of_groups();
   TrainingShape shape;
   if (device_.activations) {

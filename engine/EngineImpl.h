@@ -107,6 +107,9 @@ class EngineImpl final : public Engine {
   int64_t schedule_steps() const;
   int rank() const override;
   int world_size() const override;
+  int data_parallel_rank() const override;
+  int data_parallel_size() const override;
+  int tensor_parallel_size() const;
   MemoryReport memory_report() const override;
   void barrier() override;
   // The parameter groups' options are stored too, and come back on load (the checkpoint

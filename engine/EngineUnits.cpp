@@ -66,7 +66,7 @@ void EngineImpl::unit_inputs_done(size_t unit) {
 }
 
 void EngineImpl::model_forward_begin() {
-  buffers_->forward_begin(comms_->world());
+  buffers_->forward_begin(comms_->data_parallel());
   if (units_) units_->model_forward_begin();
 }
 
@@ -111,15 +111,16 @@ void EngineImpl::check_read(size_t trainable_group, size_t slot) const {
 }
 
 void EngineImpl::commit_parameters(int src_rank) {
-  if (src_rank < 0 || src_rank >= world_size()) {
-    fail("modifier rank {} does not exist; allowed: 0 to {}", src_rank, world_size() - 1);
+  if (src_rank < 0 || src_rank >= data_parallel_size()) {
+    fail("modifier rank {} does not exist; allowed: 0 to {} (data-parallel ranks)", src_rank,
+         data_parallel_size() - 1);
   }
   at::NoGradGuard no_grad;
   std::vector<CommHandle> handles;
   for (const auto& record : groups_) {
     const auto& g = record.flat;
     if (!g->sharded() || g->gathered())
-      handles.push_back(comms_->world().broadcast(g->flat(), src_rank));
+      handles.push_back(comms_->data_parallel().broadcast(g->flat(), src_rank));
   }
   for (auto& h : handles) h.wait();
   for (size_t i = 0; i < groups_.trainable().size(); ++i) {

@@ -5,28 +5,36 @@
 // from the launch environment and the resolved settings; the process groups
 // (engine/ProcessGroupSetup.h) are made and asked for by dimension.
 //
+//   tp            ranks that split each tensor-parallel parameter (tensor_parallel.autotp_size,
+//                 or a Megatron mpu), 1 without; consecutive ranks, as Megatron lays them out
+//                 and as a DeviceMesh ("dp", "tp") numbers them;
+//   dp            the data-parallel ranks: those with this rank's tp coordinate, world / tp of
+//                 them. ZeRO works over them alone: the engine's broadcasts, reductions,
+//                 gathers and checkpoints never cross a tp group. Without tp, the world;
 //   dp_replicate  ranks holding the same shard in different shard groups: MiCS's
 //                 replicas (mics_shard_size), 1 without;
 //   dp_shard      ranks whose shards make up one copy of the model state: the shard
-//                 group (mics_shard_size), else every rank;
+//                 group (mics_shard_size), else every data-parallel rank;
 //   hpz           ranks sharing stage 3's secondary copy of the parameters, which
 //                 backward gathers from (ZeRO++ hpZ, zero_hpz_partition_size), 1 without.
-//                 It divides the world like dp_shard, not inside it.
-// The ranks are laid out with dp_shard fastest: rank = replica * dp_shard + shard index.
-// Tensor and pipeline dimensions (tp, pp) are not built yet: their size is 1.
+//                 It divides the data-parallel ranks like dp_shard, not inside it.
+// rank = dp coordinate * tp + tp coordinate, and inside dp, dp_shard fastest:
+// dp coordinate = replica * dp_shard + shard index. The pipeline dimension (pp) is not
+// built yet: its size is 1.
 #include <string>
 #include <vector>
 
 namespace zeroshard {
 
-enum class Dim { DpReplicate, DpShard, Hpz, Tp, Pp };
+enum class Dim { Dp, DpReplicate, DpShard, Hpz, Tp, Pp };
 
 class ParallelDims {
  public:
   ParallelDims() = default;
-  // `dp_shard`: ranks per shard group (<= 0: every rank); `hpz`: ranks per hpZ group
-  // (<= 1: none). Each must divide `world`; the error names the config key.
-  ParallelDims(int world, int rank, int dp_shard, int hpz);
+  // `dp_shard`: ranks per shard group (<= 0: every data-parallel rank); `hpz`: ranks per
+  // hpZ group (<= 1: none); `tp`: ranks per tensor-parallel group. tp must divide `world`,
+  // the others world / tp; the error names the config key.
+  ParallelDims(int world, int rank, int dp_shard, int hpz, int tp = 1);
 
   int world() const { return world_; }
   int rank() const { return rank_; }
@@ -38,7 +46,7 @@ class ParallelDims {
   bool splits(Dim d) const { return size(d) > 1 && size(d) < world_; }
   // Which of the dimension's groups this rank is in (0 .. world / size - 1).
   int group_index(Dim d) const { return layout(d).group; }
-  // The group's name, the same on every rank of it: "shard1", "replica0", "hpz0".
+  // The group's name, the same on every rank of it: "shard1", "replica0", "hpz0", "dp1".
   std::string group_name(Dim d) const;
   static const char* name(Dim d);  // "dp_shard", ...
 
@@ -54,6 +62,7 @@ class ParallelDims {
   int rank_ = 0;
   int dp_shard_ = 1;
   int hpz_ = 1;
+  int tp_ = 1;
 };
 
 }  // namespace zeroshard

@@ -119,22 +119,35 @@ int listen_on(const LaunchEnv& env) {
 using GroupMaker = std::function<c10::intrusive_ptr<c10d::Backend>(
     const std::string& prefix, int rank, int size, bool high_priority)>;
 
-// Every rank makes its groups in one order (the world's, its hpZ group, then its shard and
-// replica groups), and each group's store prefix names its members, so no two groups wait
-// on each other while they connect.
+// Every rank makes its groups in one order (the world's or its data-parallel group's, its
+// tp group, its hpZ group, then its shard and replica groups), and each group's store prefix
+// names its members, so no two groups wait on each other while they connect.
 void make_groups(DistContext& ctx, const GroupMaker& make_group) {
   const ParallelDims& d = ctx.dims;
-  const int world = d.world(), rank = d.rank();
-  ctx.set_group(std::nullopt, GroupStream::Main, make_group("main", rank, world, false));
-  // Gathers: compute waits on them.
-  ctx.set_group(std::nullopt, GroupStream::Params, make_group("params", rank, world, true));
-  ctx.set_group(std::nullopt, GroupStream::Touch, make_group("touch", rank, world, false));
+  const bool tensor_parallel = d.size(Dim::Tp) > 1;
+  if (!tensor_parallel) {
+    const int world = d.world(), rank = d.rank();
+    ctx.set_group(std::nullopt, GroupStream::Main, make_group("main", rank, world, false));
+    // Gathers: compute waits on them.
+    ctx.set_group(std::nullopt, GroupStream::Params, make_group("params", rank, world, true));
+    ctx.set_group(std::nullopt, GroupStream::Touch, make_group("touch", rank, world, false));
+  } else {
+    const std::string dp = d.group_name(Dim::Dp);
+    const int in_dp = d.coordinate(Dim::Dp), size = d.size(Dim::Dp);
+    if (size > 1) {
+      ctx.set_group(Dim::Dp, GroupStream::Main, make_group(dp, in_dp, size, false));
+      ctx.set_group(Dim::Dp, GroupStream::Params, make_group(dp + "/params", in_dp, size, true));
+      ctx.set_group(Dim::Dp, GroupStream::Touch, make_group(dp + "/touch", in_dp, size, false));
+    }
+    ctx.set_group(Dim::Tp, GroupStream::Main,
+                  make_group(d.group_name(Dim::Tp), d.coordinate(Dim::Tp), d.size(Dim::Tp), false));
+  }
   if (d.splits(Dim::Hpz)) {
     ctx.set_group(Dim::Hpz, GroupStream::Params,
                   make_group(d.group_name(Dim::Hpz) + "/params", d.coordinate(Dim::Hpz),
                              d.size(Dim::Hpz), true));
   }
-  if (d.size(Dim::DpShard) == world) return;
+  if (d.size(Dim::DpShard) == d.size(Dim::Dp)) return;
   if (d.splits(Dim::DpShard)) {
     const std::string shard = d.group_name(Dim::DpShard);
     const int in_shard = d.coordinate(Dim::DpShard), size = d.size(Dim::DpShard);
@@ -224,11 +237,11 @@ bool engine_serves_rendezvous(const LaunchEnv& env) {
 
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
                              c10::Device device, int shard_size, int hpz_size,
-                             const std::function<void(c10d::Store&)>& agree) {
+                             const std::function<void(c10d::Store&)>& agree, int tp_size) {
   DistContext ctx;
   ctx.env = env;
   ctx.timeout = timeout;
-  ctx.dims = ParallelDims(env.world_size, env.rank, shard_size, hpz_size);
+  ctx.dims = ParallelDims(env.world_size, env.rank, shard_size, hpz_size, tp_size);
   // One process on the host gets no group: every collective is a no-op. On a GPU it gets
   // groups of one, so a one-GPU run takes the path (NCCL, streams) many GPUs take.
   const std::string backend = backend_for(device);
@@ -267,6 +280,10 @@ DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds tim
 c10::intrusive_ptr<c10d::Backend> DistContext::world(GroupStream stream) const {
   const auto it = groups_.find({std::nullopt, stream});
   return it == groups_.end() ? nullptr : it->second;
+}
+
+c10::intrusive_ptr<c10d::Backend> DistContext::data_parallel(GroupStream stream) const {
+  return dims.size(Dim::Tp) > 1 ? group(Dim::Dp, stream) : world(stream);
 }
 
 c10::intrusive_ptr<c10d::Backend> DistContext::group(Dim dim, GroupStream stream) const {

@@ -51,6 +51,7 @@ TrainingSettings settings_of(const Config& c) {
   s.mics_shard_size = resolved(z.mics_shard_size, "zero_optimization.mics_shard_size");
   s.hpz_partition_size =
       resolved(z.hpz_partition_size, "zero_optimization.zero_hpz_partition_size");
+  s.tensor_parallel_size = resolved(c.tensor_parallel_size, "tensor_parallel.autotp_size");
   const std::string& overlap = z.offload_optimizer.overlap_step;
   if (overlap == "auto") {
     fail(

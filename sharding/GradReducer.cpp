@@ -1,5 +1,6 @@
 #include "sharding/GradReducer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <thread>
@@ -277,20 +278,33 @@ double GradReducer::global_norm(double scale) {
   std::vector<at::Tensor> norms;
   const at::Device where = sums_.fp32.front().device();  // (all in one place, as a rule)
   for (const auto& g : sums()) norms.push_back(g.norm().to(where));
-  return norm_across_ranks(at::stack(norms).to(at::kDouble).square().sum().reshape({1}), scale);
+  const at::Tensor squares = at::stack(norms).to(at::kDouble).square().sum().reshape({1});
+  return norm_across_ranks(squares - squares_counted_elsewhere(where), scale);
 }
 
 double GradReducer::global_norm_of(double sum_squares, double scale) {
   if (sums_.fp32.empty()) return 0;
   const at::Device where = sums_.fp32.front().device();
-  return norm_across_ranks(at::full({1}, sum_squares, at::dtype(at::kDouble).device(where)), scale);
+  const at::Tensor squares = at::full({1}, sum_squares, at::dtype(at::kDouble).device(where));
+  return norm_across_ranks(squares - squares_counted_elsewhere(where), scale);
+}
+
+at::Tensor GradReducer::squares_counted_elsewhere(const at::Device& where) {
+  at::Tensor total = at::zeros({1}, at::dtype(at::kDouble).device(where));
+  const auto& ranges = options_.counted_on_another_tp_rank;
+  for (size_t g = 0; g < ranges.size(); ++g) {
+    for (const auto& [begin, count] : ranges[g])
+      total += sum(g).narrow(0, begin, count).to(at::kDouble).square().sum().to(where);
+  }
+  return total;
 }
 
 double GradReducer::norm_across_ranks(at::Tensor sum_squares, double scale) {
   // Stage 0 holds identical full gradients on every rank; the shards need a sum.
   const CollectiveLabel label("the gradient norm");
   if (sharded_grads()) comm_->all_reduce_sum(sum_squares).wait();
-  return std::sqrt(sum_squares.item<double>()) * std::abs(scale);
+  if (tensor_parallel_) tensor_parallel_->all_reduce_sum(sum_squares).wait();
+  return std::sqrt(std::max(0.0, sum_squares.item<double>())) * std::abs(scale);
 }
 
 bool GradReducer::any_overflow() {
@@ -302,6 +316,7 @@ bool GradReducer::any_overflow() {
   at::Tensor bad = at::logical_not(at::stack(finite)).any().to(at::kFloat).reshape({1});
   const CollectiveLabel label("the overflow check");
   if (sharded_grads()) comm_->all_reduce_sum(bad).wait();
+  if (tensor_parallel_) tensor_parallel_->all_reduce_sum(bad).wait();
   return bad.item<float>() > 0;
 }
 

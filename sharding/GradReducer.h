@@ -52,6 +52,11 @@ struct ReduceOptions {
   // offloaded optimizer reads). offload_optimizer.ratio mixes the two.
   std::vector<Tier> fp32_tiers;
   std::optional<at::ScalarType> wire;
+  // Tensor parallelism: per group, element ranges [begin, begin + count) of its reduced
+  // gradient (the whole buffer at stage 0, this rank's shard otherwise) that hold
+  // parameters every tp rank has whole. The norm counts them on tp coordinate 0 alone
+  // (Megatron's rule), so the engine gives them to the other coordinates' reducers.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> counted_on_another_tp_rank;
 };
 
 class GradReducer {
@@ -66,7 +71,11 @@ class GradReducer {
   // At the accumulation boundary: per group, the fp32 gradient summed over ranks and
   // micro-batches (the whole buffer at stage 0, this rank's shard otherwise).
   const std::vector<at::Tensor>& reduced();
-  // Global L2 norm of the reduced gradients times `scale`, across all shards.
+  // Tensor parallelism: the ranks splitting parameters with this one; the norm and the
+  // overflow check are summed across them too (null without).
+  void set_tensor_parallel(Collectives* tensor_parallel) { tensor_parallel_ = tensor_parallel; }
+  // Global L2 norm of the reduced gradients times `scale`, across all shards (and tp ranks,
+  // each parameter that every tp rank holds whole counted once).
   double global_norm(double scale);
   // The same from this rank's squares, summed by what read the gradients anyway (CPU
   // Adam): no pass over them here.
@@ -152,6 +161,8 @@ class GradReducer {
   bool lands(size_t group) const;  // its reduced shard lands on the host (HostLandings)
   bool bounded() const;            // whether a reduction in flight holds buffers (see above)
   double norm_across_ranks(at::Tensor sum_squares, double scale);  // [1] double, this rank's
+  // [1] double: the squares of counted_on_another_tp_rank's ranges, on `where`.
+  at::Tensor squares_counted_elsewhere(const at::Device& where);
   void settle_all();
   void wait_issuing_gathers(const CommHandle& handle);
   void accumulate(const InFlight& f);
@@ -163,6 +174,7 @@ class GradReducer {
   const ReduceOptions options_;
   Collectives* comm_;
   Collectives* replicas_;  // null without shard groups
+  Collectives* tensor_parallel_ = nullptr;
   MemoryLedger* ledger_;
   Sums sums_;
   Hooks hooks_;

@@ -25,6 +25,15 @@ def _manifest(ckpt_dir, tag):
         with open(latest) as f:
             tag = f.read().strip()
     path = os.path.join(ckpt_dir, tag, "manifest.json")
+    split = os.path.join(ckpt_dir, tag, "tensor_parallel.json")
+    if not os.path.isfile(path) and os.path.isfile(split):
+        with open(split) as f:
+            size = json.load(f)["tp_size"]
+        raise ValueError(
+            f"checkpoint '{os.path.join(ckpt_dir, tag)}' was saved at tensor-parallel size "
+            f"{size} (one folder per tp rank: tp_rank_00, ...); consolidating tensor-parallel "
+            "slices into whole parameters is not supported yet: consolidate one tp rank's "
+            "folder with tag='<tag>/tp_rank_00' to get that rank's slices")
     if not os.path.isfile(path):
         raise ValueError(f"checkpoint manifest '{path}' is missing")
     with open(path) as f:

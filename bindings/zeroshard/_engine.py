@@ -7,7 +7,7 @@ import weakref
 
 import torch
 
-from . import (_adafactor, _construction, _generation, _launch, _sync_batchnorm,
+from . import (_adafactor, _construction, _generation, _launch, _sync_batchnorm, _tensor_parallel,
                _torch_optimizer, _zeroshard)
 from ._activations import ActivationShape, assumed_batch, say_offload_ratio
 from ._touch import Units, shard_parameters
@@ -91,7 +91,7 @@ def engine_of(param):
 
 class ZeroShardEngine(SavingMethods):
     def __init__(self, model, config, units=None, model_parameters=None, optimizer=None,
-                 lr_scheduler=None):
+                 lr_scheduler=None, mpu=None):
         _launch.require_launch_env()
         if not isinstance(model, torch.nn.Module):
             raise _zeroshard.Error(f"model: a {type(model).__name__}; allowed: a torch.nn.Module")
@@ -107,6 +107,7 @@ class ZeroShardEngine(SavingMethods):
         torch_stepped = client is not None and not _torch_optimizer.is_builtin(client)
         keys = ("lr",) if torch_stepped else HYPER_KEYS
         params = unique_parameters(model)
+        tp_size, tp_params = _tensor_parallel.plan_of(mpu, params)
         unit_params = [ps for _, ps in self._units]
         engine_groups = [(list(g["params"]), engine_options(g, d, keys))
                          for g, d in zip(groups, decoupled)]
@@ -119,6 +120,7 @@ class ZeroShardEngine(SavingMethods):
         stepped_by = {}
         if torch_stepped:
             adafactor = _adafactor.is_adafactor(client)
+            _tensor_parallel.check_optimizer(tp_size, "Adafactor" if adafactor else "")
             stepped_by = {"optimizer_type": type(client).__name__,
                           "optimizer_state_bytes": _torch_optimizer.state_bytes_per_element(client),
                           "optimizer_elementwise": not adafactor}
@@ -129,7 +131,8 @@ class ZeroShardEngine(SavingMethods):
         self._engine = _zeroshard.Engine(params, unit_params, loaded, engine_groups,
                                          _launch.store_already_served(), materialize,
                                          _buffers(model), assumed_batch=assumed_batch(model),
-                                         **stepped_by)
+                                         tensor_parallel_size=tp_size,
+                                         tensor_parallel_params=tp_params, **stepped_by)
         self._engine.set_aliases(_aliases(model))
         say_offload_ratio(self._engine)
         self._torch_optimizer = None  # a torch.optim class on the shards, when it is one
@@ -288,7 +291,8 @@ class ZeroShardEngine(SavingMethods):
         return self._engine.stage
 
     def train_batch_size(self):
-        """Samples per optimizer step over all ranks: micro-batch x accumulation x ranks."""
+        """Samples per optimizer step over all ranks: micro-batch x accumulation x
+        data-parallel ranks (tensor-parallel ranks share their samples)."""
         return (self.train_micro_batch_size_per_gpu() * self.gradient_accumulation_steps()
                 * self.world_size)
 
@@ -349,7 +353,9 @@ class ZeroShardEngine(SavingMethods):
 
     @property
     def world_size(self):
-        return self._engine.world_size
+        """The data-parallel ranks, as DeepSpeed's engine counts them with an mpu: every rank
+        without tensor parallelism, world / tp with it."""
+        return self._engine.data_parallel_size
 
     def gradient_accumulation_steps(self):
         """Micro-batches per optimizer step (DeepSpeed's accessor)."""
@@ -377,12 +383,13 @@ class ZeroShardEngine(SavingMethods):
 
     @property
     def dp_world_size(self):
-        """Data-parallel ranks: every rank (there is no model parallelism)."""
-        return self.world_size
+        """Data-parallel ranks: world / tensor-parallel size."""
+        return self._engine.data_parallel_size
 
     @property
     def mp_world_size(self):
-        return 1
+        """Tensor-parallel ranks (1 without an mpu or tensor_parallel.autotp_size)."""
+        return self._engine.tensor_parallel_size
 
     @property
     def scheduled_by_config(self):

@@ -50,10 +50,7 @@ def _check_port(distributed_port):
                      f"{set_port}; pass the same port or leave distributed_port out")
 
 
-def _refuse_unsupported(mpu, mesh_param):
-    if mpu is not None:
-        raise _error("mpu: tensor or pipeline model parallelism is not supported; allowed: None "
-                     "(every rank is a data-parallel rank)")
+def _refuse_unsupported(mesh_param):
     if mesh_param is not None:
         raise _error(f"mesh_param={mesh_param!r}: device meshes are not supported; allowed: None")
 
@@ -65,7 +62,7 @@ def _dataloader(training_data, engine, collate_fn):
                          "dataloader built from training_data")
         return None
     sampler = torch.utils.data.distributed.DistributedSampler(
-        training_data, num_replicas=engine.world_size, rank=engine.rank)
+        training_data, num_replicas=engine.dp_world_size, rank=engine._engine.data_parallel_rank)
     # DeepSpeed's: a DistributedSampler (shuffled, seed 0, the same order every epoch) in
     # micro-batches, the last partial one kept unless dataloader_drop_last.
     return torch.utils.data.DataLoader(training_data, batch_size=engine.train_micro_batch_size_per_gpu(),
@@ -103,6 +100,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     lr_scheduler: a scheduler on that optimizer, or a callable taking the optimizer
     initialize returns; stepped after each optimizer step.
     dist_init_required: accepted; zeroshard makes its own process groups either way.
+    mpu: a Megatron mpu for a tensor-parallel model (its parameters marked
+    tensor_model_parallel=True); ZeRO shards over its data-parallel ranks.
     units: stage-3 blocks (modules or their names); default the blocks of every
     ModuleList, ModuleDict and Sequential. Every other parameter is in a unit too, cut
     around them (docs/architecture.md "Stage-3 units")."""
@@ -120,10 +119,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         config = next(iter(named.values()), None)
     if config is None:
         raise _error("config is required (a path or a dict, or args.deepspeed_config)")
-    _refuse_unsupported(mpu, mesh_param)
+    _refuse_unsupported(mesh_param)
     _check_port(distributed_port)
     engine = ZeroShardEngine(model, config, units=units, model_parameters=model_parameters,
-                             optimizer=optimizer, lr_scheduler=lr_scheduler)
+                             optimizer=optimizer, lr_scheduler=lr_scheduler, mpu=mpu)
     loader = _dataloader(training_data, engine, collate_fn)
     scheduler = engine.lr_scheduler
     if scheduler is None and engine.scheduled_by_config:

@@ -72,8 +72,14 @@ class Engine {
   // they differ after a load that kept the optimizer's state (LoadOptions).
   virtual int64_t optimizer_steps() const = 0;
   virtual int64_t global_steps() const = 0;
+  // This rank and the job's ranks, every one of them.
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  // The ranks ZeRO shards across: the world, or with tensor parallelism the ranks of this
+  // rank's tp coordinate (world / tp of them). Gradients are averaged over them, and the
+  // batch of one step is micro-batch x accumulation x data_parallel_size().
+  virtual int data_parallel_rank() const = 0;
+  virtual int data_parallel_size() const = 0;
   // What this rank holds, per tier and kind, beside what the memory model planned.
   virtual MemoryReport memory_report() const = 0;
   // Returns once every rank has called it.

@@ -15,6 +15,10 @@ namespace zeroshard {
 struct NamedParam {
   std::string name;
   at::Tensor param;
+  // This rank holds its own slice of a parameter split across the tensor-parallel ranks
+  // (Megatron's tensor_model_parallel); false: every tp rank holds it whole, and the
+  // gradient norm counts it once.
+  bool tensor_parallel = false;
 };
 
 // One optimizer parameter group's own hyperparameters, as torch's param_groups hold

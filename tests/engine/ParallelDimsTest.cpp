@@ -70,3 +70,37 @@ TEST(ParallelDims, ASizeThatDoesNotDivideTheWorldNamesItsKey) {
         << e.what();
   }
 }
+
+// 8 ranks at tp 2 (Megatron's order: tp groups {0,1}, {2,3}, ...), so 4 data-parallel
+// ranks per tp coordinate: dp0 = {0,2,4,6}, dp1 = {1,3,5,7}; MiCS groups of 2 inside
+// each: shards {0,2}, {1,3}, {4,6}, {5,7}; replicas {0,4}, {1,5}, {2,6}, {3,7}.
+TEST(ParallelDims, TensorParallelRanksAreConsecutiveAndZeroWorksAcrossTheOthers) {
+  std::map<std::string, std::set<int>> members;
+  for (int rank = 0; rank < 8; ++rank) {
+    const ParallelDims d(8, rank, 2, 1, 2);
+    EXPECT_EQ(d.size(Dim::Tp), 2);
+    EXPECT_EQ(d.coordinate(Dim::Tp), rank % 2);
+    EXPECT_EQ(d.size(Dim::Dp), 4);
+    EXPECT_EQ(d.coordinate(Dim::Dp), rank / 2);
+    EXPECT_EQ(d.coordinate(Dim::DpShard), (rank / 2) % 2);
+    EXPECT_TRUE(d.splits(Dim::Dp));
+    for (Dim dim : {Dim::Tp, Dim::Dp, Dim::DpShard, Dim::DpReplicate})
+      members[d.group_name(dim)].insert(rank);
+  }
+  const std::map<std::string, std::set<int>> want = {
+      {"tp0", {0, 1}},       {"tp1", {2, 3}},       {"tp2", {4, 5}},      {"tp3", {6, 7}},
+      {"dp0", {0, 2, 4, 6}}, {"dp1", {1, 3, 5, 7}}, {"shard0", {0, 2}},   {"shard1", {1, 3}},
+      {"shard2", {4, 6}},    {"shard3", {5, 7}},    {"replica0", {0, 4}}, {"replica1", {1, 5}},
+      {"replica2", {2, 6}},  {"replica3", {3, 7}}};
+  EXPECT_EQ(members, want);
+  // Without MiCS the shard group is the whole data-parallel group.
+  EXPECT_EQ(ParallelDims(4, 3, -1, 1, 2).size(Dim::DpShard), 2);
+  try {
+    ParallelDims(6, 0, -1, 1, 4);
+    FAIL() << "tp 4 of 6 ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor_parallel.autotp_size 4 does not divide the 6"),
+              std::string::npos)
+        << e.what();
+  }
+}

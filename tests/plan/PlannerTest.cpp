@@ -193,7 +193,7 @@ TEST(Planner, ResolvedConfigHasNoAutoLeft) {
   c.optimizer.beta1.reset();
   const Plan plan = plan_for(1'000'000, 0, 0, c);
   const std::string yaml = emit_config_yaml(plan.config);
-  EXPECT_EQ(yaml.find("auto"), std::string::npos) << yaml;
+  EXPECT_EQ(yaml.find(": auto"), std::string::npos) << yaml;
   EXPECT_NO_THROW(load_config_string(yaml, "plan"));
 }
 
@@ -226,7 +226,7 @@ TEST(Planner, MicsAutoShardsInsideEachNodeWhenThatFits) {
   EXPECT_NE(all_reasons(p).find("mics_shard_size: auto -> 2 (one shard group per node"),
             std::string::npos)
       << all_reasons(p);
-  EXPECT_EQ(emit_config_yaml(p.config).find("auto"), std::string::npos);
+  EXPECT_EQ(emit_config_yaml(p.config).find(": auto"), std::string::npos);
 }
 
 TEST(Planner, MicsAutoShardsEverywhereOnOneNodeOrWhenGroupsWouldNotFit) {
@@ -289,7 +289,7 @@ TEST(Planner, HpzAutoKeepsACopyPerNodeWhenThatFits) {
   EXPECT_NE(all_reasons(p).find("zero_hpz_partition_size: auto -> 2 (ZeRO++ hpZ"),
             std::string::npos)
       << all_reasons(p);
-  EXPECT_EQ(emit_config_yaml(p.config).find("auto"), std::string::npos);
+  EXPECT_EQ(emit_config_yaml(p.config).find(": auto"), std::string::npos);
 }
 
 TEST(Planner, HpzAutoStaysOffWhereItWouldGainNothingOrNotFit) {
@@ -364,11 +364,11 @@ TEST(Planner, OverlapStepAutoIsOnWhereTheStepInsideBackwardIsExactOnAGpu) {
   EXPECT_TRUE(gpu.settings.overlap_step);
   EXPECT_NE(all_reasons(gpu).find(key + "true (each gradient shard steps"), std::string::npos)
       << all_reasons(gpu);
-  EXPECT_EQ(emit_config_yaml(gpu.config).find("auto"), std::string::npos);
+  EXPECT_EQ(emit_config_yaml(gpu.config).find(": auto"), std::string::npos);
   auto expect_off = [&](const Plan& p, const std::string& why) {
     EXPECT_FALSE(p.settings.overlap_step);
     EXPECT_NE(all_reasons(p).find(key + "false (" + why), std::string::npos) << all_reasons(p);
-    EXPECT_EQ(emit_config_yaml(p.config).find("auto"), std::string::npos);
+    EXPECT_EQ(emit_config_yaml(p.config).find(": auto"), std::string::npos);
   };
   expect_off(plan(open_config(), true), "the model is on the CPU");
   Config clipped = open_config();

@@ -118,7 +118,7 @@ REFUSALS = [
      "optimizer: given to initialize() and as 'optimizer' in config dict; one of them must go"),
     ("lr_scheduler=lambda o: None, config={'scheduler': {'type': 'WarmupLR'}}",
      "lr_scheduler: given to initialize() and as 'scheduler' in config dict"),
-    ("mpu=object()", "mpu: tensor or pipeline model parallelism is not supported"),
+    ("mpu=object()", "mpu: a object without get_tensor_model_parallel_world_size/_rank"),
     ("config_params={}", "config and config_params are both given"),
     ("distributed_port=1", "distributed_port=1, but the launcher set MASTER_PORT="),
     ("no_such_argument=1", "got an unexpected keyword argument 'no_such_argument'"),

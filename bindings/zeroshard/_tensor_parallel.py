@@ -1,0 +1,77 @@
+"""Tensor parallelism a model brings with it, as DeepSpeed takes it: a Megatron `mpu` (the
+object with get_{tensor_,}model_parallel_{rank,world_size,group} and
+get_data_parallel_{rank,world_size,group}) and parameters marked
+`tensor_model_parallel=True` (Megatron's attribute; `partition_dim` says along which
+dimension). The user's own layers run their tensor-parallel collectives; ZeRO shards every
+parameter's local slice over the data-parallel ranks (engine/ParallelDims.h), and the
+gradient norm counts the parameters every tp rank holds whole once."""
+from . import _zeroshard
+
+
+def _error(message):
+    return _zeroshard.Error(f"zeroshard.initialize: {message}")
+
+
+def _ask(mpu, *names):
+    """The first of mpu's methods that exists, called; None where it has none of them."""
+    for name in names:
+        method = getattr(mpu, name, None)
+        if callable(method):
+            return method()
+    return None
+
+
+def _size_and_rank(mpu):
+    size = _ask(mpu, "get_tensor_model_parallel_world_size", "get_model_parallel_world_size")
+    rank = _ask(mpu, "get_tensor_model_parallel_rank", "get_model_parallel_rank")
+    if size is None or rank is None:
+        raise _error(
+            f"mpu: a {type(mpu).__name__} without get_tensor_model_parallel_world_size/_rank "
+            "(or get_model_parallel_world_size/_rank); allowed: Megatron's mpu, or an object "
+            "with those methods")
+    pipeline = _ask(mpu, "get_pipeline_model_parallel_world_size")
+    if pipeline not in (None, 1):
+        raise _error(f"mpu: pipeline-parallel size {pipeline}; allowed: 1 (pipeline "
+                     "parallelism is not supported yet)")
+    return int(size), int(rank)
+
+
+def plan_of(mpu, named_params):
+    """(tp size, names of the parameters split across the tp ranks) for `mpu` (None: (0, []),
+    the config decides), checked against the layout the engine uses: tp ranks consecutive
+    (Megatron's default order), the data-parallel ranks the others."""
+    if mpu is None:
+        return 0, []
+    size, tp_rank = _size_and_rank(mpu)
+    env = _zeroshard.launch_env()
+    rank, world = env["rank"], env["world_size"]
+    if size < 1 or world % size != 0:
+        raise _error(f"mpu: tensor-parallel size {size} does not divide the {world} ranks")
+    dp_size = _ask(mpu, "get_data_parallel_world_size")
+    dp_rank = _ask(mpu, "get_data_parallel_rank")
+    expected = (rank % size, world // size, rank // size)
+    found = (tp_rank, world // size if dp_size is None else int(dp_size),
+             rank // size if dp_rank is None else int(dp_rank))
+    if found != expected:
+        raise _error(
+            f"mpu: rank {rank} of {world} is tensor-parallel rank {found[0]} of {size} and "
+            f"data-parallel rank {found[2]} of {found[1]}; zeroshard lays ranks out as "
+            f"Megatron's default order does (consecutive ranks share a tensor-parallel group): "
+            f"allowed: tensor-parallel rank {expected[0]}, data-parallel rank {expected[2]} of "
+            f"{expected[1]}")
+    split = [name for name, p in named_params if getattr(p, "tensor_model_parallel", False)]
+    if size > 1 and not split:
+        raise _error(
+            f"mpu: tensor-parallel size {size}, but no parameter has tensor_model_parallel=True; "
+            "allowed: mark each split parameter as Megatron's layers do (every unmarked one is "
+            "taken as held whole by every tensor-parallel rank)")
+    return size, split
+
+
+def check_optimizer(size, optimizer_name):
+    """Optimizers whose statistics span a whole parameter would see this rank's slice."""
+    if size > 1 and optimizer_name == "Adafactor":
+        raise _error(
+            f"optimizer: Adafactor with tensor-parallel size {size}; allowed: an elementwise "
+            "optimizer (AdamW, Adam, SGD, ...): Adafactor's row and column statistics would be "
+            "of this rank's slices, not of the parameters")

@@ -1,0 +1,259 @@
+"""One rank of the tensor-parallel tests: a Megatron-style GPT written as a user writes one
+(column-parallel q, k, v and fc1, row-parallel o and fc2, the tp all-reduces in autograd
+functions of its own, parameters marked tensor_model_parallel with partition_dim), trained
+by zeroshard through initialize(mpu=...) on TP x DP ranks; or (mode ref) the same model
+unsplit in one process with torch.optim.AdamW and torch's clip_grad_norm_, on the batch of
+every data-parallel rank. Both start from the same full weights (seed 0) and write
+OUT.rankN.json: per-step losses, pre-clip gradient norms, and the parameters at the end
+(each rank its own slices; the test joins them).
+usage: tp_worker.py ref|zs TP STEPS OUT [CONFIG_JSON]
+ZS_CKPT_DIR and ZS_CKPT_SAVE_AT=N: save there after step N and stop; ZS_CKPT_LOAD=DIR: load
+the latest checkpoint there first and train on from its step."""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB, DIM, HEADS, SEQ, LAYERS = 64, 32, 4, 12, 2
+MICRO, ACCUMULATION, DP = 2, 2, 2
+# Adam turns the rounding of near-zero gradients into steps of the lr's order: at lr 1e-2 the
+# one-process fp32 run itself ends 1.7e-5 (of a tensor's scale) from the same run in fp64;
+# at 2e-3, 3.4e-6, so a 1e-5 comparison of the parameters tests the arithmetic, not rounding.
+LR, BETAS, EPS, WD, CLIP = 2e-3, (0.9, 0.95), 1e-8, 0.1, 0.05
+
+
+class _CopyToTp(torch.autograd.Function):
+    """Megatron's copy_to_tensor_model_parallel_region: identity, gradients summed."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        if ctx.group is not None:
+            dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTp(torch.autograd.Function):
+    """Megatron's reduce_from_tensor_model_parallel_region: summed, gradients as they are."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous()
+        if group is not None:
+            dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def _mark(param, dim):
+    param.tensor_model_parallel = True
+    param.partition_dim = dim
+    return param
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, d_in, d_out, tp, group, bias=True):
+        super().__init__()
+        self.group = group
+        self.weight = _mark(nn.Parameter(torch.empty(d_out // tp, d_in)), 0)
+        self.bias = _mark(nn.Parameter(torch.zeros(d_out // tp)), 0) if bias else None
+
+    def forward(self, x):
+        return F.linear(_CopyToTp.apply(x, self.group), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, d_in, d_out, tp, group):
+        super().__init__()
+        self.group = group
+        self.weight = _mark(nn.Parameter(torch.empty(d_out, d_in // tp)), 1)
+        self.bias = nn.Parameter(torch.zeros(d_out))  # added once, after the sum: whole
+
+    def forward(self, x):
+        return _ReduceFromTp.apply(F.linear(x, self.weight), self.group) + self.bias
+
+
+class Block(nn.Module):
+    def __init__(self, tp, group):
+        super().__init__()
+        self.heads = HEADS // tp
+        self.ln1, self.ln2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        # No bias on q, k, v (as Llama): a key bias's gradient is zero but for rounding, which
+        # Adam would turn into steps of full size.
+        self.q, self.k, self.v = (ColumnParallelLinear(DIM, DIM, tp, group, bias=False)
+                                  for _ in range(3))
+        self.o = RowParallelLinear(DIM, DIM, tp, group)
+        self.fc1 = ColumnParallelLinear(DIM, 4 * DIM, tp, group)
+        self.fc2 = RowParallelLinear(4 * DIM, DIM, tp, group)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        h = self.ln1(x)
+        q, k, v = (m(h).view(b, s, self.heads, -1).transpose(1, 2) for m in (self.q, self.k, self.v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, -1))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class TpGpt(nn.Module):
+    """tp 1 and group None: the unsplit model."""
+
+    def __init__(self, tp=1, group=None):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.blocks = nn.ModuleList(Block(tp, group) for _ in range(LAYERS))
+        self.ln_f = nn.LayerNorm(DIM)
+        self.head = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, tokens):
+        x = self.emb(tokens[:, :-1])
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def full_model():
+    torch.manual_seed(0)
+    model = TpGpt()
+    for name, p in model.named_parameters():
+        if p.dim() == 2 and not name.startswith("emb"):
+            nn.init.normal_(p, std=0.2)
+        elif name.endswith("bias"):
+            nn.init.uniform_(p, -0.1, 0.1)
+    return model
+
+
+def load_slices(model, full, tp, tp_rank):
+    """Each split parameter takes its tp rank's slice of the full one."""
+    whole = dict(full.named_parameters())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            src = whole[name]
+            if getattr(p, "tensor_model_parallel", False):
+                src = src.chunk(tp, dim=p.partition_dim)[tp_rank]
+            p.copy_(src)
+
+
+def batch(step, micro, dp_rank):
+    """Rank dp_rank's micro-batch of a step; the reference joins every rank's."""
+    g = torch.Generator().manual_seed(1000 * step + 10 * micro + dp_rank)
+    return torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=g)
+
+
+class Mpu:
+    """Megatron's parallel_state as DeepSpeed reads it: consecutive ranks share a tp group."""
+
+    def __init__(self, tp):
+        rank, world = dist.get_rank(), dist.get_world_size()
+        self.tp, self.rank, self.world = tp, rank, world
+        for start in range(0, world, tp):
+            g = dist.new_group(list(range(start, start + tp)))
+            if start <= rank < start + tp:
+                self.tp_group = g
+        for t in range(tp):
+            g = dist.new_group(list(range(t, world, tp)))
+            if rank % tp == t:
+                self.dp_group = g
+
+    def get_tensor_model_parallel_world_size(self):
+        return self.tp
+
+    def get_tensor_model_parallel_rank(self):
+        return self.rank % self.tp
+
+    def get_tensor_model_parallel_group(self):
+        return self.tp_group
+
+    get_model_parallel_world_size = get_tensor_model_parallel_world_size
+    get_model_parallel_rank = get_tensor_model_parallel_rank
+    get_model_parallel_group = get_tensor_model_parallel_group
+
+    def get_data_parallel_world_size(self):
+        return self.world // self.tp
+
+    def get_data_parallel_rank(self):
+        return self.rank // self.tp
+
+    def get_data_parallel_group(self):
+        return self.dp_group
+
+
+def reference(steps):
+    model = full_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    losses, norms = [], []
+    for step in range(steps):
+        total = 0.0
+        for micro in range(ACCUMULATION):
+            tokens = torch.cat([batch(step, micro, r) for r in range(DP)])
+            loss = model(tokens)
+            (loss / ACCUMULATION).backward()
+            total += loss.item() / ACCUMULATION
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return {"losses": losses, "norms": norms,
+            "params": {n: p.detach().tolist() for n, p in model.named_parameters()}}
+
+
+def trained(tp, steps, config, out):
+    import zeroshard
+    dist.init_process_group("gloo")
+    mpu = Mpu(tp)
+    model = TpGpt(tp, mpu.tp_group)
+    load_slices(model, full_model(), tp, mpu.get_tensor_model_parallel_rank())
+    engine, *_ = zeroshard.initialize(model=model, config=config, mpu=mpu)
+    dp_rank = mpu.get_data_parallel_rank()
+    start, save_at = 0, int(os.environ.get("ZS_CKPT_SAVE_AT", "-1"))
+    if os.environ.get("ZS_CKPT_LOAD"):
+        engine.load_checkpoint(os.environ["ZS_CKPT_LOAD"])
+        start = engine.global_steps
+    losses, norms = [], []
+    for step in range(start, steps):
+        total = 0.0
+        for micro in range(ACCUMULATION):
+            loss = engine(batch(step, micro, dp_rank))
+            engine.backward(loss)
+            engine.step()
+            total += loss.item() / ACCUMULATION
+        norms.append(engine.get_global_grad_norm())
+        losses.append(total)
+        if step + 1 == save_at:
+            engine.save_checkpoint(os.environ["ZS_CKPT_DIR"])
+            break
+    with zeroshard.zero.GatheredParameters(list(model.parameters())):
+        params = {n: p.detach().tolist() for n, p in model.named_parameters()}
+    split = {n: p.partition_dim for n, p in model.named_parameters()
+             if getattr(p, "tensor_model_parallel", False)}
+    return {"losses": losses, "norms": norms, "params": params, "split": split,
+            "dp_world_size": engine.dp_world_size, "mp_world_size": engine.mp_world_size,
+            "train_batch_size": engine.train_batch_size()}
+
+
+def main():
+    mode, tp, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    torch.set_num_threads(1)
+    if mode == "ref":
+        result = reference(steps)
+    else:
+        result = trained(tp, steps, json.loads(sys.argv[5]), out)
+    with open(f"{out}.rank{os.environ.get('RANK', '0')}.json", "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
