@@ -7,7 +7,8 @@ import weakref
 
 import torch
 
-from . import (_adafactor, _construction, _generation, _launch, _sync_batchnorm, _tensor_parallel,
+from . import (_adafactor, _construction, _dtensor, _generation, _launch, _sync_batchnorm,
+               _tensor_parallel,
                _torch_optimizer, _zeroshard)
 from ._activations import ActivationShape, assumed_batch, say_offload_ratio
 from ._touch import Units, shard_parameters
@@ -91,13 +92,19 @@ def engine_of(param):
 
 class ZeroShardEngine(SavingMethods):
     def __init__(self, model, config, units=None, model_parameters=None, optimizer=None,
-                 lr_scheduler=None, mpu=None):
+                 lr_scheduler=None, mpu=None, mesh=None):
         _launch.require_launch_env()
         if not isinstance(model, torch.nn.Module):
             raise _zeroshard.Error(f"model: a {type(model).__name__}; allowed: a torch.nn.Module")
         loaded = _config.parse(config)  # the one parse of this engine's config
         _refuse_twice_named(loaded, optimizer, lr_scheduler)
         self.module = model
+        # DTensor parameters (parallelize_module) become their local tensors first.
+        tp_size, tp_params, install_dtensors = _dtensor.unwrap(model, mesh)
+        if tp_size and mpu is not None:
+            raise _zeroshard.Error(
+                "zeroshard.initialize: mpu is given and the model's parameters are DTensors; "
+                "allowed: one of the two (the DTensors' mesh says how the ranks are split)")
         self._units = stage3_units(model, units)  # [(modules, params)], every parameter
         client, groups, decoupled = parameter_groups(model, model_parameters, optimizer)
         if client is None:  # the config may name a torch.optim class
@@ -107,7 +114,8 @@ class ZeroShardEngine(SavingMethods):
         torch_stepped = client is not None and not _torch_optimizer.is_builtin(client)
         keys = ("lr",) if torch_stepped else HYPER_KEYS
         params = unique_parameters(model)
-        tp_size, tp_params = _tensor_parallel.plan_of(mpu, params)
+        if not tp_size:
+            tp_size, tp_params = _tensor_parallel.plan_of(mpu, params)
         unit_params = [ps for _, ps in self._units]
         engine_groups = [(list(g["params"]), engine_options(g, d, keys))
                          for g, d in zip(groups, decoupled)]
@@ -155,6 +163,8 @@ class ZeroShardEngine(SavingMethods):
             self._hook_stage3(model)
             _generation.sync_generate(model, self._engine.world_size)
         self._hook_model(model)
+        if install_dtensors:  # after the units' hooks: a unit is gathered before it runs
+            self._hooks += install_dtensors()
         self._step_applied = False
         me = weakref.ref(self)
         for _, p in params:

@@ -90,7 +90,8 @@ def add_config_arguments(parser):
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None,
-               collate_fn=None, config=None, mesh_param=None, config_params=None, units=None):
+               collate_fn=None, config=None, mesh_param=None, config_params=None, units=None,
+               mesh=None):
     """deepspeed.initialize's shape: returns (engine, optimizer, dataloader, lr_scheduler).
 
     model_parameters: tensors (one group) or dicts with 'params' and any of lr, betas,
@@ -102,6 +103,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     dist_init_required: accepted; zeroshard makes its own process groups either way.
     mpu: a Megatron mpu for a tensor-parallel model (its parameters marked
     tensor_model_parallel=True); ZeRO shards over its data-parallel ranks.
+    mesh: the ("dp", "tp") DeviceMesh whose "tp" dimension parallelize_module split the
+    model over (checked against the parameters' own; they alone suffice).
     units: stage-3 blocks (modules or their names); default the blocks of every
     ModuleList, ModuleDict and Sequential. Every other parameter is in a unit too, cut
     around them (docs/architecture.md "Stage-3 units")."""
@@ -122,7 +125,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     _refuse_unsupported(mesh_param)
     _check_port(distributed_port)
     engine = ZeroShardEngine(model, config, units=units, model_parameters=model_parameters,
-                             optimizer=optimizer, lr_scheduler=lr_scheduler, mpu=mpu)
+                             optimizer=optimizer, lr_scheduler=lr_scheduler, mpu=mpu, mesh=mesh)
     loader = _dataloader(training_data, engine, collate_fn)
     scheduler = engine.lr_scheduler
     if scheduler is None and engine.scheduled_by_config:

@@ -1,7 +1,8 @@
 """Tensor parallelism composed with ZeRO on 4 real ranks (TP2 x DP2, Gloo): a Megatron-style
 GPT that the user's own layers split (tests/python/tp_worker.py), handed to
-zeroshard.initialize(mpu=...) at stages 1, 2, 3 and 3 with the optimizer on the CPU, with
-gradient clipping active, trains as the unsplit model does in one process with torch's
+zeroshard.initialize(mpu=...), and the same GPT split by torch's parallelize_module over a
+device mesh, handed over with initialize(mesh=...), at stages 1 to 3 and 3 with the
+optimizer on the CPU, with gradient clipping active, trains as the unsplit model does in one process with torch's
 AdamW: every step's loss, the pre-clip gradient norm (parameters every tp rank holds whole
 counted once), and the parameters at the end, joined from their tp slices. A checkpoint
 saved at TP2 x DP2 resumes bit-exactly there and loads at TP2 x DP1."""
@@ -24,7 +25,7 @@ def config(stage, offload=None):
         zero["offload_optimizer"] = {"device": offload}
     return {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
             "gradient_clipping": 0.05,
-            "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "betas": [0.9, 0.95],
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95],
                                                       "eps": 1e-8, "weight_decay": 0.1}},
             "zero_optimization": zero}
 
@@ -48,12 +49,7 @@ def joined(ranks):
     return out
 
 
-@pytest.mark.parametrize("stage,offload", [(1, None), (2, None), both_legs(3, None), (3, "cpu")])
-def test_tp2_dp2_trains_as_the_unsplit_model(stage, offload, scratch):
-    want = reference(scratch)
-    out = str(scratch / "zs")
-    got = run_ranks([WORKER, "zs", str(TP), str(STEPS), out, json.dumps(config(stage, offload))],
-                    WORLD, out)
+def assert_as_unsplit(got, want):
     for r in got:
         assert (r["dp_world_size"], r["mp_world_size"], r["train_batch_size"]) == (2, 2, 8)
     for step in range(STEPS):
@@ -65,10 +61,29 @@ def test_tp2_dp2_trains_as_the_unsplit_model(stage, offload, scratch):
     assert min(want["norms"]) > 0.05, "clipping was not active"
     assert want["losses"][-1] < want["losses"][0]
     params = joined(got)
+    assert params.keys() == want["params"].keys()
     for name, value in want["params"].items():
         value = torch.tensor(value)  # within 1e-5 of the tensor's largest value
         diff = (params[name] - value).abs().max().item()
         assert diff <= 1e-5 * max(1.0, value.abs().max().item()), f"{name}: {diff}"
+
+
+def train(mode, stage, offload, scratch):
+    out = str(scratch / mode)
+    return run_ranks([WORKER, mode, str(TP), str(STEPS), out, json.dumps(config(stage, offload))],
+                     WORLD, out)
+
+
+@pytest.mark.parametrize("stage,offload", [(1, None), (2, None), both_legs(3, None), (3, "cpu")])
+def test_tp2_dp2_through_an_mpu_trains_as_the_unsplit_model(stage, offload, scratch):
+    assert_as_unsplit(train("zs", stage, offload, scratch), reference(scratch))
+
+
+@pytest.mark.parametrize("stage,offload", [(1, None), both_legs(3, None), (3, "cpu")])
+def test_a_dtensor_plan_on_a_dp_tp_mesh_trains_as_the_unsplit_model(stage, offload, scratch):
+    """torch's parallelize_module (ColwiseParallel, RowwiseParallel) over mesh["tp"] of a
+    ("dp", "tp") mesh, then initialize(mesh=mesh)."""
+    assert_as_unsplit(train("dtensor", stage, offload, scratch), reference(scratch))
 
 
 def test_checkpoint_resumes_bit_exactly_and_loads_at_another_dp_size(scratch):
