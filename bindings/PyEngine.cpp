@@ -240,7 +240,11 @@ PYBIND11_MODULE(_zeroshard, m) {
             if (!c.config.zero.stage) return py::none();
             return py::int_(*c.config.zero.stage);
           },
-          "The config's zero_optimization.stage, or None where it is auto (the Planner's).");
+          "The config's zero_optimization.stage, or None where it is auto (the Planner's).")
+      .def_property_readonly(
+          "tensor_parallel_size",
+          [](const LoadedConfig& c) { return c.config.tensor_parallel_size.value_or(1); },
+          "tensor_parallel.autotp_size: the tp size a model's own tp_plan is applied at.");
   m.def("parse_config", &load_config_string, py::arg("text"), py::arg("origin"),
         "Parses a config (YAML or JSON text) once; raises Error on bad input.");
   m.def(

@@ -20,12 +20,17 @@ def _error(message):
 
 
 class _Wrapped:
-    """One module's DTensor parameters: (name, mesh, placements, shape, stride)."""
+    """One module's DTensor parameters: (name, mesh, placements, shape, stride).
+    `local_when(module)`: the module's forward takes its local tensors then (transformers'
+    Linear layers without autograd)."""
 
-    def __init__(self):
+    def __init__(self, local_when):
         self.params = []
+        self.local_when = local_when
 
     def before(self, module, _args):
+        if self.local_when is not None and self.local_when(module):
+            return
         for name, mesh, placements, shape, stride in self.params:
             local = module._parameters[name]
             module.__dict__[name] = DTensor.from_local(local, mesh, placements, run_check=False,
@@ -83,7 +88,7 @@ def _tp_mesh(found, mesh):
     return size
 
 
-def unwrap(model, mesh=None):
+def unwrap(model, mesh=None, local_when=None):
     """Replaces every DTensor parameter of `model` by its local tensor. Returns (tp size,
     names of the split parameters, install): install() puts the DTensors back in front of
     each module's forward (called once the engine holds the parameters). (0, [], None)
@@ -115,7 +120,7 @@ def unwrap(model, mesh=None):
             if id(p) in locals_:
                 local, tp_mesh, placements, shape, stride = locals_[id(p)]
                 module._parameters[pname] = local
-                wrapped.setdefault(module, _Wrapped()).params.append(
+                wrapped.setdefault(module, _Wrapped(local_when)).params.append(
                     (pname, tp_mesh, placements, shape, stride))
     if len(split) == 0:
         raise _error(f"every DTensor parameter is replicated over the {size} tensor-parallel "

@@ -7,8 +7,8 @@ import weakref
 
 import torch
 
-from . import (_adafactor, _construction, _dtensor, _generation, _launch, _sync_batchnorm,
-               _tensor_parallel,
+from . import (_adafactor, _construction, _dtensor, _generation, _hf_tensor_parallel, _launch,
+               _sync_batchnorm, _tensor_parallel,
                _torch_optimizer, _zeroshard)
 from ._activations import ActivationShape, assumed_batch, say_offload_ratio
 from ._touch import Units, shard_parameters
@@ -99,8 +99,12 @@ class ZeroShardEngine(SavingMethods):
         loaded = _config.parse(config)  # the one parse of this engine's config
         _refuse_twice_named(loaded, optimizer, lr_scheduler)
         self.module = model
-        # DTensor parameters (parallelize_module) become their local tensors first.
-        tp_size, tp_params, install_dtensors = _dtensor.unwrap(model, mesh)
+        # A transformers model split by its own tp_plan (tensor_parallel.autotp_size), and
+        # DTensor parameters (parallelize_module, or that plan) as their local tensors first.
+        local_when = None
+        if loaded.tensor_parallel_size > 1 and mpu is None and mesh is None:
+            mesh, local_when = _hf_tensor_parallel.apply_plan(model, loaded.tensor_parallel_size)
+        tp_size, tp_params, install_dtensors = _dtensor.unwrap(model, mesh, local_when)
         if tp_size and mpu is not None:
             raise _zeroshard.Error(
                 "zeroshard.initialize: mpu is given and the model's parameters are DTensors; "

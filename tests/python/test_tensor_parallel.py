@@ -30,11 +30,11 @@ def config(stage, offload=None):
             "zero_optimization": zero}
 
 
-def reference(scratch):
-    if "ref" not in _reference:
-        out = str(scratch / "ref")
-        _reference["ref"] = run_ranks([WORKER, "ref", "1", str(STEPS), out], 1, out)[0]
-    return _reference["ref"]
+def reference(scratch, mode="ref"):
+    if mode not in _reference:
+        out = str(scratch / mode)
+        _reference[mode] = run_ranks([WORKER, mode, "1", str(STEPS), out], 1, out)[0]
+    return _reference[mode]
 
 
 def joined(ranks):
@@ -68,10 +68,10 @@ def assert_as_unsplit(got, want):
         assert diff <= 1e-5 * max(1.0, value.abs().max().item()), f"{name}: {diff}"
 
 
-def train(mode, stage, offload, scratch):
+def train(mode, stage, offload, scratch, extra=None):
     out = str(scratch / mode)
-    return run_ranks([WORKER, mode, str(TP), str(STEPS), out, json.dumps(config(stage, offload))],
-                     WORLD, out)
+    return run_ranks([WORKER, mode, str(TP), str(STEPS), out,
+                      json.dumps(dict(config(stage, offload), **(extra or {})))], WORLD, out)
 
 
 @pytest.mark.parametrize("stage,offload", [(1, None), (2, None), both_legs(3, None), (3, "cpu")])
@@ -84,6 +84,14 @@ def test_a_dtensor_plan_on_a_dp_tp_mesh_trains_as_the_unsplit_model(stage, offlo
     """torch's parallelize_module (ColwiseParallel, RowwiseParallel) over mesh["tp"] of a
     ("dp", "tp") mesh, then initialize(mesh=mesh)."""
     assert_as_unsplit(train("dtensor", stage, offload, scratch), reference(scratch))
+
+
+@pytest.mark.parametrize("stage,offload", [(1, None), both_legs(3, None), (3, "cpu")])
+def test_a_transformers_llama_split_by_its_own_tp_plan_trains_as_unsplit(stage, offload, scratch):
+    """tensor_parallel.autotp_size: 2 (DeepSpeed's key) and nothing else: zeroshard lays the
+    Llama's tp_plan (colwise q, k, v, gate, up and lm_head; rowwise o and down) over a mesh."""
+    got = train("hf", stage, offload, scratch, {"tensor_parallel": {"autotp_size": TP}})
+    assert_as_unsplit(got, reference(scratch, "hfref"))
 
 
 def test_checkpoint_resumes_bit_exactly_and_loads_at_another_dp_size(scratch):
@@ -113,13 +121,13 @@ def test_checkpoint_resumes_bit_exactly_and_loads_at_another_dp_size(scratch):
 
 
 def test_what_cannot_be_split_is_refused_by_name():
-    """A tp size with no split parameter (a model's own tp_plan is not applied yet), and an
-    mpu whose size does not divide the ranks, each fail naming the cause."""
+    """A tp size for a model with no tp_plan, and an mpu whose size does not divide the
+    ranks, each fail naming the cause."""
     code, out = run_snippet(
         "zeroshard.initialize(model=model, config={'tensor_parallel': {'autotp_size': 2}})")
     assert code != 0
-    assert ("config key 'tensor_parallel.autotp_size' is 2, but no parameter is split across "
-            "the tensor-parallel ranks") in out, out
+    assert ("config key 'tensor_parallel.autotp_size' is 2, but the model (Sequential) "
+            "carries no tp_plan") in out, out
 
     code, out = run_snippet(
         "class Mpu:\n"

@@ -7,8 +7,10 @@ every data-parallel rank. Both start from the same full weights (seed 0) and wri
 OUT.rankN.json: per-step losses, pre-clip gradient norms, and the parameters at the end
 (each rank its own slices; the test joins them).
 Mode dtensor: the unsplit model split by torch's parallelize_module over a (dp, tp) device
-mesh instead, handed over with initialize(mesh=...).
-usage: tp_worker.py ref|zs|dtensor TP STEPS OUT [CONFIG_JSON]
+mesh instead, handed over with initialize(mesh=...). Mode hf: a transformers Llama that
+zeroshard splits by its own tp_plan (tensor_parallel.autotp_size in the config); hfref: the
+same Llama unsplit in one process.
+usage: tp_worker.py ref|hfref|zs|dtensor|hf TP STEPS OUT [CONFIG_JSON]
 ZS_CKPT_DIR and ZS_CKPT_SAVE_AT=N: save there after step N and stop; ZS_CKPT_LOAD=DIR: load
 the latest checkpoint there first and train on from its step."""
 import json
@@ -205,15 +207,27 @@ class Mpu:
         return self.dp_group
 
 
-def reference(steps):
-    model = full_model()
+def llama():
+    """A transformers Llama (its class carries a tp_plan), built from a config, seed 0."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=2 * DIM,
+                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                         num_key_value_heads=2, max_position_embeddings=2 * SEQ)
+    return LlamaForCausalLM(config)
+
+
+def reference(steps, hf=False):
+    model = llama() if hf else full_model()
+    if hf:
+        model.forward_loss = lambda tokens: model(input_ids=tokens, labels=tokens).loss
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     losses, norms = [], []
     for step in range(steps):
         total = 0.0
         for micro in range(ACCUMULATION):
             tokens = torch.cat([batch(step, micro, r) for r in range(DP)])
-            loss = model(tokens)
+            loss = model.forward_loss(tokens) if hf else model(tokens)
             (loss / ACCUMULATION).backward()
             total += loss.item() / ACCUMULATION
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
@@ -243,7 +257,13 @@ def parallelized(tp):
 def trained(mode, tp, steps, config, out):
     import zeroshard
     dist.init_process_group("gloo")
-    if mode == "dtensor":
+    forward = None
+    if mode == "hf":  # the Llama's own tp_plan, which zeroshard applies from the config
+        model = llama()
+        engine, *_ = zeroshard.initialize(model=model, config=config)
+        dp_rank = engine._engine.data_parallel_rank
+        forward = lambda tokens: engine(input_ids=tokens, labels=tokens).loss  # noqa: E731
+    elif mode == "dtensor":
         model, mesh = parallelized(tp)
         engine, *_ = zeroshard.initialize(model=model, config=config, mesh=mesh)
         dp_rank = mesh.get_local_rank("dp")
@@ -261,7 +281,8 @@ def trained(mode, tp, steps, config, out):
     for step in range(start, steps):
         total = 0.0
         for micro in range(ACCUMULATION):
-            loss = engine(batch(step, micro, dp_rank))
+            tokens = batch(step, micro, dp_rank)
+            loss = forward(tokens) if forward else engine(tokens)
             engine.backward(loss)
             engine.step()
             total += loss.item() / ACCUMULATION
@@ -282,8 +303,8 @@ def trained(mode, tp, steps, config, out):
 def main():
     mode, tp, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     torch.set_num_threads(1)
-    if mode == "ref":
-        result = reference(steps)
+    if mode in ("ref", "hfref"):
+        result = reference(steps, hf=mode == "hfref")
     else:
         result = trained(mode, tp, steps, json.loads(sys.argv[5]), out)
     with open(f"{out}.rank{os.environ.get('RANK', '0')}.json", "w") as f:

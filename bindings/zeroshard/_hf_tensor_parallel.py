@@ -1,0 +1,58 @@
+"""DeepSpeed's `tensor_parallel.autotp_size` for a transformers model: the model's own
+tp_plan (its `base_model_tp_plan`, as from_pretrained(tp_plan="auto") applies it) laid over
+the "tp" dimension of a ("dp", "tp") mesh, by transformers itself. The parameters come out as
+DTensors, which bindings/zeroshard/_dtensor.py hands to the engine as their local tensors."""
+import torch
+import torch.distributed as dist
+
+from . import _launch, _zeroshard
+
+
+def _error(message):
+    return _zeroshard.Error(f"zeroshard.initialize: {message}")
+
+
+def apply_plan(model, tp):
+    """Splits `model` by its tp_plan over tp ranks; returns (the mesh, the rule for when a
+    split module runs on its local tensors, as transformers' own layers decide)."""
+    plan = getattr(model, "tp_plan", None) if hasattr(model, "config") else None
+    if not plan:
+        raise _error(
+            f"config key 'tensor_parallel.autotp_size' is {tp}, but the model "
+            f"({type(model).__name__}) carries no tp_plan; allowed: a transformers model whose "
+            "class has one (Llama, Qwen, Mistral, ...), a model split by parallelize_module "
+            "(pass mesh=), or a Megatron-style model (pass mpu=)")
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from transformers.distributed.tensor_parallel import (ALL_PARALLEL_STYLES,
+                                                              _get_parameter_tp_plan,
+                                                              apply_tensor_parallelism)
+    except ImportError as e:
+        raise _error(f"tensor_parallel.autotp_size {tp}: this transformers has no DTensor "
+                     f"tensor-parallel API ({e}); allowed: transformers >= 5") from None
+    _launch.init_distributed()
+    world = dist.get_world_size()
+    if world % tp != 0:
+        raise _error(f"config key 'tensor_parallel.autotp_size' is {tp}, which does not divide "
+                     f"the {world} ranks")
+    # Every rank slices the same whole model (transformers slices each rank's own values):
+    # rank 0's, as DDP's construction starts every rank from rank 0's.
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(t.data, 0)
+    device = next(model.parameters()).device.type
+    mesh = init_device_mesh(device, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    apply_tensor_parallelism(model, mesh["tp"])
+    # Where a style's forward takes local tensors (a Linear without autograd), the module
+    # is given its local ones.
+    styles = {}
+    for name, module in model.named_modules():
+        style = _get_parameter_tp_plan(parameter_name=name, tp_plan=plan, is_weight=False)
+        if style in ALL_PARALLEL_STYLES:
+            styles[module] = ALL_PARALLEL_STYLES[style]
+
+    def local_when(module):
+        style = styles.get(module)
+        return style is not None and style.should_use_local_tensors(module)
+
+    return mesh, local_when
