@@ -72,7 +72,8 @@ usage: ./zs VERB [ARGS]
                     vs torch DDP), peers (vs DeepSpeed ZeRO 1-3 and offload, FSDP2,
                     FSDP1 and DDP, all in one run), hosts (2 network-namespace hosts
                     x 2 ranks behind a 1 Gbit/s link: stage 3 with and without shard
-                    groups per host vs FSDP2 and its HSDP; needs root), gpu (one GPU,
+                    groups per host vs FSDP2 and its HSDP; needs root), tp (TP2 x DP2 on
+                    4 ranks: stage 3 with a Llama's tp_plan vs FSDP2 + DTensor TP), gpu (one GPU,
                     Llama-shaped, optimizer on the host: vs FSDP2 + CPUOffloadPolicy and
                     DeepSpeed ZeRO-3 + offload; --search: the largest model of each;
                     --device cpu --shape tiny checks the script without a GPU)
@@ -137,7 +138,7 @@ case "$verb" in
     ;;
   bench)
     name="${1:-}"
-    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, gpu"
+    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, tp, gpu"
     shift
     [ "$name" = gpu ] && bench_gpu "$@"  # one GPU: its own python3 and build (bench_gpu)
     if [ "$name" = peers ]; then  # DeepSpeed, FSDP2, FSDP1, DDP: the venv's, same run
@@ -151,7 +152,10 @@ case "$verb" in
     if [ "$name" = python ]; then
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/python_bench.py "$@"
     fi
-    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts, gpu"
+    if [ "$name" = tp ]; then  # TP2 x DP2: zeroshard stage 3 beside FSDP2 + DTensor TP
+      PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/tp_bench.py "$@"
+    fi
+    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts, tp, gpu"
     "$BUILD/tools/zs-bench-$name" "$@"
     ;;
   help | -h | --help) usage ;;
