@@ -162,9 +162,7 @@ void EngineBuilder::init(std::vector<NamedParam> params,
         "tensor_model_parallel=True) given with initialize(mpu=...)",
         tp);
   }
-  if (env.world_size % tp != 0) {
-    fail("tensor_parallel.autotp_size {} does not divide the {} ranks", tp, env.world_size);
-  }
+  ParallelDims(env.world_size, env.rank, -1, 1, static_cast<int>(tp));  // tp divides the ranks
   e_->device_.where = params.front().param.device();
   e_->device_.capacity = device_capacity(e_->device_.where, env.local_world_size);
   e_->buffers_ =

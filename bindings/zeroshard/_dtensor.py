@@ -8,15 +8,12 @@ are summed across the tp ranks first), so the model computes as the user paralle
 import torch
 
 from . import _zeroshard
+from ._tensor_parallel import _error
 
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard
 except ImportError:  # torch without DTensor: no parameter is one
     DTensor = None
-
-
-def _error(message):
-    return _zeroshard.Error(f"zeroshard.initialize: {message}")
 
 
 class _Wrapped:

@@ -5,11 +5,8 @@ DTensors, which bindings/zeroshard/_dtensor.py hands to the engine as their loca
 import torch
 import torch.distributed as dist
 
-from . import _launch, _zeroshard
-
-
-def _error(message):
-    return _zeroshard.Error(f"zeroshard.initialize: {message}")
+from . import _launch
+from ._tensor_parallel import _error
 
 
 def apply_plan(model, tp):

@@ -1,0 +1,43 @@
+#include "bindings/PyConfig.h"
+
+#include <pybind11/stl.h>
+
+#include "config/Config.h"
+
+namespace py = pybind11;
+
+namespace zeroshard {
+
+void bind_config(py::module_& m) {
+  // The config crosses from Python once, parsed: every question Python asks of it, and the
+  // engine built from it, read this object.
+  py::class_<LoadedConfig>(m, "LoadedConfig")
+      .def_readonly("origin", &LoadedConfig::origin)
+      .def_readonly("warnings", &LoadedConfig::warnings)
+      .def_readonly("top_level_keys", &LoadedConfig::top_level_keys,
+                    "The keys the config sets at its top level, as written.")
+      .def_property_readonly(
+          "torch_optimizer",
+          [](const LoadedConfig& c) -> py::object {
+            const OptimizerConfig& o = c.config.optimizer;
+            if (!o.external) return py::none();
+            return py::make_tuple(o.type, o.torch_params);
+          },
+          "(type, {param: its YAML text}) where the config names a torch.optim class, else "
+          "None.")
+      .def_property_readonly(
+          "stage",
+          [](const LoadedConfig& c) -> py::object {
+            if (!c.config.zero.stage) return py::none();
+            return py::int_(*c.config.zero.stage);
+          },
+          "The config's zero_optimization.stage, or None where it is auto (the Planner's).")
+      .def_property_readonly(
+          "tensor_parallel_size",
+          [](const LoadedConfig& c) { return c.config.tensor_parallel_size.value_or(1); },
+          "tensor_parallel.autotp_size: the tp size a model's own tp_plan is applied at.");
+  m.def("parse_config", &load_config_string, py::arg("text"), py::arg("origin"),
+        "Parses a config (YAML or JSON text) once; raises Error on bad input.");
+}
+
+}  // namespace zeroshard
