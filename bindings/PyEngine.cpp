@@ -3,7 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/stl.h>
-#include <set>
+#include <map>
 #include <tuple>
 
 #include "bindings/PyConfig.h"
@@ -152,7 +152,7 @@ EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTens
                          bool optimizer_elementwise,
                          std::pair<int64_t, int64_t> optimizer_state_other,
                          const AssumedBatchArg& assumed_batch, int tensor_parallel_size,
-                         const std::vector<std::string>& tensor_parallel_params) {
+                         const std::map<std::string, int>& tensor_parallel_params) {
   if (tensor_parallel_size > 1) {  // a Megatron mpu's size (bindings/zeroshard/_tensor_parallel.py)
     auto& configured = loaded.config.tensor_parallel_size;
     if (configured && *configured != 1 && *configured != tensor_parallel_size) {
@@ -192,10 +192,13 @@ EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTens
   for (const auto& [name, tensor, persistent] : buffers)
     named_buffers.push_back({name, tensor, persistent});
   std::vector<NamedParam> named = to_params(params);
-  const std::set<std::string> split(tensor_parallel_params.begin(), tensor_parallel_params.end());
-  for (auto& p : named) p.tensor_parallel = split.count(p.name) > 0;
+  const auto split_dim = [&](const std::string& name) {
+    const auto it = tensor_parallel_params.find(name);
+    return it == tensor_parallel_params.end() ? -1 : it->second;
+  };
+  for (auto& p : named) p.tensor_parallel_dim = split_dim(p.name);
   for (auto& unit : unit_params)
-    for (auto& p : unit) p.tensor_parallel = split.count(p.name) > 0;
+    for (auto& p : unit) p.tensor_parallel_dim = split_dim(p.name);
   std::optional<AssumedBatch> batch = to_assumed_batch(assumed_batch);
   // Construction issues collectives (the initial broadcast, the agreement of what every rank
   // built): never with the GIL held (see EngineHolder).
@@ -336,7 +339,7 @@ PYBIND11_MODULE(_zeroshard, m) {
            // A Megatron mpu's tensor-parallel size (0: the config's), and the names of the
            // parameters split across its ranks.
            py::arg("tensor_parallel_size") = 0,
-           py::arg("tensor_parallel_params") = std::vector<std::string>{})
+           py::arg("tensor_parallel_params") = std::map<std::string, int>{})
       .def("optimizer_shards",
            [](EngineImpl& e) { return optimizer_shards(e.external_optimizer()); })
       .def("optimizer_regions",

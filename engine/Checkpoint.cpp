@@ -135,6 +135,10 @@ void check_consistent(const Manifest& m, const std::string& origin) {
     }
     end += sg.bytes();
     for (const auto& p : sg.params) {
+      if (p.tensor_parallel_dim < -1 || p.tensor_parallel_dim >= static_cast<int>(p.shape.size())) {
+        fail("checkpoint manifest '{}': parameter '{}' of {} dimensions is split along {}", origin,
+             p.name, p.shape.size(), p.tensor_parallel_dim);
+      }
       if (numel_of(p.shape) != p.numel || p.offset < 0 ||
           p.offset + p.numel > sg.shard_numel * m.world_size) {
         fail(
@@ -189,6 +193,8 @@ nlohmann::json Manifest::to_json() const {
     for (const auto& p : g.params) {
       params_json.push_back(
           {{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel}});
+      if (p.tensor_parallel_dim >= 0)
+        params_json.back()["tensor_parallel_dim"] = p.tensor_parallel_dim;
     }
     groups_json.push_back({{"shard_numel", g.shard_numel},
                            {"trainable", g.trainable},
@@ -275,7 +281,8 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin)
       for (const auto& p : g.at("params")) {
         sg.params.push_back({p.at("name").get<std::string>(),
                              p.at("shape").get<std::vector<int64_t>>(),
-                             p.at("offset").get<int64_t>(), p.at("numel").get<int64_t>()});
+                             p.at("offset").get<int64_t>(), p.at("numel").get<int64_t>(),
+                             p.value("tensor_parallel_dim", -1)});
       }
       m.groups.push_back(std::move(sg));
     }

@@ -11,7 +11,9 @@
 // first group's ranks, and world size counts shards.
 // With tensor parallelism (engine/ParallelDims.h) DIR/TAG holds one such checkpoint per tp
 // coordinate, DIR/TAG/tp_rank_XX (DeepSpeed's mp_rank_XX, as folders), each saved by that
-// coordinate's data-parallel ranks, and DIR/TAG/tensor_parallel.json says how many.
+// coordinate's data-parallel ranks, and DIR/TAG/tensor_parallel.json says how many; each
+// split parameter's entry names the dimension it was cut along, so the parts load at
+// another tp size (engine/ReslicedCheckpoint.h) and consolidate into whole parameters.
 // DIR/latest names the newest complete tag. Because every element is addressed by
 // parameter name and offset, a checkpoint loads into any world size and stage: the
 // reader re-slices on load.
@@ -40,6 +42,8 @@ struct SavedParam {
   std::vector<int64_t> shape;
   int64_t offset = 0;  // in the group's flat buffer
   int64_t numel = 0;
+  // The dimension this tp coordinate's slice was cut along (NamedParam's); -1: whole.
+  int tensor_parallel_dim = -1;
 };
 
 struct SavedGroup {
@@ -126,22 +130,39 @@ std::string latest_tag(const std::string& dir);
 
 uint32_t file_crc32(const std::string& path);
 
-// Element ranges of saved parameters, gathered from the rank files by name.
-class CheckpointReader {
+// What a load reads: saved parameters by name, as this engine's ranks hold them, and the
+// buffers. One checkpoint's files (CheckpointReader), or the parts of one saved at another
+// tensor-parallel size re-cut for this rank (engine/ReslicedCheckpoint.h).
+class CheckpointSource {
  public:
-  CheckpointReader(const std::string& dir, Manifest manifest);
-  ~CheckpointReader();
-  const Manifest& manifest() const { return manifest_; }
+  virtual ~CheckpointSource() = default;
+  virtual const Manifest& manifest() const = 0;
   // The saved parameter `name`: its group and entry, or an Error naming it.
-  const SavedParam& param(const std::string& name, size_t* group = nullptr) const;
-  bool has_param(const std::string& name) const { return index_.count(name) != 0; }
+  virtual const SavedParam& param(const std::string& name, size_t* group = nullptr) const = 0;
+  virtual bool has_param(const std::string& name) const = 0;
   // Elements [begin, begin+count) of parameter `name`, from array `array` (0 master,
   // then the optimizer's state arrays in Manifest::optimizer_state's order for trainable
   // groups; 0 the parameters for frozen ones), as fp32.
-  void read(const std::string& name, int array, int64_t begin, int64_t count, float* out) const;
-  std::string read_rng(int rank) const;
+  virtual void read(const std::string& name, int array, int64_t begin, int64_t count,
+                    float* out) const = 0;
   // A saved buffer's bytes (rank0.bin), into a host uint8 tensor.
-  void read_buffer(const SavedBuffer& buffer, void* out) const;
+  virtual void read_buffer(const SavedBuffer& buffer, void* out) const = 0;
+};
+
+// Element ranges of saved parameters, gathered from the rank files by name.
+class CheckpointReader : public CheckpointSource {
+ public:
+  CheckpointReader(const std::string& dir, Manifest manifest);
+  ~CheckpointReader() override;
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+  const Manifest& manifest() const override { return manifest_; }
+  const SavedParam& param(const std::string& name, size_t* group = nullptr) const override;
+  bool has_param(const std::string& name) const override { return index_.count(name) != 0; }
+  void read(const std::string& name, int array, int64_t begin, int64_t count,
+            float* out) const override;
+  std::string read_rng(int rank) const;
+  void read_buffer(const SavedBuffer& buffer, void* out) const override;
 
  private:
   std::string dir_;

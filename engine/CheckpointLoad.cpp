@@ -16,6 +16,7 @@
 #include "engine/ParamGroups.h"
 #include "engine/ParamHome.h"
 #include "engine/ProcessGroupSetup.h"
+#include "engine/ReslicedCheckpoint.h"
 #include "engine/RngStates.h"
 #include "engine/StepPipeline.h"
 #include "engine/UnitSchedule.h"
@@ -28,13 +29,14 @@
 
 namespace zeroshard {
 
-// With tensor parallelism this tp coordinate's part (engine/Checkpoint.h); a checkpoint
-// saved at another tp size is refused by name before anything changes.
+// With tensor parallelism this tp coordinate's part (engine/Checkpoint.h). A checkpoint
+// saved at another tp size is read through a ReslicedCheckpoint over all of its parts.
 LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& tag,
                                     const LoadOptions& options) {
   const std::string name = tag.empty() ? latest_tag(dir) : tag;
   const std::string about = dir + "/" + name + "/tensor_parallel.json";
   const int tp = p_.dist.dims.size(Dim::Tp);
+  const int coordinate = p_.dist.dims.coordinate(Dim::Tp);
   int saved_tp = 1;
   struct stat st {};
   if (::stat(about.c_str(), &st) == 0) {
@@ -43,23 +45,35 @@ LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& t
     } catch (const nlohmann::json::exception& e) {
       fail("checkpoint '{}' is not valid: {}", about, e.what());
     }
+    if (saved_tp < 1 || saved_tp > 4096) {
+      fail("checkpoint '{}': tp_size {} is not allowed; allowed: 1 to 4096", about, saved_tp);
+    }
   }
-  if (saved_tp != tp) {
-    fail(
-        "checkpoint '{}/{}' was saved at tensor-parallel size {} and this engine's is {}; "
-        "loading at another tensor-parallel size is not supported yet: load it with "
-        "tensor_parallel.autotp_size {} (or an mpu of that size)",
-        dir, name, saved_tp, tp, saved_tp);
+  const auto part = [&](int t) {
+    const std::string folder = saved_tp == 1 ? dir : dir + "/" + name;
+    const std::string part_tag = saved_tp == 1 ? name : tensor_parallel_part(t);
+    return std::make_unique<CheckpointReader>(folder, read_manifest(folder, part_tag));
+  };
+  if (saved_tp == tp) {
+    const auto reader = part(coordinate);
+    const Manifest& m = reader->manifest();
+    std::optional<std::string> rng;  // each rank's own stream, where it exists
+    if (m.world_size == p_.dist.dims.size(Dim::Dp)) rng = reader->read_rng(rank());
+    return load_part(*reader, saved_tp == 1 ? dir : dir + "/" + name, options, rng);
   }
-  if (tp == 1) return load_part(dir, name, options);
-  return load_part(dir + "/" + name, tensor_parallel_part(p_.dist.dims.coordinate(Dim::Tp)),
-                   options);
+  std::vector<std::unique_ptr<CheckpointReader>> parts;
+  for (int t = 0; t < saved_tp; ++t) parts.push_back(part(t));
+  std::unordered_map<std::string, int> split_dims;
+  for (const NamedParam& p : p_.groups.params())
+    if (p.tensor_parallel()) split_dims.emplace(p.name, p.tensor_parallel_dim);
+  const ReslicedCheckpoint reader(std::move(parts), tp, coordinate, split_dims, dir, name);
+  return load_part(reader, dir, options, std::nullopt);
 }
 
-LoadedCheckpoint Checkpointer::load_part(const std::string& dir, const std::string& tag,
-                                         const LoadOptions& options) {
-  const Manifest m = read_manifest(dir, tag);
-  const CheckpointReader reader(dir, m);
+LoadedCheckpoint Checkpointer::load_part(const CheckpointSource& reader, const std::string& dir,
+                                         const LoadOptions& options,
+                                         const std::optional<std::string>& rng) {
+  const Manifest& m = reader.manifest();
   check_layout(reader, dir, options);  // before anything changes
   const bool with_optimizer = options.optimizer_states && !options.module_only;
   const std::vector<ParamGroupOptions> groups =
@@ -107,8 +121,8 @@ LoadedCheckpoint Checkpointer::load_part(const std::string& dir, const std::stri
   }
   p_.pipeline.reducer().zero();
   // Each rank's own random stream, when it exists; a warm start keeps its own.
-  if (m.world_size == p_.dist.dims.size(Dim::Dp) && !options.module_only) {
-    restore_rng_states({reader.read_rng(rank()), m.device_rng_bytes}, p_.device);
+  if (rng && !options.module_only) {
+    restore_rng_states({*rng, m.device_rng_bytes}, p_.device);
   }
   return {m.client_state.dump(), lr_scheduler ? m.lr_scheduler.dump() : "null"};
 }
@@ -139,7 +153,7 @@ std::vector<ParamGroupOptions> Checkpointer::saved_param_groups(const Manifest& 
 // The saved buffers are the model's persistent buffers, by name and shape (a dtype
 // that differs is converted, as load_state_dict does). Checkpoints from before buffers
 // were saved leave the model's alone; so does a non-strict load for the ones one side lacks.
-void Checkpointer::check_buffers(const CheckpointReader& reader, const std::string& dir,
+void Checkpointer::check_buffers(const CheckpointSource& reader, const std::string& dir,
                                  bool strict) const {
   const Manifest& m = reader.manifest();
   if (!m.has_buffers) return;
@@ -169,7 +183,7 @@ void Checkpointer::check_buffers(const CheckpointReader& reader, const std::stri
   }
 }
 
-void Checkpointer::load_buffers(const CheckpointReader& reader) {
+void Checkpointer::load_buffers(const CheckpointSource& reader) {
   for (const auto& saved : reader.manifest().buffers) {
     const NamedBuffer* mine = p_.buffers.find(saved.name);
     if (mine == nullptr || !mine->persistent) continue;  // a non-strict load's: checked
@@ -179,7 +193,7 @@ void Checkpointer::load_buffers(const CheckpointReader& reader) {
   }
 }
 
-void Checkpointer::check_layout(const CheckpointReader& reader, const std::string& dir,
+void Checkpointer::check_layout(const CheckpointSource& reader, const std::string& dir,
                                 const LoadOptions& options) const {
   check_buffers(reader, dir, options.strict);
   if (options.optimizer_states && !options.module_only) {
@@ -192,7 +206,7 @@ void Checkpointer::check_layout(const CheckpointReader& reader, const std::strin
 // Parameters by name and shape. A non-strict load skips what the model lacks and keeps
 // the model's values where the checkpoint lacks one (saved with frozen parameters left
 // out, say), except for a parameter whose optimizer state it would load.
-void Checkpointer::check_params(const CheckpointReader& reader, const std::string& dir,
+void Checkpointer::check_params(const CheckpointSource& reader, const std::string& dir,
                                 const LoadOptions& options) const {
   const std::string& tag = reader.manifest().tag;
   const bool with_optimizer = options.optimizer_states && !options.module_only;
@@ -234,7 +248,7 @@ void Checkpointer::check_params(const CheckpointReader& reader, const std::strin
 // Fills `out` (count elements: group `g`'s flat buffer from `begin`) from the saved
 // parameters' array `array`; padding and what the checkpoint lacks (a non-strict load's,
 // checked) keep what `out` holds.
-void Checkpointer::read_range(const CheckpointReader& reader, const FlatParamGroup& g, int array,
+void Checkpointer::read_range(const CheckpointSource& reader, const FlatParamGroup& g, int array,
                               int64_t begin, int64_t count, float* out) const {
   for (const auto& s : g.slots()) {
     const int64_t lo = std::max(begin, s.offset), hi = std::min(begin + count, s.offset + s.numel);
@@ -248,7 +262,7 @@ void Checkpointer::read_range(const CheckpointReader& reader, const FlatParamGro
 }
 
 // A trainable group whole: its fp32 master and the optimizer's state arrays.
-void Checkpointer::load_group(const CheckpointReader& reader, GroupId i) {
+void Checkpointer::load_group(const CheckpointSource& reader, GroupId i) {
   const GroupRecord& record = p_.groups[i];
   FlatParamGroup* g = record.flat.get();
   const int64_t S = g->shard_numel();
@@ -288,7 +302,7 @@ at::Tensor Checkpointer::current_values(const GroupRecord& record) const {
   return host_copy(g->param_shard());
 }
 
-void Checkpointer::load_group_values(const CheckpointReader& reader, GroupId i) {
+void Checkpointer::load_group_values(const CheckpointSource& reader, GroupId i) {
   const GroupRecord& record = p_.groups[i];
   FlatParamGroup* g = record.flat.get();
   const int64_t S = g->shard_numel();

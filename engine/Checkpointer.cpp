@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <unordered_map>
 
 #include <ATen/ATen.h>
 #include <fmt/ranges.h>
@@ -75,6 +76,9 @@ Manifest Checkpointer::layout(const SaveOptions& options) const {
   m.config_yaml = emit_config_yaml(p_.plan.config);
   m.optimizer_state = p_.pipeline.optimizer().state_names();
   m.optimizer_scalars = nlohmann::json::parse(p_.pipeline.optimizer().scalar_state());
+  std::unordered_map<std::string, int> split_dims;  // with tensor parallelism
+  for (const NamedParam& p : p_.groups.params())
+    if (p.tensor_parallel()) split_dims.emplace(p.name, p.tensor_parallel_dim);
   int64_t offset = 0;
   for (const GroupRecord& record : p_.groups) {
     if (!saved(record, options)) continue;
@@ -85,7 +89,11 @@ Manifest Checkpointer::layout(const SaveOptions& options) const {
     sg.dtype = dtype_name(g->flat().scalar_type());
     sg.file_offset = offset;
     sg.arrays = 1 + static_cast<int>(m.optimizer_state.size());
-    for (const auto& s : g->slots()) sg.params.push_back({s.name, s.shape, s.offset, s.numel});
+    for (const auto& s : g->slots()) {
+      const auto split = split_dims.find(s.name);
+      sg.params.push_back(
+          {s.name, s.shape, s.offset, s.numel, split == split_dims.end() ? -1 : split->second});
+    }
     offset += sg.bytes();
     m.groups.push_back(std::move(sg));
   }

@@ -12,6 +12,7 @@
 // leave the optimizer's state as it is. Saving is Checkpointer.cpp, loading
 // CheckpointLoad.cpp.
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,8 +68,10 @@ class Checkpointer {
   std::string save_part(const std::string& dir, const std::string& tag,
                         const std::string& client_state_json, const std::string& lr_scheduler_json,
                         const SaveOptions& options);
-  LoadedCheckpoint load_part(const std::string& dir, const std::string& tag,
-                             const LoadOptions& options);
+  // `reader` over DIR's saved parameters; `rng`: this rank's saved random streams where
+  // as many ranks laid out alike saved it (else each rank keeps its own).
+  LoadedCheckpoint load_part(const CheckpointSource& reader, const std::string& dir,
+                             const LoadOptions& options, const std::optional<std::string>& rng);
   // Tensor parallelism: every tp coordinate's part published, then `latest` moved.
   void publish_parts(const std::string& dir, const std::string& tag, const std::string& failure,
                      bool move_latest);
@@ -83,22 +86,22 @@ class Checkpointer {
   void agree(const std::string& tag, const std::function<void()>& collective);
 
   // Loading.
-  void check_layout(const CheckpointReader& reader, const std::string& dir,
+  void check_layout(const CheckpointSource& reader, const std::string& dir,
                     const LoadOptions& options) const;
-  void check_params(const CheckpointReader& reader, const std::string& dir,
+  void check_params(const CheckpointSource& reader, const std::string& dir,
                     const LoadOptions& options) const;
-  void check_buffers(const CheckpointReader& reader, const std::string& dir, bool strict) const;
+  void check_buffers(const CheckpointSource& reader, const std::string& dir, bool strict) const;
   std::vector<ParamGroupOptions> saved_param_groups(const Manifest& m,
                                                     const std::string& dir) const;
-  void read_range(const CheckpointReader& reader, const FlatParamGroup& group, int array,
+  void read_range(const CheckpointSource& reader, const FlatParamGroup& group, int array,
                   int64_t begin, int64_t count, float* out) const;
-  void load_group(const CheckpointReader& reader, GroupId group);
+  void load_group(const CheckpointSource& reader, GroupId group);
   // The parameters alone: the optimizer, where the group trains, restarts its fp32
   // master from them and keeps its state. Parameters the checkpoint lacks keep their
   // values.
-  void load_group_values(const CheckpointReader& reader, GroupId group);
+  void load_group_values(const CheckpointSource& reader, GroupId group);
   at::Tensor current_values(const GroupRecord& record) const;
-  void load_buffers(const CheckpointReader& reader);
+  void load_buffers(const CheckpointSource& reader);
 
   CheckpointParts p_;
 };

@@ -153,7 +153,7 @@ void EngineBuilder::init(std::vector<NamedParam> params,
   // Tensor parallelism is checked before the plan, which divides the ranks by it.
   const int64_t tp = config.tensor_parallel_size.value_or(1);
   const bool any_split = std::any_of(params.begin(), params.end(),
-                                     [](const NamedParam& p) { return p.tensor_parallel; });
+                                     [](const NamedParam& p) { return p.tensor_parallel(); });
   if (tp > 1 && !any_split) {
     fail(
         "config key 'tensor_parallel.autotp_size' is {}, but no parameter is split across the "
@@ -288,7 +288,7 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
     counted_elsewhere.emplace_back();
     if (counts_whole_params) continue;
     for (size_t i = 0; i < spec.params.size(); ++i) {
-      if (spec.params[i].tensor_parallel) continue;
+      if (spec.params[i].tensor_parallel()) continue;
       const auto& s = g->slots()[i];
       const int64_t lo = std::max(begin, s.offset);
       const int64_t hi = std::min(begin + shard.numel(), s.offset + s.numel);

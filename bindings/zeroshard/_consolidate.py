@@ -17,27 +17,29 @@ import torch
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _manifest(ckpt_dir, tag):
+def _read_manifest(folder):
+    path = os.path.join(folder, "manifest.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"checkpoint manifest '{path}' is missing")
+    with open(path) as f:
+        return folder, json.load(f)
+
+
+def _parts(ckpt_dir, tag):
+    """[(folder, manifest)]: one, or one per tensor-parallel rank (engine/Checkpoint.h)."""
     if tag is None:
         latest = os.path.join(ckpt_dir, "latest")
         if not os.path.isfile(latest):
             raise ValueError(f"checkpoint '{ckpt_dir}' has no 'latest' file; give a tag")
         with open(latest) as f:
             tag = f.read().strip()
-    path = os.path.join(ckpt_dir, tag, "manifest.json")
-    split = os.path.join(ckpt_dir, tag, "tensor_parallel.json")
-    if not os.path.isfile(path) and os.path.isfile(split):
-        with open(split) as f:
-            size = json.load(f)["tp_size"]
-        raise ValueError(
-            f"checkpoint '{os.path.join(ckpt_dir, tag)}' was saved at tensor-parallel size "
-            f"{size} (one folder per tp rank: tp_rank_00, ...); consolidating tensor-parallel "
-            "slices into whole parameters is not supported yet: consolidate one tp rank's "
-            "folder with tag='<tag>/tp_rank_00' to get that rank's slices")
-    if not os.path.isfile(path):
-        raise ValueError(f"checkpoint manifest '{path}' is missing")
-    with open(path) as f:
-        return os.path.join(ckpt_dir, tag), json.load(f)
+    folder = os.path.join(ckpt_dir, tag)
+    split = os.path.join(folder, "tensor_parallel.json")
+    if os.path.isfile(os.path.join(folder, "manifest.json")) or not os.path.isfile(split):
+        return [_read_manifest(folder)]
+    with open(split) as f:
+        size = json.load(f)["tp_size"]
+    return [_read_manifest(os.path.join(folder, f"tp_rank_{t:02d}")) for t in range(size)]
 
 
 def _assemble(folder, manifest, group, param, files):
@@ -75,23 +77,41 @@ def _buffer(files, saved):
     return flat.view(getattr(torch, saved["dtype"])).reshape(saved["shape"]).clone()
 
 
-def _tensors(folder, manifest, dtype):
-    """(name, aliases, tensor) for every parameter, one assembled at a time, then every
-    buffer (in the dtype it was saved in, as a state_dict holds it)."""
-    files = [open(os.path.join(folder, f["name"]), "rb") for f in manifest["files"]]
+def _tensors(parts, dtype):
+    """(name, aliases, tensor) for every parameter, one assembled at a time (a
+    tensor-parallel one from every tp rank's slice, concatenated along the dimension it
+    was split on), then every buffer (in the dtype it was saved in, as a state_dict holds
+    it)."""
+    opened = [[open(os.path.join(folder, f["name"]), "rb") for f in manifest["files"]]
+              for folder, manifest in parts]
+    where = [{p["name"]: (g, p) for g in manifest["groups"] for p in g["params"]}
+             for _, manifest in parts]
+    folder, manifest = parts[0]
     aliases = {}
     for alias, name in manifest.get("aliases", []):
         aliases.setdefault(name, []).append(alias)
     try:
         for group in manifest["groups"]:
             for param in group["params"]:
-                t = _assemble(folder, manifest, group, param, files).to(_DTYPES[dtype])
-                yield param["name"], aliases.get(param["name"], []), t
+                dim = param.get("tensor_parallel_dim", -1)
+                if dim < 0 or len(parts) == 1:
+                    t = _assemble(folder, manifest, group, param, opened[0])
+                else:
+                    slices = []
+                    for (f, m), files, index in zip(parts, opened, where):
+                        if param["name"] not in index:
+                            raise ValueError(f"checkpoint '{f}' has no parameter "
+                                             f"'{param['name']}' ('{folder}' has it)")
+                        g, p = index[param["name"]]
+                        slices.append(_assemble(f, m, g, p, files))
+                    t = torch.cat(slices, dim=dim)
+                yield param["name"], aliases.get(param["name"], []), t.to(_DTYPES[dtype])
         for saved in manifest.get("buffers") or []:
-            yield saved["name"], [], _buffer(files, saved)
+            yield saved["name"], [], _buffer(opened[0], saved)
     finally:
-        for f in files:
-            f.close()
+        for files in opened:
+            for f in files:
+                f.close()
 
 
 # Hugging Face's file names (transformers' SAFE_WEIGHTS_NAME and its index).
@@ -189,7 +209,7 @@ def consolidate(ckpt_dir, out, tag=None, dtype="fp32", per_tensor=False, format=
     if format == "safetensors" and per_tensor:
         raise ValueError("per_tensor is for format 'pt'; safetensors output is sharded by "
                          "max_shard_size instead")
-    folder, manifest = _manifest(ckpt_dir, tag)
+    parts = _parts(ckpt_dir, tag)
     if format == "safetensors":
         limit = _shard_bytes(max_shard_size)
         if hf_config is not None:
@@ -201,12 +221,12 @@ def consolidate(ckpt_dir, out, tag=None, dtype="fp32", per_tensor=False, format=
                                  "folder holding one")
         count = []
         write_into_folder_atomically(out, lambda tmp: count.append(_write_safetensors(
-            _tensors(folder, manifest, dtype), tmp, limit, hf_config)))
+            _tensors(parts, dtype), tmp, limit, hf_config)))
         return count[0]
     state, index = {}, {}
     if per_tensor:
         os.makedirs(out, exist_ok=True)
-    for name, aliases, t in _tensors(folder, manifest, dtype):
+    for name, aliases, t in _tensors(parts, dtype):
         if per_tensor:
             file = name + ".pt"
             torch.save(t, os.path.join(out, file))

@@ -87,11 +87,11 @@ def _tp_mesh(found, mesh):
 
 def unwrap(model, mesh=None, local_when=None):
     """Replaces every DTensor parameter of `model` by its local tensor. Returns (tp size,
-    names of the split parameters, install): install() puts the DTensors back in front of
-    each module's forward (called once the engine holds the parameters). (0, [], None)
-    when the model has no DTensor parameter."""
+    {name: dimension} of the split parameters, install): install() puts the DTensors back
+    in front of each module's forward (called once the engine holds the parameters).
+    (0, {}, None) when the model has no DTensor parameter."""
     if DTensor is None:
-        return 0, [], None
+        return 0, {}, None
     found, seen = [], set()
     for module_name, module in model.named_modules():
         for name, p in module._parameters.items():
@@ -102,15 +102,15 @@ def unwrap(model, mesh=None, local_when=None):
         if mesh is not None:
             raise _error("mesh is given, but no parameter is a DTensor; allowed: a model "
                          "parallelize_module has split over the mesh's tensor-parallel dimension")
-        return 0, [], None
+        return 0, {}, None
     size = _tp_mesh([(n, m, p) for n, m, p in found], mesh)
-    locals_, split, wrapped = {}, [], {}
+    locals_, split, wrapped = {}, {}, {}
     for name, _, p in found:
         dim = _split_dim(name, p)
         local = torch.nn.Parameter(p.to_local().detach(), requires_grad=p.requires_grad)
         if dim is not None:
             local.tensor_model_parallel, local.partition_dim = True, dim
-            split.append(name)
+            split[name] = dim
         locals_[id(p)] = (local, p.device_mesh, tuple(p.placements), p.shape, p.stride())
     for module in model.modules():  # every module holding one, tied ones too
         for pname, p in list(module._parameters.items()):

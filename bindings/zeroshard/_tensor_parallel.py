@@ -37,11 +37,11 @@ def _size_and_rank(mpu):
 
 
 def plan_of(mpu, named_params):
-    """(tp size, names of the parameters split across the tp ranks) for `mpu` (None: (0, []),
-    the config decides), checked against the layout the engine uses: tp ranks consecutive
+    """(tp size, {name: partition_dim} of the parameters split across the tp ranks) for `mpu`
+    (None: (0, {}), the config decides), checked against the layout the engine uses: tp ranks consecutive
     (Megatron's default order), the data-parallel ranks the others."""
     if mpu is None:
-        return 0, []
+        return 0, {}
     size, tp_rank = _size_and_rank(mpu)
     env = _zeroshard.launch_env()
     rank, world = env["rank"], env["world_size"]
@@ -59,7 +59,8 @@ def plan_of(mpu, named_params):
             f"Megatron's default order does (consecutive ranks share a tensor-parallel group): "
             f"allowed: tensor-parallel rank {expected[0]}, data-parallel rank {expected[2]} of "
             f"{expected[1]}")
-    split = [name for name, p in named_params if getattr(p, "tensor_model_parallel", False)]
+    split = {name: int(getattr(p, "partition_dim", 0)) for name, p in named_params
+             if getattr(p, "tensor_model_parallel", False)}
     if size > 1 and not split:
         raise _error(
             f"mpu: tensor-parallel size {size}, but no parameter has tensor_model_parallel=True; "

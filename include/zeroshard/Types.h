@@ -15,10 +15,11 @@ namespace zeroshard {
 struct NamedParam {
   std::string name;
   at::Tensor param;
-  // This rank holds its own slice of a parameter split across the tensor-parallel ranks
-  // (Megatron's tensor_model_parallel); false: every tp rank holds it whole, and the
-  // gradient norm counts it once.
-  bool tensor_parallel = false;
+  // The dimension along which this rank holds its own slice of a parameter split across
+  // the tensor-parallel ranks (Megatron's tensor_model_parallel and partition_dim); -1:
+  // every tp rank holds it whole, and the gradient norm counts it once.
+  int tensor_parallel_dim = -1;
+  bool tensor_parallel() const { return tensor_parallel_dim >= 0; }
 };
 
 // One optimizer parameter group's own hyperparameters, as torch's param_groups hold

@@ -5,7 +5,8 @@ device mesh, handed over with initialize(mesh=...), at stages 1 to 3 and 3 with 
 optimizer on the CPU, with gradient clipping active, trains as the unsplit model does in one process with torch's
 AdamW: every step's loss, the pre-clip gradient norm (parameters every tp rank holds whole
 counted once), and the parameters at the end, joined from their tp slices. A checkpoint
-saved at TP2 x DP2 resumes bit-exactly there and loads at TP2 x DP1."""
+saved at TP2 x DP2 resumes bit-exactly there, loads at TP2 x DP1 and at TP1 x DP2 (and one
+saved at TP1 at TP2), and consolidates into the whole parameters."""
 import importlib.util
 import json
 import os
@@ -98,30 +99,54 @@ def test_a_transformers_llama_split_by_its_own_tp_plan_trains_as_unsplit(stage, 
     assert_as_unsplit(got, reference(scratch, "hfref"))
 
 
-def test_checkpoint_resumes_bit_exactly_and_loads_at_another_dp_size(scratch):
-    ckpt = str(scratch / "ckpt")
+def test_checkpoint_resumes_bit_exactly_and_loads_at_other_tp_and_dp_sizes(scratch):
+    ckpt, narrow_ckpt = str(scratch / "ckpt"), str(scratch / "ckpt_tp1")
     cfg = json.dumps(config(3, "cpu"))
 
-    def run(tag, world, env):
+    def run(tag, tp, world, env, steps=STEPS):
         out = str(scratch / tag)
-        return run_ranks([WORKER, "zs", str(TP), str(STEPS), out, cfg], world, out,
+        return run_ranks([WORKER, "zs", str(tp), str(steps), out, cfg], world, out,
                          extra_env=env)
 
-    whole = run("whole", WORLD, {})
-    first = run("first", WORLD, {"ZS_CKPT_DIR": ckpt, "ZS_CKPT_SAVE_AT": "3"})
+    whole = run("whole", TP, WORLD, {})
+    first = run("first", TP, WORLD, {"ZS_CKPT_DIR": ckpt, "ZS_CKPT_SAVE_AT": "3"})
     assert sorted(os.listdir(os.path.join(ckpt, "global_step3"))) == [
         "tensor_parallel.json", "tp_rank_00", "tp_rank_01"]
-    again = run("again", WORLD, {"ZS_CKPT_LOAD": ckpt})
+    again = run("again", TP, WORLD, {"ZS_CKPT_LOAD": ckpt})
     for r in range(WORLD):
         assert again[r]["losses"] == whole[r]["losses"][3:]
         assert again[r]["params"] == whole[r]["params"]
-    # TP2 x DP1 from the TP2 x DP2 checkpoint: the same parameters (no step taken).
-    out = str(scratch / "narrow")
-    narrow = run_ranks([WORKER, "zs", str(TP), "3", out, cfg], TP, out,
-                       extra_env={"ZS_CKPT_LOAD": ckpt})
-    saved, loaded = joined(first), joined(narrow)
+    saved = joined(first)
+    # Consolidated: each split parameter its tp slices joined, equal to the engine's own.
+    consolidated = str(scratch / "consolidated.pt")
+    import zeroshard
+    zeroshard.consolidate(ckpt, consolidated)
+    state = torch.load(consolidated)
+    assert state.keys() == saved.keys()
     for name, value in saved.items():
-        assert torch.equal(loaded[name], value), name
+        assert torch.equal(state[name], value), name
+    # TP2 x DP1 from the TP2 x DP2 checkpoint: the same parameters (no step taken).
+    narrow = run("narrow", TP, TP, {"ZS_CKPT_LOAD": ckpt}, steps=3)
+    for name, value in joined(narrow).items():
+        assert torch.equal(value, saved[name]), name
+
+    def as_whole_run(got, tp):
+        """Steps 4 to 6 as the TP2 x DP2 run that never stopped, within 1e-5."""
+        for step in range(STEPS - 3):
+            want = sum(whole[r]["losses"][3 + step] for r in range(0, WORLD, TP)) / (WORLD // TP)
+            loss = sum(got[r]["losses"][step] for r in range(0, len(got), tp)) / (len(got) // tp)
+            assert abs(loss - want) <= 1e-5 * want, step
+        final = joined(whole)
+        for name, value in (joined(got) if tp == TP else got[0]["params"]).items():
+            value = torch.as_tensor(value)
+            diff = (value - final[name]).abs().max().item()
+            assert diff <= 1e-5 * max(1.0, final[name].abs().max().item()), f"{name}: {diff}"
+
+    # TP1 x DP2 from it: every split parameter and its Adam state joined from both parts.
+    as_whole_run(run("tp1", 1, 2, {"ZS_CKPT_LOAD": ckpt}), 1)
+    # And back: a TP1 x DP2 checkpoint loads at TP2 x DP2, each rank cutting its slices.
+    run("tp1_save", 1, 2, {"ZS_CKPT_DIR": narrow_ckpt, "ZS_CKPT_SAVE_AT": "3"})
+    as_whole_run(run("tp2_again", TP, WORLD, {"ZS_CKPT_LOAD": narrow_ckpt}), TP)
 
 
 def test_what_cannot_be_split_is_refused_by_name():
