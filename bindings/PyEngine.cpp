@@ -116,12 +116,13 @@ using AssumedBatchArg =
 
 // A family the estimator does not read leaves the plan without activations (its reason
 // says so), as memory_report's prediction does (bindings/zeroshard/_activations.py).
-std::optional<AssumedBatch> to_assumed_batch(const AssumedBatchArg& arg) {
+// `tensor_parallel`: one rank's heads and widths (plan/ModelSpec.h TransformerArch).
+std::optional<AssumedBatch> to_assumed_batch(const AssumedBatchArg& arg, int64_t tensor_parallel) {
   if (!arg) return std::nullopt;
   const auto& [json, attn, seq, source, checkpointing] = *arg;
   AssumedBatch batch;
   try {
-    batch.shaped = spec_from_hf_model(json, attn);
+    batch.shaped = spec_from_hf_model(json, attn, tensor_parallel);
   } catch (const Error&) {
     return std::nullopt;
   }
@@ -199,7 +200,8 @@ EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTens
   for (auto& p : named) p.tensor_parallel_dim = split_dim(p.name);
   for (auto& unit : unit_params)
     for (auto& p : unit) p.tensor_parallel_dim = split_dim(p.name);
-  std::optional<AssumedBatch> batch = to_assumed_batch(assumed_batch);
+  std::optional<AssumedBatch> batch =
+      to_assumed_batch(assumed_batch, loaded.config.tensor_parallel_size.value_or(1));
   // Construction issues collectives (the initial broadcast, the agreement of what every rank
   // built): never with the GIL held (see EngineHolder).
   py::gil_scoped_release release;
@@ -266,7 +268,7 @@ PYBIND11_MODULE(_zeroshard, m) {
          int64_t largest_module_params, const LoadedConfig& loaded, int nodes, int ranks_per_node,
          int64_t device_bytes, int64_t host_bytes, int64_t nvme_bytes,
          const std::string& hf_config_json, const std::string& attn_implementation, int64_t seq,
-         int64_t micro_batch, bool activation_checkpointing) {
+         int64_t micro_batch, bool activation_checkpointing, int64_t tensor_parallel) {
         TrainingShape shape;
         shape.seq = seq;
         shape.micro_batch = micro_batch;
@@ -278,14 +280,15 @@ PYBIND11_MODULE(_zeroshard, m) {
         spec.unit_params = unit_params;
         spec.largest_module_params = largest_module_params;
         if (!hf_config_json.empty()) {  // activations from the model's own config
-          take_shape(spec, spec_from_hf_model(hf_config_json, attn_implementation));
+          take_shape(spec,
+                     spec_from_hf_model(hf_config_json, attn_implementation, tensor_parallel));
         }
         HardwareBudget budget;
         budget.device_bytes = device_bytes;
         budget.host_bytes = host_bytes;
         budget.nvme_bytes = nvme_bytes;
-        const Plan plan =
-            make_plan(spec, loaded.config, WorldShape{nodes, ranks_per_node}, shape, budget);
+        const Plan plan = make_plan(
+            spec, loaded.config, WorldShape{nodes, ranks_per_node, tensor_parallel}, shape, budget);
         py::list options;
         for (const auto& o : plan.options) {
           py::dict d;
@@ -313,7 +316,7 @@ PYBIND11_MODULE(_zeroshard, m) {
       py::arg("config"), py::arg("nodes"), py::arg("ranks_per_node"), py::arg("device_bytes"),
       py::arg("host_bytes"), py::arg("nvme_bytes"), py::arg("hf_config_json") = "",
       py::arg("attn_implementation") = "sdpa", py::arg("seq") = 1, py::arg("micro_batch") = 1,
-      py::arg("activation_checkpointing") = false);
+      py::arg("activation_checkpointing") = false, py::arg("tensor_parallel") = 1);
 
   py::class_<EngineImpl, EngineHolder>(m, "Engine")
       .def(py::init(&make_engine), py::arg("params"), py::arg("units"), py::arg("config"),

@@ -106,12 +106,12 @@ Plan plan_for(const std::vector<NamedParam>& params,
   HardwareBudget budget;
   budget.device_bytes = device_bytes;
   budget.host_bytes = host_memory_bytes();
-  // The ranks ZeRO shards across: with tensor parallelism the parameters given are this
-  // rank's slices, sharded over the world / tp data-parallel ranks.
-  const int tp = static_cast<int>(std::max<int64_t>(1, config.tensor_parallel_size.value_or(1)));
-  const int dp = env.world_size / tp, per_node = std::max(1, env.local_world_size / tp);
-  WorldShape world{dp / per_node, per_node};
-  if (world.ranks() != dp) world = WorldShape{1, dp};
+  // With tensor parallelism the parameters given are this rank's slices, sharded over the
+  // world / tp data-parallel ranks (WorldShape::data_parallel_ranks).
+  const int64_t tp = std::max<int64_t>(1, config.tensor_parallel_size.value_or(1));
+  const int64_t per_node = std::max(1, env.local_world_size);
+  WorldShape world{env.world_size / per_node, per_node, tp};
+  if (world.ranks() != env.world_size || per_node % tp != 0) world = {1, env.world_size, tp};
   TrainingShape shape;
   shape.device_is_host = params.front().param.device().is_cpu();
   ModelSpec spec = spec_of_params(params, buffer_bytes);

@@ -331,6 +331,13 @@ const std::map<std::string, Whole>& multi_stack() {
   return *table;
 }
 
+std::vector<std::string> decoder_types() {
+  std::vector<std::string> names;
+  for (const auto& entry : decoders()) names.push_back(entry.first);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 }  // namespace
 
 std::vector<std::string> supported_model_types() {
@@ -341,7 +348,8 @@ std::vector<std::string> supported_model_types() {
   return names;
 }
 
-ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& origin) {
+ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& origin,
+                            int64_t tensor_parallel) {
   Json json;
   try {
     json = Json::parse(json_text);
@@ -355,22 +363,32 @@ ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& ori
   }
   const std::string type = json["model_type"].get<std::string>();
   const Reader reader(json, origin);
-  if (const auto whole = multi_stack().find(type); whole != multi_stack().end())
+  if (const auto whole = multi_stack().find(type); whole != multi_stack().end()) {
+    if (tensor_parallel > 1) {
+      fail(
+          "{}: tensor-parallel size {} for model_type '{}'; allowed: 1 for it (what tensor "
+          "parallelism splits is planned for the decoder families: {})",
+          origin, tensor_parallel, type, fmt::join(decoder_types(), ", "));
+    }
     return whole->second(reader);
+  }
   const auto family = decoders().find(type);
   if (family == decoders().end()) {
     fail("{}: model_type '{}' is not supported; allowed: {} (or give --params and the shape)",
          origin, type, fmt::format("{}", fmt::join(supported_model_types(), ", ")));
   }
-  return spec_from_arch(family->second(reader), type, origin);
+  TransformerArch arch = family->second(reader);
+  arch.tensor_parallel = tensor_parallel;
+  return spec_from_arch(arch, type, origin);
 }
 
-ModelSpec spec_from_hf_file(const std::string& path) {
-  return spec_from_hf_json(read_whole_file(path, "--hf-config"), path);
+ModelSpec spec_from_hf_file(const std::string& path, int64_t tensor_parallel) {
+  return spec_from_hf_json(read_whole_file(path, "--hf-config"), path, tensor_parallel);
 }
 
-ModelSpec spec_from_hf_model(const std::string& json_text, const std::string& attn_implementation) {
-  ModelSpec spec = spec_from_hf_json(json_text, "model.config");
+ModelSpec spec_from_hf_model(const std::string& json_text, const std::string& attn_implementation,
+                             int64_t tensor_parallel) {
+  ModelSpec spec = spec_from_hf_json(json_text, "model.config", tensor_parallel);
   spec.attention_scores = attention_keeps_scores(attn_implementation, "attn_implementation");
   return spec;
 }

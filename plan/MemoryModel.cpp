@@ -193,7 +193,7 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   const ZeroConfig& z = config.zero;
   const int64_t p = spec.total_params;
   // Everything below is per shard group: MiCS replicates the states across groups.
-  const int64_t d = sharding_ranks(config, option.stage, world.ranks());
+  const int64_t d = sharding_ranks(config, option.stage, world.data_parallel_ranks());
   const int64_t kl = config.compute_bytes();
   const bool mixed = kl == 2;
   const int64_t shard = shard_numel(spec, d);

@@ -15,7 +15,12 @@ namespace zeroshard {
 struct WorldShape {
   int64_t nodes = 1;
   int64_t ranks_per_node = 1;
+  // Ranks that split each tensor-parallel parameter, consecutive inside a node; ZeRO shards
+  // over the others (engine/ParallelDims.h), and the model's counts are one rank's slices.
+  int64_t tensor_parallel = 1;
   int64_t ranks() const { return nodes * ranks_per_node; }
+  int64_t data_parallel_ranks() const { return ranks() / tensor_parallel; }
+  int64_t data_parallel_per_node() const { return ranks_per_node / tensor_parallel; }
 };
 
 struct TrainingShape {

@@ -21,11 +21,26 @@ void check_arch(const TransformerArch& a, const std::string& source) {
         "be positive",
         source);
   }
+  const int64_t tp = a.tensor_parallel;
+  if (tp < 1) fail("{}: tensor-parallel size {} is not allowed; allowed: 1 or more", source, tp);
+  const std::pair<const char*, int64_t> split[] = {
+      {"num_attention_heads", a.heads},
+      {"num_key_value_heads", a.kv_heads},
+      {"intermediate_size", a.intermediate},
+      {"the expert intermediate size", a.expert_intermediate},
+      {"vocab_size (the untied head is split by vocabulary)", a.tied_embeddings ? 0 : a.vocab}};
+  for (const auto& [what, value] : split) {
+    if (value % tp != 0) {
+      fail("{}: tensor-parallel size {} does not divide {} ({}); allowed: a divisor of it", source,
+           tp, what, value);
+    }
+  }
 }
 
 UnitModules block_modules(const TransformerArch& a, int64_t layer) {
-  const int64_t q = a.heads * a.head_dim;
-  const int64_t kv = a.kv_heads * a.head_dim;
+  const int64_t tp = a.tensor_parallel;  // each rank's share of heads and widths
+  const int64_t q = a.heads * a.head_dim / tp;
+  const int64_t kv = a.kv_heads * a.head_dim / tp;
   UnitModules mods;
   for (int i = 0; i < a.norms_per_block; ++i) mods.push_back(norm_tensors(a.hidden, a.norm_bias));
   if (a.fused_qkv) {
@@ -41,7 +56,7 @@ UnitModules block_modules(const TransformerArch& a, int64_t layer) {
                                         a.dense_layers[static_cast<size_t>(layer)]);
   const int64_t experts = dense ? 1 : a.experts;
   const int64_t inner =
-      dense || a.expert_intermediate == 0 ? a.intermediate : a.expert_intermediate;
+      (dense || a.expert_intermediate == 0 ? a.intermediate : a.expert_intermediate) / tp;
   if (!dense) mods.push_back(linear_tensors(a.hidden, a.experts, false));  // router
   for (int64_t e = 0; e < experts; ++e) {
     if (a.gated_mlp) {
@@ -121,7 +136,8 @@ void add_decoder_units(const TransformerArch& a, SpecBuilder& b) {
     for (int64_t layer = 0; layer < a.layers; ++layer) b.add(block_modules(a, layer));
   }
   b.add({norm_tensors(a.hidden, a.norm_bias)});
-  if (!a.tied_embeddings) b.add({linear_tensors(a.hidden, a.vocab, a.lm_head_bias)});
+  if (!a.tied_embeddings)
+    b.add({linear_tensors(a.hidden, a.vocab / a.tensor_parallel, a.lm_head_bias)});
 }
 
 bool attention_keeps_scores(const std::string& name, const std::string& what) {
@@ -178,6 +194,9 @@ ModelSpec spec_from_arch(const TransformerArch& a, const std::string& model_type
   spec.vocab = a.vocab;
   spec.max_positions = a.max_positions;
   set_block_shape(spec, a);
+  spec.heads /= a.tensor_parallel;  // one rank's: activations as it holds them
+  spec.kv_heads /= a.tensor_parallel;
+  spec.intermediate /= a.tensor_parallel;
   return spec;
 }
 
@@ -192,23 +211,30 @@ ModelSpec spec_from_numbers(const ExplicitModel& m) {
     a.heads = m.heads;
     a.kv_heads = m.kv_heads > 0 ? m.kv_heads : m.heads;
     a.head_dim = m.hidden / m.heads;
-    a.vocab = m.vocab > 0 ? m.vocab : 1;
+    a.vocab = m.vocab > 0 ? m.vocab : m.tensor_parallel;  // unknown: a head of one column per rank
     // A llama-style MLP when the intermediate size is not given: 8h/3 rounded to 256.
     a.intermediate = m.intermediate > 0 ? m.intermediate : round_up(8 * m.hidden / 3, 256);
     spec = spec_from_arch(a, "explicit", "explicit numbers");
     if (m.params > 0) {
-      const int64_t block = spec.unit_params[1];  // after the embedding
-      const int64_t blocks = m.layers * block;
+      const int64_t blocks = m.layers * spec.unit_params[1];  // after the embedding
       if (m.params < blocks) {
         fail(
             "--params {} is less than {} layers of hidden size {} alone ({} parameters); "
             "allowed: a total at least that large",
             m.params, m.layers, m.hidden, blocks);
       }
-      // Outside the blocks (embeddings, norms, head) only the total is known: one unit.
-      spec.unit_params.assign(m.layers, block);
-      spec.unit_params.push_back(m.params - blocks);
-      spec.total_params = m.params;
+      a.tensor_parallel = m.tensor_parallel;
+      ModelSpec split = spec_from_arch(a, "explicit", "explicit numbers");
+      // Outside the blocks (embeddings, norms, head) only the total is known: one unit,
+      // held whole by every tensor-parallel rank.
+      const int64_t block = split.unit_params[1];
+      split.unit_params.assign(m.layers, block);
+      split.unit_params.push_back(m.params - blocks);
+      split.total_params = m.layers * block + m.params - blocks;
+      spec = std::move(split);
+    } else {
+      a.tensor_parallel = m.tensor_parallel;
+      spec = spec_from_arch(a, "explicit", "explicit numbers");
     }
     spec.vocab = m.vocab;
     return spec;
@@ -217,6 +243,12 @@ ModelSpec spec_from_numbers(const ExplicitModel& m) {
     fail(
         "give the model as --hf-config FILE or --params N (optionally with --layers, "
         "--hidden, --heads, --vocab)");
+  }
+  if (m.tensor_parallel > 1) {
+    fail(
+        "--tp {} needs the model's shape to know what it splits: give --hf-config FILE, or "
+        "--layers, --hidden and --heads with --params",
+        m.tensor_parallel);
   }
   spec.source = "explicit numbers";
   spec.model_type = "explicit";

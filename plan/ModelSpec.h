@@ -39,6 +39,12 @@ struct TransformerArch {
   bool eager_attention = false;  // attention scores materialised (attn_implementation "eager")
   bool gelu_in_ops = false;      // "gelu_new": a tanh GELU written in torch operations
   bool cache_copies_kv = false;  // the layer's cache keeps copies of keys and values (gpt2)
+  // Ranks that split the model as transformers' tp_plan for these families does: q, k, v,
+  // gate and up by output, o and down by input (their biases whole), an untied head by
+  // vocabulary; embeddings, norms and routers stay whole. A spec made from it counts one
+  // rank's slices, and its heads and widths are one rank's (activations without sequence
+  // parallelism: the residual stream whole).
+  int64_t tensor_parallel = 1;
 };
 
 struct ModelSpec {
@@ -130,6 +136,7 @@ struct ExplicitModel {
   int64_t kv_heads = 0;
   int64_t vocab = 0;
   int64_t intermediate = 0;
+  int64_t tensor_parallel = 1;  // TransformerArch's; needs layers, hidden and heads
 };
 ModelSpec spec_from_numbers(const ExplicitModel& m);
 

@@ -27,7 +27,7 @@ void fill_offload_ratio(OptionEstimate& e, const ModelSpec& spec, const Config& 
   if (!splits) return;
   const auto usable_device = static_cast<int64_t>(b.device_bytes * (1.0 - b.headroom));
   const std::vector<int64_t> numels =
-      trainable_shard_numels(spec, sharding_ranks(resolved, o.stage, world.ranks()));
+      trainable_shard_numels(spec, sharding_ranks(resolved, o.stage, world.data_parallel_ranks()));
   for (size_t first = numels.size(); first > 0; --first) {  // the most on the device first
     ratio = ratio_from(numels, first);
     MemoryBreakdown bytes = predict_memory(spec, o, c, world, shape);

@@ -32,7 +32,7 @@ std::string batch_key_text(const std::optional<int64_t>& v) {
 // no accumulation, the micro-batch alone too. Where DeepSpeed stops (neither of the first
 // two given), the micro-batch is 1.
 void resolve_batch(Config& c, const WorldShape& world, std::vector<std::string>& reasons) {
-  const int64_t ranks = world.ranks();
+  const int64_t ranks = world.data_parallel_ranks();
   auto& total = c.train_batch_size;
   auto& micro = c.train_micro_batch_size_per_gpu;
   auto& accumulation = c.gradient_accumulation_steps;
@@ -275,22 +275,24 @@ Choice choose(const ModelSpec& spec, const Config& fixed, const Config& resolved
 void check_mics_world(const Config& c, const WorldShape& world) {
   const auto& mics = c.zero.mics_shard_size;
   if (!mics || *mics < 1) return;
-  if (*mics > world.ranks() || world.ranks() % *mics != 0) {
+  const int64_t ranks = world.data_parallel_ranks();
+  if (*mics > ranks || ranks % *mics != 0) {
     fail(
-        "config key 'zero_optimization.mics_shard_size' is {} with {} ranks; allowed: -1, auto, "
-        "or a group size that divides {} (ranks per node: {})",
-        *mics, world.ranks(), world.ranks(), world.ranks_per_node);
+        "config key 'zero_optimization.mics_shard_size' is {} with {} data-parallel ranks; "
+        "allowed: -1, auto, or a group size that divides {} (per node: {})",
+        *mics, ranks, ranks, world.data_parallel_per_node());
   }
 }
 
 void check_hpz_world(const Config& c, const WorldShape& world) {
   const auto& hpz = c.zero.hpz_partition_size;
   if (!hpz || *hpz <= 1) return;
-  if (*hpz > world.ranks() || world.ranks() % *hpz != 0) {
+  const int64_t ranks = world.data_parallel_ranks();
+  if (*hpz > ranks || ranks % *hpz != 0) {
     fail(
-        "config key 'zero_optimization.zero_hpz_partition_size' is {} with {} ranks; allowed: "
-        "1, auto, or a group size that divides {} (ranks per node: {})",
-        *hpz, world.ranks(), world.ranks(), world.ranks_per_node);
+        "config key 'zero_optimization.zero_hpz_partition_size' is {} with {} data-parallel "
+        "ranks; allowed: 1, auto, or a group size that divides {} (per node: {})",
+        *hpz, ranks, ranks, world.data_parallel_per_node());
   }
 }
 
@@ -305,7 +307,7 @@ void resolve_mics(const ModelSpec& spec, const Config& fixed, const WorldShape& 
                   const TrainingShape& shape, const HardwareBudget& budget, Plan& plan,
                   Choice& choice) {
   const char* path = "zero_optimization.mics_shard_size";
-  const int64_t per_node = world.ranks_per_node;
+  const int64_t per_node = world.data_parallel_per_node();
   auto everywhere = [&](const std::string& why) {
     plan.config.zero.mics_shard_size = -1;
     plan.reasons.push_back(fmt::format("{}: auto -> -1 ({})", path, why));
@@ -339,7 +341,7 @@ void resolve_mics(const ModelSpec& spec, const Config& fixed, const WorldShape& 
       "{}: auto -> {} (one shard group per node: gathers and reduce-scatters stay on the node, "
       "each gradient shard crosses nodes once, in an all-reduce; states take {}x the memory of "
       "sharding across all {} ranks)",
-      path, per_node, world.nodes, world.ranks()));
+      path, per_node, world.nodes, world.data_parallel_ranks()));
 }
 
 // zero_hpz_partition_size auto: a secondary copy per node where stage 3 runs on more than
@@ -348,7 +350,7 @@ void resolve_hpz(const ModelSpec& spec, const Config& fixed, const WorldShape& w
                  const TrainingShape& shape, const HardwareBudget& budget, Plan& plan,
                  Choice& choice) {
   const char* path = "zero_optimization.zero_hpz_partition_size";
-  const int64_t per_node = world.ranks_per_node;
+  const int64_t per_node = world.data_parallel_per_node();
   auto none = [&](const std::string& why) {
     plan.config.zero.hpz_partition_size = 1;
     plan.reasons.push_back(fmt::format("{}: auto -> 1 ({})", path, why));
@@ -445,6 +447,12 @@ MemoryBreakdown Plan::predict(const ModelSpec& spec, const WorldShape& world,
 Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& world,
                const TrainingShape& shape, const HardwareBudget& budget) {
   if (world.nodes < 1 || world.ranks_per_node < 1) fail("nodes and ranks per node must be >= 1");
+  if (world.tensor_parallel < 1 || world.ranks_per_node % world.tensor_parallel != 0) {
+    fail(
+        "tensor-parallel size {} does not divide the {} ranks per node; allowed: a divisor "
+        "(tensor-parallel ranks exchange activations every layer: they share a node)",
+        world.tensor_parallel, world.ranks_per_node);
+  }
   check_mics_world(config, world);
   check_hpz_world(config, world);
   Plan plan;

@@ -2,24 +2,45 @@
 Planner as the zeroshard-estimate CLI."""
 import os
 
-from . import _zeroshard
+from . import _config, _hf_tensor_parallel, _zeroshard
 from ._activations import model_shape
-from . import _config
 from ._units import stage3_units
 
 
-def _count(params):
+def _count(params, numel=lambda p: p.numel()):
     seen, total = set(), 0
     for p in params:
         if id(p) not in seen:  # shared (tied) parameters once
             seen.add(id(p))
-            total += p.numel()
+            total += numel(p)
     return total
+
+
+def _already_split(p):
+    return getattr(p, "tensor_model_parallel", False) or hasattr(p, "to_local")
+
+
+def _rank_numel(model, tp):
+    """Elements one tensor-parallel rank holds of each parameter: a model split already
+    (DTensor parameters, or Megatron's tensor_model_parallel marks) as it is, a transformers
+    model by its own tp_plan (as tensor_parallel.autotp_size splits it)."""
+    if tp == 1:
+        return lambda p: p.numel()
+    if any(_already_split(p) for p in model.parameters()):
+        return lambda p: p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+    slices = _hf_tensor_parallel.slice_numels(model, tp)
+    if slices is None:
+        raise ValueError(
+            f"estimate: tp={tp}, but the model ({type(model).__name__}) carries no tp_plan and "
+            "no parameter is split; allowed: a transformers model whose class has one (Llama, "
+            "Qwen, Mistral, ...), a model split already (parallelize_module, or Megatron-style "
+            "layers marking tensor_model_parallel), or tp=1")
+    return lambda p: slices.get(id(p), p.numel())
 
 
 def estimate(model, config=None, nodes=1, gpus_per_node=1, gpu_memory="80GB",
              host_memory=None, nvme=None, units=None, seq=None, micro_batch=1,
-             activation_checkpointing=None):
+             activation_checkpointing=None, tp=None):
     """Returns the plan as a dict: summary, recommended option, per-option bytes per rank
     per tier, and the resolved config YAML.
 
@@ -28,16 +49,30 @@ def estimate(model, config=None, nodes=1, gpus_per_node=1, gpu_memory="80GB",
     zeroshard-estimate reads config.json, and the attention the model was built with),
     checkpointed where `activation_checkpointing` says (default: where the model has
     gradient checkpointing on); without it they are left out, and the result's
-    `activations` says so."""
-    unit_counts = [_count(p for _, p in ps) for _, ps in stage3_units(model, units)]
-    total = _count(model.parameters())
+    `activations` says so.
+
+    With `tp` (default: the config's tensor_parallel.autotp_size) the bytes are one rank's of
+    tp tensor-parallel ranks inside a node, ZeRO over the nodes * gpus_per_node / tp others:
+    a transformers model split by its own tp_plan, a model split already as it is."""
     loaded = (_config.parse(config) if config is not None
               else _config.parse_text("{}", "no config"))
+    configured = loaded.tensor_parallel_size
+    if tp is None:
+        tp = configured
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ValueError(f"estimate: tp={tp!r} is not allowed; allowed: a positive integer")
+    if configured > 1 and tp != configured:
+        raise ValueError(f"estimate: tp={tp} contradicts the config's "
+                         f"tensor_parallel.autotp_size {configured}; give one of them")
+    numel = _rank_numel(model, tp)
+    unit_counts = [_count((p for _, p in ps), numel) for _, ps in stage3_units(model, units)]
+    total = _count(model.parameters(), numel)
     host = host_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     shape = _activation_shape(model, seq, micro_batch, activation_checkpointing)
     plan = _zeroshard.plan(total, unit_counts, max(unit_counts or [total]), loaded, nodes,
                            gpus_per_node, _bytes(gpu_memory, "gpu_memory"),
-                           _bytes(host, "host_memory"), _bytes(nvme, "nvme"), **shape)
+                           _bytes(host, "host_memory"), _bytes(nvme, "nvme"),
+                           tensor_parallel=tp, **shape)
     plan["activations"] = ("counted" if shape else
                            "not counted: pass seq= (and micro_batch=) to count them")
     return plan

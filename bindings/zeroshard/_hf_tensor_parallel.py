@@ -53,3 +53,21 @@ def apply_plan(model, tp):
         return style is not None and style.should_use_local_tensors(module)
 
     return mesh, local_when
+
+
+def slice_numels(model, tp):
+    """{id(parameter): elements of one rank's slice} for the parameters `model`'s tp_plan
+    splits over tp ranks, as transformers' styles split them (colwise ones weight and bias,
+    rowwise ones the weight, the bias whole); None where the model has no tp_plan. For the
+    estimator: nothing is split."""
+    plan = getattr(model, "tp_plan", None) if hasattr(model, "config") else None
+    if not plan:
+        return None
+    from transformers.distributed.tensor_parallel import _get_parameter_tp_plan
+    out = {}
+    for name, p in model.named_parameters():
+        style = _get_parameter_tp_plan(parameter_name=name, tp_plan=plan, is_weight=True) or ""
+        split = "colwise" in style or ("rowwise" in style and not name.endswith(".bias"))
+        if split:
+            out[id(p)] = -(-p.numel() // tp)
+    return out

@@ -261,7 +261,8 @@ TEST(Planner, MicsShardSizeMustDivideTheRanks) {
     plan_on(WorldShape{2, 2}, c, 1'000'000);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'zero_optimization.mics_shard_size' is 3 with 4 ranks"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "'zero_optimization.mics_shard_size' is 3 with 4 data-parallel ranks"),
               std::string::npos)
         << e.what();
   }
@@ -334,8 +335,8 @@ TEST(Planner, HpzSetRulesOutGroupsAndStagesBelow3) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(
-                  "'zero_optimization.zero_hpz_partition_size' is 3 with 4 ranks; allowed: 1, "
-                  "auto, or a group size that divides 4"),
+                  "'zero_optimization.zero_hpz_partition_size' is 3 with 4 data-parallel ranks; "
+                  "allowed: 1, auto, or a group size that divides 4"),
               std::string::npos)
         << e.what();
   }

@@ -97,6 +97,31 @@ def test_a_transformers_llama_split_by_its_own_tp_plan_trains_as_unsplit(stage, 
     Llama's tp_plan (colwise q, k, v, gate, up and lm_head; rowwise o and down) over a mesh."""
     got = train("hf", stage, offload, scratch, {"tensor_parallel": {"autotp_size": TP}})
     assert_as_unsplit(got, reference(scratch, "hfref"))
+    if (stage, offload) == (3, None):
+        assert_ledger_holds_its_share(got)
+
+
+def assert_ledger_holds_its_share(got):
+    """Stage 3: each rank's ledger holds 1/(tp x dp) of the split parameters' bytes and 1/dp
+    of the whole ones (counted by hand from the Llama's shape, fp32), padding aside; the
+    ledger is what the engine's plan predicted; and zeroshard.estimate(tp=2) on the unsplit
+    model predicts the same bytes."""
+    vocab, dim, inter, heads, kv_heads, layers = 64, 32, 64, 4, 2, 2  # tp_worker.llama()
+    kv = dim // heads * kv_heads
+    split = layers * (2 * dim * dim + 2 * dim * kv + 3 * dim * inter) + vocab * dim  # + lm_head
+    whole = vocab * dim + (2 * layers + 1) * dim  # embedding, norms
+    dp = WORLD // TP
+    share = 4 * (split / (TP * dp) + whole / dp)
+    for r in got:
+        kinds = r["memory"]["device"]
+        for kind in ("params", "grads_fp32"):
+            current, predicted = kinds[kind]
+            assert current == predicted, (kind, current, predicted)
+            assert share <= current <= 1.02 * share, (kind, current, share)
+        assert kinds["optimizer_states"][0] == 2 * kinds["params"][0]
+    planned = sum(p for kind, (_, p) in got[0]["memory"]["device"].items() if kind != "activations")
+    estimated = got[0]["estimated"]["device"]
+    assert abs(estimated - planned) <= 0.02 * planned, (estimated, planned)
 
 
 def test_checkpoint_resumes_bit_exactly_and_loads_at_other_tp_and_dp_sizes(scratch):
@@ -165,3 +190,14 @@ def test_what_cannot_be_split_is_refused_by_name():
         "zeroshard.initialize(model=model, config={}, mpu=Mpu())")
     assert code != 0
     assert "mpu: tensor-parallel size 2 does not divide the 1 ranks" in out, out
+
+
+def test_estimate_with_tp_refuses_a_model_it_cannot_split():
+    import zeroshard
+    with pytest.raises(ValueError, match=r"tp=2, but the model \(Linear\) carries no tp_plan"):
+        zeroshard.estimate(torch.nn.Linear(4, 4), gpus_per_node=2, tp=2)
+    with pytest.raises(ValueError, match="tp=2 contradicts the config's "
+                                         "tensor_parallel.autotp_size 4"):
+        zeroshard.estimate(torch.nn.Linear(4, 4), {"tensor_parallel": {"autotp_size": 4}},
+                           gpus_per_node=4, tp=2)
+

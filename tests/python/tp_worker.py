@@ -295,9 +295,18 @@ def trained(mode, tp, steps, config, out):
         params = {n: p.detach().tolist() for n, p in model.named_parameters()}
     split = {n: p.partition_dim for n, p in model.named_parameters()
              if getattr(p, "tensor_model_parallel", False)}
+    report = engine.memory_report()
+    memory = {tier: {kind: [k["current"], k["predicted"]] for kind, k in report[tier]["kinds"].items()}
+              for tier in ("device", "host")}
+    planned = None
+    if mode == "hf" and dist.get_rank() == 0:  # the estimator on the unsplit model, tp given
+        plan = zeroshard.estimate(llama(), config, gpus_per_node=dist.get_world_size(), tp=tp)
+        planned = next(o["bytes_per_rank"] for o in plan["options"]
+                       if o["option"] == f"stage {engine.zero_optimization_stage()}")
     return {"losses": losses, "norms": norms, "params": params, "split": split,
             "dp_world_size": engine.dp_world_size, "mp_world_size": engine.mp_world_size,
-            "train_batch_size": engine.train_batch_size()}
+            "train_batch_size": engine.train_batch_size(), "memory": memory,
+            "estimated": planned}
 
 
 def main():

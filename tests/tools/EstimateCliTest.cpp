@@ -115,6 +115,31 @@ TEST(EstimateCli, ExplicitNumbersAndDefaultsAreShown) {
   EXPECT_NE(r.out.find("attention sdpa, transformers' default"), std::string::npos) << r.out;
 }
 
+// Llama-2 7B at tp 8 over 2 nodes of 8: per layer 4 x 4096^2 attention and 3 x 4096 x 11008
+// MLP elements are split, and the 32000 x 4096 head; the embedding and the norms are not.
+TEST(EstimateCli, TensorParallelCountsOneRanksSlicesAndShardsOverTheRest) {
+  const CliRun r = estimate("--hf-config " + hf("llama2_7b.json") +
+                            " --nodes 2 --gpus-per-node 8 --tp 8 --json --seq 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const int64_t split = 32 * (4 * 4096LL * 4096 + 3 * 4096LL * 11008) + 32000LL * 4096;
+  const int64_t whole = 32000LL * 4096 + (2 * 32 + 1) * 4096;
+  EXPECT_EQ(split + whole, 6'738'415'616);
+  EXPECT_EQ(j["parameters"].get<int64_t>(), split / 8 + whole);
+  EXPECT_EQ(j["world"]["tensor_parallel"].get<int64_t>(), 8);
+  EXPECT_EQ(j["world"]["data_parallel_ranks"].get<int64_t>(), 2);
+  for (const auto& o : j["options"]) {
+    if (o["stage"].get<int>() != 1 || o["offload_optimizer"] != "none") continue;
+    // Adam's two fp32 states of this rank's slices, sharded over the 2 data-parallel ranks.
+    const double states = o["bytes_by_kind"]["device"]["optimizer_states"].get<double>();
+    EXPECT_NEAR(states / (8.0 * (split / 8 + whole) / 2), 1.0, 1e-3);
+  }
+  const CliRun table =
+      estimate("--hf-config " + hf("llama2_7b.json") + " --nodes 2 --gpus-per-node 8 --tp 8");
+  EXPECT_NE(table.out.find("world: 2 node(s) x 8 rank(s) (tp 8 x dp 2)"), std::string::npos)
+      << table.out;
+}
+
 TEST(EstimateCli, NothingFitsExitsOneAndSaysWhy) {
   const CliRun r = estimate("--params 1e12 --gpu-mem 1GB --cpu-mem 1GB");
   EXPECT_EQ(r.code, 1);
@@ -134,6 +159,11 @@ TEST(EstimateCli, BadInputIsOneLineAndExitTwo) {
       {"--params -5", "--params"},
       {"--params 7e9 --gpu-mme 80GB", "did you mean '--gpu-mem'"},
       {"", "give the model as --hf-config"},
+      {"--params 7e9 --tp 2 --gpus-per-node 2", "--tp 2 needs the model's shape"},
+      {"--hf-config " + hf("llama2_7b.json") + " --tp 3 --gpus-per-node 3",
+       "tensor-parallel size 3 does not divide num_attention_heads (32)"},
+      {"--hf-config " + hf("llama2_7b.json") + " --tp 2",
+       "tensor-parallel size 2 does not divide the 1 ranks per node"},
       {"--params 7e9 --attn-implementation flash",
        "--attn-implementation: 'flash' is not allowed; allowed: eager, sdpa, flash_attention_2"},
   };

@@ -17,25 +17,11 @@
 namespace zeroshard::estimate {
 namespace {
 
-const std::vector<std::string> kValueFlags{"--hf-config",
-                                           "--params",
-                                           "--layers",
-                                           "--hidden",
-                                           "--heads",
-                                           "--kv-heads",
-                                           "--vocab",
-                                           "--intermediate",
-                                           "--nodes",
-                                           "--gpus-per-node",
-                                           "--gpu-mem",
-                                           "--cpu-mem",
-                                           "--nvme",
-                                           "--seq",
-                                           "--micro-batch",
-                                           "--config",
-                                           "--headroom",
-                                           "--emit-config",
-                                           "--attn-implementation"};
+const std::vector<std::string> kValueFlags{
+    "--hf-config",   "--params",  "--layers",       "--hidden",      "--heads",
+    "--kv-heads",    "--vocab",   "--intermediate", "--nodes",       "--gpus-per-node",
+    "--tp",          "--gpu-mem", "--cpu-mem",      "--nvme",        "--seq",
+    "--micro-batch", "--config",  "--headroom",     "--emit-config", "--attn-implementation"};
 const std::vector<std::string> kSwitches{
     "--json", "--bf16", "--fp16", "--fp32", "--activation-checkpointing", "--help", "-h"};
 
@@ -85,14 +71,14 @@ std::map<std::string, std::string> split_args(const std::vector<std::string>& ar
   return given;
 }
 
-ModelSpec read_model(const std::map<std::string, std::string>& given) {
+ModelSpec read_model(const std::map<std::string, std::string>& given, int64_t tp) {
   auto count = [&](const char* flag) {
     const auto it = given.find(flag);
     return it == given.end() ? int64_t{0} : parse_count(flag, it->second);
   };
   if (given.count("--hf-config")) {
     if (given.count("--params")) fail("give either --hf-config or --params, not both");
-    return spec_from_hf_file(given.at("--hf-config"));
+    return spec_from_hf_file(given.at("--hf-config"), tp);
   }
   ExplicitModel m;
   m.params = count("--params");
@@ -102,6 +88,7 @@ ModelSpec read_model(const std::map<std::string, std::string>& given) {
   m.kv_heads = count("--kv-heads");
   m.vocab = count("--vocab");
   m.intermediate = count("--intermediate");
+  m.tensor_parallel = tp;
   return spec_from_numbers(m);
 }
 
@@ -134,6 +121,9 @@ model:
 hardware (sizes: 80GB = 80e9 bytes, 80GiB = 80 x 2^30):
   --nodes N              nodes (default 1)
   --gpus-per-node N      ranks per node (default 1)
+  --tp N                 tensor-parallel ranks (inside a node; default: the config's
+                         tensor_parallel.autotp_size, else 1): attention and MLP matrices
+                         (and an untied head) split across them, ZeRO over the rest
   --gpu-mem SIZE         device memory per rank (default 80GB)
   --cpu-mem SIZE         host RAM per node (default: this machine's)
   --nvme SIZE            free NVMe per node (default: none)
@@ -158,7 +148,6 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
   help = given.count("--help") || given.count("-h");
   EstimateInputs in;
   if (help) return in;
-  in.spec = read_model(given);
   auto count = [&](const char* flag, int64_t fallback, const std::string& note) {
     const auto it = given.find(flag);
     if (it != given.end()) return parse_count(flag, it->second);
@@ -170,7 +159,16 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
     LoadedConfig loaded = load_config_file(given.at("--config"));
     in.config = loaded.config;
     in.warnings = loaded.warnings;
-  } else {
+  }
+  const int64_t configured_tp = in.config.tensor_parallel_size.value_or(1);
+  in.world.tensor_parallel = count("--tp", configured_tp, "");
+  if (configured_tp > 1 && in.world.tensor_parallel != configured_tp) {
+    fail("--tp {} contradicts the config's tensor_parallel.autotp_size {}; give one of them",
+         in.world.tensor_parallel, configured_tp);
+  }
+  if (in.world.tensor_parallel > 1) in.config.tensor_parallel_size = in.world.tensor_parallel;
+  in.spec = read_model(given, in.world.tensor_parallel);
+  if (!have_config) {
     in.config.zero.stage.reset();  // every stage and offload is open to the planner
     in.config.zero.offload_optimizer.device = OffloadDevice::Auto;
     in.config.zero.offload_param.device = OffloadDevice::Auto;

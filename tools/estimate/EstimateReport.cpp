@@ -20,8 +20,11 @@ std::string gib(int64_t bytes) {
   return format_gib(static_cast<double>(bytes));
 }
 
+// With tensor parallelism: DeepSpeed's formula for one rank's slices over the data-parallel
+// ranks (its estimator knows no tp).
 std::optional<DeepSpeedEstimate> deepspeed_for(const EstimateInputs& in, const PlanOption& o) {
-  return deepspeed_estimate(o, in.spec.total_params, in.spec.largest_module_params, in.world);
+  const WorldShape dp{in.world.nodes, in.world.data_parallel_per_node()};
+  return deepspeed_estimate(o, in.spec.total_params, in.spec.largest_module_params, dp);
 }
 
 std::string option_row(const EstimateInputs& in, const OptionEstimate& e, bool recommended) {
@@ -66,14 +69,18 @@ std::string render_table(const EstimateInputs& in, const Plan& plan) {
   const ModelSpec& s = in.spec;
   std::string out;
   out += fmt::format("model: {} ({})\n", s.model_type, s.source);
-  out += fmt::format("parameters: {} (largest unit {}, largest module {})\n",
-                     with_commas(s.total_params), with_commas(s.largest_unit()),
-                     with_commas(s.largest_module_params));
+  const int64_t tp = in.world.tensor_parallel;
+  out += fmt::format("parameters: {}{} (largest unit {}, largest module {})\n",
+                     with_commas(s.total_params),
+                     tp > 1 ? fmt::format(" per rank, its tensor-parallel slices") : "",
+                     with_commas(s.largest_unit()), with_commas(s.largest_module_params));
   out += fmt::format(
-      "world: {} node(s) x {} rank(s); device {} GiB/rank, host {} GiB/node, "
+      "world: {} node(s) x {} rank(s){}; device {} GiB/rank, host {} GiB/node, "
       "nvme {} GiB/node; {:.0f}% of device and host kept free\n",
-      in.world.nodes, in.world.ranks_per_node, gib(in.budget.device_bytes),
-      gib(in.budget.host_bytes), gib(in.budget.nvme_bytes), in.budget.headroom * 100);
+      in.world.nodes, in.world.ranks_per_node,
+      tp > 1 ? fmt::format(" (tp {} x dp {})", tp, in.world.data_parallel_ranks()) : "",
+      gib(in.budget.device_bytes), gib(in.budget.host_bytes), gib(in.budget.nvme_bytes),
+      in.budget.headroom * 100);
   out += fmt::format("training: seq {}, micro-batch {}, {}, activation checkpointing {}\n",
                      in.shape.seq, in.shape.micro_batch,
                      in.config.bf16 ? "bf16" : (in.config.fp16.enabled ? "fp16" : "fp32"),
@@ -120,7 +127,10 @@ std::string render_json(const EstimateInputs& in, const Plan& plan) {
   out["parameters"] = in.spec.total_params;
   out["largest_unit_parameters"] = in.spec.largest_unit();
   out["largest_module_parameters"] = in.spec.largest_module_params;
-  out["world"] = {{"nodes", in.world.nodes}, {"ranks_per_node", in.world.ranks_per_node}};
+  out["world"] = {{"nodes", in.world.nodes},
+                  {"ranks_per_node", in.world.ranks_per_node},
+                  {"tensor_parallel", in.world.tensor_parallel},
+                  {"data_parallel_ranks", in.world.data_parallel_ranks()}};
   out["budget"] = {{"device_bytes_per_rank", in.budget.device_bytes},
                    {"host_bytes_per_node", in.budget.host_bytes},
                    {"nvme_bytes_per_node", in.budget.nvme_bytes},
