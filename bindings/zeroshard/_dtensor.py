@@ -131,3 +131,28 @@ def unwrap(model, mesh=None, local_when=None):
         return hooks
 
     return size, split, install
+
+
+def places(model):
+    """{id(parameter): (module, name)} for every parameter of `model`: where to find what
+    replaced it once it is split (a DTensor) and unwrapped (its local tensor)."""
+    return {id(p): (module, name) for module in model.modules()
+            for name, p in module._parameters.items() if p is not None}
+
+
+def retarget(optimizer, model_parameters, places):
+    """A client optimizer's param_groups (and model_parameters, returned) made over the
+    parameters now at the places the ones they held were: an optimizer built before the
+    model was split, or over its DTensors, names the engine's parameters."""
+    def now(p):
+        place = places.get(id(p))
+        return place[0]._parameters[place[1]] if place is not None else p
+
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            group["params"] = [now(p) for p in group["params"]]
+    if model_parameters is None:
+        return None
+    items = list(model_parameters)
+    return [dict(g, params=[now(p) for p in g["params"]]) if isinstance(g, dict) else now(g)
+            for g in items]

@@ -101,10 +101,12 @@ class ZeroShardEngine(SavingMethods):
         self.module = model
         # A transformers model split by its own tp_plan (tensor_parallel.autotp_size), and
         # DTensor parameters (parallelize_module, or that plan) as their local tensors first.
-        local_when = None
+        local_when, places = None, _dtensor.places(model)
         if loaded.tensor_parallel_size > 1 and mpu is None and mesh is None:
             mesh, local_when = _hf_tensor_parallel.apply_plan(model, loaded.tensor_parallel_size)
         tp_size, tp_params, install_dtensors = _dtensor.unwrap(model, mesh, local_when)
+        if tp_size:  # a client optimizer (or model_parameters) built over the replaced ones
+            model_parameters = _dtensor.retarget(optimizer, model_parameters, places)
         if tp_size and mpu is not None:
             raise _zeroshard.Error(
                 "zeroshard.initialize: mpu is given and the model's parameters are DTensors; "
@@ -166,6 +168,8 @@ class ZeroShardEngine(SavingMethods):
         if self._engine.shards_parameters:
             self._hook_stage3(model)
             _generation.sync_generate(model, self._engine.world_size)
+        self._same_inputs = _tensor_parallel.SameInputs(tp_size) if tp_size > 1 else None
+        self._tensor_parallel_split = tp_params  # {name: dimension} of the split parameters
         self._hook_model(model)
         if install_dtensors:  # after the units' hooks: a unit is gathered before it runs
             self._hooks += install_dtensors()
@@ -178,10 +182,12 @@ class ZeroShardEngine(SavingMethods):
         """The model's own forward: buffers made equal across ranks where one begins
         (engine/ModuleBuffers.h), and at stage 3 the bounds of one forward's gathers (one
         without gradients ends them)."""
-        engine, units = self._engine, self._running
+        engine, units, same_inputs = self._engine, self._running, self._same_inputs
         activations = ActivationShape(engine, model)
 
         def model_begins(_module, args, kwargs):
+            if same_inputs is not None and torch.is_grad_enabled():
+                same_inputs.check(args, kwargs)
             if units is not None:
                 units.running[:] = [0] * len(units.running)  # a forward that raised left some
             engine.model_forward_begin()
@@ -394,6 +400,12 @@ class ZeroShardEngine(SavingMethods):
     def global_samples(self):
         """Samples the optimizer steps so far have taken, over all ranks."""
         return self.global_steps * self.train_batch_size()
+
+    @property
+    def data_parallel_rank(self):
+        """This rank among the data-parallel ranks (its rank // tp): the share of the data
+        it trains on; every rank of a tensor-parallel group takes the same."""
+        return self._engine.data_parallel_rank
 
     @property
     def dp_world_size(self):

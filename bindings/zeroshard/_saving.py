@@ -7,6 +7,7 @@ import os
 import torch
 
 from . import _deepspeed_checkpoint, _zeroshard
+from ._tensor_parallel import join_slices
 from ._units import unique_parameters
 
 
@@ -34,8 +35,12 @@ class SavingMethods:
         return True
 
     def full_parameters(self):
-        """Whole copies of every parameter (a collective at stage 3: call on every rank)."""
-        return dict(self._engine.full_parameters())
+        """Whole copies of every parameter (a collective at stage 3, and with tensor
+        parallelism, whose slices are joined: call on every rank)."""
+        full = dict(self._engine.full_parameters())
+        if self._same_inputs is not None:
+            join_slices(full, self._tensor_parallel_split, self._same_inputs)
+        return full
 
     def state_dict(self):
         """An ordinary state_dict (full tensors, tied parameters under every name)."""

@@ -5,7 +5,10 @@ get_data_parallel_{rank,world_size,group}) and parameters marked
 dimension). The user's own layers run their tensor-parallel collectives; ZeRO shards every
 parameter's local slice over the data-parallel ranks (engine/ParallelDims.h), and the
 gradient norm counts the parameters every tp rank holds whole once."""
+import torch
+
 from . import _zeroshard
+from ._unit_backward import tensors
 
 
 def _error(message):
@@ -76,3 +79,78 @@ def check_optimizer(size, optimizer_name):
             f"optimizer: Adafactor with tensor-parallel size {size}; allowed: an elementwise "
             "optimizer (AdamW, Adam, SGD, ...): Adafactor's row and column statistics would be "
             "of this rank's slices, not of the parameters")
+
+
+def _bits(t):
+    """`t`'s elements as int64 holding their bits, so sums compare exactly."""
+    t = t.detach().reshape(-1)
+    if t.dtype == torch.bool:
+        return t.to(torch.int64)
+    if t.is_floating_point() or t.is_complex():
+        t = t.view(torch.uint8) if t.element_size() not in (2, 4, 8) else t.view(
+            {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return t.to(torch.int64)
+
+
+def fingerprint(inputs):
+    """Four int64s that differ, but for a hash collision, where two ranks' input tensors do:
+    how many, their sizes, and their elements' bits summed plainly and by position."""
+    out = None
+    for i, t in enumerate(inputs, start=1):
+        x = _bits(t)
+        position = torch.arange(1, x.numel() + 1, dtype=torch.int64, device=x.device)
+        row = torch.stack([torch.ones((), dtype=torch.int64, device=x.device),
+                           torch.tensor(x.numel() * i + 7 * t.dim(), device=x.device),
+                           x.sum() * i, (x * position).sum()])
+        out = row if out is None else out + row.to(out.device)
+    return out
+
+
+class SameInputs:
+    """Every rank of a tensor-parallel group computes on the same batch, or the split layers
+    mix rows of different samples and nothing fails. Each training forward's tensor inputs
+    are compared across the group (their fingerprints all-gathered: one collective of four
+    int64s); where they differ every rank of the group raises, naming the ranks."""
+
+    def __init__(self, tp):
+        import torch.distributed as dist
+        self.dist, self.tp = dist, tp
+        rank, world = dist.get_rank(), dist.get_world_size()
+        self.first = rank - rank % tp
+        self.group = None
+        for start in range(0, world, tp):  # every rank makes every group, in one order
+            group = dist.new_group(list(range(start, start + tp)))
+            if start == self.first:
+                self.group = group
+        self.forwards = 0
+
+    def check(self, args, kwargs):
+        self.forwards += 1
+        mine = fingerprint(list(tensors((args, kwargs))))
+        if mine is None:
+            return
+        everyone = [torch.empty_like(mine) for _ in range(self.tp)]
+        self.dist.all_gather(everyone, mine, group=self.group)
+        differ = [self.first + t for t in range(self.tp) if not torch.equal(everyone[t], everyone[0])]
+        if differ:
+            raise _zeroshard.Error(
+                f"zeroshard: training forward {self.forwards}: the inputs of rank(s) "
+                f"{', '.join(map(str, differ))} differ from rank {self.first}'s, in one "
+                f"tensor-parallel group (ranks {self.first} to {self.first + self.tp - 1}); "
+                "every rank of a tensor-parallel group must compute on the same batch: split "
+                "the data over the data-parallel ranks alone (engine.data_parallel_rank of "
+                "engine.dp_world_size, or the mpu's get_data_parallel_rank()), as Megatron's and "
+                "DeepSpeed's loaders do")
+
+
+def join_slices(full, split, peers):
+    """Each split parameter of `full` ({name: this rank's tensor}) replaced by the whole one:
+    its tp group's slices (all-gathered over `peers`, a SameInputs) joined along the
+    dimension it was split on. Every rank calls it, names in one order."""
+    for name in sorted(split):
+        if name not in full:
+            continue
+        mine = full[name].contiguous()
+        parts = [torch.empty_like(mine) for _ in range(peers.tp)]
+        peers.dist.all_gather(parts, mine, group=peers.group)
+        full[name] = torch.cat(parts, dim=split[name])

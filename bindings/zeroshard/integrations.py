@@ -31,7 +31,7 @@ import os
 import torch
 import transformers
 
-from . import _zeroshard
+from . import _config, _zeroshard
 from ._config import load_config
 from ._initialize import initialize
 
@@ -94,6 +94,18 @@ def trainer_config(config, args):
     if "optimizer" in config:
         _fill_optimizer(config, args, origin)
     return config
+
+
+def _shard_over_data_parallel(loader, tp, rank, world):
+    """accelerate's prepared `loader`, sharded over the world / tp data-parallel ranks."""
+    if type(loader).__name__ == "DataLoaderDispatcher":
+        raise _error(f"tensor_parallel.autotp_size {tp} with batches dispatched from rank 0 "
+                     "(accelerator_config.dispatch_batches, the default for iterable datasets): "
+                     "they would differ across tensor-parallel ranks; allowed: "
+                     "accelerator_config={'dispatch_batches': False}")
+    for shard in (getattr(loader, "batch_sampler", None), getattr(loader, "dataset", None)):
+        if hasattr(shard, "num_processes") and hasattr(shard, "process_index"):
+            shard.num_processes, shard.process_index = world // tp, rank // tp
 
 
 class _EngineModule(torch.nn.Module):
@@ -167,6 +179,16 @@ class ZeroShardTrainerMixin:
         reference.requires_grad_(False)
         settings = {k: v for k, v in config.items() if k != "optimizer"}
         self.zeroshard_reference_engine = initialize(model=reference, config=settings)[0]
+
+    def _get_dataloader(self, *args, **kwargs):
+        """With tensor parallelism every rank of a tp group takes the same batches:
+        accelerate's shard is over the data-parallel ranks alone (rank // tp of world / tp),
+        as accelerate does for a ("dp", "tp") device mesh."""
+        loader = super()._get_dataloader(*args, **kwargs)
+        tp = _config.parse(trainer_config(self.zeroshard_config, self.args)).tensor_parallel_size
+        if tp > 1:
+            _shard_over_data_parallel(loader, tp, self.args.process_index, self.args.world_size)
+        return loader
 
     def _wrap_model(self, model, training=True, dataloader=None):
         if self.zeroshard_engine is None:

@@ -174,6 +174,19 @@ def test_checkpoint_resumes_bit_exactly_and_loads_at_other_tp_and_dp_sizes(scrat
     as_whole_run(run("tp2_again", TP, WORLD, {"ZS_CKPT_LOAD": narrow_ckpt}), TP)
 
 
+def test_tensor_parallel_peers_fed_different_batches_stop_naming_the_ranks(scratch):
+    """A loader split over every rank (tp peers too) would train silently on mixed rows:
+    the first training forward fails on every rank, naming the group and the ranks."""
+    out = str(scratch / "skew")
+    ranks = run_ranks([WORKER, "zs", str(TP), "1", out, json.dumps(config(1))], WORLD, out,
+                      extra_env={"ZS_TP_SKEW": "1"}, expect_ok=False)
+    for rank, (code, log) in enumerate(ranks):
+        first = rank - rank % TP
+        assert code != 0, log
+        assert (f"training forward 1: the inputs of rank(s) {first + 1} differ from rank "
+                f"{first}'s, in one tensor-parallel group (ranks {first} to {first + 1})") in log, log
+
+
 def test_what_cannot_be_split_is_refused_by_name():
     """A tp size for a model with no tp_plan, and an mpu whose size does not divide the
     ranks, each fail naming the cause."""

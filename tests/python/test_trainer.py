@@ -25,10 +25,10 @@ STEPS, WORLD = 6, 2
 _reference = {}
 
 
-def trainer_run(mode, scratch, config=None, tag=None, env=None):
+def trainer_run(mode, scratch, config=None, tag=None, env=None, world=WORLD):
     out = str(scratch / (tag or mode))
     args = [WORKER, mode, str(STEPS), out] + ([json.dumps(config)] if config else [])
-    return run_ranks(args, WORLD, out, timeout=600, extra_env=env), out
+    return run_ranks(args, world, out, timeout=600, extra_env=env), out
 
 
 def ddp(scratch, optim="adamw_torch"):
@@ -60,6 +60,28 @@ def test_trainer_logs_ddps_losses_and_saves_its_weights(zero, optim, scratch):
             assert abs(loss - loss_ddp) <= 1e-5 * abs(loss_ddp), f"step {step}: {loss} vs {loss_ddp}"
             assert abs(norm - norm_ddp) <= 1e-5 * abs(norm_ddp), f"step {step}: {norm} vs {norm_ddp}"
     assert got[0][-1][0] < got[0][0][0], "the loss did not fall"
+    mine = transformers.LlamaForCausalLM.from_pretrained(got_out + ".model").state_dict()
+    theirs = transformers.LlamaForCausalLM.from_pretrained(want_out + ".model").state_dict()
+    assert set(mine) == set(theirs)
+    for name, t in theirs.items():
+        assert torch.allclose(mine[name], t, rtol=1e-5, atol=1e-6), name
+
+
+def test_trainer_with_tensor_parallelism_logs_ddps_losses(scratch):
+    """tensor_parallel.autotp_size 2 on 4 ranks (the Llama split by its own tp_plan, ZeRO-3
+    over 2 data-parallel ranks): each tp pair takes one batch, so the Trainer logs what DDP
+    on 2 ranks logs, and saves the whole model."""
+    import transformers
+    want, want_out = ddp(scratch)
+    got, got_out = trainer_run("zs", scratch, {"zero_optimization": {"stage": 3},
+                                               "tensor_parallel": {"autotp_size": 2}},
+                               tag="zs-tp", world=2 * WORLD)
+    for rank in range(2 * WORLD):
+        assert len(got[rank]) == STEPS
+        for step, ((loss, norm), (loss_ddp, norm_ddp)) in enumerate(
+                zip(got[rank], want[rank // 2])):
+            assert abs(loss - loss_ddp) <= 1e-5 * abs(loss_ddp), f"step {step}: {loss} vs {loss_ddp}"
+            assert abs(norm - norm_ddp) <= 1e-5 * abs(norm_ddp), f"step {step}: {norm} vs {norm_ddp}"
     mine = transformers.LlamaForCausalLM.from_pretrained(got_out + ".model").state_dict()
     theirs = transformers.LlamaForCausalLM.from_pretrained(want_out + ".model").state_dict()
     assert set(mine) == set(theirs)

@@ -12,7 +12,8 @@ zeroshard splits by its own tp_plan (tensor_parallel.autotp_size in the config);
 same Llama unsplit in one process.
 usage: tp_worker.py ref|hfref|zs|dtensor|hf TP STEPS OUT [CONFIG_JSON]
 ZS_CKPT_DIR and ZS_CKPT_SAVE_AT=N: save there after step N and stop; ZS_CKPT_LOAD=DIR: load
-the latest checkpoint there first and train on from its step."""
+the latest checkpoint there first and train on from its step. ZS_TP_SKEW=1: each rank takes
+the batch of its global rank, so tp peers differ (which the engine must refuse)."""
 import json
 import os
 import sys
@@ -273,6 +274,8 @@ def trained(mode, tp, steps, config, out):
         load_slices(model, full_model(), tp, mpu.get_tensor_model_parallel_rank())
         engine, *_ = zeroshard.initialize(model=model, config=config, mpu=mpu)
         dp_rank = mpu.get_data_parallel_rank()
+    if os.environ.get("ZS_TP_SKEW"):  # a loader split over every rank, tp peers too
+        dp_rank = dist.get_rank()
     start, save_at = 0, int(os.environ.get("ZS_CKPT_SAVE_AT", "-1"))
     if os.environ.get("ZS_CKPT_LOAD"):
         engine.load_checkpoint(os.environ["ZS_CKPT_LOAD"])
