@@ -88,6 +88,16 @@ def test_a_dtensor_plan_on_a_dp_tp_mesh_trains_as_the_unsplit_model(stage, offlo
     assert_as_unsplit(train("dtensor", stage, offload, scratch), reference(scratch))
 
 
+@pytest.mark.parametrize("stage,offload", [(2, None), (3, "cpu")])
+def test_sequence_parallel_norms_and_a_split_embedding_train_as_the_unsplit_model(
+        stage, offload, scratch):
+    """torchtitan's plan: between blocks each tp rank holds a slice of the sequence, the
+    norms are SequenceParallel (their weights' gradients summed over the tp ranks), the
+    embedding is split by vocabulary (RowwiseParallel out to a sequence slice) and the head
+    is colwise from one."""
+    assert_as_unsplit(train("sp", stage, offload, scratch), reference(scratch))
+
+
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                     reason="transformers is not installed beside this interpreter (the trixie "
                            "leg): the main leg runs this test")

@@ -10,7 +10,8 @@ Mode dtensor: the unsplit model split by torch's parallelize_module over a (dp, 
 mesh instead, handed over with initialize(mesh=...). Mode hf: a transformers Llama that
 zeroshard splits by its own tp_plan (tensor_parallel.autotp_size in the config); hfref: the
 same Llama unsplit in one process.
-usage: tp_worker.py ref|hfref|zs|dtensor|hf TP STEPS OUT [CONFIG_JSON]
+Mode sp: dtensor's with sequence parallelism (torchtitan's whole plan).
+usage: tp_worker.py ref|hfref|zs|dtensor|sp|hf TP STEPS OUT [CONFIG_JSON]
 ZS_CKPT_DIR and ZS_CKPT_SAVE_AT=N: save there after step N and stop; ZS_CKPT_LOAD=DIR: load
 the latest checkpoint there first and train on from its step. ZS_TP_SKEW=1: each rank takes
 the batch of its global rank, so tp peers differ (which the engine must refuse)."""
@@ -116,9 +117,10 @@ class Block(nn.Module):
         self.fc2 = row(4 * DIM, DIM, tp, group)
 
     def forward(self, x):
-        b, s, _ = x.shape
         h = self.ln1(x)
-        q, k, v = (m(h).view(b, s, self.heads, -1).transpose(1, 2) for m in (self.q, self.k, self.v))
+        q, k, v = (m(h) for m in (self.q, self.k, self.v))
+        b, s = q.shape[:2]  # the whole sequence (x holds a slice of it with sequence parallelism)
+        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in (q, k, v))
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.o(a.transpose(1, 2).reshape(b, s, -1))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
@@ -239,19 +241,35 @@ def reference(steps, hf=False):
             "params": {n: p.detach().tolist() for n, p in model.named_parameters()}}
 
 
-def parallelized(tp):
+def parallelized(tp, sequence_parallel=False):
     """The unsplit model split by torch's parallelize_module over the "tp" dimension of a
-    (dp, tp) mesh, as torchtitan splits a Llama: colwise q, k, v and fc1, rowwise o and fc2."""
+    (dp, tp) mesh, as torchtitan splits a Llama: colwise q, k, v and fc1, rowwise o and fc2.
+    With sequence_parallel, torchtitan's whole plan: the residual stream split along the
+    sequence between blocks, the norms sequence-parallel, the embedding split by vocabulary
+    (rowwise, its output a sequence slice), the head colwise from a sequence slice."""
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
+                                                   SequenceParallel, parallelize_module)
     mesh = init_device_mesh("cpu", (dist.get_world_size() // tp, tp), mesh_dim_names=("dp", "tp"))
     model = full_model()
+    # With sequence parallelism a block's linears take a sequence slice and gather it
+    # (colwise), or give one (rowwise: a reduce-scatter instead of an all-reduce).
+    sliced = Shard(1) if sequence_parallel else Replicate()
+    colwise = lambda: ColwiseParallel(input_layouts=sliced)  # noqa: E731
+    rowwise = lambda: RowwiseParallel(output_layouts=sliced)  # noqa: E731
     for block in model.blocks:
-        parallelize_module(block, mesh["tp"], {
-            "q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
-            "o": RowwiseParallel(), "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+        plan = {"q": colwise(), "k": colwise(), "v": colwise(),
+                "o": rowwise(), "fc1": colwise(), "fc2": rowwise()}
+        if sequence_parallel:
+            plan.update(ln1=SequenceParallel(), ln2=SequenceParallel())
+        parallelize_module(block, mesh["tp"], plan)
         block.heads = HEADS // tp  # each rank's share of the heads
+    if sequence_parallel:
+        parallelize_module(model, mesh["tp"], {
+            "emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "ln_f": SequenceParallel(),
+            "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())})
     return model, mesh
 
 
@@ -264,8 +282,8 @@ def trained(mode, tp, steps, config, out):
         engine, *_ = zeroshard.initialize(model=model, config=config)
         dp_rank = engine._engine.data_parallel_rank
         forward = lambda tokens: engine(input_ids=tokens, labels=tokens).loss  # noqa: E731
-    elif mode == "dtensor":
-        model, mesh = parallelized(tp)
+    elif mode in ("dtensor", "sp"):
+        model, mesh = parallelized(tp, sequence_parallel=mode == "sp")
         engine, *_ = zeroshard.initialize(model=model, config=config, mesh=mesh)
         dp_rank = mesh.get_local_rank("dp")
     else:
