@@ -81,6 +81,18 @@ def test_tp2_dp2_through_an_mpu_trains_as_the_unsplit_model(stage, offload, scra
     assert_as_unsplit(train("zs", stage, offload, scratch), reference(scratch))
 
 
+def test_mics_and_nvme_offload_compose_with_tensor_parallelism(scratch):
+    """Inside the data-parallel dimension: shard groups of one rank (MiCS: each dp rank's
+    state whole, replicated across the two), and stage 3 with the optimizer's state and
+    the parameters' shards on NVMe."""
+    mics = {"zero_optimization": {"stage": 3, "mics_shard_size": 1}}
+    assert_as_unsplit(train("zs", 3, None, scratch, mics), reference(scratch))
+    nvme = {"zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": str(scratch / "nvme")},
+        "offload_param": {"device": "nvme", "nvme_path": str(scratch / "nvme"), "max_in_cpu": 0}}}
+    assert_as_unsplit(train("zs", 3, None, scratch, nvme), reference(scratch))
+
+
 @pytest.mark.parametrize("stage,offload", [(1, None), both_legs(3, None), (3, "cpu")])
 def test_a_dtensor_plan_on_a_dp_tp_mesh_trains_as_the_unsplit_model(stage, offload, scratch):
     """torch's parallelize_module (ColwiseParallel, RowwiseParallel) over mesh["tp"] of a
