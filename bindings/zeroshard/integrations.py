@@ -1,9 +1,11 @@
 """zeroshard.integrations.ZeroShardTrainer: the Hugging Face Trainer, trained by
-zeroshard's engine. A Trainer script switches with one import and one argument:
+zeroshard's engine. A Trainer script switches with one import:
 
     from zeroshard.integrations import ZeroShardTrainer as Trainer
-    trainer = Trainer(model=model, args=args, train_dataset=ds,
-                      zeroshard_config="ds_config.json")   # DeepSpeed's keys
+
+and its DeepSpeed config, given as DeepSpeed Trainer scripts give it (`--deepspeed
+ds_config.json`, TrainingArguments.deepspeed), or as `zeroshard_config="ds_config.json"`
+(DeepSpeed's keys either way), is the engine's; without one the planner picks the stage.
 
 How the Trainer and the engine share the work (the Trainer's loop is kept whole):
 - The Trainer builds its optimizer (AdamW over its decay and no-decay groups) and its
@@ -108,6 +110,28 @@ def _shard_over_data_parallel(loader, tp, rank, world):
             shard.num_processes, shard.process_index = world // tp, rank // tp
 
 
+def _take_deepspeed_config(args, zeroshard_config):
+    """The config a DeepSpeed Trainer script gives (TrainingArguments.deepspeed: its
+    --deepspeed ds_config.json, a path or a dict) becomes the engine's, and the Trainer is
+    left without DeepSpeed (its plugin, and the global that makes transformers build
+    models for DeepSpeed's ZeRO-3). Without either, DeepSpeed's defaults with the stage
+    left to the planner (the one that fits, as `zeroshard-estimate` says)."""
+    given = getattr(args, "deepspeed", None) if args is not None else None
+    if given and zeroshard_config is not None:
+        raise _error("both zeroshard_config and TrainingArguments.deepspeed are given; allowed: "
+                     "one of them (the same DeepSpeed keys either way)")
+    if given:
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+        args.deepspeed, args.deepspeed_plugin = None, None
+        if hasattr(args, "hf_deepspeed_config"):
+            args.hf_deepspeed_config = None
+        unset_hf_deepspeed_config()
+        return given
+    if zeroshard_config is None:
+        return {"zero_optimization": {"stage": "auto"}}
+    return zeroshard_config
+
+
 class _EngineModule(torch.nn.Module):
     """What the Trainer's loop calls: the model, through the engine's hooks (stage 3
     gathers each unit as it runs). Not a DDP or FSDP wrapper, so accelerate leaves it."""
@@ -127,13 +151,12 @@ class ZeroShardTrainerMixin:
     DDP, takes its backward, its clipping and its saving, and leaves the rest of the
     class (its loss, its data, its metrics) as it is."""
 
-    def __init__(self, *args, zeroshard_config, units=None, **kwargs):
+    def __init__(self, *args, zeroshard_config=None, units=None, **kwargs):
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
-        for name in ("deepspeed", "fsdp"):
-            if training_args is not None and getattr(training_args, name, None):
-                raise _error(f"TrainingArguments.{name} is set; zeroshard does the sharding "
-                             f"here: leave {name} unset and give the config as "
-                             "zeroshard_config (DeepSpeed's keys)")
+        if training_args is not None and getattr(training_args, "fsdp", None):
+            raise _error("TrainingArguments.fsdp is set; zeroshard does the sharding here: leave "
+                         "fsdp unset and give the config as zeroshard_config (DeepSpeed's keys)")
+        zeroshard_config = _take_deepspeed_config(training_args, zeroshard_config)
         super().__init__(*args, **kwargs)
         self.zeroshard_config = zeroshard_config
         self.zeroshard_units = units

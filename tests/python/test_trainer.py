@@ -67,6 +67,26 @@ def test_trainer_logs_ddps_losses_and_saves_its_weights(zero, optim, scratch):
         assert torch.allclose(mine[name], t, rtol=1e-5, atol=1e-6), name
 
 
+@pytest.mark.parametrize("how", ["deepspeed-argument", "no-config"])
+def test_a_deepspeed_trainer_script_switches_with_the_import_alone(how, scratch):
+    """TrainingArguments(deepspeed="ds_config.json") (a script's --deepspeed flag) gives the
+    engine its config; with no config at all the planner picks the stage. Either way the
+    Trainer logs DDP's losses."""
+    want, _ = ddp(scratch)
+    if how == "deepspeed-argument":
+        got, _ = trainer_run("zs-deepspeed", scratch, {"zero_optimization": {"stage": 3},
+                                                       "gradient_accumulation_steps": "auto",
+                                                       "train_micro_batch_size_per_gpu": "auto"},
+                             tag="zs-deepspeed")
+    else:
+        got, _ = trainer_run("zs", scratch, tag="zs-no-config")
+    for rank in range(WORLD):
+        assert len(got[rank]) == STEPS
+        for step, ((loss, norm), (loss_ddp, norm_ddp)) in enumerate(zip(got[rank], want[rank])):
+            assert abs(loss - loss_ddp) <= 1e-5 * abs(loss_ddp), f"step {step}: {loss} vs {loss_ddp}"
+            assert abs(norm - norm_ddp) <= 1e-5 * abs(norm_ddp), f"step {step}: {norm} vs {norm_ddp}"
+
+
 def test_trainer_with_tensor_parallelism_logs_ddps_losses(scratch):
     """tensor_parallel.autotp_size 2 on 4 ranks (the Llama split by its own tp_plan, ZeRO-3
     over 2 data-parallel ranks): each tp pair takes one batch, so the Trainer logs what DDP

@@ -14,7 +14,9 @@ it also evaluates every N steps and ends with load_best_model_at_end (the best: 
 highest eval loss), and rank 0 writes the best checkpoint's name to OUT.best.json. With
 ZS_TRAINER_COMPILE=1, torch_compile is on. Rank 0 writes the class of the model the
 Trainer's loop called (model_wrapped) to OUT.wrapped.json.
-usage: trainer_worker.py ddp|zs STEPS OUT [CONFIG_JSON]"""
+Mode zs-deepspeed: the config given as DeepSpeed Trainer scripts give it,
+TrainingArguments(deepspeed="ds_config.json"); mode zs without CONFIG_JSON: no config.
+usage: trainer_worker.py ddp|zs|zs-deepspeed STEPS OUT [CONFIG_JSON]"""
 import json
 import os
 import sys
@@ -93,9 +95,19 @@ def main():
                   callbacks=[record], eval_dataset=Rows() if best else None)
     if mode == "ddp":
         trainer = transformers.Trainer(**kwargs)
+    elif mode == "zs-deepspeed":  # DeepSpeed's way in: --deepspeed ds_config.json
+        from zeroshard.integrations import ZeroShardTrainer
+        path = f"{out}.ds_config.json"
+        with open(path, "w") as f:
+            f.write(sys.argv[4])
+        kwargs["args"] = transformers.TrainingArguments(
+            **dict(kwargs["args"].to_dict(), deepspeed=path))
+        trainer = ZeroShardTrainer(**kwargs)
     else:
         from zeroshard.integrations import ZeroShardTrainer
-        trainer = ZeroShardTrainer(zeroshard_config=json.loads(sys.argv[4]), **kwargs)
+        config = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None
+        trainer = ZeroShardTrainer(zeroshard_config=config, **kwargs) if config \
+            else ZeroShardTrainer(**kwargs)  # only the import changed: no config at all
     trainer.train(resume_from_checkpoint=os.environ.get("ZS_TRAINER_RESUME"))
     trainer.save_model(out + ".model")
     if int(os.environ["RANK"]) == 0:  # what the Trainer's loop called: compiled or not
