@@ -92,7 +92,7 @@ verb="${1:-help}"
 [ $# -gt 0 ] && shift
 case "$verb" in
   demo)
-    build
+    build_targets zeroshard-estimate zeroshard_python
     echo "== zeroshard-estimate: Llama-2-7b, 1 node x 8 GPUs of 80 GB, 512 GB host RAM, 2 TB NVMe =="
     cd "$ROOT"
     "$BUILD/tools/zeroshard-estimate" --hf-config tests/data/hf/llama2_7b.json \

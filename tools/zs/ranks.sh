@@ -31,15 +31,18 @@ run_ranks() {
   local n=$2
   shift 2
   [ $# -gt 0 ] || die "usage: ./zs run -n N PROGRAM [ARGS...]"
-  build >/dev/null
   case "$1" in
     *.py)
+      build_targets zeroshard_python >/dev/null
       # Each rank's output is kept in its own log and shown with a [defaultN] prefix.
       local logs
       logs=$(mktemp -d)
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" "$PY" -m torch.distributed.run \
         --nproc_per_node "$n" --master_port "$(rendezvous_port)" --redirects 1 --tee 1 --log_dir "$logs" "$@"
       ;;
-    *) run_plain "$n" "$@" ;;
+    *)
+      build >/dev/null
+      run_plain "$n" "$@"
+      ;;
   esac
 }
