@@ -51,3 +51,30 @@ def _read(config):
 
 
 _said = set()
+
+
+def as_mapping(config):
+    """(the config as a dict, where it came from): a path to YAML or JSON, or a dict. The
+    front-ends (the Trainer's, the Accelerator's) fill it before the engine parses it."""
+    import yaml  # a dependency of transformers and of accelerate
+    text, origin = load_config(config)
+    loaded = yaml.safe_load(text) or {}
+    if not isinstance(loaded, dict):
+        raise _zeroshard.Error(f"{origin}: a {type(loaded).__name__} at the top level; allowed: "
+                               "a mapping")
+    return loaded, origin
+
+
+def fill(config, path, value, source, origin):
+    """config[path] = value where missing or 'auto'; an error where it says otherwise
+    (`source` names where the value comes from: "TrainingArguments.bf16")."""
+    *parents, key = path.split(".")
+    node = config
+    for p in parents:
+        node = node.setdefault(p, {})
+    given = node.get(key, "auto")
+    if given == "auto":
+        node[key] = value
+    elif given != value:
+        raise _zeroshard.Error(f"{origin}: {path} is {given!r} but {source} is {value!r}; "
+                               f"set one of them to match the other (or {path}: auto)")

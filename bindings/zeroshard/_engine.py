@@ -90,6 +90,20 @@ def engine_of(param):
     return held[1]() if held is not None and held[0]() is param else None
 
 
+class EngineModule(torch.nn.Module):
+    """What a Trainer's or an Accelerator's loop calls: the model, through the engine's hooks
+    (stage 3 gathers each unit as it runs). Not a DDP or FSDP wrapper, so accelerate leaves
+    it."""
+
+    def __init__(self, engine):
+        super().__init__()
+        self.module = engine.module
+        self.engine = engine
+
+    def forward(self, *args, **kwargs):
+        return self.engine(*args, **kwargs)
+
+
 class ZeroShardEngine(SavingMethods):
     def __init__(self, model, config, units=None, model_parameters=None, optimizer=None,
                  lr_scheduler=None, mpu=None, mesh=None):

@@ -31,10 +31,9 @@ store (zeroshard joins it)."""
 import os
 
 import torch
-import transformers
 
 from . import _config, _zeroshard
-from ._config import load_config
+from ._engine import EngineModule
 from ._initialize import initialize
 
 _SCHEDULER_FILE = "scheduler.pt"
@@ -42,30 +41,6 @@ _SCHEDULER_FILE = "scheduler.pt"
 
 def _error(message):
     return _zeroshard.Error(f"ZeroShardTrainer: {message}")
-
-
-def _config_dict(config):
-    """The config as a dict (a path to YAML or JSON, or a dict)."""
-    import yaml  # a dependency of transformers
-    text, origin = load_config(config)
-    loaded = yaml.safe_load(text) or {}
-    if not isinstance(loaded, dict):
-        raise _error(f"{origin}: a {type(loaded).__name__} at the top level; allowed: a mapping")
-    return loaded, origin
-
-
-def _fill(config, path, value, arg, origin):
-    """config[path] = value where missing or 'auto'; an error where it says otherwise."""
-    *parents, key = path.split(".")
-    node = config
-    for p in parents:
-        node = node.setdefault(p, {})
-    given = node.get(key, "auto")
-    if given == "auto":
-        node[key] = value
-    elif given != value:
-        raise _error(f"{origin}: {path} is {given!r} but TrainingArguments.{arg} is {value!r}; "
-                     f"set one of them to match the other (or {path}: auto)")
 
 
 def _fill_optimizer(config, args, origin):
@@ -82,17 +57,18 @@ def _fill_optimizer(config, args, origin):
 def trainer_config(config, args):
     """zeroshard's config for a Trainer run: `config` with the values TrainingArguments
     also holds filled in and checked."""
-    config, origin = _config_dict(config)
+    config, origin = _config.as_mapping(config)
     if "scheduler" in config:
         raise _error(f"{origin}: a 'scheduler' section is not allowed with the Trainer; its "
                      "lr_scheduler_type, warmup_steps and learning_rate drive every group's lr")
-    _fill(config, "train_micro_batch_size_per_gpu", args.per_device_train_batch_size,
-          "per_device_train_batch_size", origin)
-    _fill(config, "gradient_accumulation_steps", args.gradient_accumulation_steps,
-          "gradient_accumulation_steps", origin)
-    _fill(config, "gradient_clipping", float(args.max_grad_norm), "max_grad_norm", origin)
-    _fill(config, "bf16.enabled", bool(args.bf16), "bf16", origin)
-    _fill(config, "fp16.enabled", bool(args.fp16), "fp16", origin)
+    _config.fill(config, "train_micro_batch_size_per_gpu", args.per_device_train_batch_size,
+          "TrainingArguments.per_device_train_batch_size", origin)
+    _config.fill(config, "gradient_accumulation_steps", args.gradient_accumulation_steps,
+          "TrainingArguments.gradient_accumulation_steps", origin)
+    _config.fill(config, "gradient_clipping", float(args.max_grad_norm), "TrainingArguments.max_grad_norm",
+          origin)
+    _config.fill(config, "bf16.enabled", bool(args.bf16), "TrainingArguments.bf16", origin)
+    _config.fill(config, "fp16.enabled", bool(args.fp16), "TrainingArguments.fp16", origin)
     if "optimizer" in config:
         _fill_optimizer(config, args, origin)
     return config
@@ -132,19 +108,6 @@ def _take_deepspeed_config(args, zeroshard_config):
     return zeroshard_config
 
 
-class _EngineModule(torch.nn.Module):
-    """What the Trainer's loop calls: the model, through the engine's hooks (stage 3
-    gathers each unit as it runs). Not a DDP or FSDP wrapper, so accelerate leaves it."""
-
-    def __init__(self, engine):
-        super().__init__()
-        self.module = engine.module
-        self.engine = engine
-
-    def forward(self, *args, **kwargs):
-        return self.engine(*args, **kwargs)
-
-
 class ZeroShardTrainerMixin:
     """What puts a Trainer on the engine, ahead of any Trainer class in the MRO (see
     zeroshard_trainer): the engine starts where the Trainer would wrap the model for
@@ -177,7 +140,7 @@ class ZeroShardTrainerMixin:
         # hands the loss to accelerate, the engine takes it.
         self.accelerator.backward = self._engine_backward
         self.zeroshard_engine = engine
-        self._engine_module = _EngineModule(engine)
+        self._engine_module = EngineModule(engine)
         if self.args.torch_compile:  # what accelerate's prepare would do, which is skipped
             self._engine_module = torch.compile(
                 self._engine_module, backend=self.args.torch_compile_backend or "inductor",
@@ -265,12 +228,14 @@ class ZeroShardTrainerMixin:
         if self.args.should_save:
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(output_dir)
-            torch.save(self.args, os.path.join(output_dir, transformers.trainer.TRAINING_ARGS_NAME))
+            from transformers.trainer import TRAINING_ARGS_NAME
+            torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
 
     def _peft(self):
         """A PEFT model: its checkpoints leave the frozen base out and load non-strictly,
         as the Trainer does under DeepSpeed (the base comes from the pretrained weights)."""
-        return transformers.trainer._is_peft_model(self.model)
+        from transformers.trainer import _is_peft_model
+        return _is_peft_model(self.model)
 
     def _save_optimizer_and_scheduler(self, output_dir):
         self.zeroshard_engine.save_checkpoint(os.path.join(output_dir, "zeroshard"),
@@ -310,6 +275,7 @@ def zeroshard_trainer(trainer_class):
         SFTTrainer = zeroshard_trainer(trl.SFTTrainer)
         trainer = SFTTrainer(model=model, args=sft_config, train_dataset=ds,
                              peft_config=lora, zeroshard_config="ds_config.json")"""
+    import transformers
     if not (isinstance(trainer_class, type) and issubclass(trainer_class, transformers.Trainer)):
         raise _zeroshard.Error(f"zeroshard_trainer: {trainer_class!r} is not a subclass of "
                                "transformers.Trainer")
@@ -319,4 +285,15 @@ def zeroshard_trainer(trainer_class):
                 {"__module__": __name__, "__doc__": trainer_class.__doc__})
 
 
-ZeroShardTrainer = zeroshard_trainer(transformers.Trainer)
+def __getattr__(name):
+    """ZeroShardTrainer (which imports transformers) and Accelerator (which imports
+    accelerate), made when first asked for: each needs only its own library."""
+    if name == "ZeroShardTrainer":
+        import transformers
+        globals()[name] = zeroshard_trainer(transformers.Trainer)
+    elif name == "Accelerator":
+        from ._accelerate import Accelerator
+        globals()[name] = Accelerator
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return globals()[name]

@@ -1,0 +1,64 @@
+"""accelerate scripts with zeroshard (zeroshard.integrations.Accelerator) on 2 real ranks
+against the same loop under accelerate's own Accelerator (DDP): run_clm_no_trainer's
+shape (accumulate() over 2 micro-batches, clipping at 1.0 at the boundary, AdamW with decay
+and no-decay groups, a linear schedule with warmup), at stages 2 and 3: every micro-batch's
+loss within 1e-5, the whole parameters at the end within 1e-5; what would shard twice, or
+be dropped, is refused by name."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+from conftest import HERE, run_ranks, run_snippet
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("accelerate") is None or importlib.util.find_spec("transformers") is None,
+    reason="accelerate and transformers are not installed beside this interpreter (the trixie "
+           "leg): the main leg runs these tests")
+
+WORKER = os.path.join(HERE, "accelerate_worker.py")
+STEPS, WORLD = 5, 2
+_reference = []
+
+
+def run(mode, scratch, config=None):
+    out = str(scratch / (mode + json.dumps(config or {}).replace(" ", "")[:40].replace("/", "")))
+    args = [WORKER, mode, str(STEPS), out] + ([json.dumps(config)] if config else [])
+    return run_ranks(args, WORLD, out, timeout=600)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_an_accelerate_loop_trains_as_accelerate_ddp_does(stage, scratch):
+    import torch
+    if not _reference:
+        _reference.append(run("accelerate", scratch))
+    want = _reference[0]
+    got = run("zs", scratch, {"zero_optimization": {"stage": stage}, "gradient_clipping": 1.0})
+    for rank in range(WORLD):
+        assert len(got[rank]["losses"]) == len(want[rank]["losses"]) == STEPS * 2
+        for step, (mine, theirs) in enumerate(zip(got[rank]["losses"], want[rank]["losses"])):
+            assert abs(mine - theirs) <= 1e-5 * abs(theirs), f"micro-batch {step}: {mine} vs {theirs}"
+        assert got[rank]["unwrapped"] == want[rank]["unwrapped"] == "LlamaForCausalLM"
+    assert want[0]["losses"][-1] < want[0]["losses"][0]
+    assert got[0]["params"].keys() == want[0]["params"].keys()
+    for name, value in want[0]["params"].items():
+        diff = (torch.tensor(got[0]["params"][name]) - torch.tensor(value)).abs().max().item()
+        assert diff <= 1e-5, f"{name}: {diff}"
+
+
+def test_what_accelerate_would_shard_itself_or_drop_is_refused_by_name():
+    code, out = run_snippet(
+        "from zeroshard.integrations import Accelerator\n"
+        "from accelerate.utils import FullyShardedDataParallelPlugin\n"
+        "Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())\n")
+    assert code != 0
+    assert "zeroshard Accelerator: fsdp_plugin is given; zeroshard does the sharding here" in out, out
+    code, out = run_snippet(
+        "from zeroshard.integrations import Accelerator\n"
+        "a = Accelerator(cpu=True, zeroshard_config={'gradient_clipping': 0.5})\n"
+        "m, o = a.prepare(model, torch.optim.AdamW(model.parameters()))\n"
+        "a.clip_grad_norm_(m.parameters(), 1.0)\n")
+    assert code != 0
+    assert ("clip_grad_norm_(max_norm=1.0, norm_type=2): the engine clips the global 2-norm at "
+            "its step to the config's gradient_clipping (0.5)") in out, out
