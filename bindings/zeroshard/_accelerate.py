@@ -40,8 +40,8 @@ class _EngineOptimizer(torch.optim.Optimizer):
     """The client optimizer as the script holds it after prepare(): its param_groups (a
     scheduler sets their lr, which the engine reads), with step() the engine's."""
 
-    def __init__(self, engine, optimizer):  # noqa: the base's __init__ is not called
-        self.engine, self.optimizer = engine, optimizer
+    def __init__(self, engine, optimizer, accelerator):  # the base's __init__ is not called
+        self.engine, self.optimizer, self.accelerator = engine, optimizer, accelerator
         self.step_was_skipped = False  # read by accelerate's AcceleratedScheduler
 
     @property
@@ -59,9 +59,22 @@ class _EngineOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if closure is not None:
             raise _error("optimizer.step(closure): the engine steps without a closure")
+        # The engine ends a window every gradient_accumulation_steps micro-batches; accelerate
+        # also ends one at the end of a data loader (sync_with_dataloader), which the engine
+        # cannot: said, not stepped at different times.
+        sync, boundary = self.accelerator.sync_gradients, self.engine.is_gradient_accumulation_boundary()
+        if sync != boundary:
+            raise _error(
+                f"accelerate {'ends' if sync else 'does not end'} the accumulation window at this "
+                f"micro-batch and the engine {'does' if boundary else 'does not'} (every "
+                f"{self.engine.gradient_accumulation_steps()} micro-batches); a data loader whose "
+                "length is not a multiple of gradient_accumulation_steps ends one early: allowed: "
+                "such a length (drop_last, or a batch count that divides), or "
+                "GradientAccumulationPlugin(sync_with_dataloader=False)")
         skipped_before = self.engine.skipped_steps
         self.engine.step()
         self.step_was_skipped = self.engine.skipped_steps != skipped_before
+        self.optimizer._opt_called = True  # what a scheduler checks its optimizer stepped by
 
     def zero_grad(self, set_to_none=True):
         """The engine clears its gradient buffers after each step."""
@@ -108,13 +121,15 @@ class Accelerator(accelerate.Accelerator):
         for key in ("bf16", "fp16"):
             _config.fill(config, f"{key}.enabled", precision == key, "Accelerator(mixed_precision)",
                   origin)
+        # The loaders as the script made them (accelerate's prepared ones may say None), as
+        # accelerate's DeepSpeed path reads them.
         sizes = {getattr(loader, "batch_size", None) for loader in loaders} - {None}
-        if len(sizes) == 1:  # accelerate's DeepSpeed path takes it from the loaders too
+        if len(sizes) == 1:
             size = sizes.pop()
             if self.split_batches:
                 size //= self.num_processes
-            _config.fill(config, "train_micro_batch_size_per_gpu", size, "the data loader's batch size",
-                  origin)
+            _config.fill(config, "train_micro_batch_size_per_gpu", size,
+                         "the data loader's batch size", origin)
         return config
 
     def prepare(self, *args, device_placement=None):
@@ -127,14 +142,19 @@ class Accelerator(accelerate.Accelerator):
             raise _error("prepare() got a model, but the engine already trains one")
         if optimizers and not models:
             raise _error("prepare() got an optimizer without its model; prepare them together")
+        if device_placement is None:
+            device_placement = [None] * len(args)
+        elif len(device_placement) != len(args):
+            raise _error(f"prepare(): device_placement has {len(device_placement)} entries for "
+                         f"{len(args)} objects")
         out = list(args)
-        loaders = []
+        loaders = [a for a in args if isinstance(a, torch.utils.data.DataLoader)]
+        self._zeroshard_loaders = getattr(self, "_zeroshard_loaders", []) + loaders
         for i, a in enumerate(args):
             if isinstance(a, torch.utils.data.DataLoader):
-                out[i] = self.prepare_data_loader(a, device_placement=device_placement)
-                loaders.append(out[i])
+                out[i] = self.prepare_data_loader(a, device_placement=device_placement[i])
         if models:
-            loaders = loaders or list(self._dataloaders)
+            loaders = loaders or self._zeroshard_loaders
             client = args[optimizers[0]] if optimizers else None
             engine, *_ = initialize(model=args[models[0]],
                                                  config=self._engine_config(loaders),
@@ -142,14 +162,14 @@ class Accelerator(accelerate.Accelerator):
             self.zeroshard_engine = engine
             out[models[0]] = EngineModule(engine)
             if optimizers:
-                out[optimizers[0]] = _EngineOptimizer(engine, client)
+                out[optimizers[0]] = _EngineOptimizer(engine, client, self)
                 self._optimizers.append(out[optimizers[0]])
         for i, a in enumerate(args):
             if isinstance(a, torch.optim.lr_scheduler.LRScheduler):
                 out[i] = self.prepare_scheduler(a)
             elif i not in models and i not in optimizers and not isinstance(
                     a, torch.utils.data.DataLoader):
-                out[i] = super().prepare(a, device_placement=device_placement)
+                out[i] = super().prepare(a, device_placement=[device_placement[i]])
         return out[0] if len(out) == 1 else tuple(out)
 
     def _engine_of(self, model):

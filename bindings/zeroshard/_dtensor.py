@@ -5,6 +5,8 @@ marked as Megatron marks them (tensor_model_parallel, partition_dim). While its 
 runs, the module sees the DTensor again, made from that local tensor (DTensor.from_local,
 whose backward hands the local gradient back; a replicated parameter's partial gradients
 are summed across the tp ranks first), so the model computes as the user parallelized it."""
+import weakref
+
 import torch
 
 from . import _zeroshard
@@ -51,7 +53,13 @@ def _split_dim(name, p):
     if isinstance(placement, Replicate):
         return None
     if isinstance(placement, Shard):
-        return placement.dim % p.dim()
+        dim, size = placement.dim % p.dim(), p.device_mesh.size()
+        if p.shape[dim] % size != 0:  # every tp rank's slice alike: checkpoints, state_dict
+            raise _error(
+                f"parameter '{name}' of shape {tuple(p.shape)} is split along dimension {dim} "
+                f"over {size} tensor-parallel ranks, unevenly; allowed: a dimension the "
+                "tensor-parallel size divides")
+        return dim
     raise _error(f"parameter '{name}' has placement {placement}; allowed: Shard or Replicate")
 
 
@@ -134,9 +142,10 @@ def unwrap(model, mesh=None, local_when=None):
 
 
 def places(model):
-    """{id(parameter): (module, name)} for every parameter of `model`: where to find what
-    replaced it once it is split (a DTensor) and unwrapped (its local tensor)."""
-    return {id(p): (module, name) for module in model.modules()
+    """{id(parameter): (the parameter, held weakly; module, name)} for every parameter of
+    `model`: where to find what replaced it once it is split (a DTensor) and unwrapped (its
+    local tensor). The weak reference tells a parameter from a later one at its address."""
+    return {id(p): (weakref.ref(p), module, name) for module in model.modules()
             for name, p in module._parameters.items() if p is not None}
 
 
@@ -146,9 +155,11 @@ def retarget(optimizer, model_parameters, places):
     model was split, or over its DTensors, names the engine's parameters."""
     def now(p):
         place = places.get(id(p))
-        return place[0]._parameters[place[1]] if place is not None else p
+        if place is None or place[0]() is not p:
+            return p
+        return place[1]._parameters[place[2]]
 
-    if optimizer is not None:
+    if isinstance(optimizer, torch.optim.Optimizer):  # not DeepSpeed's callable form
         for group in optimizer.param_groups:
             group["params"] = [now(p) for p in group["params"]]
     if model_parameters is None:

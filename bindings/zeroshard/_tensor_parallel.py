@@ -83,7 +83,7 @@ def check_optimizer(size, optimizer_name):
 
 def _bits(t):
     """`t`'s elements as int64 holding their bits, so sums compare exactly."""
-    t = t.detach().reshape(-1)
+    t = t.detach().reshape(-1).contiguous()
     if t.dtype == torch.bool:
         return t.to(torch.int64)
     if t.is_floating_point() or t.is_complex():
@@ -127,8 +127,12 @@ class SameInputs:
     def check(self, args, kwargs):
         self.forwards += 1
         mine = fingerprint(list(tensors((args, kwargs))))
-        if mine is None:
-            return
+        # On the group's device (NCCL: the current GPU); zeros for a forward without tensor
+        # inputs, so every rank takes part in the gather.
+        nccl = self.dist.get_backend(self.group) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        mine = torch.zeros(4, dtype=torch.int64) if mine is None else mine
+        mine = mine.to(device)
         everyone = [torch.empty_like(mine) for _ in range(self.tp)]
         self.dist.all_gather(everyone, mine, group=self.group)
         differ = [self.first + t for t in range(self.tp) if not torch.equal(everyone[t], everyone[0])]

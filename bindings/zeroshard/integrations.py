@@ -102,6 +102,10 @@ def _take_deepspeed_config(args, zeroshard_config):
         if hasattr(args, "hf_deepspeed_config"):
             args.hf_deepspeed_config = None
         unset_hf_deepspeed_config()
+        if "_setup_devices" in vars(args):  # a process state made for DeepSpeed (GPU runs):
+            del vars(args)["_setup_devices"]  # made again now, before the Trainer's Accelerator
+            args.distributed_state = None
+            _ = args._setup_devices
         return given
     if zeroshard_config is None:
         return {"zero_optimization": {"stage": "auto"}}

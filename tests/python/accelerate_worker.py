@@ -15,7 +15,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_worker  # noqa: E402
 import models  # noqa: E402
 
-ROWS, MICRO, ACCUMULATION = 48, 2, 2
+ROWS = int(os.environ.get("ZS_ACCELERATE_ROWS", "48"))  # 44: 11 micro-batches a rank
+MICRO, ACCUMULATION = 2, 2
 
 
 def rows():

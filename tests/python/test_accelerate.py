@@ -47,6 +47,19 @@ def test_an_accelerate_loop_trains_as_accelerate_ddp_does(stage, scratch):
         assert diff <= 1e-5, f"{name}: {diff}"
 
 
+def test_a_window_accelerate_ends_early_is_refused_not_stepped_apart(scratch):
+    """11 micro-batches a rank with accumulation 2: accelerate ends a window at the data
+    loader's end, which the engine cannot; every rank stops there, saying so."""
+    out = str(scratch / "odd")
+    ranks = run_ranks([WORKER, "zs", "6", out, json.dumps({"gradient_clipping": 1.0})],
+                      WORLD, out, timeout=600, extra_env={"ZS_ACCELERATE_ROWS": "44"},
+                      expect_ok=False)
+    for code, log in ranks:
+        assert code != 0, log
+        assert ("accelerate ends the accumulation window at this micro-batch and the engine "
+                "does not (every 2 micro-batches)") in log, log
+
+
 def test_what_accelerate_would_shard_itself_or_drop_is_refused_by_name():
     code, out = run_snippet(
         "from zeroshard.integrations import Accelerator\n"

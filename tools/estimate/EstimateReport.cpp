@@ -20,11 +20,10 @@ std::string gib(int64_t bytes) {
   return format_gib(static_cast<double>(bytes));
 }
 
-// With tensor parallelism: DeepSpeed's formula for one rank's slices over the data-parallel
-// ranks (its estimator knows no tp).
+// DeepSpeed's estimator knows no tensor parallelism: no column beside a tp plan.
 std::optional<DeepSpeedEstimate> deepspeed_for(const EstimateInputs& in, const PlanOption& o) {
-  const WorldShape dp{in.world.nodes, in.world.data_parallel_per_node()};
-  return deepspeed_estimate(o, in.spec.total_params, in.spec.largest_module_params, dp);
+  if (in.world.tensor_parallel > 1) return std::nullopt;
+  return deepspeed_estimate(o, in.spec.total_params, in.spec.largest_module_params, in.world);
 }
 
 std::string option_row(const EstimateInputs& in, const OptionEstimate& e, bool recommended) {
