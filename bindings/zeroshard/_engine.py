@@ -121,6 +121,7 @@ class ZeroShardEngine(SavingMethods):
         tp_size, tp_params, install_dtensors = _dtensor.unwrap(model, mesh, local_when)
         if tp_size:  # a client optimizer (or model_parameters) built over the replaced ones
             model_parameters = _dtensor.retarget(optimizer, model_parameters, places)
+        del places  # its weak references would stop torch.utils.swap_tensors (_construction)
         if tp_size and mpu is not None:
             raise _zeroshard.Error(
                 "zeroshard.initialize: mpu is given and the model's parameters are DTensors; "
