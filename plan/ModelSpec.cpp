@@ -21,6 +21,13 @@ void check_arch(const TransformerArch& a, const std::string& source) {
         "be positive",
         source);
   }
+  // Each layer is a unit the spec lists: a count past any real model is an error, not an
+  // allocation of that many entries.
+  constexpr int64_t kMostLayers = 100'000;
+  if (a.layers > kMostLayers || a.experts > kMostLayers) {
+    fail("{}: {} layers and {} experts; allowed: at most {} of each", source, a.layers, a.experts,
+         kMostLayers);
+  }
   const int64_t tp = a.tensor_parallel;
   if (tp < 1) fail("{}: tensor-parallel size {} is not allowed; allowed: 1 or more", source, tp);
   const std::pair<const char*, int64_t> split[] = {
