@@ -63,10 +63,8 @@ LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& t
   }
   std::vector<std::unique_ptr<CheckpointReader>> parts;
   for (int t = 0; t < saved_tp; ++t) parts.push_back(part(t));
-  std::unordered_map<std::string, int> split_dims;
-  for (const NamedParam& p : p_.groups.params())
-    if (p.tensor_parallel()) split_dims.emplace(p.name, p.tensor_parallel_dim);
-  const ReslicedCheckpoint reader(std::move(parts), tp, coordinate, split_dims, dir, name);
+  const ReslicedCheckpoint reader(std::move(parts), tp, coordinate,
+                                  p_.groups.tensor_parallel_dims(), dir, name);
   return load_part(reader, dir, options, std::nullopt);
 }
 

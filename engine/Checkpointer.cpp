@@ -76,9 +76,7 @@ Manifest Checkpointer::layout(const SaveOptions& options) const {
   m.config_yaml = emit_config_yaml(p_.plan.config);
   m.optimizer_state = p_.pipeline.optimizer().state_names();
   m.optimizer_scalars = nlohmann::json::parse(p_.pipeline.optimizer().scalar_state());
-  std::unordered_map<std::string, int> split_dims;  // with tensor parallelism
-  for (const NamedParam& p : p_.groups.params())
-    if (p.tensor_parallel()) split_dims.emplace(p.name, p.tensor_parallel_dim);
+  const std::unordered_map<std::string, int> split_dims = p_.groups.tensor_parallel_dims();
   int64_t offset = 0;
   for (const GroupRecord& record : p_.groups) {
     if (!saved(record, options)) continue;

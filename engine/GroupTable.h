@@ -76,6 +76,13 @@ class GroupTable {
 
   void set_params(std::vector<NamedParam> params) { params_ = std::move(params); }
   const std::vector<NamedParam>& params() const { return params_; }
+  // {name: dimension} of the parameters split across the tensor-parallel ranks.
+  std::unordered_map<std::string, int> tensor_parallel_dims() const {
+    std::unordered_map<std::string, int> dims;
+    for (const NamedParam& p : params_)
+      if (p.tensor_parallel()) dims.emplace(p.name, p.tensor_parallel_dim);
+    return dims;
+  }
   void set_aliases(std::vector<std::pair<std::string, std::string>> aliases) {
     aliases_ = std::move(aliases);
   }

@@ -21,8 +21,9 @@ ReslicedCheckpoint::ReslicedCheckpoint(std::vector<std::unique_ptr<CheckpointRea
       SavedParam& p = manifest_.groups[g].params[i];
       for (size_t t = 1; t < parts_.size(); ++t) {
         const CheckpointReader& other = *parts_[t];
-        if (!other.has_param(p.name) || other.param(p.name).shape != p.shape ||
-            other.param(p.name).tensor_parallel_dim != p.tensor_parallel_dim) {
+        const SavedParam* theirs = other.has_param(p.name) ? &other.param(p.name) : nullptr;
+        if (theirs == nullptr || theirs->shape != p.shape ||
+            theirs->tensor_parallel_dim != p.tensor_parallel_dim) {
           fail(
               "checkpoint '{}': tensor-parallel part {} does not hold parameter '{}' as part 0 "
               "does (shape [{}], split along {}); the parts are not of one save",
@@ -71,14 +72,19 @@ ReslicedCheckpoint::ReslicedCheckpoint(std::vector<std::unique_ptr<CheckpointRea
   }
 }
 
-const SavedParam& ReslicedCheckpoint::param(const std::string& name, size_t* group) const {
+const ReslicedCheckpoint::Cut& ReslicedCheckpoint::cut(const std::string& name) const {
   const auto it = cuts_.find(name);
   if (it == cuts_.end()) {
     fail("checkpoint '{}' has no parameter '{}' (the model has it): a different model?", origin_,
          name);
   }
-  if (group != nullptr) *group = it->second.group;
-  return manifest_.groups[it->second.group].params[it->second.index];
+  return it->second;
+}
+
+const SavedParam& ReslicedCheckpoint::param(const std::string& name, size_t* group) const {
+  const Cut& c = cut(name);
+  if (group != nullptr) *group = c.group;
+  return manifest_.groups[c.group].params[c.index];
 }
 
 // Element i of this rank's tensor is (o, row, k) in [outer, rows, inner]; its row in the
@@ -86,8 +92,7 @@ const SavedParam& ReslicedCheckpoint::param(const std::string& name, size_t* gro
 // elements stays in one part while the rows do.
 void ReslicedCheckpoint::read(const std::string& name, int array, int64_t begin, int64_t count,
                               float* out) const {
-  param(name);  // fails naming it
-  const Cut& c = cuts_.at(name);
+  const Cut& c = cut(name);
   if (c.whole) {
     parts_[0]->read(name, array, begin, count, out);
     return;

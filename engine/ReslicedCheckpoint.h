@@ -41,6 +41,8 @@ class ReslicedCheckpoint : public CheckpointSource {
     bool whole = true;            // neither side splits it: read as it is
     int64_t outer = 1, inner = 1, rows = 0, saved_rows = 0, first = 0;
   };
+  const Cut& cut(const std::string& name) const;  // fails naming a parameter it lacks
+
   std::vector<std::unique_ptr<CheckpointReader>> parts_;
   Manifest manifest_;
   std::unordered_map<std::string, Cut> cuts_;

@@ -231,7 +231,8 @@ ModelSpec spec_from_numbers(const ExplicitModel& m) {
             m.params, m.layers, m.hidden, blocks);
       }
       a.tensor_parallel = m.tensor_parallel;
-      ModelSpec split = spec_from_arch(a, "explicit", "explicit numbers");
+      ModelSpec split = m.tensor_parallel == 1 ? std::move(spec)
+                                               : spec_from_arch(a, "explicit", "explicit numbers");
       // Outside the blocks (embeddings, norms, head) only the total is known: one unit,
       // held whole by every tensor-parallel rank.
       const int64_t block = split.unit_params[1];
@@ -239,7 +240,7 @@ ModelSpec spec_from_numbers(const ExplicitModel& m) {
       split.unit_params.push_back(m.params - blocks);
       split.total_params = m.layers * block + m.params - blocks;
       spec = std::move(split);
-    } else {
+    } else if (m.tensor_parallel != 1) {
       a.tensor_parallel = m.tensor_parallel;
       spec = spec_from_arch(a, "explicit", "explicit numbers");
     }

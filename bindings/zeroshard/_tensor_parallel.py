@@ -122,17 +122,18 @@ class SameInputs:
             group = dist.new_group(list(range(start, start + tp)))
             if start == self.first:
                 self.group = group
+        # Fingerprints travel on the group's device: NCCL's, the current GPU.
+        nccl = dist.get_backend(self.group) == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else \
+            torch.device("cpu")
         self.forwards = 0
 
     def check(self, args, kwargs):
         self.forwards += 1
         mine = fingerprint(list(tensors((args, kwargs))))
-        # On the group's device (NCCL: the current GPU); zeros for a forward without tensor
-        # inputs, so every rank takes part in the gather.
-        nccl = self.dist.get_backend(self.group) == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        # Zeros for a forward without tensor inputs, so every rank takes part in the gather.
         mine = torch.zeros(4, dtype=torch.int64) if mine is None else mine
-        mine = mine.to(device)
+        mine = mine.to(self.device)
         everyone = [torch.empty_like(mine) for _ in range(self.tp)]
         self.dist.all_gather(everyone, mine, group=self.group)
         differ = [self.first + t for t in range(self.tp) if not torch.equal(everyone[t], everyone[0])]

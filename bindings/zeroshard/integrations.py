@@ -128,6 +128,7 @@ class ZeroShardTrainerMixin:
         self.zeroshard_config = zeroshard_config
         self.zeroshard_units = units
         self.zeroshard_engine = None
+        self._tensor_parallel_size = None  # tensor_parallel.autotp_size, once read
         self.zeroshard_reference_engine = None  # TRL's ref_model at stage 3
         self._engine_module = None
         # The engine places parameters and optimizer state; accelerate would read the
@@ -175,7 +176,10 @@ class ZeroShardTrainerMixin:
         accelerate's shard is over the data-parallel ranks alone (rank // tp of world / tp),
         as accelerate does for a ("dp", "tp") device mesh."""
         loader = super()._get_dataloader(*args, **kwargs)
-        tp = _config.parse(trainer_config(self.zeroshard_config, self.args)).tensor_parallel_size
+        if self._tensor_parallel_size is None:  # the config parsed once, at the first loader
+            self._tensor_parallel_size = _config.parse(
+                trainer_config(self.zeroshard_config, self.args)).tensor_parallel_size
+        tp = self._tensor_parallel_size
         if tp > 1:
             _shard_over_data_parallel(loader, tp, self.args.process_index, self.args.world_size)
         return loader
