@@ -199,8 +199,14 @@ class ZeroShardEngine(SavingMethods):
         without gradients ends them)."""
         engine, units, same_inputs = self._engine, self._running, self._same_inputs
         activations = ActivationShape(engine, model)
+        # A call of the model inside its own call (Lightning runs training_step through the
+        # model's __call__, and training_step calls self(x)) is part of the outer one.
+        depth = [0]
 
         def model_begins(_module, args, kwargs):
+            depth[0] += 1
+            if depth[0] > 1:
+                return
             if same_inputs is not None and torch.is_grad_enabled():
                 same_inputs.check(args, kwargs)
             if units is not None:
@@ -211,8 +217,16 @@ class ZeroShardEngine(SavingMethods):
         # First before the forward and last after it, also where the model is a unit itself.
         self._hooks.append(
             model.register_forward_pre_hook(model_begins, prepend=True, with_kwargs=True))
-        self._hooks.append(model.register_forward_hook(
-            lambda _module, _inputs, _output: engine.model_forward_end(torch.is_grad_enabled())))
+
+        def model_ends(_module, _inputs, _output):
+            if depth[0] == 1:
+                engine.model_forward_end(torch.is_grad_enabled())
+
+        def model_left(_module, _inputs, _output):  # also when the forward raised
+            depth[0] = max(depth[0] - 1, 0)  # 0: a hook before ours raised
+
+        self._hooks.append(model.register_forward_hook(model_ends))
+        self._hooks.append(model.register_forward_hook(model_left, always_call=True))
 
     def _hook_stage3(self, model):
         """Every unit gathered where one of its modules runs, and wherever else one of its

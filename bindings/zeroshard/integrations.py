@@ -294,14 +294,21 @@ def zeroshard_trainer(trainer_class):
 
 
 def __getattr__(name):
-    """ZeroShardTrainer (which imports transformers) and Accelerator (which imports
-    accelerate), made when first asked for: each needs only its own library."""
+    """ZeroShardTrainer (which imports transformers), Accelerator (which imports
+    accelerate) and the Lightning strategies, made when first asked for: each needs
+    only its own library."""
     if name == "ZeroShardTrainer":
         import transformers
         globals()[name] = zeroshard_trainer(transformers.Trainer)
     elif name == "Accelerator":
         from ._accelerate import Accelerator
         globals()[name] = Accelerator
+    elif name in ("ZeroShardStrategy", "ZeroShardFabricStrategy"):
+        # Both, so that Trainer(strategy="zeroshard_stage_3") and Fabric(strategy=...) name them.
+        from ._fabric import ZeroShardFabricStrategy
+        from ._lightning import ZeroShardStrategy
+        globals().update(ZeroShardStrategy=ZeroShardStrategy,
+                         ZeroShardFabricStrategy=ZeroShardFabricStrategy)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return globals()[name]
