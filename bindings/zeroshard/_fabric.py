@@ -172,7 +172,7 @@ class ZeroShardFabricStrategy(DDPStrategy):
         configured = self.engine.gradient_clipping()
         if norm_type != 2 or float(max_norm) != configured:
             raise _error(
-                f"clip_gradients(max_norm={max_norm}, norm_type={norm_type}): the engine clips "
+                f"clip_gradients(max_norm={max_norm}, norm_type={norm_type:g}): the engine clips "
                 f"the global 2-norm at its step to the config's gradient_clipping ({configured}); "
                 f"allowed: max_norm={configured}, or the config with gradient_clipping: {max_norm}")
         norm = self.engine.get_global_grad_norm()

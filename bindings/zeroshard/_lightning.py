@@ -66,7 +66,7 @@ def strategy_config(config, stage, offload_optimizer, offload_parameters,
     for section, instead in (("optimizer", "LightningModule.configure_optimizers makes it"),
                              ("scheduler", "configure_optimizers' lr_scheduler drives every lr")):
         if section in config:
-            raise error(f"{origin}: a '{section}' section is not allowed with Lightning; {instead}")
+            raise error(f"{origin}: the '{section}' section is not allowed with Lightning; {instead}")
     return config, origin
 
 

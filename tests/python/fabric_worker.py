@@ -2,7 +2,8 @@
 Fabric user writes it for DDP: no_backward_sync over an accumulation window of 2, the loss
 divided by it, clip_gradients, optimizer and a warmup LambdaLR stepped at the window's end,
 fabric.save at every epoch's end; under strategy "ddp" or zeroshard's (a config, or a
-registered name). Writes every micro-batch's loss and the whole parameters to
+registered name). Writes every micro-batch's loss, every step's gradient norm (before
+clipping) and the whole parameters to
 OUT.rankN.json.
 usage: fabric_worker.py OUT JSON  (JSON: strategy, config, epochs, ckpt_dir, resume)"""
 import json
@@ -48,7 +49,7 @@ def main():
     state = {"model": model, "optimizer": optimizer, "scheduler": warmup, "epoch": -1}
     if spec.get("resume"):
         fabric.load(spec["resume"], state)
-    losses = []
+    losses, norms = [], []
     # Fabric's loader sets its sampler's epoch to the count of its own iterations.
     loader._num_iter_calls = state["epoch"] + 1
     for epoch in range(state["epoch"] + 1, spec.get("epochs", 2)):
@@ -59,15 +60,18 @@ def main():
                 fabric.backward(loss / ACCUMULATION)
             losses.append(loss.item())
             if not accumulating:
-                fabric.clip_gradients(model, optimizer, max_norm=CLIP)
+                norm = fabric.clip_gradients(model, optimizer, max_norm=CLIP)
                 optimizer.step()
+                engine = getattr(fabric.strategy, "engine", None)
+                # DDP's clip_gradients returns this step's norm; the engine has it after its step.
+                norms.append(norm.item() if engine is None else engine.get_global_grad_norm())
                 optimizer.zero_grad()
                 warmup.step()
         state["epoch"] = epoch
         if spec.get("ckpt_dir"):
             fabric.save(os.path.join(spec["ckpt_dir"], f"epoch{epoch}"), state)
     params = fabric.strategy.get_module_state_dict(model._forward_module)  # DDP's or the engine's
-    result = {"losses": losses, "lr": optimizer.param_groups[0]["lr"],
+    result = {"losses": losses, "norms": norms, "lr": optimizer.param_groups[0]["lr"],
               "params": {k: v.float().tolist() for k, v in params.items()}}
     with open(f"{out}.rank{os.environ['RANK']}.json", "w") as f:
         json.dump(result, f)

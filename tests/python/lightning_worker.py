@@ -2,8 +2,8 @@
 AdamW over decay and no-decay groups, a warmup LambdaLR stepped every optimizer step,
 accumulate_grad_batches 2, gradient_clip_val), under Lightning's DDPStrategy (strategy
 "ddp") or zeroshard's (a ZeroShardStrategy config, or a registered name). ModelCheckpoint
-saves at every epoch's end. Writes every micro-batch's loss, validate()'s metric and the
-whole parameters to OUT.rankN.json.
+saves at every epoch's end. Writes every micro-batch's loss, every step's gradient norm
+(before clipping), validate()'s metric and the whole parameters to OUT.rankN.json.
 usage: lightning_worker.py OUT JSON  (JSON: strategy, config, epochs, ckpt_dir, resume,
 precision, rows, configure_model)"""
 import json
@@ -23,7 +23,7 @@ class Gpt(L.LightningModule):
     def __init__(self, build_later=False):
         super().__init__()
         self.model = None if build_later else self.build()
-        self.losses = []
+        self.losses, self.norms = [], []  # every micro-batch's loss, every step's grad norm
 
     @staticmethod
     def build():
@@ -42,6 +42,16 @@ class Gpt(L.LightningModule):
         self.losses.append(loss.item())
         self.log("train_loss", loss, sync_dist=True)
         return loss
+
+    def on_before_optimizer_step(self, optimizer):
+        if getattr(self.trainer.strategy, "engine", None) is None:  # DDP: unclipped grads here
+            norms = [p.grad.norm() for p in self.parameters() if p.grad is not None]
+            self.norms.append(torch.stack(norms).norm().item())
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        engine = getattr(self.trainer.strategy, "engine", None)
+        if engine is not None and (batch_idx + 1) % ACCUMULATION == 0:
+            self.norms.append(engine.get_global_grad_norm())  # the step's, before clipping
 
     def validation_step(self, batch, batch_idx):
         self.log("val_loss", self(batch), sync_dist=True)
@@ -91,7 +101,7 @@ def main():
     metric = trainer.validate(module, loader(8, 11, False), verbose=False)[0]["val_loss"]
     engine = getattr(trainer.strategy, "engine", None)
     state = engine.state_dict() if engine is not None else module.state_dict()
-    result = {"losses": module.losses, "val_loss": float(metric), "global_step": trainer.global_step,
+    result = {"losses": module.losses, "norms": module.norms, "val_loss": float(metric), "global_step": trainer.global_step,
               "params": {k: v.float().tolist() for k, v in state.items()}}
     with open(f"{out}.rank{os.environ['RANK']}.json", "w") as f:
         json.dump(result, f)
