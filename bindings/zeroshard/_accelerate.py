@@ -19,7 +19,13 @@ path, which this follows:
   gradient_accumulation_steps and mixed_precision and the data loaders' batch size where
   it leaves them out (or `auto`); a value that contradicts them is an error naming both.
   Clipping is the config's gradient_clipping: clip_grad_norm_ checks that its max_norm is
-  that value and returns the engine's last global norm, as accelerate does for DeepSpeed."""
+  that value and returns the engine's last global norm, as accelerate does for DeepSpeed.
+- save_state/load_state keep accelerate's folder (schedulers, samplers, RNG states,
+  registered objects) with the engine's sharded checkpoint inside, as accelerate's DeepSpeed
+  path keeps DeepSpeed's."""
+import contextlib
+import os
+
 import accelerate
 import torch
 
@@ -30,6 +36,9 @@ from ._initialize import initialize
 # accelerate's other sharding and parallelism back ends: each would shard the model itself.
 _OTHER_BACKENDS = ("deepspeed_plugin", "fsdp_plugin", "megatron_lm_plugin", "torch_tp_plugin",
                    "parallelism_config")
+
+
+ENGINE_TAG = "zeroshard"  # the engine's checkpoint inside save_state's folder
 
 
 def _error(message):
@@ -208,16 +217,48 @@ class Accelerator(accelerate.Accelerator):
         engine = self._engine_of(model)
         return super().get_state_dict(model, unwrap) if engine is None else engine.state_dict()
 
-    def save_state(self, output_dir=None, **kwargs):
-        if self.zeroshard_engine is None:
-            return super().save_state(output_dir, **kwargs)
-        raise _error("save_state(): the engine's state is sharded across ranks; save it with "
-                     "accelerator.zeroshard_engine.save_checkpoint(dir) (the scheduler's "
-                     "state_dict beside it), and the model alone with save_model()")
+    @contextlib.contextmanager
+    def _engine_state_hooked(self, register, hook):
+        """accelerate's save_state/load_state with the engine's checkpoint written or read by
+        a pre-hook (which gets the folder accelerate resolved) and the engine's optimizer,
+        whose state is in that checkpoint, kept out of accelerate's optimizer files."""
+        engine_optimizers = [o for o in self._optimizers if isinstance(o, _EngineOptimizer)]
+        self._optimizers = [o for o in self._optimizers if not isinstance(o, _EngineOptimizer)]
+        handle = register(hook)
+        try:
+            yield
+        finally:
+            handle.remove()
+            self._optimizers += engine_optimizers
 
-    def load_state(self, input_dir=None, **kwargs):
-        if self.zeroshard_engine is None:
-            return super().load_state(input_dir, **kwargs)
-        raise _error("load_state(): load the engine's sharded checkpoint with "
-                     "accelerator.zeroshard_engine.load_checkpoint(dir)")
+    def save_state(self, output_dir=None, safe_serialization=True, **save_model_func_kwargs):
+        """accelerate's folder (schedulers, samplers, RNG states, registered objects) with the
+        engine's sharded checkpoint (model and optimizer) inside it, under 'zeroshard'. A
+        collective. save_model_func_kwargs go to engine.save_checkpoint."""
+        engine = self.zeroshard_engine
+        if engine is None:
+            return super().save_state(output_dir, safe_serialization, **save_model_func_kwargs)
 
+        def save_engine(_models, _weights, folder):
+            engine.save_checkpoint(folder, tag=ENGINE_TAG, **save_model_func_kwargs)
+
+        with self._engine_state_hooked(self.register_save_state_pre_hook, save_engine):
+            return super().save_state(output_dir, safe_serialization)
+
+    def load_state(self, input_dir=None, load_kwargs=None, **load_model_func_kwargs):
+        """What save_state wrote. load_model_func_kwargs other than map_location go to
+        engine.load_checkpoint (load_module_strict, load_optimizer_states, ...)."""
+        engine = self.zeroshard_engine
+        if engine is None:
+            return super().load_state(input_dir, load_kwargs, **load_model_func_kwargs)
+        accelerate_own = {k: load_model_func_kwargs.pop(k) for k in ("map_location",)
+                          if k in load_model_func_kwargs}
+
+        def load_engine(_models, folder):
+            if not os.path.isdir(os.path.join(folder, ENGINE_TAG)):
+                raise _error(f"load_state('{folder}'): no '{ENGINE_TAG}' folder in it (the "
+                             "engine's checkpoint, which this Accelerator's save_state writes)")
+            engine.load_checkpoint(folder, tag=ENGINE_TAG, **load_model_func_kwargs)
+
+        with self._engine_state_hooked(self.register_load_state_pre_hook, load_engine):
+            return super().load_state(input_dir, load_kwargs, **accelerate_own)

@@ -3,7 +3,10 @@ writes it (accumulate(), backward, clipping at the boundary, optimizer and sched
 stepped every micro-batch, the scheduler's length times the processes), over
 hf_worker's Llama: by accelerate's own Accelerator (mode accelerate: DDP) or by zeroshard's
 (mode zs, the zeroshard config given as JSON). Writes each micro-batch's loss averaged over
-the ranks and, at the end, the whole parameters (get_state_dict) to OUT.rankN.json.
+the ranks and, at the end, the whole parameters (get_state_dict) to OUT.rankN.json. With
+ZS_ACCELERATE_SAVE=DIR, save_state(DIR) after 2 steps and save_model(DIR.model) at the end
+(read back by from_pretrained); with ZS_ACCELERATE_LOAD=DIR, load_state(DIR) first and the
+epoch's remaining batches.
 usage: accelerate_worker.py accelerate|zs STEPS OUT [CONFIG_JSON]"""
 import json
 import os
@@ -17,6 +20,7 @@ import models  # noqa: E402
 
 ROWS = int(os.environ.get("ZS_ACCELERATE_ROWS", "48"))  # 44: 11 micro-batches a rank
 MICRO, ACCUMULATION = 2, 2
+SAVED_AT = 2  # steps, where ZS_ACCELERATE_SAVE saves the state and ZS_ACCELERATE_LOAD resumes
 
 
 def rows():
@@ -48,6 +52,10 @@ def main():
                               num_training_steps=steps * accelerator.num_processes)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     losses, done = [], 0
+    saved, loaded = os.environ.get("ZS_ACCELERATE_SAVE"), os.environ.get("ZS_ACCELERATE_LOAD")
+    if loaded:  # resume after SAVED_AT steps: the rest of the epoch's batches
+        accelerator.load_state(loaded)
+        loader, done = accelerator.skip_first_batches(loader, SAVED_AT * ACCUMULATION), SAVED_AT
     model.train()
     for batch in loader:
         with accelerator.accumulate(model):
@@ -60,11 +68,21 @@ def main():
             optimizer.zero_grad()
         losses.append(accelerator.gather(loss.detach()[None]).mean().item())
         done += accelerator.sync_gradients
+        if saved and accelerator.sync_gradients and done == SAVED_AT:
+            accelerator.save_state(saved)
         if done == steps:
             break
     state = accelerator.get_state_dict(model)
     result = {"losses": losses, "params": {k: v.tolist() for k, v in state.items()},
               "unwrapped": type(accelerator.unwrap_model(model)).__name__}
+    if saved:  # the weights as accelerate writes them, read back by transformers
+        accelerator.save_model(model, saved + ".model")
+        if accelerator.is_main_process:
+            from transformers import AutoModelForCausalLM
+            accelerator.unwrap_model(model).config.save_pretrained(saved + ".model")
+            back = AutoModelForCausalLM.from_pretrained(saved + ".model").state_dict()
+            result["from_pretrained_diff"] = max(
+                (back[k] - v).abs().max().item() for k, v in state.items())
     with open(f"{out}.rank{os.environ['RANK']}.json", "w") as f:
         json.dump(result, f)
     accelerator.end_training()

@@ -47,6 +47,27 @@ def test_an_accelerate_loop_trains_as_accelerate_ddp_does(stage, scratch):
         assert diff <= 1e-5, f"{name}: {diff}"
 
 
+def test_save_state_resumes_exactly_and_save_model_loads_with_from_pretrained(scratch):
+    """save_state after 2 of 5 steps at stage 3 (the engine's sharded checkpoint inside
+    accelerate's folder with the scheduler, sampler and RNG states); load_state and
+    skip_first_batches give the uninterrupted run's last losses and parameters bit for bit.
+    save_model's safetensors load with from_pretrained as the engine's whole parameters."""
+    config = {"zero_optimization": {"stage": 3}, "gradient_clipping": 1.0}
+    state = str(scratch / "state")
+    whole = run_ranks(
+        [WORKER, "zs", str(STEPS), str(scratch / "whole"), json.dumps(config)], WORLD,
+        str(scratch / "whole"), timeout=600, extra_env={"ZS_ACCELERATE_SAVE": state})
+    assert sorted(os.listdir(state))[:3] == ["latest", "random_states_0.pkl", "random_states_1.pkl"]
+    assert os.path.isdir(os.path.join(state, "zeroshard"))
+    assert whole[0]["from_pretrained_diff"] == 0.0
+    resumed = run_ranks([WORKER, "zs", str(STEPS), str(scratch / "resumed"), json.dumps(config)],
+                        WORLD, str(scratch / "resumed"), timeout=600,
+                        extra_env={"ZS_ACCELERATE_LOAD": state})
+    for rank in range(WORLD):
+        assert resumed[rank]["losses"] == whole[rank]["losses"][4:]
+        assert resumed[rank]["params"] == whole[rank]["params"]
+
+
 def test_a_window_accelerate_ends_early_is_refused_not_stepped_apart(scratch):
     """11 micro-batches a rank with accumulation 2: accelerate ends a window at the data
     loader's end, which the engine cannot; every rank stops there, saying so."""
