@@ -23,6 +23,7 @@ from ._config import load_config  # noqa: E402
 from ._consolidate import consolidate
 from ._construction import Init, init
 from ._engine import ZeroShardEngine
+from ._inference import init_inference
 from ._initialize import initialize
 from ._optimizer import ZeroShardOptimizer
 from ._estimate import estimate
@@ -31,6 +32,7 @@ from .comm import init_distributed  # noqa: E402
 from ._initialize import add_config_arguments  # noqa: E402
 from ._deepspeed_checkpoint import convert_deepspeed_checkpoint  # noqa: E402
 
-__all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "init", "Init",
+__all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "init_inference",
+           "init", "Init",
            "estimate", "load_config", "consolidate", "init_distributed",
            "add_config_arguments", "convert_deepspeed_checkpoint", "accelerator", "comm", "zero"]

@@ -34,7 +34,10 @@ Design notes.
 """
 import contextlib
 import ctypes
+import json
 import math
+import os
+import struct
 import sys
 import weakref
 
@@ -342,11 +345,13 @@ def _owners_of_meta(model):
                 yield module, name, p
 
 
-def materializer_for(model):
+def materializer_for(model, sources=None):
     """Before the engine is built: meta parameters become placeholders on the host (the
     same objects, so optimizer groups keep them) to be made by their module's
-    reset_parameters(). Returns the engine's materialize callback, or None when every
+    reset_parameters(), or read from a safetensors file where `sources` ({id(parameter):
+    (file, key)}) names one. Returns the engine's materialize callback, or None when every
     parameter already holds its values whole (the engine then broadcasts rank 0's)."""
+    sources = sources or {}
     if _active is not None:
         raise _zeroshard.Error(
             "zeroshard.initialize was called inside a zeroshard.init context; build the model "
@@ -355,7 +360,7 @@ def materializer_for(model):
     for module in model.modules():
         _make_meta_buffers(module)
     for module, name, p in meta:
-        if not callable(getattr(module, "reset_parameters", None)):
+        if id(p) not in sources and not callable(getattr(module, "reset_parameters", None)):
             raise _zeroshard.Error(
                 f"parameter '{name}' of {type(module).__name__} is on the meta device and "
                 f"{type(module).__name__} has no reset_parameters() to make it; give the "
@@ -366,7 +371,10 @@ def materializer_for(model):
     for module, name, p in meta:
         placeholder = torch.nn.Parameter(_poison(p.shape, p.dtype), requires_grad=p.requires_grad)
         torch.utils.swap_tensors(p, placeholder)
-        p._zs_owner = module
+        if id(p) in sources:
+            p._zs_source = sources[id(p)]
+        else:
+            p._zs_owner = module
     _launch.init_distributed()
     return _Materializer()
 
@@ -391,14 +399,59 @@ def _make_meta_buffers(module):
     module.reset_running_stats()
 
 
+class SafetensorsFile:
+    """One tensor at a time from a safetensors file, read into memory of its own (not
+    mapped: a mapped file's pages stay in the process's resident set)."""
+
+    DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+              "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+              "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+    def __init__(self, path):
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY)
+        (length,) = struct.unpack("<Q", os.pread(self._fd, 8, 0))
+        self._header = json.loads(os.pread(self._fd, length, 8))
+        self._data_start = 8 + length
+
+    def keys(self):
+        return [k for k in self._header if k != "__metadata__"]
+
+    def read(self, key):
+        entry = self._header.get(key)
+        if entry is None:
+            raise _zeroshard.Error(f"{self.path}: no tensor '{key}'")
+        dtype = self.DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise _zeroshard.Error(f"{self.path}: '{key}' is {entry['dtype']}; allowed: "
+                                   f"{', '.join(self.DTYPES)}")
+        begin, end = entry["data_offsets"]
+        data = bytearray(end - begin)
+        view, done = memoryview(data), 0
+        while done < len(data):
+            got = os.preadv(self._fd, [view[done:]], self._data_start + begin + done)
+            if got <= 0:
+                raise _zeroshard.Error(f"{self.path}: ends inside '{key}'")
+            done += got
+        if not data:
+            return torch.empty(entry["shape"], dtype=dtype)
+        return torch.frombuffer(data, dtype=dtype).reshape(entry["shape"])
+
+    def __del__(self):
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+
 class _Materializer:
     """The engine's materialize callback: each group's parameters whole and equal on every
     rank, just before the engine copies them (a collective, in the engine's group order).
     Sharded parameters are gathered; meta ones made by their module's reset_parameters()
-    with its other placeholders, then rank 0's values broadcast; the rest broadcast."""
+    with its other placeholders, then rank 0's values broadcast, or read by every rank from
+    their safetensors file (one tensor at a time, never the whole file); the rest broadcast."""
 
     def __init__(self):
         self.sharder = _Sharder()
+        self._files = {}  # path: an open safetensors file
 
     def __call__(self, params):
         # The previous group's whole values and the shards it replaced are free now.
@@ -410,12 +463,25 @@ class _Materializer:
                     p._zs_shard = None
                 elif getattr(p, "_zs_owner", None) is not None:
                     self._reset(p._zs_owner)
+                elif getattr(p, "_zs_source", None) is not None:
+                    self._read(p)
                 else:
                     self._broadcast(p)
 
     def _broadcast(self, p):
         if self.sharder.world > 1:
             dist.broadcast(p.data, 0)
+
+    def _read(self, p):
+        path, key = p._zs_source
+        if path not in self._files:
+            self._files[path] = SafetensorsFile(path)
+        tensor = self._files[path].read(key)
+        if tuple(tensor.shape) != tuple(p.shape):
+            raise _zeroshard.Error(f"{path}: '{key}' has shape {tuple(tensor.shape)}; the model's "
+                                   f"parameter has {tuple(p.shape)}")
+        p.data = tensor.to(p.dtype)
+        p._zs_source = None
 
     def _reset(self, module):
         made = [p for p in module._parameters.values()

@@ -106,7 +106,7 @@ class EngineModule(torch.nn.Module):
 
 class ZeroShardEngine(SavingMethods):
     def __init__(self, model, config, units=None, model_parameters=None, optimizer=None,
-                 lr_scheduler=None, mpu=None, mesh=None):
+                 lr_scheduler=None, mpu=None, mesh=None, weight_sources=None):
         _launch.require_launch_env()
         if not isinstance(model, torch.nn.Module):
             raise _zeroshard.Error(f"model: a {type(model).__name__}; allowed: a torch.nn.Module")
@@ -142,7 +142,7 @@ class ZeroShardEngine(SavingMethods):
                          for g, d in zip(groups, decoupled)]
         # Parameters built sharded (zeroshard.init) or on the meta device come whole one
         # group at a time, as the engine copies them.
-        materialize = _construction.materializer_for(model)
+        materialize = _construction.materializer_for(model, weight_sources)
         _sync_batchnorm.take_over(model)  # before the engine: it may start torch.distributed
         if _generation.syncs(model, loaded):
             _launch.init_distributed()  # generate's synced_gpus all-reduces through it

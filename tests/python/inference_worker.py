@@ -1,0 +1,69 @@
+"""One rank of zeroshard.init_inference over hf_worker's Llama: its weights from the module
+itself or from a folder save_pretrained wrote (FOLDER), at rest on the device, in host RAM
+or on NVMe (TIER), in float32 or bfloat16 (DTYPE). Greedy generation of this rank's own
+prompts and one forward's logits, against the plain model on the same weights (a copy
+made before the engine, or from_pretrained of the folder). Writes OUT.rankN.json.
+usage: inference_worker.py OUT JSON  (JSON: dtype, tier, folder, nvme_path)"""
+import copy
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_worker  # noqa: E402
+
+NEW_TOKENS = 8
+
+
+def config_of(spec):
+    zero = {"stage": 3}
+    if spec["tier"] != "device":
+        zero["offload_param"] = {"device": spec["tier"]}
+        if spec["tier"] == "nvme":
+            # max_in_cpu 0: none of the weights kept in host RAM beside NVMe (DeepSpeed's key)
+            zero["offload_param"].update(nvme_path=spec["nvme_path"], max_in_cpu=0)
+    return {"zero_optimization": zero}
+
+
+def main():
+    out, spec = sys.argv[1], json.loads(sys.argv[2])
+    torch.set_num_threads(1)
+    import transformers
+    import zeroshard
+    rank = int(os.environ.get("RANK", "0"))
+    dtype = getattr(torch, spec["dtype"])
+    g = torch.Generator().manual_seed(100 + rank)  # every rank its own prompts
+    prompts = torch.randint(3, hf_worker.VOCAB, (2, 6), generator=g)
+    if spec.get("folder"):
+        plain = transformers.AutoModelForCausalLM.from_pretrained(spec["folder"], dtype=dtype)
+        served = spec["folder"]
+        engine = zeroshard.init_inference(served, config=config_of(spec), dtype=dtype)
+    else:
+        model = hf_worker.make("llama").to(dtype)
+        plain = copy.deepcopy(model)
+        engine = zeroshard.init_inference(model, config=config_of(spec))
+    plain.eval()
+    kwargs = dict(attention_mask=torch.ones_like(prompts), max_new_tokens=NEW_TOKENS,
+                  do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        want = plain.generate(prompts, **kwargs)
+        want_logits = plain(input_ids=prompts).logits.float()
+    got = engine.generate(prompts, **kwargs)
+    logits = engine(input_ids=prompts).logits.float()
+    report = engine.memory_report()
+    result = {"tokens_equal": torch.equal(got, want), "new_tokens": got.shape[1] - prompts.shape[1],
+              "logits_diff": (logits - want_logits).abs().max().item(),
+              "rest": {tier: report[tier]["kinds"]["params"]["current"]
+                       for tier in ("device", "host", "nvme")},
+              "trainable": sum(p.requires_grad for p in engine.module.parameters()),
+              "optimizer_bytes": sum(report[t]["kinds"][k]["peak"] for t in report
+                                     for k in ("optimizer_states", "master_params", "grads",
+                                               "grads_fp32"))}
+    with open(f"{out}.rank{rank}.json", "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""zeroshard.init_inference: a Llama served by the engine at stage 3 with its weights frozen,
+at rest on the device, in host RAM or on NVMe, from the module or from a folder
+save_pretrained wrote in shards (read tensor by tensor into the engine), as one plain
+process (no launcher's environment) or 2 ranks each generating its own prompts. Greedy
+tokens and one forward's logits equal the plain model's on the same weights bit for bit;
+the ledger holds the weights in the tier asked for and no optimizer state or gradient."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import BUILD, HERE, run_ranks, run_snippet
+
+WORKER = os.path.join(HERE, "inference_worker.py")
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+PARAMS = 24768  # hf_worker's Llama
+
+
+def serve(spec, scratch, world):
+    out = str(scratch / f"serve{len(list(scratch.iterdir()))}")
+    if world > 1:
+        return run_ranks([WORKER, out, json.dumps(spec)], world, out, timeout=300)
+    env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"), OMP_NUM_THREADS="1")
+    for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(v, None)  # a plain `python script.py`
+    r = subprocess.run([sys.executable, WORKER, out, json.dumps(spec)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(f"{out}.rank0.json") as f:
+        return [json.load(f)]
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="no transformers")
+@pytest.mark.parametrize("dtype,tier,source,world", [
+    ("float32", "device", "module", 1),
+    ("float32", "cpu", "module", 2),
+    ("bfloat16", "nvme", "module", 1),
+    ("bfloat16", "nvme", "folder", 1),
+    ("bfloat16", "cpu", "folder", 2),
+])
+def test_served_weights_generate_the_plain_models_tokens(dtype, tier, source, world, scratch):
+    spec = {"dtype": dtype, "tier": tier, "nvme_path": str(scratch / "nvme")}
+    os.makedirs(spec["nvme_path"])
+    if source == "folder":
+        import torch
+        sys.path.insert(0, HERE)
+        import hf_worker
+        folder = scratch / "saved"
+        hf_worker.make("llama").to(getattr(torch, dtype)).save_pretrained(folder,
+                                                                          max_shard_size="40KB")
+        assert len([f for f in os.listdir(folder) if f.endswith(".safetensors")]) > 1
+        spec["folder"] = str(folder)
+    ranks = serve(spec, scratch, world)
+    element = 4 if dtype == "float32" else 2
+    for r in ranks:
+        assert r["tokens_equal"] and r["new_tokens"] == 8, r
+        assert r["logits_diff"] == 0.0, r
+        assert r["trainable"] == 0 and r["optimizer_bytes"] == 0, r
+        held = {"device": "device", "cpu": "host", "nvme": "nvme"}[tier]
+        assert r["rest"][held] >= PARAMS * element // world, r  # its shard, padded
+        assert all(v == 0 for t, v in r["rest"].items() if t != held), r
+
+
+def test_what_inference_has_no_use_for_is_refused_by_name(scratch):
+    code, out = run_snippet(
+        "zeroshard.init_inference(model, config={'optimizer': {'type': 'AdamW'}})",
+        launched=False)
+    assert code != 0
+    assert ("zeroshard.init_inference: config dict: the 'optimizer' section has no use in "
+            "inference; remove it") in out, out
+    code, out = run_snippet(
+        "zeroshard.init_inference(model, config={'zero_optimization': {'stage': 2, "
+        "'offload_param': {'device': 'cpu'}}})", launched=False)
+    assert code != 0
+    assert ("config key 'zero_optimization.offload_param.device' is 'cpu' with "
+            "'zero_optimization.stage' 2; allowed: parameter offload needs stage 3" in out), out
+    code, out = run_snippet(f"zeroshard.init_inference({str(scratch)!r})", launched=False)
+    assert code != 0
+    assert "has neither model.safetensors nor model.safetensors.index.json" in out, out
+
+
+@pytest.mark.both_legs
+def test_a_module_served_in_one_plain_process():
+    """No launcher's environment, no transformers: a torch module on the trixie leg too."""
+    code, out = run_snippet(
+        "model.eval()\n"
+        "x = torch.randn(3, 4)\n"
+        "want = model(x)\n"
+        "engine = zeroshard.init_inference(model, config={'zero_optimization': "
+        "{'stage': 3, 'offload_param': {'device': 'cpu'}}})\n"
+        "assert torch.equal(engine(x), want)\n"
+        "assert not any(p.requires_grad for p in engine.module.parameters())\n"
+        "print('served', engine.memory_report()['host']['kinds']['params']['current'])\n",
+        launched=False)
+    assert code == 0, out
+    held = int(out.split("served ")[1].split()[0])
+    assert 80 <= held <= 256, out  # a Linear(4, 4): 20 fp32 values, in a padded shard
