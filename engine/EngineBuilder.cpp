@@ -14,6 +14,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 
+#include "common/Alignment.h"
 #include "common/Bytes.h"
 #include "common/Error.h"
 #include "common/FaultPoint.h"
@@ -257,6 +258,12 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
   const std::vector<bool> on_host = optimizer_on_host(layout);
   make_optimizer(params.front().param.device().is_cpu(), on_host);
   std::vector<FlatParamGroup*> trainable, sharded;
+  // Parameter offload: each unit's shard leaves for its tier as soon as it is built
+  // (a trainable one on NVMe after the optimizer has read it), so construction holds one
+  // unit's parameters, not the model's.
+  const bool offload = stage.shards_parameters() && z.offload_param.offloaded();
+  std::vector<bool> on_nvme, sharded_trainable;
+  std::unique_ptr<ParamHome> home = offload ? make_param_home(layout, on_nvme) : nullptr;
   size_t trained_params = 0;  // trainable parameters so far, in layout order
   // Tensor parallelism: what this rank's norm leaves to tp coordinate 0 (sharding/GradReducer.h).
   const bool counts_whole_params = e_->dist_.dims.coordinate(Dim::Tp) == 0;
@@ -272,9 +279,16 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
     // the optimizer updates it and ParamHome moves it to and from NVMe.
     if (z.offload_param.offloaded()) g->keep_shard_on_host(&e_->ledger_);
     if (spec.sharded) {
-      record.coordinator_unit = CoordinatorUnit(sharded.size());
+      const size_t u = sharded.size();
+      record.coordinator_unit = CoordinatorUnit(u);
       record.unit = UnitId(static_cast<size_t>(spec.unit));
       sharded.push_back(g);
+      sharded_trainable.push_back(spec.trainable);
+      if (offload && !on_nvme[u]) g->set_shard_tier(Tier::Host, &e_->ledger_);
+      if (home && on_nvme[u]) {
+        home->adopt(u, g);
+        if (!spec.trainable) home->store(u);
+      }
     }
     e_->groups_.add(std::move(record), spec.trainable);
     if (!spec.trainable) continue;
@@ -298,8 +312,12 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
   // Shards leave RAM (parameter offload) before the gradient buffers are allocated, so
   // a model as large as host RAM is never held twice.
   e_->pipeline_->optimizer().start();
-  std::unique_ptr<ParamHome> home =
-      stage.shards_parameters() ? place_param_shards(sharded) : nullptr;
+  if (home) {
+    for (size_t u = 0; u < sharded.size(); ++u)
+      if (on_nvme[u] && sharded_trainable[u]) home->store(u);
+    home->flush();
+    hook_param_home(home.get());
+  }
   const bool opt_off = z.offload_optimizer.offloaded();
   ReduceOptions reduce;
   reduce.stage = stage;
@@ -367,23 +385,27 @@ std::vector<bool> EngineBuilder::optimizer_on_host(const std::vector<GroupSpec>&
 
 // Stage-3 parameter offload: each sharded unit's shard goes where the memory model
 // puts it (the same function decides both).
-std::unique_ptr<ParamHome> EngineBuilder::place_param_shards(
-    const std::vector<FlatParamGroup*>& sharded) {
+std::unique_ptr<ParamHome> EngineBuilder::make_param_home(const std::vector<GroupSpec>& layout,
+                                                          std::vector<bool>& on_nvme) {
   const TrainingSettings& z = e_->plan_.settings;
   const OffloadDevice device = z.offload_param.device;
-  if (!z.offload_param.offloaded()) return nullptr;
-  const ParamPlacement placed = zeroshard::place_param_shards(
-      e_->spec_of_groups(), device, z.param_max_in_cpu, e_->shard_count());
-  std::vector<bool> on_nvme(sharded.size(), device == OffloadDevice::Nvme);
-  for (size_t u : placed.in_host) on_nvme[e_->groups_[GroupId(u)].coordinator_unit->value] = false;
-  for (size_t u = 0; u < sharded.size(); ++u) {
-    if (!on_nvme[u]) sharded[u]->set_shard_tier(Tier::Host, &e_->ledger_);
+  const ParamPlacement placed =
+      zeroshard::place_param_shards(spec_of_groups(shapes_of(layout), e_->buffers_->bytes()),
+                                    device, z.param_max_in_cpu, e_->shard_count());
+  // Coordinator units number the sharded groups in layout order.
+  std::vector<int64_t> unit_of_group(layout.size(), -1), unit_bytes;
+  const size_t element = c10::elementSize(dtype_of(z.compute));
+  for (size_t i = 0; i < layout.size(); ++i) {
+    if (!layout[i].sharded) continue;
+    unit_of_group[i] = static_cast<int64_t>(unit_bytes.size());
+    int64_t numel = 0;
+    for (const auto& p : layout[i].params) numel += p.param.numel();
+    unit_bytes.push_back(padded_shard_numel(numel, e_->shard_count()) *
+                         static_cast<int64_t>(element));
   }
+  on_nvme.assign(unit_bytes.size(), device == OffloadDevice::Nvme);
+  for (size_t g : placed.in_host) on_nvme[static_cast<size_t>(unit_of_group.at(g))] = false;
   if (device != OffloadDevice::Nvme) return nullptr;
-  const std::string& dir = e_->swap_->open_dir(z.offload_param.nvme_path);  // makes io() first
-  auto home =
-      std::make_unique<ParamHome>(sharded, on_nvme, e_->swap_->io(), dir,
-                                  z.offload_param.buffer_count, &e_->ledger_, e_->device_.where);
   OffloadOptimizer* offloaded = e_->pipeline_->offloaded();
   if (!offloaded && (z.optimizer.external || z.optimizer.lamb())) {
     fail(
@@ -398,14 +420,19 @@ std::unique_ptr<ParamHome> EngineBuilder::place_param_shards(
         "on the device; allowed: 'zero_optimization.offload_optimizer.device' cpu or nvme "
         "with parameters on NVMe, or offload_param.device cpu");
   }
-  offloaded->on_group(
-      [e = e_, at = home.get()](size_t g) {
+  const std::string& dir = e_->swap_->open_dir(z.offload_param.nvme_path);  // makes io() first
+  return std::make_unique<ParamHome>(std::move(unit_bytes), on_nvme, e_->swap_->io(), dir,
+                                     z.offload_param.buffer_count, &e_->ledger_, e_->device_.where);
+}
+
+void EngineBuilder::hook_param_home(ParamHome* home) {
+  e_->pipeline_->offloaded()->on_group(
+      [e = e_, at = home](size_t g) {
         if (e->unit_of_trainable(g) >= 0) at->open_for_update(e->unit_of_trainable(g));
       },
-      [e = e_, at = home.get()](size_t g) {
+      [e = e_, at = home](size_t g) {
         if (e->unit_of_trainable(g) >= 0) at->store(e->unit_of_trainable(g));
       });
-  return home;
 }
 
 // offload_optimizer.overlap_step (optim/OverlappedStep.h), as the Planner resolved it:

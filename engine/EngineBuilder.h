@@ -48,8 +48,13 @@ class EngineBuilder {
   std::vector<bool> optimizer_on_host(const std::vector<GroupSpec>& layout) const;
   // offload_optimizer.overlap_step (optim/OverlappedStep.h), as the Planner resolved it.
   void make_overlapped_step(int threads);
-  // Puts stage 3's shards where the plan says; those on NVMe get the ParamHome returned.
-  std::unique_ptr<ParamHome> place_param_shards(const std::vector<FlatParamGroup*>& sharded);
+  // Stage 3 with parameter offload: where each unit's shard lives (`on_nvme`, per
+  // coordinator unit, from the plan's placement over `layout`), and for NVMe the ParamHome
+  // the shards go to as build_groups makes them.
+  std::unique_ptr<ParamHome> make_param_home(const std::vector<GroupSpec>& layout,
+                                             std::vector<bool>& on_nvme);
+  // The optimizer brings each NVMe shard in around its update.
+  void hook_param_home(ParamHome* home);
 
   EngineImpl* const e_;  // the engine being built; callbacks capture it, never the builder
 };

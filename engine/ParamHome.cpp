@@ -15,10 +15,13 @@
 
 namespace zeroshard {
 
-ParamHome::ParamHome(std::vector<FlatParamGroup*> units, std::vector<bool> on_nvme, IoEngine* io,
+ParamHome::ParamHome(std::vector<int64_t> unit_bytes, std::vector<bool> on_nvme, IoEngine* io,
                      const std::string& swap_dir, int64_t buffer_count, MemoryLedger* ledger,
                      c10::Device device)
-    : units_(std::move(units)), on_nvme_(std::move(on_nvme)), uploads_(device) {
+    : unit_bytes_(std::move(unit_bytes)),
+      units_(unit_bytes_.size(), nullptr),
+      on_nvme_(std::move(on_nvme)),
+      uploads_(device) {
   std::vector<int64_t> bytes;
   int64_t largest = 0;
   region_.assign(units_.size(), 0);
@@ -36,10 +39,14 @@ ParamHome::ParamHome(std::vector<FlatParamGroup*> units, std::vector<bool> on_nv
   io->register_buffers(pool_->all());
   for (int64_t i = 0; i < pool_->count(); ++i) free_.push_back(pool_->acquire());
   swapper_ = std::make_unique<Swapper>(io, swap_dir, "params", bytes, ledger, Kind::Params);
-  for (size_t u = 0; u < units_.size(); ++u) {
-    if (on_nvme_[u]) store(u);
-  }
-  flush();
+}
+
+void ParamHome::adopt(size_t unit, FlatParamGroup* group) {
+  const int64_t bytes = group->shard_numel() * static_cast<int64_t>(group->flat().element_size());
+  if (bytes != unit_bytes_.at(unit))
+    fail("ParamHome: unit {}'s shard is {} bytes; {} were planned", unit, bytes,
+         unit_bytes_.at(unit));
+  units_[unit] = group;
 }
 
 ParamHome::~ParamHome() {
@@ -59,8 +66,7 @@ ParamHome::~ParamHome() {
 }
 
 int64_t ParamHome::bytes_of(size_t unit) const {
-  const FlatParamGroup* g = units_[unit];
-  return g->shard_numel() * static_cast<int64_t>(g->flat().element_size());
+  return unit_bytes_[unit];
 }
 
 // A free buffer; with `may_wait`, the oldest write is waited for, or else a prefetched

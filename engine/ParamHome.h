@@ -28,13 +28,17 @@ class Swapper;
 
 class ParamHome : public ShardHome {
  public:
-  // units: the coordinator's units; on_nvme: which of them live here. Writes their
-  // current shards out and frees them. `device`: where the gathers are; on a GPU the
-  // staging buffers are page-locked.
-  ParamHome(std::vector<FlatParamGroup*> units, std::vector<bool> on_nvme, IoEngine* io,
+  // unit_bytes: each of the coordinator's units' shard size; on_nvme: which of them live
+  // here. The engine hands each unit's group over with adopt() as it builds it and writes
+  // it out with store(), so construction never holds every shard at once. `device`: where
+  // the gathers are; on a GPU the staging buffers are page-locked.
+  ParamHome(std::vector<int64_t> unit_bytes, std::vector<bool> on_nvme, IoEngine* io,
             const std::string& swap_dir, int64_t buffer_count, MemoryLedger* ledger,
             c10::Device device = c10::Device(c10::kCPU));
   ~ParamHome() override;
+
+  // The unit's group, just built (its shard not yet written: store() does that).
+  void adopt(size_t unit, FlatParamGroup* group);
 
   bool holds(size_t unit) const override { return on_nvme_.at(unit); }
   void prefetch(size_t unit) override;
@@ -54,7 +58,8 @@ class ParamHome : public ShardHome {
   void finish_read(size_t unit);
   int64_t bytes_of(size_t unit) const;
 
-  std::vector<FlatParamGroup*> units_;
+  std::vector<int64_t> unit_bytes_;
+  std::vector<FlatParamGroup*> units_;  // set by adopt()
   std::vector<bool> on_nvme_;
   std::vector<size_t> region_;  // per unit on NVMe: its swap region
   std::unique_ptr<PinnedPool> pool_;

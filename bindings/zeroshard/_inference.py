@@ -99,11 +99,11 @@ def _weight_files(folder):
 
 def _model_from_folder(folder, dtype):
     """(the model built on meta from config.json, {id(parameter): (file, key)})."""
-    import transformers
     files = _weight_files(folder)
     if not os.path.isfile(os.path.join(folder, "config.json")):
         raise _error(f"'{folder}' has no config.json (the model's architecture, which "
                      "save_pretrained writes)")
+    import transformers
     config = transformers.AutoConfig.from_pretrained(folder)
     dtype = dtype or getattr(config, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):

@@ -58,6 +58,8 @@ def main():
               "rest": {tier: report[tier]["kinds"]["params"]["current"]
                        for tier in ("device", "host", "nvme")},
               "trainable": sum(p.requires_grad for p in engine.module.parameters()),
+              # construction's peak of kept shards where the gathers are
+              "device_params_peak": report["device"]["kinds"]["params"]["peak"],
               "optimizer_bytes": sum(report[t]["kinds"][k]["peak"] for t in report
                                      for k in ("optimizer_states", "master_params", "grads",
                                                "grads_fp32"))}

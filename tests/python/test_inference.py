@@ -3,7 +3,8 @@ at rest on the device, in host RAM or on NVMe, from the module or from a folder
 save_pretrained wrote in shards (read tensor by tensor into the engine), as one plain
 process (no launcher's environment) or 2 ranks each generating its own prompts. Greedy
 tokens and one forward's logits equal the plain model's on the same weights bit for bit;
-the ledger holds the weights in the tier asked for and no optimizer state or gradient."""
+the ledger holds the weights in the tier asked for and no optimizer state or gradient, and
+construction never held more than one unit's weights where the gathers are."""
 import importlib.util
 import json
 import os
@@ -62,6 +63,8 @@ def test_served_weights_generate_the_plain_models_tokens(dtype, tier, source, wo
         held = {"device": "device", "cpu": "host", "nvme": "nvme"}[tier]
         assert r["rest"][held] >= PARAMS * element // world, r  # its shard, padded
         assert all(v == 0 for t, v in r["rest"].items() if t != held), r
+        if tier != "device":  # each unit's shard left for its tier as it was built
+            assert r["device_params_peak"] <= PARAMS * element // world // 2, r
 
 
 def test_what_inference_has_no_use_for_is_refused_by_name(scratch):
