@@ -195,13 +195,10 @@ class ZeroShardEngine(SavingMethods):
 
     def _hook_model(self, model):
         """The model's own forward: buffers made equal across ranks where one begins
-        (engine/ModuleBuffers.h), and at stage 3 the bounds of one forward's gathers (one
-        without gradients ends them)."""
+        (engine/ModuleBuffers.h), and at stage 3 the bounds of one forward's gathers."""
         engine, units, same_inputs = self._engine, self._running, self._same_inputs
         activations = ActivationShape(engine, model)
-        # A call of the model inside its own call (Lightning runs training_step through the
-        # model's __call__, and training_step calls self(x)) is part of the outer one.
-        depth = [0]
+        depth = [0]  # a call inside its own call (Lightning's training_step) is the outer one's
 
         def model_begins(_module, args, kwargs):
             depth[0] += 1
@@ -214,19 +211,18 @@ class ZeroShardEngine(SavingMethods):
             engine.model_forward_begin()
             activations.observe(args, kwargs)
 
-        # First before the forward and last after it, also where the model is a unit itself.
-        self._hooks.append(
-            model.register_forward_pre_hook(model_begins, prepend=True, with_kwargs=True))
-
         def model_ends(_module, _inputs, _output):
             if depth[0] == 1:
                 engine.model_forward_end(torch.is_grad_enabled())
 
-        def model_left(_module, _inputs, _output):  # also when the forward raised
-            depth[0] = max(depth[0] - 1, 0)  # 0: a hook before ours raised
+        def model_left(_module, _inputs, _output):  # also when the forward (or a hook) raised
+            depth[0] = max(depth[0] - 1, 0)
 
-        self._hooks.append(model.register_forward_hook(model_ends))
-        self._hooks.append(model.register_forward_hook(model_left, always_call=True))
+        # First before the forward and last after it, also where the model is a unit itself.
+        self._hooks += [
+            model.register_forward_pre_hook(model_begins, prepend=True, with_kwargs=True),
+            model.register_forward_hook(model_ends),
+            model.register_forward_hook(model_left, always_call=True)]
 
     def _hook_stage3(self, model):
         """Every unit gathered where one of its modules runs, and wherever else one of its

@@ -63,14 +63,10 @@ class ZeroShardFabricStrategy(DDPStrategy):
                  offload_params_device="cpu", nvme_path=None, accelerator=None,
                  parallel_devices=None, cluster_environment=None, checkpoint_io=None,
                  precision=None, process_group_backend=None, **timeout):
-        unknown = set(timeout) - {"timeout"}
-        if unknown:
-            raise _error(f"{', '.join(sorted(unknown))}: not an argument of this strategy; "
-                         "DeepSpeed's other settings go in the config under their DeepSpeed keys")
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision=precision, process_group_backend=process_group_backend,
-                         **timeout)
+                         **_lightning.only_timeout(timeout, "ZeroShardFabricStrategy"))
         self.config, self._origin = _lightning.strategy_config(
             config, stage, offload_optimizer, offload_parameters, offload_optimizer_device,
             offload_params_device, nvme_path)
@@ -85,18 +81,13 @@ class ZeroShardFabricStrategy(DDPStrategy):
     @precision.setter
     def precision(self, plugin):
         if plugin is not None and not isinstance(plugin, ZeroShardFabricPrecision):
-            if type(plugin) not in (Precision, MixedPrecision, HalfPrecision):
-                raise _error(f"precision plugin {type(plugin).__name__}: the engine keeps the "
-                             "weights' dtypes itself; allowed: Fabric(precision=...) with one "
-                             f"of {', '.join(_lightning.PRECISIONS)}")
-            plugin = ZeroShardFabricPrecision(getattr(plugin, "precision", "32-true"))
+            plugin = ZeroShardFabricPrecision(_lightning.precision_of(
+                plugin, (Precision, MixedPrecision, HalfPrecision), "ZeroShardFabricStrategy"))
         self._precision = plugin
 
     def setup_environment(self):
         super().setup_environment()
-        for name, value in (("RANK", self.global_rank), ("WORLD_SIZE", self.world_size),
-                            ("LOCAL_RANK", self.local_rank)):
-            os.environ.setdefault(name, str(value))
+        _lightning.export_launch_env(self)
 
     def _engine_config(self):
         config = copy.deepcopy(self.config)

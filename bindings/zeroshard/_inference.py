@@ -22,7 +22,7 @@ import socket
 import torch
 from torch.nn.modules.module import register_module_parameter_registration_hook
 
-from . import _config, _zeroshard
+from . import _config, _launch, _zeroshard
 from ._construction import SafetensorsFile
 from ._engine import ZeroShardEngine
 
@@ -36,7 +36,7 @@ def _error(message):
 
 def _one_process_env():
     """Plain `python script.py`: a world of one, at a free local port."""
-    if any(v in os.environ for v in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")):
+    if any(v in os.environ for v in _launch.LAUNCH_VARS):
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

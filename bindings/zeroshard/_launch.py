@@ -7,11 +7,11 @@ import torch.distributed as dist
 
 from . import _zeroshard
 
-_LAUNCH_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+LAUNCH_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
 
 
 def require_launch_env():
-    if any(v in os.environ for v in _LAUNCH_VARS):
+    if any(v in os.environ for v in LAUNCH_VARS):
         return
     raise _zeroshard.Error(
         "zeroshard.initialize: no process-group environment (none of RANK from torchrun, "

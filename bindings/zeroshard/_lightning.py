@@ -70,6 +70,34 @@ def strategy_config(config, stage, offload_optimizer, offload_parameters,
     return config, origin
 
 
+def only_timeout(kwargs, who):
+    """The strategies' **kwargs: Lightning's `timeout` alone."""
+    unknown = set(kwargs) - {"timeout"}
+    if unknown:
+        raise _zeroshard.Error(
+            f"{who}: {', '.join(sorted(unknown))}: not an argument of {who}; DeepSpeed's other "
+            "settings go in the config under their DeepSpeed keys")
+    return kwargs
+
+
+def export_launch_env(strategy):
+    """The engine reads the launch from the environment, as torchrun leaves it; Lightning's
+    own launcher sets only part of it."""
+    for name, value in (("RANK", strategy.global_rank), ("WORLD_SIZE", strategy.world_size),
+                        ("LOCAL_RANK", strategy.local_rank)):
+        os.environ.setdefault(name, str(value))
+
+
+def precision_of(plugin, plain_types, who):
+    """The precision flag a Trainer's or Fabric's plain plugin was made from; any other
+    plugin refused."""
+    if type(plugin) not in plain_types:
+        raise _zeroshard.Error(
+            f"{who}: precision plugin {type(plugin).__name__}: the engine keeps the weights' "
+            f"dtypes itself; allowed: precision=... with one of {', '.join(PRECISIONS)}")
+    return getattr(plugin, "precision", "32-true")
+
+
 def fill_precision(config, precision, source, origin):
     if precision not in PRECISIONS:
         raise error(f"precision {precision!r}; allowed: {', '.join(PRECISIONS)}")
@@ -171,10 +199,8 @@ def as_zeroshard_precision(plugin):
     """The precision plugin Lightning made from Trainer(precision=...), as the engine's."""
     if plugin is None or isinstance(plugin, ZeroShardPrecision):
         return plugin
-    if type(plugin) in (Precision, MixedPrecision, HalfPrecision):
-        return ZeroShardPrecision(getattr(plugin, "precision", "32-true"))
-    raise error(f"precision plugin {type(plugin).__name__}: the engine keeps the weights' dtypes "
-                f"itself; allowed: Trainer(precision=...) with one of {', '.join(PRECISIONS)}")
+    return ZeroShardPrecision(precision_of(plugin, (Precision, MixedPrecision, HalfPrecision),
+                                           "ZeroShardStrategy"))
 
 
 class ZeroShardStrategy(DDPStrategy):
@@ -189,14 +215,11 @@ class ZeroShardStrategy(DDPStrategy):
                  offload_params_device="cpu", nvme_path=None, accelerator=None,
                  parallel_devices=None, cluster_environment=None, checkpoint_io=None,
                  precision_plugin=None, process_group_backend=None, **timeout):
-        unknown = set(timeout) - {"timeout"}
-        if unknown:
-            raise error(f"{', '.join(sorted(unknown))}: not an argument of ZeroShardStrategy; "
-                        "DeepSpeed's other settings go in the config under their DeepSpeed keys")
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin,
-                         process_group_backend=process_group_backend, **timeout)
+                         process_group_backend=process_group_backend,
+                         **only_timeout(timeout, "ZeroShardStrategy"))
         self.config, self._origin = strategy_config(
             config, stage, offload_optimizer, offload_parameters, offload_optimizer_device,
             offload_params_device, nvme_path)
@@ -225,10 +248,7 @@ class ZeroShardStrategy(DDPStrategy):
 
     def setup_distributed(self):
         super().setup_distributed()
-        # The engine reads the launch from the environment, as torchrun leaves it.
-        for name, value in (("RANK", self.global_rank), ("WORLD_SIZE", self.world_size),
-                            ("LOCAL_RANK", self.local_rank)):
-            os.environ.setdefault(name, str(value))
+        export_launch_env(self)
 
     def _engine_config(self, trainer):
         config, origin = copy.deepcopy(self.config), self._origin
