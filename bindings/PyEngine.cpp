@@ -414,6 +414,9 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def("set_aliases", &EngineImpl::set_aliases)
       .def("backward", &EngineImpl::backward, py::arg("loss"), py::arg("retain_graph") = false,
            py::call_guard<py::gil_scoped_release>())
+      .def("begin_backward", &EngineImpl::begin_backward, py::arg("loss"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("end_backward", &EngineImpl::end_backward, py::call_guard<py::gil_scoped_release>())
       .def("step", &EngineImpl::step, py::call_guard<py::gil_scoped_release>())
       .def("zero_grad", &EngineImpl::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("full_parameters",
@@ -447,6 +450,8 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly("data_parallel_rank", &EngineImpl::data_parallel_rank)
       .def_property_readonly("data_parallel_size", &EngineImpl::data_parallel_size)
       .def_property_readonly("tensor_parallel_size", &EngineImpl::tensor_parallel_size)
+      .def_property_readonly("pipeline_parallel_size", &EngineImpl::pipeline_parallel_size)
+      .def_property_readonly("pipeline_stage", &EngineImpl::pipeline_stage)
       .def_property_readonly("stage",
                              [](const EngineImpl& e) { return e.plan().settings.stage.number(); })
       .def_property_readonly(

@@ -196,6 +196,10 @@ struct Config {
   // the Python package sets it from a Megatron mpu): ZeRO shards over the world / tp
   // data-parallel ranks (engine/ParallelDims.h).
   std::optional<int64_t> tensor_parallel_size = 1;
+  // Pipeline stages the ranks are split into (DeepSpeed's pipeline.stages, or a mesh's "pp"
+  // dimension): each stage's engine shards over the ranks of its stage alone, the outermost
+  // dimension (engine/ParallelDims.h).
+  std::optional<int64_t> pipeline_parallel_size = 1;
 
   // Bytes per low-precision value: 2 with bf16 or fp16, 4 in fp32 training.
   int compute_bytes() const { return (bf16 || fp16.enabled) ? 2 : 4; }

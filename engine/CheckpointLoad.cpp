@@ -33,6 +33,7 @@ namespace zeroshard {
 // saved at another tp size is read through a ReslicedCheckpoint over all of its parts.
 LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& tag,
                                     const LoadOptions& options) {
+  refuse_pipeline_stages(p_.dist.dims, "load");
   const std::string name = tag.empty() ? latest_tag(dir) : tag;
   const std::string about = dir + "/" + name + "/tensor_parallel.json";
   const int tp = p_.dist.dims.size(Dim::Tp);

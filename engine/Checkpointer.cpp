@@ -46,6 +46,17 @@ void make_dir(const std::string& path) {
 
 }  // namespace
 
+// Pipeline stages' checkpoints (one part per stage, consolidated across them) are not
+// written yet: refused on every rank alike, before any file is touched.
+void refuse_pipeline_stages(const ParallelDims& d, const char* what) {
+  if (d.size(Dim::Pp) == 1) return;
+  fail(
+      "checkpoint {}: the engine is one of pipeline.stages {} (stage {}); checkpoints of "
+      "pipeline stages are not supported yet; allowed: pipeline.stages 1, or each stage's "
+      "parameters saved from engine.module_state_dict() by the script",
+      what, d.size(Dim::Pp), d.coordinate(Dim::Pp));
+}
+
 int Checkpointer::rank() const {
   return p_.dist.dims.coordinate(Dim::Dp);
 }
@@ -127,6 +138,7 @@ std::string Checkpointer::save(const std::string& dir, std::string tag,
     fail("checkpoint tag '{}' is not allowed; allowed: a plain name (no '/', not 'latest')", tag);
   }
   const ParallelDims& d = p_.dist.dims;
+  refuse_pipeline_stages(d, "save");
   if (d.size(Dim::Tp) == 1)
     return save_part(dir, tag, client_state_json, lr_scheduler_json, options);
   const std::string whole = dir + "/" + tag;

@@ -20,6 +20,7 @@
 
 #include "engine/Checkpoint.h"
 #include "engine/GroupTable.h"
+#include "engine/ParallelDims.h"
 #include "zeroshard/Types.h"
 
 namespace zeroshard {
@@ -46,6 +47,9 @@ struct CheckpointParts {
   UnitSchedule* units;    // stage 3, else null
   c10::Device device;     // the model's: its random stream is saved with the host's
 };
+
+// Checkpoints of pipeline stages are not written yet: fails (every rank alike) with pp > 1.
+void refuse_pipeline_stages(const ParallelDims& d, const char* what);
 
 class Checkpointer {
  public:

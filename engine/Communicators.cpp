@@ -24,21 +24,26 @@ Communicators::Communicators(const DistContext& dist, MemoryLedger* ledger, bool
     return std::make_unique<Collectives>(group, in_group, size, diagnose, ledger, std::move(o));
   };
   const ParallelDims& d = dist.dims;
-  // Without tensor parallelism the data-parallel group is the world, named as before.
-  const bool tensor_parallel = d.size(Dim::Tp) > 1;
+  // Without tensor or pipeline parallelism the data-parallel group is the world, named as
+  // before.
   const int dp = d.size(Dim::Dp), in_dp = d.coordinate(Dim::Dp);
-  const std::string dp_name = tensor_parallel ? d.group_name(Dim::Dp) : "world";
+  const bool split = dp < d.world();
+  const std::string dp_name = split ? d.group_name(Dim::Dp) : "world";
   data_parallel_ = make(dist.data_parallel(GroupStream::Main), in_dp, dp, dp_name);
-  if (tensor_parallel) {
+  if (d.size(Dim::Tp) > 1) {
     tensor_parallel_ = make(dist.group(Dim::Tp, GroupStream::Main), d.coordinate(Dim::Tp),
                             d.size(Dim::Tp), d.group_name(Dim::Tp));
+  }
+  if (d.size(Dim::Pp) > 1) {
+    pipeline_parallel_ = make(dist.group(Dim::Pp, GroupStream::Main), d.coordinate(Dim::Pp),
+                              d.size(Dim::Pp), d.group_name(Dim::Pp));
   }
   if (d.splits(Dim::Hpz)) {
     hpz_ = make(dist.group(Dim::Hpz, GroupStream::Params), d.coordinate(Dim::Hpz), d.size(Dim::Hpz),
                 d.group_name(Dim::Hpz));
   }
   if (d.size(Dim::DpShard) == dp) {
-    const std::string prefix = tensor_parallel ? dp_name + "/" : "";
+    const std::string prefix = split ? dp_name + "/" : "";
     params_ = make(dist.data_parallel(GroupStream::Params), in_dp, dp, prefix + "params");
     touches_ = make(dist.data_parallel(GroupStream::Touch), in_dp, dp, prefix + "touches");
     return;
@@ -54,8 +59,8 @@ Communicators::Communicators(const DistContext& dist, MemoryLedger* ledger, bool
 
 int64_t Communicators::bytes_sent() const {
   int64_t sent = 0;
-  for (const auto* c :
-       {&data_parallel_, &group_, &params_, &touches_, &replicas_, &hpz_, &tensor_parallel_})
+  for (const auto* c : {&data_parallel_, &group_, &params_, &touches_, &replicas_, &hpz_,
+                        &tensor_parallel_, &pipeline_parallel_})
     if (*c) sent += (*c)->bytes_sent();
   return sent;
 }

@@ -12,7 +12,9 @@
 //   replicas  the ranks holding this shard in the other shard groups (null without groups);
 //   hpz       backward's gathers of hpZ's secondary copy inside the node (null without hpZ);
 //   tensor_parallel  the ranks splitting each tensor-parallel parameter with this one: the
-//             gradient norm and the overflow check are summed across them (null without).
+//             gradient norm and the overflow check are summed across them (null without);
+//   pipeline_parallel  the ranks with this rank's place in the other pipeline stages: the
+//             norm and the overflow check are summed across them too (null without).
 #include <cstdint>
 #include <memory>
 
@@ -36,6 +38,7 @@ class Communicators {
   // Where backward gathers a stage-3 unit: hpZ's group, else the params group.
   Collectives& backward_gathers() { return hpz_ ? *hpz_ : *params_; }
   Collectives* tensor_parallel() { return tensor_parallel_.get(); }
+  Collectives* pipeline_parallel() { return pipeline_parallel_.get(); }
   // Bytes this rank has sent over every group (ring-algorithm volume).
   int64_t bytes_sent() const;
 
@@ -48,6 +51,7 @@ class Communicators {
   std::unique_ptr<Collectives> replicas_;
   std::unique_ptr<Collectives> hpz_;
   std::unique_ptr<Collectives> tensor_parallel_;
+  std::unique_ptr<Collectives> pipeline_parallel_;
 };
 
 }  // namespace zeroshard

@@ -81,6 +81,12 @@ int EngineImpl::data_parallel_size() const {
 int EngineImpl::tensor_parallel_size() const {
   return dist_.dims.size(Dim::Tp);
 }
+int EngineImpl::pipeline_parallel_size() const {
+  return dist_.dims.size(Dim::Pp);
+}
+int EngineImpl::pipeline_stage() const {
+  return dist_.dims.coordinate(Dim::Pp);
+}
 MemoryReport EngineImpl::memory_report() const {
   return memory_detail().to_public();
 }

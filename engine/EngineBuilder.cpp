@@ -2,6 +2,8 @@
 // flat groups and their optimizer, where offloaded state lives, the stage-3 units.
 #include "engine/EngineBuilder.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include <dlfcn.h>
 #include <malloc.h>
 #include <unistd.h>
@@ -163,7 +165,9 @@ void EngineBuilder::init(std::vector<NamedParam> params,
         "tensor_model_parallel=True) given with initialize(mpu=...)",
         tp);
   }
-  ParallelDims(env.world_size, env.rank, -1, 1, static_cast<int>(tp));  // tp divides the ranks
+  const int pp = static_cast<int>(config.pipeline_parallel_size.value_or(1));
+  // pp divides the ranks, tp a stage's
+  const ParallelDims dims(env.world_size, env.rank, -1, 1, static_cast<int>(tp), pp);
   e_->device_.where = params.front().param.device();
   e_->device_.capacity = device_capacity(e_->device_.where, env.local_world_size);
   e_->buffers_ =
@@ -187,8 +191,16 @@ void EngineBuilder::init(std::vector<NamedParam> params,
   e_->dist_ = init_distributed(
       env, z.comm_timeout, params.front().param.device(),
       z.stage.shards_optimizer() && mics > 0 ? static_cast<int>(mics) : -1, static_cast<int>(hpz),
-      [&](c10d::Store& store) { agree_on_build(store, env.rank, env.world_size, built); },
-      static_cast<int>(z.tensor_parallel_size));
+      [&](c10d::Store& store) {
+        // Each pipeline stage builds its own part of the model: its ranks agree among
+        // themselves, under a prefix of their own.
+        if (pp == 1) return agree_on_build(store, env.rank, env.world_size, built);
+        c10d::PrefixStore stage(
+            fmt::format("stage{}", dims.coordinate(Dim::Pp)),
+            c10::intrusive_ptr<c10d::Store>::unsafe_reclaim_from_nonowning(&store));
+        agree_on_build(stage, dims.rank_in_stage(), dims.stage_ranks(), built);
+      },
+      static_cast<int>(z.tensor_parallel_size), pp);
   e_->comms_ = std::make_unique<Communicators>(e_->dist_, &e_->ledger_, z.check_collectives);
   // The groups' lrs as they are now, as DeepSpeed's scheduler reads them when it is built.
   e_->schedule_ = LrSchedule(z.scheduler, e_->param_groups_.lrs(z.optimizer.defaults),
@@ -329,6 +341,7 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
   e_->pipeline_->set_reducer(std::make_unique<GradReducer>(trainable, reduce, &e_->comms_->shards(),
                                                            e_->comms_->replicas(), &e_->ledger_));
   e_->pipeline_->reducer().set_tensor_parallel(e_->comms_->tensor_parallel());
+  e_->pipeline_->reducer().set_pipeline_parallel(e_->comms_->pipeline_parallel());
   if (!stage.shards_parameters()) return;
   CoordinatorOptions o;
   o.prefetch_numel = z.stage3_prefetch_bucket_size;

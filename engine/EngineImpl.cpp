@@ -55,13 +55,21 @@ EngineImpl::EngineImpl(std::vector<NamedParam> params,
 EngineImpl::~EngineImpl() = default;
 
 void EngineImpl::backward(const at::Tensor& loss, bool retain_graph) {
+  begin_backward(loss).backward({}, retain_graph);
+  end_backward();
+}
+
+at::Tensor EngineImpl::begin_backward(const at::Tensor& loss) {
   std::optional<c10::Stream> stream;  // where an overlapped step's copies are ordered after
   const c10::Device where = device_.where;
   if (!where.is_cpu()) stream = c10::impl::getDeviceGuardImpl(where.type())->getStream(where);
   const at::Tensor scaled = pipeline_->begin_backward(
       loss, [this] { return param_group_hypers(); }, stream);
   if (units_) units_->end_forward();
-  scaled.backward({}, retain_graph);
+  return scaled;
+}
+
+void EngineImpl::end_backward() {
   if (units_) units_->end_backward();
   fault_point("backward.end");
   pipeline_->end_backward();
@@ -103,10 +111,12 @@ int64_t EngineImpl::bytes_sent() const {
 }
 
 void EngineImpl::barrier() {
-  // Across the data-parallel group, then across the tp group: every rank of the job.
+  // Across the data-parallel group, then the tp group (the whole stage), then the pp group
+  // (one rank of every stage, each past its own stage's): every rank of the job.
   at::Tensor token = at::zeros({1});
   comms_->data_parallel().all_reduce_sum(token).wait();
   if (Collectives* tp = comms_->tensor_parallel()) tp->all_reduce_sum(token).wait();
+  if (Collectives* pp = comms_->pipeline_parallel()) pp->all_reduce_sum(token).wait();
 }
 
 std::vector<NamedParam> EngineImpl::full_parameters() {

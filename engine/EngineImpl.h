@@ -91,6 +91,12 @@ class EngineImpl final : public Engine {
   at::Tensor run_unit(const torch::nn::Module& unit,
                       const std::function<at::Tensor()>& forward) override;
   void backward(const at::Tensor& loss, bool retain_graph = false) override;
+  // backward() in two halves, around a backward the caller runs itself (a pipeline stage's:
+  // autograd.backward from its outputs with the gradients the next stage sent). begin counts
+  // the micro-batch and returns `loss` times fp16's scale (the last stage differentiates
+  // it; the others' incoming gradients carry the scale already); end closes it.
+  at::Tensor begin_backward(const at::Tensor& loss);
+  void end_backward();
   bool step() override;
   void zero_grad() override;
   std::vector<NamedParam> full_parameters() override;
@@ -110,6 +116,8 @@ class EngineImpl final : public Engine {
   int data_parallel_rank() const override;
   int data_parallel_size() const override;
   int tensor_parallel_size() const;
+  int pipeline_parallel_size() const;
+  int pipeline_stage() const;  // this rank's coordinate along pp
   MemoryReport memory_report() const override;
   void barrier() override;
   // The parameter groups' options are stored too, and come back on load (the checkpoint

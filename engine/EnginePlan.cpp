@@ -108,10 +108,14 @@ Plan plan_for(const std::vector<NamedParam>& params,
   budget.host_bytes = host_memory_bytes();
   // With tensor parallelism the parameters given are this rank's slices, sharded over the
   // world / tp data-parallel ranks (WorldShape::data_parallel_ranks).
+  // With pipeline stages, one stage's ranks (the outermost dimension): the parameters given
+  // are the stage's, sharded over its data-parallel ranks.
   const int64_t tp = std::max<int64_t>(1, config.tensor_parallel_size.value_or(1));
-  const int64_t per_node = std::max(1, env.local_world_size);
-  WorldShape world{env.world_size / per_node, per_node, tp};
-  if (world.ranks() != env.world_size || per_node % tp != 0) world = {1, env.world_size, tp};
+  const int64_t pp = std::max<int64_t>(1, config.pipeline_parallel_size.value_or(1));
+  const int64_t ranks = env.world_size / pp;
+  const int64_t per_node = std::min<int64_t>(std::max(1, env.local_world_size), ranks);
+  WorldShape world{ranks / per_node, per_node, tp};
+  if (world.ranks() != ranks || per_node % tp != 0) world = {1, ranks, tp};
   TrainingShape shape;
   shape.device_is_host = params.front().param.device().is_cpu();
   ModelSpec spec = spec_of_params(params, buffer_bytes);

@@ -8,14 +8,24 @@
 
 namespace zeroshard {
 
-ParallelDims::ParallelDims(int world, int rank, int dp_shard, int hpz, int tp)
-    : world_(world), rank_(rank), hpz_(std::max(1, hpz)), tp_(std::max(1, tp)) {
-  if (world_ % tp_ != 0) {
-    fail("tensor_parallel.autotp_size {} does not divide the {} ranks", tp_, world_);
+ParallelDims::ParallelDims(int world, int rank, int dp_shard, int hpz, int tp, int pp)
+    : world_(world),
+      rank_(rank),
+      hpz_(std::max(1, hpz)),
+      tp_(std::max(1, tp)),
+      pp_(std::max(1, pp)) {
+  if (world_ % pp_ != 0) fail("pipeline.stages {} does not divide the {} ranks", pp_, world_);
+  const int stage = world_ / pp_;
+  if (stage % tp_ != 0) {
+    fail("tensor_parallel.autotp_size {} does not divide the {} ranks{}", tp_, stage,
+         pp_ > 1 ? " of a pipeline stage (ranks / pipeline.stages)" : "");
   }
-  const int dp = world_ / tp_;
+  const int dp = stage / tp_;
   dp_shard_ = dp_shard > 0 ? dp_shard : dp;
-  const char* of = tp_ > 1 ? "data-parallel ranks (ranks / tensor_parallel.autotp_size)" : "ranks";
+  const char* of =
+      tp_ > 1 || pp_ > 1
+          ? "data-parallel ranks (ranks / (pipeline.stages * tensor_parallel.autotp_size))"
+          : "ranks";
   if (dp % dp_shard_ != 0) {
     fail("zero_optimization.mics_shard_size {} does not divide the {} {}", dp_shard_, dp, of);
   }
@@ -25,26 +35,32 @@ ParallelDims::ParallelDims(int world, int rank, int dp_shard, int hpz, int tp)
 }
 
 // Each dimension once: its size, this rank's coordinate in its group, which group, and the
-// name's prefix. tp groups are consecutive ranks, dp groups take one rank of each tp group.
-// Inside dp, dp_shard and hpz groups are consecutive data-parallel ranks and a dp_replicate
-// group takes one of each shard group, those holding the same shard; their group numbers
-// count across the tp coordinates, so each name is the job's only one.
+// name's prefix. Inside a stage, tp groups are consecutive ranks, dp groups take one rank of
+// each tp group; inside dp, dp_shard and hpz groups are consecutive data-parallel ranks and a
+// dp_replicate group takes one of each shard group, those holding the same shard. Group
+// numbers count across the tp coordinates and the stages, so each name is the job's only one.
 ParallelDims::Layout ParallelDims::layout(Dim d) const {
-  const int t = rank_ % tp_, r = rank_ / tp_, dp = world_ / tp_;
-  auto inside_dp = [&](int group_of_dp) { return group_of_dp * tp_ + t; };
+  const int stage = world_ / pp_, p = rank_ / stage, local = rank_ % stage;
+  const int t = local % tp_, r = local / tp_, dp = stage / tp_;
+  // A group numbered `g` among its stage's `per_stage` groups of its dimension.
+  auto across = [&](int g, int size) { return p * (stage / size) + g; };
+  auto inside_dp = [&](int group_of_dp, int size) { return across(group_of_dp * tp_ + t, size); };
   switch (d) {
     case Dim::Dp:
-      return {dp, r, t, "dp", "dp"};
+      return {dp, r, across(t, dp), "dp", "dp"};
     case Dim::DpShard:
-      return {dp_shard_, r % dp_shard_, inside_dp(r / dp_shard_), "dp_shard", "shard"};
-    case Dim::DpReplicate:
-      return {dp / dp_shard_, r / dp_shard_, inside_dp(r % dp_shard_), "dp_replicate", "replica"};
+      return {dp_shard_, r % dp_shard_, inside_dp(r / dp_shard_, dp_shard_), "dp_shard", "shard"};
+    case Dim::DpReplicate: {
+      const int replicas = dp / dp_shard_;
+      return {replicas, r / dp_shard_, inside_dp(r % dp_shard_, replicas), "dp_replicate",
+              "replica"};
+    }
     case Dim::Hpz:
-      return {hpz_, r % hpz_, inside_dp(r / hpz_), "hpz", "hpz"};
+      return {hpz_, r % hpz_, inside_dp(r / hpz_, hpz_), "hpz", "hpz"};
     case Dim::Tp:
-      return {tp_, t, r, "tp", "tp"};
+      return {tp_, t, across(r, tp_), "tp", "tp"};
     case Dim::Pp:
-      break;
+      return {pp_, p, local, "pp", "pp"};
   }
   return {1, 0, rank_, "pp", "pp"};
 }

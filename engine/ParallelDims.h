@@ -18,9 +18,12 @@
 //   hpz           ranks sharing stage 3's secondary copy of the parameters, which
 //                 backward gathers from (ZeRO++ hpZ, zero_hpz_partition_size), 1 without.
 //                 It divides the data-parallel ranks like dp_shard, not inside it.
-// rank = dp coordinate * tp + tp coordinate, and inside dp, dp_shard fastest:
-// dp coordinate = replica * dp_shard + shard index. The pipeline dimension (pp) is not
-// built yet: its size is 1.
+//   pp            pipeline stages (pipeline.stages), the outermost dimension as torchtitan's
+//                 mesh and DeepSpeed's topology lay it out: each stage is world / pp
+//                 consecutive ranks, and every dimension above lives inside one stage. A pp
+//                 group holds one rank of each stage, those with the same place in theirs.
+// rank = pp coordinate * (world / pp) + dp coordinate * tp + tp coordinate, and inside dp,
+// dp_shard fastest: dp coordinate = replica * dp_shard + shard index.
 #include <string>
 #include <vector>
 
@@ -32,9 +35,10 @@ class ParallelDims {
  public:
   ParallelDims() = default;
   // `dp_shard`: ranks per shard group (<= 0: every data-parallel rank); `hpz`: ranks per
-  // hpZ group (<= 1: none); `tp`: ranks per tensor-parallel group. tp must divide `world`,
-  // the others world / tp; the error names the config key.
-  ParallelDims(int world, int rank, int dp_shard, int hpz, int tp = 1);
+  // hpZ group (<= 1: none); `tp`: ranks per tensor-parallel group; `pp`: pipeline stages.
+  // pp must divide `world`, tp world / pp, the others world / (pp * tp); the error names
+  // the config key.
+  ParallelDims(int world, int rank, int dp_shard, int hpz, int tp = 1, int pp = 1);
 
   int world() const { return world_; }
   int rank() const { return rank_; }
@@ -44,6 +48,9 @@ class ParallelDims {
   // The dimension has a group of more than one rank, smaller than the world: one that
   // needs a process group of its own (a group of every rank is the world's).
   bool splits(Dim d) const { return size(d) > 1 && size(d) < world_; }
+  // Ranks of one pipeline stage, and this rank's place among them.
+  int stage_ranks() const { return world_ / pp_; }
+  int rank_in_stage() const { return rank_ % stage_ranks(); }
   // Which of the dimension's groups this rank is in (0 .. world / size - 1).
   int group_index(Dim d) const { return layout(d).group; }
   // The group's name, the same on every rank of it: "shard1", "replica0", "hpz0", "dp1".
@@ -63,6 +70,7 @@ class ParallelDims {
   int dp_shard_ = 1;
   int hpz_ = 1;
   int tp_ = 1;
+  int pp_ = 1;
 };
 
 }  // namespace zeroshard

@@ -120,12 +120,12 @@ using GroupMaker = std::function<c10::intrusive_ptr<c10d::Backend>(
     const std::string& prefix, int rank, int size, bool high_priority)>;
 
 // Every rank makes its groups in one order (the world's or its data-parallel group's, its
-// tp group, its hpZ group, then its shard and replica groups), and each group's store prefix
-// names its members, so no two groups wait on each other while they connect.
+// tp group, its pp group, its hpZ group, then its shard and replica groups), and each
+// group's store prefix names its members, so no two groups wait on each other while they
+// connect.
 void make_groups(DistContext& ctx, const GroupMaker& make_group) {
   const ParallelDims& d = ctx.dims;
-  const bool tensor_parallel = d.size(Dim::Tp) > 1;
-  if (!tensor_parallel) {
+  if (d.size(Dim::Dp) == d.world()) {
     const int world = d.world(), rank = d.rank();
     ctx.set_group(std::nullopt, GroupStream::Main, make_group("main", rank, world, false));
     // Gathers: compute waits on them.
@@ -139,8 +139,11 @@ void make_groups(DistContext& ctx, const GroupMaker& make_group) {
       ctx.set_group(Dim::Dp, GroupStream::Params, make_group(dp + "/params", in_dp, size, true));
       ctx.set_group(Dim::Dp, GroupStream::Touch, make_group(dp + "/touch", in_dp, size, false));
     }
-    ctx.set_group(Dim::Tp, GroupStream::Main,
-                  make_group(d.group_name(Dim::Tp), d.coordinate(Dim::Tp), d.size(Dim::Tp), false));
+    for (const Dim dim : {Dim::Tp, Dim::Pp}) {
+      if (d.size(dim) == 1) continue;
+      ctx.set_group(dim, GroupStream::Main,
+                    make_group(d.group_name(dim), d.coordinate(dim), d.size(dim), false));
+    }
   }
   if (d.splits(Dim::Hpz)) {
     ctx.set_group(Dim::Hpz, GroupStream::Params,
@@ -237,11 +240,12 @@ bool engine_serves_rendezvous(const LaunchEnv& env) {
 
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
                              c10::Device device, int shard_size, int hpz_size,
-                             const std::function<void(c10d::Store&)>& agree, int tp_size) {
+                             const std::function<void(c10d::Store&)>& agree, int tp_size,
+                             int pp_size) {
   DistContext ctx;
   ctx.env = env;
   ctx.timeout = timeout;
-  ctx.dims = ParallelDims(env.world_size, env.rank, shard_size, hpz_size, tp_size);
+  ctx.dims = ParallelDims(env.world_size, env.rank, shard_size, hpz_size, tp_size, pp_size);
   // One process on the host gets no group: every collective is a no-op. On a GPU it gets
   // groups of one, so a one-GPU run takes the path (NCCL, streams) many GPUs take.
   const std::string backend = backend_for(device);
@@ -283,7 +287,7 @@ c10::intrusive_ptr<c10d::Backend> DistContext::world(GroupStream stream) const {
 }
 
 c10::intrusive_ptr<c10d::Backend> DistContext::data_parallel(GroupStream stream) const {
-  return dims.size(Dim::Tp) > 1 ? group(Dim::Dp, stream) : world(stream);
+  return dims.size(Dim::Dp) < dims.world() ? group(Dim::Dp, stream) : world(stream);
 }
 
 c10::intrusive_ptr<c10d::Backend> DistContext::group(Dim dim, GroupStream stream) const {

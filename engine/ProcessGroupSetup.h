@@ -38,15 +38,15 @@ struct DistContext {
   c10::intrusive_ptr<c10d::Store> store;
   std::chrono::milliseconds timeout{300'000};
 
-  // Every rank's group for `stream`; null with one process on the host, and with tensor
-  // parallelism (the engine's collectives never span the world then).
+  // Every rank's group for `stream`; null with one process on the host, and with tensor or
+  // pipeline parallelism (the engine's collectives never span the world then).
   c10::intrusive_ptr<c10d::Backend> world(GroupStream stream) const;
   // This rank's data-parallel group for `stream` (the world without tensor parallelism);
   // null where it is one rank on the host.
   c10::intrusive_ptr<c10d::Backend> data_parallel(GroupStream stream) const;
   // This rank's group of dimension `dim` for `stream`; null where the dimension has no group
   // of its own (one rank, or every rank: world() serves then). Made: dp's and dp_shard's for
-  // every stream, dp_replicate's and tp's for Main, hpz's for Params.
+  // every stream, dp_replicate's, tp's and pp's for Main, hpz's for Params.
   c10::intrusive_ptr<c10d::Backend> group(Dim dim, GroupStream stream) const;
   void set_group(std::optional<Dim> dim, GroupStream stream,
                  c10::intrusive_ptr<c10d::Backend> backend);
@@ -72,12 +72,13 @@ bool engine_serves_rendezvous(const LaunchEnv& env);
 // `device`: where the model's parameters are; its groups carry tensors of that device.
 // `shard_size`: ranks per shard group (a divisor of the world size; <= 0: all ranks).
 // `hpz_size`: ranks per hpZ group (a divisor of the world size; <= 1: none).
-// `tp_size`: ranks per tensor-parallel group; the sizes above then divide world / tp.
+// `tp_size`: ranks per tensor-parallel group; `pp_size`: pipeline stages; the sizes above
+// then divide world / (pp * tp).
 // `agree`: called with the engine's store once it is made, before any process group (where
 // the ranks check that they built alike: engine/RankAgreement.h).
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
                              c10::Device device = c10::Device(c10::kCPU), int shard_size = -1,
                              int hpz_size = 1, const std::function<void(c10d::Store&)>& agree = {},
-                             int tp_size = 1);
+                             int tp_size = 1, int pp_size = 1);
 
 }  // namespace zeroshard

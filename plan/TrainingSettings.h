@@ -68,6 +68,8 @@ struct TrainingSettings {
   int64_t hpz_partition_size = 1;
   // Ranks each tensor-parallel parameter is split across; ZeRO works over the others.
   int64_t tensor_parallel_size = 1;
+  // Pipeline stages; ZeRO works inside each stage's ranks.
+  int64_t pipeline_parallel_size = 1;
   OffloadSettings offload_optimizer;
   // The share of the optimizer's shards (by elements) that steps on the host, the first
   // groups staying on the device (offload_optimizer.ratio at stage 3 with cpu; else 1).

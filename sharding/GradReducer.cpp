@@ -304,6 +304,7 @@ double GradReducer::norm_across_ranks(at::Tensor sum_squares, double scale) {
   const CollectiveLabel label("the gradient norm");
   if (sharded_grads()) comm_->all_reduce_sum(sum_squares).wait();
   if (tensor_parallel_) tensor_parallel_->all_reduce_sum(sum_squares).wait();
+  if (pipeline_parallel_) pipeline_parallel_->all_reduce_sum(sum_squares).wait();
   return std::sqrt(std::max(0.0, sum_squares.item<double>())) * std::abs(scale);
 }
 
@@ -317,6 +318,7 @@ bool GradReducer::any_overflow() {
   const CollectiveLabel label("the overflow check");
   if (sharded_grads()) comm_->all_reduce_sum(bad).wait();
   if (tensor_parallel_) tensor_parallel_->all_reduce_sum(bad).wait();
+  if (pipeline_parallel_) pipeline_parallel_->all_reduce_sum(bad).wait();
   return bad.item<float>() > 0;
 }
 

@@ -74,6 +74,9 @@ class GradReducer {
   // Tensor parallelism: the ranks splitting parameters with this one; the norm and the
   // overflow check are summed across them too (null without).
   void set_tensor_parallel(Collectives* tensor_parallel) { tensor_parallel_ = tensor_parallel; }
+  // Pipeline parallelism: the same ranks' places in the other stages, whose gradients are of
+  // other parameters; the norm and the overflow check are summed across them (null without).
+  void set_pipeline_parallel(Collectives* stages) { pipeline_parallel_ = stages; }
   // Global L2 norm of the reduced gradients times `scale`, across all shards (and tp ranks,
   // each parameter that every tp rank holds whole counted once).
   double global_norm(double scale);
@@ -175,6 +178,7 @@ class GradReducer {
   Collectives* comm_;
   Collectives* replicas_;  // null without shard groups
   Collectives* tensor_parallel_ = nullptr;
+  Collectives* pipeline_parallel_ = nullptr;
   MemoryLedger* ledger_;
   Sums sums_;
   Hooks hooks_;

@@ -104,3 +104,44 @@ TEST(ParallelDims, TensorParallelRanksAreConsecutiveAndZeroWorksAcrossTheOthers)
         << e.what();
   }
 }
+
+// 8 ranks as pp 2 x dp 2 x tp 2 (torchtitan's mesh order, pipe outermost as in DeepSpeed's
+// topology): stage 0 is ranks 0-3, stage 1 ranks 4-7; inside each, tp groups are
+// consecutive and dp groups take one rank of each; a pp group holds the ranks with the same
+// place in each stage: {0,4}, {1,5}, {2,6}, {3,7}.
+TEST(ParallelDims, PipelineStagesAreTheOutermostDimension) {
+  std::map<std::string, std::set<int>> members;
+  for (int rank = 0; rank < 8; ++rank) {
+    const ParallelDims d(8, rank, -1, 1, 2, 2);
+    EXPECT_EQ(d.size(Dim::Pp), 2);
+    EXPECT_EQ(d.coordinate(Dim::Pp), rank / 4);
+    EXPECT_EQ(d.stage_ranks(), 4);
+    EXPECT_EQ(d.rank_in_stage(), rank % 4);
+    EXPECT_EQ(d.size(Dim::Dp), 2);
+    EXPECT_EQ(d.coordinate(Dim::Dp), (rank % 4) / 2);
+    EXPECT_EQ(d.coordinate(Dim::Tp), rank % 2);
+    EXPECT_TRUE(d.splits(Dim::Dp));
+    EXPECT_TRUE(d.splits(Dim::Pp));
+    for (Dim dim : {Dim::Pp, Dim::Tp, Dim::Dp}) members[d.group_name(dim)].insert(rank);
+  }
+  const std::map<std::string, std::set<int>> want = {
+      {"pp0", {0, 4}}, {"pp1", {1, 5}}, {"pp2", {2, 6}}, {"pp3", {3, 7}},
+      {"tp0", {0, 1}}, {"tp1", {2, 3}}, {"tp2", {4, 5}}, {"tp3", {6, 7}},
+      {"dp0", {0, 2}}, {"dp1", {1, 3}}, {"dp2", {4, 6}}, {"dp3", {5, 7}}};
+  EXPECT_EQ(members, want);
+  // MiCS inside a stage: shard groups never cross stages.
+  std::map<std::string, std::set<int>> shards;
+  for (int rank = 0; rank < 8; ++rank)
+    shards[ParallelDims(8, rank, 2, 1, 1, 2).group_name(Dim::DpShard)].insert(rank);
+  const std::map<std::string, std::set<int>> want_shards = {
+      {"shard0", {0, 1}}, {"shard1", {2, 3}}, {"shard2", {4, 5}}, {"shard3", {6, 7}}};
+  EXPECT_EQ(shards, want_shards);
+  try {
+    ParallelDims(6, 0, -1, 1, 1, 4);
+    FAIL() << "4 stages of 6 ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline.stages 4 does not divide the 6 ranks"),
+              std::string::npos)
+        << e.what();
+  }
+}

@@ -1,0 +1,148 @@
+"""torch.distributed.pipelining over zeroshard engines (zeroshard.pipelining).
+
+Each rank builds its stage's module and gives it to zeroshard.initialize with the config's
+`pipeline.stages`; the engine shards it over the ranks of its own stage (pp is the
+outermost dimension: engine/ParallelDims.h). `PipelineStage(engine)` is torch's
+PipelineStage over that engine, for torch's schedules (ScheduleGPipe, Schedule1F1B):
+
+    stage = zeroshard.pipelining.PipelineStage(engine)
+    schedule = ScheduleGPipe(stage, n_microbatches=8, loss_fn=loss_fn)
+    schedule.step(x, target=y, losses=losses)   # first stage: x; last: target
+    engine.step()
+
+What the stage does that torch's does for DDP and FSDP modules:
+- each micro-batch's backward runs inside the engine's backward (its gradients reduced as
+  in any accumulation window; fp16's loss scale applied on the last stage, and the
+  overflow check and the clipping norm summed across the stages);
+- the gradients are not divided by the number of micro-batches afterwards: the engine's
+  step averages over gradient_accumulation_steps micro-batches, which must be the
+  schedule's n_microbatches (checked before the first micro-batch);
+- runtime shape inference runs the stage's module once on zeros of the received shapes
+  (torch's runs it on meta tensors, which a module holding real weights refuses)."""
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage as _TorchPipelineStage
+
+from . import _launch, _zeroshard
+
+_pp_groups = {}  # (world, stages) -> this rank's pp process group
+
+
+def _error(message):
+    return _zeroshard.Error(f"zeroshard.pipelining: {message}")
+
+
+def pipeline_group(engine):
+    """This rank's pp group: one rank of each stage, those with this rank's place in theirs,
+    in stage order (torch.distributed's, for the stages' sends and receives). Every rank
+    makes every pp group, in one order, as torch.distributed.new_group asks."""
+    core = engine._engine
+    stages = core.pipeline_parallel_size
+    _launch.init_distributed()
+    world = dist.get_world_size()
+    key = (world, stages)
+    if key not in _pp_groups:
+        per_stage = world // stages
+        mine = None
+        for place in range(per_stage):
+            ranks = [stage * per_stage + place for stage in range(stages)]
+            group = dist.new_group(ranks)
+            if dist.get_rank() in ranks:
+                mine = group
+        _pp_groups[key] = mine
+    return _pp_groups[key]
+
+
+class _RealShapes(torch.nn.Module):
+    """The stage's module, given zeros where shape inference hands it meta tensors."""
+
+    def __init__(self, module, device):
+        super().__init__()
+        self.module = module
+        self._device = device
+
+    def forward(self, *args, **kwargs):
+        def real(t):
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                return torch.zeros(t.shape, dtype=t.dtype, device=self._device)
+            return t
+
+        args = torch.utils._pytree.tree_map(real, args)
+        kwargs = torch.utils._pytree.tree_map(real, kwargs)
+        return self.module(*args, **kwargs)
+
+
+class PipelineStage(_TorchPipelineStage):
+    """torch.distributed.pipelining.PipelineStage over a zeroshard engine: `engine` is what
+    zeroshard.initialize returned for this rank's stage. stage_index and num_stages default
+    to the engine's (its pp coordinate and pipeline.stages), group to its pp group, device
+    to its parameters'. input_args/output_args as torch's (shapes given up front)."""
+
+    def __init__(self, engine, stage_index=None, num_stages=None, device=None, input_args=None,
+                 output_args=None, group=None, dw_builder=None):
+        core = engine._engine
+        stages = core.pipeline_parallel_size
+        if stages < 2:
+            raise _error(f"the engine was built with pipeline.stages {stages}; allowed: the "
+                         "number of stages (2 or more), set in the config given to initialize")
+        if num_stages is not None and num_stages != stages:
+            raise _error(f"num_stages={num_stages} but the engine's pipeline.stages is "
+                         f"{stages}; allowed: {stages} (one stage per rank; several stages per "
+                         "rank, as interleaved schedules run, are not supported yet)")
+        if stage_index is not None and stage_index != core.pipeline_stage:
+            raise _error(f"stage_index={stage_index} but this rank is in stage "
+                         f"{core.pipeline_stage} (rank // (world / pipeline.stages)); allowed: "
+                         f"{core.pipeline_stage}, or leave it out")
+        if dw_builder is not None:
+            raise _error("dw_builder: split input and weight backward is not supported; "
+                         "allowed: None")
+        device = torch.device(device) if device is not None else engine.device
+        super().__init__(_RealShapes(engine.module, device), core.pipeline_stage, stages,
+                         device, input_args=input_args, output_args=output_args,
+                         group=group if group is not None else pipeline_group(engine))
+        self.engine = engine
+        self._backwards = 0  # this schedule step's micro-batches so far
+
+    def _prepare_forward_infra(self, num_microbatches, *args, **kwargs):
+        micro = self.engine.gradient_accumulation_steps()
+        if num_microbatches != micro:
+            raise _error(
+                f"the schedule's n_microbatches is {num_microbatches} but the config's "
+                f"gradient_accumulation_steps is {micro}; allowed: equal (the engine steps "
+                "after that many micro-batches' backward and averages over them)")
+        return super()._prepare_forward_infra(num_microbatches, *args, **kwargs)
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+        if backward_type != "full":
+            raise _error(f"a schedule that splits backward ({backward_type!r} backward: "
+                         "zero-bubble schedules) is not supported; allowed: ScheduleGPipe, "
+                         "Schedule1F1B")
+        core = self.engine._engine
+        if self.is_last:  # the loss: fp16's scale goes in here
+            bwd_kwargs = dict(bwd_kwargs, stage_output=core.begin_backward(
+                bwd_kwargs["stage_output"]))
+        else:
+            core.begin_backward(torch.zeros((), device=self.device))
+        result = super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        core.end_backward()
+        self.engine._pending_backward = True
+        self._backwards += 1
+        return result
+
+    def scale_grads(self, grad_scale_factor):
+        """torch divides each parameter's .grad here; the engine's step averages instead,
+        over the same micro-batches (checked)."""
+        micro = self.engine.gradient_accumulation_steps()
+        backwards, self._backwards = self._backwards, 0
+        if backwards != micro:
+            raise _error(f"{backwards} micro-batches' backward ran in this schedule step, but "
+                         f"gradient_accumulation_steps is {micro}; allowed: equal")
+        if grad_scale_factor != micro:
+            raise _error(
+                f"the schedule scales gradients by 1/{grad_scale_factor}, the engine averages "
+                f"over gradient_accumulation_steps {micro} micro-batches: a schedule built "
+                "with scale_grads=False sums them; allowed: scale_grads=True (the default) "
+                "with a loss_fn that averages over its micro-batch")
+
+    def perform_reduce_grad(self, grad_scale_factor):
+        self.scale_grads(grad_scale_factor)

@@ -1,0 +1,112 @@
+"""Pipeline parallelism composed with ZeRO on 4 real ranks (PP2 x DP2, Gloo): a small GPT split
+in two stages (tests/python/pp_worker.py), each stage's module given to zeroshard.initialize
+with pipeline.stages 2 and run by torch's ScheduleGPipe or Schedule1F1B through
+zeroshard.pipelining.PipelineStage, 4 micro-batches a step, at stages 1 to 3 and 3 with the
+optimizer on the CPU, gradient clipping active: every step's loss (mean over the last stage's
+micro-batches and the data-parallel ranks), the pre-clip gradient norm over both stages, and
+every parameter at the end equal the whole model's in one process with torch's AdamW on the
+same global batch. What the stage cannot do is refused by name before a step is taken."""
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import HERE, run_ranks
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torch.distributed.pipelining") is None,
+    reason="torch.distributed.pipelining is not in this torch")
+
+WORKER = os.path.join(HERE, "pp_worker.py")
+WORLD, DP, STEPS = 4, 2, 4
+_reference = {}
+
+
+def reference(scratch):
+    if "ref" not in _reference:
+        out = str(scratch / "ref")
+        _reference["ref"] = run_ranks([WORKER, "ref", str(STEPS), out], 1, out)[0]
+    return _reference["ref"]
+
+
+def train(schedule, zero, scratch, extra=None):
+    out = str(scratch / schedule)
+    config = dict({"zero_optimization": zero}, **(extra or {}))
+    return run_ranks([WORKER, schedule, str(STEPS), out, json.dumps(config)], WORLD, out)
+
+
+def assert_as_one_process(got, want):
+    for r in got:
+        assert (r["stage"], r["dp_world_size"], r["train_batch_size"]) == (r["stage"], DP, 16)
+    last = [r for r in got if r["stage"] == 1]
+    for step in range(STEPS):
+        loss = sum(r["losses"][step] for r in last) / DP
+        assert abs(loss - want["losses"][step]) <= 1e-5 * abs(want["losses"][step]), step
+        for r in got:  # every rank of both stages clipped by the whole model's norm
+            assert abs(r["norms"][step] - want["norms"][step]) <= 1e-5 * want["norms"][step]
+    assert min(want["norms"]) > 0.05, "clipping was not active"
+    params = {}
+    for r in got:
+        params.update({n: torch.tensor(v) for n, v in r["params"].items()})
+    assert params.keys() == want["params"].keys()
+    for name, value in want["params"].items():
+        value = torch.tensor(value)
+        diff = (params[name] - value).abs().max().item()
+        assert diff <= 1e-5 * max(1.0, value.abs().max().item()), f"{name}: {diff}"
+
+
+@pytest.mark.parametrize("schedule,zero", [
+    ("gpipe", {"stage": 1}), ("1f1b", {"stage": 1}), ("gpipe", {"stage": 2}),
+    ("1f1b", {"stage": 2}), ("gpipe", {"stage": 3}), ("1f1b", {"stage": 3}),
+    ("1f1b", {"stage": 3, "offload_optimizer": {"device": "cpu"}})])
+def test_pp2_dp2_trains_as_the_whole_model_in_one_process(schedule, zero, scratch):
+    assert_as_one_process(train(schedule, zero, scratch), reference(scratch))
+
+
+REFUSALS = """
+import torch, zeroshard
+from torch.distributed.pipelining import ScheduleGPipe
+from zeroshard.pipelining import PipelineStage
+model = torch.nn.Linear(4, 4)
+config = {{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+          "pipeline": {{"stages": {stages}}}, "zero_optimization": {{"stage": 1}},
+          "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}}}}
+engine, _, _, _ = zeroshard.initialize(model=model, config=config)
+{body}
+"""
+
+
+def refusal(scratch, body, stages=2, world=2):
+    """Every rank's output joined, each having exited non-zero."""
+    script = scratch / f"refused{len(list(scratch.iterdir()))}.py"
+    script.write_text(REFUSALS.format(stages=stages, body=body))
+    ran = run_ranks([str(script)], world, str(scratch / "out"), expect_ok=False, timeout=120)
+    assert all(code != 0 for code, _ in ran), ran
+    return "\n".join(log for _, log in ran)
+
+
+def test_what_the_stage_cannot_do_is_refused_by_name(scratch):
+    # Micro-batches other than the accumulation window, before any micro-batch runs.
+    log = refusal(scratch, "stage = PipelineStage(engine)\n"
+                  "schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=torch.nn.MSELoss())\n"
+                  "x = torch.zeros(4, 4)\n"
+                  "schedule.step(x) if stage.is_first else schedule.step(target=x)")
+    assert ("the schedule's n_microbatches is 4 but the config's gradient_accumulation_steps "
+            "is 2; allowed: equal") in log
+    # A schedule that sums the micro-batches' gradients (scale_grads=False).
+    log = refusal(scratch, "stage = PipelineStage(engine)\n"
+                  "schedule = ScheduleGPipe(stage, n_microbatches=2, scale_grads=False,\n"
+                  "                         loss_fn=torch.nn.MSELoss())\n"
+                  "x = torch.zeros(2, 4)\n"
+                  "schedule.step(x) if stage.is_first else schedule.step(target=x)")
+    assert "a schedule built with scale_grads=False sums them; allowed: scale_grads=True" in log
+    log = refusal(scratch, "PipelineStage(engine, num_stages=4)")
+    assert "num_stages=4 but the engine's pipeline.stages is 2; allowed: 2" in log
+    log = refusal(scratch, "PipelineStage(engine)", stages=1, world=1)
+    assert "the engine was built with pipeline.stages 1; allowed: the number of stages" in log
+    log = refusal(scratch, "engine.save_checkpoint('/tmp/never')")
+    assert "checkpoints of pipeline stages are not supported yet" in log
+    log = refusal(scratch, "", stages=3, world=2)
+    assert "pipeline.stages 3 does not divide the 2 ranks" in log
