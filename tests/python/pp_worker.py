@@ -157,12 +157,15 @@ def trained(mode, steps, config):
         norms.append(engine.get_global_grad_norm())
         if micro_losses:
             losses.append(sum(float(l) for l in micro_losses) / len(micro_losses))
+    sent = engine._engine.bytes_sent()  # before the gather below
     model = engine.module
     with zeroshard.zero.GatheredParameters(list(model.parameters())):
         params = {whole_name(stage_index, n): p.detach().tolist()
                   for n, p in model.named_parameters()}
     dist.barrier()
+    report = engine.memory_report()["device"]["kinds"]["params"]
     return {"losses": losses, "norms": norms, "params": params, "stage": stage_index,
+            "bytes_sent": sent, "params_peak": report["peak"],
             "dp_world_size": engine.dp_world_size, "train_batch_size": engine.train_batch_size()}
 
 
