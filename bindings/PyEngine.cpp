@@ -153,7 +153,18 @@ EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTens
                          bool optimizer_elementwise,
                          std::pair<int64_t, int64_t> optimizer_state_other,
                          const AssumedBatchArg& assumed_batch, int tensor_parallel_size,
-                         const std::map<std::string, int>& tensor_parallel_params) {
+                         const std::map<std::string, int>& tensor_parallel_params,
+                         int pipeline_parallel_size) {
+  if (pipeline_parallel_size > 0) {  // a Megatron mpu's (bindings/zeroshard/_tensor_parallel.py)
+    auto& configured = loaded.config.pipeline_parallel_size;
+    if (configured && *configured != 1 && *configured != pipeline_parallel_size) {
+      fail(
+          "config key 'pipeline.stages' is {}, but the mpu's pipeline-parallel size is {}; "
+          "allowed: the same size, or leave the key out",
+          *configured, pipeline_parallel_size);
+    }
+    configured = pipeline_parallel_size;
+  }
   if (tensor_parallel_size > 1) {  // a Megatron mpu's size (bindings/zeroshard/_tensor_parallel.py)
     auto& configured = loaded.config.tensor_parallel_size;
     if (configured && *configured != 1 && *configured != tensor_parallel_size) {
@@ -342,7 +353,9 @@ PYBIND11_MODULE(_zeroshard, m) {
            // A Megatron mpu's tensor-parallel size (0: the config's), and the names of the
            // parameters split across its ranks.
            py::arg("tensor_parallel_size") = 0,
-           py::arg("tensor_parallel_params") = std::map<std::string, int>{})
+           py::arg("tensor_parallel_params") = std::map<std::string, int>{},
+           // A Megatron mpu's pipeline-parallel size (0: the config's pipeline.stages).
+           py::arg("pipeline_parallel_size") = 0)
       .def("optimizer_shards",
            [](EngineImpl& e) { return optimizer_shards(e.external_optimizer()); })
       .def("optimizer_regions",

@@ -146,13 +146,13 @@ class ZeroShardEngine(SavingMethods):
         _sync_batchnorm.take_over(model)  # before the engine: it may start torch.distributed
         if _generation.syncs(model, loaded):
             _launch.init_distributed()  # generate's synced_gpus all-reduces through it
-        stepped_by = {}
+        stepped_by = {"pipeline_parallel_size": _tensor_parallel.stages_of(mpu)}
         if torch_stepped:
             adafactor = _adafactor.is_adafactor(client)
             _tensor_parallel.check_optimizer(tp_size, "Adafactor" if adafactor else "")
-            stepped_by = {"optimizer_type": type(client).__name__,
-                          "optimizer_state_bytes": _torch_optimizer.state_bytes_per_element(client),
-                          "optimizer_elementwise": not adafactor}
+            stepped_by.update(
+                optimizer_type=type(client).__name__, optimizer_elementwise=not adafactor,
+                optimizer_state_bytes=_torch_optimizer.state_bytes_per_element(client))
             if adafactor:
                 per_element, whole, sharded = _adafactor.state_footprint(client)
                 stepped_by.update(optimizer_state_bytes=per_element,

@@ -32,11 +32,14 @@ def _size_and_rank(mpu):
             f"mpu: a {type(mpu).__name__} without get_tensor_model_parallel_world_size/_rank "
             "(or get_model_parallel_world_size/_rank); allowed: Megatron's mpu, or an object "
             "with those methods")
-    pipeline = _ask(mpu, "get_pipeline_model_parallel_world_size")
-    if pipeline not in (None, 1):
-        raise _error(f"mpu: pipeline-parallel size {pipeline}; allowed: 1 (pipeline "
-                     "parallelism is not supported yet)")
     return int(size), int(rank)
+
+
+def stages_of(mpu):
+    """The mpu's pipeline-parallel size (0 without an mpu: the config's pipeline.stages)."""
+    if mpu is None:
+        return 0
+    return int(_ask(mpu, "get_pipeline_model_parallel_world_size") or 1)
 
 
 def plan_of(mpu, named_params):
@@ -47,21 +50,29 @@ def plan_of(mpu, named_params):
         return 0, {}
     size, tp_rank = _size_and_rank(mpu)
     env = _zeroshard.launch_env()
-    rank, world = env["rank"], env["world_size"]
-    if size < 1 or world % size != 0:
-        raise _error(f"mpu: tensor-parallel size {size} does not divide the {world} ranks")
+    rank, world, stages = env["rank"], env["world_size"], stages_of(mpu)
+    if stages < 1 or world % stages != 0:
+        raise _error(f"mpu: pipeline-parallel size {stages} does not divide the {world} ranks")
+    per_stage = world // stages  # pipeline stages outermost, as Megatron orders them
+    if size < 1 or per_stage % size != 0:
+        raise _error(f"mpu: tensor-parallel size {size} does not divide the {per_stage} ranks"
+                     + (" of a pipeline stage" if stages > 1 else ""))
     dp_size = _ask(mpu, "get_data_parallel_world_size")
     dp_rank = _ask(mpu, "get_data_parallel_rank")
-    expected = (rank % size, world // size, rank // size)
-    found = (tp_rank, world // size if dp_size is None else int(dp_size),
-             rank // size if dp_rank is None else int(dp_rank))
+    stage = _ask(mpu, "get_pipeline_model_parallel_rank")
+    local = rank % per_stage
+    expected = (rank % size, per_stage // size, local // size, rank // per_stage)
+    found = (tp_rank, per_stage // size if dp_size is None else int(dp_size),
+             local // size if dp_rank is None else int(dp_rank),
+             rank // per_stage if stage is None else int(stage))
     if found != expected:
         raise _error(
-            f"mpu: rank {rank} of {world} is tensor-parallel rank {found[0]} of {size} and "
-            f"data-parallel rank {found[2]} of {found[1]}; zeroshard lays ranks out as "
-            f"Megatron's default order does (consecutive ranks share a tensor-parallel group): "
-            f"allowed: tensor-parallel rank {expected[0]}, data-parallel rank {expected[2]} of "
-            f"{expected[1]}")
+            f"mpu: rank {rank} of {world} is tensor-parallel rank {found[0]} of {size}, "
+            f"data-parallel rank {found[2]} of {found[1]} and in pipeline stage {found[3]}; "
+            f"zeroshard lays ranks out as Megatron's default order does (consecutive ranks "
+            f"share a tensor-parallel group, pipeline stages outermost): allowed: "
+            f"tensor-parallel rank {expected[0]}, data-parallel rank {expected[2]} of "
+            f"{expected[1]}, stage {expected[3]}")
     split = {name: int(getattr(p, "partition_dim", 0)) for name, p in named_params
              if getattr(p, "tensor_model_parallel", False)}
     if size > 1 and not split:

@@ -7,7 +7,9 @@ clip_grad_norm_, on every data-parallel rank's batch at once. Both start from th
 weights (seed 0) and write OUT.rankN.json: per-step losses (the last stage's mean over its
 micro-batches), pre-clip gradient norms, and the stage's parameters at the end under the
 whole model's names.
-usage: pp_worker.py ref|gpipe|1f1b STEPS OUT [CONFIG_JSON]"""
+With TP > 1 the blocks are Megatron-style (tests/python/tp_worker.py) and the stages, the tp
+and the dp groups come from a Megatron mpu given to initialize; each rank writes its slices.
+usage: pp_worker.py ref|gpipe|1f1b STEPS OUT [CONFIG_JSON [TP]]"""
 import json
 import os
 import sys
@@ -16,35 +18,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-VOCAB, DIM, HEADS, SEQ, LAYERS = 64, 32, 4, 12, 4
+from tp_worker import DIM, SEQ, VOCAB, Block, load_slices
+
+LAYERS = 4
 MICRO, MICROBATCHES, DP, STAGES = 2, 4, 2, 2
 LR, BETAS, EPS, WD, CLIP = 1e-3, (0.9, 0.95), 1e-8, 0.1, 0.05
 
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
-        # No qkv bias: a key's bias has a true gradient of zero (softmax ignores a shift
-        # shared by every key), and Adam turns the rounding left in its place into steps
-        # of the lr's size that differ between any two summation orders.
-        self.qkv, self.proj = nn.Linear(DIM, 3 * DIM, bias=False), nn.Linear(DIM, DIM)
-        self.fc1, self.fc2 = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, HEADS, DIM // HEADS).unbind(2)
-        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                             v.transpose(1, 2), is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, s, DIM))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
-
-
 class GPT(nn.Module):
-    def __init__(self):
+    """tp 1 and group None: unsplit; else Megatron-style blocks (tests/python/tp_worker.py)."""
+
+    def __init__(self, tp=1, group=None):
         super().__init__()
         self.emb = nn.Embedding(VOCAB, DIM)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.blocks = nn.ModuleList(Block(tp, group) for _ in range(LAYERS))
         self.norm = nn.LayerNorm(DIM)
         self.head = nn.Linear(DIM, VOCAB, bias=False)
 
@@ -125,23 +112,90 @@ def reference(steps):
             "params": {n: p.detach().tolist() for n, p in model.named_parameters()}}
 
 
-def trained(mode, steps, config):
+class PipelineMpu:
+    """Megatron's parallel_state for PP x DP x TP ranks, in Megatron's default order (tp
+    fastest, pp slowest): tp groups are consecutive ranks, dp groups one rank of each tp
+    group of a stage."""
+
+    def __init__(self, tp):
+        import torch.distributed as dist
+        rank, world = dist.get_rank(), dist.get_world_size()
+        self.tp, self.rank, self.per_stage = tp, rank, world // STAGES
+        for start in range(0, world, tp):
+            g = dist.new_group(list(range(start, start + tp)))
+            if start <= rank < start + tp:
+                self.tp_group = g
+        for stage in range(STAGES):
+            for t in range(tp):
+                first = stage * self.per_stage + t
+                g = dist.new_group(list(range(first, (stage + 1) * self.per_stage, tp)))
+                if rank // self.per_stage == stage and rank % tp == t:
+                    self.dp_group = g
+
+    def get_tensor_model_parallel_world_size(self):
+        return self.tp
+
+    def get_tensor_model_parallel_rank(self):
+        return self.rank % self.tp
+
+    def get_tensor_model_parallel_group(self):
+        return self.tp_group
+
+    def get_data_parallel_world_size(self):
+        return self.per_stage // self.tp
+
+    def get_data_parallel_rank(self):
+        return (self.rank % self.per_stage) // self.tp
+
+    def get_data_parallel_group(self):
+        return self.dp_group
+
+    def get_pipeline_model_parallel_world_size(self):
+        return STAGES
+
+    def get_pipeline_model_parallel_rank(self):
+        return self.rank // self.per_stage
+
+
+def stage_module(stage_index, tp=1, group=None):
+    whole = gpt()
+    module = FirstStage(whole) if stage_index == 0 else LastStage(whole)
+    if group is None:
+        return module
+    torch.manual_seed(0)
+    split = GPT(tp, group)
+    split = FirstStage(split) if stage_index == 0 else LastStage(split)
+    load_slices(split, module, tp, dist_rank() % tp)
+    return split
+
+
+def dist_rank():
+    return int(os.environ["RANK"])
+
+
+def trained(mode, steps, config, tp):
     import torch.distributed as dist
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
     import zeroshard
     from zeroshard.pipelining import PipelineStage
 
-    rank = int(os.environ["RANK"])
-    stage_index, dp_rank = rank // DP, rank % DP
-    whole = gpt()
-    module = FirstStage(whole) if stage_index == 0 else LastStage(whole)
+    rank = dist_rank()
+    stage_index = rank // (int(os.environ["WORLD_SIZE"]) // STAGES)
     config = dict(config, train_micro_batch_size_per_gpu=MICRO,
                   gradient_accumulation_steps=MICROBATCHES, gradient_clipping=CLIP,
-                  pipeline={"stages": STAGES},
                   optimizer={"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS),
                                                          "eps": EPS, "weight_decay": WD}})
-    engine, _, _, _ = zeroshard.initialize(model=module, config=config)
+    if tp > 1:  # the stages come from the mpu
+        dist.init_process_group("gloo")
+        mpu = PipelineMpu(tp)
+        module = stage_module(stage_index, tp, mpu.tp_group)
+        engine, _, _, _ = zeroshard.initialize(model=module, config=config, mpu=mpu)
+    else:
+        module = stage_module(stage_index)
+        config["pipeline"] = {"stages": STAGES}
+        engine, _, _, _ = zeroshard.initialize(model=module, config=config)
+    dp_rank = engine.data_parallel_rank
     stage = PipelineStage(engine)
     schedule = (ScheduleGPipe if mode == "gpipe" else Schedule1F1B)(
         stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
@@ -162,11 +216,14 @@ def trained(mode, steps, config):
     with zeroshard.zero.GatheredParameters(list(model.parameters())):
         params = {whole_name(stage_index, n): p.detach().tolist()
                   for n, p in model.named_parameters()}
+    split = {whole_name(stage_index, n): p.partition_dim for n, p in model.named_parameters()
+             if getattr(p, "tensor_model_parallel", False)}
     dist.barrier()
     report = engine.memory_report()["device"]["kinds"]["params"]
-    return {"losses": losses, "norms": norms, "params": params, "stage": stage_index,
-            "bytes_sent": sent, "params_peak": report["peak"],
-            "dp_world_size": engine.dp_world_size, "train_batch_size": engine.train_batch_size()}
+    return {"losses": losses, "norms": norms, "params": params, "split": split,
+            "stage": stage_index, "bytes_sent": sent, "params_peak": report["peak"],
+            "dp_world_size": engine.dp_world_size, "mp_world_size": engine.mp_world_size,
+            "train_batch_size": engine.train_batch_size()}
 
 
 def main():
@@ -175,7 +232,8 @@ def main():
     if mode == "ref":
         result = reference(steps)
     else:
-        result = trained(mode, steps, json.loads(sys.argv[4]))
+        tp = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+        result = trained(mode, steps, json.loads(sys.argv[4]), tp)
     with open(f"{out}.rank{os.environ.get('RANK', '0')}.json", "w") as f:
         json.dump(result, f)
 

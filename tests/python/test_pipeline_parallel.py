@@ -1,4 +1,5 @@
-"""Pipeline parallelism composed with ZeRO on 4 real ranks (PP2 x DP2, Gloo): a small GPT split
+"""Pipeline parallelism composed with ZeRO on 4 real ranks (PP2 x DP2, Gloo), and with tensor
+parallelism on 8 (PP2 x TP2 x DP2, the stages from a Megatron mpu): a small GPT split
 in two stages (tests/python/pp_worker.py), each stage's module given to zeroshard.initialize
 with pipeline.stages 2 and run by torch's ScheduleGPipe or Schedule1F1B through
 zeroshard.pipelining.PipelineStage, 4 micro-batches a step, at stages 1 to 3 and 3 with the
@@ -34,28 +35,42 @@ def reference(scratch):
 _runs = {}
 
 
-def train(schedule, zero, scratch):
-    key = (schedule, json.dumps(zero, sort_keys=True))
+def train(schedule, zero, scratch, tp=1):
+    key = (schedule, json.dumps(zero, sort_keys=True), tp)
     if key not in _runs:
         out = str(scratch / schedule)
         config = json.dumps({"zero_optimization": zero})
-        _runs[key] = run_ranks([WORKER, schedule, str(STEPS), out, config], WORLD, out)
+        _runs[key] = run_ranks([WORKER, schedule, str(STEPS), out, config, str(tp)],
+                               WORLD * tp, out)
     return _runs[key]
 
 
-def assert_as_one_process(got, want):
+def joined(got, tp):
+    """Each stage's whole parameters from its data-parallel rank 0's tp slices (the first tp
+    ranks of the stage), the way tests/python/test_tensor_parallel.py joins them."""
+    params, per_stage = {}, len(got) // 2
+    for first in (0, per_stage):
+        ranks = got[first:first + tp]
+        for name, value in ranks[0]["params"].items():
+            if name in ranks[0]["split"]:
+                parts = [torch.tensor(r["params"][name]) for r in ranks]
+                params[name] = torch.cat(parts, dim=ranks[0]["split"][name])
+            else:
+                params[name] = torch.tensor(value)
+    return params
+
+
+def assert_as_one_process(got, want, tp=1):
     for r in got:
-        assert (r["stage"], r["dp_world_size"], r["train_batch_size"]) == (r["stage"], DP, 16)
+        assert (r["dp_world_size"], r["mp_world_size"], r["train_batch_size"]) == (DP, tp, 16)
     last = [r for r in got if r["stage"] == 1]
-    for step in range(STEPS):
-        loss = sum(r["losses"][step] for r in last) / DP
+    for step in range(STEPS):  # the tp ranks of a data-parallel rank share its batch
+        loss = sum(r["losses"][step] for r in last) / len(last)
         assert abs(loss - want["losses"][step]) <= 1e-5 * abs(want["losses"][step]), step
         for r in got:  # every rank of both stages clipped by the whole model's norm
             assert abs(r["norms"][step] - want["norms"][step]) <= 1e-5 * want["norms"][step]
     assert min(want["norms"]) > 0.05, "clipping was not active"
-    params = {}
-    for r in got:
-        params.update({n: torch.tensor(v) for n, v in r["params"].items()})
+    params = joined(got, tp)
     assert params.keys() == want["params"].keys()
     for name, value in want["params"].items():
         value = torch.tensor(value)
@@ -77,6 +92,12 @@ REGATHER = {"stage": 3, "stage3_param_persistence_threshold": 0}
     ("1f1b", {"stage": 3, "offload_optimizer": {"device": "cpu"}})])
 def test_pp2_dp2_trains_as_the_whole_model_in_one_process(schedule, zero, scratch):
     assert_as_one_process(train(schedule, zero, scratch), reference(scratch))
+
+
+@pytest.mark.parametrize("schedule,zero", [("1f1b", {"stage": 1}), ("gpipe", {"stage": 3})])
+def test_pp2_tp2_dp2_through_a_megatron_mpu_trains_as_the_whole_model(schedule, zero, scratch):
+    """8 ranks: the blocks split Megatron-style, the stages and groups from an mpu."""
+    assert_as_one_process(train(schedule, zero, scratch, tp=2), reference(scratch), tp=2)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
