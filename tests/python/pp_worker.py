@@ -222,6 +222,7 @@ def trained(mode, steps, config, tp):
     report = engine.memory_report()["device"]["kinds"]["params"]
     return {"losses": losses, "norms": norms, "params": params, "split": split,
             "stage": stage_index, "bytes_sent": sent, "params_peak": report["peak"],
+            "skipped_steps": engine.skipped_steps, "loss_scale": engine.loss_scale,
             "dp_world_size": engine.dp_world_size, "mp_world_size": engine.mp_world_size,
             "train_batch_size": engine.train_batch_size()}
 

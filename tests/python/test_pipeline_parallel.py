@@ -35,11 +35,11 @@ def reference(scratch):
 _runs = {}
 
 
-def train(schedule, zero, scratch, tp=1):
-    key = (schedule, json.dumps(zero, sort_keys=True), tp)
+def train(schedule, zero, scratch, tp=1, extra=None):
+    key = (schedule, json.dumps(zero, sort_keys=True), tp, json.dumps(extra))
     if key not in _runs:
         out = str(scratch / schedule)
-        config = json.dumps({"zero_optimization": zero})
+        config = json.dumps(dict({"zero_optimization": zero}, **(extra or {})))
         _runs[key] = run_ranks([WORKER, schedule, str(STEPS), out, config, str(tp)],
                                WORLD * tp, out)
     return _runs[key]
@@ -107,6 +107,17 @@ def test_stage3_units_kept_across_micro_batches_send_less(schedule, scratch):
     for k, r in zip(kept, regathered):
         # 4 micro-batches: forward and backward gathers 4 times over against once
         assert r["bytes_sent"] > 2 * k["bytes_sent"], (r["bytes_sent"], k["bytes_sent"])
+
+
+def test_fp16_overflow_and_loss_scale_are_agreed_across_the_stages(scratch):
+    """The last stage scales the loss; every stage unscales by its own scaler, so the scalers
+    must move together: an overflow anywhere skips the step on every rank of both stages."""
+    fp16 = {"fp16": {"enabled": True, "initial_scale_power": 16, "hysteresis": 1}}
+    got = train("1f1b", {"stage": 2}, scratch, extra=fp16)
+    for r in got:  # 2^16 overflows fp16 at the first step; 2^15 does not
+        assert (r["skipped_steps"], r["loss_scale"], r["norms"][0]) == (1, 2.0 ** 15, 0.0)
+        assert r["norms"] == got[0]["norms"]  # one norm, summed across the stages
+    assert all(n > 0 for n in got[0]["norms"][1:]), "the steps after the overflow were taken"
 
 
 REFUSALS = """
