@@ -349,7 +349,8 @@ std::vector<std::string> supported_model_types() {
 }
 
 ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& origin,
-                            int64_t tensor_parallel) {
+                            int64_t tensor_parallel, int64_t pipeline_stages,
+                            int64_t pipeline_stage) {
   Json json;
   try {
     json = Json::parse(json_text);
@@ -364,11 +365,12 @@ ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& ori
   const std::string type = json["model_type"].get<std::string>();
   const Reader reader(json, origin);
   if (const auto whole = multi_stack().find(type); whole != multi_stack().end()) {
-    if (tensor_parallel > 1) {
+    if (tensor_parallel > 1 || pipeline_stages > 1) {
       fail(
-          "{}: tensor-parallel size {} for model_type '{}'; allowed: 1 for it (what tensor "
-          "parallelism splits is planned for the decoder families: {})",
-          origin, tensor_parallel, type, fmt::join(decoder_types(), ", "));
+          "{}: tensor-parallel size {} and {} pipeline stages for model_type '{}'; allowed: 1 "
+          "of each for it (what tensor and pipeline parallelism split is planned for the "
+          "decoder families: {})",
+          origin, tensor_parallel, pipeline_stages, type, fmt::join(decoder_types(), ", "));
     }
     return whole->second(reader);
   }
@@ -379,11 +381,15 @@ ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& ori
   }
   TransformerArch arch = family->second(reader);
   arch.tensor_parallel = tensor_parallel;
+  arch.pipeline_stages = pipeline_stages;
+  arch.pipeline_stage = pipeline_stage;
   return spec_from_arch(arch, type, origin);
 }
 
-ModelSpec spec_from_hf_file(const std::string& path, int64_t tensor_parallel) {
-  return spec_from_hf_json(read_whole_file(path, "--hf-config"), path, tensor_parallel);
+ModelSpec spec_from_hf_file(const std::string& path, int64_t tensor_parallel,
+                            int64_t pipeline_stages, int64_t pipeline_stage) {
+  return spec_from_hf_json(read_whole_file(path, "--hf-config"), path, tensor_parallel,
+                           pipeline_stages, pipeline_stage);
 }
 
 ModelSpec spec_from_hf_model(const std::string& json_text, const std::string& attn_implementation,

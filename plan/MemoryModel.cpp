@@ -126,10 +126,12 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) 
   const int64_t per_layer = s * b * block_bytes(spec, s, kl);
   // The final norm, then the logits in compute precision (the model's output) and the
   // fp32 log-probabilities the loss keeps.
-  const int64_t head = s * b * (norm_bytes(spec, kl) + spec.vocab * (kl + 4));
+  const int64_t head = spec.has_head ? s * b * (norm_bytes(spec, kl) + spec.vocab * (kl + 4)) : 0;
+  // A pipeline stage holds several micro-batches' (TrainingShape::in_flight).
+  const int64_t held = std::max<int64_t>(1, t.in_flight);
   // Checkpointed: each block keeps only its input; one block is recomputed at a time.
-  if (t.activation_checkpointing) return s * b * spec.hidden * L * kl + per_layer + head;
-  return per_layer * L + head;
+  if (t.activation_checkpointing) return held * (s * b * spec.hidden * L * kl + head) + per_layer;
+  return held * (per_layer * L + head);
 }
 
 int64_t shard_numel(const ModelSpec& spec, int64_t ranks) {

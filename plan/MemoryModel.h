@@ -27,6 +27,9 @@ struct TrainingShape {
   int64_t seq = 1;
   int64_t micro_batch = 1;
   bool activation_checkpointing = false;
+  // Micro-batches whose activations are held at once: 1, or a pipeline stage's under its
+  // schedule (plan/PipelineStages.h).
+  int64_t in_flight = 1;
   // Training on the CPU: the "device" is host memory, so offloaded gradients need no
   // pinned staging copy.
   bool device_is_host = false;

@@ -9,6 +9,7 @@
 
 #include "common/Alignment.h"
 #include "common/Error.h"
+#include "plan/PipelineStages.h"
 
 namespace zeroshard {
 namespace {
@@ -30,6 +31,10 @@ void check_arch(const TransformerArch& a, const std::string& source) {
   }
   const int64_t tp = a.tensor_parallel;
   if (tp < 1) fail("{}: tensor-parallel size {} is not allowed; allowed: 1 or more", source, tp);
+  if (a.pipeline_stages < 1 || a.pipeline_stages > a.layers) {
+    fail("{}: {} pipeline stages for {} layers; allowed: 1 to {} (each stage holds a block)",
+         source, a.pipeline_stages, a.layers, a.layers);
+  }
   const std::pair<const char*, int64_t> split[] = {
       {"num_attention_heads", a.heads},
       {"num_key_value_heads", a.kv_heads},
@@ -131,17 +136,21 @@ int64_t ModelSpec::persistent_params(int64_t threshold) const {
 }
 
 void add_decoder_units(const TransformerArch& a, SpecBuilder& b) {
+  const auto [first_block, blocks] = stage_blocks(a.layers, a.pipeline_stages, a.pipeline_stage);
+  const bool first = a.pipeline_stage == 0, last = a.pipeline_stage == a.pipeline_stages - 1;
   // The head tied to the embedding is one unit with it (its bias too, where it has one).
   UnitModules embedding{{a.vocab * a.hidden}};
-  if (a.tied_embeddings && a.lm_head_bias) embedding.push_back({a.vocab});
-  b.add(embedding);
-  if (a.learned_positions) b.add({{a.max_positions * a.hidden}});
+  if (a.tied_embeddings && a.lm_head_bias && last) embedding.push_back({a.vocab});
+  if (first || (last && a.tied_embeddings)) b.add(embedding);
+  if (a.learned_positions && first) b.add({{a.max_positions * a.hidden}});
   bool uniform = a.experts <= 1 || a.dense_layers.empty();
   if (uniform) {
-    b.add(block_modules(a, 0), a.layers);
+    if (blocks > 0) b.add(block_modules(a, 0), blocks);
   } else {
-    for (int64_t layer = 0; layer < a.layers; ++layer) b.add(block_modules(a, layer));
+    for (int64_t layer = first_block; layer < first_block + blocks; ++layer)
+      b.add(block_modules(a, layer));
   }
+  if (!last) return;
   b.add({norm_tensors(a.hidden, a.norm_bias)});
   if (!a.tied_embeddings)
     b.add({linear_tensors(a.hidden, a.vocab / a.tensor_parallel, a.lm_head_bias)});
@@ -195,7 +204,8 @@ ModelSpec spec_from_arch(const TransformerArch& a, const std::string& model_type
   SpecBuilder b;
   add_decoder_units(a, b);
   ModelSpec spec = b.build(model_type, source);
-  spec.layers = a.layers;
+  spec.layers = stage_blocks(a.layers, a.pipeline_stages, a.pipeline_stage).second;
+  spec.has_head = a.pipeline_stage == a.pipeline_stages - 1;
   spec.hidden = a.hidden;
   spec.heads = a.heads;
   spec.vocab = a.vocab;
@@ -221,6 +231,12 @@ ModelSpec spec_from_numbers(const ExplicitModel& m) {
     a.vocab = m.vocab > 0 ? m.vocab : m.tensor_parallel;  // unknown: a head of one column per rank
     // A llama-style MLP when the intermediate size is not given: 8h/3 rounded to 256.
     a.intermediate = m.intermediate > 0 ? m.intermediate : round_up(8 * m.hidden / 3, 256);
+    if (m.pipeline_stages > 1 && m.params > 0) {  // the estimator refuses it by name first
+      fail("internal: a parameter total cannot be split over {} pipeline stages",
+           m.pipeline_stages);
+    }
+    a.pipeline_stages = m.pipeline_stages;
+    a.pipeline_stage = m.pipeline_stage;
     spec = spec_from_arch(a, "explicit", "explicit numbers");
     if (m.params > 0) {
       const int64_t blocks = m.layers * spec.unit_params[1];  // after the embedding

@@ -45,6 +45,12 @@ struct TransformerArch {
   // rank's slices, and its heads and widths are one rank's (activations without sequence
   // parallelism: the residual stream whole).
   int64_t tensor_parallel = 1;
+  // Pipeline stages the blocks are split into (plan/PipelineStages.h), and which one this
+  // spec is of: its blocks only, the embedding on the first stage, the final norm and the
+  // head on the last (a tied head holds the embedding matrix there too, as DeepSpeed's
+  // TiedLayerSpec keeps a copy on each stage that uses it).
+  int64_t pipeline_stages = 1;
+  int64_t pipeline_stage = 0;
 };
 
 struct ModelSpec {
@@ -67,6 +73,7 @@ struct ModelSpec {
   int norms_per_block = 2;
   bool norm_fp32_input = false;  // an RMSNorm that computes in fp32 keeps an fp32 copy of its input
   bool attention_scores = true;  // eager attention keeps a·s² scores; sdpa/flash do not
+  bool has_head = true;          // the logits (and the loss's log-probabilities) are made here
   std::vector<int64_t> unit_params;  // stage-3 units (docs/architecture.md "Stage-3 units")
   // Per unit of unit_params (empty: none): whether stage 3 keeps it whole on every rank
   // (parameters outside every declared unit); their optimizer state and gradients are
@@ -137,6 +144,8 @@ struct ExplicitModel {
   int64_t vocab = 0;
   int64_t intermediate = 0;
   int64_t tensor_parallel = 1;  // TransformerArch's; needs layers, hidden and heads
+  int64_t pipeline_stages = 1;  // TransformerArch's; needs the shape and no params total
+  int64_t pipeline_stage = 0;
 };
 ModelSpec spec_from_numbers(const ExplicitModel& m);
 

@@ -140,6 +140,37 @@ TEST(EstimateCli, TensorParallelCountsOneRanksSlicesAndShardsOverTheRest) {
       << table.out;
 }
 
+// --pp 4 on 8 ranks: 4 stages of 2 data-parallel ranks, each planned on its own share of
+// the blocks (plan/PipelineStages.h), 1F1B's stages holding 4, 3, 2, 1 micro-batches.
+TEST(EstimateCli, PipelineStagesArePlannedEachOnItsOwnBlocks) {
+  const std::string args = "--hf-config " + hf("llama2_7b.json") +
+                           " --gpus-per-node 8 --pp 4 --seq 2048 --micro-batch 1 --json";
+  const CliRun r = estimate(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["world"]["data_parallel_ranks"].get<int64_t>(), 2);
+  EXPECT_EQ(j["micro_batches"].get<int64_t>(), 4);
+  ASSERT_EQ(j["stages"].size(), 4u);
+  int64_t params = 0;
+  for (int stage = 0; stage < 4; ++stage) {
+    const auto& s = j["stages"][stage];
+    params += s["parameters"].get<int64_t>();
+    EXPECT_EQ(s["blocks"].get<int64_t>(), 8);
+    EXPECT_EQ(s["micro_batches_in_flight"].get<int64_t>(), 4 - stage);
+  }
+  EXPECT_EQ(params, 6'738'415'616);
+  // The middle stages hold the same blocks: their activations differ by 3 to 2 micro-batches.
+  const double a1 = j["stages"][1]["bytes_by_kind"]["device"]["activations"].get<double>();
+  const double a2 = j["stages"][2]["bytes_by_kind"]["device"]["activations"].get<double>();
+  EXPECT_DOUBLE_EQ(a1 / a2, 1.5);
+  const auto gpipe = nlohmann::json::parse(estimate(args + " --pp-schedule gpipe").out);
+  EXPECT_DOUBLE_EQ(gpipe["stages"][2]["bytes_by_kind"]["device"]["activations"].get<double>(),
+                   2 * a2);
+  const CliRun table =
+      estimate("--hf-config " + hf("llama2_7b.json") + " --gpus-per-node 8 --pp 4");
+  EXPECT_NE(table.out.find("pipeline: 4 stages x tp 1 x dp 2"), std::string::npos) << table.out;
+}
+
 TEST(EstimateCli, NothingFitsExitsOneAndSaysWhy) {
   const CliRun r = estimate("--params 1e12 --gpu-mem 1GB --cpu-mem 1GB");
   EXPECT_EQ(r.code, 1);
@@ -164,6 +195,12 @@ TEST(EstimateCli, BadInputIsOneLineAndExitTwo) {
        "tensor-parallel size 3 does not divide num_attention_heads (32)"},
       {"--hf-config " + hf("llama2_7b.json") + " --tp 2",
        "tensor-parallel size 2 does not divide the 1 ranks per node"},
+      {"--params 7e9 --pp 2 --gpus-per-node 2",
+       "--params with 2 pipeline stages: which stage holds the parameters outside the blocks"},
+      {"--hf-config " + hf("llama2_7b.json") + " --pp 3 --gpus-per-node 8",
+       "--pp 3 divides neither --nodes 1 nor --gpus-per-node 8"},
+      {"--hf-config " + hf("llama2_7b.json") + " --pp 2 --gpus-per-node 2 --pp-schedule zb",
+       "--pp-schedule: 'zb' is not allowed; allowed: 1f1b or gpipe"},
       {"--params 7e9 --attn-implementation flash",
        "--attn-implementation: 'flash' is not allowed; allowed: eager, sdpa, flash_attention_2"},
   };

@@ -13,15 +13,17 @@
 #include "common/DidYouMean.h"
 #include "common/Error.h"
 #include "plan/HfConfig.h"
+#include "plan/PipelineStages.h"
 
 namespace zeroshard::estimate {
 namespace {
 
 const std::vector<std::string> kValueFlags{
-    "--hf-config",   "--params",  "--layers",       "--hidden",      "--heads",
-    "--kv-heads",    "--vocab",   "--intermediate", "--nodes",       "--gpus-per-node",
-    "--tp",          "--gpu-mem", "--cpu-mem",      "--nvme",        "--seq",
-    "--micro-batch", "--config",  "--headroom",     "--emit-config", "--attn-implementation"};
+    "--hf-config",   "--params",     "--layers",       "--hidden",      "--heads",
+    "--kv-heads",    "--vocab",      "--intermediate", "--nodes",       "--gpus-per-node",
+    "--tp",          "--gpu-mem",    "--cpu-mem",      "--nvme",        "--seq",
+    "--micro-batch", "--config",     "--headroom",     "--emit-config", "--attn-implementation",
+    "--pp",          "--pp-schedule"};
 const std::vector<std::string> kSwitches{
     "--json", "--bf16", "--fp16", "--fp32", "--activation-checkpointing", "--help", "-h"};
 
@@ -71,14 +73,15 @@ std::map<std::string, std::string> split_args(const std::vector<std::string>& ar
   return given;
 }
 
-ModelSpec read_model(const std::map<std::string, std::string>& given, int64_t tp) {
+ModelSpec read_model(const std::map<std::string, std::string>& given, int64_t tp, int64_t pp = 1,
+                     int64_t stage = 0) {
   auto count = [&](const char* flag) {
     const auto it = given.find(flag);
     return it == given.end() ? int64_t{0} : parse_count(flag, it->second);
   };
   if (given.count("--hf-config")) {
     if (given.count("--params")) fail("give either --hf-config or --params, not both");
-    return spec_from_hf_file(given.at("--hf-config"), tp);
+    return spec_from_hf_file(given.at("--hf-config"), tp, pp, stage);
   }
   ExplicitModel m;
   m.params = count("--params");
@@ -89,6 +92,8 @@ ModelSpec read_model(const std::map<std::string, std::string>& given, int64_t tp
   m.vocab = count("--vocab");
   m.intermediate = count("--intermediate");
   m.tensor_parallel = tp;
+  m.pipeline_stages = pp;
+  m.pipeline_stage = stage;
   return spec_from_numbers(m);
 }
 
@@ -103,6 +108,58 @@ void read_precision(const std::map<std::string, std::string>& given, bool have_c
   } else if (!have_config) {
     in.config.bf16 = true;
     in.assumptions.push_back("precision bf16 (give --fp16 or --fp32 to change)");
+  }
+}
+
+// --pp: each stage's model and activations, and the world and budget of one stage.
+void read_pipeline(const std::map<std::string, std::string>& given, EstimateInputs& in) {
+  const int64_t configured = in.config.pipeline_parallel_size.value_or(1);
+  int64_t pp = configured;
+  if (given.count("--pp")) pp = parse_count("--pp", given.at("--pp"));
+  if (configured > 1 && pp != configured) {
+    fail("--pp {} contradicts the config's pipeline.stages {}; give one of them", pp, configured);
+  }
+  if (given.count("--pp-schedule") && pp == 1) fail("--pp-schedule needs --pp 2 or more");
+  if (pp == 1) return;
+  if (given.count("--params")) {
+    fail(
+        "--params with {} pipeline stages: which stage holds the parameters outside the "
+        "blocks is not known from a total; allowed: the shape alone (--layers, --hidden, "
+        "--heads, --vocab, --intermediate), or --hf-config",
+        pp);
+  }
+  in.pipeline_stages = pp;
+  in.config.pipeline_parallel_size = pp;
+  in.schedule = given.count("--pp-schedule") ? given.at("--pp-schedule") : "1f1b";
+  WorldShape& w = in.world;
+  if (w.nodes % pp == 0) {
+    w.nodes /= pp;  // whole nodes per stage
+  } else if (w.ranks_per_node % pp == 0 && (w.ranks_per_node / pp) % w.tensor_parallel == 0) {
+    w.ranks_per_node /= pp;  // the stages share each node's host memory and NVMe
+    in.budget.host_bytes /= pp;
+    in.budget.nvme_bytes /= pp;
+  } else {
+    fail(
+        "--pp {} divides neither --nodes {} nor --gpus-per-node {} (with --tp {} inside a "
+        "stage); allowed: a divisor of one of them",
+        pp, w.nodes, w.ranks_per_node, w.tensor_parallel);
+  }
+  const std::optional<int64_t>& accumulation = in.config.gradient_accumulation_steps;
+  in.micro_batches = accumulation ? *accumulation : pp;
+  if (!accumulation) {
+    in.assumptions.push_back(
+        fmt::format("{} micro-batches a step, one per stage (set gradient_accumulation_steps "
+                    "in --config for more)",
+                    pp));
+  }
+  for (int64_t stage = 0; stage < pp; ++stage) {
+    StageInputs s;
+    s.spec = read_model(given, in.world.tensor_parallel, pp, stage);
+    s.spec.attention_scores = in.spec.attention_scores;
+    s.shape = in.shape;
+    s.shape.in_flight =
+        micro_batches_in_flight(in.schedule, pp, stage, in.micro_batches, "--pp-schedule");
+    in.stages.push_back(std::move(s));
   }
 }
 
@@ -124,6 +181,13 @@ hardware (sizes: 80GB = 80e9 bytes, 80GiB = 80 x 2^30):
   --tp N                 tensor-parallel ranks (inside a node; default: the config's
                          tensor_parallel.autotp_size, else 1): attention and MLP matrices
                          (and an untied head) split across them, ZeRO over the rest
+  --pp N                 pipeline stages (default: the config's pipeline.stages, else 1):
+                         the blocks split evenly, the embedding on the first stage, the
+                         head on the last (a tied one with a copy of the embedding); each
+                         stage planned on its own ranks (ranks / pp); needs the model's
+                         shape (--hf-config, or --layers/--hidden/--heads without --params)
+  --pp-schedule NAME     1f1b (default: stage s holds pp - s micro-batches' activations)
+                         or gpipe (every micro-batch's: gradient_accumulation_steps)
   --gpu-mem SIZE         device memory per rank (default 80GB)
   --cpu-mem SIZE         host RAM per node (default: this machine's)
   --nvme SIZE            free NVMe per node (default: none)
@@ -219,6 +283,7 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
       fail("--headroom: '{}' is not allowed; allowed: a fraction in [0, 1)", text);
     }
   }
+  read_pipeline(given, in);
   in.json = given.count("--json") > 0;
   if (given.count("--emit-config")) in.emit_config = given.at("--emit-config");
   return in;

@@ -10,12 +10,24 @@
 
 namespace zeroshard::estimate {
 
-struct EstimateInputs {
+// One pipeline stage's share (--pp): its model, the micro-batches it holds at once.
+struct StageInputs {
   ModelSpec spec;
+  TrainingShape shape;
+};
+
+struct EstimateInputs {
+  ModelSpec spec;  // the whole model; with --pp, also `stages`, each planned on its own
   Config config;
   WorldShape world;
   TrainingShape shape;
   HardwareBudget budget;
+  // --pp: the stages (world and budget are then one stage's: its ranks, and the host and
+  // NVMe a node shares among the stages on it), the schedule and its micro-batches.
+  int64_t pipeline_stages = 1;
+  std::string schedule;
+  int64_t micro_batches = 1;
+  std::vector<StageInputs> stages;
   bool json = false;
   std::string emit_config;               // path, or empty
   std::vector<std::string> assumptions;  // what was not given and what we assumed

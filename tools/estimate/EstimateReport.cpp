@@ -6,6 +6,7 @@
 
 #include "common/Bytes.h"
 #include "plan/DeepSpeedEstimate.h"
+#include "plan/PipelineStages.h"
 
 namespace zeroshard::estimate {
 namespace {
@@ -144,6 +145,93 @@ std::string render_json(const EstimateInputs& in, const Plan& plan) {
   out["fits"] = plan.fits;
   out["summary"] = plan.summary;
   out["reasons"] = plan.reasons;
+  return out.dump(2) + "\n";
+}
+
+size_t heaviest_stage(const std::vector<Plan>& plans) {
+  size_t heaviest = 0;
+  for (size_t s = 1; s < plans.size(); ++s) {
+    if (plans[s].predicted.total(Tier::Device) > plans[heaviest].predicted.total(Tier::Device))
+      heaviest = s;
+  }
+  return heaviest;
+}
+
+std::string render_pipeline_table(const EstimateInputs& in, const std::vector<Plan>& plans) {
+  const ModelSpec& s = in.spec;
+  const WorldShape& w = in.world;
+  std::string out = fmt::format("model: {} ({}), {} parameters\n", s.model_type, s.source,
+                                with_commas(s.total_params));
+  out += fmt::format(
+      "pipeline: {} stages x tp {} x dp {}, each stage {} node(s) x {} rank(s); schedule {}, "
+      "{} micro-batches a step\n",
+      in.pipeline_stages, w.tensor_parallel, w.data_parallel_ranks(), w.nodes, w.ranks_per_node,
+      in.schedule, in.micro_batches);
+  out += fmt::format("training: seq {}, micro-batch {}, {}, activation checkpointing {}\n",
+                     in.shape.seq, in.shape.micro_batch,
+                     in.config.bf16 ? "bf16" : (in.config.fp16.enabled ? "fp16" : "fp32"),
+                     in.shape.activation_checkpointing ? "on" : "off");
+  if (!in.assumptions.empty()) {
+    out += fmt::format("assumed (not given): {}\n", fmt::join(in.assumptions, "; "));
+  }
+  for (const auto& warning : in.warnings) out += fmt::format("warning: {}\n", warning);
+  out += fmt::format("\n{:<6} {:<9} {:>14} {:>9}  {:<36} {:>9} {:>9} {:>9}  {}\n", "pp", "blocks",
+                     "parameters", "in flight", "recommended ZeRO (GiB per rank)", "device", "host",
+                     "nvme", "verdict");
+  for (size_t stage = 0; stage < plans.size(); ++stage) {
+    const Plan& p = plans[stage];
+    const auto [first, count] =
+        stage_blocks(s.layers, in.pipeline_stages, static_cast<int64_t>(stage));
+    out += fmt::format("{:<6} {:<9} {:>14} {:>9}  {:<36} {:>9} {:>9} {:>9}  {}\n", stage,
+                       fmt::format("{}-{}", first, first + count - 1),
+                       with_commas(in.stages[stage].spec.total_params),
+                       in.stages[stage].shape.in_flight, p.option.label(),
+                       gib(p.predicted.total(Tier::Device)), gib(p.predicted.total(Tier::Host)),
+                       gib(p.predicted.total(Tier::Nvme)), p.fits ? "fits" : p.summary);
+  }
+  const size_t heaviest = heaviest_stage(plans);
+  out +=
+      fmt::format("\nper-rank bytes of pipeline stage {} (the most device bytes), ZeRO {} (GiB):\n",
+                  heaviest, plans[heaviest].option.label());
+  out += breakdown_table(plans[heaviest].predicted);
+  return out;
+}
+
+std::string render_pipeline_json(const EstimateInputs& in, const std::vector<Plan>& plans) {
+  nlohmann::json stages = nlohmann::json::array();
+  bool fits = true;
+  for (size_t stage = 0; stage < plans.size(); ++stage) {
+    const Plan& p = plans[stage];
+    const auto [first, count] =
+        stage_blocks(in.spec.layers, in.pipeline_stages, static_cast<int64_t>(stage));
+    nlohmann::json row = bytes_json(p.predicted);
+    row["stage"] = stage;
+    row["first_block"] = first;
+    row["blocks"] = count;
+    row["parameters"] = in.stages[stage].spec.total_params;
+    row["micro_batches_in_flight"] = in.stages[stage].shape.in_flight;
+    row["zero_stage"] = p.option.stage;
+    row["offload_optimizer"] = offload_device_name(p.option.optimizer);
+    row["offload_param"] = offload_device_name(p.option.params);
+    row["fits"] = p.fits;
+    row["summary"] = p.summary;
+    fits = fits && p.fits;
+    stages.push_back(row);
+  }
+  nlohmann::json out;
+  out["model"] = {{"source", in.spec.source}, {"model_type", in.spec.model_type}};
+  out["parameters"] = in.spec.total_params;
+  out["world"] = {{"pipeline_stages", in.pipeline_stages},
+                  {"nodes_per_stage", in.world.nodes},
+                  {"ranks_per_node_per_stage", in.world.ranks_per_node},
+                  {"tensor_parallel", in.world.tensor_parallel},
+                  {"data_parallel_ranks", in.world.data_parallel_ranks()}};
+  out["schedule"] = in.schedule;
+  out["micro_batches"] = in.micro_batches;
+  out["assumptions"] = in.assumptions;
+  out["warnings"] = in.warnings;
+  out["stages"] = stages;
+  out["fits"] = fits;
   return out.dump(2) + "\n";
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // zeroshard-estimate's output: the human table and the JSON form of a Plan.
 #include <string>
+#include <vector>
 
 #include "plan/Planner.h"
 #include "tools/estimate/EstimateArgs.h"
@@ -9,5 +10,10 @@ namespace zeroshard::estimate {
 
 std::string render_table(const EstimateInputs& in, const Plan& plan);
 std::string render_json(const EstimateInputs& in, const Plan& plan);
+// --pp: one plan per stage (in.stages), each stage's row and the heaviest stage's bytes.
+std::string render_pipeline_table(const EstimateInputs& in, const std::vector<Plan>& plans);
+std::string render_pipeline_json(const EstimateInputs& in, const std::vector<Plan>& plans);
+// The stage whose recommended plan needs the most device bytes (its config is emitted).
+size_t heaviest_stage(const std::vector<Plan>& plans);
 
 }  // namespace zeroshard::estimate

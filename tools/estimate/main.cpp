@@ -33,6 +33,23 @@ int main(int argc, char** argv) {
       std::cout << estimate::usage_text();
       return 0;
     }
+    if (in.pipeline_stages > 1) {
+      std::vector<Plan> plans;
+      bool fits = true;
+      for (const auto& stage : in.stages) {
+        plans.push_back(make_plan(stage.spec, in.config, in.world, stage.shape, in.budget));
+        fits = fits && plans.back().fits;
+      }
+      std::cout << (in.json ? estimate::render_pipeline_json(in, plans)
+                            : estimate::render_pipeline_table(in, plans));
+      if (!in.emit_config.empty()) {  // one config for every stage: the heaviest's plan
+        write_config(in.emit_config, plans[estimate::heaviest_stage(plans)].config);
+        if (!in.json)
+          std::cout << "wrote " << in.emit_config << " (stage " << estimate::heaviest_stage(plans)
+                    << "'s plan)\n";
+      }
+      return fits ? 0 : kExitNothingFits;
+    }
     const Plan plan = make_plan(in.spec, in.config, in.world, in.shape, in.budget);
     std::cout << (in.json ? estimate::render_json(in, plan) : estimate::render_table(in, plan));
     if (!in.emit_config.empty()) {
