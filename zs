@@ -138,7 +138,7 @@ case "$verb" in
     ;;
   bench)
     name="${1:-}"
-    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, tp, gpu"
+    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, gpu"
     shift
     [ "$name" = gpu ] && bench_gpu "$@"  # one GPU: its own python3 and build (bench_gpu)
     if [ "$name" = peers ]; then  # DeepSpeed, FSDP2, FSDP1, DDP: the venv's, same run
@@ -155,7 +155,10 @@ case "$verb" in
     if [ "$name" = tp ]; then  # TP2 x DP2: zeroshard stage 3 beside FSDP2 + DTensor TP
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/tp_bench.py "$@"
     fi
-    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts, tp, gpu"
+    if [ "$name" = pp ]; then  # PP2 x DP2: 1F1B and GPipe over zeroshard beside FSDP2
+      PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/pp_bench.py "$@"
+    fi
+    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, gpu"
     "$BUILD/tools/zs-bench-$name" "$@"
     ;;
   help | -h | --help) usage ;;

@@ -430,6 +430,7 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def("begin_backward", &EngineImpl::begin_backward, py::arg("loss"),
            py::call_guard<py::gil_scoped_release>())
       .def("end_backward", &EngineImpl::end_backward, py::call_guard<py::gil_scoped_release>())
+      .def("keep_units_gathered_in_step", &EngineImpl::keep_units_gathered_in_step)
       .def("step", &EngineImpl::step, py::call_guard<py::gil_scoped_release>())
       .def("zero_grad", &EngineImpl::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("full_parameters",

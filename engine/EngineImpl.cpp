@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -73,6 +74,14 @@ void EngineImpl::end_backward() {
   if (units_) units_->end_backward();
   fault_point("backward.end");
   pipeline_->end_backward();
+}
+
+void EngineImpl::keep_units_gathered_in_step() {
+  if (!units_) return;
+  constexpr int64_t kEveryUnit = std::numeric_limits<int64_t>::max();
+  plan_.config.zero.stage3_param_persistence_threshold = kEveryUnit;
+  plan_.settings.stage3_param_persistence_threshold = kEveryUnit;
+  units_->coordinator().set_persistence_numel(kEveryUnit);
 }
 
 bool EngineImpl::step() {

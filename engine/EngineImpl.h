@@ -97,6 +97,10 @@ class EngineImpl final : public Engine {
   // it; the others' incoming gradients carry the scale already); end closes it.
   at::Tensor begin_backward(const at::Tensor& loss);
   void end_backward();
+  // Stage 3: every unit stays gathered from its first use in a step to the optimizer step,
+  // across the micro-batches of a pipeline schedule (FSDP's reshard_after_forward=False);
+  // the plan counts every parameter as gathered from then on.
+  void keep_units_gathered_in_step();
   bool step() override;
   void zero_grad() override;
   std::vector<NamedParam> full_parameters() override;

@@ -32,8 +32,10 @@ int64_t gathered_numel(const ModelSpec& spec, const ZeroConfig& z) {
   const int64_t unit = spec.largest_unit();
   const int64_t wanted =
       std::min(*z.stage3_max_live_parameters, unit + *z.stage3_prefetch_bucket_size);
-  const int64_t live = std::min(spec.total_params, std::max(unit, wanted));
-  return live + spec.persistent_params(*z.stage3_param_persistence_threshold);
+  // Persistent tensors are gathered once and stay: the live budget covers the others.
+  const int64_t persistent = spec.persistent_params(*z.stage3_param_persistence_threshold);
+  const int64_t live = std::min(spec.total_params - persistent, std::max(unit, wanted));
+  return live + persistent;
 }
 
 // hpZ: after forward each rank keeps its part of every unit that forward frees, sharded

@@ -83,6 +83,9 @@ class ParamCoordinator {
   void after_step();
 
   int64_t live_numel() const;  // parameters currently gathered (budgets count parameters)
+  // Units of at most `numel` parameters are kept from their first use in a step to the
+  // step (stage3_param_persistence_threshold; a pipeline stage keeps every unit so).
+  void set_persistence_numel(int64_t numel) { options_.persistence_numel = numel; }
   // `lookahead`: how many units past the last gather issued are prefetched from home.
   void set_shard_home(ShardHome* home, int lookahead);
   // hpZ: keep secondary copies when forward frees units, gather from them in backward.

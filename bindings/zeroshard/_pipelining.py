@@ -18,7 +18,8 @@ What the stage does that torch's does for DDP and FSDP modules:
   step averages over gradient_accumulation_steps micro-batches, which must be the
   schedule's n_microbatches (checked before the first micro-batch);
 - runtime shape inference runs the stage's module once on zeros of the received shapes
-  (torch's runs it on meta tensors, which a module holding real weights refuses)."""
+  (torch's runs it on meta tensors, which a module holding real weights refuses);
+- at stage 3 a unit stays gathered across a step's micro-batches (keep_gathered)."""
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage as _TorchPipelineStage
@@ -76,10 +77,14 @@ class PipelineStage(_TorchPipelineStage):
     """torch.distributed.pipelining.PipelineStage over a zeroshard engine: `engine` is what
     zeroshard.initialize returned for this rank's stage. stage_index and num_stages default
     to the engine's (its pp coordinate and pipeline.stages), group to its pp group, device
-    to its parameters'. input_args/output_args as torch's (shapes given up front)."""
+    to its parameters'. input_args/output_args as torch's (shapes given up front).
+    keep_gathered (stage 3): each unit stays gathered from its first use in a step to the
+    optimizer step, across the micro-batches (FSDP's reshard_after_forward=False; the plan
+    counts the stage's whole parameters as gathered); False gathers it again for each
+    micro-batch's forward and backward, for a stage whose parameters do not fit whole."""
 
     def __init__(self, engine, stage_index=None, num_stages=None, device=None, input_args=None,
-                 output_args=None, group=None, dw_builder=None):
+                 output_args=None, group=None, dw_builder=None, keep_gathered=True):
         core = engine._engine
         stages = core.pipeline_parallel_size
         if stages < 2:
@@ -101,6 +106,8 @@ class PipelineStage(_TorchPipelineStage):
                          device, input_args=input_args, output_args=output_args,
                          group=group if group is not None else pipeline_group(engine))
         self.engine = engine
+        if keep_gathered:
+            core.keep_units_gathered_in_step()
         self._backwards = 0  # this schedule step's micro-batches so far
 
     def _prepare_forward_infra(self, num_microbatches, *args, **kwargs):

@@ -182,6 +182,7 @@ def trained(mode, steps, config, tp):
 
     rank = dist_rank()
     stage_index = rank // (int(os.environ["WORLD_SIZE"]) // STAGES)
+    keep_gathered = config.pop("keep_gathered", True)  # the stage's, not the engine's
     config = dict(config, train_micro_batch_size_per_gpu=MICRO,
                   gradient_accumulation_steps=MICROBATCHES, gradient_clipping=CLIP,
                   optimizer={"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS),
@@ -196,7 +197,7 @@ def trained(mode, steps, config, tp):
         config["pipeline"] = {"stages": STAGES}
         engine, _, _, _ = zeroshard.initialize(model=module, config=config)
     dp_rank = engine.data_parallel_rank
-    stage = PipelineStage(engine)
+    stage = PipelineStage(engine, keep_gathered=keep_gathered)
     schedule = (ScheduleGPipe if mode == "gpipe" else Schedule1F1B)(
         stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
     losses, norms = [], []
@@ -219,9 +220,10 @@ def trained(mode, steps, config, tp):
     split = {whole_name(stage_index, n): p.partition_dim for n, p in model.named_parameters()
              if getattr(p, "tensor_model_parallel", False)}
     dist.barrier()
-    report = engine.memory_report()["device"]["kinds"]["params"]
+    kinds = engine.memory_report()["device"]["kinds"]
+    memory = {k: [kinds[k]["peak"], kinds[k]["predicted"]] for k in ("params", "gathered_params")}
     return {"losses": losses, "norms": norms, "params": params, "split": split,
-            "stage": stage_index, "bytes_sent": sent, "params_peak": report["peak"],
+            "stage": stage_index, "bytes_sent": sent, "memory": memory,
             "skipped_steps": engine.skipped_steps, "loss_scale": engine.loss_scale,
             "dp_world_size": engine.dp_world_size, "mp_world_size": engine.mp_world_size,
             "train_batch_size": engine.train_batch_size()}

@@ -39,7 +39,9 @@ def train(schedule, zero, scratch, tp=1, extra=None):
     key = (schedule, json.dumps(zero, sort_keys=True), tp, json.dumps(extra))
     if key not in _runs:
         out = str(scratch / schedule)
-        config = json.dumps(dict({"zero_optimization": zero}, **(extra or {})))
+        zero = dict(zero)
+        keep = {"keep_gathered": zero.pop("keep_gathered")} if "keep_gathered" in zero else {}
+        config = json.dumps(dict({"zero_optimization": zero}, **keep, **(extra or {})))
         _runs[key] = run_ranks([WORKER, schedule, str(STEPS), out, config, str(tp)],
                                WORLD * tp, out)
     return _runs[key]
@@ -78,17 +80,18 @@ def assert_as_one_process(got, want, tp=1):
         assert diff <= 1e-5 * max(1.0, value.abs().max().item()), f"{name}: {diff}"
 
 
-# Stage 3: each block is a unit of ~12.6k parameters, under the default persistence threshold
-# (1e5): a stage's units stay gathered from their first use in a step to its optimizer step,
-# across the micro-batches. Threshold 0 gathers them again for each micro-batch's forward
-# and backward.
-REGATHER = {"stage": 3, "stage3_param_persistence_threshold": 0}
+# Stage 3: a stage's units stay gathered from their first use in a step to its optimizer
+# step, across the micro-batches (PipelineStage's keep_gathered); without, each is gathered
+# again for each micro-batch's forward and backward.
+# Persistence threshold 0: no unit is kept for being small (every block here is).
+KEEP = {"stage": 3, "stage3_param_persistence_threshold": 0}
+REGATHER = dict(KEEP, keep_gathered=False)
 
 
 @pytest.mark.parametrize("schedule,zero", [
     ("gpipe", {"stage": 1}), ("1f1b", {"stage": 1}), ("gpipe", {"stage": 2}),
     ("1f1b", {"stage": 2}), ("gpipe", {"stage": 3}), ("1f1b", {"stage": 3}),
-    ("gpipe", REGATHER), ("1f1b", REGATHER),
+    ("gpipe", KEEP), ("1f1b", KEEP), ("gpipe", REGATHER), ("1f1b", REGATHER),
     ("1f1b", {"stage": 3, "offload_optimizer": {"device": "cpu"}})])
 def test_pp2_dp2_trains_as_the_whole_model_in_one_process(schedule, zero, scratch):
     assert_as_one_process(train(schedule, zero, scratch), reference(scratch))
@@ -102,11 +105,15 @@ def test_pp2_tp2_dp2_through_a_megatron_mpu_trains_as_the_whole_model(schedule, 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_stage3_units_kept_across_micro_batches_send_less(schedule, scratch):
-    kept = train(schedule, {"stage": 3}, scratch)
+    kept = train(schedule, KEEP, scratch)
     regathered = train(schedule, REGATHER, scratch)
     for k, r in zip(kept, regathered):
         # 4 micro-batches: forward and backward gathers 4 times over against once
         assert r["bytes_sent"] > 2 * k["bytes_sent"], (r["bytes_sent"], k["bytes_sent"])
+        # Kept: the stage's whole parameters gathered at the peak, as the plan counts them
+        # (within the shards' padding).
+        peak, planned = k["memory"]["gathered_params"]
+        assert abs(peak - planned) <= 0.02 * planned, (peak, planned)
 
 
 def test_fp16_overflow_and_loss_scale_are_agreed_across_the_stages(scratch):
