@@ -82,9 +82,9 @@ def check_engine(root):
 # The package's public modules: __init__ is its face; __main__ the launcher; accelerator,
 # comm, zero and moe carry deepspeed's module names; integrations imports transformers, so it
 # is imported by name (zeroshard.integrations) only by those who use it; pipelining carries
-# torch.distributed.pipelining's.
+# torch.distributed.pipelining's, pipe deepspeed.pipe's.
 PUBLIC_MODULES = {"__init__", "__main__", "integrations", "accelerator", "comm", "zero", "moe",
-                  "pipelining"}
+                  "pipelining", "pipe"}
 PY_IMPORT = re.compile(r"^\s*from \.(\w*) import ([\w, ]+)", re.M)
 
 

@@ -124,8 +124,13 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise _error("config is required (a path or a dict, or args.deepspeed_config)")
     _refuse_unsupported(mesh_param)
     _check_port(distributed_port)
-    engine = ZeroShardEngine(model, config, units=units, model_parameters=model_parameters,
-                             optimizer=optimizer, lr_scheduler=lr_scheduler, mpu=mpu, mesh=mesh)
+    engine_class = ZeroShardEngine
+    from ._pipe_module import PipelineModule
+    if isinstance(model, PipelineModule):
+        from ._pipe_engine import PipelineEngine
+        engine_class = PipelineEngine
+    engine = engine_class(model, config, units=units, model_parameters=model_parameters,
+                          optimizer=optimizer, lr_scheduler=lr_scheduler, mpu=mpu, mesh=mesh)
     loader = _dataloader(training_data, engine, collate_fn)
     scheduler = engine.lr_scheduler
     if scheduler is None and engine.scheduled_by_config:

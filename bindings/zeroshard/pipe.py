@@ -1,0 +1,5 @@
+"""zeroshard.pipe: deepspeed.pipe's names, so that a DeepSpeed pipeline script switches with
+its imports: PipelineModule, LayerSpec, TiedLayerSpec; zeroshard.initialize of a
+PipelineModule returns an engine with train_batch and eval_batch
+(bindings/zeroshard/_pipe_module.py and _pipe_engine.py say how)."""
+from ._pipe_module import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: F401

@@ -1,0 +1,88 @@
+"""One rank of a DeepSpeed pipeline script, run by DeepSpeed itself (mode deepspeed, its CPU
+accelerator over Gloo) or with its imports switched to zeroshard's (mode zeroshard): a small
+language model given as layers, its embedding a TiedLayerSpec reused as the output head,
+PipelineModule(num_stages=2, partition_method=PART), engine.train_batch(data_iter) for
+STEPS steps. Writes OUT.rankN.json: each step's returned loss and global gradient norm, the
+stage's layer boundaries, and the sum of the tied embedding on this rank after each step.
+usage: pipe_module_worker.py deepspeed|zeroshard STEPS OUT CONFIG_JSON [PART]"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB, DIM, SEQ, BLOCKS, MICRO = 64, 32, 12, 4, 2
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.ln = nn.LayerNorm(dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+def head(embedding, x):
+    return x @ embedding.weight.t()
+
+
+def loss_fn(logits, labels):
+    return F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+
+
+def main():
+    mode, steps, out, config = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+    part = sys.argv[5] if len(sys.argv) > 5 else "parameters"
+    torch.set_num_threads(1)
+    if mode == "deepspeed":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ.setdefault("LOCAL_SIZE", os.environ["WORLD_SIZE"])
+        import deepspeed as ds
+        from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+        ds.init_distributed(dist_backend="gloo")
+    else:
+        import zeroshard as ds
+        from zeroshard.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+        ds.init_distributed(dist_backend="gloo")
+    import torch.distributed as dist
+    torch.manual_seed(0)
+    layers = [TiedLayerSpec("embed", nn.Embedding, VOCAB, DIM)]
+    layers += [LayerSpec(Block, DIM) for _ in range(BLOCKS)]
+    layers += [LayerSpec(nn.LayerNorm, DIM)]
+    layers += [TiedLayerSpec("embed", nn.Embedding, VOCAB, DIM, forward_fn=head)]
+    model = PipelineModule(layers=layers, num_stages=2, loss_fn=loss_fn, partition_method=part)
+    config = dict(config, train_micro_batch_size_per_gpu=MICRO, gradient_clipping=0.05,
+                  optimizer={"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95],
+                                                         "eps": 1e-8, "weight_decay": 0.1}})
+    engine, _, _, _ = ds.initialize(model=model, config=config,
+                                    model_parameters=[p for p in model.parameters()
+                                                      if p.requires_grad])
+    dp_rank = dist.get_rank() % (dist.get_world_size() // 2)
+    g = torch.Generator().manual_seed(1234 + dp_rank)  # the first and the last stage alike
+
+    def batches():
+        while True:
+            t = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=g)
+            yield t[:, :-1], t[:, 1:]
+
+    data = batches()
+    losses, norms, tied = [], [], []
+    for _ in range(steps):
+        losses.append(float(engine.train_batch(data_iter=data)))
+        norm = engine.get_global_grad_norm()
+        norms.append(None if norm is None else float(norm))
+        tied.append(float(model.tied_modules["embed"].weight.detach().double().sum()))
+    dist.barrier()
+    result = {"losses": losses, "norms": norms, "tied_sums": tied, "parts": [int(p) for p in
+                                                                            model.parts],
+              "stage": int(engine.stage_id)}
+    with open(f"{out}.rank{os.environ['RANK']}.json", "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
