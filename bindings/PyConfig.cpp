@@ -35,7 +35,11 @@ void bind_config(py::module_& m) {
       .def_property_readonly(
           "tensor_parallel_size",
           [](const LoadedConfig& c) { return c.config.tensor_parallel_size.value_or(1); },
-          "tensor_parallel.autotp_size: the tp size a model's own tp_plan is applied at.");
+          "tensor_parallel.autotp_size: the tp size a model's own tp_plan is applied at.")
+      .def_property_readonly(
+          "pipeline_parallel_size",
+          [](const LoadedConfig& c) { return c.config.pipeline_parallel_size.value_or(1); },
+          "pipeline.stages: the pipeline stages the ranks are split into.");
   m.def("parse_config", &load_config_string, py::arg("text"), py::arg("origin"),
         "Parses a config (YAML or JSON text) once; raises Error on bad input.");
 }

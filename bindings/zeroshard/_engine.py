@@ -113,11 +113,11 @@ class ZeroShardEngine(SavingMethods):
         loaded = _config.parse(config)  # the one parse of this engine's config
         _refuse_twice_named(loaded, optimizer, lr_scheduler)
         self.module = model
-        # A transformers model split by its own tp_plan (tensor_parallel.autotp_size), and
-        # DTensor parameters (parallelize_module, or that plan) as their local tensors first.
+        # A model split by its own tp_plan (autotp_size); DTensor parameters as local tensors.
         local_when, places = None, _dtensor.places(model)
         if loaded.tensor_parallel_size > 1 and mpu is None and mesh is None:
-            mesh, local_when = _hf_tensor_parallel.apply_plan(model, loaded.tensor_parallel_size)
+            mesh, local_when = _hf_tensor_parallel.apply_plan(
+                model, loaded.tensor_parallel_size, loaded.pipeline_parallel_size)
         tp_size, tp_params, install_dtensors = _dtensor.unwrap(model, mesh, local_when)
         if tp_size:  # a client optimizer (or model_parameters) built over the replaced ones
             model_parameters = _dtensor.retarget(optimizer, model_parameters, places)

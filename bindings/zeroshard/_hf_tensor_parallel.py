@@ -9,9 +9,14 @@ from . import _launch
 from ._tensor_parallel import _error
 
 
-def apply_plan(model, tp):
+def apply_plan(model, tp, stages=1):
     """Splits `model` by its tp_plan over tp ranks; returns (the mesh, the rule for when a
     split module runs on its local tensors, as transformers' own layers decide)."""
+    if stages > 1:
+        raise _error(
+            f"config key 'tensor_parallel.autotp_size' is {tp} with pipeline.stages {stages}: "
+            "a model's own tp_plan is laid over every rank, not over one stage's; allowed: one "
+            "of the two, or a Megatron-style model with an mpu that has both (initialize(mpu=))")
     plan = getattr(model, "tp_plan", None) if hasattr(model, "config") else None
     if not plan:
         raise _error(

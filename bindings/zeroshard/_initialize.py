@@ -132,6 +132,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine = engine_class(model, config, units=units, model_parameters=model_parameters,
                           optimizer=optimizer, lr_scheduler=lr_scheduler, mpu=mpu, mesh=mesh)
     loader = _dataloader(training_data, engine, collate_fn)
+    if loader is not None and hasattr(engine, "set_dataloader"):
+        engine.set_dataloader(loader)  # a pipeline engine's train_batch() reads it
     scheduler = engine.lr_scheduler
     if scheduler is None and engine.scheduled_by_config:
         scheduler = ConfigScheduler(engine)

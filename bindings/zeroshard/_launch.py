@@ -43,8 +43,13 @@ def init_distributed():
     if _zeroshard.engine_serves_rendezvous():
         # An earlier engine's rank 0 serves the store at MASTER_PORT for the whole process:
         # every rank joins it as a client, torch.distributed's keys under a prefix of their own.
-        store = dist.TCPStore(env["master_addr"], env["master_port"], env["world_size"],
-                              is_master=False)
+        where = (env["master_addr"], env["master_port"], env["world_size"])
+        try:
+            store = dist.TCPStore(*where, is_master=False)
+        except RuntimeError as e:  # a torch built without libuv (Debian's 2.6) asks for it
+            if "libuv" not in str(e):
+                raise
+            store = dist.TCPStore(*where, is_master=False, use_libuv=False)
         dist.init_process_group("gloo", store=dist.PrefixStore("torch.distributed/", store),
                                 rank=env["rank"], world_size=env["world_size"])
         return

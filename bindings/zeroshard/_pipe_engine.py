@@ -17,7 +17,7 @@ it to its own in its last backward (before the engine reduces it over the data-p
 ranks). After each step the owner sends the updated values to the copies."""
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import Schedule1F1B
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 from . import _config, _launch, _zeroshard
 from ._engine import ZeroShardEngine
@@ -49,6 +49,7 @@ class _Ties:
         self.owned, self.copies = [], []  # (tensor, group, the group's ranks: owner first)
         self.replaced = set()  # ids of the parameters the copies replaced
         self._sending = []
+        self._homes = {}  # id(copy) -> [(module, attribute)]
         for key in module.tied_keys():  # every rank makes every group, in one order
             stages = module.tied_stages(key)
             for place in range(per_stage):
@@ -66,8 +67,23 @@ class _Ties:
                         copy = value.detach().clone().requires_grad_(value.requires_grad)
                         self.replaced.add(id(tied._parameters.pop(attr)))
                         setattr(tied, attr, copy)
+                        self._homes[id(copy)] = [(tied, attr)]
                         dist.broadcast(copy.data, ranks[0], group=group)
                         self.copies.append((copy, group, ranks))
+
+    def in_dtype(self, dtype):
+        """The copies in the engine's compute dtype, as the owner's parameter now is."""
+        for i, (copy, group, ranks) in enumerate(self.copies):
+            if copy.dtype != dtype:
+                cast = copy.detach().to(dtype).requires_grad_(copy.requires_grad)
+                for module_attr in self._homes[id(copy)]:
+                    setattr(*module_attr, cast)
+                self.copies[i] = (cast, group, ranks)
+
+    def drop_from(self, optimizer):
+        """A client optimizer built over model.parameters() no longer holds the copies."""
+        for group in getattr(optimizer, "param_groups", []):
+            group["params"] = [p for p in group["params"] if id(p) not in self.replaced]
 
     def without_copies(self, model_parameters):
         """The script's parameter list (DeepSpeed scripts pass model.parameters()) without
@@ -101,9 +117,9 @@ class _Ties:
         """[(owned parameter, the copies' gradients summed)], for the backward that follows."""
         received = []
         for value, group, ranks in self.owned:
-            total = torch.zeros(value.shape, dtype=value.dtype)
+            total = torch.zeros(value.shape, dtype=value.dtype, device=value.device)
             dist.reduce(total, ranks[0], group=group)
-            received.append((value, total.to(value.device)))
+            received.append((value, total))
         return received
 
     def send_values(self, engine):
@@ -145,14 +161,26 @@ class PipelineEngine(ZeroShardEngine):
         _launch.init_distributed()
         ties = _Ties(model)  # before the engine: copies are no parameters of it
         kwargs["model_parameters"] = ties.without_copies(kwargs.get("model_parameters"))
+        ties.drop_from(kwargs.get("optimizer"))
         super().__init__(model, pipe_config(config, model), **kwargs)
+        compute = (torch.bfloat16 if self.bfloat16_enabled()
+                   else torch.float16 if self.fp16_enabled() else None)
+        if compute is not None:
+            ties.in_dtype(compute)
+        self.training_dataloader = None  # initialize's, from training_data
+        self._data_iterator = None
         self.stage_id, self.num_stages = model.stage_id, model.num_stages
         self._ties = ties
         self._dp_group = self._stage_group()
         self._pp_group = pipeline_group(self)
         self._stage = _TiedStage(self, ties)
-        self._schedule = Schedule1F1B(self._stage, n_microbatches=self.gradient_accumulation_steps(),
-                                      loss_fn=model.loss_fn)
+        # torch 2.6's Schedule1F1B hangs over Gloo in its fused send and receive (measured;
+        # 2.11's does not): GPipe there, the same numbers with every micro-batch's
+        # activations held at once.
+        fused_hangs = tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 11)
+        schedule = ScheduleGPipe if fused_hangs else Schedule1F1B
+        self._schedule = schedule(self._stage, n_microbatches=self.gradient_accumulation_steps(),
+                                  loss_fn=model.loss_fn)
 
     def _stage_group(self):
         world, rank = dist.get_world_size(), dist.get_rank()
@@ -171,13 +199,28 @@ class PipelineEngine(ZeroShardEngine):
     def is_last_stage(self):
         return self.stage_id == self.num_stages - 1
 
+    def set_dataloader(self, loader):
+        """initialize's dataloader (from training_data), read when train_batch gets no
+        data_iter: again from its start when it ends, as DeepSpeed's RepeatingLoader."""
+        self.training_dataloader = loader
+
+    def _repeating(self):
+        if self._data_iterator is None:
+            def forever():
+                while True:
+                    yield from self.training_dataloader
+            self._data_iterator = forever()
+        return self._data_iterator
+
     def _read(self, data_iter):
         """The step's micro-batches: inputs on the first stage, labels on the last."""
         if not (self.is_first_stage() or self.is_last_stage()):
             return None, None
+        if data_iter is None and self.training_dataloader is not None:
+            data_iter = self._repeating()
         if data_iter is None:
             raise _error("train_batch(data_iter): data_iter is required on the first and the "
-                         "last stage")
+                         "last stage (or training_data given to initialize)")
         batches = [next(data_iter) for _ in range(self.gradient_accumulation_steps())]
         inputs = torch.cat([b[0] for b in batches]) if self.is_first_stage() else None
         labels = torch.cat([b[1] for b in batches]) if self.is_last_stage() else None
@@ -196,9 +239,9 @@ class PipelineEngine(ZeroShardEngine):
 
     def _mean_loss(self, losses):
         """The last stage's mean over micro-batches and data-parallel ranks, on every rank."""
-        loss = torch.zeros((), dtype=torch.float32)
+        loss = torch.zeros((), dtype=torch.float32, device=self.device)
         if losses:
-            loss = torch.stack([l.detach().float().cpu() for l in losses]).mean()
+            loss = torch.stack([l.detach().float() for l in losses]).mean().to(self.device)
             dist.all_reduce(loss, group=self._dp_group)
             loss /= dist.get_world_size(self._dp_group)
         last = dist.get_global_rank(self._pp_group, self.num_stages - 1)
@@ -217,10 +260,13 @@ class PipelineEngine(ZeroShardEngine):
         return loss
 
     def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg",
-                   num_micro_batches=None):
-        """The mean loss of gradient_accumulation_steps micro-batches, forward only."""
-        if return_logits or not compute_loss or reduce_output != "avg" or num_micro_batches:
+                   bcast_loss=True, num_micro_batches=None):
+        """The mean loss of gradient_accumulation_steps micro-batches, forward only, on every
+        rank."""
+        if (return_logits or not compute_loss or reduce_output != "avg" or not bcast_loss
+                or num_micro_batches):
             raise _error("eval_batch: return_logits, compute_loss=False, reduce_output other "
-                         "than 'avg' and num_micro_batches are not supported yet")
+                         "than 'avg', bcast_loss=False and num_micro_batches are not supported "
+                         "yet; allowed: the defaults")
         with torch.no_grad():
             return self._run(self._schedule.eval, data_iter)

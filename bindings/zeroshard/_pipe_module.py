@@ -123,6 +123,9 @@ class PipelineModule(nn.Module):
             raise _error(f"activation_checkpoint_interval={activation_checkpoint_interval}: not "
                          "supported yet; allowed: 0 (checkpoint inside the layers with "
                          "torch.utils.checkpoint)")
+        if dynamic_shape or activation_checkpoint_func is not None or checkpointable_layers:
+            raise _error("dynamic_shape, activation_checkpoint_func and checkpointable_layers: "
+                         "not supported yet; allowed: their defaults (False, None, None)")
         if num_stages is None or int(num_stages) < 2:
             raise _error(f"num_stages={num_stages!r}; allowed: 2 or more")
         env = _zeroshard.launch_env()
@@ -141,6 +144,8 @@ class PipelineModule(nn.Module):
         self.tied_modules = nn.ModuleDict()
         self.tied_weight_attrs = {}
         self._build()
+        if torch.cuda.is_available():  # as DeepSpeed's: on this rank's GPU once built
+            self.to(torch.device("cuda", env["local_rank"]))
 
     def _partition(self, method):
         specs, stages = self._layer_specs, self.num_stages

@@ -101,6 +101,10 @@ class PipelineStage(_TorchPipelineStage):
         if dw_builder is not None:
             raise _error("dw_builder: split input and weight backward is not supported; "
                          "allowed: None")
+        if not any(p.requires_grad for p in engine.module.parameters()):
+            raise _error(f"stage {core.pipeline_stage} has no trainable parameter; allowed: a "
+                         "stage with at least one (the gradient norm and the overflow check "
+                         "are summed across the stages, each taking part)")
         device = torch.device(device) if device is not None else engine.device
         super().__init__(_RealShapes(engine.module, device), core.pipeline_stage, stages,
                          device, input_args=input_args, output_args=output_args,
@@ -141,6 +145,8 @@ class PipelineStage(_TorchPipelineStage):
         over the same micro-batches (checked)."""
         micro = self.engine.gradient_accumulation_steps()
         backwards, self._backwards = self._backwards, 0
+        if not self.has_backward:  # schedule.eval(): forward only, no gradients
+            return
         if backwards != micro:
             raise _error(f"{backwards} micro-batches' backward ran in this schedule step, but "
                          f"gradient_accumulation_steps is {micro}; allowed: equal")

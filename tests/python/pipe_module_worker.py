@@ -2,8 +2,9 @@
 accelerator over Gloo) or with its imports switched to zeroshard's (mode zeroshard): a small
 language model given as layers, its embedding a TiedLayerSpec reused as the output head,
 PipelineModule(num_stages=2, partition_method=PART), engine.train_batch(data_iter) for
-STEPS steps. Writes OUT.rankN.json: each step's returned loss and global gradient norm, the
-stage's layer boundaries, and the sum of the tied embedding on this rank after each step.
+STEPS steps, then eval_batch. Writes OUT.rankN.json: each step's returned loss and global
+gradient norm, the stage's layer boundaries, the sum of the tied embedding on this rank after
+each step, and the evaluated loss.
 usage: pipe_module_worker.py deepspeed|zeroshard STEPS OUT CONFIG_JSON [PART]"""
 import json
 import os
@@ -76,8 +77,9 @@ def main():
         norm = engine.get_global_grad_norm()
         norms.append(None if norm is None else float(norm))
         tied.append(float(model.tied_modules["embed"].weight.detach().double().sum()))
+    evaluated = float(engine.eval_batch(data_iter=data))  # the next step's batch, forward only
     dist.barrier()
-    result = {"losses": losses, "norms": norms, "tied_sums": tied, "parts": [int(p) for p in
+    result = {"eval_loss": evaluated, "losses": losses, "norms": norms, "tied_sums": tied, "parts": [int(p) for p in
                                                                             model.parts],
               "stage": int(engine.stage_id)}
     with open(f"{out}.rank{os.environ['RANK']}.json", "w") as f:

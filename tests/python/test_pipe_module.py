@@ -4,7 +4,8 @@ TiedLayerSpec reused as the output head, PipelineModule(num_stages=2), train_bat
 DeepSpeed itself at ZeRO-1 (its CPU accelerator over Gloo, the reference) and by zeroshard at
 ZeRO 1, 2 and 3 (DeepSpeed's pipeline engine refuses 2 and 3), on PP2 (2 ranks) and
 PP2 x DP2 (4 ranks): the layer boundaries, every step's returned loss, the global gradient
-norm and the tied embedding (equal on both stages) as DeepSpeed's, within 1e-5."""
+norm, the tied embedding (equal on both stages) and eval_batch's loss as DeepSpeed's, within
+1e-5."""
 import importlib.util
 import json
 import os
@@ -51,6 +52,7 @@ def test_a_deepspeed_pipeline_script_trains_as_deepspeed_does(world, stage, scra
             assert close(g["losses"][step], w["losses"][step]), (step, g["losses"], w["losses"])
             assert close(g["norms"][step], w["norms"][step]), (step, g["norms"], w["norms"])
             assert close(g["tied_sums"][step], w["tied_sums"][step]), step
+        assert close(g["eval_loss"], w["eval_loss"]), (g["eval_loss"], w["eval_loss"])
     # The tied copies stay one parameter: the first stage's and the last's are equal.
     assert all(r["tied_sums"] == got[0]["tied_sums"] for r in got)
     assert min(w["norms"][0] for w in want) > 0.05  # clipping active

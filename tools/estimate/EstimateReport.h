@@ -13,7 +13,8 @@ std::string render_json(const EstimateInputs& in, const Plan& plan);
 // --pp: one plan per stage (in.stages), each stage's row and the heaviest stage's bytes.
 std::string render_pipeline_table(const EstimateInputs& in, const std::vector<Plan>& plans);
 std::string render_pipeline_json(const EstimateInputs& in, const std::vector<Plan>& plans);
-// The stage whose recommended plan needs the most device bytes (its config is emitted).
+// The stage whose recommended choice saves the most memory (the latest in plan_options'
+// order, then the most device bytes): its config, emitted for every stage.
 size_t heaviest_stage(const std::vector<Plan>& plans);
 
 }  // namespace zeroshard::estimate
