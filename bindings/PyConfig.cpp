@@ -2,11 +2,24 @@
 
 #include <pybind11/stl.h>
 
+#include "common/Error.h"
 #include "config/Config.h"
 
 namespace py = pybind11;
 
 namespace zeroshard {
+
+void take_mpu_size(std::optional<int64_t>& configured, int size, const char* key,
+                   const char* what) {
+  if (size <= 1) return;
+  if (configured && *configured != 1 && *configured != size) {
+    fail(
+        "config key '{}' is {}, but the mpu's {} size is {}; allowed: the same size, or leave "
+        "the key out",
+        key, *configured, what, size);
+  }
+  configured = size;
+}
 
 void bind_config(py::module_& m) {
   // The config crosses from Python once, parsed: every question Python asks of it, and the

@@ -155,26 +155,10 @@ EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTens
                          const AssumedBatchArg& assumed_batch, int tensor_parallel_size,
                          const std::map<std::string, int>& tensor_parallel_params,
                          int pipeline_parallel_size) {
-  if (pipeline_parallel_size > 0) {  // a Megatron mpu's (bindings/zeroshard/_tensor_parallel.py)
-    auto& configured = loaded.config.pipeline_parallel_size;
-    if (configured && *configured != 1 && *configured != pipeline_parallel_size) {
-      fail(
-          "config key 'pipeline.stages' is {}, but the mpu's pipeline-parallel size is {}; "
-          "allowed: the same size, or leave the key out",
-          *configured, pipeline_parallel_size);
-    }
-    configured = pipeline_parallel_size;
-  }
-  if (tensor_parallel_size > 1) {  // a Megatron mpu's size (bindings/zeroshard/_tensor_parallel.py)
-    auto& configured = loaded.config.tensor_parallel_size;
-    if (configured && *configured != 1 && *configured != tensor_parallel_size) {
-      fail(
-          "config key 'tensor_parallel.autotp_size' is {}, but the mpu's tensor-parallel size "
-          "is {}; allowed: the same size, or leave the key out",
-          *configured, tensor_parallel_size);
-    }
-    configured = tensor_parallel_size;
-  }
+  take_mpu_size(loaded.config.pipeline_parallel_size, pipeline_parallel_size, "pipeline.stages",
+                "pipeline-parallel");
+  take_mpu_size(loaded.config.tensor_parallel_size, tensor_parallel_size,
+                "tensor_parallel.autotp_size", "tensor-parallel");
   if (!optimizer_type.empty()) {  // a client optimizer object or a config's torch.optim type
     OptimizerConfig& o = loaded.config.optimizer;
     o.type = optimizer_type;
@@ -350,11 +334,10 @@ PYBIND11_MODULE(_zeroshard, m) {
            py::arg("optimizer_state_other") = std::pair<int64_t, int64_t>{0, 0},
            // The batch offload_optimizer.ratio auto leaves room for (engine/EnginePlan.h).
            py::arg("assumed_batch") = py::none(),
-           // A Megatron mpu's tensor-parallel size (0: the config's), and the names of the
-           // parameters split across its ranks.
+           // A Megatron mpu's tensor-parallel size (0: the config's), the names of the
+           // parameters split across its ranks, its pipeline-parallel size (0: the config's).
            py::arg("tensor_parallel_size") = 0,
            py::arg("tensor_parallel_params") = std::map<std::string, int>{},
-           // A Megatron mpu's pipeline-parallel size (0: the config's pipeline.stages).
            py::arg("pipeline_parallel_size") = 0)
       .def("optimizer_shards",
            [](EngineImpl& e) { return optimizer_shards(e.external_optimizer()); })

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tp_worker import DIM, SEQ, VOCAB, Block, load_slices
+from tp_worker import DIM, SEQ, VOCAB, Block, initialized, load_slices
 
 LAYERS = 4
 MICRO, MICROBATCHES, DP, STAGES = 2, 4, 2, 2
@@ -77,13 +77,7 @@ def whole_name(stage, name):
 
 def gpt():
     torch.manual_seed(0)
-    model = GPT()
-    for name, p in model.named_parameters():
-        if p.dim() == 2 and not name.startswith("emb"):
-            nn.init.normal_(p, std=0.2)
-        elif name.endswith("bias"):
-            nn.init.uniform_(p, -0.1, 0.1)
-    return model
+    return initialized(GPT())
 
 
 def batch(step, dp_rank):

@@ -144,15 +144,20 @@ class TpGpt(nn.Module):
         return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
 
 
-def full_model():
-    torch.manual_seed(0)
-    model = TpGpt()
+def initialized(model):
+    """`model` with the tests' weights: matrices N(0, 0.2) (embeddings as built), biases
+    U(-0.1, 0.1), drawn in parameter order from the seed the caller set."""
     for name, p in model.named_parameters():
         if p.dim() == 2 and not name.startswith("emb"):
             nn.init.normal_(p, std=0.2)
         elif name.endswith("bias"):
             nn.init.uniform_(p, -0.1, 0.1)
     return model
+
+
+def full_model():
+    torch.manual_seed(0)
+    return initialized(TpGpt())
 
 
 def load_slices(model, full, tp, tp_rank):

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -154,13 +153,8 @@ def worker(mode, steps, out):
         json.dump(row, f)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(mode, steps, scratch):
+    from zeroshard._launcher import free_port
     out, port = os.path.join(scratch, mode), free_port()
     procs = []
     for rank in range(WORLD):

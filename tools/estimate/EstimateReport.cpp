@@ -66,6 +66,19 @@ nlohmann::json bytes_json(const MemoryBreakdown& m) {
   return {{"bytes", tiers}, {"bytes_by_kind", kinds}};
 }
 
+// The training shape, then what was assumed and what loading the config warned of.
+std::string training_lines(const EstimateInputs& in) {
+  std::string out = fmt::format(
+      "training: seq {}, micro-batch {}, {}, activation checkpointing {}\n", in.shape.seq,
+      in.shape.micro_batch, in.config.bf16 ? "bf16" : (in.config.fp16.enabled ? "fp16" : "fp32"),
+      in.shape.activation_checkpointing ? "on" : "off");
+  if (!in.assumptions.empty()) {
+    out += fmt::format("assumed (not given): {}\n", fmt::join(in.assumptions, "; "));
+  }
+  for (const auto& w : in.warnings) out += fmt::format("warning: {}\n", w);
+  return out;
+}
+
 }  // namespace
 
 std::string render_table(const EstimateInputs& in, const Plan& plan) {
@@ -84,14 +97,7 @@ std::string render_table(const EstimateInputs& in, const Plan& plan) {
       tp > 1 ? fmt::format(" (tp {} x dp {})", tp, in.world.data_parallel_ranks()) : "",
       gib(in.budget.device_bytes), gib(in.budget.host_bytes), gib(in.budget.nvme_bytes),
       in.budget.headroom * 100);
-  out += fmt::format("training: seq {}, micro-batch {}, {}, activation checkpointing {}\n",
-                     in.shape.seq, in.shape.micro_batch,
-                     in.config.bf16 ? "bf16" : (in.config.fp16.enabled ? "fp16" : "fp32"),
-                     in.shape.activation_checkpointing ? "on" : "off");
-  if (!in.assumptions.empty()) {
-    out += fmt::format("assumed (not given): {}\n", fmt::join(in.assumptions, "; "));
-  }
-  for (const auto& w : in.warnings) out += fmt::format("warning: {}\n", w);
+  out += training_lines(in);
   out += fmt::format("\nGiB per rank{:<26} {:>9} {:>9} {:>9}  {:<17} {}\n", "", "device", "host",
                      "nvme", "DeepSpeed gpu/cpu", "verdict");
   for (const auto& e : plan.options) out += option_row(in, e, e.option == plan.option);
@@ -178,14 +184,7 @@ std::string render_pipeline_table(const EstimateInputs& in, const std::vector<Pl
       "{} micro-batches a step\n",
       in.pipeline_stages, w.tensor_parallel, w.data_parallel_ranks(), w.nodes, w.ranks_per_node,
       in.schedule, in.micro_batches);
-  out += fmt::format("training: seq {}, micro-batch {}, {}, activation checkpointing {}\n",
-                     in.shape.seq, in.shape.micro_batch,
-                     in.config.bf16 ? "bf16" : (in.config.fp16.enabled ? "fp16" : "fp32"),
-                     in.shape.activation_checkpointing ? "on" : "off");
-  if (!in.assumptions.empty()) {
-    out += fmt::format("assumed (not given): {}\n", fmt::join(in.assumptions, "; "));
-  }
-  for (const auto& warning : in.warnings) out += fmt::format("warning: {}\n", warning);
+  out += training_lines(in);
   out += fmt::format("\n{:<6} {:<9} {:>14} {:>9}  {:<36} {:>9} {:>9} {:>9}  {}\n", "pp", "blocks",
                      "parameters", "in flight", "recommended ZeRO (GiB per rank)", "device", "host",
                      "nvme", "verdict");
