@@ -27,13 +27,19 @@ bool offloaded(OffloadDevice d) {
 
 // Full parameters live on the device between a stage-3 gather and its free: the unit
 // running plus what is prefetched, bounded by stage3_max_live_parameters but never
-// below one whole unit; small tensors are never partitioned (persistence threshold).
+// below one whole unit; small units are never released (persistence threshold).
 int64_t gathered_numel(const ModelSpec& spec, const ZeroConfig& z) {
   const int64_t unit = spec.largest_unit();
   const int64_t wanted =
       std::min(*z.stage3_max_live_parameters, unit + *z.stage3_prefetch_bucket_size);
-  // Persistent tensors are gathered once and stay: the live budget covers the others.
-  const int64_t persistent = spec.persistent_params(*z.stage3_param_persistence_threshold);
+  // Units at or below the persistence threshold are gathered once and stay
+  // (sharding/ParamCoordinator.cpp release): the live budget covers the others. A spec
+  // without units counts its small tensors.
+  const int64_t threshold = *z.stage3_param_persistence_threshold;
+  int64_t persistent = 0;
+  for (size_t u = 0; u < spec.unit_params.size(); ++u)
+    if (!spec.is_whole(u) && spec.unit_params[u] <= threshold) persistent += spec.unit_params[u];
+  if (spec.unit_params.empty()) persistent = spec.persistent_params(threshold);
   const int64_t live = std::min(spec.total_params - persistent, std::max(unit, wanted));
   return live + persistent;
 }
@@ -62,6 +68,8 @@ ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device, i
   for (size_t u = 0; u < spec.unit_params.size(); ++u) {
     if (spec.is_whole(u)) continue;
     const int64_t n = padded_shard_numel(spec.unit_params[u], ranks);
+    if (device == OffloadDevice::Cpu || device == OffloadDevice::Nvme)
+      p.largest_offloaded_shard = std::max(p.largest_offloaded_shard, n);
     if (device == OffloadDevice::Cpu) {
       p.host_numel += n;
     } else if (device != OffloadDevice::Nvme) {
@@ -72,6 +80,7 @@ ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device, i
       p.in_host.push_back(u);
     } else {
       p.nvme_numel += n;
+      if (!spec.is_frozen(u)) p.trainable_nvme_numel += n;
       p.nvme_shards.push_back(n);
       p.largest_nvme_shard = std::max(p.largest_nvme_shard, n);
     }
@@ -195,7 +204,6 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
                                const Config& config, const WorldShape& world,
                                const TrainingShape& shape) {
   const ZeroConfig& z = config.zero;
-  const int64_t p = spec.total_params;
   // Everything below is per shard group: MiCS replicates the states across groups.
   const int64_t d = sharding_ranks(config, option.stage, world.data_parallel_ranks());
   const int64_t kl = config.compute_bytes();
@@ -207,7 +215,9 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   const int64_t opt_numel = option.stage >= 1 ? trained : trained * d;  // this rank's optimizer
   const bool opt_off = offloaded(option.optimizer);
   const Tier opt_tier = tier_of(option.optimizer);
-  const int64_t reduce_bucket = std::min(*z.reduce_bucket_size, p);
+  // Buckets reduce gradients (and stages 1-2 gather updated parameters): trained ones only.
+  const int64_t trained_params = spec.trainable_params();
+  const int64_t reduce_bucket = std::min(*z.reduce_bucket_size, trained_params);
 
   MemoryBreakdown m;
   const ParamPlacement placed =
@@ -216,8 +226,15 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
     int64_t whole = 0;  // units kept whole, in full
     for (size_t u = 0; u < spec.unit_params.size(); ++u)
       if (spec.is_whole(u)) whole += padded_shard_numel(spec.unit_params[u], d) * d;
-    m.at(Tier::Device, Kind::Params) = kl * (whole + placed.device_numel);
-    m.at(Tier::Host, Kind::Params) = kl * placed.host_numel;
+    // Construction (engine/EngineBuilder.cpp): an offloaded unit's shard is cut on the
+    // device before it leaves for its tier, one at a time; a trainable one bound for NVMe
+    // waits in memory (the host's beside a GPU) until the optimizer has read it.
+    const int64_t cut = offloaded(option.params) ? placed.largest_offloaded_shard : 0;
+    const int64_t waiting = placed.trainable_nvme_numel;
+    const int64_t on_device = shape.device_is_host ? std::max(cut, waiting) : cut;
+    m.at(Tier::Device, Kind::Params) = kl * (whole + placed.device_numel + on_device);
+    m.at(Tier::Host, Kind::Params) =
+        kl * (placed.host_numel + (shape.device_is_host ? 0 : waiting));
     // Each shard is its own swap region, aligned for O_DIRECT.
     for (int64_t n : placed.nvme_shards)
       m.at(Tier::Nvme, Kind::Params) += round_up(kl * n, kIoAlignment);
@@ -255,11 +272,12 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   m.at(Tier::Device, Kind::Activations) = activation_bytes(spec, shape, static_cast<int>(kl));
   m.at(Tier::Device, Kind::Buffers) = spec.buffer_bytes;  // whole on every rank, never offloaded
   int64_t buckets = reduce_scratch_bytes(config) * reduce_bucket * (z.overlap_comm ? 2 : 1);
-  if (option.stage == 1 || option.stage == 2) buckets += kl * std::min(*z.allgather_bucket_size, p);
+  if (option.stage == 1 || option.stage == 2)
+    buckets += kl * std::min(*z.allgather_bucket_size, trained_params);
   m.at(Tier::Device, Kind::CommBuckets) = buckets;
 
   int64_t pinned = 0;
-  if (opt_off && !shape.device_is_host && !config.optimizer.external) {
+  if (opt_off && opt_numel > 0 && !shape.device_is_host && !config.optimizer.external) {
     // The updated shards' way back to the GPU: two slots of the largest part CPU Adam
     // steps at once (a group's shard, or a sub-group of it on NVMe). A group holds a
     // unit or a bucket of at most reduce_bucket elements (one larger tensor alone).
@@ -268,7 +286,7 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
     if (option.optimizer == OffloadDevice::Nvme) part = std::min(*z.sub_group_size, part);
     pinned += 2 * round_up(kl * part, kIoAlignment);
   }
-  if (option.optimizer == OffloadDevice::Nvme) {
+  if (option.optimizer == OffloadDevice::Nvme && opt_numel > 0) {
     // Each swap slot holds one sub-group's master, m and v (a torch.optim class's: its
     // state arrays); sub-groups split each unit's shard.
     const int64_t largest_shard = option.stage >= 1 ? padded_shard_numel(spec.largest_unit(), d)

@@ -93,8 +93,10 @@ int64_t sharding_ranks(const Config& config, int stage, int64_t ranks);
 struct ParamPlacement {
   int64_t device_numel = 0, host_numel = 0, nvme_numel = 0;
   int64_t largest_nvme_shard = 0;
-  std::vector<int64_t> nvme_shards;  // numel of each shard on NVMe, in unit order
-  std::vector<size_t> in_host;       // nvme: units whose shard stays in host RAM
+  int64_t largest_offloaded_shard = 0;  // in host RAM or on NVMe
+  int64_t trainable_nvme_numel = 0;     // of nvme_numel, shards with optimizer state
+  std::vector<int64_t> nvme_shards;     // numel of each shard on NVMe, in unit order
+  std::vector<size_t> in_host;          // nvme: units whose shard stays in host RAM
 };
 // `max_in_cpu`: offload_param.max_in_cpu, the shard elements kept in host RAM with nvme.
 ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device, int64_t max_in_cpu,

@@ -124,6 +124,18 @@ int64_t ModelSpec::largest_unit() const {
                              : *std::max_element(unit_params.begin(), unit_params.end());
 }
 
+int64_t ModelSpec::trainable_params() const {
+  if (unit_params.empty()) return total_params;
+  int64_t total = 0;
+  for (size_t u = 0; u < unit_params.size(); ++u)
+    if (!is_frozen(u)) total += unit_params[u];
+  return total;
+}
+
+bool ModelSpec::all_frozen() const {
+  return !unit_params.empty() && trainable_params() == 0;
+}
+
 int64_t ModelSpec::largest_padded_unit(int64_t ranks) const {
   return padded_shard_numel(largest_unit(), ranks) * ranks;
 }

@@ -91,6 +91,10 @@ struct ModelSpec {
   int64_t buffer_bytes = 0;
 
   int64_t largest_unit() const;
+  // Parameters with gradients and optimizer state (every one where no unit is frozen).
+  int64_t trainable_params() const;
+  // Every unit frozen: a model served, not trained (zeroshard.init_inference).
+  bool all_frozen() const;
   int64_t largest_padded_unit(int64_t ranks) const;  // in full, as stage 3 gathers it
   // Parameters in tensors of at most `threshold` elements: stage 3 keeps those whole.
   int64_t persistent_params(int64_t threshold) const;

@@ -117,6 +117,14 @@ void resolve_zero(Config& c, const ModelSpec& spec, std::vector<std::string>& r)
                 known ? hf : dflt, r);
   fill<int64_t>(z.allgather_bucket_size, known ? h * h : 500'000'000, "allgather_bucket_size",
                 known ? hf : dflt, r);
+  if (spec.all_frozen()) {
+    // Served, not trained: each unit is gathered again for every forward (every generated
+    // token), so two units in flight ahead of the running one overlap their reads (from
+    // host RAM or NVMe) with its compute, and the device holds three units, not the model.
+    fill<int64_t>(z.stage3_prefetch_bucket_size, 2 * spec.largest_unit(),
+                  "stage3_prefetch_bucket_size",
+                  "inference: two units ahead of the running one, each read while another runs", r);
+  }
   fill<int64_t>(z.stage3_prefetch_bucket_size, known ? 9 * h * h / 10 : 50'000'000,
                 "stage3_prefetch_bucket_size", known ? hf : dflt, r);
   fill<int64_t>(z.stage3_param_persistence_threshold, known ? 10 * h : 100'000,

@@ -8,6 +8,7 @@
 
 #include "common/Alignment.h"
 #include "common/Error.h"
+#include "sharding/PageAllocator.h"
 
 namespace zeroshard {
 namespace {
@@ -34,7 +35,11 @@ FlatParamGroup::FlatParamGroup(const std::vector<NamedParam>& params, int rank, 
   }
   shard_numel_ = padded_shard_numel(numel_, world_);
   const auto options = params.front().param.options().dtype(dtype).requires_grad(false);
-  const at::Tensor flat = at::zeros({padded_numel()}, options);
+  // A unit's full buffer comes and goes with every gather: on a CPU device in pages that
+  // leave the process when it goes (sharding/PageAllocator.h).
+  const at::Tensor flat = sharded_ && options.device().is_cpu()
+                              ? page_backed_zeros(padded_numel(), options)
+                              : at::zeros({padded_numel()}, options);
   {
     at::NoGradGuard no_grad;
     for (const auto& s : slots_) flat.narrow(0, s.offset, s.numel).copy_(s.param.reshape(-1));

@@ -155,9 +155,19 @@ void ParamCoordinator::walk_rest() {
   }
 }
 
+// The budget is what may wait gathered ahead of use: units the walk gathered and the
+// phase has not used yet count against it (persistent ones aside), so each call tops the
+// lookahead up instead of adding a budget's worth more, and the device holds the running
+// unit plus the budget, as plan/MemoryModel.cpp counts it.
 void ParamCoordinator::prefetch() {
   const auto& o = order();
   int64_t budget = options_.prefetch_numel;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitState& s = state_[u];
+    if (s.walked && !s.used && units_[u]->gathered() &&
+        units_[u]->numel() > options_.persistence_numel)
+      budget -= units_[u]->numel();
+  }
   while (cursor_ < o.size()) {
     const FlatParamGroup* next = units_[o[cursor_]];
     if (next->numel() > budget) break;

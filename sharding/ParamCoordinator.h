@@ -15,10 +15,10 @@
 //
 // A unit rank 0 used several times in a forward (a module reused, an embedding and the
 // head tied to it) stays gathered from its first use to its last, so no rank gathers it
-// twice. Prefetch runs ahead along the schedule, bounded by the prefetch budget and the
-// live-parameter limit; units at or below the persistence threshold are never freed
-// inside a step. A unit whose parameters are read outside its own modules (touch())
-// stays until backward ends. With hpZ (sharding/SecondaryShards.h) forward's frees keep
+// twice. Prefetch runs ahead along the schedule, keeping at most the prefetch budget
+// gathered and not yet used, within the live-parameter limit; units at or below the persistence
+// threshold are never freed inside a step. A unit whose parameters are read outside its own modules
+// (touch()) stays until backward ends. With hpZ (sharding/SecondaryShards.h) forward's frees keep
 // the group-sharded copy that backward's gathers read.
 #include <cstdint>
 #include <memory>

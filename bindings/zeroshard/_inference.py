@@ -59,6 +59,9 @@ def inference_config(config, dtype):
             raise _error(f"{origin}: the '{key}' section has no use in inference; remove it")
     zero = config.setdefault("zero_optimization", {})
     zero.setdefault("stage", 3)
+    # The planner's inference rule (two units ahead), not training's 5e7 elements, which
+    # gathers a whole model of that size at once.
+    zero.setdefault("stage3_prefetch_bucket_size", "auto")
     param = zero.get("offload_param") or {}
     if param.get("device", "none") != "none":  # the parser refuses it below stage 3
         mirrored = {k: v for k, v in param.items() if k in ("device", "nvme_path", "pin_memory")}

@@ -8,8 +8,8 @@
 
 #include "common/Error.h"
 #include "common/MemoryKinds.h"
-#include "engine/NcclGroup.h"
 #include "engine/EngineImpl.h"
+#include "engine/NcclGroup.h"
 #include "offload/PinnedPool.h"
 #include "tests/engine/RankRuns.h"
 #include "tests/offload/Scratch.h"
@@ -109,9 +109,11 @@ void check(const Case& c) {
       const double predicted = memory(r, param_tier, Kind::Params, 1);
       EXPECT_GT(predicted, 0);
       EXPECT_NEAR(memory(r, param_tier, Kind::Params, 0), predicted, 0.02 * predicted);
-      EXPECT_NEAR(memory(r, Tier::Device, Kind::Params, 0),
-                  memory(r, Tier::Device, Kind::Params, 1),
-                  1.0);  // whole units only
+      // Whole units only at rest; at construction also one unit's shard, cut on the
+      // device before it leaves for its tier, which the plan counts.
+      const double device_peak = memory(r, Tier::Device, Kind::Params, 2);
+      EXPECT_GT(device_peak, memory(r, Tier::Device, Kind::Params, 0));
+      EXPECT_LE(device_peak, memory(r, Tier::Device, Kind::Params, 1));
     }
   }
   EXPECT_EQ(swap_dirs_left(s.nvme_path), 0);

@@ -176,14 +176,25 @@ TEST(MemoryModel, Stage3NvmeEverything) {
   c.zero.offload_param.max_in_cpu = 0;  // no shard kept in host RAM
   const auto m =
       predict_memory(toy_spec(), {3, OD::Nvme, OD::Nvme}, c, WorldShape{1, 2}, TrainingShape{});
-  EXPECT_EQ(m.total(Tier::Device), 2 * 3300 + 2000);
+  // Gathered 3,300 (a unit and the prefetch), one unit's 1,600-element shard while it is cut
+  // on the device at construction, reduce buckets 2,000.
+  EXPECT_EQ(m.total(Tier::Device), 2 * (3300 + 1600) + 2000);
   // Each unit's 1,600-element bf16 shard is a swap region aligned to 4,096 bytes.
   EXPECT_EQ(m.total(Tier::Nvme), 2 * 4096 + 4 * 3200 + 8 * 3200);
   // Staging of the updated shards: 2 slots of an 800-element sub-group x 2 (1,600 bytes,
   // aligned to 4,096); 4 swap slots of 800 x 12 (9,600 bytes, aligned to 12,288); 5 param
   // buffers of a 1,600 shard x 2 (3,200 bytes, aligned to 4,096).
   EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 2 * 4096 + 4 * 12'288 + 5 * 4096);
-  EXPECT_EQ(m.total(Tier::Host), 4 * 3200 + 2 * 4096 + 4 * 12'288 + 5 * 4096);
+  // Host: fp32 gradients 4 x 3,200, the staging, and the two trainable 1,600-element bf16
+  // shards waiting at construction for the optimizer to read them before they go to NVMe.
+  EXPECT_EQ(m.total(Tier::Host), 4 * 3200 + 2 * 4096 + 4 * 12'288 + 5 * 4096 + 2 * 3200);
+  // With the device in host RAM they wait there, where the cut shard was.
+  TrainingShape on_host;
+  on_host.device_is_host = true;
+  const auto cpu =
+      predict_memory(toy_spec(), {3, OD::Nvme, OD::Nvme}, c, WorldShape{1, 2}, on_host);
+  EXPECT_EQ(cpu.at(Tier::Device, Kind::Params), 2 * 3200);
+  EXPECT_EQ(cpu.at(Tier::Host, Kind::Params), 0);
 }
 
 TEST(MemoryModel, Fp32TrainingNeedsNoMasterCopy) {
@@ -262,8 +273,10 @@ TEST(MemoryModel, Stage3ParamOffloadKeepsShardsInHostUpToMaxInCpuAndTheRestOnNvm
   Config c = toy_config(true);
   c.zero.offload_param.max_in_cpu = 1700;  // one 1,600-element shard (d = 2) fits, not two
   const auto m = predict_memory(s, {3, OD::Nvme, OD::Nvme}, c, WorldShape{1, 2}, TrainingShape{});
-  EXPECT_EQ(m.at(Tier::Device, Kind::Params), 2 * 640);
-  EXPECT_EQ(m.at(Tier::Host, Kind::Params), 2 * 1600);
+  // The whole unit, and the largest offloaded shard while construction cuts it.
+  EXPECT_EQ(m.at(Tier::Device, Kind::Params), 2 * (640 + 1600));
+  // One shard kept by max_in_cpu, and the two bound for NVMe waiting at construction.
+  EXPECT_EQ(m.at(Tier::Host, Kind::Params), 2 * (1600 + 2 * 1600));
   EXPECT_EQ(m.at(Tier::Nvme, Kind::Params), 2 * 4096);  // two 3,200-byte regions, aligned
   const auto placed =
       place_param_shards(s, OD::Nvme, c.zero.offload_param.max_in_cpu.value_or(0), 2);
@@ -410,4 +423,27 @@ TEST(MemoryModel, OffloadRatioKeepsTheFirstShardsOptimizerOnTheDevice) {
   const auto stage2 =
       predict_memory(toy_spec(), {2, OD::Cpu, OD::None}, c, WorldShape{1, 2}, TrainingShape{});
   EXPECT_EQ(stage2.at(Tier::Device, Kind::OptimizerStates), 0);
+}
+
+// A served model (every unit frozen): no gradient to reduce, no optimizer to stage, so no
+// reduce buckets and no optimizer slots, even where the config offloads the optimizer
+// (zeroshard.init_inference names the parameters' tier for both); only the parameter
+// buffers are pinned.
+TEST(MemoryModel, AFrozenModelHoldsNoBucketsAndNoOptimizerStaging) {
+  ModelSpec s = toy_spec();
+  s.unit_frozen = {true, true};
+  Config c = toy_config(true);
+  c.zero.offload_param.max_in_cpu = 0;
+  const auto m = predict_memory(s, {3, OD::Nvme, OD::Nvme}, c, WorldShape{1, 2}, TrainingShape{});
+  EXPECT_EQ(m.at(Tier::Device, Kind::CommBuckets), 0);
+  EXPECT_EQ(m.at(Tier::Host, Kind::PinnedBuffers), 5 * 4096);
+  EXPECT_EQ(m.total(Tier::Device), 2 * (3300 + 1600));
+  for (Kind k : {Kind::MasterParams, Kind::OptimizerStates, Kind::Grads, Kind::GradsFp32})
+    for (Tier t : {Tier::Device, Tier::Host, Tier::Nvme}) EXPECT_EQ(m.at(t, k), 0);
+  // One unit frozen: buckets of the other's 3,200 parameters at most.
+  s.unit_frozen = {true, false};
+  c.zero.reduce_bucket_size = 5000;
+  const auto half =
+      predict_memory(s, {3, OD::None, OD::None}, c, WorldShape{1, 2}, TrainingShape{});
+  EXPECT_EQ(half.at(Tier::Device, Kind::CommBuckets), 2 * 3200);
 }

@@ -3,7 +3,9 @@ itself or from a folder save_pretrained wrote (FOLDER), at rest on the device, i
 or on NVMe (TIER), in float32 or bfloat16 (DTYPE). Greedy generation of this rank's own
 prompts and one forward's logits, against the plain model on the same weights (a copy
 made before the engine, or from_pretrained of the folder). Writes OUT.rankN.json.
-usage: inference_worker.py OUT JSON  (JSON: dtype, tier, folder, nvme_path)"""
+With measure_rss, one plain process serves FOLDER from NVMe and reports its RSS growth and
+ledger (serve_measured).
+usage: inference_worker.py OUT JSON  (JSON: dtype, tier, folder, nvme_path, measure_rss)"""
 import copy
 import json
 import os
@@ -27,9 +29,53 @@ def config_of(spec):
     return {"zero_optimization": zero}
 
 
+def status():
+    """This process's resident and peak resident bytes."""
+    with open("/proc/self/status") as f:
+        return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f
+                if line.startswith(("VmRSS", "VmHWM"))}
+
+
+def serve_measured(spec):
+    """The folder's model served from NVMe, the process's RSS measured around it: the
+    baseline after a tiny model of the same class has generated (imports and code paths
+    loaded), the peak reset there (clear_refs 5)."""
+    import transformers
+    import zeroshard
+    tiny = transformers.AutoConfig.from_pretrained(spec["folder"])
+    tiny.update(dict(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=2))
+    warm = transformers.AutoModelForCausalLM.from_config(tiny)
+    warm.generate(torch.ones(1, 2, dtype=torch.long), max_new_tokens=2, do_sample=False,
+                  pad_token_id=0)
+    del warm
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = status()["VmRSS"]
+    engine = zeroshard.init_inference(spec["folder"], config=config_of(spec))
+    prompts = torch.randint(3, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    kwargs = dict(attention_mask=torch.ones_like(prompts), max_new_tokens=NEW_TOKENS,
+                  do_sample=False, pad_token_id=0)
+    got = engine.generate(prompts, **kwargs)
+    grown = status()["VmHWM"] - base
+    report = engine.memory_report()
+    ledger = {f"{tier}.{kind}": v for tier in ("device", "host", "nvme")
+              for kind, v in report[tier]["kinds"].items()}
+    del engine
+    plain = transformers.AutoModelForCausalLM.from_pretrained(spec["folder"]).eval()
+    with torch.no_grad():
+        want = plain.generate(prompts, **kwargs)
+    return {"rss_grown": grown, "ledger": ledger, "tokens_equal": torch.equal(got, want),
+            "prompt": list(prompts.shape)}
+
+
 def main():
     out, spec = sys.argv[1], json.loads(sys.argv[2])
     torch.set_num_threads(1)
+    if spec.get("measure_rss"):
+        with open(f"{out}.rank0.json", "w") as f:
+            json.dump(serve_measured(spec), f)
+        return
     import transformers
     import zeroshard
     rank = int(os.environ.get("RANK", "0"))

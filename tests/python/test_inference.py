@@ -67,6 +67,45 @@ def test_served_weights_generate_the_plain_models_tokens(dtype, tier, source, wo
             assert r["device_params_peak"] <= PARAMS * element // world // 2, r
 
 
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="no transformers")
+def test_a_model_four_times_the_device_budget_generates_from_nvme_within_the_plan(scratch):
+    """A 24-block Llama (20.0M fp32 parameters, 76 MiB) from a folder, weights on NVMe:
+    the plan gives the device (host RAM on this machine) three units and one unit's shard
+    (12 MiB), the weights are more than 4x that; every ledger kind stays within its
+    prediction, and the process's RSS grows by no more than the plan's device and host
+    bytes, the KV cache, the two mappings the page allocator keeps (sharding/
+    PageAllocator.h) and 8 MiB for what the plan does not count (the meta model's objects,
+    one block's temporaries, the logits)."""
+    import transformers
+    folder = scratch / "llama24"
+    config = transformers.LlamaConfig(vocab_size=2000, hidden_size=256, intermediate_size=688,
+                                      num_hidden_layers=24, num_attention_heads=4,
+                                      num_key_value_heads=4, tie_word_embeddings=False)
+    import torch
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder, max_shard_size="20MB")
+    spec = {"dtype": "float32", "tier": "nvme", "nvme_path": str(scratch / "nvme"),
+            "folder": str(folder), "measure_rss": True}
+    os.makedirs(spec["nvme_path"])
+    r = serve(spec, scratch, 1)[0]
+    assert r["tokens_equal"], r
+    ledger = r["ledger"]
+    for name, v in ledger.items():
+        assert v["peak"] <= v["predicted"], (name, v)
+    weights = ledger["nvme.params"]["current"]
+    assert weights >= 20_000_000 * 4, r
+    device = sum(v["predicted"] for k, v in ledger.items() if k.startswith("device."))
+    host = sum(v["predicted"] for k, v in ledger.items() if k.startswith("host."))
+    assert weights >= 4 * device, (weights, device)
+    block = 4 * (4 * 256 * 256 + 3 * 256 * 688 + 2 * 256)  # one unit, fp32
+    batch, prompt = r["prompt"]
+    kv_cache = 24 * 2 * batch * (prompt + 8) * 256 * 4
+    allowance = device + host + kv_cache + 2 * block + 8 * 2**20
+    print(f"RSS grew {r['rss_grown'] / 2**20:.1f} MiB; plan device {device / 2**20:.1f} + host "
+          f"{host / 2**20:.1f} MiB; weights {weights / 2**20:.1f} MiB on NVMe")
+    assert r["rss_grown"] <= allowance, (r["rss_grown"], allowance)
+
+
 def test_what_inference_has_no_use_for_is_refused_by_name(scratch):
     code, out = run_snippet(
         "zeroshard.init_inference(model, config={'optimizer': {'type': 'AdamW'}})",
