@@ -8,15 +8,14 @@
 
 #include "bindings/PyConfig.h"
 #include "bindings/PyOptimizerHooks.h"
+#include "bindings/PyPlan.h"
 #include "common/Bytes.h"
 #include "common/Error.h"
 #include "common/InterpreterLock.h"
 #include "config/Config.h"
 #include "engine/EngineImpl.h"
 #include "engine/ProcessGroupSetup.h"
-#include "engine/UnitPartition.h"
 #include "plan/HfConfig.h"
-#include "plan/Planner.h"
 
 namespace py = pybind11;
 using namespace zeroshard;
@@ -242,76 +241,7 @@ PYBIND11_MODULE(_zeroshard, m) {
   m.def("parse_bytes", &parse_bytes, py::arg("text"), py::arg("what"),
         "\"80GB\" (10^9), \"1.5TiB\" (2^40), \"4096\": the CLI's size parser");
 
-  m.def(
-      "partition_units",
-      [](const std::vector<std::tuple<std::vector<size_t>, std::vector<size_t>, bool, bool>>& nodes,
-         size_t param_count, const std::vector<size_t>& declared) {
-        std::vector<ModuleNode> tree;
-        for (const auto& [children, params, stack, callable] : nodes)
-          tree.push_back({children, params, stack, callable});
-        py::list out;
-        for (const UnitNodes& u : partition_units(tree, param_count, declared))
-          out.append(py::make_tuple(u.modules, u.params));
-        return out;
-      },
-      py::arg("nodes"), py::arg("param_count"), py::arg("declared"),
-      "Stage-3 units of a module tree (engine/UnitPartition.h): nodes are (children, "
-      "parameters, stack, callable); returns (modules, parameters) per unit.");
-  m.def(
-      "plan",
-      [](int64_t total_params, const std::vector<int64_t>& unit_params,
-         int64_t largest_module_params, const LoadedConfig& loaded, int nodes, int ranks_per_node,
-         int64_t device_bytes, int64_t host_bytes, int64_t nvme_bytes,
-         const std::string& hf_config_json, const std::string& attn_implementation, int64_t seq,
-         int64_t micro_batch, bool activation_checkpointing, int64_t tensor_parallel) {
-        TrainingShape shape;
-        shape.seq = seq;
-        shape.micro_batch = micro_batch;
-        shape.activation_checkpointing = activation_checkpointing;
-        ModelSpec spec;
-        spec.source = "python";
-        spec.model_type = "module";
-        spec.total_params = total_params;
-        spec.unit_params = unit_params;
-        spec.largest_module_params = largest_module_params;
-        if (!hf_config_json.empty()) {  // activations from the model's own config
-          take_shape(spec,
-                     spec_from_hf_model(hf_config_json, attn_implementation, tensor_parallel));
-        }
-        HardwareBudget budget;
-        budget.device_bytes = device_bytes;
-        budget.host_bytes = host_bytes;
-        budget.nvme_bytes = nvme_bytes;
-        const Plan plan = make_plan(
-            spec, loaded.config, WorldShape{nodes, ranks_per_node, tensor_parallel}, shape, budget);
-        py::list options;
-        for (const auto& o : plan.options) {
-          py::dict d;
-          d["option"] = o.option.label();
-          d["allowed"] = o.allowed;
-          d["fits"] = o.fits;
-          d["verdict"] = o.verdict;
-          py::dict per_tier;
-          for (size_t t = 0; t < kNumTiers; ++t)
-            per_tier[tier_name(static_cast<Tier>(t))] = o.bytes.total(static_cast<Tier>(t));
-          d["bytes_per_rank"] = per_tier;
-          d["activation_bytes"] = o.bytes.at(Tier::Device, Kind::Activations);
-          options.append(d);
-        }
-        py::dict out;
-        out["summary"] = plan.summary;
-        out["fits"] = plan.fits;
-        out["recommended"] = plan.option.label();
-        out["reasons"] = plan.reasons;
-        out["options"] = options;
-        out["config_yaml"] = emit_config_yaml(plan.config);
-        return out;
-      },
-      py::arg("total_params"), py::arg("unit_params"), py::arg("largest_module_params"),
-      py::arg("config"), py::arg("nodes"), py::arg("ranks_per_node"), py::arg("device_bytes"),
-      py::arg("host_bytes"), py::arg("nvme_bytes"), py::arg("hf_config_json") = "",
-      py::arg("attn_implementation") = "sdpa", py::arg("seq") = 1, py::arg("micro_batch") = 1,
-      py::arg("activation_checkpointing") = false, py::arg("tensor_parallel") = 1);
+  bind_plan(m);
 
   py::class_<EngineImpl, EngineHolder>(m, "Engine")
       .def(py::init(&make_engine), py::arg("params"), py::arg("units"), py::arg("config"),

@@ -131,9 +131,22 @@ int64_t block_bytes(const ModelSpec& spec, int64_t s, int64_t kl) {
 
 }  // namespace
 
+int64_t kv_cache_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) {
+  if (!spec.has_shape()) return 0;
+  const int64_t head_dim = spec.head_dim > 0 ? spec.head_dim : spec.hidden / spec.heads;
+  const int64_t kv = (spec.kv_heads > 0 ? spec.kv_heads : spec.heads) * head_dim;
+  return 2 * spec.layers * t.micro_batch * t.seq * kv * kl;
+}
+
 int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) {
   if (!spec.has_shape()) return 0;
   const int64_t s = t.seq, b = t.micro_batch, L = spec.layers;
+  // Served: nothing is kept for backward. The KV cache, and while the prompt runs one
+  // block's temporaries (at most what it would keep for backward) and the last position's
+  // logits (generate computes no others), in the compute dtype and in fp32.
+  if (t.inference)
+    return kv_cache_bytes(spec, t, kl) + s * b * block_bytes(spec, s, kl) +
+           (spec.has_head ? b * spec.vocab * (kl + 4) : 0);
   const int64_t per_layer = s * b * block_bytes(spec, s, kl);
   // The final norm, then the logits in compute precision (the model's output) and the
   // fp32 log-probabilities the loss keeps.

@@ -33,6 +33,9 @@ struct TrainingShape {
   // Training on the CPU: the "device" is host memory, so offloaded gradients need no
   // pinned staging copy.
   bool device_is_host = false;
+  // Served (zeroshard.init_inference): no backward; micro_batch sequences whose KV cache
+  // holds seq tokens each.
+  bool inference = false;
 };
 
 // One row of the estimator's table: a ZeRO stage and where optimizer state and
@@ -62,6 +65,9 @@ class MemoryBreakdown {
 
 // Transformer activations of one micro-batch (0 when the model's shape is unknown).
 int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& shape, int compute_bytes);
+// The key-value cache of `shape.micro_batch` sequences of `shape.seq` tokens, in the
+// compute dtype (transformers' DynamicCache), on the device.
+int64_t kv_cache_bytes(const ModelSpec& spec, const TrainingShape& shape, int compute_bytes);
 
 // Elements of a stage-sharded copy of all parameters that one rank owns, with each
 // unit padded so every rank's shard is equal and aligned; of the trainable ones only

@@ -40,7 +40,7 @@ def _rank_numel(model, tp):
 
 def estimate(model, config=None, nodes=1, gpus_per_node=1, gpu_memory="80GB",
              host_memory=None, nvme=None, units=None, seq=None, micro_batch=1,
-             activation_checkpointing=None, tp=None):
+             activation_checkpointing=None, tp=None, inference=False, bandwidths=None):
     """Returns the plan as a dict: summary, recommended option, per-option bytes per rank
     per tier, and the resolved config YAML.
 
@@ -53,9 +53,19 @@ def estimate(model, config=None, nodes=1, gpus_per_node=1, gpu_memory="80GB",
 
     With `tp` (default: the config's tensor_parallel.autotp_size) the bytes are one rank's of
     tp tensor-parallel ranks inside a node, ZeRO over the nodes * gpus_per_node / tp others:
-    a transformers model split by its own tp_plan, a model split already as it is."""
+    a transformers model split by its own tp_plan, a model split already as it is.
+
+    With `inference=True` the model is planned as zeroshard.init_inference serves it (every
+    weight frozen, stage 3): `micro_batch` sequences per rank whose KV cache holds `seq`
+    tokens each (prompt and generated), `kv_cache_bytes` in the result, and each option's
+    `stream`: the bytes a rank reads per decoding step from the device, host RAM and NVMe
+    and the tokens/s those reads allow at `bandwidths` ({"device", "host_link", "nvme"}:
+    bytes per second or sizes such as "25GB"; defaults as zeroshard-estimate --inference)."""
+    # Without a config serving is open to every tier the weights may rest in.
+    open_tiers = ('{"zero_optimization": {"offload_param": {"device": "auto"}, '
+                  '"offload_optimizer": {"device": "auto"}}}')
     loaded = (_config.parse(config) if config is not None
-              else _config.parse_text("{}", "no config"))
+              else _config.parse_text(open_tiers if inference else "{}", "no config"))
     configured = loaded.tensor_parallel_size
     if tp is None:
         tp = configured
@@ -64,15 +74,26 @@ def estimate(model, config=None, nodes=1, gpus_per_node=1, gpu_memory="80GB",
     if configured > 1 and tp != configured:
         raise ValueError(f"estimate: tp={tp} contradicts the config's "
                          f"tensor_parallel.autotp_size {configured}; give one of them")
+    if inference and activation_checkpointing:
+        raise ValueError("estimate: activation_checkpointing is for training; with "
+                         "inference=True nothing is kept for backward")
+    if not inference and bandwidths is not None:
+        raise ValueError("estimate: bandwidths are a serving figure; give them with "
+                         "inference=True")
+    rates = {name: float(_bytes(rate, f"bandwidths['{name}']"))
+             for name, rate in (bandwidths or {}).items()}
     numel = _rank_numel(model, tp)
     unit_counts = [_count((p for _, p in ps), numel) for _, ps in stage3_units(model, units)]
     total = _count(model.parameters(), numel)
     host = host_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     shape = _activation_shape(model, seq, micro_batch, activation_checkpointing)
+    if inference and shape:
+        shape["activation_checkpointing"] = False  # nothing is recomputed: no backward
     plan = _zeroshard.plan(total, unit_counts, max(unit_counts or [total]), loaded, nodes,
                            gpus_per_node, _bytes(gpu_memory, "gpu_memory"),
                            _bytes(host, "host_memory"), _bytes(nvme, "nvme"),
-                           tensor_parallel=tp, **shape)
+                           tensor_parallel=tp, inference=bool(inference), bandwidths=rates,
+                           **shape)
     plan["activations"] = ("counted" if shape else
                            "not counted: pass seq= (and micro_batch=) to count them")
     return plan

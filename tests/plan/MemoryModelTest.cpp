@@ -447,3 +447,21 @@ TEST(MemoryModel, AFrozenModelHoldsNoBucketsAndNoOptimizerStaging) {
       predict_memory(s, {3, OD::None, OD::None}, c, WorldShape{1, 2}, TrainingShape{});
   EXPECT_EQ(half.at(Tier::Device, Kind::CommBuckets), 2 * 3200);
 }
+
+// Served Llama-2-7b, 8 sequences of 2,048 tokens in bf16: the KV cache is 2 (keys and
+// values) x 32 layers x 8 x 2,048 x 4,096 x 2 bytes = 8 GiB; beside it only one block's
+// temporaries and the last position's logits, not the 32 blocks training keeps.
+TEST(MemoryModel, ServedActivationsAreTheKvCacheAndOneBlocksTemporaries) {
+  const ModelSpec s =
+      spec_from_hf_file(std::string(ZS_SOURCE_DIR) + "/tests/data/hf/llama2_7b.json");
+  TrainingShape t;
+  t.seq = 2048;
+  t.micro_batch = 8;
+  t.inference = true;
+  EXPECT_EQ(kv_cache_bytes(s, t, 2), int64_t{8} << 30);
+  const int64_t served = activation_bytes(s, t, 2);
+  t.inference = false;
+  const int64_t trained = activation_bytes(s, t, 2);
+  EXPECT_GT(served, int64_t{8} << 30);
+  EXPECT_LT(served - (int64_t{8} << 30), trained / 16);
+}

@@ -5,7 +5,8 @@ prompts and one forward's logits, against the plain model on the same weights (a
 made before the engine, or from_pretrained of the folder). Writes OUT.rankN.json.
 With measure_rss, one plain process serves FOLDER from NVMe and reports its RSS growth and
 ledger (serve_measured).
-usage: inference_worker.py OUT JSON  (JSON: dtype, tier, folder, nvme_path, measure_rss)"""
+usage: inference_worker.py OUT JSON  (JSON: dtype, tier, folder, nvme_path, measure_rss, and
+config: a config file instead of the one TIER makes)"""
 import copy
 import json
 import os
@@ -85,7 +86,8 @@ def main():
     if spec.get("folder"):
         plain = transformers.AutoModelForCausalLM.from_pretrained(spec["folder"], dtype=dtype)
         served = spec["folder"]
-        engine = zeroshard.init_inference(served, config=config_of(spec), dtype=dtype)
+        engine = zeroshard.init_inference(served, config=spec.get("config") or config_of(spec),
+                                          dtype=dtype)
     else:
         model = hf_worker.make("llama").to(dtype)
         plain = copy.deepcopy(model)
@@ -104,6 +106,8 @@ def main():
               "rest": {tier: report[tier]["kinds"]["params"]["current"]
                        for tier in ("device", "host", "nvme")},
               "trainable": sum(p.requires_grad for p in engine.module.parameters()),
+              "ledger": {f"{tier}.{kind}": v for tier in ("device", "host", "nvme")
+                         for kind, v in report[tier]["kinds"].items()},
               # construction's peak of kept shards where the gathers are
               "device_params_peak": report["device"]["kinds"]["params"]["peak"],
               "optimizer_bytes": sum(report[t]["kinds"][k]["peak"] for t in report

@@ -106,6 +106,45 @@ def test_a_model_four_times_the_device_budget_generates_from_nvme_within_the_pla
     assert r["rss_grown"] <= allowance, (r["rss_grown"], allowance)
 
 
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="no transformers")
+def test_the_estimators_serving_config_serves_and_its_plan_bounds_the_ledger(scratch):
+    """zeroshard-estimate --inference on a folder's config.json emits a config that
+    init_inference serves the folder with (the plain model's tokens), and what it planned for
+    the weights gathered on the device bounds what the engine's ledger held;
+    zeroshard.estimate(inference=True) plans the same module the same way."""
+    sys.path.insert(0, HERE)
+    import hf_worker
+    import zeroshard
+    folder = scratch / "saved"
+    model = hf_worker.make("llama")
+    model.save_pretrained(folder)
+    emitted = scratch / "serve.yaml"
+    cli = subprocess.run(
+        [os.path.join(BUILD, "tools", "zeroshard-estimate"), "--hf-config",
+         str(folder / "config.json"), "--inference", "--fp32", "--seq", "14", "--batch", "2",
+         "--emit-config", str(emitted), "--json"], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    plan = json.loads(cli.stdout)
+    chosen = next(o for o in plan["options"] if o["recommended"])
+    assert chosen["offload_param"] == "none", chosen  # 99 KB of weights fit on the device
+    assert "\noptimizer:" not in "\n" + emitted.read_text()  # no optimizer section
+    spec = {"dtype": "float32", "tier": "device", "folder": str(folder), "config": str(emitted)}
+    r = serve(spec, scratch, 1)[0]
+    assert r["tokens_equal"] and r["logits_diff"] == 0.0, r
+    gathered = r["ledger"]["device.gathered_params"]
+    planned = chosen["bytes_by_kind"]["device"]["gathered_params"]
+    assert 0 < gathered["peak"] <= planned, (gathered, planned)
+    assert planned == gathered["predicted"], (planned, gathered)  # the engine's own plan
+    # The Python estimate of the module: the same KV cache and gathered units.
+    est = zeroshard.estimate(model, inference=True, seq=14, micro_batch=2)
+    small = hf_worker.SMALL  # keys and values: kv heads x head size, 2 sequences of 14, fp32
+    kv = small["num_key_value_heads"] * small["hidden_size"] // small["num_attention_heads"]
+    assert est["kv_cache_bytes"] == plan["inference"]["kv_cache_bytes"] == \
+        2 * small["num_hidden_layers"] * 2 * 14 * kv * 4
+    weights = 4 * sum(p.numel() for p in model.parameters())
+    assert est["options"][0]["stream"]["device_bytes_per_step"] == weights, est
+
+
 def test_what_inference_has_no_use_for_is_refused_by_name(scratch):
     code, out = run_snippet(
         "zeroshard.init_inference(model, config={'optimizer': {'type': 'AdamW'}})",

@@ -203,6 +203,10 @@ TEST(EstimateCli, BadInputIsOneLineAndExitTwo) {
        "--pp-schedule: 'zb' is not allowed; allowed: 1f1b or gpipe"},
       {"--params 7e9 --attn-implementation flash",
        "--attn-implementation: 'flash' is not allowed; allowed: eager, sdpa, flash_attention_2"},
+      {"--params 7e9 --batch 4", "--batch is a serving figure; give it with --inference"},
+      {"--params 7e9 --inference --micro-batch 4",
+       "--micro-batch is for training; with --inference give --batch (sequences per rank)"},
+      {"--params 7e9 --inference --nvme-bw fast", "--nvme-bw: 'fast' is not a size"},
   };
   for (const auto& [args, expected] : cases) {
     SCOPED_TRACE(args);
@@ -231,4 +235,63 @@ TEST(EstimateCli, SaysWhenActivationsAreWhatDoesNotFit) {
   // and 224,768 in the head (final norm 8*4096, logits 6*32000): 94.49 GiB per rank.
   EXPECT_NE(r.out.find("activations are 94.49 GiB of it"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("with activation checkpointing"), std::string::npos) << r.out;
+}
+
+// Serving Llama-2-7b (6,738,415,616 parameters, 32 layers of 32 heads of 128, bf16) with
+// 8 sequences of 2,048 tokens: the KV cache is 2 x 32 x 8 x 2,048 x 4,096 x 2 bytes = 8 GiB;
+// with 24 GB of device and 8 GB of host only NVMe holds the weights. Each decoding step
+// reads every weight from device memory (2p bytes) and the rank's shard (2p plus each
+// unit's padding, at most 64 elements a unit) from host RAM up to max_in_cpu and NVMe
+// after, at 3.35 TB/s, 25 GB/s and 6 GB/s (the node's NVMe halved for two ranks a node).
+TEST(EstimateCli, InferencePlansWhereTheWeightsRestAndTheTokensTheirReadsAllow) {
+  const std::string model = "--hf-config " + hf("llama2_7b.json") + " --inference";
+  const CliRun r = estimate(model +
+                            " --gpu-mem 24GB --cpu-mem 8GB --nvme 1TB --seq 2048 "
+                            "--batch 8 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["inference"]["kv_cache_bytes"].get<int64_t>(), int64_t{8} << 30);
+  const int64_t p = 6'738'415'616;
+  nlohmann::json chosen;
+  for (const auto& o : j["options"]) {
+    if (o["allowed"].get<bool>()) {
+      EXPECT_EQ(o["stage"], 3) << o.dump();
+      EXPECT_EQ(o["offload_optimizer"], o["offload_param"]) << o.dump();  // no optimizer rows
+    }
+    if (o["recommended"].get<bool>()) chosen = o;
+  }
+  ASSERT_FALSE(chosen.is_null()) << r.out;
+  EXPECT_EQ(chosen["offload_param"], "nvme");
+  const auto& st = chosen["stream"];
+  const auto device = st["device_bytes_per_step"].get<double>();
+  const auto host = st["host_bytes_per_step"].get<double>();
+  const auto nvme = st["nvme_bytes_per_step"].get<double>();
+  EXPECT_EQ(device, 2.0 * p);
+  EXPECT_GE(host + nvme, 2.0 * p);
+  EXPECT_LE(host + nvme, 2.0 * (p + 64 * 35));  // 35 units
+  EXPECT_GT(nvme, 0);
+  const double seconds = device / 3.35e12 + host / 25e9 + nvme / 6e9;
+  EXPECT_NEAR(st["seconds_per_step"].get<double>(), seconds, 1e-9 * seconds);
+  EXPECT_NEAR(st["tokens_per_second_per_rank"].get<double>(), 8 / seconds, 1e-9 * 8 / seconds);
+  EXPECT_EQ(st["bound_by"], "nvme");
+  // Two ranks share the node's NVMe; 80 GB of device memory holds the weights there.
+  const CliRun two = estimate(model +
+                              " --gpus-per-node 2 --gpu-mem 24GB --cpu-mem 16GB "
+                              "--nvme 1TB --seq 2048 --batch 8 --nvme-bw 12GB --json");
+  ASSERT_EQ(two.code, 0) << two.err;
+  for (const auto& o : nlohmann::json::parse(two.out)["options"]) {
+    if (!o["recommended"].get<bool>()) continue;
+    EXPECT_EQ(o["offload_param"], "nvme");
+    const auto& s2 = o["stream"];
+    const double expected = s2["device_bytes_per_step"].get<double>() / 3.35e12 +
+                            s2["host_bytes_per_step"].get<double>() / 25e9 +
+                            s2["nvme_bytes_per_step"].get<double>() / 6e9;
+    EXPECT_NEAR(s2["seconds_per_step"].get<double>(), expected, 1e-9 * expected);
+  }
+  const CliRun table = estimate(model + " --gpu-mem 80GB --seq 2048 --batch 8");
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_NE(table.out.find("* stage 3, weights device"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("8.00 GiB per rank"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("tokens/s per rank"), std::string::npos) << table.out;
+  EXPECT_EQ(table.out.find("optimizer"), std::string::npos) << table.out;
 }

@@ -19,13 +19,16 @@ namespace zeroshard::estimate {
 namespace {
 
 const std::vector<std::string> kValueFlags{
-    "--hf-config",   "--params",     "--layers",       "--hidden",      "--heads",
-    "--kv-heads",    "--vocab",      "--intermediate", "--nodes",       "--gpus-per-node",
-    "--tp",          "--gpu-mem",    "--cpu-mem",      "--nvme",        "--seq",
-    "--micro-batch", "--config",     "--headroom",     "--emit-config", "--attn-implementation",
-    "--pp",          "--pp-schedule"};
-const std::vector<std::string> kSwitches{
-    "--json", "--bf16", "--fp16", "--fp32", "--activation-checkpointing", "--help", "-h"};
+    "--hf-config",   "--params",      "--layers",       "--hidden",      "--heads",
+    "--kv-heads",    "--vocab",       "--intermediate", "--nodes",       "--gpus-per-node",
+    "--tp",          "--gpu-mem",     "--cpu-mem",      "--nvme",        "--seq",
+    "--micro-batch", "--config",      "--headroom",     "--emit-config", "--attn-implementation",
+    "--pp",          "--pp-schedule", "--batch",        "--gpu-bw",      "--host-bw",
+    "--nvme-bw"};
+const std::vector<std::string> kSwitches{"--json", "--bf16",      "--fp16",
+                                         "--fp32", "--inference", "--activation-checkpointing",
+                                         "--help", "-h"};
+const std::vector<std::string> kServingFlags{"--batch", "--gpu-bw", "--host-bw", "--nvme-bw"};
 
 int64_t parse_count(const std::string& flag, const std::string& text, bool allow_zero = false) {
   char* end = nullptr;
@@ -163,6 +166,44 @@ void read_pipeline(const std::map<std::string, std::string>& given, EstimateInpu
   }
 }
 
+// --inference: the model served (every unit frozen) at stage 3, batch sequences per rank
+// whose KV cache holds --seq tokens, and each tier's bandwidth for the stream's bound.
+void read_serving(const std::map<std::string, std::string>& given, EstimateInputs& in) {
+  in.inference = given.count("--inference") > 0;
+  if (!in.inference) {
+    for (const auto& flag : kServingFlags)
+      if (given.count(flag)) fail("{} is a serving figure; give it with --inference", flag);
+    return;
+  }
+  for (const char* flag : {"--micro-batch", "--activation-checkpointing", "--pp"}) {
+    if (given.count(flag))
+      fail("{} is for training; with --inference give --batch (sequences per rank)", flag);
+  }
+  if (in.config.pipeline_parallel_size.value_or(1) > 1)
+    fail("--inference with the config's pipeline.stages: serving plans one stage-3 model");
+  const int stage = in.config.zero.stage.value_or(3);
+  if (stage != 3) {
+    fail(
+        "--inference with the config's zero_optimization.stage {}; allowed: 3 (weights "
+        "sharded and gathered unit by unit, as zeroshard.init_inference serves them)",
+        stage);
+  }
+  in.config.zero.stage = 3;
+  in.spec.unit_frozen.assign(in.spec.unit_params.size(), true);
+  in.shape.inference = true;
+  auto rate = [&](const char* flag, double fallback, const char* note) {
+    const auto it = given.find(flag);
+    if (it != given.end()) return static_cast<double>(parse_bytes(it->second, flag));
+    in.assumptions.push_back(note);
+    return fallback;
+  };
+  Bandwidths& b = in.bandwidths;
+  b.device = rate("--gpu-bw", b.device, "device memory 3.35TB/s (an H100 SXM; give --gpu-bw)");
+  b.host_link =
+      rate("--host-bw", b.host_link, "host to device 25GB/s (PCIe 4.0 x16; give --host-bw)");
+  b.nvme = rate("--nvme-bw", b.nvme, "NVMe 6GB/s a node (one PCIe 4.0 drive; give --nvme-bw)");
+}
+
 }  // namespace
 
 const char* usage_text() {
@@ -200,6 +241,15 @@ training:
   --attn-implementation NAME   as transformers takes it: sdpa (default), flash_attention_2,
                          flash_attention_3, flex_attention, eager (keeps the a*s*s scores)
   --config FILE          a zeroshard/DeepSpeed config: its fixed keys bound the choice
+serving (zeroshard.init_inference: every weight frozen, stage 3):
+  --inference            plan serving instead of training: weights on the device, in host
+                         RAM or on NVMe, the KV cache of --batch sequences of --seq tokens
+                         (prompt and generated), the bytes each rank reads per generated
+                         token and the tokens/s those reads allow
+  --batch N              sequences per rank (default 1)
+  --gpu-bw SIZE          device memory bandwidth per second (default 3.35TB)
+  --host-bw SIZE         host RAM to one device per second (default 25GB)
+  --nvme-bw SIZE         NVMe reads per second, per node (default 6GB)
 output:
   --json                 JSON instead of the table
   --emit-config FILE     write the recommended config as YAML
@@ -248,9 +298,12 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
   read_precision(given, have_config, in);
   in.world.nodes = count("--nodes", 1, "1 node");
   in.world.ranks_per_node = count("--gpus-per-node", 1, "1 rank per node");
+  read_serving(given, in);
   const int64_t config_micro = in.config.train_micro_batch_size_per_gpu.value_or(1);
-  in.shape.micro_batch = count("--micro-batch", config_micro,
-                               fmt::format("micro-batch {} (from the config or 1)", config_micro));
+  in.shape.micro_batch =
+      in.inference ? count("--batch", 1, "batch 1 sequence per rank")
+                   : count("--micro-batch", config_micro,
+                           fmt::format("micro-batch {} (from the config or 1)", config_micro));
   in.config.train_micro_batch_size_per_gpu = in.shape.micro_batch;
   const int64_t seq = in.spec.max_positions > 0 ? in.spec.max_positions : 1;
   in.shape.seq = count("--seq", seq, fmt::format("sequence length {}", seq));

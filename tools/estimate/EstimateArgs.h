@@ -7,6 +7,7 @@
 #include "plan/MemoryModel.h"
 #include "plan/ModelSpec.h"
 #include "plan/Planner.h"
+#include "plan/ServingStream.h"
 
 namespace zeroshard::estimate {
 
@@ -28,6 +29,9 @@ struct EstimateInputs {
   std::string schedule;
   int64_t micro_batches = 1;
   std::vector<StageInputs> stages;
+  // --inference: the model served, and each tier's bandwidth for the stream's bound.
+  bool inference = false;
+  Bandwidths bandwidths;
   bool json = false;
   std::string emit_config;               // path, or empty
   std::vector<std::string> assumptions;  // what was not given and what we assumed

@@ -30,22 +30,94 @@ std::optional<DeepSpeedEstimate> deepspeed_for(const EstimateInputs& in, const P
   return deepspeed_estimate(o, in.spec.total_params, in.spec.largest_module_params, in.world);
 }
 
-std::string option_row(const EstimateInputs& in, const OptionEstimate& e, bool recommended) {
-  std::string ds = "-";
-  if (const auto d = deepspeed_for(in, e.option)) {
-    ds = fmt::format("{} / {}", gib(d->gpu_bytes), gib(d->cpu_bytes));
+// Served, the optimizer's place means nothing: a row is where the weights rest.
+std::string option_label(const EstimateInputs& in, const PlanOption& o) {
+  if (!in.inference) return o.label();
+  return fmt::format("stage {}, weights {}", o.stage,
+                     o.params == OffloadDevice::None ? "device" : offload_device_name(o.params));
+}
+
+ServingStream stream_of(const EstimateInputs& in, const PlanOption& o, const Config& resolved) {
+  return serving_stream(in.spec, o, resolved, in.world, in.shape, in.bandwidths);
+}
+
+std::string option_row(const EstimateInputs& in, const OptionEstimate& e, bool recommended,
+                       const Config& resolved) {
+  std::string extra = "-";  // DeepSpeed's estimate beside training; the stream's bound serving
+  if (in.inference) {
+    extra = fmt::format("{:.3g}", stream_of(in, e.option, resolved).tokens_per_second);
+  } else if (const auto d = deepspeed_for(in, e.option)) {
+    extra = fmt::format("{} / {}", gib(d->gpu_bytes), gib(d->cpu_bytes));
   }
   std::string verdict = e.verdict;
   if (!e.allowed) verdict = "(excluded by config) " + verdict;
   return fmt::format("{} {:<36} {:>9} {:>9} {:>9}  {:<17} {}\n", recommended ? "*" : " ",
-                     e.option.label(), gib(e.bytes.total(Tier::Device)),
-                     gib(e.bytes.total(Tier::Host)), gib(e.bytes.total(Tier::Nvme)), ds, verdict);
+                     option_label(in, e.option), gib(e.bytes.total(Tier::Device)),
+                     gib(e.bytes.total(Tier::Host)), gib(e.bytes.total(Tier::Nvme)), extra,
+                     verdict);
 }
 
-std::string breakdown_table(const MemoryBreakdown& m) {
+// Serving: the weights' tier chosen, in the order device, host RAM, NVMe.
+std::string serving_summary(const EstimateInputs& in, const Plan& plan) {
+  if (!plan.fits) return plan.summary;
+  return fmt::format(
+      "recommended: {}: the first that fits in the order weights on the device, in host RAM, on "
+      "NVMe",
+      option_label(in, plan.option));
+}
+
+// The decisions serving reads: stage 3's gathers and the parameters' offload, not the
+// optimizer's or the gradients'.
+bool serving_knob(const std::string& reason) {
+  for (const char* key : {"stage3_", "zero_optimization.offload_param", "offload_param", "aio."})
+    if (reason.rfind(key, 0) == 0) return true;
+  return false;
+}
+
+// Serving: what each rank reads for one generated token of each sequence, and the bound.
+std::string stream_lines(const EstimateInputs& in, const Plan& plan) {
+  const ServingStream st = stream_of(in, plan.option, plan.config);
+  const Bandwidths& b = in.bandwidths;
+  std::string out = fmt::format(
+      "per decoding step (one token for each of the {} sequence(s)), each rank reads:\n",
+      in.shape.micro_batch);
+  out += fmt::format("  device memory {} GiB (every weight, for its compute) at {:.3g} GB/s\n",
+                     gib(st.device_bytes), b.device / 1e9);
+  if (st.host_bytes > 0)
+    out += fmt::format("  host RAM {} GiB (its shard) at {:.3g} GB/s\n", gib(st.host_bytes),
+                       b.host_link / 1e9);
+  if (st.nvme_bytes > 0)
+    out += fmt::format(
+        "  NVMe {} GiB (its shard) at {:.3g} GB/s (the node's {:.3g} GB/s shared by {} "
+        "rank(s), at most the host link's)\n",
+        gib(st.nvme_bytes),
+        std::min(b.nvme / static_cast<double>(in.world.ranks_per_node), b.host_link) / 1e9,
+        b.nvme / 1e9, in.world.ranks_per_node);
+  out += fmt::format(
+      "bound: {:.4g} s a step, {:.4g} tokens/s per rank ({:.4g} for {} rank(s)), "
+      "{} GiB read from {} per token\n",
+      st.seconds_per_step, st.tokens_per_second,
+      st.tokens_per_second * static_cast<double>(in.world.data_parallel_ranks()),
+      in.world.data_parallel_ranks(),
+      gib((st.bound_by == "nvme"   ? st.nvme_bytes
+           : st.bound_by == "host" ? st.host_bytes
+                                   : st.device_bytes) /
+          std::max<int64_t>(1, in.shape.micro_batch)),
+      st.bound_by);
+  out +=
+      "  (reads alone: compute, the gathers between ranks and the KV cache's reads are not in "
+      "it)\n";
+  return out;
+}
+
+// Serving holds no optimizer state, gradients or buckets: those rows are left out.
+std::string breakdown_table(const MemoryBreakdown& m, bool serving = false) {
   std::string out = fmt::format("  {:<18} {:>9} {:>9} {:>9}\n", "kind", "device", "host", "nvme");
   for (size_t k = 0; k < kNumKinds; ++k) {
     const auto kind = static_cast<Kind>(k);
+    if (serving && (kind == Kind::MasterParams || kind == Kind::OptimizerStates ||
+                    kind == Kind::Grads || kind == Kind::GradsFp32 || kind == Kind::CommBuckets))
+      continue;
     out +=
         fmt::format("  {:<18} {:>9} {:>9} {:>9}\n", kind_name(kind), gib(m.at(Tier::Device, kind)),
                     gib(m.at(Tier::Host, kind)), gib(m.at(Tier::Nvme, kind)));
@@ -68,10 +140,20 @@ nlohmann::json bytes_json(const MemoryBreakdown& m) {
 
 // The training shape, then what was assumed and what loading the config warned of.
 std::string training_lines(const EstimateInputs& in) {
-  std::string out = fmt::format(
-      "training: seq {}, micro-batch {}, {}, activation checkpointing {}\n", in.shape.seq,
-      in.shape.micro_batch, in.config.bf16 ? "bf16" : (in.config.fp16.enabled ? "fp16" : "fp32"),
-      in.shape.activation_checkpointing ? "on" : "off");
+  const char* dtype = in.config.bf16 ? "bf16" : (in.config.fp16.enabled ? "fp16" : "fp32");
+  std::string out =
+      in.inference
+          ? fmt::format(
+                "serving: batch {} sequence(s) per rank, {} tokens each in the KV cache "
+                "({} GiB per rank), {}\n",
+                in.shape.micro_batch, in.shape.seq,
+                gib(kv_cache_bytes(in.spec, in.shape, static_cast<int>(in.config.compute_bytes()))),
+                dtype)
+          : "";
+  if (!in.inference)
+    out = fmt::format("training: seq {}, micro-batch {}, {}, activation checkpointing {}\n",
+                      in.shape.seq, in.shape.micro_batch, dtype,
+                      in.shape.activation_checkpointing ? "on" : "off");
   if (!in.assumptions.empty()) {
     out += fmt::format("assumed (not given): {}\n", fmt::join(in.assumptions, "; "));
   }
@@ -99,17 +181,25 @@ std::string render_table(const EstimateInputs& in, const Plan& plan) {
       in.budget.headroom * 100);
   out += training_lines(in);
   out += fmt::format("\nGiB per rank{:<26} {:>9} {:>9} {:>9}  {:<17} {}\n", "", "device", "host",
-                     "nvme", "DeepSpeed gpu/cpu", "verdict");
-  for (const auto& e : plan.options) out += option_row(in, e, e.option == plan.option);
-  out +=
-      "  (DeepSpeed gpu/cpu: its model-states estimate, GiB per GPU / GiB per node; it leaves\n"
-      "   out activations, buckets and, at stage 2, keeps fp16 grads whole; see "
-      "docs/memory-model.md)\n";
-  out += fmt::format("\n{}\n", plan.summary);
-  out += fmt::format("per-rank bytes of {} (GiB):\n", plan.option.label());
-  out += breakdown_table(plan.predicted);
+                     "nvme", in.inference ? "tokens/s bound" : "DeepSpeed gpu/cpu", "verdict");
+  for (const auto& e : plan.options) {
+    if (in.inference && !e.allowed) continue;  // serving is stage 3 only
+    out += option_row(in, e, e.option == plan.option, plan.config);
+  }
+  out += in.inference
+             ? "  (tokens/s bound: per rank, from the weights' reads alone; below)\n"
+             : "  (DeepSpeed gpu/cpu: its model-states estimate, GiB per GPU / GiB per node; it "
+               "leaves\n   out activations, buckets and, at stage 2, keeps fp16 grads whole; see "
+               "docs/memory-model.md)\n";
+  out += fmt::format("\n{}\n", in.inference ? serving_summary(in, plan) : plan.summary);
+  out += fmt::format("per-rank bytes of {} (GiB):\n", option_label(in, plan.option));
+  out += breakdown_table(plan.predicted, in.inference);
+  if (in.inference) out += stream_lines(in, plan);
   out += "decisions:\n";
-  for (size_t i = 1; i < plan.reasons.size(); ++i) out += fmt::format("  {}\n", plan.reasons[i]);
+  for (size_t i = 1; i < plan.reasons.size(); ++i) {
+    if (in.inference && !serving_knob(plan.reasons[i])) continue;
+    out += fmt::format("  {}\n", plan.reasons[i]);
+  }
   return out;
 }
 
@@ -124,6 +214,16 @@ std::string render_json(const EstimateInputs& in, const Plan& plan) {
     row["allowed"] = e.allowed;
     row["verdict"] = e.verdict;
     row["recommended"] = e.option == plan.option;
+    if (in.inference) {
+      const ServingStream st = stream_of(in, e.option, plan.config);
+      row["stream"] = {{"weights", tier_name(st.weights)},
+                       {"device_bytes_per_step", st.device_bytes},
+                       {"host_bytes_per_step", st.host_bytes},
+                       {"nvme_bytes_per_step", st.nvme_bytes},
+                       {"seconds_per_step", st.seconds_per_step},
+                       {"tokens_per_second_per_rank", st.tokens_per_second},
+                       {"bound_by", st.bound_by}};
+    }
     row["deepspeed"] = nullptr;
     if (const auto d = deepspeed_for(in, e.option)) {
       row["deepspeed"] = {{"gpu_bytes_per_rank", d->gpu_bytes},
@@ -148,6 +248,17 @@ std::string render_json(const EstimateInputs& in, const Plan& plan) {
                      {"micro_batch", in.shape.micro_batch},
                      {"compute_bytes", in.config.compute_bytes()},
                      {"activation_checkpointing", in.shape.activation_checkpointing}};
+  if (in.inference) {
+    out["inference"] = {
+        {"batch", in.shape.micro_batch},
+        {"seq", in.shape.seq},
+        {"kv_cache_bytes",
+         kv_cache_bytes(in.spec, in.shape, static_cast<int>(in.config.compute_bytes()))},
+        {"bandwidths",
+         {{"device", in.bandwidths.device},
+          {"host_link", in.bandwidths.host_link},
+          {"nvme", in.bandwidths.nvme}}}};
+  }
   out["assumptions"] = in.assumptions;
   out["warnings"] = in.warnings;
   out["options"] = options;

@@ -3,6 +3,8 @@
 #include <fstream>
 #include <iostream>
 
+#include <yaml-cpp/yaml.h>
+
 #include "common/Error.h"
 #include "common/Files.h"
 #include "plan/Planner.h"
@@ -14,11 +16,22 @@ namespace {
 constexpr int kExitNothingFits = 1;
 constexpr int kExitBadInput = 2;
 
-void write_config(const std::string& path, const zeroshard::Config& config) {
+// Serving's config has no optimizer or scheduler (zeroshard.init_inference refuses them).
+void write_config(const std::string& path, const zeroshard::Config& config, bool inference) {
+  std::string text = zeroshard::emit_config_yaml(config);
+  if (inference) {
+    YAML::Node root = YAML::Load(text);
+    root.remove("optimizer");
+    root.remove("scheduler");
+    YAML::Emitter out;
+    out << root;
+    text = std::string(out.c_str()) + "\n";
+  }
   zeroshard::write_file_atomically(
       path,
-      "# written by zeroshard-estimate; load with zeroshard.initialize(config=...)\n" +
-          zeroshard::emit_config_yaml(config),
+      fmt::format("# written by zeroshard-estimate; load with zeroshard.{}\n",
+                  inference ? "init_inference(model, config=...)" : "initialize(config=...)") +
+          text,
       "--emit-config");
 }
 
@@ -43,7 +56,7 @@ int main(int argc, char** argv) {
       std::cout << (in.json ? estimate::render_pipeline_json(in, plans)
                             : estimate::render_pipeline_table(in, plans));
       if (!in.emit_config.empty()) {  // one config for every stage: the heaviest's plan
-        write_config(in.emit_config, plans[estimate::heaviest_stage(plans)].config);
+        write_config(in.emit_config, plans[estimate::heaviest_stage(plans)].config, false);
         if (!in.json)
           std::cout << "wrote " << in.emit_config << " (stage " << estimate::heaviest_stage(plans)
                     << "'s plan)\n";
@@ -53,7 +66,7 @@ int main(int argc, char** argv) {
     const Plan plan = make_plan(in.spec, in.config, in.world, in.shape, in.budget);
     std::cout << (in.json ? estimate::render_json(in, plan) : estimate::render_table(in, plan));
     if (!in.emit_config.empty()) {
-      write_config(in.emit_config, plan.config);
+      write_config(in.emit_config, plan.config, in.inference);
       if (!in.json) std::cout << "wrote " << in.emit_config << "\n";
     }
     return plan.fits ? 0 : kExitNothingFits;

@@ -1,0 +1,37 @@
+#include "plan/ServingStream.h"
+
+#include <algorithm>
+
+namespace zeroshard {
+
+ServingStream serving_stream(const ModelSpec& spec, const PlanOption& option, const Config& config,
+                             const WorldShape& world, const TrainingShape& shape,
+                             const Bandwidths& bandwidths) {
+  const int64_t kl = config.compute_bytes();
+  const int64_t d = option.stage == 0 ? 1 : world.data_parallel_ranks();
+  ServingStream s;
+  // Every rank computes with the whole model, gathered or held: its device reads it all.
+  s.device_bytes = kl * spec.total_params;
+  if (option.stage == 3 && option.params != OffloadDevice::None) {
+    const ParamPlacement placed = place_param_shards(
+        spec, option.params, config.zero.offload_param.max_in_cpu.value_or(0), d);
+    s.host_bytes = kl * placed.host_numel;
+    s.nvme_bytes = kl * placed.nvme_numel;
+    s.weights = placed.nvme_numel > 0 ? Tier::Nvme : Tier::Host;
+  }
+  // NVMe reads cross the host link too; a node's drives serve all its ranks.
+  const double nvme_rate =
+      std::min(bandwidths.nvme / static_cast<double>(world.ranks_per_node), bandwidths.host_link);
+  const double device_s = static_cast<double>(s.device_bytes) / bandwidths.device;
+  const double host_s = static_cast<double>(s.host_bytes) / bandwidths.host_link;
+  const double nvme_s = static_cast<double>(s.nvme_bytes) / nvme_rate;
+  s.seconds_per_step = device_s + host_s + nvme_s;
+  s.bound_by = nvme_s >= std::max(device_s, host_s) && s.nvme_bytes > 0 ? "nvme"
+               : host_s >= device_s && s.host_bytes > 0                 ? "host"
+                                                                        : "device";
+  s.tokens_per_second =
+      s.seconds_per_step > 0 ? static_cast<double>(shape.micro_batch) / s.seconds_per_step : 0;
+  return s;
+}
+
+}  // namespace zeroshard
