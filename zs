@@ -76,7 +76,10 @@ usage: ./zs VERB [ARGS]
                     4 ranks: stage 3 with a Llama's tp_plan vs FSDP2 + DTensor TP), gpu (one GPU,
                     Llama-shaped, optimizer on the host: vs FSDP2 + CPUOffloadPolicy and
                     DeepSpeed ZeRO-3 + offload; --search: the largest model of each;
-                    --device cpu --shape tiny checks the script without a GPU)
+                    --device cpu --shape tiny checks the script without a GPU),
+                    pp (PP2 x DP2: 1F1B and GPipe vs FSDP2 + pipelining), inference
+                    (a Llama 5x the device budget generated from NVMe vs DeepSpeed
+                    ZeRO-Inference and accelerate's disk offload)
   consolidate CKPT OUT.pt [--dtype bf16] [--per-tensor] [--format safetensors --hf-config F]
                     one ordinary state_dict from a sharded checkpoint (or Hugging
                     Face's safetensors layout, OUT a folder)
@@ -138,7 +141,7 @@ case "$verb" in
     ;;
   bench)
     name="${1:-}"
-    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, gpu"
+    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, inference, gpu"
     shift
     [ "$name" = gpu ] && bench_gpu "$@"  # one GPU: its own python3 and build (bench_gpu)
     if [ "$name" = peers ]; then  # DeepSpeed, FSDP2, FSDP1, DDP: the venv's, same run
@@ -158,7 +161,11 @@ case "$verb" in
     if [ "$name" = pp ]; then  # PP2 x DP2: 1F1B and GPipe over zeroshard beside FSDP2
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/pp_bench.py "$@"
     fi
-    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, gpu"
+    if [ "$name" = inference ]; then  # NVMe-served generation beside DeepSpeed and accelerate
+      PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/inference_bench.py \
+        --io-bench "$BUILD/tools/zs-bench-io" "$@"
+    fi
+    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, inference, gpu"
     "$BUILD/tools/zs-bench-$name" "$@"
     ;;
   help | -h | --help) usage ;;
