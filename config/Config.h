@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/QuantizedLayout.h"
 #include "config/TorchOptimizers.h"
 
 namespace zeroshard {
@@ -69,6 +70,21 @@ struct AioConfig {
   std::optional<int64_t> intra_op_parallelism = 1;
   bool single_submit = false;
   bool overlap_events = true;
+};
+
+// Weights stored and streamed quantized (DeepSpeed's weight_quantization.
+// quantized_initialization, ZeRO-Inference's int8/int4): each stage-3 shard of a frozen
+// unit kept as num_bits codes with an fp32 scale (and minimum, when not symmetric) per
+// group of group_size elements, dequantized into the compute dtype as it is gathered.
+struct WeightQuantization {
+  std::optional<int64_t> num_bits = 0;  // 0: off; 4 or 8
+  std::optional<int64_t> group_size = 64;
+  std::optional<int64_t> group_dim = 1;  // groups run along each matrix's rows (its last dim)
+  bool symmetric = false;
+  bool enabled() const { return num_bits.value_or(0) > 0; }
+  QuantizedLayout layout() const {  // bits 0 when off
+    return {num_bits.value_or(0), group_size.value_or(64), symmetric};
+  }
 };
 
 struct Fp16Config {
@@ -200,6 +216,7 @@ struct Config {
   // dimension): each stage's engine shards over the ranks of its stage alone, the outermost
   // dimension (engine/ParallelDims.h).
   std::optional<int64_t> pipeline_parallel_size = 1;
+  WeightQuantization weight_quantization;
 
   // Bytes per low-precision value: 2 with bf16 or fp16, 4 in fp32 training.
   int compute_bytes() const { return (bf16 || fp16.enabled) ? 2 : 4; }

@@ -154,7 +154,29 @@ std::optional<OverlapStepObstacle> overlap_step_obstacle(const Config& c) {
   return std::nullopt;
 }
 
+void check_weight_quantization(const Config& c) {
+  const WeightQuantization& q = c.weight_quantization;
+  const std::string key = "weight_quantization.quantized_initialization.";
+  const int64_t bits = q.num_bits.value_or(0);
+  if (bits != 0 && bits != 4 && bits != 8)
+    fail("config key '{}num_bits' is {}; allowed: 4 or 8", key, bits);
+  if (!q.enabled()) return;
+  if (q.group_dim.value_or(1) != 1) {
+    fail(
+        "config key '{}group_dim' is {}; allowed: 1 (groups of consecutive elements along each "
+        "matrix's rows, as stored)",
+        key, *q.group_dim);
+  }
+  if (c.zero.stage && *c.zero.stage != 3) {
+    fail(
+        "config key '{}num_bits' is {} with 'zero_optimization.stage' {}; allowed: stage 3 "
+        "(the weights' shards are what is stored quantized)",
+        key, bits, *c.zero.stage);
+  }
+}
+
 void check_contradictions(const Config& c) {
+  check_weight_quantization(c);
   if (c.bf16 && c.fp16.enabled) {
     fail("config keys 'bf16.enabled' and 'fp16.enabled' are both true; allowed: at most one");
   }

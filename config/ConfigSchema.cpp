@@ -95,6 +95,7 @@ std::vector<Knob> build_knobs() {
   const std::string z = "zero_optimization.";
   const std::string oo = z + "offload_optimizer.";
   const std::string sp = "scheduler.params.";
+  const std::string wq = "weight_quantization.quantized_initialization.";
   auto fixed = [](Knob k) {  // no auto: DeepSpeed's default stands where the key is left out
     k.auto_ok = false;
     return k;
@@ -174,6 +175,10 @@ std::vector<Knob> build_knobs() {
     int_knob(z + "mics_shard_size", -1, kBig, [](Config& c) -> auto& { return c.zero.mics_shard_size; }),
     fixed(int_knob("tensor_parallel.autotp_size", 1, kBig, [](Config& c) -> auto& { return c.tensor_parallel_size; })),
     fixed(int_knob("pipeline.stages", 1, kBig, [](Config& c) -> auto& { return c.pipeline_parallel_size; })),
+    fixed(int_knob(wq + "num_bits", 0, 8, [](Config& c) -> auto& { return c.weight_quantization.num_bits; })),
+    fixed(int_knob(wq + "group_size", 1, kBig, [](Config& c) -> auto& { return c.weight_quantization.group_size; })),
+    fixed(int_knob(wq + "group_dim", 0, 1, [](Config& c) -> auto& { return c.weight_quantization.group_dim; })),
+    bool_knob(wq + "symmetric", [](Config& c) -> auto& { return c.weight_quantization.symmetric; }),
     int_knob(z + "zero_hpz_partition_size", 1, kBig, [](Config& c) -> auto& { return c.zero.hpz_partition_size; }),
     offload_knob(oo + "device", [](Config& c) -> auto& { return c.zero.offload_optimizer.device; }),
     text_knob(oo + "nvme_path", [](Config& c) -> auto& { return c.zero.offload_optimizer.nvme_path; }),

@@ -139,6 +139,15 @@ std::string Checkpointer::save(const std::string& dir, std::string tag,
   }
   const ParallelDims& d = p_.dist.dims;
   refuse_pipeline_stages(d, "save");
+  // The same on every rank: the config says it.
+  if (p_.plan.settings.weight_quantization.bits > 0) {
+    fail(
+        "checkpoint save: the weights are kept quantized (weight_quantization."
+        "quantized_initialization.num_bits {}); their codes are not a checkpoint; allowed: "
+        "save_16bit_model or save_pretrained (the weights dequantized), or the engine "
+        "without weight_quantization",
+        p_.plan.settings.weight_quantization.bits);
+  }
   if (d.size(Dim::Tp) == 1)
     return save_part(dir, tag, client_state_json, lr_scheduler_json, options);
   const std::string whole = dir + "/" + tag;

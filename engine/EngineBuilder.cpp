@@ -274,6 +274,8 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
   // (a trainable one on NVMe after the optimizer has read it), so construction holds one
   // unit's parameters, not the model's.
   const bool offload = stage.shards_parameters() && z.offload_param.offloaded();
+  if (z.weight_quantization.bits > 0)
+    e_->quantizer_ = std::make_unique<ShardQuantizer>(z.weight_quantization);
   std::vector<bool> on_nvme, sharded_trainable;
   std::unique_ptr<ParamHome> home = offload ? make_param_home(layout, on_nvme) : nullptr;
   size_t trained_params = 0;  // trainable parameters so far, in layout order
@@ -289,6 +291,16 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
     FlatParamGroup* g = record.flat.get();
     // Parameter offload on a GPU: the kept shard lives in host memory from here on, where
     // the optimizer updates it and ParamHome moves it to and from NVMe.
+    if (e_->quantizer_ && spec.sharded) {
+      if (spec.trainable) {
+        fail(
+            "config key 'weight_quantization.quantized_initialization.num_bits' is {} with "
+            "trainable parameters ({} first); allowed: frozen weights only "
+            "(zeroshard.init_inference), as quantized weights have no gradients",
+            z.weight_quantization.bits, spec.params.front().name);
+      }
+      g->quantize_shard(e_->quantizer_.get(), &e_->ledger_);
+    }
     if (z.offload_param.offloaded()) g->keep_shard_on_host(&e_->ledger_);
     if (spec.sharded) {
       const size_t u = sharded.size();
@@ -413,8 +425,10 @@ std::unique_ptr<ParamHome> EngineBuilder::make_param_home(const std::vector<Grou
     unit_of_group[i] = static_cast<int64_t>(unit_bytes.size());
     int64_t numel = 0;
     for (const auto& p : layout[i].params) numel += p.param.numel();
-    unit_bytes.push_back(padded_shard_numel(numel, e_->shard_count()) *
-                         static_cast<int64_t>(element));
+    const int64_t shard = padded_shard_numel(numel, e_->shard_count());
+    unit_bytes.push_back(e_->quantizer_ && !layout[i].trainable
+                             ? e_->quantizer_->layout().bytes(shard)
+                             : shard * static_cast<int64_t>(element));
   }
   on_nvme.assign(unit_bytes.size(), device == OffloadDevice::Nvme);
   for (size_t g : placed.in_host) on_nvme[static_cast<size_t>(unit_of_group.at(g))] = false;

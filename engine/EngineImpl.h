@@ -33,6 +33,7 @@
 #include "plan/MemoryModel.h"
 #include "plan/Planner.h"
 #include "sharding/FlatParamGroup.h"
+#include "sharding/ShardQuantizer.h"
 #include "zeroshard/Engine.h"
 
 namespace zeroshard {
@@ -223,7 +224,9 @@ class EngineImpl final : public Engine {
   DistContext dist_;
   MemoryLedger ledger_;                   // before everything that registers in it
   std::unique_ptr<Communicators> comms_;  // every collective, by the job it does
-  GroupTable groups_;                     // the flat groups and the index spaces over them
+  // weight_quantization: what frozen groups' shards are kept as; outlives the groups.
+  std::unique_ptr<ShardQuantizer> quantizer_;
+  GroupTable groups_;  // the flat groups and the index spaces over them
   // Offload: the I/O engine and swap directories outlive everything that swaps.
   std::unique_ptr<SwapSpace> swap_;
   std::unique_ptr<StepPipeline> pipeline_;  // reducer, scaler, optimizer, overlapped step

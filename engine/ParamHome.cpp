@@ -42,7 +42,7 @@ ParamHome::ParamHome(std::vector<int64_t> unit_bytes, std::vector<bool> on_nvme,
 }
 
 void ParamHome::adopt(size_t unit, FlatParamGroup* group) {
-  const int64_t bytes = group->shard_numel() * static_cast<int64_t>(group->flat().element_size());
+  const int64_t bytes = group->kept_bytes();
   if (bytes != unit_bytes_.at(unit))
     fail("ParamHome: unit {}'s shard is {} bytes; {} were planned", unit, bytes,
          unit_bytes_.at(unit));
@@ -125,6 +125,11 @@ void ParamHome::fill(size_t unit, const at::Tensor& slice) {
   }
   const int64_t slot = reads_[unit].slot;
   finish_read(unit);  // take_slot() hands the buffer out again once the copy below ends
+  if (units_[unit]->quantized()) {  // decoded into the slice before the buffer goes back
+    units_[unit]->fill_own_slice(
+        at::from_blob(pool_->buffer(slot), {bytes_of(unit)}, at::TensorOptions(at::kByte)));
+    return;
+  }
   // `slice` is in the full buffer: on a GPU a copy up that the current stream waits for
   // (the host does not), else memcpy.
   const at::Tensor staged =

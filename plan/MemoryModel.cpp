@@ -62,27 +62,37 @@ int64_t secondary_numel(const ModelSpec& spec, const ZeroConfig& z, int64_t rank
 }  // namespace
 
 ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device, int64_t max_in_cpu,
-                                  int64_t ranks) {
+                                  int64_t ranks, int64_t compute_bytes,
+                                  const QuantizedLayout& quantized) {
   ParamPlacement p;
   int64_t kept = 0;  // nvme: shards held in host RAM, in unit order, up to max_in_cpu
   for (size_t u = 0; u < spec.unit_params.size(); ++u) {
     if (spec.is_whole(u)) continue;
     const int64_t n = padded_shard_numel(spec.unit_params[u], ranks);
+    // A frozen shard is kept quantized where weight_quantization asks (sharding/ShardQuantizer.h).
+    const int64_t bytes =
+        quantized.bits > 0 && spec.is_frozen(u) ? quantized.bytes(n) : compute_bytes * n;
+    p.largest_shard = std::max(p.largest_shard, n);
     if (device == OffloadDevice::Cpu || device == OffloadDevice::Nvme)
       p.largest_offloaded_shard = std::max(p.largest_offloaded_shard, n);
     if (device == OffloadDevice::Cpu) {
       p.host_numel += n;
+      p.host_bytes += bytes;
     } else if (device != OffloadDevice::Nvme) {
       p.device_numel += n;
+      p.device_bytes += bytes;
     } else if (kept + n <= max_in_cpu) {
       kept += n;
       p.host_numel += n;
+      p.host_bytes += bytes;
       p.in_host.push_back(u);
     } else {
       p.nvme_numel += n;
+      p.nvme_bytes += round_up(bytes, kIoAlignment);  // each shard its own swap region
       if (!spec.is_frozen(u)) p.trainable_nvme_numel += n;
       p.nvme_shards.push_back(n);
       p.largest_nvme_shard = std::max(p.largest_nvme_shard, n);
+      p.largest_nvme_bytes = std::max(p.largest_nvme_bytes, bytes);
     }
   }
   return p;
@@ -234,7 +244,8 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
 
   MemoryBreakdown m;
   const ParamPlacement placed =
-      place_param_shards(spec, option.params, z.offload_param.max_in_cpu.value_or(0), d);
+      place_param_shards(spec, option.params, z.offload_param.max_in_cpu.value_or(0), d, kl,
+                         config.weight_quantization.layout());
   if (option.stage == 3) {
     int64_t whole = 0;  // units kept whole, in full
     for (size_t u = 0; u < spec.unit_params.size(); ++u)
@@ -242,15 +253,16 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
     // Construction (engine/EngineBuilder.cpp): an offloaded unit's shard is cut on the
     // device before it leaves for its tier, one at a time; a trainable one bound for NVMe
     // waits in memory (the host's beside a GPU) until the optimizer has read it.
-    const int64_t cut = offloaded(option.params) ? placed.largest_offloaded_shard : 0;
+    // A quantized shard is cut on the device too, before it is encoded.
+    const bool quantized = config.weight_quantization.enabled();
+    const int64_t cut = offloaded(option.params) ? placed.largest_offloaded_shard
+                        : quantized              ? placed.largest_shard
+                                                 : 0;
     const int64_t waiting = placed.trainable_nvme_numel;
     const int64_t on_device = shape.device_is_host ? std::max(cut, waiting) : cut;
-    m.at(Tier::Device, Kind::Params) = kl * (whole + placed.device_numel + on_device);
-    m.at(Tier::Host, Kind::Params) =
-        kl * (placed.host_numel + (shape.device_is_host ? 0 : waiting));
-    // Each shard is its own swap region, aligned for O_DIRECT.
-    for (int64_t n : placed.nvme_shards)
-      m.at(Tier::Nvme, Kind::Params) += round_up(kl * n, kIoAlignment);
+    m.at(Tier::Device, Kind::Params) = kl * (whole + on_device) + placed.device_bytes;
+    m.at(Tier::Host, Kind::Params) = placed.host_bytes + (shape.device_is_host ? 0 : kl * waiting);
+    m.at(Tier::Nvme, Kind::Params) = placed.nvme_bytes;  // regions aligned for O_DIRECT
     m.at(Tier::Device, Kind::GatheredParams) = kl * gathered_numel(spec, z);
     if (option.params == OffloadDevice::None)
       m.at(Tier::Device, Kind::SecondaryParams) = kl * secondary_numel(spec, z, d);
@@ -310,8 +322,7 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
     pinned += *z.offload_optimizer.buffer_count * aligned_slot;
   }
   if (placed.nvme_numel > 0) {
-    const int64_t slot = placed.largest_nvme_shard * kl;
-    const int64_t aligned_slot = round_up(slot, kIoAlignment);
+    const int64_t aligned_slot = round_up(placed.largest_nvme_bytes, kIoAlignment);
     pinned += *z.offload_param.buffer_count * aligned_slot;
   }
   m.at(Tier::Host, Kind::PinnedBuffers) = pinned;

@@ -101,12 +101,18 @@ struct ParamPlacement {
   int64_t largest_nvme_shard = 0;
   int64_t largest_offloaded_shard = 0;  // in host RAM or on NVMe
   int64_t trainable_nvme_numel = 0;     // of nvme_numel, shards with optimizer state
-  std::vector<int64_t> nvme_shards;     // numel of each shard on NVMe, in unit order
-  std::vector<size_t> in_host;          // nvme: units whose shard stays in host RAM
+  // The same in bytes at rest: k_l an element, or a frozen shard's quantized layout.
+  int64_t device_bytes = 0, host_bytes = 0, nvme_bytes = 0;  // nvme: regions aligned to 4,096
+  int64_t largest_nvme_bytes = 0;
+  int64_t largest_shard = 0;         // elements, of any sharded unit
+  std::vector<int64_t> nvme_shards;  // numel of each shard on NVMe, in unit order
+  std::vector<size_t> in_host;       // nvme: units whose shard stays in host RAM
 };
 // `max_in_cpu`: offload_param.max_in_cpu, the shard elements kept in host RAM with nvme.
+// `compute_bytes` and `quantized` (bits 0: none) size the bytes at rest.
 ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device, int64_t max_in_cpu,
-                                  int64_t ranks);
+                                  int64_t ranks, int64_t compute_bytes = 1,
+                                  const QuantizedLayout& quantized = {0, 64, false});
 
 MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
                                const Config& config, const WorldShape& world,

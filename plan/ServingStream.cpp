@@ -13,10 +13,12 @@ ServingStream serving_stream(const ModelSpec& spec, const PlanOption& option, co
   // Every rank computes with the whole model, gathered or held: its device reads it all.
   s.device_bytes = kl * spec.total_params;
   if (option.stage == 3 && option.params != OffloadDevice::None) {
-    const ParamPlacement placed = place_param_shards(
-        spec, option.params, config.zero.offload_param.max_in_cpu.value_or(0), d);
-    s.host_bytes = kl * placed.host_numel;
-    s.nvme_bytes = kl * placed.nvme_numel;
+    // At rest in their tier's bytes: quantized where weight_quantization says.
+    const ParamPlacement placed =
+        place_param_shards(spec, option.params, config.zero.offload_param.max_in_cpu.value_or(0), d,
+                           kl, config.weight_quantization.layout());
+    s.host_bytes = placed.host_bytes;
+    s.nvme_bytes = placed.nvme_bytes;
     s.weights = placed.nvme_numel > 0 ? Tier::Nvme : Tier::Host;
   }
   // NVMe reads cross the host link too; a node's drives serve all its ranks.

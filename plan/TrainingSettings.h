@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/AdamHyper.h"
+#include "common/QuantizedLayout.h"
 #include "common/ZeroStage.h"
 #include "config/Config.h"
 
@@ -70,6 +71,8 @@ struct TrainingSettings {
   int64_t tensor_parallel_size = 1;
   // Pipeline stages; ZeRO works inside each stage's ranks.
   int64_t pipeline_parallel_size = 1;
+  // Frozen stage-3 shards kept quantized (bits 0: not).
+  QuantizedLayout weight_quantization{0, 64, false};
   OffloadSettings offload_optimizer;
   // The share of the optimizer's shards (by elements) that steps on the host, the first
   // groups staying on the device (offload_optimizer.ratio at stage 3 with cpu; else 1).

@@ -49,8 +49,8 @@ FlatParamGroup::FlatParamGroup(const std::vector<NamedParam>& params, int rank, 
   flat_ =
       CountedBuffer(flat, ledger, tier, sharded_ ? Kind::GatheredParams : Kind::Params, full_bytes);
   if (sharded_) {
-    kept_.buffer =
-        CountedBuffer(own_slice().clone(), ledger, tier, Kind::Params, nbytes(shard_numel_, flat));
+    kept_bytes_ = nbytes(shard_numel_, flat);
+    kept_.buffer = CountedBuffer(own_slice().clone(), ledger, tier, Kind::Params, kept_bytes_);
   }
   if (with_grads_) {
     // Lazy: views need the full size once; at::empty touches no page before it is released.
@@ -126,7 +126,9 @@ void FlatParamGroup::allocate_full(bool fill_own_shard) {
   flat_.resize(nbytes(padded_numel(), flat_.tensor()));
   if (fill_own_shard) {
     const at::Tensor& kept = kept_.buffer.tensor();
-    if (kept.is_cpu() && !flat_.tensor().is_cpu()) {  // host to GPU: the host does not wait
+    if (quantizer_ != nullptr) {
+      quantizer_->decode(kept, own_slice());
+    } else if (kept.is_cpu() && !flat_.tensor().is_cpu()) {  // host to GPU: the host does not wait
       kept_.read = CopyStream::on_current(own_slice(), kept);
     } else {
       own_slice().copy_(kept);
@@ -142,7 +144,31 @@ void FlatParamGroup::release_shard() {
 
 void FlatParamGroup::materialize_shard() {
   if (shard_resident()) return;
-  kept_.buffer.resize(nbytes(shard_numel_, kept_.buffer.tensor()));
+  kept_.buffer.resize(kept_bytes_);
+}
+
+void FlatParamGroup::keep_own_slice() {
+  if (quantizer_ != nullptr) {
+    kept_.buffer.tensor().copy_(quantizer_->encode(own_slice()));
+  } else {
+    kept_.buffer.tensor().copy_(own_slice());
+  }
+}
+
+void FlatParamGroup::quantize_shard(const ShardQuantizer* quantizer, MemoryLedger* ledger) {
+  if (!sharded_ || with_grads_) fail("only a frozen stage-3 group's shard is kept quantized");
+  const at::Tensor bytes = quantizer->encode(kept_.buffer.tensor());
+  kept_bytes_ = bytes.numel();
+  kept_.buffer = CountedBuffer(bytes, ledger, Tier::Device, Kind::Params, kept_bytes_);
+  quantizer_ = quantizer;
+}
+
+void FlatParamGroup::fill_own_slice(const at::Tensor& kept_bytes) {
+  if (quantizer_ != nullptr) {
+    quantizer_->decode(kept_bytes, own_slice());
+  } else {
+    own_slice().copy_(kept_bytes.view(own_slice().scalar_type()));
+  }
 }
 
 void FlatParamGroup::set_shard_tier(Tier tier, MemoryLedger* ledger) {

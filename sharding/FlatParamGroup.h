@@ -16,6 +16,7 @@
 #include "common/MemoryLedger.h"
 #include "sharding/CopyStream.h"
 #include "sharding/CountedBuffer.h"
+#include "sharding/ShardQuantizer.h"
 #include "zeroshard/Types.h"  // NamedParam
 
 namespace zeroshard {
@@ -69,7 +70,7 @@ class FlatParamGroup {
   void allocate_full(bool fill_own_shard = true);
   void release_full();
   // Stage 3, after the full parameters were written: keep this rank's part of them.
-  void keep_own_slice() { kept_.buffer.tensor().copy_(own_slice()); }
+  void keep_own_slice();
   at::Tensor own_slice() const {
     return flat_.tensor().narrow(0, rank_ * shard_numel_, shard_numel_);
   }
@@ -89,6 +90,15 @@ class FlatParamGroup {
   void keep_shard_on_host(MemoryLedger* ledger);
   void settle_shard_read() const { kept_.read.wait(); }
 
+  // Stage 3, a frozen group: the kept shard becomes `quantizer`'s bytes (counted as they
+  // are), decoded into own_slice() at each gather. `quantizer` outlives the group.
+  void quantize_shard(const ShardQuantizer* quantizer, MemoryLedger* ledger);
+  bool quantized() const { return quantizer_ != nullptr; }
+  // The kept shard's size in bytes, quantized or not.
+  int64_t kept_bytes() const { return kept_bytes_; }
+  // The kept shard's bytes, read from elsewhere (NVMe), into own_slice().
+  void fill_own_slice(const at::Tensor& kept_bytes);
+
  private:
   void bind_views();
   void bind_param(ParamSlot& slot);
@@ -101,6 +111,8 @@ class FlatParamGroup {
   bool gathered_ = true;
   int64_t numel_ = 0;
   int64_t shard_numel_ = 0;
+  int64_t kept_bytes_ = 0;
+  const ShardQuantizer* quantizer_ = nullptr;
   struct KeptShard {  // stage 3 only
     CountedBuffer buffer;
     CopyDone read;  // in host memory: the last gather's copy of it to the device

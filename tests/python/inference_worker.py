@@ -20,6 +20,29 @@ import hf_worker  # noqa: E402
 NEW_TOKENS = 8
 
 
+def quantized_reference(model, quant):
+    """Each weight quantized and dequantized on its own, in groups of group_size along the
+    flattened tensor (every tensor here a multiple of it, so the engine's groups over a
+    unit's flat shard are the same groups), in fp32: codes 0..2^b - 1 from the group's
+    minimum, or -q..q around 0 when symmetric."""
+    bits, size, symmetric = quant["num_bits"], quant["group_size"], quant["symmetric"]
+    with torch.no_grad():
+        for p in model.parameters():
+            x = p.detach().float().reshape(-1, size)
+            if symmetric:
+                q = 2 ** (bits - 1) - 1
+                scale = x.abs().amax(1, keepdim=True) / q
+                scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+                y = (x / scale).round().clamp(-q, q) * scale
+            else:
+                low = x.amin(1, keepdim=True)
+                scale = (x.amax(1, keepdim=True) - low) / (2 ** bits - 1)
+                scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+                y = ((x - low) / scale).round().clamp(0, 2 ** bits - 1) * scale + low
+            p.copy_(y.reshape(p.shape).to(p.dtype))
+    return model
+
+
 def config_of(spec):
     zero = {"stage": 3}
     if spec["tier"] != "device":
@@ -27,7 +50,10 @@ def config_of(spec):
         if spec["tier"] == "nvme":
             # max_in_cpu 0: none of the weights kept in host RAM beside NVMe (DeepSpeed's key)
             zero["offload_param"].update(nvme_path=spec["nvme_path"], max_in_cpu=0)
-    return {"zero_optimization": zero}
+    config = {"zero_optimization": zero}
+    if spec.get("quant"):  # DeepSpeed's key for ZeRO-Inference's int8/int4 weights
+        config["weight_quantization"] = {"quantized_initialization": spec["quant"]}
+    return config
 
 
 def status():
@@ -93,6 +119,10 @@ def main():
         plain = copy.deepcopy(model)
         engine = zeroshard.init_inference(model, config=config_of(spec))
     plain.eval()
+    exact = None
+    if spec.get("quant"):  # the engine's weights: the plain ones quantized another way
+        exact = copy.deepcopy(plain)
+        quantized_reference(plain, spec["quant"])
     kwargs = dict(attention_mask=torch.ones_like(prompts), max_new_tokens=NEW_TOKENS,
                   do_sample=False, pad_token_id=0)
     with torch.no_grad():
@@ -113,6 +143,11 @@ def main():
               "optimizer_bytes": sum(report[t]["kinds"][k]["peak"] for t in report
                                      for k in ("optimizer_states", "master_params", "grads",
                                                "grads_fp32"))}
+    if exact is not None:  # the error quantization itself makes, against the exact weights
+        with torch.no_grad():
+            exact_logits = exact(input_ids=prompts).logits.float()
+        result["error_vs_exact"] = ((logits - exact_logits).abs().max() /
+                                    exact_logits.abs().max()).item()
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump(result, f)
 

@@ -145,6 +145,38 @@ def test_the_estimators_serving_config_serves_and_its_plan_bounds_the_ledger(scr
     assert est["options"][0]["stream"]["device_bytes_per_step"] == weights, est
 
 
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="no transformers")
+@pytest.mark.parametrize("bits,symmetric,dtype,tier,world", [
+    (8, False, "float32", "device", 1),
+    (4, False, "float32", "nvme", 1),
+    (4, True, "bfloat16", "cpu", 2),
+    (8, True, "bfloat16", "nvme", 1),
+])
+def test_quantized_weights_are_the_plain_ones_quantized_and_a_fraction_of_the_bytes(
+        bits, symmetric, dtype, tier, world, scratch):
+    """weight_quantization (DeepSpeed's keys): the served weights are the plain model's
+    quantized in groups of 32 by the test's own arithmetic (inference_worker
+    quantized_reference), so greedy tokens and logits equal that model's; at rest each
+    element takes bits / 8 bytes and each group of 32 one fp32 scale (and minimum)."""
+    quant = {"num_bits": bits, "group_size": 32, "symmetric": symmetric}
+    spec = {"dtype": dtype, "tier": tier, "nvme_path": str(scratch / "nvme"), "quant": quant}
+    os.makedirs(spec["nvme_path"])
+    per_element = bits / 8 + (4 if symmetric else 8) / 32
+    for r in serve(spec, scratch, world):
+        assert r["tokens_equal"], r
+        assert r["logits_diff"] <= 1e-5, r
+        held = {"device": "device", "cpu": "host", "nvme": "nvme"}[tier]
+        # Its shard; each unit's parts padded to 16 bytes (NVMe regions to 4,096).
+        slack = 4096 * 8 if tier == "nvme" else 48 * 8
+        assert PARAMS * per_element / world <= r["rest"][held] <= \
+            PARAMS * per_element / world + slack, r
+        print(f"int{bits} {'symmetric' if symmetric else 'asymmetric'} {dtype} on {tier}: "
+              f"logits error vs the exact weights {r['error_vs_exact']:.4f} of the largest; "
+              f"{r['rest'][held]} bytes at rest ({per_element / (4 if dtype == 'float32' else 2):.3f} "
+              "of the unquantized)")
+        assert r["error_vs_exact"] <= (0.05 if bits == 8 else 0.5), r
+
+
 def test_what_inference_has_no_use_for_is_refused_by_name(scratch):
     code, out = run_snippet(
         "zeroshard.init_inference(model, config={'optimizer': {'type': 'AdamW'}})",
@@ -158,6 +190,19 @@ def test_what_inference_has_no_use_for_is_refused_by_name(scratch):
     assert code != 0
     assert ("config key 'zero_optimization.offload_param.device' is 'cpu' with "
             "'zero_optimization.stage' 2; allowed: parameter offload needs stage 3" in out), out
+    quant = "'weight_quantization': {'quantized_initialization': {'num_bits': %d}}"
+    code, out = run_snippet("zeroshard.init_inference(model, config={%s})" % (quant % 5),
+                            launched=False)
+    assert code != 0
+    assert ("config key 'weight_quantization.quantized_initialization.num_bits' is 5; "
+            "allowed: 4 or 8") in out, out
+    code, out = run_snippet(
+        "engine = zeroshard.init_inference(model, config={'zero_optimization': {'stage': 3}, "
+        "%s})\nengine.engine.save_checkpoint(%r)" % (quant % 8, str(scratch / "ck")),
+        launched=False)
+    assert code != 0
+    assert ("checkpoint save: the weights are kept quantized (weight_quantization."
+            "quantized_initialization.num_bits 8); their codes are not a checkpoint") in out, out
     code, out = run_snippet(f"zeroshard.init_inference({str(scratch)!r})", launched=False)
     assert code != 0
     assert "has neither model.safetensors nor model.safetensors.index.json" in out, out
