@@ -159,7 +159,7 @@ void check_weight_quantization(const Config& c) {
   const std::string key = "weight_quantization.quantized_initialization.";
   const int64_t bits = q.num_bits.value_or(0);
   if (bits != 0 && bits != 4 && bits != 8)
-    fail("config key '{}num_bits' is {}; allowed: 4 or 8", key, bits);
+    fail("config key '{}num_bits' is {}; allowed: 4 or 8 (0: not quantized)", key, bits);
   if (!q.enabled()) return;
   if (q.group_dim.value_or(1) != 1) {
     fail(
@@ -167,11 +167,11 @@ void check_weight_quantization(const Config& c) {
         "matrix's rows, as stored)",
         key, *q.group_dim);
   }
-  if (c.zero.stage && *c.zero.stage != 3) {
+  if (!c.zero.stage || *c.zero.stage != 3) {
     fail(
         "config key '{}num_bits' is {} with 'zero_optimization.stage' {}; allowed: stage 3 "
         "(the weights' shards are what is stored quantized)",
-        key, bits, *c.zero.stage);
+        key, bits, c.zero.stage ? std::to_string(*c.zero.stage) : std::string("auto"));
   }
 }
 

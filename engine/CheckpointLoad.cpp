@@ -34,6 +34,7 @@ namespace zeroshard {
 LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& tag,
                                     const LoadOptions& options) {
   refuse_pipeline_stages(p_.dist.dims, "load");
+  refuse_quantized(p_.plan.settings, "load");
   const std::string name = tag.empty() ? latest_tag(dir) : tag;
   const std::string about = dir + "/" + name + "/tensor_parallel.json";
   const int tp = p_.dist.dims.size(Dim::Tp);

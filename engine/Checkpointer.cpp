@@ -57,6 +57,17 @@ void refuse_pipeline_stages(const ParallelDims& d, const char* what) {
       what, d.size(Dim::Pp), d.coordinate(Dim::Pp));
 }
 
+void refuse_quantized(const TrainingSettings& s, const char* what) {
+  if (s.weight_quantization.bits == 0) return;  // the same on every rank: the config says it
+  fail(
+      "checkpoint {}: the weights are kept quantized (weight_quantization."
+      "quantized_initialization.num_bits {}), and a checkpoint holds full-precision shards; "
+      "allowed: an engine without weight_quantization ({})",
+      what, s.weight_quantization.bits,
+      std::string(what) == "save" ? "or save_16bit_model / save_pretrained: the weights dequantized"
+                                  : "quantizing as it loads is not supported");
+}
+
 int Checkpointer::rank() const {
   return p_.dist.dims.coordinate(Dim::Dp);
 }
@@ -139,15 +150,7 @@ std::string Checkpointer::save(const std::string& dir, std::string tag,
   }
   const ParallelDims& d = p_.dist.dims;
   refuse_pipeline_stages(d, "save");
-  // The same on every rank: the config says it.
-  if (p_.plan.settings.weight_quantization.bits > 0) {
-    fail(
-        "checkpoint save: the weights are kept quantized (weight_quantization."
-        "quantized_initialization.num_bits {}); their codes are not a checkpoint; allowed: "
-        "save_16bit_model or save_pretrained (the weights dequantized), or the engine "
-        "without weight_quantization",
-        p_.plan.settings.weight_quantization.bits);
-  }
+  refuse_quantized(p_.plan.settings, "save");
   if (d.size(Dim::Tp) == 1)
     return save_part(dir, tag, client_state_json, lr_scheduler_json, options);
   const std::string whole = dir + "/" + tag;

@@ -21,6 +21,7 @@
 #include "engine/Checkpoint.h"
 #include "engine/GroupTable.h"
 #include "engine/ParallelDims.h"
+#include "plan/TrainingSettings.h"
 #include "zeroshard/Types.h"
 
 namespace zeroshard {
@@ -50,6 +51,8 @@ struct CheckpointParts {
 
 // Checkpoints of pipeline stages are not written yet: fails (every rank alike) with pp > 1.
 void refuse_pipeline_stages(const ParallelDims& d, const char* what);
+// Nor are quantized weights' (weight_quantization): fails, every rank alike.
+void refuse_quantized(const TrainingSettings& settings, const char* what);
 
 class Checkpointer {
  public:

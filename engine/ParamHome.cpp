@@ -126,8 +126,8 @@ void ParamHome::fill(size_t unit, const at::Tensor& slice) {
   const int64_t slot = reads_[unit].slot;
   finish_read(unit);  // take_slot() hands the buffer out again once the copy below ends
   if (units_[unit]->quantized()) {  // decoded into the slice before the buffer goes back
-    units_[unit]->fill_own_slice(
-        at::from_blob(pool_->buffer(slot), {bytes_of(unit)}, at::TensorOptions(at::kByte)));
+    units_[unit]->decode_kept(
+        at::from_blob(pool_->buffer(slot), {bytes_of(unit)}, at::TensorOptions(at::kByte)), slice);
     return;
   }
   // `slice` is in the full buffer: on a GPU a copy up that the current stream waits for

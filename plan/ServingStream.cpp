@@ -8,7 +8,8 @@ ServingStream serving_stream(const ModelSpec& spec, const PlanOption& option, co
                              const WorldShape& world, const TrainingShape& shape,
                              const Bandwidths& bandwidths) {
   const int64_t kl = config.compute_bytes();
-  const int64_t d = option.stage == 0 ? 1 : world.data_parallel_ranks();
+  const int64_t d =
+      option.stage == 0 ? 1 : sharding_ranks(config, option.stage, world.data_parallel_ranks());
   ServingStream s;
   // Every rank computes with the whole model, gathered or held: its device reads it all.
   s.device_bytes = kl * spec.total_params;

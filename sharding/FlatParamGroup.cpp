@@ -163,12 +163,9 @@ void FlatParamGroup::quantize_shard(const ShardQuantizer* quantizer, MemoryLedge
   quantizer_ = quantizer;
 }
 
-void FlatParamGroup::fill_own_slice(const at::Tensor& kept_bytes) {
-  if (quantizer_ != nullptr) {
-    quantizer_->decode(kept_bytes, own_slice());
-  } else {
-    own_slice().copy_(kept_bytes.view(own_slice().scalar_type()));
-  }
+void FlatParamGroup::decode_kept(const at::Tensor& kept_bytes, const at::Tensor& slice) const {
+  if (quantizer_ == nullptr) fail("decode_kept: the group's shard is not quantized");
+  quantizer_->decode(kept_bytes, slice);
 }
 
 void FlatParamGroup::set_shard_tier(Tier tier, MemoryLedger* ledger) {

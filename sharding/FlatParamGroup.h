@@ -96,8 +96,8 @@ class FlatParamGroup {
   bool quantized() const { return quantizer_ != nullptr; }
   // The kept shard's size in bytes, quantized or not.
   int64_t kept_bytes() const { return kept_bytes_; }
-  // The kept shard's bytes, read from elsewhere (NVMe), into own_slice().
-  void fill_own_slice(const at::Tensor& kept_bytes);
+  // A quantized shard's bytes, read from elsewhere (NVMe), decoded into `slice`.
+  void decode_kept(const at::Tensor& kept_bytes, const at::Tensor& slice) const;
 
  private:
   void bind_views();

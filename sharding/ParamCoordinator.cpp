@@ -162,11 +162,14 @@ void ParamCoordinator::walk_rest() {
 void ParamCoordinator::prefetch() {
   const auto& o = order();
   int64_t budget = options_.prefetch_numel;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const UnitState& s = state_[u];
-    if (s.walked && !s.used && units_[u]->gathered() &&
-        units_[u]->numel() > options_.persistence_numel)
-      budget -= units_[u]->numel();
+  // Ahead: after the last unit used in the walk's order. One this rank skipped (used by
+  // rank 0, not here) lies before it and stays until the phase ends without holding the
+  // budget, or every later gather would wait.
+  size_t ahead = cursor_;
+  while (ahead > 0 && !state_[o[ahead - 1]].used) --ahead;
+  for (size_t p = ahead; p < cursor_; ++p) {
+    const FlatParamGroup* u = units_[o[p]];
+    if (u->gathered() && u->numel() > options_.persistence_numel) budget -= u->numel();
   }
   while (cursor_ < o.size()) {
     const FlatParamGroup* next = units_[o[cursor_]];

@@ -41,6 +41,7 @@ def serve(spec, scratch, world):
     ("bfloat16", "nvme", "module", 1),
     ("bfloat16", "nvme", "folder", 1),
     ("bfloat16", "cpu", "folder", 2),
+    ("float32", "nvme", "module", 2),
 ])
 def test_served_weights_generate_the_plain_models_tokens(dtype, tier, source, world, scratch):
     spec = {"dtype": dtype, "tier": tier, "nvme_path": str(scratch / "nvme")}
@@ -202,7 +203,9 @@ def test_what_inference_has_no_use_for_is_refused_by_name(scratch):
         launched=False)
     assert code != 0
     assert ("checkpoint save: the weights are kept quantized (weight_quantization."
-            "quantized_initialization.num_bits 8); their codes are not a checkpoint") in out, out
+            "quantized_initialization.num_bits 8), and a checkpoint holds full-precision "
+            "shards; allowed: an engine without weight_quantization (or save_16bit_model / "
+            "save_pretrained: the weights dequantized)") in out, out
     code, out = run_snippet(f"zeroshard.init_inference({str(scratch)!r})", launched=False)
     assert code != 0
     assert "has neither model.safetensors nor model.safetensors.index.json" in out, out

@@ -53,6 +53,27 @@ TEST(ShardQuantizer, ErrorsStayWithinHalfAStep) {
   EXPECT_TRUE((err <= step / 2 + 1e-6).all().item<bool>()) << err << step;
 }
 
+// Shards longer than the 2^20 elements coded at a time: the chunks' groups, codes and scales
+// land where one pass would put them (an odd count, so the last byte holds one 4-bit code).
+TEST(ShardQuantizer, LongShardsAreCodedInChunksAsInOnePass) {
+  const ShardQuantizer q({4, 48, false});
+  at::manual_seed(1);
+  const int64_t n = 3 * (int64_t{1} << 20) + 7;
+  const at::Tensor x = at::randn({n});
+  const at::Tensor bytes = q.encode(x);
+  EXPECT_EQ(bytes.numel(), q.layout().bytes(n));
+  const at::Tensor got = round_trip(q, x);
+  // Each group against its own range, computed here in one pass.
+  const int64_t groups = q.layout().groups(n);
+  const at::Tensor padded = at::cat({x, at::zeros({groups * 48 - n})}).view({groups, 48});
+  const at::Tensor step = (padded.amax(1) - padded.amin(1)) / 15;
+  const at::Tensor err =
+      at::cat({got - x, at::zeros({groups * 48 - n})}).view({groups, 48}).abs().amax(1);
+  EXPECT_TRUE((err <= step / 2 + 1e-6).all().item<bool>());
+  const ShardQuantizer small({4, 48, false});
+  EXPECT_TRUE(at::equal(small.encode(x.narrow(0, 0, 96)).narrow(0, 0, 48), bytes.narrow(0, 0, 48)));
+}
+
 TEST(ShardQuantizer, DecodesIntoTheSlicesDtype) {
   const ShardQuantizer q({8, 4, false});
   at::Tensor out = at::empty({4}, at::kBFloat16);

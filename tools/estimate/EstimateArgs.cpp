@@ -175,12 +175,18 @@ void read_serving(const std::map<std::string, std::string>& given, EstimateInput
       if (given.count(flag)) fail("{} is a serving figure; give it with --inference", flag);
     return;
   }
-  for (const char* flag : {"--micro-batch", "--activation-checkpointing", "--pp"}) {
+  if (given.count("--micro-batch"))
+    fail("--micro-batch is for training; with --inference give --batch (sequences per rank)");
+  for (const char* flag : {"--activation-checkpointing", "--pp"}) {
     if (given.count(flag))
-      fail("{} is for training; with --inference give --batch (sequences per rank)", flag);
+      fail("{} is for training; --inference plans one stage-3 model without backward", flag);
   }
-  if (in.config.pipeline_parallel_size.value_or(1) > 1)
-    fail("--inference with the config's pipeline.stages: serving plans one stage-3 model");
+  if (in.config.pipeline_parallel_size.value_or(1) > 1) {
+    fail(
+        "--inference with the config's pipeline.stages {}; allowed: 1 (serving plans one "
+        "stage-3 model)",
+        *in.config.pipeline_parallel_size);
+  }
   const int stage = in.config.zero.stage.value_or(3);
   if (stage != 3) {
     fail(
