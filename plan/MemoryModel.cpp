@@ -113,6 +113,15 @@ int64_t MemoryBreakdown::total(Tier tier) const {
 
 namespace {
 
+// One head's width, and the keys' (or values') width of a token: kv heads x head width.
+int64_t head_width(const ModelSpec& spec) {
+  return spec.head_dim > 0 ? spec.head_dim : spec.hidden / spec.heads;
+}
+
+int64_t kv_width(const ModelSpec& spec) {
+  return (spec.kv_heads > 0 ? spec.kv_heads : spec.heads) * head_width(spec);
+}
+
 // Bytes one token's pass through a norm keeps for backward: its input (an fp32 copy where
 // the norm computes in fp32) and its normalised output, which the next linear keeps too.
 int64_t norm_bytes(const ModelSpec& spec, int64_t kl) {
@@ -122,8 +131,8 @@ int64_t norm_bytes(const ModelSpec& spec, int64_t kl) {
 // One block, per token, at sequence length s (docs/memory-model.md "Activations").
 int64_t block_bytes(const ModelSpec& spec, int64_t s, int64_t kl) {
   const int64_t h = spec.hidden, a = spec.heads;
-  const int64_t head_dim = spec.head_dim > 0 ? spec.head_dim : h / a;
-  const int64_t kv = (spec.kv_heads > 0 ? spec.kv_heads : a) * head_dim;
+  const int64_t head_dim = head_width(spec);
+  const int64_t kv = kv_width(spec);
   const int64_t inner = spec.intermediate > 0 ? spec.intermediate : 4 * h;
   // A fused kernel keeps queries, keys, values, its output (the output projection's input)
   // and an fp32 log-sum-exp per head. Eager attention repeats keys and values to every
@@ -143,9 +152,7 @@ int64_t block_bytes(const ModelSpec& spec, int64_t s, int64_t kl) {
 
 int64_t kv_cache_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) {
   if (!spec.has_shape()) return 0;
-  const int64_t head_dim = spec.head_dim > 0 ? spec.head_dim : spec.hidden / spec.heads;
-  const int64_t kv = (spec.kv_heads > 0 ? spec.kv_heads : spec.heads) * head_dim;
-  return 2 * spec.layers * t.micro_batch * t.seq * kv * kl;
+  return 2 * spec.layers * t.micro_batch * t.seq * kv_width(spec) * kl;
 }
 
 int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) {

@@ -8,6 +8,7 @@
 #include "common/Bytes.h"
 #include "common/Error.h"
 #include "plan/OffloadRatio.h"
+#include "plan/ServingStream.h"
 
 namespace zeroshard {
 namespace {
@@ -258,13 +259,7 @@ Choice choose(const ModelSpec& spec, const Config& fixed, const Config& resolved
               const WorldShape& world, const TrainingShape& shape, const HardwareBudget& budget) {
   Choice c;
   for (const auto& option : plan_options()) {
-    // A served model has no optimizer: stages 1 and 2 shard only what it lacks, and a row
-    // that differs from another only in where the optimizer would be is the same bytes.
-    if (spec.all_frozen() && (option.stage == 1 || option.stage == 2 ||
-                              (option.optimizer != option.params &&
-                               fixed.zero.offload_optimizer.device == OffloadDevice::Auto))) {
-      continue;
-    }
+    if (spec.all_frozen() && !serving_option(option, fixed)) continue;
     OptionEstimate e;
     e.option = option;
     if (resolved.zero.offload_optimizer.ratio) {

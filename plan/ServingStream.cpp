@@ -4,6 +4,12 @@
 
 namespace zeroshard {
 
+bool serving_option(const PlanOption& option, const Config& fixed) {
+  if (option.stage == 1 || option.stage == 2) return false;
+  return option.optimizer == option.params ||
+         fixed.zero.offload_optimizer.device != OffloadDevice::Auto;
+}
+
 ServingStream serving_stream(const ModelSpec& spec, const PlanOption& option, const Config& config,
                              const WorldShape& world, const TrainingShape& shape,
                              const Bandwidths& bandwidths) {
@@ -23,11 +29,11 @@ ServingStream serving_stream(const ModelSpec& spec, const PlanOption& option, co
     s.weights = placed.nvme_numel > 0 ? Tier::Nvme : Tier::Host;
   }
   // NVMe reads cross the host link too; a node's drives serve all its ranks.
-  const double nvme_rate =
+  s.nvme_rate =
       std::min(bandwidths.nvme / static_cast<double>(world.ranks_per_node), bandwidths.host_link);
   const double device_s = static_cast<double>(s.device_bytes) / bandwidths.device;
   const double host_s = static_cast<double>(s.host_bytes) / bandwidths.host_link;
-  const double nvme_s = static_cast<double>(s.nvme_bytes) / nvme_rate;
+  const double nvme_s = static_cast<double>(s.nvme_bytes) / s.nvme_rate;
   s.seconds_per_step = device_s + host_s + nvme_s;
   s.bound_by = nvme_s >= std::max(device_s, host_s) && s.nvme_bytes > 0 ? "nvme"
                : host_s >= device_s && s.host_bytes > 0                 ? "host"

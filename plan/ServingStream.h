@@ -25,10 +25,16 @@ struct ServingStream {
   // Read by each rank for one forward: from the device's memory the whole model (its
   // tensor-parallel slices), from host RAM and NVMe its shard.
   int64_t device_bytes = 0, host_bytes = 0, nvme_bytes = 0;
+  double nvme_rate = 0;          // one rank's share of its node's NVMe, at most its host link
   double seconds_per_step = 0;   // the sum of each tier's bytes over its rate
   double tokens_per_second = 0;  // per rank: its batch over seconds_per_step
   std::string bound_by;          // the tier whose reads take longest
 };
+
+// Whether a served model (every unit frozen) is planned with `option`: it has no optimizer,
+// so stages 1 and 2 shard only what it lacks, and a row that differs from another only in
+// where the optimizer would be (unless `fixed` names that place) is the same bytes.
+bool serving_option(const PlanOption& option, const Config& fixed);
 
 ServingStream serving_stream(const ModelSpec& spec, const PlanOption& option, const Config& config,
                              const WorldShape& world, const TrainingShape& shape,

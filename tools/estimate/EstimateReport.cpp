@@ -90,9 +90,7 @@ std::string stream_lines(const EstimateInputs& in, const Plan& plan) {
     out += fmt::format(
         "  NVMe {} GiB (its shard) at {:.3g} GB/s (the node's {:.3g} GB/s shared by {} "
         "rank(s), at most the host link's)\n",
-        gib(st.nvme_bytes),
-        std::min(b.nvme / static_cast<double>(in.world.ranks_per_node), b.host_link) / 1e9,
-        b.nvme / 1e9, in.world.ranks_per_node);
+        gib(st.nvme_bytes), st.nvme_rate / 1e9, b.nvme / 1e9, in.world.ranks_per_node);
   out += fmt::format(
       "bound: {:.4g} s a step, {:.4g} tokens/s per rank ({:.4g} for {} rank(s)), "
       "{} GiB read from {} per token\n",
