@@ -4,6 +4,7 @@
 
 #include <pybind11/stl.h>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "bindings/PyConfig.h"
@@ -153,7 +154,8 @@ EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTens
                          std::pair<int64_t, int64_t> optimizer_state_other,
                          const AssumedBatchArg& assumed_batch, int tensor_parallel_size,
                          const std::map<std::string, int>& tensor_parallel_params,
-                         int pipeline_parallel_size) {
+                         int pipeline_parallel_size,
+                         const std::set<std::string>& quantizable_params) {
   take_mpu_size(loaded.config.pipeline_parallel_size, pipeline_parallel_size, "pipeline.stages",
                 "pipeline-parallel");
   take_mpu_size(loaded.config.tensor_parallel_size, tensor_parallel_size,
@@ -191,9 +193,13 @@ EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTens
     const auto it = tensor_parallel_params.find(name);
     return it == tensor_parallel_params.end() ? -1 : it->second;
   };
-  for (auto& p : named) p.tensor_parallel_dim = split_dim(p.name);
+  const auto mark = [&](NamedParam& p) {
+    p.tensor_parallel_dim = split_dim(p.name);
+    p.quantizable = quantizable_params.count(p.name) > 0;
+  };
+  for (auto& p : named) mark(p);
   for (auto& unit : unit_params)
-    for (auto& p : unit) p.tensor_parallel_dim = split_dim(p.name);
+    for (auto& p : unit) mark(p);
   std::optional<AssumedBatch> batch =
       to_assumed_batch(assumed_batch, loaded.config.tensor_parallel_size.value_or(1));
   // Construction issues collectives (the initial broadcast, the agreement of what every rank
@@ -268,7 +274,8 @@ PYBIND11_MODULE(_zeroshard, m) {
            // parameters split across its ranks, its pipeline-parallel size (0: the config's).
            py::arg("tensor_parallel_size") = 0,
            py::arg("tensor_parallel_params") = std::map<std::string, int>{},
-           py::arg("pipeline_parallel_size") = 0)
+           py::arg("pipeline_parallel_size") = 0,
+           py::arg("quantizable_params") = std::set<std::string>{})
       .def("optimizer_shards",
            [](EngineImpl& e) { return optimizer_shards(e.external_optimizer()); })
       .def("optimizer_regions",

@@ -1,9 +1,13 @@
 #pragma once
-// How a quantized shard lies in its bytes (config/Config.h WeightQuantization): the
-// codes (one byte an element at 8 bits, two elements a byte at 4, the first in the low
-// half), then an fp32 scale per group of group_size elements, then, when not symmetric,
-// an fp32 minimum per group; each part starts at a multiple of 16 bytes. The memory model
-// counts these bytes and sharding/ShardQuantizer.h writes and reads them.
+// How a quantized shard lies in its bytes (config/Config.h WeightQuantization): the codes
+// of its quantized elements (one byte an element at 8 bits, two elements a byte at 4, the
+// first in the low half), then a scale per group of group_size elements, then, when not
+// symmetric, a minimum per group, then the elements kept as they are (norms, biases: what
+// is not a weight DeepSpeed quantizes); scales, minimums and kept elements in the compute
+// dtype (`value_bytes` each), as DeepSpeed keeps them; each part starts at a multiple of
+// 16 bytes. The memory model counts these bytes and sharding/ShardQuantizer.h writes and
+// reads them.
+#include <algorithm>
 #include <cstdint>
 
 namespace zeroshard {
@@ -14,14 +18,32 @@ struct QuantizedLayout {
   bool symmetric = false;
 
   static int64_t aligned(int64_t bytes) { return (bytes + 15) / 16 * 16; }
-  int64_t groups(int64_t numel) const { return (numel + group_size - 1) / group_size; }
-  int64_t codes_bytes(int64_t numel) const { return aligned(bits == 4 ? (numel + 1) / 2 : numel); }
-  int64_t scales_offset(int64_t numel) const { return codes_bytes(numel); }
-  int64_t mins_offset(int64_t numel) const {
-    return scales_offset(numel) + aligned(4 * groups(numel));
+  int64_t codes_bytes(int64_t quantized) const {
+    return aligned(bits == 4 ? (quantized + 1) / 2 : quantized);
   }
-  int64_t bytes(int64_t numel) const {
-    return mins_offset(numel) + (symmetric ? 0 : aligned(4 * groups(numel)));
+  int64_t scales_offset(int64_t quantized) const { return codes_bytes(quantized); }
+  int64_t mins_offset(int64_t quantized, int64_t groups, int64_t value_bytes) const {
+    return scales_offset(quantized) + aligned(value_bytes * groups);
+  }
+  int64_t kept_offset(int64_t quantized, int64_t groups, int64_t value_bytes) const {
+    return mins_offset(quantized, groups, value_bytes) +
+           (symmetric ? 0 : aligned(value_bytes * groups));
+  }
+  // A shard of `quantized` coded elements in `groups` groups and `kept` elements as they are.
+  int64_t bytes(int64_t quantized, int64_t groups, int64_t kept, int64_t value_bytes) const {
+    return kept_offset(quantized, groups, value_bytes) + aligned(value_bytes * kept);
+  }
+  // The most one rank's shard of `shard` elements can take, of a unit of `numel` elements of
+  // which `quantizable` belong to quantized weights: every element that is not one lands in
+  // this shard first (a kept element costs more than a coded one), and the quantized rest
+  // spans at most two groups more than its count fills (a shard's first and last weight may
+  // start or end inside a group; weights between are whole groups).
+  int64_t shard_bytes_bound(int64_t shard, int64_t numel, int64_t quantizable,
+                            int64_t value_bytes) const {
+    const int64_t kept = std::min(shard, numel - quantizable);
+    const int64_t quantized = shard - kept;
+    const int64_t groups = quantized > 0 ? quantized / group_size + 2 : 0;
+    return bytes(quantized, groups, kept, value_bytes);
   }
 };
 

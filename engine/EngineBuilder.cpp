@@ -26,6 +26,7 @@
 #include "engine/EnginePlan.h"
 #include "engine/GroupLayout.h"
 #include "engine/ParamHome.h"
+#include "engine/QuantizedWeights.h"
 #include "engine/RankAgreement.h"
 #include "engine/StepPipeline.h"
 #include "engine/UnitPartition.h"
@@ -40,7 +41,6 @@
 #include "sharding/ParamCoordinator.h"
 #include "sharding/SecondaryShards.h"
 
-#include "engine/ParamHome.h"
 #include "optim/MakeShardOptimizer.h"
 #include "plan/MemoryModel.h"
 #include "plan/OptimizerSplit.h"
@@ -274,8 +274,10 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
   // (a trainable one on NVMe after the optimizer has read it), so construction holds one
   // unit's parameters, not the model's.
   const bool offload = stage.shards_parameters() && z.offload_param.offloaded();
-  if (z.weight_quantization.bits > 0)
+  if (z.weight_quantization.bits > 0) {
+    check_quantized_weights(params, z.weight_quantization);
     e_->quantizer_ = std::make_unique<ShardQuantizer>(z.weight_quantization);
+  }
   std::vector<bool> on_nvme, sharded_trainable;
   std::unique_ptr<ParamHome> home = offload ? make_param_home(layout, on_nvme) : nullptr;
   size_t trained_params = 0;  // trainable parameters so far, in layout order
@@ -287,20 +289,11 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
     GroupRecord record;
     record.flat = std::make_unique<FlatParamGroup>(
         spec.params, e_->shard_rank(), e_->shard_count(), dtype, spec.sharded, spec.trainable,
-        /*lazy_grads=*/stage.shards_gradients(), &e_->ledger_);
+        /*lazy_grads=*/stage.shards_gradients(), &e_->ledger_,
+        spec.trainable ? nullptr : e_->quantizer_.get());
     FlatParamGroup* g = record.flat.get();
     // Parameter offload on a GPU: the kept shard lives in host memory from here on, where
     // the optimizer updates it and ParamHome moves it to and from NVMe.
-    if (e_->quantizer_ && spec.sharded) {
-      if (spec.trainable) {
-        fail(
-            "config key 'weight_quantization.quantized_initialization.num_bits' is {} with "
-            "trainable parameters ({} first); allowed: frozen weights only "
-            "(zeroshard.init_inference), as quantized weights have no gradients",
-            z.weight_quantization.bits, spec.params.front().name);
-      }
-      g->quantize_shard(e_->quantizer_.get(), &e_->ledger_);
-    }
     if (z.offload_param.offloaded()) g->keep_shard_on_host(&e_->ledger_);
     if (spec.sharded) {
       const size_t u = sharded.size();
@@ -419,16 +412,12 @@ std::unique_ptr<ParamHome> EngineBuilder::make_param_home(const std::vector<Grou
                                     device, z.param_max_in_cpu, e_->shard_count());
   // Coordinator units number the sharded groups in layout order.
   std::vector<int64_t> unit_of_group(layout.size(), -1), unit_bytes;
-  const size_t element = c10::elementSize(dtype_of(z.compute));
   for (size_t i = 0; i < layout.size(); ++i) {
     if (!layout[i].sharded) continue;
     unit_of_group[i] = static_cast<int64_t>(unit_bytes.size());
-    int64_t numel = 0;
-    for (const auto& p : layout[i].params) numel += p.param.numel();
-    const int64_t shard = padded_shard_numel(numel, e_->shard_count());
-    unit_bytes.push_back(e_->quantizer_ && !layout[i].trainable
-                             ? e_->quantizer_->layout().bytes(shard)
-                             : shard * static_cast<int64_t>(element));
+    unit_bytes.push_back(FlatParamGroup::kept_bytes_of(
+        layout[i].params, e_->shard_rank(), e_->shard_count(), dtype_of(z.compute),
+        layout[i].trainable ? nullptr : e_->quantizer_.get()));
   }
   on_nvme.assign(unit_bytes.size(), device == OffloadDevice::Nvme);
   for (size_t g : placed.in_host) on_nvme[static_cast<size_t>(unit_of_group.at(g))] = false;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "engine/DeviceMemory.h"
+#include "engine/QuantizedWeights.h"
 
 namespace zeroshard {
 namespace {
@@ -80,6 +81,7 @@ ModelSpec spec_of_groups(const std::vector<GroupShape>& groups, int64_t buffer_b
     spec.unit_params.push_back(g.numel);
     spec.unit_whole.push_back(!g.sharded);
     spec.unit_frozen.push_back(!g.trainable);
+    spec.unit_quantizable.push_back(g.quantizable);
     spec.total_params += g.numel;
   }
   spec.buffer_bytes = buffer_bytes;
@@ -92,6 +94,7 @@ std::vector<GroupShape> shapes_of(const std::vector<GroupSpec>& layout) {
   for (const GroupSpec& g : layout) {
     GroupShape s;
     for (const auto& p : g.params) s.numel += p.param.numel();
+    s.quantizable = quantized_numel(g.params);
     s.sharded = g.sharded;
     s.trainable = g.trainable;
     shapes.push_back(s);

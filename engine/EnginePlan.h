@@ -20,8 +20,9 @@ namespace zeroshard {
 // One flat group as the memory model counts it.
 struct GroupShape {
   int64_t numel = 0;
-  bool sharded = false;   // stage 3: a unit's shard (else kept whole on every rank)
-  bool trainable = true;  // has gradients and optimizer state
+  bool sharded = false;     // stage 3: a unit's shard (else kept whole on every rank)
+  bool trainable = true;    // has gradients and optimizer state
+  int64_t quantizable = 0;  // elements weight_quantization would code (engine/QuantizedWeights.h)
 };
 
 // Each group one unit of the spec, in the engine's group order.

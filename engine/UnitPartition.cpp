@@ -4,6 +4,7 @@
 #include <functional>
 #include <numeric>
 #include <set>
+#include <typeinfo>
 #include <unordered_map>
 #include <utility>
 
@@ -12,6 +13,8 @@
 #include <torch/nn/modules/container/parameterdict.h>
 #include <torch/nn/modules/container/parameterlist.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
 
 #include "common/Error.h"
 
@@ -205,6 +208,12 @@ bool is_stack(const torch::nn::Module& m) {
          dynamic_cast<const torch::nn::SequentialImpl*>(&m) != nullptr;
 }
 
+// DeepSpeed quantizes the weight of exactly these classes (subclasses are not matched).
+bool quantizes_weight(const torch::nn::Module& m) {
+  return typeid(m) == typeid(torch::nn::LinearImpl) ||
+         typeid(m) == typeid(torch::nn::EmbeddingImpl);
+}
+
 bool is_callable(const torch::nn::Module& m) {
   return dynamic_cast<const torch::nn::ModuleListImpl*>(&m) == nullptr &&
          dynamic_cast<const torch::nn::ModuleDictImpl*>(&m) == nullptr &&
@@ -243,8 +252,11 @@ ModuleTree module_tree(const torch::nn::Module& root) {
     t.modules.push_back(&m);
     t.nodes[n].stack = is_stack(m);
     t.nodes[n].callable = is_callable(m);
-    for (const auto& p : m.named_parameters(/*recurse=*/false))
-      t.nodes[n].params.push_back(param_of.at(p.value().unsafeGetTensorImpl()));
+    for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+      const size_t index = param_of.at(p.value().unsafeGetTensorImpl());
+      t.nodes[n].params.push_back(index);
+      if (p.key() == "weight" && quantizes_weight(m)) t.params[index].quantizable = true;
+    }
     for (const auto& child : m.children()) {
       const size_t c = visit(*child);
       t.nodes[n].children.push_back(c);

@@ -71,7 +71,9 @@ ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device, i
     const int64_t n = padded_shard_numel(spec.unit_params[u], ranks);
     // A frozen shard is kept quantized where weight_quantization asks (sharding/ShardQuantizer.h).
     const int64_t bytes =
-        quantized.bits > 0 && spec.is_frozen(u) ? quantized.bytes(n) : compute_bytes * n;
+        quantized.bits > 0 && spec.is_frozen(u)
+            ? quantized.shard_bytes_bound(n, n * ranks, spec.quantizable(u), compute_bytes)
+            : compute_bytes * n;
     p.largest_shard = std::max(p.largest_shard, n);
     if (device == OffloadDevice::Cpu || device == OffloadDevice::Nvme)
       p.largest_offloaded_shard = std::max(p.largest_offloaded_shard, n);

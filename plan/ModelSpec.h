@@ -84,6 +84,12 @@ struct ModelSpec {
   // gradients and no optimizer state.
   std::vector<bool> unit_frozen;
   bool is_frozen(size_t unit) const { return unit < unit_frozen.size() && unit_frozen[unit]; }
+  // Per unit (empty: unknown, every element counted as one): the elements of nn.Linear and
+  // nn.Embedding weights, what weight_quantization codes (engine/QuantizedWeights.h).
+  std::vector<int64_t> unit_quantizable;
+  int64_t quantizable(size_t unit) const {
+    return unit < unit_quantizable.size() ? unit_quantizable[unit] : unit_params.at(unit);
+  }
   int64_t largest_module_params = 0;                       // DeepSpeed's largest_layer_params
   std::vector<std::pair<int64_t, int64_t>> tensor_counts;  // (numel, how many)
   // Bytes of the model's buffers (every rank holds them whole); a live model's only:

@@ -17,12 +17,29 @@ int64_t nbytes(int64_t numel, const at::Tensor& like) {
   return numel * static_cast<int64_t>(like.element_size());
 }
 
+std::vector<TensorExtent> extents_of(const std::vector<NamedParam>& params, bool quantized) {
+  std::vector<TensorExtent> out;
+  int64_t offset = 0;
+  for (const auto& p : params) {
+    out.push_back({offset, p.param.numel(), quantized && p.quantizable});
+    offset += p.param.numel();
+  }
+  return out;
+}
+
+int64_t total_numel(const std::vector<NamedParam>& params) {
+  int64_t n = 0;
+  for (const auto& p : params) n += p.param.numel();
+  return n;
+}
+
 }  // namespace
 
 FlatParamGroup::FlatParamGroup(const std::vector<NamedParam>& params, int rank, int world,
                                at::ScalarType dtype, bool sharded, bool with_grads, bool lazy_grads,
-                               MemoryLedger* ledger)
+                               MemoryLedger* ledger, const ShardQuantizer* quantizer)
     : rank_(rank), world_(world), sharded_(sharded), with_grads_(with_grads) {
+  if (quantizer != nullptr && with_grads_) fail("a group with gradients cannot be quantized");
   for (const auto& p : params) {
     ParamSlot slot;
     slot.name = p.name;
@@ -48,7 +65,17 @@ FlatParamGroup::FlatParamGroup(const std::vector<NamedParam>& params, int rank, 
   const int64_t full_bytes = nbytes(padded_numel(), flat);
   flat_ =
       CountedBuffer(flat, ledger, tier, sharded_ ? Kind::GatheredParams : Kind::Params, full_bytes);
-  if (sharded_) {
+  const std::vector<TensorExtent> extents = extents_of(params, quantizer != nullptr);
+  if (quantizer != nullptr && !sharded_) {  // whole: the weights as their codes decode
+    const auto all = ShardQuantizer::segments(extents, 0, padded_numel());
+    quantizer->decode(quantizer->encode(flat, all), all, flat);
+  } else if (quantizer != nullptr) {
+    quantizer_ = quantizer;
+    segments_ = ShardQuantizer::segments(extents, rank_ * shard_numel_, shard_numel_);
+    const at::Tensor bytes = quantizer->encode(flat, segments_);
+    kept_bytes_ = bytes.numel();
+    kept_.buffer = CountedBuffer(bytes, ledger, tier, Kind::Params, kept_bytes_);
+  } else if (sharded_) {
     kept_bytes_ = nbytes(shard_numel_, flat);
     kept_.buffer = CountedBuffer(own_slice().clone(), ledger, tier, Kind::Params, kept_bytes_);
   }
@@ -127,7 +154,7 @@ void FlatParamGroup::allocate_full(bool fill_own_shard) {
   if (fill_own_shard) {
     const at::Tensor& kept = kept_.buffer.tensor();
     if (quantizer_ != nullptr) {
-      quantizer_->decode(kept, own_slice());
+      quantizer_->decode(kept, segments_, own_slice());
     } else if (kept.is_cpu() && !flat_.tensor().is_cpu()) {  // host to GPU: the host does not wait
       kept_.read = CopyStream::on_current(own_slice(), kept);
     } else {
@@ -149,23 +176,24 @@ void FlatParamGroup::materialize_shard() {
 
 void FlatParamGroup::keep_own_slice() {
   if (quantizer_ != nullptr) {
-    kept_.buffer.tensor().copy_(quantizer_->encode(own_slice()));
+    kept_.buffer.tensor().copy_(quantizer_->encode(flat_.tensor(), segments_));
   } else {
     kept_.buffer.tensor().copy_(own_slice());
   }
 }
 
-void FlatParamGroup::quantize_shard(const ShardQuantizer* quantizer, MemoryLedger* ledger) {
-  if (!sharded_ || with_grads_) fail("only a frozen stage-3 group's shard is kept quantized");
-  const at::Tensor bytes = quantizer->encode(kept_.buffer.tensor());
-  kept_bytes_ = bytes.numel();
-  kept_.buffer = CountedBuffer(bytes, ledger, Tier::Device, Kind::Params, kept_bytes_);
-  quantizer_ = quantizer;
+int64_t FlatParamGroup::kept_bytes_of(const std::vector<NamedParam>& params, int rank, int world,
+                                      at::ScalarType dtype, const ShardQuantizer* quantizer) {
+  const int64_t shard = padded_shard_numel(total_numel(params), world);
+  const auto element = static_cast<int64_t>(c10::elementSize(dtype));
+  if (quantizer == nullptr) return shard * element;
+  return quantizer->bytes(ShardQuantizer::segments(extents_of(params, true), rank * shard, shard),
+                          element);
 }
 
 void FlatParamGroup::decode_kept(const at::Tensor& kept_bytes, const at::Tensor& slice) const {
   if (quantizer_ == nullptr) fail("decode_kept: the group's shard is not quantized");
-  quantizer_->decode(kept_bytes, slice);
+  quantizer_->decode(kept_bytes, segments_, slice);
 }
 
 void FlatParamGroup::set_shard_tier(Tier tier, MemoryLedger* ledger) {

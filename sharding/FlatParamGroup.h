@@ -35,8 +35,16 @@ class FlatParamGroup {
   // rebinds each parameter as a view of it.
   // `lazy_grads`: the gradient buffer starts released (stage >= 2 brings it into being
   // when its first gradient arrives).
+  // `quantizer` (frozen groups only; it outlives the group): a sharded group keeps its shard
+  // as the quantizer's bytes (counted as they are), decoded into own_slice() at each gather;
+  // a group kept whole holds its weights as they decode (the same values, no saving).
   FlatParamGroup(const std::vector<NamedParam>& params, int rank, int world, at::ScalarType dtype,
-                 bool sharded, bool with_grads, bool lazy_grads, MemoryLedger* ledger);
+                 bool sharded, bool with_grads, bool lazy_grads, MemoryLedger* ledger,
+                 const ShardQuantizer* quantizer = nullptr);
+  // The bytes a sharded group of `params` keeps on `rank`, in `dtype` or as `quantizer`'s
+  // (nullptr: not quantized), before the group is built.
+  static int64_t kept_bytes_of(const std::vector<NamedParam>& params, int rank, int world,
+                               at::ScalarType dtype, const ShardQuantizer* quantizer);
 
   const std::vector<ParamSlot>& slots() const { return slots_; }
   int64_t numel() const { return numel_; }
@@ -90,9 +98,6 @@ class FlatParamGroup {
   void keep_shard_on_host(MemoryLedger* ledger);
   void settle_shard_read() const { kept_.read.wait(); }
 
-  // Stage 3, a frozen group: the kept shard becomes `quantizer`'s bytes (counted as they
-  // are), decoded into own_slice() at each gather. `quantizer` outlives the group.
-  void quantize_shard(const ShardQuantizer* quantizer, MemoryLedger* ledger);
   bool quantized() const { return quantizer_ != nullptr; }
   // The kept shard's size in bytes, quantized or not.
   int64_t kept_bytes() const { return kept_bytes_; }
@@ -113,7 +118,8 @@ class FlatParamGroup {
   int64_t shard_numel_ = 0;
   int64_t kept_bytes_ = 0;
   const ShardQuantizer* quantizer_ = nullptr;
-  struct KeptShard {  // stage 3 only
+  std::vector<ShardSegment> segments_;  // this rank's shard, for quantizer_
+  struct KeptShard {                    // stage 3 only
     CountedBuffer buffer;
     CopyDone read;  // in host memory: the last gather's copy of it to the device
   };

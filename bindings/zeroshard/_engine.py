@@ -13,7 +13,7 @@ from . import (_adafactor, _construction, _dtensor, _generation, _hf_tensor_para
 from ._activations import ActivationShape, assumed_batch, say_offload_ratio
 from ._touch import Units, shard_parameters
 from ._unit_backward import GradArrival, report_input_grads, tensors
-from ._units import stage3_units, unique_parameters
+from ._units import quantizable_names, stage3_units, unique_parameters
 from . import _config
 from ._optimizer import (HYPER_KEYS, ZeroShardOptimizer, client_scheduler, engine_options,
                          parameter_groups)
@@ -161,7 +161,8 @@ class ZeroShardEngine(SavingMethods):
                                          _launch.store_already_served(), materialize,
                                          _buffers(model), assumed_batch=assumed_batch(model),
                                          tensor_parallel_size=tp_size,
-                                         tensor_parallel_params=tp_params, **stepped_by)
+                                         tensor_parallel_params=tp_params, **stepped_by,
+                                         quantizable_params=quantizable_names(model, params))
         self._engine.set_aliases(_aliases(model))
         say_offload_ratio(self._engine)
         self._torch_optimizer = None  # a torch.optim class on the shards, when it is one

@@ -69,3 +69,15 @@ def stage3_units(model, declared=None):
         chosen.append(node_of[id(u)])
     units = _zeroshard.partition_units(nodes, len(params), chosen)
     return [([modules[m] for m in mods], [params[p] for p in ps]) for mods, ps in units]
+
+
+# DeepSpeed's weight_quantization quantizes the weight of exactly these classes (its
+# WEIGHT_QUANTIZATION_LAYERS, matched by type, not by subclass).
+_QUANTIZED_LAYERS = (torch.nn.Linear, torch.nn.Embedding)
+
+
+def quantizable_names(model, params):
+    """Names (as unique_parameters gives them) of the weights weight_quantization codes."""
+    wanted = {id(m.weight) for m in model.modules()
+              if type(m) in _QUANTIZED_LAYERS and isinstance(m.weight, torch.nn.Parameter)}
+    return {name for name, p in params if id(p) in wanted}

@@ -20,6 +20,9 @@ struct NamedParam {
   // every tp rank holds it whole, and the gradient norm counts it once.
   int tensor_parallel_dim = -1;
   bool tensor_parallel() const { return tensor_parallel_dim >= 0; }
+  // The weight of an nn.Linear or nn.Embedding (torch::nn::Linear, Embedding): what
+  // weight_quantization quantizes, as DeepSpeed does; every other parameter stays as it is.
+  bool quantizable = false;
 };
 
 // One optimizer parameter group's own hyperparameters, as torch's param_groups hold

@@ -135,3 +135,15 @@ TEST(UnitPartition, ATreeThatPointsNowhereIsAnError) {
   tree[0].params = {2};
   EXPECT_THROW(partition_units(tree, 1), Error);
 }
+
+// weight_quantization's weights: those of Linear and Embedding modules (the embedding once,
+// though the head reads it too), never a bias, a norm, or a parameter of a module of one's own.
+TEST(UnitPartition, OnlyLinearAndEmbeddingWeightsAreQuantizable) {
+  Nested model;
+  Names quantizable;
+  for (const NamedParam& p : module_tree(model).params)
+    if (p.quantizable) quantizable.push_back(p.name);
+  EXPECT_EQ(quantizable, (Names{"embed.weight", "body.small.0.weight", "body.layers.0.0.weight",
+                                "body.layers.0.1.weight", "body.layers.2.weight",
+                                "body.grid.0.0.weight", "body.grid.0.1.weight"}));
+}

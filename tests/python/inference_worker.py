@@ -21,25 +21,29 @@ NEW_TOKENS = 8
 
 
 def quantized_reference(model, quant):
-    """Each weight quantized and dequantized on its own, in groups of group_size along the
-    flattened tensor (every tensor here a multiple of it, so the engine's groups over a
-    unit's flat shard are the same groups), in fp32: codes 0..2^b - 1 from the group's
-    minimum, or -q..q around 0 when symmetric."""
+    """The weights DeepSpeed's weight_quantization serves: each nn.Linear and nn.Embedding
+    weight (nothing else) quantized and dequantized on its own, in groups of group_size along
+    dimension 1, in the weight's dtype, by DeepSpeed's own Quantizer and DeQuantizer
+    (asymmetric: DeepSpeed has no other), or symmetric by the same steps around 0 (codes
+    -q..q, scale q / max|x|)."""
     bits, size, symmetric = quant["num_bits"], quant["group_size"], quant["symmetric"]
+    weights = {id(m.weight): m.weight for m in model.modules()
+               if type(m) in (torch.nn.Linear, torch.nn.Embedding)}
     with torch.no_grad():
-        for p in model.parameters():
-            x = p.detach().float().reshape(-1, size)
-            if symmetric:
-                q = 2 ** (bits - 1) - 1
-                scale = x.abs().amax(1, keepdim=True) / q
-                scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-                y = (x / scale).round().clamp(-q, q) * scale
-            else:
-                low = x.amin(1, keepdim=True)
-                scale = (x.amax(1, keepdim=True) - low) / (2 ** bits - 1)
-                scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-                y = ((x - low) / scale).round().clamp(0, 2 ** bits - 1) * scale + low
-            p.copy_(y.reshape(p.shape).to(p.dtype))
+        for w in weights.values():
+            if not symmetric:
+                os.environ.setdefault("DS_ACCELERATOR", "cpu")
+                from deepspeed.inference.quantization.utils import DeQuantizer, Quantizer
+                config = {"num_bits": bits, "group_size": size, "group_dim": 1,
+                          "symmetric": False}
+                codes, scale, low = Quantizer(config).quantize(w.data)
+                w.copy_(DeQuantizer(config, w.dtype).dequantize(codes, scale, low))
+                continue
+            q = 2 ** (bits - 1) - 1
+            x = w.detach().reshape(-1, size)
+            scale = x.abs().amax(1, keepdim=True).reciprocal() * q
+            codes = (x * scale).clamp(-q, q).round().nan_to_num(0)
+            w.copy_((codes / scale).reshape(w.shape))
     return model
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from zeroshard._units import stage3_units
+from zeroshard._units import quantizable_names, stage3_units, unique_parameters
 
 
 class Body(nn.Module):
@@ -65,6 +65,20 @@ def test_every_stacks_blocks_and_every_parameter_left_over():
                       "body.layers.0.1.weight", "body.layers.0.1.bias"]
     assert got[7] == ["body.extras.0"]  # a ParameterList: its parent's forward gathers it
     assert sorted(n for u in got for n in u) == sorted(n for n, _ in model.named_parameters())
+
+
+def test_only_linear_and_embedding_weights_are_quantizable():
+    """As tests/engine/UnitPartitionTest.cpp: DeepSpeed's classes matched exactly (a
+    subclass of nn.Linear is not one), the embedding once though the head reads it."""
+    class OwnLinear(nn.Linear):
+        pass
+
+    model = Nested()
+    model.body.small.append(OwnLinear(8, 8))
+    got = quantizable_names(model, unique_parameters(model))
+    assert got == {"embed.weight", "body.small.0.weight", "body.layers.0.0.weight",
+                   "body.layers.0.1.weight", "body.layers.2.weight", "body.grid.0.0.weight",
+                   "body.grid.0.1.weight"}
 
 
 def test_declared_units_and_the_innermost_wins():

@@ -1,4 +1,5 @@
-// Quantized shards against values worked out by hand (common/QuantizedLayout.h's layout).
+// Quantized shards against values worked out by hand and against DeepSpeed's arithmetic
+// written out here (common/QuantizedLayout.h's layout, sharding/ShardQuantizer.h).
 #include "sharding/ShardQuantizer.h"
 
 #include <ATen/ATen.h>
@@ -12,10 +13,28 @@ at::Tensor values(std::vector<float> v) {
   return at::tensor(v, at::kFloat);
 }
 
-at::Tensor round_trip(const ShardQuantizer& q, const at::Tensor& x) {
-  at::Tensor out = at::empty_like(x);
-  q.decode(q.encode(x), out);
+// The whole flat buffer as one rank's shard of it: encoded, then decoded.
+at::Tensor round_trip(const ShardQuantizer& q, const at::Tensor& flat,
+                      const std::vector<TensorExtent>& tensors) {
+  const auto segments = ShardQuantizer::segments(tensors, 0, flat.numel());
+  at::Tensor out = at::empty_like(flat);
+  q.decode(q.encode(flat, segments), segments, out);
   return out;
+}
+
+at::Tensor round_trip(const ShardQuantizer& q, const at::Tensor& weight) {
+  return round_trip(q, weight, {{0, weight.numel(), true}});
+}
+
+// DeepSpeed's asymmetric quantize and dequantize (its inference/quantization/utils.py
+// Quantizer and DeQuantizer), in the weight's dtype, groups of `size` along the flat weight.
+at::Tensor deepspeed_asymmetric(const at::Tensor& w, int64_t bits, int64_t size) {
+  const at::Tensor x = w.reshape({-1, size});
+  const at::Tensor low = x.amin({1}, true), high = x.amax({1}, true);
+  const int64_t levels = (int64_t{1} << bits) - 1;
+  const at::Tensor scale = (high - low).reciprocal() * levels;  // q_range / (max - min)
+  const at::Tensor codes = ((x - low) * scale).clamp(0, levels).round().to(at::kByte);
+  return codes.to(w.scalar_type()).div_(scale).add_(low).reshape(w.sizes());
 }
 
 }  // namespace
@@ -26,59 +45,92 @@ TEST(ShardQuantizer, EightBitsAsymmetricAreExactOnTheirGrid) {
   const at::Tensor x = at::arange(256, at::kFloat) * 0.5 + 3;
   EXPECT_TRUE(at::equal(round_trip(q, x), x));
   // 256 code bytes, one fp32 scale and one minimum, each part padded to 16 bytes.
-  EXPECT_EQ(q.encode(x).numel(), 256 + 16 + 16);
+  EXPECT_EQ(q.bytes(ShardQuantizer::segments({{0, 256, true}}, 0, 256), 4), 256 + 16 + 16);
 }
 
 // 4 bits symmetric: codes -7..7 around 0; the group [-7, 0, 3.5, 7] has scale 1 and 3.5
-// rounds to 4 (torch rounds half to even).
+// rounds to 4 (torch rounds half to even). A group of zeros stays zeros.
 TEST(ShardQuantizer, FourBitsSymmetricRoundToTheNearestStep) {
   const ShardQuantizer q({4, 4, true});
-  const at::Tensor got = round_trip(q, values({-7, 0, 3.5, 7, 1, 1, 1, 1, 0.5}));
-  EXPECT_TRUE(at::equal(got, values({-7, 0, 4, 7, 1, 1, 1, 1, 0.5}))) << got;
-  // Nine elements: five bytes of codes (two a byte), three groups' scales, no minimum.
-  EXPECT_EQ(q.encode(values({-7, 0, 3.5, 7, 1, 1, 1, 1, 0.5})).numel(), 16 + 16);
+  const at::Tensor got = round_trip(q, values({-7, 0, 3.5, 7, 1, 1, 1, 1, 0, 0, 0, 0}));
+  EXPECT_TRUE(at::equal(got, values({-7, 0, 4, 7, 1, 1, 1, 1, 0, 0, 0, 0}))) << got;
 }
 
-// A group of equal values (a norm's weights of one) is exact however few the bits; the
-// error of any other is at most half a step, (max - min) / 15 / 2 at 4 bits.
-TEST(ShardQuantizer, ErrorsStayWithinHalfAStep) {
-  const ShardQuantizer q({4, 64, false});
-  EXPECT_TRUE(at::equal(round_trip(q, at::ones({64})), at::ones({64})));
+// Every group against DeepSpeed's formula in fp32 and bf16, in 8 and 4 bits; a group of
+// equal values (DeepSpeed: a code of 0 x inf, then 0 / inf + min) gives back its value.
+TEST(ShardQuantizer, AsymmetricGroupsAreDeepSpeeds) {
   at::manual_seed(0);
-  const at::Tensor x = at::randn({64 * 10 + 5});
-  const at::Tensor got = round_trip(q, x);
-  const at::Tensor padded = at::cat({x, at::zeros({59})}).view({11, 64});
-  const at::Tensor step = (padded.amax(1) - padded.amin(1)) / 15;
-  const at::Tensor err = at::cat({got - x, at::zeros({59})}).view({11, 64}).abs().amax(1);
-  EXPECT_TRUE((err <= step / 2 + 1e-6).all().item<bool>()) << err << step;
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (const int64_t bits : {8, 4}) {
+      const ShardQuantizer q({bits, 64, false});
+      at::Tensor w = at::randn({12, 128}).to(dtype);
+      w[3].fill_(0.25);  // two groups of one value
+      const at::Tensor got = round_trip(q, w.reshape(-1)).view({12, 128});
+      EXPECT_TRUE(at::equal(got, deepspeed_asymmetric(w, bits, 64))) << dtype << " " << bits;
+      EXPECT_TRUE(at::equal(got[3], w[3]));
+    }
+  }
 }
 
-// Shards longer than the 2^20 elements coded at a time: the chunks' groups, codes and scales
-// land where one pass would put them (an odd count, so the last byte holds one 4-bit code).
-TEST(ShardQuantizer, LongShardsAreCodedInChunksAsInOnePass) {
-  const ShardQuantizer q({4, 48, false});
+// Norms and biases are kept as they are; the bytes are the codes, a scale and a minimum
+// per group in the dtype (bf16: 2 bytes), and the kept values, each part padded to 16.
+TEST(ShardQuantizer, OnlyTheWeightsAreCoded) {
+  const ShardQuantizer q({4, 32, false});
   at::manual_seed(1);
-  const int64_t n = 3 * (int64_t{1} << 20) + 7;
-  const at::Tensor x = at::randn({n});
-  const at::Tensor bytes = q.encode(x);
-  EXPECT_EQ(bytes.numel(), q.layout().bytes(n));
-  const at::Tensor got = round_trip(q, x);
-  // Each group against its own range, computed here in one pass.
-  const int64_t groups = q.layout().groups(n);
-  const at::Tensor padded = at::cat({x, at::zeros({groups * 48 - n})}).view({groups, 48});
-  const at::Tensor step = (padded.amax(1) - padded.amin(1)) / 15;
-  const at::Tensor err =
-      at::cat({got - x, at::zeros({groups * 48 - n})}).view({groups, 48}).abs().amax(1);
-  EXPECT_TRUE((err <= step / 2 + 1e-6).all().item<bool>());
-  const ShardQuantizer small({4, 48, false});
-  EXPECT_TRUE(at::equal(small.encode(x.narrow(0, 0, 96)).narrow(0, 0, 48), bytes.narrow(0, 0, 48)));
+  const at::Tensor flat = at::randn({64 + 7 + 96}).to(at::kBFloat16);
+  const std::vector<TensorExtent> tensors = {{0, 64, true}, {64, 7, false}, {71, 96, true}};
+  const at::Tensor got = round_trip(q, flat, tensors);
+  EXPECT_TRUE(at::equal(got.narrow(0, 64, 7), flat.narrow(0, 64, 7)));
+  EXPECT_TRUE(
+      at::equal(got.narrow(0, 71, 96), deepspeed_asymmetric(flat.narrow(0, 71, 96), 4, 32)));
+  const auto segments = ShardQuantizer::segments(tensors, 0, flat.numel());
+  // 160 codes in 80 bytes; 5 groups: 10 bytes of scales, 10 of minimums; 7 kept: 14 bytes.
+  EXPECT_EQ(q.bytes(segments, 2), 80 + 16 + 16 + 16);
 }
 
-TEST(ShardQuantizer, DecodesIntoTheSlicesDtype) {
+// A weight's groups count from its first element wherever the ranks' shards cut it: the
+// values served do not depend on the number of ranks, and each rank's bytes stay within
+// the memory model's bound for a shard of its size.
+TEST(ShardQuantizer, ShardsCutInsideGroupsDecodeAsTheWhole) {
+  at::manual_seed(2);
+  const std::vector<TensorExtent> tensors = {
+      {0, 3 * 64, true}, {192, 64, false}, {256, 5 * 64, true}, {576, 3, false}};
+  const int64_t numel = 579;
+  for (const bool symmetric : {false, true}) {
+    const ShardQuantizer q({8, 32, symmetric});
+    const at::Tensor whole = at::randn({numel});
+    const at::Tensor want = round_trip(q, whole, tensors);
+    for (const int64_t world : {2, 3, 7}) {
+      const int64_t shard = (numel + world - 1) / world;
+      at::Tensor flat = at::cat({whole, at::zeros({shard * world - numel})});
+      at::Tensor got = at::empty_like(flat);
+      for (int64_t rank = 0; rank < world; ++rank) {
+        const auto segments = ShardQuantizer::segments(tensors, rank * shard, shard);
+        const at::Tensor bytes = q.encode(flat, segments);
+        EXPECT_LE(bytes.numel(), q.layout().shard_bytes_bound(shard, shard * world, 8 * 64, 4));
+        q.decode(bytes, segments, got.narrow(0, rank * shard, shard));
+      }
+      EXPECT_TRUE(at::equal(got.narrow(0, 0, numel), want)) << world << " ranks";
+    }
+  }
+}
+
+// Weights longer than the 2^20 elements coded at a time: chunks land where one pass puts them.
+TEST(ShardQuantizer, LongWeightsAreCodedInChunksAsInOnePass) {
+  const ShardQuantizer q({4, 48, false});
+  at::manual_seed(3);
+  const at::Tensor w = at::randn({3 * (int64_t{1} << 20) / 48 + 5, 48});
+  EXPECT_TRUE(
+      at::equal(round_trip(q, w.reshape(-1)).view(w.sizes()), deepspeed_asymmetric(w, 4, 48)));
+}
+
+TEST(ShardQuantizer, RefusesBytesOfAnotherShard) {
   const ShardQuantizer q({8, 4, false});
-  at::Tensor out = at::empty({4}, at::kBFloat16);
-  q.decode(q.encode(values({1, 2, 3, 4})), out);
-  EXPECT_TRUE(at::equal(out, values({1, 2, 3, 4}).to(at::kBFloat16)));
-  at::Tensor wrong = at::empty({100}, at::kFloat);  // 336 bytes, not 48
-  EXPECT_THROW(q.decode(q.encode(values({1, 2, 3, 4})), wrong), std::exception);
+  const auto segments = ShardQuantizer::segments({{0, 4, true}}, 0, 4);
+  const at::Tensor bytes = q.encode(values({1, 2, 3, 4}), segments);
+  at::Tensor wrong = at::empty({100}, at::kFloat);
+  EXPECT_THROW(q.decode(bytes, ShardQuantizer::segments({{0, 100, true}}, 0, 100), wrong),
+               std::exception);
+  EXPECT_THROW(q.encode(values({1, 2, 3, 4, 5, 6}), ShardQuantizer::segments({{0, 6, true}}, 0, 6)),
+               std::exception);  // not whole groups of 4
 }
