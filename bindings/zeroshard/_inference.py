@@ -141,6 +141,10 @@ class InferenceEngine:
 
     forward = __call__
 
+    def eval(self):  # DeepSpeed's InferenceEngine is a module: scripts call engine.eval()
+        self.module.eval()
+        return self
+
     def generate(self, *args, **kwargs):
         with torch.no_grad():
             return self.module.generate(*args, **kwargs)

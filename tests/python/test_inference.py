@@ -185,6 +185,37 @@ def test_quantized_weights_are_the_plain_ones_quantized_and_a_fraction_of_the_by
           "unquantized)")
 
 
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+
+
+@pytest.mark.skipif(not (HAS_TRANSFORMERS and HAS_DEEPSPEED), reason="no transformers/deepspeed")
+@pytest.mark.parametrize("bits,dtype,within", [(8, "float32", 1e-6), (4, "bfloat16", 4e-3)])
+def test_quantized_logits_are_deepspeeds_own(bits, dtype, within, scratch):
+    """One folder served with the same weight_quantization config by DeepSpeed's own ZeRO-3
+    engine (from_pretrained under its zero.Init, quantized as it loads) and by zeroshard:
+    the logits agree (fp32 to float rounding, bf16 to a few of its steps) ten times closer
+    than either is to the unquantized model's, and the greedy tokens are the same."""
+    import torch
+    sys.path.insert(0, HERE)
+    import hf_worker
+    folder = str(scratch / "model")
+    hf_worker.make("llama").to(getattr(torch, dtype)).save_pretrained(folder)
+    worker = os.path.join(HERE, "quantized_peer_worker.py")
+    got = {}
+    for peer in ("deepspeed", "zeroshard", "plain"):
+        got[peer] = run_ranks([worker, str(scratch / peer), folder, str(bits), dtype, peer], 1,
+                              str(scratch / peer), timeout=300,
+                              extra_env={"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})[0]
+    logits = {k: torch.tensor(v["logits"]) for k, v in got.items()}
+    apart = (logits["deepspeed"] - logits["zeroshard"]).abs().max().item()
+    moved = (logits["deepspeed"] - logits["plain"]).abs().max().item()
+    print(f"int{bits} {dtype}: zeroshard vs DeepSpeed {apart:.2e}; quantization moved the "
+          f"logits {moved:.2e}")
+    assert apart <= within and apart * 10 < moved, (apart, moved)
+    if dtype == "float32":
+        assert got["deepspeed"]["tokens"] == got["zeroshard"]["tokens"]
+
+
 def test_what_inference_has_no_use_for_is_refused_by_name(scratch):
     code, out = run_snippet(
         "zeroshard.init_inference(model, config={'optimizer': {'type': 'AdamW'}})",
