@@ -170,11 +170,20 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) 
   // The final norm, then the logits in compute precision (the model's output) and the
   // fp32 log-probabilities the loss keeps.
   const int64_t head = spec.has_head ? s * b * (norm_bytes(spec, kl) + spec.vocab * (kl + 4)) : 0;
-  // A pipeline stage holds several micro-batches' (TrainingShape::in_flight).
+  // A pipeline stage holds several micro-batches' (TrainingShape::in_flight), and outputs
+  // no op of its own saves: the schedule keeps each in-flight micro-batch's output (the
+  // hidden states sent on) for its backward, and on the last stage every micro-batch's
+  // logits until step() returns them (those in flight are in `head` already).
   const int64_t held = std::max<int64_t>(1, t.in_flight);
+  int64_t outputs = 0;
+  if (t.pipeline_micro_batches > 0) {
+    outputs = spec.has_head ? (t.pipeline_micro_batches - held) * s * b * spec.vocab * kl
+                            : held * s * b * spec.hidden * kl;
+  }
   // Checkpointed: each block keeps only its input; one block is recomputed at a time.
-  if (t.activation_checkpointing) return held * (s * b * spec.hidden * L * kl + head) + per_layer;
-  return held * (per_layer * L + head);
+  if (t.activation_checkpointing)
+    return held * (s * b * spec.hidden * L * kl + head) + per_layer + outputs;
+  return held * (per_layer * L + head) + outputs;
 }
 
 int64_t shard_numel(const ModelSpec& spec, int64_t ranks) {

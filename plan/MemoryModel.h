@@ -30,6 +30,9 @@ struct TrainingShape {
   // Micro-batches whose activations are held at once: 1, or a pipeline stage's under its
   // schedule (plan/PipelineStages.h).
   int64_t in_flight = 1;
+  // A pipeline stage's micro-batches a step (0: no pipeline): torch's schedules keep every
+  // micro-batch's output on the last stage, to return them merged from step().
+  int64_t pipeline_micro_batches = 0;
   // Training on the CPU: the "device" is host memory, so offloaded gradients need no
   // pinned staging copy.
   bool device_is_host = false;

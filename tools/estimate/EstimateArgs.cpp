@@ -162,6 +162,7 @@ void read_pipeline(const std::map<std::string, std::string>& given, EstimateInpu
     s.shape = in.shape;
     s.shape.in_flight =
         micro_batches_in_flight(in.schedule, pp, stage, in.micro_batches, "--pp-schedule");
+    s.shape.pipeline_micro_batches = in.micro_batches;
     in.stages.push_back(std::move(s));
   }
 }
