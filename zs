@@ -82,7 +82,8 @@ usage: ./zs VERB [ARGS]
                     ZeRO-Inference and accelerate's disk offload)
   consolidate CKPT OUT.pt [--dtype bf16] [--per-tensor] [--format safetensors --hf-config F]
                     one ordinary state_dict from a sharded checkpoint (or Hugging
-                    Face's safetensors layout, OUT a folder)
+                    Face's safetensors layout, OUT a folder); --stage N: one pipeline
+                    stage's
   fuzz [SECONDS]    libFuzzer (clang, ASan, UBSan) on the config, config.json, size and
                     checkpoint-manifest parsers, SECONDS each (default 60)
   run -n N PROG ARGS  start N local ranks of PROG (a built binary, or a .py script

@@ -334,6 +334,10 @@ std::string tensor_parallel_part(int coordinate) {
   return fmt::format("tp_rank_{:02d}", coordinate);
 }
 
+std::string pipeline_stage_part(int stage) {
+  return fmt::format("pipeline_stage_{:02d}", stage);
+}
+
 std::string latest_tag(const std::string& dir) {
   const std::string latest = dir + "/latest";
   struct stat st {};

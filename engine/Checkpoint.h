@@ -125,6 +125,9 @@ struct Manifest {
 Manifest read_manifest(const std::string& dir, std::string tag);
 // The folder inside DIR/TAG that holds tp coordinate `coordinate`'s part: "tp_rank_01".
 std::string tensor_parallel_part(int coordinate);
+// The folder inside DIR/TAG that holds pipeline stage `stage`'s part: "pipeline_stage_01";
+// DIR/TAG/pipeline.json says how many stages saved.
+std::string pipeline_stage_part(int stage);
 // The tag DIR/latest names; fails naming DIR where there is none.
 std::string latest_tag(const std::string& dir);
 

@@ -29,13 +29,52 @@
 
 namespace zeroshard {
 
-// With tensor parallelism this tp coordinate's part (engine/Checkpoint.h). A checkpoint
-// saved at another tp size is read through a ReslicedCheckpoint over all of its parts.
+namespace {
+
+// How many pipeline stages saved DIR/NAME (1: no pipeline.json there).
+int saved_stages(const std::string& dir, const std::string& name) {
+  const std::string about = dir + "/" + name + "/pipeline.json";
+  struct stat st {};
+  if (::stat(about.c_str(), &st) != 0) return 1;
+  int stages = 0;
+  try {
+    stages = nlohmann::json::parse(read_whole_file(about, "checkpoint")).at("pp_size");
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint '{}' is not valid: {}", about, e.what());
+  }
+  if (stages < 1 || stages > 4096)
+    fail("checkpoint '{}': pp_size {} is not allowed; allowed: 1 to 4096", about, stages);
+  return stages;
+}
+
+}  // namespace
+
+// A pipeline stage reads its own stage's part; stages are not resliced (each holds other
+// parameters), their data-parallel ranks are.
 LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& tag,
                                     const LoadOptions& options) {
   refuse_pipeline_stages(p_.dist.dims, "load");
   refuse_quantized(p_.plan.settings, "load");
   const std::string name = tag.empty() ? latest_tag(dir) : tag;
+  const int stages = p_.dist.dims.size(Dim::Pp), saved = saved_stages(dir, name);
+  if (saved != stages) {
+    fail(
+        "checkpoint '{}/{}' was saved by {} pipeline stage(s), and this engine is one of "
+        "pipeline.stages {}; allowed: the same pipeline.stages (each stage's part holds its own "
+        "layers)",
+        dir, name, saved, stages);
+  }
+  if (stages > 1) {
+    return load_tensor_parallel(dir + "/" + name,
+                                pipeline_stage_part(p_.dist.dims.coordinate(Dim::Pp)), options);
+  }
+  return load_tensor_parallel(dir, name, options);
+}
+
+// With tensor parallelism this tp coordinate's part (engine/Checkpoint.h). A checkpoint
+// saved at another tp size is read through a ReslicedCheckpoint over all of its parts.
+LoadedCheckpoint Checkpointer::load_tensor_parallel(const std::string& dir, const std::string& name,
+                                                    const LoadOptions& options) {
   const std::string about = dir + "/" + name + "/tensor_parallel.json";
   const int tp = p_.dist.dims.size(Dim::Tp);
   const int coordinate = p_.dist.dims.coordinate(Dim::Tp);

@@ -46,15 +46,16 @@ void make_dir(const std::string& path) {
 
 }  // namespace
 
-// Pipeline stages' checkpoints (one part per stage, consolidated across them) are not
+// A pipeline stage's checkpoint is its own data-parallel checkpoint, one part per stage
+// (engine/Checkpoint.h pipeline_stage_part); stages with tensor parallelism inside are not
 // written yet: refused on every rank alike, before any file is touched.
 void refuse_pipeline_stages(const ParallelDims& d, const char* what) {
-  if (d.size(Dim::Pp) == 1) return;
+  if (d.size(Dim::Pp) == 1 || d.size(Dim::Tp) == 1) return;
   fail(
-      "checkpoint {}: the engine is one of pipeline.stages {} (stage {}); checkpoints of "
-      "pipeline stages are not supported yet; allowed: pipeline.stages 1, or each stage's "
-      "parameters saved from engine.module_state_dict() by the script",
-      what, d.size(Dim::Pp), d.coordinate(Dim::Pp));
+      "checkpoint {}: the engine is one of pipeline.stages {} with tensor parallelism {} "
+      "inside each; checkpoints of pipeline stages with tensor parallelism are not supported "
+      "yet; allowed: pipeline.stages with data parallelism alone, or tensor parallelism alone",
+      what, d.size(Dim::Pp), d.size(Dim::Tp));
 }
 
 void refuse_quantized(const TrainingSettings& s, const char* what) {
@@ -151,7 +152,8 @@ std::string Checkpointer::save(const std::string& dir, std::string tag,
   const ParallelDims& d = p_.dist.dims;
   refuse_pipeline_stages(d, "save");
   refuse_quantized(p_.plan.settings, "save");
-  if (d.size(Dim::Tp) == 1)
+  const bool stages = d.size(Dim::Pp) > 1;
+  if (!stages && d.size(Dim::Tp) == 1)
     return save_part(dir, tag, client_state_json, lr_scheduler_json, options);
   const std::string whole = dir + "/" + tag;
   make_dir(dir);
@@ -160,38 +162,43 @@ std::string Checkpointer::save(const std::string& dir, std::string tag,
   try {
     SaveOptions part = options;
     part.latest = false;
-    save_part(whole, tensor_parallel_part(d.coordinate(Dim::Tp)), client_state_json,
-              lr_scheduler_json, part);
+    save_part(whole,
+              stages ? pipeline_stage_part(d.coordinate(Dim::Pp))
+                     : tensor_parallel_part(d.coordinate(Dim::Tp)),
+              client_state_json, lr_scheduler_json, part);
   } catch (const Error& e) {
-    failure = e.what();  // the other tp coordinates hear of it in publish_parts
+    failure = e.what();  // the other parts hear of it in publish_parts
   }
   publish_parts(dir, tag, failure, options.latest);
   return tag;
 }
 
-// Each data-parallel group has agreed on its own part (publish); the tp groups now agree on
-// all of them, then rank 0 writes tensor_parallel.json and moves `latest`, and tells every
-// rank through its tp group and then its data-parallel group (which holds one rank of rank
-// 0's tp group).
+// Each data-parallel group has agreed on its own part (publish); the groups across the
+// parts (tp, or pp: one rank of each part) now agree on all of them, then rank 0 writes
+// tensor_parallel.json or pipeline.json and moves `latest`, and tells every rank through
+// that group and then its data-parallel group (which holds one rank of rank 0's).
 void Checkpointer::publish_parts(const std::string& dir, const std::string& tag,
                                  const std::string& failure_here, bool move_latest) {
-  Collectives* tp = p_.comms.tensor_parallel();
+  const ParallelDims& d = p_.dist.dims;
+  const bool stages = d.size(Dim::Pp) > 1;
+  Collectives* across = stages ? p_.comms.pipeline_parallel() : p_.comms.tensor_parallel();
+  const std::string about_file = stages ? "pipeline.json" : "tensor_parallel.json";
   at::Tensor failed = at::full({1}, failure_here.empty() ? 0 : 1, at::kLong);
-  agree(tag, [&] { tp->all_reduce_sum(failed).wait(); });
+  agree(tag, [&] { across->all_reduce_sum(failed).wait(); });
   if (!failure_here.empty()) throw Error(failure_here);
   if (failed.item<int64_t>() > 0) {
     fail(
-        "rank {}: saving checkpoint '{}' failed on another tensor-parallel rank (its message "
-        "says why); the previous checkpoint stays the latest",
-        p_.dist.env.rank, tag);
+        "rank {}: saving checkpoint '{}' failed on another {} (its message says why); the "
+        "previous checkpoint stays the latest",
+        p_.dist.env.rank, tag, stages ? "pipeline stage" : "tensor-parallel rank");
   }
   at::Tensor published = at::zeros({1}, at::kLong);
   std::string failure;
   if (p_.dist.env.rank == 0) {
     try {
-      const nlohmann::json about = {{"tp_size", p_.dist.dims.size(Dim::Tp)},
-                                    {"dp_size", p_.dist.dims.size(Dim::Dp)}};
-      write_file_atomically(dir + "/" + tag + "/tensor_parallel.json", about.dump(1), "checkpoint");
+      const nlohmann::json about = {
+          {"tp_size", d.size(Dim::Tp)}, {"dp_size", d.size(Dim::Dp)}, {"pp_size", d.size(Dim::Pp)}};
+      write_file_atomically(dir + "/" + tag + "/" + about_file, about.dump(1), "checkpoint");
       if (move_latest) write_file_atomically(dir + "/latest", tag + "\n", "checkpoint");
       published.fill_(1);
     } catch (const Error& e) {
@@ -199,15 +206,15 @@ void Checkpointer::publish_parts(const std::string& dir, const std::string& tag,
     }
   }
   agree(tag, [&] {
-    tp->all_reduce_sum(published).wait();
+    across->all_reduce_sum(published).wait();
     p_.comms.data_parallel().all_reduce_sum(published).wait();
   });
   if (!failure.empty()) fail("rank 0: saving checkpoint '{}' failed: {}", tag, failure);
   if (published.item<int64_t>() == 0) {
     fail(
-        "rank {}: saving checkpoint '{}' failed: rank 0 could not write tensor_parallel.json "
-        "(its message says why); the previous checkpoint stays the latest",
-        p_.dist.env.rank, tag);
+        "rank {}: saving checkpoint '{}' failed: rank 0 could not write {} (its message "
+        "says why); the previous checkpoint stays the latest",
+        p_.dist.env.rank, tag, about_file);
   }
 }
 

@@ -77,9 +77,12 @@ class Checkpointer {
                         const SaveOptions& options);
   // `reader` over DIR's saved parameters; `rng`: this rank's saved random streams where
   // as many ranks laid out alike saved it (else each rank keeps its own).
+  // DIR/TAG, or this tp coordinate's part of it (resliced from another tp size).
+  LoadedCheckpoint load_tensor_parallel(const std::string& dir, const std::string& name,
+                                        const LoadOptions& options);
   LoadedCheckpoint load_part(const CheckpointSource& reader, const std::string& dir,
                              const LoadOptions& options, const std::optional<std::string>& rng);
-  // Tensor parallelism: every tp coordinate's part published, then `latest` moved.
+  // Tensor parallelism or pipeline stages: every part published, then `latest` moved.
   void publish_parts(const std::string& dir, const std::string& tag, const std::string& failure,
                      bool move_latest);
 

@@ -25,8 +25,9 @@ def _read_manifest(folder):
         return folder, json.load(f)
 
 
-def _parts(ckpt_dir, tag):
-    """[(folder, manifest)]: one, or one per tensor-parallel rank (engine/Checkpoint.h)."""
+def _parts(ckpt_dir, tag, stage=None):
+    """[[(folder, manifest)]]: a list per pipeline stage (one without a pipeline, or the one
+    `stage` names), of one part or one per tensor-parallel rank (engine/Checkpoint.h)."""
     if tag is None:
         latest = os.path.join(ckpt_dir, "latest")
         if not os.path.isfile(latest):
@@ -34,6 +35,22 @@ def _parts(ckpt_dir, tag):
         with open(latest) as f:
             tag = f.read().strip()
     folder = os.path.join(ckpt_dir, tag)
+    stages = os.path.join(folder, "pipeline.json")
+    if not os.path.isfile(stages):
+        if stage is not None:
+            raise ValueError(f"stage {stage}: checkpoint '{folder}' was not saved by pipeline "
+                             "stages; allowed: no stage")
+        return [_tensor_parallel_parts(folder)]
+    with open(stages) as f:
+        size = json.load(f)["pp_size"]
+    if stage is not None and not 0 <= stage < size:
+        raise ValueError(f"stage {stage}: checkpoint '{folder}' has {size} pipeline stages; "
+                         f"allowed: 0 to {size - 1}")
+    return [_tensor_parallel_parts(os.path.join(folder, f"pipeline_stage_{s:02d}"))
+            for s in (range(size) if stage is None else [stage])]
+
+
+def _tensor_parallel_parts(folder):
     split = os.path.join(folder, "tensor_parallel.json")
     if os.path.isfile(os.path.join(folder, "manifest.json")) or not os.path.isfile(split):
         return [_read_manifest(folder)]
@@ -77,7 +94,24 @@ def _buffer(files, saved):
     return flat.view(getattr(torch, saved["dtype"])).reshape(saved["shape"]).clone()
 
 
-def _tensors(parts, dtype):
+def _tensors(stages, dtype):
+    """Every stage's tensors (_stage_tensors), in one state_dict: a name two stages both hold
+    (stage modules that name their own layers alike) is refused."""
+    held = {}
+    for index, parts in enumerate(stages):
+        for name, aliases, t in _stage_tensors(parts, dtype):
+            for n in [name] + aliases:
+                if n in held:
+                    raise ValueError(
+                        f"checkpoint '{os.path.dirname(parts[0][0])}': pipeline stages "
+                        f"{held[n]} and {index} both hold '{n}' (each stage's module names its "
+                        "own parameters); give stage= (--stage) to consolidate one stage at "
+                        "a time")
+                held[n] = index
+            yield name, aliases, t
+
+
+def _stage_tensors(parts, dtype):
     """(name, aliases, tensor) for every parameter, one assembled at a time (a
     tensor-parallel one from every tp rank's slice, concatenated along the dimension it
     was split on), then every buffer (in the dtype it was saved in, as a state_dict holds
@@ -196,12 +230,13 @@ FORMATS = ("pt", "safetensors")
 
 
 def consolidate(ckpt_dir, out, tag=None, dtype="fp32", per_tensor=False, format="pt",
-                hf_config=None, max_shard_size="5GB"):
+                hf_config=None, max_shard_size="5GB", stage=None):
     """Writes the consolidated state_dict to `out`: a .pt file, or a folder with
     per_tensor=True; with format="safetensors", a folder in Hugging Face's layout
     (safetensors shards of at most max_shard_size, their index, and config.json copied
-    from hf_config: a config.json or a folder holding one). Returns the number of
-    tensors written."""
+    from hf_config: a config.json or a folder holding one). A checkpoint of pipeline
+    stages gives every stage's parameters together, or with `stage` that stage's alone.
+    Returns the number of tensors written."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype '{dtype}' is not allowed; allowed: fp32, bf16, fp16")
     if format not in FORMATS:
@@ -209,7 +244,7 @@ def consolidate(ckpt_dir, out, tag=None, dtype="fp32", per_tensor=False, format=
     if format == "safetensors" and per_tensor:
         raise ValueError("per_tensor is for format 'pt'; safetensors output is sharded by "
                          "max_shard_size instead")
-    parts = _parts(ckpt_dir, tag)
+    parts = _parts(ckpt_dir, tag, stage)
     if format == "safetensors":
         limit = _shard_bytes(max_shard_size)
         if hf_config is not None:
@@ -259,10 +294,12 @@ def main(argv=None):
     p.add_argument("--hf-config", help="config.json (or its folder) to copy beside the "
                    "safetensors shards")
     p.add_argument("--max-shard-size", default="5GB", help="safetensors shard size (5GB)")
+    p.add_argument("--stage", type=int, help="of a checkpoint of pipeline stages: this "
+                   "stage's parameters alone (default: every stage's)")
     a = p.parse_args(argv)
     try:
         n = consolidate(a.ckpt_dir, a.out, a.tag, a.dtype, a.per_tensor, a.format,
-                        a.hf_config, a.max_shard_size)
+                        a.hf_config, a.max_shard_size, a.stage)
     except (ValueError, OSError) as e:
         print(f"zeroshard-consolidate: {e}", file=sys.stderr)
         return 2

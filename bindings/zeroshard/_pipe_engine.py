@@ -182,6 +182,12 @@ class PipelineEngine(ZeroShardEngine):
         self._schedule = schedule(self._stage, n_microbatches=self.gradient_accumulation_steps(),
                                   loss_fn=model.loss_fn)
 
+    def load_checkpoint(self, *args, **kwargs):
+        """A tied copy is no parameter of its stage's engine: the owner's loaded value to it."""
+        loaded = super().load_checkpoint(*args, **kwargs)
+        self._ties.send_values(self)
+        return loaded
+
     def _stage_group(self):
         world, rank = dist.get_world_size(), dist.get_rank()
         per_stage = world // self.num_stages

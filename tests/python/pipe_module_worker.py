@@ -4,7 +4,8 @@ language model given as layers, its embedding a TiedLayerSpec reused as the outp
 PipelineModule(num_stages=2, partition_method=PART), engine.train_batch(data_iter) for
 STEPS steps, then eval_batch. Writes OUT.rankN.json: each step's returned loss and global
 gradient norm, the stage's layer boundaries, the sum of the tied embedding on this rank after
-each step, and the evaluated loss.
+each step, and the evaluated loss. CONFIG's checkpoint and save_at: the engine saves
+there after save_at steps; with resume, it loads it instead and trains on from there.
 usage: pipe_module_worker.py deepspeed|zeroshard STEPS OUT CONFIG_JSON [PART]"""
 import json
 import os
@@ -38,6 +39,8 @@ def loss_fn(logits, labels):
 def main():
     mode, steps, out, config = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
     part = sys.argv[5] if len(sys.argv) > 5 else "parameters"
+    checkpoint, save_at = config.pop("checkpoint", None), config.pop("save_at", 0)
+    resume = config.pop("resume", False)
     torch.set_num_threads(1)
     if mode == "deepspeed":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -71,9 +74,15 @@ def main():
             yield t[:, :-1], t[:, 1:]
 
     data = batches()
+    if resume:
+        engine.load_checkpoint(checkpoint)
+        for _ in range(save_at * config["gradient_accumulation_steps"]):
+            next(data)
     losses, norms, tied = [], [], []
-    for _ in range(steps):
+    for step in range(save_at if resume else 0, steps):
         losses.append(float(engine.train_batch(data_iter=data)))
+        if checkpoint and not resume and step + 1 == save_at:
+            engine.save_checkpoint(checkpoint)
         norm = engine.get_global_grad_norm()
         norms.append(None if norm is None else float(norm))
         tied.append(float(model.tied_modules["embed"].weight.detach().double().sum()))

@@ -163,6 +163,15 @@ def stage_module(stage_index, tp=1, group=None):
     return split
 
 
+def stage_params(engine, stage_index):
+    """The stage's parameters, whole, under the whole GPT's names."""
+    import zeroshard
+    model = engine.module
+    with zeroshard.zero.GatheredParameters(list(model.parameters())):
+        return {whole_name(stage_index, n): p.detach().tolist()
+                for n, p in model.named_parameters()}
+
+
 def dist_rank():
     return int(os.environ["RANK"])
 
@@ -177,6 +186,9 @@ def trained(mode, steps, config, tp):
     rank = dist_rank()
     stage_index = rank // (int(os.environ["WORLD_SIZE"]) // STAGES)
     keep_gathered = config.pop("keep_gathered", True)  # the stage's, not the engine's
+    # A checkpoint saved after save_at steps, or (resume) loaded and trained on from there.
+    checkpoint, save_at = config.pop("checkpoint", None), config.pop("save_at", None)
+    resume = config.pop("resume", False)
     config = dict(config, train_micro_batch_size_per_gpu=MICRO,
                   gradient_accumulation_steps=MICROBATCHES, gradient_clipping=CLIP,
                   optimizer={"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS),
@@ -195,7 +207,9 @@ def trained(mode, steps, config, tp):
     schedule = (ScheduleGPipe if mode == "gpipe" else Schedule1F1B)(
         stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
     losses, norms = [], []
-    for step in range(steps):
+    if resume:
+        engine.load_checkpoint(checkpoint)
+    for step in range(save_at if resume else 0, steps):
         tokens = batch(step, dp_rank)
         micro_losses = []
         if stage_index == 0:
@@ -206,17 +220,19 @@ def trained(mode, steps, config, tp):
         norms.append(engine.get_global_grad_norm())
         if micro_losses:
             losses.append(sum(float(l) for l in micro_losses) / len(micro_losses))
+        if not resume and step + 1 == save_at:
+            engine.save_checkpoint(checkpoint)
+            saved_params = stage_params(engine, stage_index)
     sent = engine._engine.bytes_sent()  # before the gather below
     model = engine.module
-    with zeroshard.zero.GatheredParameters(list(model.parameters())):
-        params = {whole_name(stage_index, n): p.detach().tolist()
-                  for n, p in model.named_parameters()}
+    params = stage_params(engine, stage_index)
     split = {whole_name(stage_index, n): p.partition_dim for n, p in model.named_parameters()
              if getattr(p, "tensor_model_parallel", False)}
     dist.barrier()
     kinds = engine.memory_report()["device"]["kinds"]
     memory = {k: [kinds[k]["peak"], kinds[k]["predicted"]] for k in ("params", "gathered_params")}
     return {"losses": losses, "norms": norms, "params": params, "split": split,
+            "params_at_save": saved_params if save_at and not resume else None,
             "stage": stage_index, "bytes_sent": sent, "memory": memory,
             "skipped_steps": engine.skipped_steps, "loss_scale": engine.loss_scale,
             "dp_world_size": engine.dp_world_size, "mp_world_size": engine.mp_world_size,

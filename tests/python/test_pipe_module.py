@@ -58,6 +58,24 @@ def test_a_deepspeed_pipeline_script_trains_as_deepspeed_does(world, stage, scra
     assert min(w["norms"][0] for w in want) > 0.05  # clipping active
 
 
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_checkpoint_of_the_stages_resumes_with_the_tied_embedding(stage, scratch):
+    """PP2 x DP2 saved after 2 of 4 train_batch steps, each stage its own part (the tied
+    embedding in the first stage's, its owner's); 4 new ranks that load it give the last 2
+    steps' losses, norms and tied sums, and the evaluated loss, bit for bit."""
+    whole = run("zeroshard", 4, stage, scratch)
+    ckpt = str(scratch / "ckpt")
+    config = {"gradient_accumulation_steps": 4, "zero_optimization": {"stage": stage},
+              "checkpoint": ckpt, "save_at": 2}
+    for resume in (False, True):
+        out = str(scratch / f"resume{resume}")
+        got = run_ranks([WORKER, "zeroshard", str(STEPS), out,
+                         json.dumps(dict(config, resume=resume))], 4, out)
+    for g, w in zip(got, whole):
+        assert g["losses"] == w["losses"][2:] and g["norms"] == w["norms"][2:], (g, w)
+        assert g["tied_sums"] == w["tied_sums"][2:] and g["eval_loss"] == w["eval_loss"]
+
+
 @needs_deepspeed
 def test_partitions_are_deepspeeds():
     """The layer boundaries of 'parameters' (a linear partition of the counts) and

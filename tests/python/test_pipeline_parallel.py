@@ -120,6 +120,36 @@ def test_stage3_units_kept_across_micro_batches_send_less(schedule, scratch):
         assert abs(peak - planned) <= 0.02 * planned, (peak, planned)
 
 
+@pytest.mark.parametrize("schedule,zero", [("1f1b", {"stage": 3}), both_legs("gpipe", {"stage": 1})])
+def test_a_checkpoint_of_the_stages_resumes_bit_exactly(schedule, zero, scratch):
+    """PP2 x DP2 saved after 2 of 4 steps, each stage its own part of DIR/TAG
+    (pipeline_stage_00, _01; pipeline.json): 4 new ranks that load it make the last 2 steps'
+    losses, norms and parameters bit for bit."""
+    whole = train(schedule, zero, scratch)
+    ckpt = str(scratch / "ckpt")
+    saving = train(schedule, zero, scratch, extra={"checkpoint": ckpt, "save_at": 2})
+    resumed = train(schedule, zero, scratch,
+                    extra={"checkpoint": ckpt, "save_at": 2, "resume": True})
+    assert sorted(os.listdir(os.path.join(ckpt, "global_step2"))) == [
+        "pipeline.json", "pipeline_stage_00", "pipeline_stage_01"]
+    for full, saved, again in zip(whole, saving, resumed):
+        assert saved["losses"] == full["losses"] and saved["norms"] == full["norms"]
+        assert again["losses"] == full["losses"][2:] and again["norms"] == full["norms"][2:]
+        assert again["params"] == full["params"]
+    # One state_dict of a stage's parameters at the save, as that stage's engine held them;
+    # both stages together refused here, as each stage module names its blocks from 0.
+    import pp_worker
+    from zeroshard import consolidate
+    for stage, rank in ((0, 0), (1, WORLD // 2)):
+        out = str(scratch / f"stage{stage}.pt")
+        consolidate(ckpt, out, stage=stage)
+        state = torch.load(out)
+        want = saving[rank]["params_at_save"]
+        assert {pp_worker.whole_name(stage, n): t.tolist() for n, t in state.items()} == want
+    with pytest.raises(ValueError, match=r"pipeline stages 0 and 1 both hold 'blocks\.0\."):
+        consolidate(ckpt, str(scratch / "both.pt"))
+
+
 def test_fp16_overflow_and_loss_scale_are_agreed_across_the_stages(scratch):
     """The last stage scales the loss; every stage unscales by its own scaler, so the scalers
     must move together: an overflow anywhere skips the step on every rank of both stages."""
@@ -175,7 +205,15 @@ def test_what_the_stage_cannot_do_is_refused_by_name(scratch):
     assert "num_stages=4 but the engine's pipeline.stages is 2; allowed: 2" in log
     log = refusal(scratch, "PipelineStage(engine)", stages=1, world=1)
     assert "the engine was built with pipeline.stages 1; allowed: the number of stages" in log
-    log = refusal(scratch, "engine.save_checkpoint('/tmp/never')")
-    assert "checkpoints of pipeline stages are not supported yet" in log
+    # A checkpoint of 2 stages where the engine is one of 1 (pp x tp checkpoints: not yet).
+    saved = scratch / "two_stages"
+    script = scratch / "save_two_stages.py"
+    script.write_text(REFUSALS.format(stages=2, body=f"engine.save_checkpoint({str(saved)!r})"))
+    run_ranks([str(script)], 2, str(scratch / "saved"), expect_ok=False, timeout=120)
+    assert sorted(os.listdir(saved / "global_step0")) == [
+        "pipeline.json", "pipeline_stage_00", "pipeline_stage_01"]
+    log = refusal(scratch, f"engine.load_checkpoint({str(saved)!r})", stages=1, world=1)
+    assert (f"checkpoint '{saved}/global_step0' was saved by 2 pipeline stage(s), and this "
+            "engine is one of pipeline.stages 1; allowed: the same pipeline.stages") in log, log
     log = refusal(scratch, "", stages=3, world=2)
     assert "pipeline.stages 3 does not divide the 2 ranks" in log
