@@ -195,9 +195,15 @@ void EngineBuilder::init(std::vector<NamedParam> params,
         // Each pipeline stage builds its own part of the model: its ranks agree among
         // themselves, under a prefix of their own.
         if (pp == 1) return agree_on_build(store, env.rank, env.world_size, built);
-        c10d::PrefixStore stage(
-            fmt::format("stage{}", dims.coordinate(Dim::Pp)),
-            c10::intrusive_ptr<c10d::Store>::unsafe_reclaim_from_nonowning(&store));
+        // The stages train one model: what they were given is one config (its auto keys
+        // then resolve per stage), agreed across the whole world first.
+        BuildDescription given;
+        given.add_config(config, "config (as given to each pipeline stage)",
+                         "give every pipeline stage the same config");
+        const auto shared = c10::intrusive_ptr<c10d::Store>::unsafe_reclaim_from_nonowning(&store);
+        c10d::PrefixStore stages("stages", shared);
+        agree_on_build(stages, env.rank, env.world_size, given);
+        c10d::PrefixStore stage(fmt::format("stage{}", dims.coordinate(Dim::Pp)), shared);
         agree_on_build(stage, dims.rank_in_stage(), dims.stage_ranks(), built);
       },
       static_cast<int>(z.tensor_parallel_size), pp);

@@ -128,11 +128,9 @@ BuildDescription::BuildDescription(const std::vector<NamedParam>& params,
   sections_.push_back(std::move(b));
 }
 
-void BuildDescription::add_config(const Config& resolved) {
-  BuildSection c{"config (as resolved)",
-                 "give every rank the same config (and the same hardware where a key is auto)",
-                 {}};
-  flatten(YAML::Load(emit_config_yaml(resolved)), "", c.lines);
+void BuildDescription::add_config(const Config& config, const char* what, const char* advice) {
+  BuildSection c{what, advice, {}};
+  flatten(YAML::Load(emit_config_yaml(config)), "", c.lines);
   sections_.push_back(std::move(c));
 }
 

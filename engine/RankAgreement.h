@@ -31,9 +31,14 @@ class BuildDescription {
   BuildDescription(const std::vector<NamedParam>& params,
                    const std::vector<std::vector<NamedParam>>& unit_params,
                    const std::vector<ParamGroup>& groups, const std::vector<NamedBuffer>& buffers);
-  // The resolved config (after planning), its paths (nvme_path) left out: they may be
-  // each host's own.
-  void add_config(const Config& resolved);
+  // A config alone (pipeline stages: what each was given).
+  BuildDescription() = default;
+  // The resolved config (after planning), or as given; its paths (nvme_path) left out:
+  // they may be each host's own.
+  void add_config(const Config& config, const char* what = "config (as resolved)",
+                  const char* advice =
+                      "give every rank the same config (and the same hardware "
+                      "where a key is auto)");
 
   const std::vector<BuildSection>& sections() const { return sections_; }
   std::string hashes() const;     // one per section, comma-separated

@@ -205,6 +205,18 @@ def test_what_the_stage_cannot_do_is_refused_by_name(scratch):
     assert "num_stages=4 but the engine's pipeline.stages is 2; allowed: 2" in log
     log = refusal(scratch, "PipelineStage(engine)", stages=1, world=1)
     assert "the engine was built with pipeline.stages 1; allowed: the number of stages" in log
+    # Stages given different configs (each would agree within itself).
+    different = scratch / "different.py"
+    different.write_text(REFUSALS.format(stages=2, body="").replace(
+        "engine, _, _, _ = zeroshard.initialize(",
+        "import os\nif os.environ['RANK'] == '1': config['gradient_clipping'] = 1.0\n"
+        "engine, _, _, _ = zeroshard.initialize("))
+    ran = run_ranks([str(different)], 2, str(scratch / "different"), expect_ok=False, timeout=120)
+    assert all(code != 0 for code, _ in ran), ran
+    for _, log in ran:
+        assert "the ranks did not build the same engine" in log, log
+        assert "rank(s) 1 differ from rank 0" in log and "gradient_clipping" in log, log
+        assert "config (as given to each pipeline stage)" in log, log
     # A checkpoint of 2 stages where the engine is one of 1 (pp x tp checkpoints: not yet).
     saved = scratch / "two_stages"
     script = scratch / "save_two_stages.py"
