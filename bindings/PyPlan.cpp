@@ -41,6 +41,7 @@ py::dict stream_dict(const ModelSpec& spec, const PlanOption& option, const Conf
   const ServingStream st = serving_stream(spec, option, config, world, shape, rates);
   py::dict d;
   d["weights"] = tier_name(st.weights);
+  d["kv_cache"] = option.kv_cache_on_host ? "host" : "device";
   d["device_bytes_per_step"] = st.device_bytes;
   d["host_bytes_per_step"] = st.host_bytes;
   d["nvme_bytes_per_step"] = st.nvme_bytes;

@@ -104,6 +104,7 @@ std::string PlanOption::label() const {
   std::string text = fmt::format("stage {}", stage);
   if (offloaded(optimizer)) text += fmt::format(", optimizer {}", offload_device_name(optimizer));
   if (offloaded(params)) text += fmt::format(", params {}", offload_device_name(params));
+  if (kv_cache_on_host) text += ", KV cache in host RAM";
   return text;
 }
 
@@ -162,10 +163,14 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) 
   const int64_t s = t.seq, b = t.micro_batch, L = spec.layers;
   // Served: nothing is kept for backward. The KV cache, and while the prompt runs one
   // block's temporaries (at most what it would keep for backward) and the last position's
-  // logits (generate computes no others), in the compute dtype and in fp32.
-  if (t.inference)
-    return kv_cache_bytes(spec, t, kl) + s * b * block_bytes(spec, s, kl) +
-           (spec.has_head ? b * spec.vocab * (kl + 4) : 0);
+  // logits (generate computes no others), in the compute dtype and in fp32. A KV cache in
+  // host RAM leaves three layers' on the device: the running layer's, its copy grown by the
+  // new token, and the next layer's, fetched ahead.
+  if (t.inference) {
+    const int64_t kv = kv_cache_bytes(spec, t, kl);
+    return (t.kv_cache_on_host ? kv / L * std::min<int64_t>(3, L) : kv) +
+           s * b * block_bytes(spec, s, kl) + (spec.has_head ? b * spec.vocab * (kl + 4) : 0);
+  }
   const int64_t per_layer = s * b * block_bytes(spec, s, kl);
   // The final norm, then the logits in compute precision (the model's output) and the
   // fp32 log-probabilities the loss keeps.
@@ -312,7 +317,10 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   } else if (mixed || option.stage >= 2) {
     m.at(Tier::Device, Kind::GradsFp32) = 4 * opt_numel;
   }
-  m.at(Tier::Device, Kind::Activations) = activation_bytes(spec, shape, static_cast<int>(kl));
+  TrainingShape t = shape;
+  t.kv_cache_on_host = shape.inference && option.kv_cache_on_host;
+  m.at(Tier::Device, Kind::Activations) = activation_bytes(spec, t, static_cast<int>(kl));
+  if (t.kv_cache_on_host) m.at(Tier::Host, Kind::Activations) = kv_cache_bytes(spec, t, kl);
   m.at(Tier::Device, Kind::Buffers) = spec.buffer_bytes;  // whole on every rank, never offloaded
   int64_t buckets = reduce_scratch_bytes(config) * reduce_bucket * (z.overlap_comm ? 2 : 1);
   if (option.stage == 1 || option.stage == 2)

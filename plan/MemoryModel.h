@@ -37,8 +37,9 @@ struct TrainingShape {
   // pinned staging copy.
   bool device_is_host = false;
   // Served (zeroshard.init_inference): no backward; micro_batch sequences whose KV cache
-  // holds seq tokens each.
+  // holds seq tokens each, on the device or (PlanOption::kv_cache_on_host) in host RAM.
   bool inference = false;
+  bool kv_cache_on_host = false;
 };
 
 // One row of the estimator's table: a ZeRO stage and where optimizer state and
@@ -47,9 +48,13 @@ struct PlanOption {
   int stage = 0;
   OffloadDevice optimizer = OffloadDevice::None;
   OffloadDevice params = OffloadDevice::None;
+  // Served: the KV cache in host RAM, each layer's moved to the device for its turn and back
+  // (transformers' offloaded cache), where it does not fit on the device beside the rest.
+  bool kv_cache_on_host = false;
   std::string label() const;  // "stage 3, optimizer nvme, params cpu"
   bool operator==(const PlanOption& o) const {
-    return stage == o.stage && optimizer == o.optimizer && params == o.params;
+    return stage == o.stage && optimizer == o.optimizer && params == o.params &&
+           kv_cache_on_host == o.kv_cache_on_host;
   }
 };
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "config/Config.h"
+#include "plan/AutoKnobs.h"
 #include "plan/MemoryModel.h"
 #include "plan/ModelSpec.h"
 #include "plan/TrainingSettings.h"
@@ -51,10 +52,6 @@ struct Plan {
 
 // Every stage/offload choice, in the order of preference.
 const std::vector<PlanOption>& plan_options();
-
-// Fills the auto knobs that do not depend on the stage/offload choice.
-Config resolve_auto_knobs(const Config& config, const ModelSpec& spec, const WorldShape& world,
-                          std::vector<std::string>& reasons);
 
 Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& world,
                const TrainingShape& shape, const HardwareBudget& budget);

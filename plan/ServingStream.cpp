@@ -17,14 +17,18 @@ ServingStream serving_stream(const ModelSpec& spec, const PlanOption& option, co
   const int64_t d =
       option.stage == 0 ? 1 : sharding_ranks(config, option.stage, world.data_parallel_ranks());
   ServingStream s;
-  // Every rank computes with the whole model, gathered or held: its device reads it all.
-  s.device_bytes = kl * spec.total_params;
+  // Every rank computes with the whole model, gathered or held: its device reads it all,
+  // and the whole KV cache; one in host RAM crosses the host link twice a step (each layer's
+  // to the device for its turn, and back with the new token's keys and values).
+  const int64_t kv = kv_cache_bytes(spec, shape, static_cast<int>(kl));
+  s.device_bytes = kl * spec.total_params + kv;
+  if (option.kv_cache_on_host) s.host_bytes += 2 * kv;
   if (option.stage == 3 && option.params != OffloadDevice::None) {
     // At rest in their tier's bytes: quantized where weight_quantization says.
     const ParamPlacement placed =
         place_param_shards(spec, option.params, config.zero.offload_param.max_in_cpu.value_or(0), d,
                            kl, config.weight_quantization.layout());
-    s.host_bytes = placed.host_bytes;
+    s.host_bytes += placed.host_bytes;
     s.nvme_bytes = placed.nvme_bytes;
     s.weights = placed.nvme_numel > 0 ? Tier::Nvme : Tier::Host;
   }

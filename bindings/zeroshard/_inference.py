@@ -146,8 +146,37 @@ class InferenceEngine:
         return self
 
     def generate(self, *args, **kwargs):
+        self._place_kv_cache(args, kwargs)
         with torch.no_grad():
             return self.module.generate(*args, **kwargs)
+
+    def _place_kv_cache(self, args, kwargs):
+        """On a GPU, a KV cache that would not fit in the device's free memory stays in host
+        RAM: transformers' offloaded cache moves each layer's to the device for its turn
+        (docs/memory-model.md "Inference"). A cache the caller chose is theirs."""
+        device = self.engine.device
+        if (device.type != "cuda" or "cache_implementation" in kwargs
+                or kwargs.get("past_key_values") is not None):
+            return
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+            return
+        config = self.module.generation_config
+        new = kwargs.get("max_new_tokens", config.max_new_tokens)
+        tokens = ids.shape[1] + new if new is not None else kwargs.get("max_length", config.max_length)
+        try:
+            need = kv_cache_bytes(self.module, ids.shape[0], tokens)
+        except AttributeError:  # no transformers config to count it from
+            return
+        free = torch.cuda.mem_get_info(device)[0] + (torch.cuda.memory_reserved(device)
+                                                     - torch.cuda.memory_allocated(device))
+        if need > 0.9 * free:
+            kwargs["cache_implementation"] = "offloaded"
+            if self.engine.rank == 0:
+                print(f"zeroshard: generate: the KV cache of {ids.shape[0]} x {tokens} tokens "
+                      f"({need / 2**30:.2f} GiB) does not fit in the device's free "
+                      f"{free / 2**30:.2f} GiB: kept in host RAM (cache_implementation="
+                      "'offloaded'), each layer's moved to the device for its turn", flush=True)
 
     def memory_report(self):
         return self.engine.memory_report()
@@ -155,6 +184,18 @@ class InferenceEngine:
     @property
     def plan(self):
         return self.engine.plan
+
+
+def kv_cache_bytes(model, batch, tokens):
+    """The KV cache generate keeps for `batch` sequences of `tokens`: every layer's keys and
+    values, kv heads x head size each, in the model's dtype (plan/MemoryModel.cpp's count)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
+        else model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    element = next(model.parameters()).element_size()
+    return 2 * config.num_hidden_layers * batch * tokens * kv_heads * head_dim * element
 
 
 def init_inference(model, config=None, dtype=None):

@@ -143,7 +143,13 @@ def test_the_estimators_serving_config_serves_and_its_plan_bounds_the_ledger(scr
     assert est["kv_cache_bytes"] == plan["inference"]["kv_cache_bytes"] == \
         2 * small["num_hidden_layers"] * 2 * 14 * kv * 4
     weights = 4 * sum(p.numel() for p in model.parameters())
-    assert est["options"][0]["stream"]["device_bytes_per_step"] == weights, est
+    stream = est["options"][0]["stream"]  # every weight and the KV cache read on the device
+    assert stream["device_bytes_per_step"] == weights + est["kv_cache_bytes"], est
+    assert stream["kv_cache"] == "device", est
+    # The engine's own count of the cache generate would keep (it decides the offloaded cache
+    # on a GPU from it): the estimator's.
+    from zeroshard._inference import kv_cache_bytes
+    assert kv_cache_bytes(model, batch=2, tokens=14) == est["kv_cache_bytes"]
 
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="no transformers")

@@ -240,7 +240,8 @@ TEST(EstimateCli, SaysWhenActivationsAreWhatDoesNotFit) {
 // Serving Llama-2-7b (6,738,415,616 parameters, 32 layers of 32 heads of 128, bf16) with
 // 8 sequences of 2,048 tokens: the KV cache is 2 x 32 x 8 x 2,048 x 4,096 x 2 bytes = 8 GiB;
 // with 24 GB of device and 8 GB of host only NVMe holds the weights. Each decoding step
-// reads every weight from device memory (2p bytes) and the rank's shard (2p plus each
+// reads every weight and the KV cache from device memory (2p bytes + 8 GiB) and the rank's
+// shard (2p plus each
 // unit's padding, at most 64 elements a unit) from host RAM up to max_in_cpu and NVMe
 // after, at 3.35 TB/s, 25 GB/s and 6 GB/s (the node's NVMe halved for two ranks a node).
 TEST(EstimateCli, InferencePlansWhereTheWeightsRestAndTheTokensTheirReadsAllow) {
@@ -266,7 +267,7 @@ TEST(EstimateCli, InferencePlansWhereTheWeightsRestAndTheTokensTheirReadsAllow) 
   const auto device = st["device_bytes_per_step"].get<double>();
   const auto host = st["host_bytes_per_step"].get<double>();
   const auto nvme = st["nvme_bytes_per_step"].get<double>();
-  EXPECT_EQ(device, 2.0 * p);
+  EXPECT_EQ(device, 2.0 * p + 8.0 * (1 << 30));
   EXPECT_GE(host + nvme, 2.0 * p);
   EXPECT_LE(host + nvme, 2.0 * (p + 64 * 35));  // 35 units
   EXPECT_GT(nvme, 0);
@@ -290,6 +291,20 @@ TEST(EstimateCli, InferencePlansWhereTheWeightsRestAndTheTokensTheirReadsAllow) 
                             s2["nvme_bytes_per_step"].get<double>() / 6e9;
     EXPECT_NEAR(s2["seconds_per_step"].get<double>(), expected, 1e-9 * expected);
   }
+  // 16 sequences: a 16 GiB cache fits on 24 GB beside no placement of the weights; in host
+  // RAM it leaves three layers' (3 x 0.5 GiB) on the device, and crosses the host link twice
+  // a step beside the weights' shard there.
+  const CliRun host_kv = estimate(model + " --gpu-mem 24GB --cpu-mem 512GB --seq 2048 --batch 16");
+  ASSERT_EQ(host_kv.code, 0) << host_kv.err;
+  EXPECT_NE(host_kv.out.find("* stage 3, weights cpu, KV cache host"), std::string::npos)
+      << host_kv.out;
+  EXPECT_NE(host_kv.out.find("activations             7.19     16.00"), std::string::npos)
+      << host_kv.out;
+  EXPECT_NE(host_kv.out.find("host RAM 44.55 GiB (the KV cache there and back"), std::string::npos)
+      << host_kv.out;  // 2 x 16 GiB + the weights' 12.55
+  EXPECT_NE(host_kv.out.find("generate(..., cache_implementation=\"offloaded\")"),
+            std::string::npos)
+      << host_kv.out;
   const CliRun table = estimate(model + " --gpu-mem 80GB --seq 2048 --batch 8");
   ASSERT_EQ(table.code, 0) << table.err;
   EXPECT_NE(table.out.find("* stage 3, weights device"), std::string::npos) << table.out;

@@ -33,8 +33,9 @@ std::optional<DeepSpeedEstimate> deepspeed_for(const EstimateInputs& in, const P
 // Served, the optimizer's place means nothing: a row is where the weights rest.
 std::string option_label(const EstimateInputs& in, const PlanOption& o) {
   if (!in.inference) return o.label();
-  return fmt::format("stage {}, weights {}", o.stage,
-                     o.params == OffloadDevice::None ? "device" : offload_device_name(o.params));
+  return fmt::format("stage {}, weights {}{}", o.stage,
+                     o.params == OffloadDevice::None ? "device" : offload_device_name(o.params),
+                     o.kv_cache_on_host ? ", KV cache host" : "");
 }
 
 ServingStream stream_of(const EstimateInputs& in, const PlanOption& o, const Config& resolved) {
@@ -81,11 +82,15 @@ std::string stream_lines(const EstimateInputs& in, const Plan& plan) {
   std::string out = fmt::format(
       "per decoding step (one token for each of the {} sequence(s)), each rank reads:\n",
       in.shape.micro_batch);
-  out += fmt::format("  device memory {} GiB (every weight, for its compute) at {:.3g} GB/s\n",
-                     gib(st.device_bytes), b.device / 1e9);
+  out += fmt::format(
+      "  device memory {} GiB (every weight, for its compute, and the KV cache) at {:.3g} GB/s\n",
+      gib(st.device_bytes), b.device / 1e9);
+  const bool kv_host = plan.option.kv_cache_on_host;
   if (st.host_bytes > 0)
-    out += fmt::format("  host RAM {} GiB (its shard) at {:.3g} GB/s\n", gib(st.host_bytes),
-                       b.host_link / 1e9);
+    out += fmt::format(
+        "  host RAM {} GiB ({}) at {:.3g} GB/s\n", gib(st.host_bytes),
+        kv_host ? "the KV cache there and back, and any shard of weights there" : "its shard",
+        b.host_link / 1e9);
   if (st.nvme_bytes > 0)
     out += fmt::format(
         "  NVMe {} GiB (its shard) at {:.3g} GB/s (the node's {:.3g} GB/s shared by {} "
@@ -102,9 +107,15 @@ std::string stream_lines(const EstimateInputs& in, const Plan& plan) {
                                    : st.device_bytes) /
           std::max<int64_t>(1, in.shape.micro_batch)),
       st.bound_by);
-  out +=
-      "  (reads alone: compute, the gathers between ranks and the KV cache's reads are not in "
-      "it)\n";
+  out += "  (reads alone: compute and the gathers between ranks are not in it)\n";
+  if (kv_host) {
+    out += fmt::format(
+        "the KV cache ({} GiB) does not fit on the device beside the rest: it stays in host "
+        "RAM, and generate(..., cache_implementation=\"offloaded\") (transformers' offloaded "
+        "cache; zeroshard's generate passes it on a GPU where the cache does not fit) moves "
+        "each layer's to the device ahead of its turn and back after it\n",
+        gib(kv_cache_bytes(in.spec, in.shape, static_cast<int>(in.config.compute_bytes()))));
+  }
   return out;
 }
 
@@ -184,11 +195,12 @@ std::string render_table(const EstimateInputs& in, const Plan& plan) {
     if (in.inference && !e.allowed) continue;  // serving is stage 3 only
     out += option_row(in, e, e.option == plan.option, plan.config);
   }
-  out += in.inference
-             ? "  (tokens/s bound: per rank, from the weights' reads alone; below)\n"
-             : "  (DeepSpeed gpu/cpu: its model-states estimate, GiB per GPU / GiB per node; it "
-               "leaves\n   out activations, buckets and, at stage 2, keeps fp16 grads whole; see "
-               "docs/memory-model.md)\n";
+  out +=
+      in.inference
+          ? "  (tokens/s bound: per rank, from the reads of the weights and the KV cache; below)\n"
+          : "  (DeepSpeed gpu/cpu: its model-states estimate, GiB per GPU / GiB per node; it "
+            "leaves\n   out activations, buckets and, at stage 2, keeps fp16 grads whole; see "
+            "docs/memory-model.md)\n";
   out += fmt::format("\n{}\n", in.inference ? serving_summary(in, plan) : plan.summary);
   out += fmt::format("per-rank bytes of {} (GiB):\n", option_label(in, plan.option));
   out += breakdown_table(plan.predicted, in.inference);
@@ -214,6 +226,7 @@ std::string render_json(const EstimateInputs& in, const Plan& plan) {
     row["recommended"] = e.option == plan.option;
     if (in.inference) {
       const ServingStream st = stream_of(in, e.option, plan.config);
+      row["kv_cache"] = e.option.kv_cache_on_host ? "host" : "device";
       row["stream"] = {{"weights", tier_name(st.weights)},
                        {"device_bytes_per_step", st.device_bytes},
                        {"host_bytes_per_step", st.host_bytes},
