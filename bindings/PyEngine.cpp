@@ -351,6 +351,7 @@ PYBIND11_MODULE(_zeroshard, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("end_backward", &EngineImpl::end_backward, py::call_guard<py::gil_scoped_release>())
       .def("keep_units_gathered_in_step", &EngineImpl::keep_units_gathered_in_step)
+      .def("reduce_once_per_step", &EngineImpl::reduce_once_per_step)
       .def("step", &EngineImpl::step, py::call_guard<py::gil_scoped_release>())
       .def("zero_grad", &EngineImpl::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("full_parameters",

@@ -33,17 +33,22 @@ struct QuantizedLayout {
   int64_t bytes(int64_t quantized, int64_t groups, int64_t kept, int64_t value_bytes) const {
     return kept_offset(quantized, groups, value_bytes) + aligned(value_bytes * kept);
   }
-  // The most one rank's shard of `shard` elements can take, of a unit of `numel` elements of
-  // which `quantizable` belong to quantized weights: every element that is not one lands in
-  // this shard first (a kept element costs more than a coded one), and the quantized rest
-  // spans at most two groups more than its count fills (a shard's first and last weight may
+  // The most one rank's shard of `shard` elements can take, of a unit of `numel` elements
+  // (padding included) of which `quantizable` belong to quantized weights: the larger of its
+  // two extremes, every element that is not a weight's in this shard first or every weight's
+  // first (which costs more depends on group_size and the dtype), each part's padding to 16
+  // bytes counted whether or not the extreme has the part, and the coded elements spanning
+  // at most two groups more than their count fills (a shard's first and last weight may
   // start or end inside a group; weights between are whole groups).
   int64_t shard_bytes_bound(int64_t shard, int64_t numel, int64_t quantizable,
                             int64_t value_bytes) const {
-    const int64_t kept = std::min(shard, numel - quantizable);
-    const int64_t quantized = shard - kept;
-    const int64_t groups = quantized > 0 ? quantized / group_size + 2 : 0;
-    return bytes(quantized, groups, kept, value_bytes);
+    const auto extreme = [&](int64_t kept) {
+      const int64_t quantized = shard - kept;
+      return bytes(quantized, quantized / group_size + 2, kept, value_bytes);
+    };
+    const int64_t most_kept = std::min(shard, numel - quantizable);
+    const int64_t least_kept = shard - std::min(shard, quantizable);
+    return std::max(extreme(most_kept), extreme(least_kept)) + 3 * 16;
   }
 };
 

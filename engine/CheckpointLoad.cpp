@@ -64,11 +64,29 @@ LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& t
         "layers)",
         dir, name, saved, stages);
   }
-  if (stages > 1) {
-    return load_tensor_parallel(dir + "/" + name,
-                                pipeline_stage_part(p_.dist.dims.coordinate(Dim::Pp)), options);
+  if (stages == 1) return load_tensor_parallel(dir, name, options);
+  // Each stage reads its own part; one that fails says so to the others (through the pp
+  // group, then each stage's data-parallel group), which would otherwise train on and wait
+  // for it in their first exchange.
+  std::string failure;
+  LoadedCheckpoint loaded;
+  try {
+    loaded = load_tensor_parallel(dir + "/" + name,
+                                  pipeline_stage_part(p_.dist.dims.coordinate(Dim::Pp)), options);
+  } catch (const Error& e) {
+    failure = e.what();
   }
-  return load_tensor_parallel(dir, name, options);
+  at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kLong);
+  p_.comms.pipeline_parallel()->all_reduce_sum(failed).wait();
+  p_.comms.data_parallel().all_reduce_sum(failed).wait();
+  if (!failure.empty()) throw Error(failure);
+  if (failed.item<int64_t>() > 0) {
+    fail(
+        "rank {}: loading checkpoint '{}/{}' failed on another pipeline stage (its message says "
+        "why)",
+        p_.dist.env.rank, dir, name);
+  }
+  return loaded;
 }
 
 // With tensor parallelism this tp coordinate's part (engine/Checkpoint.h). A checkpoint

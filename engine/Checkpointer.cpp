@@ -156,10 +156,10 @@ std::string Checkpointer::save(const std::string& dir, std::string tag,
   if (!stages && d.size(Dim::Tp) == 1)
     return save_part(dir, tag, client_state_json, lr_scheduler_json, options);
   const std::string whole = dir + "/" + tag;
-  make_dir(dir);
-  make_dir(whole);
   std::string failure;
   try {
+    make_dir(dir);
+    make_dir(whole);
     SaveOptions part = options;
     part.latest = false;
     save_part(whole,
@@ -225,28 +225,30 @@ std::string Checkpointer::save_part(const std::string& dir, const std::string& t
   fault_point("save.begin");
   Manifest m = layout(options);
   m.tag = tag;
-  try {
-    m.client_state = nlohmann::json::parse(client_state_json.empty() ? "{}" : client_state_json);
-  } catch (const nlohmann::json::exception& e) {
-    fail("client_state is not plain data (JSON): {}", e.what());
-  }
-  try {
-    if (!lr_scheduler_json.empty()) m.lr_scheduler = nlohmann::json::parse(lr_scheduler_json);
-  } catch (const nlohmann::json::exception& e) {
-    fail("lr_scheduler state is not plain data (JSON): {}", e.what());
-  }
   m.param_groups = nlohmann::json::array();
   for (size_t g = 0; g < p_.param_groups.size(); ++g) {
     m.param_groups.push_back(param_group_json(p_.param_groups.options(g)));
   }
-  const std::string folder = dir + "/" + tag;
-  make_dir(dir);
-  make_dir(folder);
+  // Whatever fails on this rank alone is told to the others in publish, which every rank
+  // reaches: none is left waiting there.
   std::string failure;
   try {
+    try {
+      m.client_state = nlohmann::json::parse(client_state_json.empty() ? "{}" : client_state_json);
+    } catch (const nlohmann::json::exception& e) {
+      fail("client_state is not plain data (JSON): {}", e.what());
+    }
+    try {
+      if (!lr_scheduler_json.empty()) m.lr_scheduler = nlohmann::json::parse(lr_scheduler_json);
+    } catch (const nlohmann::json::exception& e) {
+      fail("lr_scheduler state is not plain data (JSON): {}", e.what());
+    }
+    const std::string folder = dir + "/" + tag;
+    make_dir(dir);
+    make_dir(folder);
     if (rank() < shard_count()) write_rank_file(folder, options);
   } catch (const Error& e) {
-    failure = e.what();  // the other ranks hear of it in publish_checkpoint
+    failure = e.what();
   }
   publish(dir, m, failure, options.latest);
   return tag;

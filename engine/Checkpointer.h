@@ -49,7 +49,8 @@ struct CheckpointParts {
   c10::Device device;     // the model's: its random stream is saved with the host's
 };
 
-// Checkpoints of pipeline stages are not written yet: fails (every rank alike) with pp > 1.
+// Checkpoints of pipeline stages with tensor parallelism inside are not written yet: fails
+// (every rank alike) with pp > 1 and tp > 1.
 void refuse_pipeline_stages(const ParallelDims& d, const char* what);
 // Nor are quantized weights' (weight_quantization): fails, every rank alike.
 void refuse_quantized(const TrainingSettings& settings, const char* what);

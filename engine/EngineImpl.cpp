@@ -84,6 +84,12 @@ void EngineImpl::keep_units_gathered_in_step() {
   units_->coordinator().set_persistence_numel(kEveryUnit);
 }
 
+void EngineImpl::reduce_once_per_step() {
+  if (!plan_.settings.stage.shards_gradients()) return;  // stages 0-1 do already
+  pipeline_->reducer().reduce_once_per_window();
+  grads_held_in_window_ = true;
+}
+
 bool EngineImpl::step() {
   // Shards kept in host memory may still be read by a gather's copy to the GPU (one
   // with no backward since, as after an evaluation's forward): the step writes them.
@@ -191,6 +197,7 @@ ModelSpec EngineImpl::spec_of_groups() const {
   for (const auto& record : groups_) {
     GroupShape shape;
     shape.numel = record.flat->numel();
+    shape.quantizable = record.flat->quantizable_numel();
     shape.sharded = record.flat->sharded();
     shape.trainable = record.trainable.has_value();
     shapes.push_back(shape);
@@ -243,6 +250,7 @@ MemoryDetail EngineImpl::memory_detail() const {
     shape = device_.activations->second;
   }
   shape.device_is_host = device_.where.is_cpu();
+  shape.grads_held_in_window = grads_held_in_window_;
   r.predicted = plan_.predict(spec, world, shape);
   return r;
 }

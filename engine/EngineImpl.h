@@ -102,6 +102,9 @@ class EngineImpl final : public Engine {
   // across the micro-batches of a pipeline schedule (FSDP's reshard_after_forward=False);
   // the plan counts every parameter as gathered from then on.
   void keep_units_gathered_in_step();
+  // Stages 2-3 under a pipeline schedule: gradients reduced once per step, not per
+  // micro-batch (sharding/GradReducer.h reduce_once_per_window); planned as held whole.
+  void reduce_once_per_step();
   bool step() override;
   void zero_grad() override;
   std::vector<NamedParam> full_parameters() override;
@@ -226,7 +229,8 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Communicators> comms_;  // every collective, by the job it does
   // weight_quantization: what frozen groups' shards are kept as; outlives the groups.
   std::unique_ptr<ShardQuantizer> quantizer_;
-  GroupTable groups_;  // the flat groups and the index spaces over them
+  bool grads_held_in_window_ = false;  // reduce_once_per_step()
+  GroupTable groups_;                  // the flat groups and the index spaces over them
   // Offload: the I/O engine and swap directories outlive everything that swaps.
   std::unique_ptr<SwapSpace> swap_;
   std::unique_ptr<StepPipeline> pipeline_;  // reducer, scaler, optimizer, overlapped step

@@ -133,6 +133,7 @@ void EngineImpl::commit_parameters(int src_rank) {
   }
   for (const GroupRecord& record : groups_) {  // frozen units: their shard only
     FlatParamGroup* g = record.flat.get();
+    if (!record.trainable && !g->sharded()) g->requantize_whole();  // kept quantized
     if (record.trainable || !g->sharded() || !g->gathered()) continue;
     ShardUpdate update(param_home(), static_cast<int>(record.coordinator_unit->value));
     g->keep_own_slice();

@@ -310,7 +310,8 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   if (resident > 0) m.at(Tier::Device, Kind::OptimizerStates) = o.state_bytes * resident;
   // Stage >= 2 reduces each bucket inside backward and frees it: no whole gradient
   // buffer at rest, only an fp32 accumulator of this rank's shard.
-  m.at(Tier::Device, Kind::Grads) = option.stage >= 2 ? 0 : kl * trained * d;
+  m.at(Tier::Device, Kind::Grads) =
+      option.stage >= 2 && !shape.grads_held_in_window ? 0 : kl * trained * d;
   if (opt_off) {
     m.at(Tier::Host, Kind::GradsFp32) = 4 * off_numel;
     if (resident > 0) m.at(Tier::Device, Kind::GradsFp32) = 4 * resident;  // stage 3

@@ -33,6 +33,9 @@ struct TrainingShape {
   // A pipeline stage's micro-batches a step (0: no pipeline): torch's schedules keep every
   // micro-batch's output on the last stage, to return them merged from step().
   int64_t pipeline_micro_batches = 0;
+  // Stages 2-3 reducing once per step (GradReducer::reduce_once_per_window): the whole
+  // gradient buffer is held across the micro-batches, as at stage 1.
+  bool grads_held_in_window = false;
   // Training on the CPU: the "device" is host memory, so offloaded gradients need no
   // pinned staging copy.
   bool device_is_host = false;

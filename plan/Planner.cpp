@@ -156,14 +156,15 @@ Choice choose(const ModelSpec& spec, const Config& fixed, const Config& resolved
     }
   };
   pick();
-  // Served, and nothing fits with the KV cache on the device: in host RAM where that fits.
+  // Served, and nothing fits with the KV cache on the device: in host RAM where that fits
+  // (or comes closer).
   if (c.chosen < 0 && shape.inference) {
     for (auto& e : c.options) {
       OptionEstimate host = e;
       host.option.kv_cache_on_host = true;
       host.bytes = predict_memory(spec, host.option, resolved, world, shape);
       judge(host, world, budget);
-      if (host.fits) e = host;
+      if (host.fits || host.overflow_bytes < e.overflow_bytes) e = host;
     }
     c.closest = -1;
     pick();

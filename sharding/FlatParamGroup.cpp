@@ -48,6 +48,7 @@ FlatParamGroup::FlatParamGroup(const std::vector<NamedParam>& params, int rank, 
     slot.offset = numel_;
     slot.numel = p.param.numel();
     numel_ += slot.numel;
+    if (p.quantizable) quantizable_numel_ += slot.numel;
     slots_.push_back(std::move(slot));
   }
   shard_numel_ = padded_shard_numel(numel_, world_);
@@ -67,8 +68,9 @@ FlatParamGroup::FlatParamGroup(const std::vector<NamedParam>& params, int rank, 
       CountedBuffer(flat, ledger, tier, sharded_ ? Kind::GatheredParams : Kind::Params, full_bytes);
   const std::vector<TensorExtent> extents = extents_of(params, quantizer != nullptr);
   if (quantizer != nullptr && !sharded_) {  // whole: the weights as their codes decode
-    const auto all = ShardQuantizer::segments(extents, 0, padded_numel());
-    quantizer->decode(quantizer->encode(flat, all), all, flat);
+    whole_quantizer_ = quantizer;
+    extents_ = extents;
+    requantize_whole();
   } else if (quantizer != nullptr) {
     quantizer_ = quantizer;
     segments_ = ShardQuantizer::segments(extents, rank_ * shard_numel_, shard_numel_);
@@ -180,6 +182,14 @@ void FlatParamGroup::keep_own_slice() {
   } else {
     kept_.buffer.tensor().copy_(own_slice());
   }
+}
+
+void FlatParamGroup::requantize_whole() {
+  if (whole_quantizer_ == nullptr) return;
+  at::NoGradGuard no_grad;
+  const at::Tensor& flat = flat_.tensor();
+  const auto all = ShardQuantizer::segments(extents_, 0, padded_numel());
+  whole_quantizer_->decode(whole_quantizer_->encode(flat, all), all, flat);
 }
 
 int64_t FlatParamGroup::kept_bytes_of(const std::vector<NamedParam>& params, int rank, int world,

@@ -48,6 +48,8 @@ class FlatParamGroup {
 
   const std::vector<ParamSlot>& slots() const { return slots_; }
   int64_t numel() const { return numel_; }
+  // Elements of the parameters weight_quantization codes (NamedParam::quantizable).
+  int64_t quantizable_numel() const { return quantizable_numel_; }
   int64_t shard_numel() const { return shard_numel_; }
   int64_t padded_numel() const { return shard_numel_ * world_; }
   bool sharded() const { return sharded_; }
@@ -99,6 +101,9 @@ class FlatParamGroup {
   void settle_shard_read() const { kept_.read.wait(); }
 
   bool quantized() const { return quantizer_ != nullptr; }
+  // A group kept whole with a quantizer: its weights (written anew, as GatheredParameters'
+  // modifier does) become the values their codes decode to again.
+  void requantize_whole();
   // The kept shard's size in bytes, quantized or not.
   int64_t kept_bytes() const { return kept_bytes_; }
   // A quantized shard's bytes, read from elsewhere (NVMe), decoded into `slice`.
@@ -115,11 +120,14 @@ class FlatParamGroup {
   bool with_grads_;
   bool gathered_ = true;
   int64_t numel_ = 0;
+  int64_t quantizable_numel_ = 0;
   int64_t shard_numel_ = 0;
   int64_t kept_bytes_ = 0;
   const ShardQuantizer* quantizer_ = nullptr;
-  std::vector<ShardSegment> segments_;  // this rank's shard, for quantizer_
-  struct KeptShard {                    // stage 3 only
+  std::vector<ShardSegment> segments_;               // this rank's shard, for quantizer_
+  const ShardQuantizer* whole_quantizer_ = nullptr;  // a whole group's (requantize_whole)
+  std::vector<TensorExtent> extents_;                // its tensors, for it
+  struct KeptShard {                                 // stage 3 only
     CountedBuffer buffer;
     CopyDone read;  // in host memory: the last gather's copy of it to the device
   };

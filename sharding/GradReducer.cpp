@@ -105,7 +105,7 @@ void GradReducer::install_hooks() {
 }
 
 void GradReducer::begin_backward(bool boundary) {
-  window_.reducing = options_.stage.shards_gradients() || boundary;
+  window_.reducing = (options_.stage.shards_gradients() && !once_per_window_) || boundary;
   window_.boundary = boundary;
   window_.next = static_cast<int>(groups_.size()) - 1;
   std::fill(arrivals_.arrived.begin(), arrivals_.arrived.end(), 0);

@@ -77,6 +77,10 @@ class GradReducer {
   // Pipeline parallelism: the same ranks' places in the other stages, whose gradients are of
   // other parameters; the norm and the overflow check are summed across them (null without).
   void set_pipeline_parallel(Collectives* stages) { pipeline_parallel_ = stages; }
+  // Stages 2-3: reduce once, in the backward that ends the window, with each group's whole
+  // gradient buffer accumulating the micro-batches until then (as stage 1 does; FSDP's
+  // reduction under torch's pipelining schedules), instead of a reduce-scatter per backward.
+  void reduce_once_per_window() { once_per_window_ = true; }
   // Global L2 norm of the reduced gradients times `scale`, across all shards (and tp ranks,
   // each parameter that every tp rank holds whole counted once).
   double global_norm(double scale);
@@ -184,6 +188,7 @@ class GradReducer {
   Hooks hooks_;
   Arrivals arrivals_;
   Window window_;
+  bool once_per_window_ = false;
   Reductions reductions_;
   std::unique_ptr<HostLandings> landings_;  // null: no reduced shard lands on the host
 };

@@ -159,13 +159,17 @@ class InferenceEngine:
                 or kwargs.get("past_key_values") is not None):
             return
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-            return
-        config = self.module.generation_config
+        config = kwargs.get("generation_config") or getattr(self.module, "generation_config", None)
+        if (not isinstance(ids, torch.Tensor) or ids.dim() != 2 or config is None
+                or getattr(config, "cache_implementation", None) is not None):
+            return  # the model's or the caller's generation config chose its cache
         new = kwargs.get("max_new_tokens", config.max_new_tokens)
         tokens = ids.shape[1] + new if new is not None else kwargs.get("max_length", config.max_length)
+        # Beams and returned sequences each keep a cache of their own.
+        copies = max(kwargs.get("num_beams", config.num_beams) or 1,
+                     kwargs.get("num_return_sequences", config.num_return_sequences) or 1)
         try:
-            need = kv_cache_bytes(self.module, ids.shape[0], tokens)
+            need = kv_cache_bytes(self.module, ids.shape[0] * copies, tokens)
         except AttributeError:  # no transformers config to count it from
             return
         free = torch.cuda.mem_get_info(device)[0] + (torch.cuda.memory_reserved(device)
@@ -173,7 +177,7 @@ class InferenceEngine:
         if need > 0.9 * free:
             kwargs["cache_implementation"] = "offloaded"
             if self.engine.rank == 0:
-                print(f"zeroshard: generate: the KV cache of {ids.shape[0]} x {tokens} tokens "
+                print(f"zeroshard: generate: the KV cache of {ids.shape[0] * copies} x {tokens} tokens "
                       f"({need / 2**30:.2f} GiB) does not fit in the device's free "
                       f"{free / 2**30:.2f} GiB: kept in host RAM (cache_implementation="
                       "'offloaded'), each layer's moved to the device for its turn", flush=True)

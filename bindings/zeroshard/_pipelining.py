@@ -81,10 +81,15 @@ class PipelineStage(_TorchPipelineStage):
     keep_gathered (stage 3): each unit stays gathered from its first use in a step to the
     optimizer step, across the micro-batches (FSDP's reshard_after_forward=False; the plan
     counts the stage's whole parameters as gathered); False gathers it again for each
-    micro-batch's forward and backward, for a stage whose parameters do not fit whole."""
+    micro-batch's forward and backward, for a stage whose parameters do not fit whole.
+    reduce_once (stages 2-3): the gradients are reduced once, after the step's last
+    micro-batch, each group's whole gradient buffer accumulating the micro-batches until then
+    (as torch's schedules reduce an FSDP module; planned as held whole); False reduces each
+    micro-batch's into the shards, for a stage whose gradients do not fit whole."""
 
     def __init__(self, engine, stage_index=None, num_stages=None, device=None, input_args=None,
-                 output_args=None, group=None, dw_builder=None, keep_gathered=True):
+                 output_args=None, group=None, dw_builder=None, keep_gathered=True,
+                 reduce_once=True):
         core = engine._engine
         stages = core.pipeline_parallel_size
         if stages < 2:
@@ -112,6 +117,8 @@ class PipelineStage(_TorchPipelineStage):
         self.engine = engine
         if keep_gathered:
             core.keep_units_gathered_in_step()
+        if reduce_once:
+            core.reduce_once_per_step()
         self._backwards = 0  # this schedule step's micro-batches so far
 
     def _prepare_forward_infra(self, num_microbatches, *args, **kwargs):

@@ -186,6 +186,7 @@ def trained(mode, steps, config, tp):
     rank = dist_rank()
     stage_index = rank // (int(os.environ["WORLD_SIZE"]) // STAGES)
     keep_gathered = config.pop("keep_gathered", True)  # the stage's, not the engine's
+    reduce_once = config.pop("reduce_once", True)
     # A checkpoint saved after save_at steps, or (resume) loaded and trained on from there.
     checkpoint, save_at = config.pop("checkpoint", None), config.pop("save_at", None)
     resume = config.pop("resume", False)
@@ -203,7 +204,7 @@ def trained(mode, steps, config, tp):
         config["pipeline"] = {"stages": STAGES}
         engine, _, _, _ = zeroshard.initialize(model=module, config=config)
     dp_rank = engine.data_parallel_rank
-    stage = PipelineStage(engine, keep_gathered=keep_gathered)
+    stage = PipelineStage(engine, keep_gathered=keep_gathered, reduce_once=reduce_once)
     schedule = (ScheduleGPipe if mode == "gpipe" else Schedule1F1B)(
         stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
     losses, norms = [], []
@@ -230,7 +231,8 @@ def trained(mode, steps, config, tp):
              if getattr(p, "tensor_model_parallel", False)}
     dist.barrier()
     kinds = engine.memory_report()["device"]["kinds"]
-    memory = {k: [kinds[k]["peak"], kinds[k]["predicted"]] for k in ("params", "gathered_params")}
+    memory = {k: [kinds[k]["peak"], kinds[k]["predicted"]]
+              for k in ("params", "gathered_params", "grads")}
     return {"losses": losses, "norms": norms, "params": params, "split": split,
             "params_at_save": saved_params if save_at and not resume else None,
             "stage": stage_index, "bytes_sent": sent, "memory": memory,

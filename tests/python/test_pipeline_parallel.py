@@ -120,6 +120,26 @@ def test_stage3_units_kept_across_micro_batches_send_less(schedule, scratch):
         assert abs(peak - planned) <= 0.02 * planned, (peak, planned)
 
 
+@pytest.mark.parametrize("schedule,zero", [("1f1b", {"stage": 2}), ("gpipe", KEEP)])
+def test_stages_2_and_3_reduce_once_a_step(schedule, zero, scratch):
+    """PipelineStage's reduce_once (the default): the gradients are reduced once, after the
+    last of the 4 micro-batches, the whole gradient buffer held until then (the ledger's
+    peak as the plan counts it); reduce_once=False reduce-scatters each micro-batch's. The
+    same numbers either way (the default runs in the test above)."""
+    once = train(schedule, zero, scratch)
+    each = train(schedule, zero, scratch, extra={"reduce_once": False})
+    assert_as_one_process(each, reference(scratch))
+    for o, e in zip(once, each):
+        assert o["losses"] == e["losses"] or all(
+            abs(a - b) <= 1e-6 * abs(b) for a, b in zip(o["losses"], e["losses"])), (o, e)
+        assert e["bytes_sent"] > o["bytes_sent"], (e["bytes_sent"], o["bytes_sent"])
+        peak, planned = o["memory"]["grads"]
+        assert 0 < peak <= planned <= 1.02 * peak, (peak, planned)
+        assert e["memory"]["grads"][1] == 0, e["memory"]  # released after each reduction
+    print(f"{schedule} stage {zero['stage']}: a rank sends {once[0]['bytes_sent']} bytes in "
+          f"{STEPS} steps reducing once a step, {each[0]['bytes_sent']} each micro-batch")
+
+
 @pytest.mark.parametrize("schedule,zero", [("1f1b", {"stage": 3}), both_legs("gpipe", {"stage": 1})])
 def test_a_checkpoint_of_the_stages_resumes_bit_exactly(schedule, zero, scratch):
     """PP2 x DP2 saved after 2 of 4 steps, each stage its own part of DIR/TAG
@@ -153,7 +173,10 @@ def test_a_checkpoint_of_the_stages_resumes_bit_exactly(schedule, zero, scratch)
 def test_fp16_overflow_and_loss_scale_are_agreed_across_the_stages(scratch):
     """The last stage scales the loss; every stage unscales by its own scaler, so the scalers
     must move together: an overflow anywhere skips the step on every rank of both stages."""
-    fp16 = {"fp16": {"enabled": True, "initial_scale_power": 16, "hysteresis": 1}}
+    # Each micro-batch's gradients reduced into fp32 (reduce_once=False): summed once a step
+    # in the fp16 buffer instead, 4 micro-batches at 2^15 overflow again (as at stage 1).
+    fp16 = {"fp16": {"enabled": True, "initial_scale_power": 16, "hysteresis": 1},
+            "reduce_once": False}
     got = train("gpipe", {"stage": 2}, scratch, extra=fp16)
     for r in got:  # 2^16 overflows fp16 at the first step; 2^15 does not
         assert (r["skipped_steps"], r["loss_scale"], r["norms"][0]) == (1, 2.0 ** 15, 0.0)
@@ -224,6 +247,17 @@ def test_what_the_stage_cannot_do_is_refused_by_name(scratch):
     run_ranks([str(script)], 2, str(scratch / "saved"), expect_ok=False, timeout=120)
     assert sorted(os.listdir(saved / "global_step0")) == [
         "pipeline.json", "pipeline_stage_00", "pipeline_stage_01"]
+    # One stage's part gone: that stage names it, the other hears of it instead of waiting.
+    manifest = saved / "global_step0" / "pipeline_stage_01" / "manifest.json"
+    kept = manifest.read_text()
+    manifest.unlink()
+    script = scratch / "load_two_stages.py"
+    script.write_text(REFUSALS.format(stages=2, body=f"engine.load_checkpoint({str(saved)!r})"))
+    ran = run_ranks([str(script)], 2, str(scratch / "loaded"), expect_ok=False, timeout=120)
+    assert all(code != 0 for code, _ in ran), ran
+    assert "failed on another pipeline stage" in ran[0][1], ran[0][1]
+    assert "manifest.json" in ran[1][1], ran[1][1]
+    manifest.write_text(kept)
     log = refusal(scratch, f"engine.load_checkpoint({str(saved)!r})", stages=1, world=1)
     assert (f"checkpoint '{saved}/global_step0' was saved by 2 pipeline stage(s), and this "
             "engine is one of pipeline.stages 1; allowed: the same pipeline.stages") in log, log

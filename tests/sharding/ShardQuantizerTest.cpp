@@ -115,6 +115,27 @@ TEST(ShardQuantizer, ShardsCutInsideGroupsDecodeAsTheWhole) {
   }
 }
 
+// The plan's bound holds for every rank whichever part costs more: groups of 2 make a
+// coded bf16 element (1 byte and two 2-byte values per 2) dearer than a kept one.
+TEST(ShardQuantizer, TheBoundHoldsWhicheverPartCostsMore) {
+  at::manual_seed(4);
+  const std::vector<TensorExtent> tensors = {{0, 40, false}, {40, 128, true}, {168, 6, false}};
+  const at::Tensor whole = at::randn({174}).to(at::kBFloat16);
+  for (const int64_t g : {2, 32}) {
+    const ShardQuantizer q({8, g, false});
+    for (const int64_t world : {2, 3, 7}) {
+      const int64_t shard = (174 + world - 1) / world;
+      const at::Tensor flat = at::cat({whole, at::zeros({shard * world - 174}, whole.options())});
+      for (int64_t rank = 0; rank < world; ++rank) {
+        const int64_t bytes =
+            q.encode(flat, ShardQuantizer::segments(tensors, rank * shard, shard)).numel();
+        EXPECT_LE(bytes, q.layout().shard_bytes_bound(shard, shard * world, 128, 2))
+            << "group " << g << ", rank " << rank << " of " << world;
+      }
+    }
+  }
+}
+
 // Weights longer than the 2^20 elements coded at a time: chunks land where one pass puts them.
 TEST(ShardQuantizer, LongWeightsAreCodedInChunksAsInOnePass) {
   const ShardQuantizer q({4, 48, false});
