@@ -274,5 +274,8 @@ class PipelineEngine(ZeroShardEngine):
             raise _error("eval_batch: return_logits, compute_loss=False, reduce_output other "
                          "than 'avg', bcast_loss=False and num_micro_batches are not supported "
                          "yet; allowed: the defaults")
+        if not hasattr(self._schedule, "eval"):
+            raise _error(f"eval_batch: torch {torch.__version__}'s pipelining schedules have no "
+                         "forward-only eval(); allowed: torch 2.7 or newer")
         with torch.no_grad():
             return self._run(self._schedule.eval, data_iter)

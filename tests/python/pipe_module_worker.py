@@ -86,7 +86,9 @@ def main():
         norm = engine.get_global_grad_norm()
         norms.append(None if norm is None else float(norm))
         tied.append(float(model.tied_modules["embed"].weight.detach().double().sum()))
-    evaluated = float(engine.eval_batch(data_iter=data))  # the next step's batch, forward only
+    # The next step's batch, forward only (torch 2.6's schedules have no eval: refused there).
+    from torch.distributed.pipelining import ScheduleGPipe
+    evaluated = float(engine.eval_batch(data_iter=data)) if hasattr(ScheduleGPipe, "eval") else None
     dist.barrier()
     result = {"eval_loss": evaluated, "losses": losses, "norms": norms, "tied_sums": tied, "parts": [int(p) for p in
                                                                             model.parts],

@@ -120,7 +120,7 @@ def test_stage3_units_kept_across_micro_batches_send_less(schedule, scratch):
         assert abs(peak - planned) <= 0.02 * planned, (peak, planned)
 
 
-@pytest.mark.parametrize("schedule,zero", [("1f1b", {"stage": 2}), ("gpipe", KEEP)])
+@pytest.mark.parametrize("schedule,zero", [("1f1b", {"stage": 2}), both_legs("gpipe", KEEP)])
 def test_stages_2_and_3_reduce_once_a_step(schedule, zero, scratch):
     """PipelineStage's reduce_once (the default): the gradients are reduced once, after the
     last of the 4 micro-batches, the whole gradient buffer held until then (the ledger's
