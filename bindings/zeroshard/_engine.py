@@ -8,8 +8,7 @@ import weakref
 import torch
 
 from . import (_adafactor, _construction, _dtensor, _generation, _hf_tensor_parallel, _launch,
-               _sync_batchnorm, _tensor_parallel,
-               _torch_optimizer, _zeroshard)
+               _sync_batchnorm, _tensor_parallel, _torch_optimizer, _zeroshard)
 from ._activations import ActivationShape, assumed_batch, say_offload_ratio
 from ._touch import Units, shard_parameters
 from ._unit_backward import GradArrival, report_input_grads, tensors
@@ -146,7 +145,8 @@ class ZeroShardEngine(SavingMethods):
         _sync_batchnorm.take_over(model)  # before the engine: it may start torch.distributed
         if _generation.syncs(model, loaded):
             _launch.init_distributed()  # generate's synced_gpus all-reduces through it
-        stepped_by = {"pipeline_parallel_size": _tensor_parallel.stages_of(mpu)}
+        stepped_by = {"pipeline_parallel_size": _tensor_parallel.stages_of(mpu),
+                      "quantizable_params": quantizable_names(model, params)}
         if torch_stepped:
             adafactor = _adafactor.is_adafactor(client)
             _tensor_parallel.check_optimizer(tp_size, "Adafactor" if adafactor else "")
@@ -161,8 +161,7 @@ class ZeroShardEngine(SavingMethods):
                                          _launch.store_already_served(), materialize,
                                          _buffers(model), assumed_batch=assumed_batch(model),
                                          tensor_parallel_size=tp_size,
-                                         tensor_parallel_params=tp_params, **stepped_by,
-                                         quantizable_params=quantizable_names(model, params))
+                                         tensor_parallel_params=tp_params, **stepped_by)
         self._engine.set_aliases(_aliases(model))
         say_offload_ratio(self._engine)
         self._torch_optimizer = None  # a torch.optim class on the shards, when it is one
