@@ -251,7 +251,9 @@ const std::map<std::string, const char*>& ignored_keys() {
        "each rank's stage is the module it gives to initialize (torch.distributed.pipelining)"},
       {"pipeline.pipe_partitioned", "activations cross stages whole (torch's pipelining P2P)"},
       {"pipeline.grad_partitioned", "gradients cross stages whole (torch's pipelining P2P)"},
-      {"pipeline.use_reentrant", "activation checkpointing is left to the model"},
+      {"pipeline.use_reentrant",
+       "read by zeroshard.pipe.PipelineModule; a torch pipelining stage checkpoints in its own "
+       "modules"},
       {"activation_checkpointing.partition_activations", "not implemented"},
       {"activation_checkpointing.cpu_checkpointing", "not implemented"},
       {"activation_checkpointing.contiguous_memory_optimization", "not implemented"},
@@ -281,7 +283,9 @@ const std::map<std::string, LackedFeature>& lacked_features() {
       {"autotuning",
        {nullptr, "zeroshard-estimate (./zs estimate) plans the config before launch"}},
       {"pipeline.activation_checkpoint_interval",
-       {"0", "checkpoint activations in the stage's own modules (torch.utils.checkpoint)"}},
+       {"0",
+        "a zeroshard.pipe.PipelineModule reads it; a torch pipelining stage checkpoints in its "
+        "own modules (torch.utils.checkpoint)"}},
       {"pipeline.seed_layers", {"false", "each stage's module is built by the script"}},
       {"sparse_gradients", {"false", "sparse gradients are not supported; gradients are dense"}},
       {"checkpoint.load_universal",

@@ -53,11 +53,13 @@ def _read(config):
 _said = set()
 
 
-def as_mapping(config):
+def as_mapping(config, check=True):
     """(the config as a dict, where it came from): a path to YAML or JSON, or a dict. The
-    front-ends (the Trainer's, the Accelerator's) fill it before the engine parses it."""
+    front-ends (the Trainer's, the Accelerator's) fill it before the engine parses it;
+    check=False leaves the parse to the engine, for a front-end that first takes out keys
+    it reads itself (a PipelineModule's activation_checkpoint_interval)."""
     import yaml  # a dependency of transformers and of accelerate
-    text, origin = load_config(config)
+    text, origin = load_config(config) if check else _read(config)
     loaded = yaml.safe_load(text) or {}
     if not isinstance(loaded, dict):
         raise _zeroshard.Error(f"{origin}: a {type(loaded).__name__} at the top level; allowed: "

@@ -21,6 +21,7 @@ from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 from . import _config, _launch, _zeroshard
 from ._engine import ZeroShardEngine
+from ._pipe_module import non_reentrant_checkpoint
 from ._pipelining import PipelineStage, pipeline_group
 
 
@@ -30,13 +31,28 @@ def _error(message):
 
 def pipe_config(config, module):
     """`config` with pipeline.stages set to the module's num_stages (a contradiction refused)."""
-    config, origin = _config.as_mapping(config)
+    config, origin = _config.as_mapping(config, check=False)  # the engine parses it
+    if not isinstance(config.get("pipeline") or {}, dict):
+        return config  # the engine's parse names it
     pipeline = dict(config.get("pipeline") or {})
     stages = pipeline.get("stages", "auto")
     if stages not in ("auto", None, module.num_stages):
         raise _error(f"{origin}: pipeline.stages is {stages} but the PipelineModule has "
                      f"num_stages={module.num_stages}; allowed: the same, auto, or leave it out")
     pipeline["stages"] = module.num_stages
+    # DeepSpeed's engine hands these two to the module: a config interval over 0 replaces
+    # the module's, use_reentrant false (true by default) its checkpoint function.
+    interval = pipeline.pop("activation_checkpoint_interval", 0)
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 0:
+        raise _error(f"{origin}: pipeline.activation_checkpoint_interval is {interval!r}; "
+                     "allowed: 0 (the module's own) or a number of layers")
+    if interval:
+        module.activation_checkpoint_interval = interval
+    reentrant = pipeline.pop("use_reentrant", True)
+    if reentrant not in (True, False):
+        raise _error(f"{origin}: pipeline.use_reentrant is {reentrant!r}; allowed: true, false")
+    if not reentrant:
+        module.activation_checkpoint_func = non_reentrant_checkpoint
     return dict(config, pipeline=pipeline)
 
 
@@ -259,6 +275,7 @@ class PipelineEngine(ZeroShardEngine):
         if self.module.loss_fn is None:
             raise _error("train_batch: the PipelineModule has no loss_fn; allowed: "
                          "PipelineModule(..., loss_fn=...)")
+        self.module.train()  # as DeepSpeed's: eval_batch left it in eval mode
         loss = self._run(self._schedule.step, data_iter)
         self._ties.sent()
         self.step()
@@ -267,8 +284,8 @@ class PipelineEngine(ZeroShardEngine):
 
     def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg",
                    bcast_loss=True, num_micro_batches=None):
-        """The mean loss of gradient_accumulation_steps micro-batches, forward only, on every
-        rank."""
+        """The mean loss of gradient_accumulation_steps micro-batches, forward only, in eval
+        mode, on every rank."""
         if (return_logits or not compute_loss or reduce_output != "avg" or not bcast_loss
                 or num_micro_batches):
             raise _error("eval_batch: return_logits, compute_loss=False, reduce_output other "
@@ -277,5 +294,6 @@ class PipelineEngine(ZeroShardEngine):
         if not hasattr(self._schedule, "eval"):
             raise _error(f"eval_batch: torch {torch.__version__}'s pipelining schedules have no "
                          "forward-only eval(); allowed: torch 2.7 or newer")
+        self.module.eval()  # dropout off, as DeepSpeed's eval_batch (train_batch turns it on)
         with torch.no_grad():
             return self._run(self._schedule.eval, data_iter)

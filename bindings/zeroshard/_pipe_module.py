@@ -18,11 +18,14 @@ What DeepSpeed does that changes numbers, done alike:
 import functools
 import random
 import re
+import warnings
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 
 from . import _zeroshard
+from ._pipe_topology import pipe_and_data
 
 
 def _error(message):
@@ -116,26 +119,33 @@ class PipelineModule(nn.Module):
                  activation_checkpoint_interval=0, activation_checkpoint_func=None,
                  checkpointable_layers=None, dynamic_shape=False):
         super().__init__()
-        if topology is not None:
-            raise _error("topology: not supported yet; allowed: None with num_stages (pipe "
-                         "outermost, as PipeDataParallelTopology lays ranks out)")
-        if activation_checkpoint_interval:
-            raise _error(f"activation_checkpoint_interval={activation_checkpoint_interval}: not "
-                         "supported yet; allowed: 0 (checkpoint inside the layers with "
-                         "torch.utils.checkpoint)")
-        if dynamic_shape or activation_checkpoint_func is not None or checkpointable_layers:
-            raise _error("dynamic_shape, activation_checkpoint_func and checkpointable_layers: "
-                         "not supported yet; allowed: their defaults (False, None, None)")
-        if num_stages is None or int(num_stages) < 2:
-            raise _error(f"num_stages={num_stages!r}; allowed: 2 or more")
+        if dynamic_shape:
+            raise _error("dynamic_shape=True: not supported yet; allowed: False (every "
+                         "micro-batch of a step has the shapes of the first)")
+        if checkpointable_layers is not None and not isinstance(checkpointable_layers, list):
+            raise _error(f"checkpointable_layers={checkpointable_layers!r}; allowed: a list of "
+                         "layer class names, or None")
         env = _zeroshard.launch_env()
         world, rank = env["world_size"], env["rank"]
+        if topology is not None:
+            topology_stages, _ = pipe_and_data(topology, world)
+            if num_stages not in (None, topology_stages):
+                raise _error(f"num_stages={num_stages} but the topology has {topology_stages} "
+                             "stages on its 'pipe' axis; allowed: the same, or leave it out")
+            num_stages = topology_stages
+        if num_stages is None or int(num_stages) < 2:
+            raise _error(f"num_stages={num_stages!r}; allowed: 2 or more")
         if world % num_stages:
             raise _error(f"num_stages={num_stages} does not divide the {world} ranks")
         self.num_stages = int(num_stages)
         self.stage_id = rank // (world // self.num_stages)
         self.loss_fn = loss_fn
         self.seed_layers, self.seed_fn, self.base_seed = seed_layers, seed_fn, base_seed
+        self.micro_offset = 0  # forwards run so far: seed_layers reseeds each from it
+        self.activation_checkpoint_interval = int(activation_checkpoint_interval)
+        self.activation_checkpoint_func = activation_checkpoint_func or reentrant_checkpoint
+        self.checkpointable_layers = checkpointable_layers
+        self._warned_no_gradient = set()
         self._layer_specs = list(layers)
         self.parts = self._partition(partition_method)
         self._local_start = self.parts[self.stage_id]
@@ -216,7 +226,92 @@ class PipelineModule(nn.Module):
                 keys.append(spec.key)
         return keys
 
+    def _run_layers(self, start, stop):
+        """Layers [start, stop) of this stage as one function, each reseeded first under
+        seed_layers (base_seed x (the forward's number + 1) + the layer's index, as DeepSpeed's,
+        the same again when a checkpoint recomputes it)."""
+        micro_offset = self.micro_offset + 1
+
+        def run(*inputs):
+            x = inputs[0] if len(inputs) == 1 else inputs
+            for index in range(start, stop):
+                if self.seed_layers:
+                    # DeepSpeed numbers the layers of a checkpointed chunk from the stage's
+                    # first again (its enumerate over the chunk): alike, for its masks.
+                    layer = self._local_start + index - start
+                    (self.seed_fn or _seed)(self.base_seed * micro_offset + layer)
+                x = self.forward_funcs[index](x)
+            return x
+
+        return run
+
+    def _is_checkpointable(self, funcs):
+        """DeepSpeed's rule: Megatron's GPT pipes checkpoint their transformer layers (and the
+        listed classes) only, under a reentrant checkpoint; otherwise the listed classes, or,
+        with no list, any chunk holding a module with parameters."""
+        names = [type(f).__name__ for f in funcs]
+        if (self.activation_checkpoint_func is not non_reentrant_checkpoint
+                and type(self).__name__ in ("GPTModelPipe", "GPT2ModelPipe")):
+            listed = self.checkpointable_layers or []
+            return all("ParallelTransformerLayerPipe" in n or n in listed for n in names)
+        if self.checkpointable_layers is not None:
+            return all(n in self.checkpointable_layers for n in names)
+        return any(len(list(f.parameters())) > 0 for f in funcs if isinstance(f, nn.Module))
+
+    def _first_stage_input(self, x):
+        """As DeepSpeed's engine loads the first stage's micro-batch under a reentrant
+        checkpoint: a floating-point input needs a gradient, so that the checkpointed layers
+        that read it get theirs."""
+        if (self.stage_id != 0 or not self.activation_checkpoint_interval
+                or self.activation_checkpoint_func is non_reentrant_checkpoint):
+            return x
+
+        def needing_grad(t):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.requires_grad:
+                return t.detach().requires_grad_(torch.is_grad_enabled())
+            return t
+
+        return tuple(needing_grad(t) for t in x) if isinstance(x, tuple) else needing_grad(x)
+
+    def _warn_no_gradient(self, start, stop, inputs):
+        """A reentrant checkpoint over inputs none of which needs a gradient gives its layers'
+        parameters none (DeepSpeed's numbers, so done alike), said once per chunk."""
+        if (not torch.is_grad_enabled() or start in self._warned_no_gradient
+                or self.activation_checkpoint_func is non_reentrant_checkpoint
+                or any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)):
+            return
+        self._warned_no_gradient.add(start)
+        first, last = self._local_start + start, self._local_start + stop - 1
+        warnings.warn(f"zeroshard.pipe: stage {self.stage_id}'s layers {first}..{last} are "
+                      "checkpointed by a reentrant checkpoint over inputs that need no "
+                      "gradient (integer token ids): their parameters get no gradient from "
+                      "this use, as under DeepSpeed. pipeline.use_reentrant: false in the "
+                      "config, or checkpointable_layers without them, gives them theirs")
+
     def forward(self, x):
-        for layer in self.forward_funcs:
-            x = layer(x)
+        self.micro_offset += 1
+        interval = self.activation_checkpoint_interval
+        if not interval:
+            return self._run_layers(0, len(self.forward_funcs))(x)
+        x = self._first_stage_input(x)
+        for start in range(0, len(self.forward_funcs), interval):
+            stop = min(start + interval, len(self.forward_funcs))
+            inputs = x if isinstance(x, tuple) else (x,)
+            if self._is_checkpointable(self.forward_funcs[start:stop]):
+                self._warn_no_gradient(start, stop, inputs)
+                x = self.activation_checkpoint_func(self._run_layers(start, stop), *inputs)
+            else:
+                x = self._run_layers(start, stop)(*inputs)
         return x
+
+
+def reentrant_checkpoint(function, *args):
+    """DeepSpeed's default activation_checkpoint_func (deepspeed.checkpointing.checkpoint):
+    outputs kept, inner activations recomputed in backward, the RNG state restored for it."""
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=True)
+
+
+def non_reentrant_checkpoint(function, *args):
+    """DeepSpeed's non_reentrant_checkpoint (pipeline.use_reentrant: false): parameters get
+    their gradients whether or not the inputs need one."""
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)

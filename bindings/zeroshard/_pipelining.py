@@ -121,6 +121,18 @@ class PipelineStage(_TorchPipelineStage):
             core.reduce_once_per_step()
         self._backwards = 0  # this schedule step's micro-batches so far
 
+    def _shape_inference(self, *args, **kwargs):
+        """Shape inference is no micro-batch: it leaves the random streams (dropout's) and
+        DeepSpeed's PipelineModule's count of forwards (seed_layers) as they were."""
+        module = self.engine.module
+        counted = getattr(module, "micro_offset", None)
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            out = super()._shape_inference(*args, **kwargs)
+        if counted is not None:
+            module.micro_offset = counted
+        return out
+
     def _prepare_forward_infra(self, num_microbatches, *args, **kwargs):
         micro = self.engine.gradient_accumulation_steps()
         if num_microbatches != micro:

@@ -4,12 +4,13 @@ language model given as layers, its embedding a TiedLayerSpec reused as the outp
 PipelineModule(num_stages=2, partition_method=PART), engine.train_batch(data_iter) for
 STEPS steps, then eval_batch. Writes OUT.rankN.json: each step's returned loss and global
 gradient norm, the stage's layer boundaries, the sum of the tied embedding on this rank after
-each step, and the evaluated loss. CONFIG's checkpoint and save_at: the engine saves
+each step, the evaluated loss, and zeroshard's warnings. CONFIG's checkpoint and save_at: the engine saves
 there after save_at steps; with resume, it loads it instead and trains on from there.
 usage: pipe_module_worker.py deepspeed|zeroshard STEPS OUT CONFIG_JSON [PART]"""
 import json
 import os
 import sys
+import warnings
 
 import torch
 import torch.nn as nn
@@ -19,13 +20,14 @@ VOCAB, DIM, SEQ, BLOCKS, MICRO = 64, 32, 12, 4, 2
 
 
 class Block(nn.Module):
-    def __init__(self, dim):
+    def __init__(self, dim, dropout=0.0):
         super().__init__()
         self.ln = nn.LayerNorm(dim)
         self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x):
-        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+        return x + self.dropout(self.fc2(F.gelu(self.fc1(self.ln(x)))))
 
 
 def head(embedding, x):
@@ -37,28 +39,40 @@ def loss_fn(logits, labels):
 
 
 def main():
+    import torch.distributed as dist
     mode, steps, out, config = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
     part = sys.argv[5] if len(sys.argv) > 5 else "parameters"
     checkpoint, save_at = config.pop("checkpoint", None), config.pop("save_at", 0)
     resume = config.pop("resume", False)
+    # The module's own knobs: dropout in the blocks, seed_layers, activation checkpointing
+    # every `interval` layers (of the `checkpointable` classes), the stages given as a
+    # PipeDataParallelTopology.
+    dropout, seed_layers = config.pop("dropout", 0.0), config.pop("seed_layers", False)
+    interval, topology = config.pop("interval", 0), config.pop("topology", False)
+    checkpointable = config.pop("checkpointable", None)
     torch.set_num_threads(1)
     if mode == "deepspeed":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         os.environ.setdefault("LOCAL_SIZE", os.environ["WORLD_SIZE"])
         import deepspeed as ds
         from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+        from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
         ds.init_distributed(dist_backend="gloo")
     else:
         import zeroshard as ds
-        from zeroshard.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+        from zeroshard.pipe import LayerSpec, PipeDataParallelTopology, PipelineModule, TiedLayerSpec
         ds.init_distributed(dist_backend="gloo")
-    import torch.distributed as dist
     torch.manual_seed(0)
     layers = [TiedLayerSpec("embed", nn.Embedding, VOCAB, DIM)]
-    layers += [LayerSpec(Block, DIM) for _ in range(BLOCKS)]
+    layers += [LayerSpec(Block, DIM, dropout) for _ in range(BLOCKS)]
     layers += [LayerSpec(nn.LayerNorm, DIM)]
     layers += [TiedLayerSpec("embed", nn.Embedding, VOCAB, DIM, forward_fn=head)]
-    model = PipelineModule(layers=layers, num_stages=2, loss_fn=loss_fn, partition_method=part)
+    stages = dict(topology=PipeDataParallelTopology(num_pp=2, num_dp=dist.get_world_size() // 2)
+                  ) if topology else dict(num_stages=2)
+    model = PipelineModule(layers=layers, loss_fn=loss_fn, partition_method=part,
+                           seed_layers=seed_layers, activation_checkpoint_interval=interval,
+                           checkpointable_layers=checkpointable,
+                           **stages)
     config = dict(config, train_micro_batch_size_per_gpu=MICRO, gradient_clipping=0.05,
                   optimizer={"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95],
                                                          "eps": 1e-8, "weight_decay": 0.1}})
@@ -79,6 +93,9 @@ def main():
         for _ in range(save_at * config["gradient_accumulation_steps"]):
             next(data)
     losses, norms, tied = [], [], []
+    said = warnings.catch_warnings(record=True)
+    caught = said.__enter__()
+    warnings.simplefilter("always")
     for step in range(save_at if resume else 0, steps):
         losses.append(float(engine.train_batch(data_iter=data)))
         if checkpoint and not resume and step + 1 == save_at:
@@ -89,8 +106,10 @@ def main():
     # The next step's batch, forward only (torch 2.6's schedules have no eval: refused there).
     from torch.distributed.pipelining import ScheduleGPipe
     evaluated = float(engine.eval_batch(data_iter=data)) if hasattr(ScheduleGPipe, "eval") else None
+    said.__exit__(None, None, None)
     dist.barrier()
-    result = {"eval_loss": evaluated, "losses": losses, "norms": norms, "tied_sums": tied, "parts": [int(p) for p in
+    result = {"warnings": sorted({str(w.message) for w in caught if "zeroshard" in str(w.message)}),
+              "eval_loss": evaluated, "losses": losses, "norms": norms, "tied_sums": tied, "parts": [int(p) for p in
                                                                             model.parts],
               "stage": int(engine.stage_id)}
     with open(f"{out}.rank{os.environ['RANK']}.json", "w") as f:
