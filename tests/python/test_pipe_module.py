@@ -100,6 +100,7 @@ def test_partitions_are_deepspeeds():
 # from the config's pipeline.use_reentrant: false), and the stages given as a
 # PipeDataParallelTopology.
 KNOBS = {
+    "dropout": {"dropout": 0.2},  # masks from the one random stream, drawn in one order
     "seeded-dropout": {"dropout": 0.2, "seed_layers": True},
     "checkpointed-reentrant": {"dropout": 0.2, "seed_layers": True, "interval": 1,
                                "checkpointable": ["Block"]},
@@ -109,7 +110,7 @@ KNOBS = {
 
 
 @needs_deepspeed
-@pytest.mark.parametrize("knobs,stage", [("seeded-dropout", 1), ("checkpointed-reentrant", 1),
+@pytest.mark.parametrize("knobs,stage", [("dropout", 3), ("seeded-dropout", 1), ("checkpointed-reentrant", 1),
                                          ("checkpointed-reentrant", 3),
                                          ("checkpointed-non-reentrant", 2)])
 def test_seeded_and_checkpointed_layers_train_as_deepspeeds(knobs, stage, scratch):
