@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from tp_worker import DIM, SEQ, VOCAB, Block, initialized, load_slices
 
 LAYERS = 4
-MICRO, MICROBATCHES, DP, STAGES = 2, 4, 2, 2
+MICRO, MICROBATCHES, DP, STAGES = 2, 8, 2, 2
 LR, BETAS, EPS, WD, CLIP = 1e-3, (0.9, 0.95), 1e-8, 0.1, 0.05
 
 
@@ -208,8 +208,10 @@ def trained(mode, steps, config, tp):
     schedule = (ScheduleGPipe if mode == "gpipe" else Schedule1F1B)(
         stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
     losses, norms = [], []
+    loaded_params = None
     if resume:
         engine.load_checkpoint(checkpoint)
+        loaded_params = stage_params(engine, stage_index)
     for step in range(save_at if resume else 0, steps):
         tokens = batch(step, dp_rank)
         micro_losses = []
@@ -235,6 +237,7 @@ def trained(mode, steps, config, tp):
               for k in ("params", "gathered_params", "grads")}
     return {"losses": losses, "norms": norms, "params": params, "split": split,
             "params_at_save": saved_params if save_at and not resume else None,
+            "params_at_load": loaded_params,
             "stage": stage_index, "bytes_sent": sent, "memory": memory,
             "skipped_steps": engine.skipped_steps, "loss_scale": engine.loss_scale,
             "dp_world_size": engine.dp_world_size, "mp_world_size": engine.mp_world_size,

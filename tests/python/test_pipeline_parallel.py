@@ -2,7 +2,7 @@
 parallelism on 8 (PP2 x TP2 x DP2, the stages from a Megatron mpu): a small GPT split
 in two stages (tests/python/pp_worker.py), each stage's module given to zeroshard.initialize
 with pipeline.stages 2 and run by torch's ScheduleGPipe or Schedule1F1B through
-zeroshard.pipelining.PipelineStage, 4 micro-batches a step, at stages 1 to 3 and 3 with the
+zeroshard.pipelining.PipelineStage, 8 micro-batches a step, at stages 1 to 3 and 3 with the
 optimizer on the CPU, gradient clipping active: every step's loss (mean over the last stage's
 micro-batches and the data-parallel ranks), the pre-clip gradient norm over both stages, and
 every parameter at the end equal the whole model's in one process with torch's AdamW on the
@@ -65,7 +65,7 @@ def joined(got, tp):
 
 def assert_as_one_process(got, want, tp=1):
     for r in got:
-        assert (r["dp_world_size"], r["mp_world_size"], r["train_batch_size"]) == (DP, tp, 16)
+        assert (r["dp_world_size"], r["mp_world_size"], r["train_batch_size"]) == (DP, tp, 32)
     last = [r for r in got if r["stage"] == 1]
     for step in range(STEPS):  # the tp ranks of a data-parallel rank share its batch
         loss = sum(r["losses"][step] for r in last) / len(last)
@@ -112,7 +112,7 @@ def test_stage3_units_kept_across_micro_batches_send_less(schedule, scratch):
     kept = train(schedule, KEEP, scratch)
     regathered = train(schedule, REGATHER, scratch)
     for k, r in zip(kept, regathered):
-        # 4 micro-batches: forward and backward gathers 4 times over against once
+        # 8 micro-batches: forward and backward gathers 8 times over against once
         assert r["bytes_sent"] > 2 * k["bytes_sent"], (r["bytes_sent"], k["bytes_sent"])
         # Kept: the stage's whole parameters gathered at the peak, as the plan counts them
         # (within the shards' padding).
@@ -123,7 +123,7 @@ def test_stage3_units_kept_across_micro_batches_send_less(schedule, scratch):
 @pytest.mark.parametrize("schedule,zero", [("1f1b", {"stage": 2}), both_legs("gpipe", KEEP)])
 def test_stages_2_and_3_reduce_once_a_step(schedule, zero, scratch):
     """PipelineStage's reduce_once (the default): the gradients are reduced once, after the
-    last of the 4 micro-batches, the whole gradient buffer held until then (the ledger's
+    last of the 8 micro-batches, the whole gradient buffer held until then (the ledger's
     peak as the plan counts it); reduce_once=False reduce-scatters each micro-batch's. The
     same numbers either way (the default runs in the test above)."""
     once = train(schedule, zero, scratch)
@@ -144,7 +144,7 @@ def test_stages_2_and_3_reduce_once_a_step(schedule, zero, scratch):
 def test_a_checkpoint_of_the_stages_resumes_bit_exactly(schedule, zero, scratch):
     """PP2 x DP2 saved after 2 of 4 steps, each stage its own part of DIR/TAG
     (pipeline_stage_00, _01; pipeline.json): 4 new ranks that load it make the last 2 steps'
-    losses, norms and parameters bit for bit."""
+    losses, norms and parameters bit for bit; 2 ranks (one per stage) load it as saved."""
     whole = train(schedule, zero, scratch)
     ckpt = str(scratch / "ckpt")
     saving = train(schedule, zero, scratch, extra={"checkpoint": ckpt, "save_at": 2})
@@ -168,13 +168,25 @@ def test_a_checkpoint_of_the_stages_resumes_bit_exactly(schedule, zero, scratch)
         assert {pp_worker.whole_name(stage, n): t.tolist() for n, t in state.items()} == want
     with pytest.raises(ValueError, match=r"pipeline stages 0 and 1 both hold 'blocks\.0\."):
         consolidate(ckpt, str(scratch / "both.pt"))
+    # Loaded at another data-parallel size inside each stage (PP2 x DP1, 2 ranks): each
+    # stage's parameters as saved, and the first step's loss, on data-parallel rank 0's
+    # batch alone, that rank's in the run that went on.
+    out = str(scratch / f"dp1{schedule}")
+    config = json.dumps({"zero_optimization": zero, "checkpoint": ckpt, "save_at": 2,
+                         "resume": True})
+    narrower = run_ranks([WORKER, schedule, "3", out, config], 2, out)
+    for stage, (rank, saved_rank) in enumerate(((0, 0), (1, WORLD // 2))):
+        assert narrower[rank]["params_at_load"] == saving[saved_rank]["params_at_save"]
+        assert narrower[rank]["dp_world_size"] == 1
+    first, want = narrower[1]["losses"][0], whole[WORLD // 2]["losses"][2]
+    assert abs(first - want) <= 1e-6 * abs(want), (first, want)
 
 
 def test_fp16_overflow_and_loss_scale_are_agreed_across_the_stages(scratch):
     """The last stage scales the loss; every stage unscales by its own scaler, so the scalers
     must move together: an overflow anywhere skips the step on every rank of both stages."""
     # Each micro-batch's gradients reduced into fp32 (reduce_once=False): summed once a step
-    # in the fp16 buffer instead, 4 micro-batches at 2^15 overflow again (as at stage 1).
+    # in the fp16 buffer instead, the micro-batches at 2^15 overflow again (as at stage 1).
     fp16 = {"fp16": {"enabled": True, "initial_scale_power": 16, "hysteresis": 1},
             "reduce_once": False}
     got = train("gpipe", {"stage": 2}, scratch, extra=fp16)
