@@ -352,6 +352,8 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def("end_backward", &EngineImpl::end_backward, py::call_guard<py::gil_scoped_release>())
       .def("keep_units_gathered_in_step", &EngineImpl::keep_units_gathered_in_step)
       .def("reduce_once_per_step", &EngineImpl::reduce_once_per_step)
+      .def("set_pipeline_stages_on_rank", &EngineImpl::set_pipeline_stages_on_rank,
+           py::arg("stages"))
       .def("step", &EngineImpl::step, py::call_guard<py::gil_scoped_release>())
       .def("zero_grad", &EngineImpl::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("full_parameters",

@@ -90,6 +90,10 @@ void EngineImpl::reduce_once_per_step() {
   grads_held_in_window_ = true;
 }
 
+void EngineImpl::set_pipeline_stages_on_rank(int stages) {
+  pipeline_->set_backwards_per_micro_step(stages);
+}
+
 bool EngineImpl::step() {
   // Shards kept in host memory may still be read by a gather's copy to the GPU (one
   // with no backward since, as after an evaluation's forward): the step writes them.

@@ -105,6 +105,10 @@ class EngineImpl final : public Engine {
   // Stages 2-3 under a pipeline schedule: gradients reduced once per step, not per
   // micro-batch (sharding/GradReducer.h reduce_once_per_window); planned as held whole.
   void reduce_once_per_step();
+  // Interleaved pipeline schedules: `stages` of the pipeline's stages are this engine's
+  // module's parts, each micro-batch running one backward through each; the micro-batch
+  // (and the window's end) is counted at the last (engine/StepPipeline.h).
+  void set_pipeline_stages_on_rank(int stages);
   bool step() override;
   void zero_grad() override;
   std::vector<NamedParam> full_parameters() override;

@@ -1,5 +1,7 @@
 #include "engine/StepPipeline.h"
 
+#include <fmt/format.h>
+
 #include "common/Error.h"
 #include "common/FaultPoint.h"
 #include "optim/OffloadOptimizer.h"
@@ -45,9 +47,15 @@ void StepPipeline::overlap_step(int threads) {
 
 at::Tensor StepPipeline::begin_backward(const at::Tensor& loss, const Hypers& hypers,
                                         std::optional<c10::Stream> stream) {
-  ++micro_steps_;
+  bool counted = true;
+  if (++backwards_pending_ == backwards_per_micro_step_) {
+    backwards_pending_ = 0;
+    ++micro_steps_;
+  } else {
+    counted = false;
+  }
   fault_point("backward.begin");
-  const bool boundary = settings_.ends_accumulation(micro_steps_);
+  const bool boundary = counted && settings_.ends_accumulation(micro_steps_);
   if (boundary && overlapped_) {
     // Everything a group's update reads is fixed now (OverlappedStep.h says why).
     overlapped_->begin(mean_scale(), hypers(), stream);
@@ -55,6 +63,17 @@ at::Tensor StepPipeline::begin_backward(const at::Tensor& loss, const Hypers& hy
   }
   reducer_->begin_backward(boundary);
   return scaler_ ? loss * scaler_->scale() : loss;
+}
+
+void StepPipeline::set_backwards_per_micro_step(int backwards) {
+  if (backwards < 1 || backwards_pending_ != 0) {
+    fail(fmt::format(
+        "{} backwards a micro-batch, set after {} of a micro-batch's backwards; allowed: 1 "
+        "or more (the number of pipeline stages on this rank), before a micro-batch's first "
+        "backward",
+        backwards, backwards_pending_));
+  }
+  backwards_per_micro_step_ = backwards;
 }
 
 void StepPipeline::end_backward() {

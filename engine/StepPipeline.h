@@ -75,6 +75,10 @@ class StepPipeline {
   double grad_norm() const { return grad_norm_; }
   int64_t micro_steps() const { return micro_steps_; }
   void set_micro_steps(int64_t steps) { micro_steps_ = steps; }
+  // Several pipeline stages on this rank (interleaved schedules): each micro-batch runs one
+  // backward per stage, and the micro-step is counted at the last of them (the window's
+  // last backward ends it). Refused between a micro-batch's backwards.
+  void set_backwards_per_micro_step(int backwards);
   // The engine's step count and the config scheduler's position: the optimizer's own
   // count (its bias correction follows it) plus what a checkpoint loaded without the
   // optimizer's state (LoadOptions) set apart from it.
@@ -101,6 +105,8 @@ class StepPipeline {
   bool hypers_changed_ = false;  // set during an overlapped step
   double grad_norm_ = 0;
   int64_t micro_steps_ = 0;
+  int backwards_per_micro_step_ = 1;
+  int backwards_pending_ = 0;  // this micro-step's backwards before its last
   int64_t global_offset_ = 0, schedule_offset_ = 0;
   int64_t skipped_steps_ = 0;
 };

@@ -10,6 +10,20 @@ PipelineStage over that engine, for torch's schedules (ScheduleGPipe, Schedule1F
     schedule.step(x, target=y, losses=losses)   # first stage: x; last: target
     engine.step()
 
+Interleaved schedules (ScheduleInterleaved1F1B, ScheduleLoopedBFS) run V stages on each
+rank: stage s on the ranks of stage s % P, as torch places them. The rank's stages are the
+parts of one engine's module (an nn.ModuleList), one PipelineStage each:
+
+    parts = nn.ModuleList(build(s) for s in range(mine, P * V, P))
+    engine, *_ = zeroshard.initialize(model=parts, config=config)   # pipeline.stages: P
+    stages = [PipelineStage(engine, stage_index=s, num_stages=P * V, submodule=part)
+              for s, part in zip(range(mine, P * V, P), parts)]
+    ScheduleInterleaved1F1B(stages, n_microbatches=8, loss_fn=loss_fn).step(...)
+
+The engine counts a micro-batch at the last of its stages' backwards, so the window ends
+with the step's last backward on the rank, and one optimizer step, one norm and one
+reduction (reduce_once) cover all of them.
+
 What the stage does that torch's does for DDP and FSDP modules:
 - each micro-batch's backward runs inside the engine's backward (its gradients reduced as
   in any accumulation window; fp16's loss scale applied on the last stage, and the
@@ -54,6 +68,34 @@ def pipeline_group(engine):
     return _pp_groups[key]
 
 
+def _stages_on_rank(engine, num_stages, submodule):
+    """How many of the pipeline's stages this rank runs (num_stages over the ranks' stages),
+    told to the engine once: it counts a micro-batch at the last of their backwards."""
+    ranks = engine._engine.pipeline_parallel_size
+    if num_stages < ranks or num_stages % ranks:
+        raise _error(f"num_stages={num_stages} over the engine's pipeline.stages {ranks}; "
+                     f"allowed: {ranks} (one stage per rank) or a multiple of it (as many on "
+                     "each rank, for interleaved schedules)")
+    on_rank = num_stages // ranks
+    if on_rank > 1 and (submodule is None or not any(m is submodule
+                                                     for m in engine.module.modules())):
+        raise _error(f"num_stages={num_stages}: {on_rank} stages on each rank, each a part of "
+                     "the engine's module; allowed: submodule= that part (the module given "
+                     "to initialize holds them all, an nn.ModuleList of the rank's stages)")
+    if on_rank == 1 and submodule is not None and submodule is not engine.module:
+        raise _error("submodule: one stage per rank runs the engine's whole module; allowed: "
+                     "None, or num_stages a multiple of pipeline.stages")
+    told = engine.__dict__.get("_pipeline_stages_on_rank")
+    if told is None:
+        engine._engine.set_pipeline_stages_on_rank(on_rank)
+        engine._pipeline_stages_on_rank = on_rank
+    elif told != on_rank:
+        raise _error(f"num_stages={num_stages} ({on_rank} on each rank) but another "
+                     f"PipelineStage of this engine said {told} on each rank; allowed: one "
+                     "num_stages for every stage")
+    return on_rank
+
+
 class _RealShapes(torch.nn.Module):
     """The stage's module, given zeros where shape inference hands it meta tensors."""
 
@@ -78,6 +120,10 @@ class PipelineStage(_TorchPipelineStage):
     zeroshard.initialize returned for this rank's stage. stage_index and num_stages default
     to the engine's (its pp coordinate and pipeline.stages), group to its pp group, device
     to its parameters'. input_args/output_args as torch's (shapes given up front).
+    num_stages a multiple of pipeline.stages: several stages on each rank, each `submodule`
+    (a part of the engine's module) with its stage_index (module docstring).
+    reduce_once=False there reduces every part's gradients in each backward (the parts
+    idle in it add zeros: twice the traffic with two parts).
     keep_gathered (stage 3): each unit stays gathered from its first use in a step to the
     optimizer step, across the micro-batches (FSDP's reshard_after_forward=False; the plan
     counts the stage's whole parameters as gathered); False gathers it again for each
@@ -89,32 +135,39 @@ class PipelineStage(_TorchPipelineStage):
 
     def __init__(self, engine, stage_index=None, num_stages=None, device=None, input_args=None,
                  output_args=None, group=None, dw_builder=None, keep_gathered=True,
-                 reduce_once=True):
+                 reduce_once=True, submodule=None):
         core = engine._engine
-        stages = core.pipeline_parallel_size
-        if stages < 2:
-            raise _error(f"the engine was built with pipeline.stages {stages}; allowed: the "
+        ranks = core.pipeline_parallel_size  # stages of ranks; each holds num_stages / ranks
+        if ranks < 2:
+            raise _error(f"the engine was built with pipeline.stages {ranks}; allowed: the "
                          "number of stages (2 or more), set in the config given to initialize")
-        if num_stages is not None and num_stages != stages:
-            raise _error(f"num_stages={num_stages} but the engine's pipeline.stages is "
-                         f"{stages}; allowed: {stages} (one stage per rank; several stages per "
-                         "rank, as interleaved schedules run, are not supported yet)")
-        if stage_index is not None and stage_index != core.pipeline_stage:
-            raise _error(f"stage_index={stage_index} but this rank is in stage "
-                         f"{core.pipeline_stage} (rank // (world / pipeline.stages)); allowed: "
-                         f"{core.pipeline_stage}, or leave it out")
+        num_stages = ranks if num_stages is None else num_stages
+        on_rank = _stages_on_rank(engine, num_stages, submodule)
+        mine = core.pipeline_stage
+        if stage_index is None and on_rank == 1:
+            stage_index = mine
+        if stage_index is None or stage_index % ranks != mine or not 0 <= stage_index < num_stages:
+            allowed = ", ".join(str(s) for s in range(mine, num_stages, ranks))
+            raise _error(f"stage_index={stage_index} on a rank of pipeline stage {mine} (rank // "
+                         f"(world / pipeline.stages)); allowed: {allowed} (stage s runs on the "
+                         f"ranks of stage s % {ranks}, as torch's interleaved schedules place "
+                         "it)" + (", or leave it out" if on_rank == 1 else ""))
         if dw_builder is not None:
             raise _error("dw_builder: split input and weight backward is not supported; "
                          "allowed: None")
-        if not any(p.requires_grad for p in engine.module.parameters()):
-            raise _error(f"stage {core.pipeline_stage} has no trainable parameter; allowed: a "
+        module = engine.module if submodule is None else submodule
+        if not any(p.requires_grad for p in module.parameters()):
+            raise _error(f"stage {stage_index} has no trainable parameter; allowed: a "
                          "stage with at least one (the gradient norm and the overflow check "
                          "are summed across the stages, each taking part)")
         device = torch.device(device) if device is not None else engine.device
-        super().__init__(_RealShapes(engine.module, device), core.pipeline_stage, stages,
-                         device, input_args=input_args, output_args=output_args,
+        super().__init__(_RealShapes(module, device), stage_index, num_stages, device,
+                         input_args=input_args, output_args=output_args,
                          group=group if group is not None else pipeline_group(engine))
         self.engine = engine
+        self._on_rank = on_rank
+        built = engine.__dict__.setdefault("_pipeline_stages_built", set())
+        built.add(stage_index)
         if keep_gathered:
             core.keep_units_gathered_in_step()
         if reduce_once:
@@ -134,6 +187,11 @@ class PipelineStage(_TorchPipelineStage):
         return out
 
     def _prepare_forward_infra(self, num_microbatches, *args, **kwargs):
+        built = sorted(self.engine._pipeline_stages_built)
+        if len(built) != self._on_rank:
+            raise _error(f"this rank holds {self._on_rank} of the {self.num_stages} stages but "
+                         f"built PipelineStages {built}; allowed: one PipelineStage for each "
+                         "part of the engine's module, all given to the schedule")
         micro = self.engine.gradient_accumulation_steps()
         if num_microbatches != micro:
             raise _error(

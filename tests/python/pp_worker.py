@@ -9,7 +9,10 @@ micro-batches), pre-clip gradient norms, and the stage's parameters at the end u
 whole model's names.
 With TP > 1 the blocks are Megatron-style (tests/python/tp_worker.py) and the stages, the tp
 and the dp groups come from a Megatron mpu given to initialize; each rank writes its slices.
-usage: pp_worker.py ref|gpipe|1f1b STEPS OUT [CONFIG_JSON [TP]]"""
+Modes interleaved and looped run ScheduleInterleaved1F1B and ScheduleLoopedBFS over
+INTERLEAVED x STAGES stages of one block each, a rank's stages (s, s + STAGES, ...) one
+engine's nn.ModuleList.
+usage: pp_worker.py ref|gpipe|1f1b|interleaved|looped STEPS OUT [CONFIG_JSON [TP]]"""
 import json
 import os
 import sys
@@ -22,6 +25,7 @@ from tp_worker import DIM, SEQ, VOCAB, Block, initialized, load_slices
 
 LAYERS = 4
 MICRO, MICROBATCHES, DP, STAGES = 2, 8, 2, 2
+INTERLEAVED = 2  # stages on each rank under the interleaved and looped schedules
 LR, BETAS, EPS, WD, CLIP = 1e-3, (0.9, 0.95), 1e-8, 0.1, 0.05
 
 
@@ -67,8 +71,29 @@ class LastStage(nn.Module):
         return self.head(self.norm(x))
 
 
+class Part(nn.Module):
+    """Stage s of INTERLEAVED x STAGES (one block each; the embedding before the first, the
+    norm and the head after the last), its parameters under the whole GPT's names."""
+
+    def __init__(self, gpt, s):
+        super().__init__()
+        last = STAGES * INTERLEAVED - 1
+        self.emb = gpt.emb if s == 0 else None
+        self.blocks = nn.ModuleDict({str(s): gpt.blocks[s]})
+        self.norm, self.head = (gpt.norm, gpt.head) if s == last else (None, None)
+
+    def forward(self, x):
+        x = self.emb(x) if self.emb is not None else x
+        for block in self.blocks.values():
+            x = block(x)
+        return self.head(self.norm(x)) if self.head is not None else x
+
+
 def whole_name(stage, name):
-    """A stage's parameter name as the whole GPT names it."""
+    """A stage's parameter name as the whole GPT names it (interleaved: the rank's
+    ModuleList of Parts, whose names are the GPT's behind the list's index)."""
+    if stage == "parts":
+        return name.split(".", 1)[1]
     if stage == 1 and name.startswith("blocks."):
         index, rest = name[len("blocks."):].split(".", 1)
         return f"blocks.{int(index) + LAYERS // 2}.{rest}"
@@ -178,7 +203,8 @@ def dist_rank():
 
 def trained(mode, steps, config, tp):
     import torch.distributed as dist
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe,
+                                               ScheduleInterleaved1F1B, ScheduleLoopedBFS)
 
     import zeroshard
     from zeroshard.pipelining import PipelineStage
@@ -199,19 +225,35 @@ def trained(mode, steps, config, tp):
         mpu = PipelineMpu(tp)
         module = stage_module(stage_index, tp, mpu.tp_group)
         engine, _, _, _ = zeroshard.initialize(model=module, config=config, mpu=mpu)
+    elif mode in ("interleaved", "looped"):  # this rank's stages s and s + STAGES, ...
+        torch.manual_seed(0)
+        whole = initialized(GPT())
+        module = nn.ModuleList(Part(whole, s)
+                               for s in range(stage_index, STAGES * INTERLEAVED, STAGES))
+        config["pipeline"] = {"stages": STAGES}
+        engine, _, _, _ = zeroshard.initialize(model=module, config=config)
     else:
         module = stage_module(stage_index)
         config["pipeline"] = {"stages": STAGES}
         engine, _, _, _ = zeroshard.initialize(model=module, config=config)
     dp_rank = engine.data_parallel_rank
-    stage = PipelineStage(engine, keep_gathered=keep_gathered, reduce_once=reduce_once)
-    schedule = (ScheduleGPipe if mode == "gpipe" else Schedule1F1B)(
-        stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+    if mode in ("interleaved", "looped"):
+        stages = [PipelineStage(engine, stage_index=stage_index + v * STAGES,
+                                num_stages=STAGES * INTERLEAVED, submodule=part,
+                                keep_gathered=keep_gathered, reduce_once=reduce_once)
+                  for v, part in enumerate(module)]
+        schedule = (ScheduleInterleaved1F1B if mode == "interleaved" else ScheduleLoopedBFS)(
+            stages, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+    else:
+        stage = PipelineStage(engine, keep_gathered=keep_gathered, reduce_once=reduce_once)
+        schedule = (ScheduleGPipe if mode == "gpipe" else Schedule1F1B)(
+            stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+    names = "parts" if mode in ("interleaved", "looped") else stage_index
     losses, norms = [], []
     loaded_params = None
     if resume:
         engine.load_checkpoint(checkpoint)
-        loaded_params = stage_params(engine, stage_index)
+        loaded_params = stage_params(engine, names)
     for step in range(save_at if resume else 0, steps):
         tokens = batch(step, dp_rank)
         micro_losses = []
@@ -225,11 +267,11 @@ def trained(mode, steps, config, tp):
             losses.append(sum(float(l) for l in micro_losses) / len(micro_losses))
         if not resume and step + 1 == save_at:
             engine.save_checkpoint(checkpoint)
-            saved_params = stage_params(engine, stage_index)
+            saved_params = stage_params(engine, names)
     sent = engine._engine.bytes_sent()  # before the gather below
     model = engine.module
-    params = stage_params(engine, stage_index)
-    split = {whole_name(stage_index, n): p.partition_dim for n, p in model.named_parameters()
+    params = stage_params(engine, names)
+    split = {whole_name(names, n): p.partition_dim for n, p in model.named_parameters()
              if getattr(p, "tensor_model_parallel", False)}
     dist.barrier()
     kinds = engine.memory_report()["device"]["kinds"]

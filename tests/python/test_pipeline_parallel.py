@@ -89,6 +89,16 @@ KEEP = {"stage": 3, "stage3_param_persistence_threshold": 0}
 REGATHER = dict(KEEP, keep_gathered=False)
 
 
+@pytest.mark.parametrize("schedule,zero", [("interleaved", {"stage": 1}), ("interleaved", KEEP),
+                                           ("looped", {"stage": 2})])
+def test_several_stages_on_each_rank_train_as_the_whole_model(schedule, zero, scratch):
+    """Interleaved schedules: 4 stages of one block on 2 ranks' stages (stages 0 and 2 on
+    the first, 1 and 3 on the second), each rank's two one engine's nn.ModuleList, run by
+    ScheduleInterleaved1F1B and ScheduleLoopedBFS; the engine counts a micro-batch at the
+    last of its stages' backwards, and reduces once after the step's last."""
+    assert_as_one_process(train(schedule, zero, scratch), reference(scratch))
+
+
 # On the oldest torch (2.6) the GPipe cases run: its Schedule1F1B hangs over Gloo in its own
 # fused send and receive, whatever the stage holds.
 @pytest.mark.parametrize("schedule,zero", [
@@ -236,8 +246,33 @@ def test_what_the_stage_cannot_do_is_refused_by_name(scratch):
                       "x = torch.zeros(2, 4)\n"
                       "schedule.step(x) if stage.is_first else schedule.step(target=x)")
         assert "a schedule built with scale_grads=False sums them; allowed: scale_grads=True" in log
+    log = refusal(scratch, "PipelineStage(engine, num_stages=3)")
+    assert ("num_stages=3 over the engine's pipeline.stages 2; allowed: 2 (one stage per rank) "
+            "or a multiple of it") in log
+    # Several stages on a rank: each a part of the engine's module, named by its index.
     log = refusal(scratch, "PipelineStage(engine, num_stages=4)")
-    assert "num_stages=4 but the engine's pipeline.stages is 2; allowed: 2" in log
+    assert "num_stages=4: 2 stages on each rank, each a part of the engine's module; " \
+        "allowed: submodule= that part" in log
+    log = refusal(scratch, "PipelineStage(engine, stage_index=5)")
+    assert "stage_index=5 on a rank of pipeline stage 0 (rank // (world / pipeline.stages)); " \
+        "allowed: 0 (stage s runs on the ranks of stage s % 2" in log
+    log = refusal(scratch, (
+        "import os\n"
+        "parts = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])\n"
+        "engine, _, _, _ = zeroshard.initialize(model=parts, config=config)\n"
+        "mine = int(os.environ['RANK'])\n"
+        "try:\n"
+        "    PipelineStage(engine, stage_index=mine + 1, num_stages=4, submodule=parts[0])\n"
+        "except zeroshard.Error as e:\n"
+        "    print(e)\n"
+        "stage = PipelineStage(engine, stage_index=mine, num_stages=4, submodule=parts[0])\n"
+        "schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=torch.nn.MSELoss())\n"
+        "x = torch.zeros(2, 4)\n"
+        "schedule.step(x) if stage.is_first else schedule.step(target=x)"))
+    assert "stage_index=1 on a rank of pipeline stage 0 (rank // (world / pipeline.stages)); " \
+        "allowed: 0, 2 (stage s runs on the ranks of stage s % 2" in log
+    assert "this rank holds 2 of the 4 stages but built PipelineStages [0]; allowed: one " \
+        "PipelineStage for each part" in log
     log = refusal(scratch, "PipelineStage(engine)", stages=1, world=1)
     assert "the engine was built with pipeline.stages 1; allowed: the number of stages" in log
     # Stages given different configs (each would agree within itself).
