@@ -50,10 +50,9 @@ int saved_stages(const std::string& dir, const std::string& name) {
 }  // namespace
 
 // A pipeline stage reads its own stage's part; stages are not resliced (each holds other
-// parameters), their data-parallel ranks are.
+// parameters), their data-parallel ranks and tp parts are.
 LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& tag,
                                     const LoadOptions& options) {
-  refuse_pipeline_stages(p_.dist.dims, "load");
   refuse_quantized(p_.plan.settings, "load");
   const std::string name = tag.empty() ? latest_tag(dir) : tag;
   const int stages = p_.dist.dims.size(Dim::Pp), saved = saved_stages(dir, name);

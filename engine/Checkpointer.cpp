@@ -46,18 +46,6 @@ void make_dir(const std::string& path) {
 
 }  // namespace
 
-// A pipeline stage's checkpoint is its own data-parallel checkpoint, one part per stage
-// (engine/Checkpoint.h pipeline_stage_part); stages with tensor parallelism inside are not
-// written yet: refused on every rank alike, before any file is touched.
-void refuse_pipeline_stages(const ParallelDims& d, const char* what) {
-  if (d.size(Dim::Pp) == 1 || d.size(Dim::Tp) == 1) return;
-  fail(
-      "checkpoint {}: the engine is one of pipeline.stages {} with tensor parallelism {} "
-      "inside each; checkpoints of pipeline stages with tensor parallelism are not supported "
-      "yet; allowed: pipeline.stages with data parallelism alone, or tensor parallelism alone",
-      what, d.size(Dim::Pp), d.size(Dim::Tp));
-}
-
 void refuse_quantized(const TrainingSettings& s, const char* what) {
   if (s.weight_quantization.bits == 0) return;  // the same on every rank: the config says it
   fail(
@@ -150,11 +138,10 @@ std::string Checkpointer::save(const std::string& dir, std::string tag,
     fail("checkpoint tag '{}' is not allowed; allowed: a plain name (no '/', not 'latest')", tag);
   }
   const ParallelDims& d = p_.dist.dims;
-  refuse_pipeline_stages(d, "save");
   refuse_quantized(p_.plan.settings, "save");
-  const bool stages = d.size(Dim::Pp) > 1;
-  if (!stages && d.size(Dim::Tp) == 1)
-    return save_part(dir, tag, client_state_json, lr_scheduler_json, options);
+  const bool stages = d.size(Dim::Pp) > 1, tp = d.size(Dim::Tp) > 1;
+  if (!stages && !tp) return save_part(dir, tag, client_state_json, lr_scheduler_json, options);
+  // DIR/TAG/pipeline_stage_XX, DIR/TAG/tp_rank_YY, or both: DIR/TAG/pipeline_stage_XX/tp_rank_YY.
   const std::string whole = dir + "/" + tag;
   std::string failure;
   try {
@@ -162,10 +149,14 @@ std::string Checkpointer::save(const std::string& dir, std::string tag,
     make_dir(whole);
     SaveOptions part = options;
     part.latest = false;
-    save_part(whole,
-              stages ? pipeline_stage_part(d.coordinate(Dim::Pp))
-                     : tensor_parallel_part(d.coordinate(Dim::Tp)),
-              client_state_json, lr_scheduler_json, part);
+    const std::string stage = pipeline_stage_part(d.coordinate(Dim::Pp));
+    if (stages && tp) {
+      save_part(whole + "/" + stage, tensor_parallel_part(d.coordinate(Dim::Tp)), client_state_json,
+                lr_scheduler_json, part);
+    } else {
+      save_part(whole, stages ? stage : tensor_parallel_part(d.coordinate(Dim::Tp)),
+                client_state_json, lr_scheduler_json, part);
+    }
   } catch (const Error& e) {
     failure = e.what();  // the other parts hear of it in publish_parts
   }
@@ -174,48 +165,75 @@ std::string Checkpointer::save(const std::string& dir, std::string tag,
 }
 
 // Each data-parallel group has agreed on its own part (publish); the groups across the
-// parts (tp, or pp: one rank of each part) now agree on all of them, then rank 0 writes
-// tensor_parallel.json or pipeline.json and moves `latest`, and tells every rank through
-// that group and then its data-parallel group (which holds one rank of rank 0's).
+// parts now agree on all of them: with pipeline stages and tensor parallelism, first each
+// stage's tp parts (its tp rank 0 of data-parallel rank 0 writes the stage's
+// tensor_parallel.json), then the stages; otherwise the one level there is. Rank 0 writes
+// tensor_parallel.json or pipeline.json at the top and moves `latest`. A failure is
+// carried up the levels, never thrown between them: every rank reaches each agreement.
 void Checkpointer::publish_parts(const std::string& dir, const std::string& tag,
                                  const std::string& failure_here, bool move_latest) {
   const ParallelDims& d = p_.dist.dims;
   const bool stages = d.size(Dim::Pp) > 1;
-  Collectives* across = stages ? p_.comms.pipeline_parallel() : p_.comms.tensor_parallel();
-  const std::string about_file = stages ? "pipeline.json" : "tensor_parallel.json";
+  std::string failure = failure_here;
+  if (stages && d.size(Dim::Tp) > 1) {
+    const PartsLevel tp_parts{
+        p_.comms.tensor_parallel(),
+        dir + "/" + tag + "/" + pipeline_stage_part(d.coordinate(Dim::Pp)), "tensor_parallel.json",
+        d.coordinate(Dim::Tp) == 0 && d.coordinate(Dim::Dp) == 0, "tensor-parallel rank"};
+    failure = publish_level(tag, tp_parts, failure, "");
+  }
+  const PartsLevel top{stages ? p_.comms.pipeline_parallel() : p_.comms.tensor_parallel(),
+                       dir + "/" + tag,
+                       stages ? "pipeline.json" : "tensor_parallel.json",
+                       p_.dist.env.rank == 0,
+                       stages ? "pipeline stage" : "tensor-parallel rank",
+                       stages ? p_.comms.tensor_parallel() : nullptr};
+  failure = publish_level(tag, top, failure, move_latest ? dir : "");
+  if (!failure.empty()) throw Error(failure);
+}
+
+std::string Checkpointer::publish_level(const std::string& tag, const PartsLevel& level,
+                                        const std::string& failure_here,
+                                        const std::string& latest_dir) {
+  const ParallelDims& d = p_.dist.dims;
   at::Tensor failed = at::full({1}, failure_here.empty() ? 0 : 1, at::kLong);
-  agree(tag, [&] { across->all_reduce_sum(failed).wait(); });
-  if (!failure_here.empty()) throw Error(failure_here);
+  agree(tag, [&] { level.across->all_reduce_sum(failed).wait(); });
+  if (!failure_here.empty()) return failure_here;
   if (failed.item<int64_t>() > 0) {
-    fail(
+    return fmt::format(
         "rank {}: saving checkpoint '{}' failed on another {} (its message says why); the "
         "previous checkpoint stays the latest",
-        p_.dist.env.rank, tag, stages ? "pipeline stage" : "tensor-parallel rank");
+        p_.dist.env.rank, tag, level.part_name);
   }
   at::Tensor published = at::zeros({1}, at::kLong);
   std::string failure;
-  if (p_.dist.env.rank == 0) {
+  if (level.writes) {
     try {
       const nlohmann::json about = {
           {"tp_size", d.size(Dim::Tp)}, {"dp_size", d.size(Dim::Dp)}, {"pp_size", d.size(Dim::Pp)}};
-      write_file_atomically(dir + "/" + tag + "/" + about_file, about.dump(1), "checkpoint");
-      if (move_latest) write_file_atomically(dir + "/latest", tag + "\n", "checkpoint");
+      write_file_atomically(level.folder + "/" + level.about_file, about.dump(1), "checkpoint");
+      if (!latest_dir.empty())
+        write_file_atomically(latest_dir + "/latest", tag + "\n", "checkpoint");
       published.fill_(1);
     } catch (const Error& e) {
       failure = e.what();
     }
   }
   agree(tag, [&] {
-    across->all_reduce_sum(published).wait();
+    level.across->all_reduce_sum(published).wait();
     p_.comms.data_parallel().all_reduce_sum(published).wait();
+    if (level.then) level.then->all_reduce_sum(published).wait();
   });
-  if (!failure.empty()) fail("rank 0: saving checkpoint '{}' failed: {}", tag, failure);
+  if (!failure.empty())
+    return fmt::format("rank {}: saving checkpoint '{}' failed: {}", p_.dist.env.rank, tag,
+                       failure);
   if (published.item<int64_t>() == 0) {
-    fail(
-        "rank {}: saving checkpoint '{}' failed: rank 0 could not write {} (its message "
+    return fmt::format(
+        "rank {}: saving checkpoint '{}' failed: the rank that writes {} could not (its message "
         "says why); the previous checkpoint stays the latest",
-        p_.dist.env.rank, tag, about_file);
+        p_.dist.env.rank, tag, level.about_file);
   }
+  return "";
 }
 
 std::string Checkpointer::save_part(const std::string& dir, const std::string& tag,

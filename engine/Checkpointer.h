@@ -26,6 +26,7 @@
 
 namespace zeroshard {
 
+class Collectives;
 class Communicators;
 class ModuleBuffers;
 class ParamGroupTable;
@@ -49,10 +50,8 @@ struct CheckpointParts {
   c10::Device device;     // the model's: its random stream is saved with the host's
 };
 
-// Checkpoints of pipeline stages with tensor parallelism inside are not written yet: fails
-// (every rank alike) with pp > 1 and tp > 1.
-void refuse_pipeline_stages(const ParallelDims& d, const char* what);
-// Nor are quantized weights' (weight_quantization): fails, every rank alike.
+// Checkpoints of quantized weights (weight_quantization) are not written: fails, every
+// rank alike.
 void refuse_quantized(const TrainingSettings& settings, const char* what);
 
 class Checkpointer {
@@ -83,9 +82,24 @@ class Checkpointer {
                                         const LoadOptions& options);
   LoadedCheckpoint load_part(const CheckpointSource& reader, const std::string& dir,
                              const LoadOptions& options, const std::optional<std::string>& rng);
-  // Tensor parallelism or pipeline stages: every part published, then `latest` moved.
+  // Tensor parallelism or pipeline stages (or both): every part published, then `latest`
+  // moved.
   void publish_parts(const std::string& dir, const std::string& tag, const std::string& failure,
                      bool move_latest);
+  // One level of parts: `across` holds one rank of each, `writes` says whether this rank
+  // writes FOLDER/ABOUT_FILE once all have published; that is told through `across`, the
+  // data-parallel group and `then` (null, or the tp group where stages hold tp parts).
+  struct PartsLevel {
+    Collectives* across;
+    std::string folder, about_file;
+    bool writes;
+    const char* part_name;  // in messages: "pipeline stage"
+    Collectives* then = nullptr;
+  };
+  // The level's agreement; returns this rank's failure or the other parts' (empty: none),
+  // for the level above, and moves LATEST_DIR/latest when given.
+  std::string publish_level(const std::string& tag, const PartsLevel& level,
+                            const std::string& failure_here, const std::string& latest_dir);
 
   // Saving.
   Manifest layout(const SaveOptions& options) const;

@@ -48,15 +48,15 @@ def train(schedule, zero, scratch, tp=1, extra=None):
     return _runs[key]
 
 
-def joined(got, tp):
+def joined(got, tp, key="params"):
     """Each stage's whole parameters from its data-parallel rank 0's tp slices (the first tp
     ranks of the stage), the way tests/python/test_tensor_parallel.py joins them."""
     params, per_stage = {}, len(got) // 2
     for first in (0, per_stage):
         ranks = got[first:first + tp]
-        for name, value in ranks[0]["params"].items():
+        for name, value in ranks[0][key].items():
             if name in ranks[0]["split"]:
-                parts = [torch.tensor(r["params"][name]) for r in ranks]
+                parts = [torch.tensor(r[key][name]) for r in ranks]
                 params[name] = torch.cat(parts, dim=ranks[0]["split"][name])
             else:
                 params[name] = torch.tensor(value)
@@ -192,6 +192,38 @@ def test_a_checkpoint_of_the_stages_resumes_bit_exactly(schedule, zero, scratch)
     assert abs(first - want) <= 1e-6 * abs(want), (first, want)
 
 
+def test_a_checkpoint_of_stages_with_tensor_parallelism_resumes_bit_exactly(scratch):
+    """PP2 x TP2 x DP2 (8 ranks, the groups from an mpu) saved after 2 of 4 steps: each
+    stage's folder a tensor-parallel checkpoint of its own (tp_rank_00, tp_rank_01 and
+    tensor_parallel.json in pipeline_stage_XX); 8 new ranks that load it make the last 2
+    steps bit for bit, and consolidate(stage=) gives each stage's whole tensors, its tp
+    slices joined, as the run held them."""
+    zero, tp = {"stage": 1}, 2
+    whole = train("1f1b", zero, scratch, tp=tp)
+    ckpt = str(scratch / "ckpt-tp")
+    saving = train("1f1b", zero, scratch, tp=tp, extra={"checkpoint": ckpt, "save_at": 2})
+    resumed = train("1f1b", zero, scratch, tp=tp,
+                    extra={"checkpoint": ckpt, "save_at": 2, "resume": True})
+    folder = os.path.join(ckpt, "global_step2")
+    assert sorted(os.listdir(folder)) == ["pipeline.json", "pipeline_stage_00",
+                                          "pipeline_stage_01"]
+    for stage in ("pipeline_stage_00", "pipeline_stage_01"):
+        assert sorted(os.listdir(os.path.join(folder, stage))) == [
+            "tensor_parallel.json", "tp_rank_00", "tp_rank_01"]
+    for full, saved, again in zip(whole, saving, resumed):
+        assert saved["losses"] == full["losses"] and saved["norms"] == full["norms"]
+        assert again["losses"] == full["losses"][2:] and again["norms"] == full["norms"][2:]
+        assert again["params"] == full["params"]
+    import pp_worker
+    from zeroshard import consolidate
+    want = joined(saving, tp, key="params_at_save")
+    for stage in (0, 1):
+        out = str(scratch / f"tp-stage{stage}.pt")
+        consolidate(ckpt, out, stage=stage)
+        for name, t in torch.load(out).items():
+            assert torch.equal(t, want[pp_worker.whole_name(stage, name)]), name
+
+
 def test_fp16_overflow_and_loss_scale_are_agreed_across_the_stages(scratch):
     """The last stage scales the loss; every stage unscales by its own scaler, so the scalers
     must move together: an overflow anywhere skips the step on every rank of both stages."""
@@ -287,7 +319,7 @@ def test_what_the_stage_cannot_do_is_refused_by_name(scratch):
         assert "the ranks did not build the same engine" in log, log
         assert "rank(s) 1 differ from rank 0" in log and "gradient_clipping" in log, log
         assert "config (as given to each pipeline stage)" in log, log
-    # A checkpoint of 2 stages where the engine is one of 1 (pp x tp checkpoints: not yet).
+    # A checkpoint of 2 stages where the engine is one of 1.
     saved = scratch / "two_stages"
     script = scratch / "save_two_stages.py"
     script.write_text(REFUSALS.format(stages=2, body=f"engine.save_checkpoint({str(saved)!r})"))
