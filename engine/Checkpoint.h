@@ -150,6 +150,9 @@ class CheckpointSource {
                     float* out) const = 0;
   // A saved buffer's bytes (rank0.bin), into a host uint8 tensor.
   virtual void read_buffer(const SavedBuffer& buffer, void* out) const = 0;
+  // Whether it holds other pipeline stages' parameters and buffers too (a checkpoint of
+  // another split): those are no strict load's surprise then.
+  virtual bool holds_other_stages() const { return false; }
 };
 
 // Element ranges of saved parameters, gathered from the rank files by name.

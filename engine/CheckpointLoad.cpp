@@ -18,6 +18,7 @@
 #include "engine/ProcessGroupSetup.h"
 #include "engine/ReslicedCheckpoint.h"
 #include "engine/RngStates.h"
+#include "engine/StagesCheckpoint.h"
 #include "engine/StepPipeline.h"
 #include "engine/UnitSchedule.h"
 #include "optim/ShardOptimizer.h"
@@ -49,31 +50,41 @@ int saved_stages(const std::string& dir, const std::string& name) {
 
 }  // namespace
 
-// A pipeline stage reads its own stage's part; stages are not resliced (each holds other
-// parameters), their data-parallel ranks and tp parts are.
+// A pipeline stage reads its own stage's part; its data-parallel ranks and tp parts are
+// resliced as any checkpoint's. Saved by another number of stages (or without, or read
+// without), every saved stage's part is read as one checkpoint, each engine taking its own
+// parameters from it by name (engine/StagesCheckpoint.h).
 LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& tag,
                                     const LoadOptions& options) {
   refuse_quantized(p_.plan.settings, "load");
   const std::string name = tag.empty() ? latest_tag(dir) : tag;
   const int stages = p_.dist.dims.size(Dim::Pp), saved = saved_stages(dir, name);
-  if (saved != stages) {
-    fail(
-        "checkpoint '{}/{}' was saved by {} pipeline stage(s), and this engine is one of "
-        "pipeline.stages {}; allowed: the same pipeline.stages (each stage's part holds its own "
-        "layers)",
-        dir, name, saved, stages);
-  }
-  if (stages == 1) return load_tensor_parallel(dir, name, options);
-  // Each stage reads its own part; one that fails says so to the others (through the pp
-  // group, then each stage's data-parallel group), which would otherwise train on and wait
-  // for it in their first exchange.
+  if (stages == 1 && saved == 1) return load_tensor_parallel(dir, name, options);
+  // One stage that fails says so to the others (through the pp group, then each stage's
+  // data-parallel group), which would otherwise train on and wait for it in their first
+  // exchange.
   std::string failure;
   LoadedCheckpoint loaded;
   try {
-    loaded = load_tensor_parallel(dir + "/" + name,
-                                  pipeline_stage_part(p_.dist.dims.coordinate(Dim::Pp)), options);
+    if (saved == stages) {
+      loaded = load_tensor_parallel(dir + "/" + name,
+                                    pipeline_stage_part(p_.dist.dims.coordinate(Dim::Pp)), options);
+    } else {
+      std::vector<std::unique_ptr<CheckpointSource>> parts;
+      for (int s = 0; s < saved; ++s) {
+        parts.push_back(saved == 1
+                            ? tensor_parallel_source(dir, name)
+                            : tensor_parallel_source(dir + "/" + name, pipeline_stage_part(s)));
+      }
+      const StagesCheckpoint reader(std::move(parts), dir, name);
+      loaded = load_part(reader, dir, options, std::nullopt);
+    }
   } catch (const Error& e) {
     failure = e.what();
+  }
+  if (stages == 1) {
+    if (!failure.empty()) throw Error(failure);
+    return loaded;
   }
   at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kLong);
   p_.comms.pipeline_parallel()->all_reduce_sum(failed).wait();
@@ -88,13 +99,10 @@ LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& t
   return loaded;
 }
 
-// With tensor parallelism this tp coordinate's part (engine/Checkpoint.h). A checkpoint
-// saved at another tp size is read through a ReslicedCheckpoint over all of its parts.
-LoadedCheckpoint Checkpointer::load_tensor_parallel(const std::string& dir, const std::string& name,
-                                                    const LoadOptions& options) {
+// DIR/TAG's tp parts (one without tensor parallelism), in tp order.
+std::vector<std::unique_ptr<CheckpointReader>> Checkpointer::tensor_parallel_parts(
+    const std::string& dir, const std::string& name) const {
   const std::string about = dir + "/" + name + "/tensor_parallel.json";
-  const int tp = p_.dist.dims.size(Dim::Tp);
-  const int coordinate = p_.dist.dims.coordinate(Dim::Tp);
   int saved_tp = 1;
   struct stat st {};
   if (::stat(about.c_str(), &st) == 0) {
@@ -107,21 +115,45 @@ LoadedCheckpoint Checkpointer::load_tensor_parallel(const std::string& dir, cons
       fail("checkpoint '{}': tp_size {} is not allowed; allowed: 1 to 4096", about, saved_tp);
     }
   }
-  const auto part = [&](int t) {
+  std::vector<std::unique_ptr<CheckpointReader>> parts;
+  for (int t = 0; t < saved_tp; ++t) {
     const std::string folder = saved_tp == 1 ? dir : dir + "/" + name;
     const std::string part_tag = saved_tp == 1 ? name : tensor_parallel_part(t);
-    return std::make_unique<CheckpointReader>(folder, read_manifest(folder, part_tag));
-  };
-  if (saved_tp == tp) {
-    const auto reader = part(coordinate);
-    const Manifest& m = reader->manifest();
-    std::optional<std::string> rng;  // each rank's own stream, where it exists
-    if (m.world_size == p_.dist.dims.size(Dim::Dp)) rng = reader->read_rng(rank());
-    return load_part(*reader, saved_tp == 1 ? dir : dir + "/" + name, options, rng);
+    parts.push_back(std::make_unique<CheckpointReader>(folder, read_manifest(folder, part_tag)));
   }
-  std::vector<std::unique_ptr<CheckpointReader>> parts;
-  for (int t = 0; t < saved_tp; ++t) parts.push_back(part(t));
-  const ReslicedCheckpoint reader(std::move(parts), tp, coordinate,
+  return parts;
+}
+
+// DIR/TAG as this rank's tp coordinate holds it: the saved part itself at the same tp
+// size, else resliced from all of them.
+std::unique_ptr<CheckpointSource> Checkpointer::tensor_parallel_source(
+    const std::string& dir, const std::string& name) const {
+  auto parts = tensor_parallel_parts(dir, name);
+  const int tp = p_.dist.dims.size(Dim::Tp);
+  if (static_cast<int>(parts.size()) == tp) {
+    return std::move(parts.at(static_cast<size_t>(p_.dist.dims.coordinate(Dim::Tp))));
+  }
+  return std::make_unique<ReslicedCheckpoint>(std::move(parts), tp,
+                                              p_.dist.dims.coordinate(Dim::Tp),
+                                              p_.groups.tensor_parallel_dims(), dir, name);
+}
+
+// With tensor parallelism this tp coordinate's part (engine/Checkpoint.h). A checkpoint
+// saved at another tp size is read through a ReslicedCheckpoint over all of its parts.
+LoadedCheckpoint Checkpointer::load_tensor_parallel(const std::string& dir, const std::string& name,
+                                                    const LoadOptions& options) {
+  auto parts = tensor_parallel_parts(dir, name);
+  const int saved_tp = static_cast<int>(parts.size());
+  const std::string folder = saved_tp == 1 ? dir : dir + "/" + name;
+  if (saved_tp == p_.dist.dims.size(Dim::Tp)) {
+    const CheckpointReader& reader =
+        *parts.at(static_cast<size_t>(p_.dist.dims.coordinate(Dim::Tp)));
+    std::optional<std::string> rng;  // each rank's own stream, where it exists
+    if (reader.manifest().world_size == p_.dist.dims.size(Dim::Dp)) rng = reader.read_rng(rank());
+    return load_part(reader, folder, options, rng);
+  }
+  const ReslicedCheckpoint reader(std::move(parts), p_.dist.dims.size(Dim::Tp),
+                                  p_.dist.dims.coordinate(Dim::Tp),
                                   p_.groups.tensor_parallel_dims(), dir, name);
   return load_part(reader, dir, options, std::nullopt);
 }
@@ -218,7 +250,7 @@ void Checkpointer::check_buffers(const CheckpointSource& reader, const std::stri
     saved.insert(b.name);
     const NamedBuffer* mine = p_.buffers.find(b.name);
     if (mine == nullptr || !mine->persistent) {
-      if (!strict) continue;
+      if (!strict || reader.holds_other_stages()) continue;
       fail(
           "checkpoint '{}/{}' has buffer '{}', which the model does not have (non-strict "
           "loading skips it: load_module_strict=False)",
@@ -288,7 +320,7 @@ void Checkpointer::check_params(const CheckpointSource& reader, const std::strin
       }
     }
   }
-  if (!options.strict) return;
+  if (!options.strict || reader.holds_other_stages()) return;
   for (const auto& g : reader.manifest().groups) {
     for (const auto& p : g.params) {
       if (!mine.count(p.name)) {

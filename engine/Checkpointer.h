@@ -12,6 +12,7 @@
 // leave the optimizer's state as it is. Saving is Checkpointer.cpp, loading
 // CheckpointLoad.cpp.
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -80,6 +81,10 @@ class Checkpointer {
   // DIR/TAG, or this tp coordinate's part of it (resliced from another tp size).
   LoadedCheckpoint load_tensor_parallel(const std::string& dir, const std::string& name,
                                         const LoadOptions& options);
+  std::vector<std::unique_ptr<CheckpointReader>> tensor_parallel_parts(
+      const std::string& dir, const std::string& name) const;
+  std::unique_ptr<CheckpointSource> tensor_parallel_source(const std::string& dir,
+                                                           const std::string& name) const;
   LoadedCheckpoint load_part(const CheckpointSource& reader, const std::string& dir,
                              const LoadOptions& options, const std::optional<std::string>& rng);
   // Tensor parallelism or pipeline stages (or both): every part published, then `latest`

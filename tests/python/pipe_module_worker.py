@@ -1,7 +1,7 @@
 """One rank of a DeepSpeed pipeline script, run by DeepSpeed itself (mode deepspeed, its CPU
 accelerator over Gloo) or with its imports switched to zeroshard's (mode zeroshard): a small
 language model given as layers, its embedding a TiedLayerSpec reused as the output head,
-PipelineModule(num_stages=2, partition_method=PART), engine.train_batch(data_iter) for
+PipelineModule(num_stages=2 or CONFIG's stages, partition_method=PART), train_batch for
 STEPS steps, then eval_batch. Writes OUT.rankN.json: each step's returned loss and global
 gradient norm, the stage's layer boundaries, the sum of the tied embedding on this rank after
 each step, the evaluated loss, and zeroshard's warnings. CONFIG's checkpoint and save_at: the engine saves
@@ -50,6 +50,7 @@ def main():
     dropout, seed_layers = config.pop("dropout", 0.0), config.pop("seed_layers", False)
     interval, topology = config.pop("interval", 0), config.pop("topology", False)
     checkpointable = config.pop("checkpointable", None)
+    stages = config.pop("stages", 2)
     torch.set_num_threads(1)
     if mode == "deepspeed":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -67,19 +68,19 @@ def main():
     layers += [LayerSpec(Block, DIM, dropout) for _ in range(BLOCKS)]
     layers += [LayerSpec(nn.LayerNorm, DIM)]
     layers += [TiedLayerSpec("embed", nn.Embedding, VOCAB, DIM, forward_fn=head)]
-    stages = dict(topology=PipeDataParallelTopology(num_pp=2, num_dp=dist.get_world_size() // 2)
-                  ) if topology else dict(num_stages=2)
+    split = dict(topology=PipeDataParallelTopology(
+        num_pp=stages, num_dp=int(os.environ["WORLD_SIZE"]) // stages)
+    ) if topology else dict(num_stages=stages)
     model = PipelineModule(layers=layers, loss_fn=loss_fn, partition_method=part,
                            seed_layers=seed_layers, activation_checkpoint_interval=interval,
-                           checkpointable_layers=checkpointable,
-                           **stages)
+                           checkpointable_layers=checkpointable, **split)
     config = dict(config, train_micro_batch_size_per_gpu=MICRO, gradient_clipping=0.05,
                   optimizer={"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95],
                                                          "eps": 1e-8, "weight_decay": 0.1}})
     engine, _, _, _ = ds.initialize(model=model, config=config,
                                     model_parameters=[p for p in model.parameters()
                                                       if p.requires_grad])
-    dp_rank = dist.get_rank() % (dist.get_world_size() // 2)
+    dp_rank = dist.get_rank() % (dist.get_world_size() // stages)
     g = torch.Generator().manual_seed(1234 + dp_rank)  # the first and the last stage alike
 
     def batches():
@@ -102,7 +103,8 @@ def main():
             engine.save_checkpoint(checkpoint)
         norm = engine.get_global_grad_norm()
         norms.append(None if norm is None else float(norm))
-        tied.append(float(model.tied_modules["embed"].weight.detach().double().sum()))
+        tied.append(float(model.tied_modules["embed"].weight.detach().double().sum())
+                    if "embed" in model.tied_modules else None)  # a stage without it
     # The next step's batch, forward only (torch 2.6's schedules have no eval: refused there).
     from torch.distributed.pipelining import ScheduleGPipe
     evaluated = float(engine.eval_batch(data_iter=data)) if hasattr(ScheduleGPipe, "eval") else None

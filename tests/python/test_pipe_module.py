@@ -76,6 +76,34 @@ def test_a_checkpoint_of_the_stages_resumes_with_the_tied_embedding(stage, scrat
         assert g["tied_sums"] == w["tied_sums"][2:] and g["eval_loss"] == w["eval_loss"]
 
 
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_checkpoint_loads_at_another_number_of_stages(stage, scratch):
+    """Saved by 2 stages after 2 of 4 steps (2 ranks), loaded by 4 (4 ranks, the layers cut
+    [0, 2, 3, 4, 7]): each stage takes its layers' parameters and optimizer state from the
+    part that holds them (PipelineModule names its layers across the whole model), and the
+    last 2 steps' losses, norms, the tied embedding and eval_batch's loss are the 2-stage
+    run's."""
+    base = {"gradient_accumulation_steps": 4, "zero_optimization": {"stage": stage}}
+    whole = run_ranks([WORKER, "zeroshard", str(STEPS), str(scratch / "two"), json.dumps(base)],
+                      2, str(scratch / "two"))
+    ckpt = str(scratch / "ckpt")
+    saving = dict(base, checkpoint=ckpt, save_at=2)
+    run_ranks([WORKER, "zeroshard", str(STEPS), str(scratch / "saving"), json.dumps(saving)], 2,
+              str(scratch / "saving"))
+    out = str(scratch / "four")
+    got = run_ranks([WORKER, "zeroshard", str(STEPS), out,
+                     json.dumps(dict(saving, resume=True, stages=4))], 4, out)
+    assert got[0]["parts"] == [0, 2, 3, 4, 7] and whole[0]["parts"] == [0, 3, 7]
+    w = whole[0]
+    for g in got:
+        for step in range(2):
+            assert close(g["losses"][step], w["losses"][2 + step]), (g["losses"], w["losses"])
+            assert close(g["norms"][step], w["norms"][2 + step]), (g["norms"], w["norms"])
+        assert close(g["eval_loss"], w["eval_loss"])
+    for g in (got[0], got[3]):  # the stages that hold the tied embedding
+        assert all(close(a, b) for a, b in zip(g["tied_sums"], w["tied_sums"][2:]))
+
+
 @needs_deepspeed
 def test_partitions_are_deepspeeds():
     """The layer boundaries of 'parameters' (a linear partition of the counts) and
