@@ -60,16 +60,18 @@ LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& t
   const std::string name = tag.empty() ? latest_tag(dir) : tag;
   const int stages = p_.dist.dims.size(Dim::Pp), saved = saved_stages(dir, name);
   if (stages == 1 && saved == 1) return load_tensor_parallel(dir, name, options);
-  // One stage that fails says so to the others (through the pp group, then each stage's
-  // data-parallel group), which would otherwise train on and wait for it in their first
-  // exchange.
   std::string failure;
   LoadedCheckpoint loaded;
   try {
-    if (saved == stages) {
-      loaded = load_tensor_parallel(dir + "/" + name,
-                                    pipeline_stage_part(p_.dist.dims.coordinate(Dim::Pp)), options);
-    } else {
+    bool by_name = saved != stages;
+    if (!by_name) {  // the same split, unless this stage's part holds other parameters
+      const std::string folder = dir + "/" + name;
+      const std::string part = pipeline_stage_part(p_.dist.dims.coordinate(Dim::Pp));
+      auto parts = tensor_parallel_parts(folder, part);
+      by_name = !holds_just_this_engines(*parts.front());
+      if (!by_name) loaded = load_tensor_parallel(folder, part, options, std::move(parts));
+    }
+    if (by_name) {
       std::vector<std::unique_ptr<CheckpointSource>> parts;
       for (int s = 0; s < saved; ++s) {
         parts.push_back(saved == 1
@@ -82,21 +84,32 @@ LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& t
   } catch (const Error& e) {
     failure = e.what();
   }
-  if (stages == 1) {
-    if (!failure.empty()) throw Error(failure);
-    return loaded;
-  }
+  // A rank that fails says so to every other (through the pp, tp and data-parallel groups
+  // in turn), which would otherwise train on and wait for it in their first exchange.
   at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kLong);
-  p_.comms.pipeline_parallel()->all_reduce_sum(failed).wait();
+  if (Collectives* pp = p_.comms.pipeline_parallel()) pp->all_reduce_sum(failed).wait();
+  if (Collectives* tp = p_.comms.tensor_parallel()) tp->all_reduce_sum(failed).wait();
   p_.comms.data_parallel().all_reduce_sum(failed).wait();
   if (!failure.empty()) throw Error(failure);
   if (failed.item<int64_t>() > 0) {
-    fail(
-        "rank {}: loading checkpoint '{}/{}' failed on another pipeline stage (its message says "
-        "why)",
-        p_.dist.env.rank, dir, name);
+    fail("rank {}: loading checkpoint '{}/{}' failed on another rank (its message says why)",
+         p_.dist.env.rank, dir, name);
   }
   return loaded;
+}
+
+// Whether a saved part holds this engine's parameters and no others (the same split).
+bool Checkpointer::holds_just_this_engines(const CheckpointSource& part) const {
+  size_t mine = 0;
+  for (const auto& record : p_.groups) {
+    for (const auto& s : record.flat->slots()) {
+      if (!part.has_param(s.name)) return false;
+      ++mine;
+    }
+  }
+  size_t saved = 0;
+  for (const auto& g : part.manifest().groups) saved += g.params.size();
+  return saved == mine;
 }
 
 // DIR/TAG's tp parts (one without tensor parallelism), in tp order.
@@ -142,7 +155,12 @@ std::unique_ptr<CheckpointSource> Checkpointer::tensor_parallel_source(
 // saved at another tp size is read through a ReslicedCheckpoint over all of its parts.
 LoadedCheckpoint Checkpointer::load_tensor_parallel(const std::string& dir, const std::string& name,
                                                     const LoadOptions& options) {
-  auto parts = tensor_parallel_parts(dir, name);
+  return load_tensor_parallel(dir, name, options, tensor_parallel_parts(dir, name));
+}
+
+LoadedCheckpoint Checkpointer::load_tensor_parallel(
+    const std::string& dir, const std::string& name, const LoadOptions& options,
+    std::vector<std::unique_ptr<CheckpointReader>> parts) {
   const int saved_tp = static_cast<int>(parts.size());
   const std::string folder = saved_tp == 1 ? dir : dir + "/" + name;
   if (saved_tp == p_.dist.dims.size(Dim::Tp)) {

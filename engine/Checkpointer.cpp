@@ -44,6 +44,15 @@ void make_dir(const std::string& path) {
   }
 }
 
+// PATH and the folders above it that are missing (DIR/TAG/pipeline_stage_XX/tp_rank_YY).
+void make_dirs(const std::string& path) {
+  for (size_t slash = path.find('/', 1); slash != std::string::npos;
+       slash = path.find('/', slash + 1)) {
+    make_dir(path.substr(0, slash));
+  }
+  make_dir(path);
+}
+
 }  // namespace
 
 void refuse_quantized(const TrainingSettings& s, const char* what) {
@@ -144,9 +153,7 @@ std::string Checkpointer::save(const std::string& dir, std::string tag,
   // DIR/TAG/pipeline_stage_XX, DIR/TAG/tp_rank_YY, or both: DIR/TAG/pipeline_stage_XX/tp_rank_YY.
   const std::string whole = dir + "/" + tag;
   std::string failure;
-  try {
-    make_dir(dir);
-    make_dir(whole);
+  try {  // save_part makes the folders where its ranks agree on a failure to
     SaveOptions part = options;
     part.latest = false;
     const std::string stage = pipeline_stage_part(d.coordinate(Dim::Pp));
@@ -262,8 +269,7 @@ std::string Checkpointer::save_part(const std::string& dir, const std::string& t
       fail("lr_scheduler state is not plain data (JSON): {}", e.what());
     }
     const std::string folder = dir + "/" + tag;
-    make_dir(dir);
-    make_dir(folder);
+    make_dirs(folder);
     if (rank() < shard_count()) write_rank_file(folder, options);
   } catch (const Error& e) {
     failure = e.what();

@@ -81,6 +81,10 @@ class Checkpointer {
   // DIR/TAG, or this tp coordinate's part of it (resliced from another tp size).
   LoadedCheckpoint load_tensor_parallel(const std::string& dir, const std::string& name,
                                         const LoadOptions& options);
+  LoadedCheckpoint load_tensor_parallel(const std::string& dir, const std::string& name,
+                                        const LoadOptions& options,
+                                        std::vector<std::unique_ptr<CheckpointReader>> parts);
+  bool holds_just_this_engines(const CheckpointSource& part) const;
   std::vector<std::unique_ptr<CheckpointReader>> tensor_parallel_parts(
       const std::string& dir, const std::string& name) const;
   std::unique_ptr<CheckpointSource> tensor_parallel_source(const std::string& dir,

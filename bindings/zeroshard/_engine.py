@@ -344,8 +344,8 @@ class ZeroShardEngine(SavingMethods):
     def is_gradient_accumulation_boundary(self):
         """True when the next engine.step() ends an accumulation window (steps the
         optimizer), as DeepSpeed counts micro-steps."""
-        # The engine counts a micro-step at each backward (and a checkpoint restores the
-        # count); DeepSpeed counts at each step().
+        # The engine counts a micro-step at each (last pipeline stage's) backward, restored
+        # by a checkpoint; DeepSpeed counts at each step().
         done = self._engine.micro_steps - (1 if self._pending_backward else 0)
         return self._engine.ends_accumulation(done + 1)
 

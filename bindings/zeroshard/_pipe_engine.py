@@ -49,6 +49,7 @@ def pipe_config(config, module):
     if interval:
         module.activation_checkpoint_interval = interval
     reentrant = pipeline.pop("use_reentrant", True)
+    reentrant = True if reentrant is None else reentrant  # DeepSpeed's default
     if reentrant not in (True, False):
         raise _error(f"{origin}: pipeline.use_reentrant is {reentrant!r}; allowed: true, false")
     if not reentrant:

@@ -101,13 +101,21 @@ def partition_balanced(weights, parts):
 
 
 def _seed(seed):
+    """DeepSpeed's set_random_seed: numpy takes 32-bit seeds, torch 64-bit ones (seed_layers'
+    seeds grow with every forward)."""
     random.seed(seed)
     try:
         import numpy
-        numpy.random.seed(seed)
+        numpy.random.seed(seed % (2 ** 32))
     except ImportError:
         pass
-    torch.manual_seed(seed)
+    torch.manual_seed(seed % (2 ** 63))
+
+
+def is_non_reentrant(func):
+    """zeroshard's non_reentrant_checkpoint or DeepSpeed's own (a script may pass it)."""
+    return func is non_reentrant_checkpoint or getattr(func, "__name__", "") == \
+        "non_reentrant_checkpoint"
 
 
 class PipelineModule(nn.Module):
@@ -250,7 +258,7 @@ class PipelineModule(nn.Module):
         listed classes) only, under a reentrant checkpoint; otherwise the listed classes, or,
         with no list, any chunk holding a module with parameters."""
         names = [type(f).__name__ for f in funcs]
-        if (self.activation_checkpoint_func is not non_reentrant_checkpoint
+        if (not is_non_reentrant(self.activation_checkpoint_func)
                 and type(self).__name__ in ("GPTModelPipe", "GPT2ModelPipe")):
             listed = self.checkpointable_layers or []
             return all("ParallelTransformerLayerPipe" in n or n in listed for n in names)
@@ -263,7 +271,7 @@ class PipelineModule(nn.Module):
         checkpoint: a floating-point input needs a gradient, so that the checkpointed layers
         that read it get theirs."""
         if (self.stage_id != 0 or not self.activation_checkpoint_interval
-                or self.activation_checkpoint_func is non_reentrant_checkpoint):
+                or is_non_reentrant(self.activation_checkpoint_func)):
             return x
 
         def needing_grad(t):
@@ -277,7 +285,7 @@ class PipelineModule(nn.Module):
         """A reentrant checkpoint over inputs none of which needs a gradient gives its layers'
         parameters none (DeepSpeed's numbers, so done alike), said once per chunk."""
         if (not torch.is_grad_enabled() or start in self._warned_no_gradient
-                or self.activation_checkpoint_func is non_reentrant_checkpoint
+                or is_non_reentrant(self.activation_checkpoint_func)
                 or any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)):
             return
         self._warned_no_gradient.add(start)

@@ -70,7 +70,7 @@ def pipeline_group(engine):
 
 def _stages_on_rank(engine, num_stages, submodule):
     """How many of the pipeline's stages this rank runs (num_stages over the ranks' stages),
-    told to the engine once: it counts a micro-batch at the last of their backwards."""
+    checked against what another stage of the engine said."""
     ranks = engine._engine.pipeline_parallel_size
     if num_stages < ranks or num_stages % ranks:
         raise _error(f"num_stages={num_stages} over the engine's pipeline.stages {ranks}; "
@@ -86,14 +86,19 @@ def _stages_on_rank(engine, num_stages, submodule):
         raise _error("submodule: one stage per rank runs the engine's whole module; allowed: "
                      "None, or num_stages a multiple of pipeline.stages")
     told = engine.__dict__.get("_pipeline_stages_on_rank")
-    if told is None:
-        engine._engine.set_pipeline_stages_on_rank(on_rank)
-        engine._pipeline_stages_on_rank = on_rank
-    elif told != on_rank:
+    if told is not None and told != on_rank:
         raise _error(f"num_stages={num_stages} ({on_rank} on each rank) but another "
                      f"PipelineStage of this engine said {told} on each rank; allowed: one "
                      "num_stages for every stage")
     return on_rank
+
+
+def _tell_stages_on_rank(engine, on_rank):
+    """Once the stage is built: the engine counts a micro-batch at the last of as many
+    backwards."""
+    if engine.__dict__.get("_pipeline_stages_on_rank") is None:
+        engine._engine.set_pipeline_stages_on_rank(on_rank)
+        engine._pipeline_stages_on_rank = on_rank
 
 
 class _RealShapes(torch.nn.Module):
@@ -166,6 +171,7 @@ class PipelineStage(_TorchPipelineStage):
                          group=group if group is not None else pipeline_group(engine))
         self.engine = engine
         self._on_rank = on_rank
+        _tell_stages_on_rank(engine, on_rank)
         built = engine.__dict__.setdefault("_pipeline_stages_built", set())
         built.add(stage_index)
         if keep_gathered:
@@ -204,7 +210,7 @@ class PipelineStage(_TorchPipelineStage):
         if backward_type != "full":
             raise _error(f"a schedule that splits backward ({backward_type!r} backward: "
                          "zero-bubble schedules) is not supported; allowed: ScheduleGPipe, "
-                         "Schedule1F1B")
+                         "Schedule1F1B, ScheduleInterleaved1F1B, ScheduleLoopedBFS")
         core = self.engine._engine
         if self.is_last:  # the loss: fp16's scale goes in here
             bwd_kwargs = dict(bwd_kwargs, stage_output=core.begin_backward(

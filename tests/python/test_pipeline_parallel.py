@@ -89,6 +89,11 @@ KEEP = {"stage": 3, "stage3_param_persistence_threshold": 0}
 REGATHER = dict(KEEP, keep_gathered=False)
 
 
+# On torch 2.6 (the oldest leg) these runs did not finish in 300 s over Gloo, as its
+# Schedule1F1B's do not: its multi-stage schedules send and receive through the same fused
+# batch.
+@pytest.mark.skipif(tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 11),
+                    reason="torch 2.6's multi-stage schedules hang over Gloo")
 @pytest.mark.parametrize("schedule,zero", [("interleaved", {"stage": 1}), ("interleaved", KEEP),
                                            ("looped", {"stage": 2})])
 def test_several_stages_on_each_rank_train_as_the_whole_model(schedule, zero, scratch):
@@ -334,7 +339,7 @@ def test_what_the_stage_cannot_do_is_refused_by_name(scratch):
     script.write_text(REFUSALS.format(stages=2, body=f"engine.load_checkpoint({str(saved)!r})"))
     ran = run_ranks([str(script)], 2, str(scratch / "loaded"), expect_ok=False, timeout=120)
     assert all(code != 0 for code, _ in ran), ran
-    assert "failed on another pipeline stage" in ran[0][1], ran[0][1]
+    assert "failed on another rank (its message says why)" in ran[0][1], ran[0][1]
     assert "manifest.json" in ran[1][1], ran[1][1]
     manifest.write_text(kept)
     log = refusal(scratch, f"engine.load_checkpoint({str(saved)!r})", stages=1, world=1)
