@@ -99,7 +99,8 @@ def test_a_checkpoint_loads_at_another_number_of_stages(stage, scratch):
         for step in range(2):
             assert close(g["losses"][step], w["losses"][2 + step]), (g["losses"], w["losses"])
             assert close(g["norms"][step], w["norms"][2 + step]), (g["norms"], w["norms"])
-        assert close(g["eval_loss"], w["eval_loss"])
+        # (None on torch 2.6, whose schedules have no eval)
+        assert g["eval_loss"] == w["eval_loss"] or close(g["eval_loss"], w["eval_loss"])
     for g in (got[0], got[3]):  # the stages that hold the tied embedding
         assert all(close(a, b) for a, b in zip(g["tied_sums"], w["tied_sums"][2:]))
 

@@ -204,10 +204,13 @@ def test_a_checkpoint_of_stages_with_tensor_parallelism_resumes_bit_exactly(scra
     steps bit for bit, and consolidate(stage=) gives each stage's whole tensors, its tp
     slices joined, as the run held them."""
     zero, tp = {"stage": 1}, 2
-    whole = train("1f1b", zero, scratch, tp=tp)
+    # GPipe on torch 2.6, whose Schedule1F1B hangs over Gloo (the oldest leg).
+    schedule = "1f1b" if tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 11) \
+        else "gpipe"
+    whole = train(schedule, zero, scratch, tp=tp)
     ckpt = str(scratch / "ckpt-tp")
-    saving = train("1f1b", zero, scratch, tp=tp, extra={"checkpoint": ckpt, "save_at": 2})
-    resumed = train("1f1b", zero, scratch, tp=tp,
+    saving = train(schedule, zero, scratch, tp=tp, extra={"checkpoint": ckpt, "save_at": 2})
+    resumed = train(schedule, zero, scratch, tp=tp,
                     extra={"checkpoint": ckpt, "save_at": 2, "resume": True})
     folder = os.path.join(ckpt, "global_step2")
     assert sorted(os.listdir(folder)) == ["pipeline.json", "pipeline_stage_00",
