@@ -350,6 +350,14 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def("begin_backward", &EngineImpl::begin_backward, py::arg("loss"),
            py::call_guard<py::gil_scoped_release>())
       .def("end_backward", &EngineImpl::end_backward, py::call_guard<py::gil_scoped_release>())
+      .def("begin_input_backward", &EngineImpl::begin_input_backward, py::arg("loss"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("end_input_backward", &EngineImpl::end_input_backward,
+           py::call_guard<py::gil_scoped_release>())
+      .def("begin_weight_backward", &EngineImpl::begin_weight_backward,
+           py::call_guard<py::gil_scoped_release>())
+      .def("end_weight_backward", &EngineImpl::end_weight_backward,
+           py::call_guard<py::gil_scoped_release>())
       .def("keep_units_gathered_in_step", &EngineImpl::keep_units_gathered_in_step)
       .def("reduce_once_per_step", &EngineImpl::reduce_once_per_step)
       .def("set_pipeline_stages_on_rank", &EngineImpl::set_pipeline_stages_on_rank,

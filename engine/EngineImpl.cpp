@@ -61,17 +61,38 @@ void EngineImpl::backward(const at::Tensor& loss, bool retain_graph) {
 }
 
 at::Tensor EngineImpl::begin_backward(const at::Tensor& loss) {
-  std::optional<c10::Stream> stream;  // where an overlapped step's copies are ordered after
-  const c10::Device where = device_.where;
-  if (!where.is_cpu()) stream = c10::impl::getDeviceGuardImpl(where.type())->getStream(where);
-  const at::Tensor scaled = pipeline_->begin_backward(
-      loss, [this] { return param_group_hypers(); }, stream);
+  const at::Tensor scaled = open_backward(loss);
   if (units_) units_->end_forward();
   return scaled;
 }
 
 void EngineImpl::end_backward() {
   if (units_) units_->end_backward();
+  end_weight_backward();
+}
+
+at::Tensor EngineImpl::open_backward(const at::Tensor& loss) {
+  std::optional<c10::Stream> stream;  // where an overlapped step's copies are ordered after
+  const c10::Device where = device_.where;
+  if (!where.is_cpu()) stream = c10::impl::getDeviceGuardImpl(where.type())->getStream(where);
+  return pipeline_->begin_backward(
+      loss, [this] { return param_group_hypers(); }, stream);
+}
+
+at::Tensor EngineImpl::begin_input_backward(const at::Tensor& loss) {
+  if (units_) units_->end_forward();
+  return loss * pipeline_->loss_scale();
+}
+
+void EngineImpl::end_input_backward() {
+  if (units_) units_->end_backward();
+}
+
+void EngineImpl::begin_weight_backward() {
+  open_backward(at::zeros({}));
+}
+
+void EngineImpl::end_weight_backward() {
   fault_point("backward.end");
   pipeline_->end_backward();
 }

@@ -98,6 +98,16 @@ class EngineImpl final : public Engine {
   // it; the others' incoming gradients carry the scale already); end closes it.
   at::Tensor begin_backward(const at::Tensor& loss);
   void end_backward();
+  // A micro-batch's backward split in two (zero-bubble pipeline schedules). The input half
+  // differentiates the stage's inputs only: the units run their backward (gathered as in
+  // any), no parameter's gradient lands, nothing is counted or reduced; begin returns `loss`
+  // times fp16's scale. The weight half lands the parameters' gradients from what the input
+  // half left: counted and reduced as a whole backward, the units untouched (it reads no
+  // parameter).
+  at::Tensor begin_input_backward(const at::Tensor& loss);
+  void end_input_backward();
+  void begin_weight_backward();
+  void end_weight_backward();
   // Stage 3: every unit stays gathered from its first use in a step to the optimizer step,
   // across the micro-batches of a pipeline schedule (FSDP's reshard_after_forward=False);
   // the plan counts every parameter as gathered from then on.
@@ -201,6 +211,9 @@ class EngineImpl final : public Engine {
   void reduce_across_shards(at::Tensor& tensor);
 
  private:
+  // A counted backward opened (the micro-step, the overlapped step, the reducer): `loss`
+  // times fp16's scale.
+  at::Tensor open_backward(const at::Tensor& loss);
   // After the update: the updated shards reach every rank that holds the whole group.
   bool finish_step();
   // This rank's shard and the number of shards: its place in its shard group

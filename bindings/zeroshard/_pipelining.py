@@ -22,7 +22,10 @@ parts of one engine's module (an nn.ModuleList), one PipelineStage each:
 
 The engine counts a micro-batch at the last of its stages' backwards, so the window ends
 with the step's last backward on the rank, and one optimizer step, one norm and one
-reduction (reduce_once) cover all of them.
+reduction (reduce_once) cover all of them. Zero-bubble schedules (ScheduleInterleavedZeroBubble;
+ScheduleZBVZeroBubble and ScheduleDualPipeV, whose V puts stages s and 2P-1-s on one rank)
+split each backward in an input and a weight half; the engine counts the weight half
+(PipelineStage.backward_maybe_with_nosync).
 
 What the stage does that torch's does for DDP and FSDP modules:
 - each micro-batch's backward runs inside the engine's backward (its gradients reduced as
@@ -36,6 +39,7 @@ What the stage does that torch's does for DDP and FSDP modules:
 - at stage 3 a unit stays gathered across a step's micro-batches (keep_gathered)."""
 import torch
 import torch.distributed as dist
+from torch.autograd.graph import GradientEdge
 from torch.distributed.pipelining import PipelineStage as _TorchPipelineStage
 
 from . import _launch, _zeroshard
@@ -91,6 +95,19 @@ def _stages_on_rank(engine, num_stages, submodule):
                      f"PipelineStage of this engine said {told} on each rank; allowed: one "
                      "num_stages for every stage")
     return on_rank
+
+
+def _placements(ranks, num_stages, mine):
+    """The stages the rank of pipeline stage `mine` may run: looped (s % ranks, torch's
+    interleaved schedules) and V-shaped (down the ranks and back up, its V schedules)."""
+    looped = list(range(mine, num_stages, ranks))
+    v_shaped = [s for s in range(num_stages)
+                if (s % ranks if (s // ranks) % 2 == 0 else ranks - 1 - s % ranks) == mine]
+    return looped, v_shaped
+
+
+def _listed(stages):
+    return ", ".join(str(s) for s in stages)
 
 
 def _tell_stages_on_rank(engine, on_rank):
@@ -151,15 +168,19 @@ class PipelineStage(_TorchPipelineStage):
         mine = core.pipeline_stage
         if stage_index is None and on_rank == 1:
             stage_index = mine
-        if stage_index is None or stage_index % ranks != mine or not 0 <= stage_index < num_stages:
-            allowed = ", ".join(str(s) for s in range(mine, num_stages, ranks))
+        looped, v_shaped = _placements(ranks, num_stages, mine)
+        if stage_index not in looped + v_shaped:
             raise _error(f"stage_index={stage_index} on a rank of pipeline stage {mine} (rank // "
-                         f"(world / pipeline.stages)); allowed: {allowed} (stage s runs on the "
-                         f"ranks of stage s % {ranks}, as torch's interleaved schedules place "
-                         "it)" + (", or leave it out" if on_rank == 1 else ""))
+                         f"(world / pipeline.stages)); allowed: {_listed(looped)} (stage s "
+                         f"runs on the ranks of stage s % {ranks}, as torch's interleaved "
+                         "schedules place it)"
+                         + (f" or {_listed(v_shaped)} (the V of ScheduleZBVZeroBubble and "
+                            "ScheduleDualPipeV)" if v_shaped != looped else "")
+                         + (", or leave it out" if on_rank == 1 else ""))
         if dw_builder is not None:
-            raise _error("dw_builder: split input and weight backward is not supported; "
-                         "allowed: None")
+            raise _error("dw_builder: a weight backward of one's own is not supported (the "
+                         "stage runs the weight half of split backward itself, through the "
+                         "engine); allowed: None")
         module = engine.module if submodule is None else submodule
         if not any(p.requires_grad for p in module.parameters()):
             raise _error(f"stage {stage_index} has no trainable parameter; allowed: a "
@@ -192,6 +213,14 @@ class PipelineStage(_TorchPipelineStage):
             module.micro_offset = counted
         return out
 
+    def _get_init_p2p_neighbors_ops(self):
+        """The first exchange with the neighbouring stages, less those on this rank (a V
+        schedule's turn): Gloo has no pair to itself, and the schedule hands such a stage
+        its input locally."""
+        mine = dist.get_rank(self.group)
+        return [op for op in super()._get_init_p2p_neighbors_ops()
+                if dist.get_global_rank(self.group, mine) != op.peer]
+
     def _prepare_forward_infra(self, num_microbatches, *args, **kwargs):
         built = sorted(self.engine._pipeline_stages_built)
         if len(built) != self._on_rank:
@@ -207,11 +236,21 @@ class PipelineStage(_TorchPipelineStage):
         return super()._prepare_forward_infra(num_microbatches, *args, **kwargs)
 
     def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
-        if backward_type != "full":
-            raise _error(f"a schedule that splits backward ({backward_type!r} backward: "
-                         "zero-bubble schedules) is not supported; allowed: ScheduleGPipe, "
-                         "Schedule1F1B, ScheduleInterleaved1F1B, ScheduleLoopedBFS")
+        """Each micro-batch's backward inside the engine's. Zero-bubble schedules split it:
+        the input half ("input": the stage's inputs' gradients, for the stage before) and,
+        later, the weight half ("weight": the parameters', from what the input half left at
+        the nodes where the inputs' and the parameters' paths meet); the engine counts and
+        reduces at the weight half (engine/EngineImpl.h begin_input_backward)."""
         core = self.engine._engine
+        if backward_type == "input":
+            return self._input_backward(core, bwd_kwargs, last_backward)
+        if backward_type == "weight":
+            core.begin_weight_backward()
+            self._weight_backward(bwd_kwargs["param_groups"])
+            core.end_weight_backward()
+            self.engine._pending_backward = True
+            self._backwards += 1
+            return (), None
         if self.is_last:  # the loss: fp16's scale goes in here
             bwd_kwargs = dict(bwd_kwargs, stage_output=core.begin_backward(
                 bwd_kwargs["stage_output"]))
@@ -222,6 +261,33 @@ class PipelineStage(_TorchPipelineStage):
         self.engine._pending_backward = True
         self._backwards += 1
         return result
+
+    def _input_backward(self, core, bwd_kwargs, last_backward):
+        if self.is_last:  # (loss,): fp16's scale goes in here
+            loss, = bwd_kwargs["stage_output"]
+            bwd_kwargs = dict(bwd_kwargs, stage_output=(core.begin_input_backward(loss),))
+        else:
+            core.begin_input_backward(torch.zeros((), device=self.device))
+        result = super().backward_maybe_with_nosync("input", bwd_kwargs, last_backward)
+        core.end_input_backward()
+        return result
+
+    def _weight_backward(self, param_groups):
+        """The parameters' gradients of one micro-batch, accumulated into .grad by autograd
+        itself, through each parameter's accumulator node (torch's weight half sets .grad
+        by hand, which the engine's hooks on each parameter's accumulation would not see)."""
+        for group in param_groups or ():
+            edges, grads = [], []
+            for received, node in zip(group.get("grads") or (), group["intermediates"]):
+                got = [g for g in received if g is not None]
+                if got:
+                    edges.append(GradientEdge(node, 0))
+                    grads.append(sum(got))
+            del group["intermediates"]  # its hooks hold the group: torch's cycle, broken
+            group.pop("grads", None)
+            if edges:
+                torch.autograd.backward(edges, grad_tensors=grads, inputs=[
+                    GradientEdge(accumulator, 0) for accumulator in group["params"]])
 
     def scale_grads(self, grad_scale_factor):
         """torch divides each parameter's .grad here; the engine's step averages instead,

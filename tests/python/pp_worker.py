@@ -9,10 +9,11 @@ micro-batches), pre-clip gradient norms, and the stage's parameters at the end u
 whole model's names.
 With TP > 1 the blocks are Megatron-style (tests/python/tp_worker.py) and the stages, the tp
 and the dp groups come from a Megatron mpu given to initialize; each rank writes its slices.
-Modes interleaved and looped run ScheduleInterleaved1F1B and ScheduleLoopedBFS over
-INTERLEAVED x STAGES stages of one block each, a rank's stages (s, s + STAGES, ...) one
-engine's nn.ModuleList.
-usage: pp_worker.py ref|gpipe|1f1b|interleaved|looped STEPS OUT [CONFIG_JSON [TP]]"""
+Modes interleaved, looped and zerobubble (ScheduleInterleaved1F1B, ScheduleLoopedBFS,
+ScheduleInterleavedZeroBubble) run INTERLEAVED x STAGES stages of one block each, a rank's
+stages (s, s + STAGES, ...) one engine's nn.ModuleList; zbv and dualpipev
+(ScheduleZBVZeroBubble, ScheduleDualPipeV) place them in a V (s, 2 x STAGES - 1 - s).
+usage: pp_worker.py MODE STEPS OUT [CONFIG_JSON [TP]]  (MODE: ref or a key of SCHEDULES)"""
 import json
 import os
 import sys
@@ -25,7 +26,7 @@ from tp_worker import DIM, SEQ, VOCAB, Block, initialized, load_slices
 
 LAYERS = 4
 MICRO, MICROBATCHES, DP, STAGES = 2, 8, 2, 2
-INTERLEAVED = 2  # stages on each rank under the interleaved and looped schedules
+INTERLEAVED = 2  # stages on each rank under the multi-stage schedules (MULTI)
 LR, BETAS, EPS, WD, CLIP = 1e-3, (0.9, 0.95), 1e-8, 0.1, 0.05
 
 
@@ -87,6 +88,21 @@ class Part(nn.Module):
         for block in self.blocks.values():
             x = block(x)
         return self.head(self.norm(x)) if self.head is not None else x
+
+
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+             "interleaved": "ScheduleInterleaved1F1B", "looped": "ScheduleLoopedBFS",
+             "zerobubble": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+             "dualpipev": "ScheduleDualPipeV"}
+MULTI = ("interleaved", "looped", "zerobubble", "zbv", "dualpipev")  # stages on each rank
+
+
+def parts_of(mode, stage_index):
+    """The pipeline's stages on the ranks of stage_index: looped (s, s + STAGES, ...) or,
+    for the V schedules, down the ranks and back (s, 2 x STAGES - 1 - s)."""
+    if mode in ("zbv", "dualpipev"):
+        return [stage_index, 2 * STAGES - 1 - stage_index]
+    return list(range(stage_index, STAGES * INTERLEAVED, STAGES))
 
 
 def whole_name(stage, name):
@@ -197,14 +213,26 @@ def stage_params(engine, stage_index):
                 for n, p in model.named_parameters()}
 
 
+def count_input_halves():
+    """[backwards split into input and weight halves so far] (zero-bubble schedules)."""
+    from zeroshard import _pipelining
+    count, run = [0], _pipelining.PipelineStage._input_backward
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return run(*args, **kwargs)
+
+    _pipelining.PipelineStage._input_backward = counted
+    return count
+
+
 def dist_rank():
     return int(os.environ["RANK"])
 
 
 def trained(mode, steps, config, tp):
     import torch.distributed as dist
-    from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe,
-                                               ScheduleInterleaved1F1B, ScheduleLoopedBFS)
+    from torch.distributed import pipelining
 
     import zeroshard
     from zeroshard.pipelining import PipelineStage
@@ -225,11 +253,10 @@ def trained(mode, steps, config, tp):
         mpu = PipelineMpu(tp)
         module = stage_module(stage_index, tp, mpu.tp_group)
         engine, _, _, _ = zeroshard.initialize(model=module, config=config, mpu=mpu)
-    elif mode in ("interleaved", "looped"):  # this rank's stages s and s + STAGES, ...
+    elif mode in MULTI:  # this rank's stages: s and s + STAGES, ..., or the V's
         torch.manual_seed(0)
         whole = initialized(GPT())
-        module = nn.ModuleList(Part(whole, s)
-                               for s in range(stage_index, STAGES * INTERLEAVED, STAGES))
+        module = nn.ModuleList(Part(whole, s) for s in parts_of(mode, stage_index))
         config["pipeline"] = {"stages": STAGES}
         engine, _, _, _ = zeroshard.initialize(model=module, config=config)
     else:
@@ -237,18 +264,18 @@ def trained(mode, steps, config, tp):
         config["pipeline"] = {"stages": STAGES}
         engine, _, _, _ = zeroshard.initialize(model=module, config=config)
     dp_rank = engine.data_parallel_rank
-    if mode in ("interleaved", "looped"):
-        stages = [PipelineStage(engine, stage_index=stage_index + v * STAGES,
-                                num_stages=STAGES * INTERLEAVED, submodule=part,
-                                keep_gathered=keep_gathered, reduce_once=reduce_once)
-                  for v, part in enumerate(module)]
-        schedule = (ScheduleInterleaved1F1B if mode == "interleaved" else ScheduleLoopedBFS)(
-            stages, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+    halves = count_input_halves()
+    schedule_class = getattr(pipelining, SCHEDULES[mode])
+    if mode in MULTI:
+        stages = [PipelineStage(engine, stage_index=s, num_stages=STAGES * INTERLEAVED,
+                                submodule=part, keep_gathered=keep_gathered,
+                                reduce_once=reduce_once)
+                  for s, part in zip(parts_of(mode, stage_index), module)]
+        schedule = schedule_class(stages, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
     else:
         stage = PipelineStage(engine, keep_gathered=keep_gathered, reduce_once=reduce_once)
-        schedule = (ScheduleGPipe if mode == "gpipe" else Schedule1F1B)(
-            stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
-    names = "parts" if mode in ("interleaved", "looped") else stage_index
+        schedule = schedule_class(stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+    names = "parts" if mode in MULTI else stage_index
     losses, norms = [], []
     loaded_params = None
     if resume:
@@ -257,10 +284,15 @@ def trained(mode, steps, config, tp):
     for step in range(save_at if resume else 0, steps):
         tokens = batch(step, dp_rank)
         micro_losses = []
-        if stage_index == 0:
-            schedule.step(tokens[:, :-1].contiguous())
+        inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        if mode in ("zbv", "dualpipev") and stage_index == 0:  # the V's first and last stage
+            schedule.step(inputs, target=targets, losses=micro_losses)
+        elif mode in ("zbv", "dualpipev"):
+            schedule.step()
+        elif stage_index == 0:
+            schedule.step(inputs)
         else:
-            schedule.step(target=tokens[:, 1:].contiguous(), losses=micro_losses)
+            schedule.step(target=targets, losses=micro_losses)
         engine.step()
         norms.append(engine.get_global_grad_norm())
         if micro_losses:
@@ -281,6 +313,7 @@ def trained(mode, steps, config, tp):
             "params_at_save": saved_params if save_at and not resume else None,
             "params_at_load": loaded_params,
             "stage": stage_index, "bytes_sent": sent, "memory": memory,
+            "input_halves": halves[0],
             "skipped_steps": engine.skipped_steps, "loss_scale": engine.loss_scale,
             "dp_world_size": engine.dp_world_size, "mp_world_size": engine.mp_world_size,
             "train_batch_size": engine.train_batch_size()}

@@ -66,7 +66,8 @@ def joined(got, tp, key="params"):
 def assert_as_one_process(got, want, tp=1):
     for r in got:
         assert (r["dp_world_size"], r["mp_world_size"], r["train_batch_size"]) == (DP, tp, 32)
-    last = [r for r in got if r["stage"] == 1]
+    last = [r for r in got if r["losses"]]  # the last stage's ranks
+    assert len(last) == len(got) // 2
     for step in range(STEPS):  # the tp ranks of a data-parallel rank share its batch
         loss = sum(r["losses"][step] for r in last) / len(last)
         assert abs(loss - want["losses"][step]) <= 1e-5 * abs(want["losses"][step]), step
@@ -92,16 +93,28 @@ REGATHER = dict(KEEP, keep_gathered=False)
 # On torch 2.6 (the oldest leg) these runs did not finish in 300 s over Gloo, as its
 # Schedule1F1B's do not: its multi-stage schedules send and receive through the same fused
 # batch.
-@pytest.mark.skipif(tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 11),
-                    reason="torch 2.6's multi-stage schedules hang over Gloo")
-@pytest.mark.parametrize("schedule,zero", [("interleaved", {"stage": 1}), ("interleaved", KEEP),
-                                           ("looped", {"stage": 2})])
+multi_stage = pytest.mark.skipif(tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 11),
+                                 reason="torch 2.6's multi-stage schedules hang over Gloo")
+ZERO_BUBBLE = ("zerobubble", "zbv", "dualpipev")
+
+
+@multi_stage
+@pytest.mark.parametrize("schedule,zero", [
+    ("interleaved", {"stage": 1}), ("interleaved", KEEP), ("looped", {"stage": 2}),
+    ("zerobubble", KEEP), ("zbv", {"stage": 2}), ("zbv", REGATHER), ("dualpipev", {"stage": 1})])
 def test_several_stages_on_each_rank_train_as_the_whole_model(schedule, zero, scratch):
     """Interleaved schedules: 4 stages of one block on 2 ranks' stages (stages 0 and 2 on
-    the first, 1 and 3 on the second), each rank's two one engine's nn.ModuleList, run by
-    ScheduleInterleaved1F1B and ScheduleLoopedBFS; the engine counts a micro-batch at the
-    last of its stages' backwards, and reduces once after the step's last."""
-    assert_as_one_process(train(schedule, zero, scratch), reference(scratch))
+    the first, 1 and 3 on the second; in a V, 0 and 3 then 1 and 2), each rank's two one
+    engine's nn.ModuleList, run by ScheduleInterleaved1F1B, ScheduleLoopedBFS and the
+    zero-bubble ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble and ScheduleDualPipeV;
+    the engine counts a micro-batch at the last of its stages' backwards (under zero-bubble
+    schedules at their weight halves), and reduces once after the step's last."""
+    got = train(schedule, zero, scratch)
+    assert_as_one_process(got, reference(scratch))
+    # Every stage but the first splits its backward (the first has no input gradient to
+    # hurry): 4 steps of 8 micro-batches, those of DualPipeV's warm-up and cool-down.
+    halves = sum(r["input_halves"] for r in got)
+    assert (halves > 0) == (schedule in ZERO_BUBBLE), halves
 
 
 # On the oldest torch (2.6) the GPipe cases run: its Schedule1F1B hangs over Gloo in its own
@@ -232,18 +245,23 @@ def test_a_checkpoint_of_stages_with_tensor_parallelism_resumes_bit_exactly(scra
             assert torch.equal(t, want[pp_worker.whole_name(stage, name)]), name
 
 
-def test_fp16_overflow_and_loss_scale_are_agreed_across_the_stages(scratch):
+@pytest.mark.parametrize("schedule", [both_legs("gpipe"), pytest.param("zbv", marks=multi_stage)])
+def test_fp16_overflow_and_loss_scale_are_agreed_across_the_stages(schedule, scratch):
     """The last stage scales the loss; every stage unscales by its own scaler, so the scalers
     must move together: an overflow anywhere skips the step on every rank of both stages."""
     # Each micro-batch's gradients reduced into fp32 (reduce_once=False): summed once a step
     # in the fp16 buffer instead, the micro-batches at 2^15 overflow again (as at stage 1).
     fp16 = {"fp16": {"enabled": True, "initial_scale_power": 16, "hysteresis": 1},
             "reduce_once": False}
-    got = train("gpipe", {"stage": 2}, scratch, extra=fp16)
+    got = train(schedule, {"stage": 2}, scratch, extra=fp16)
     for r in got:  # 2^16 overflows fp16 at the first step; 2^15 does not
         assert (r["skipped_steps"], r["loss_scale"], r["norms"][0]) == (1, 2.0 ** 15, 0.0)
         assert r["norms"] == got[0]["norms"]  # one norm, summed across the stages
     assert all(n > 0 for n in got[0]["norms"][1:]), "the steps after the overflow were taken"
+    if schedule == "zbv":  # split backward: the scale goes in at the input half
+        gpipe = train("gpipe", {"stage": 2}, scratch, extra=fp16)[0]["norms"]
+        for n, want in zip(got[0]["norms"], gpipe):
+            assert abs(n - want) <= 1e-5 * want, (got[0]["norms"], gpipe)
 
 
 REFUSALS = """
@@ -293,6 +311,8 @@ def test_what_the_stage_cannot_do_is_refused_by_name(scratch):
     log = refusal(scratch, "PipelineStage(engine, num_stages=4)")
     assert "num_stages=4: 2 stages on each rank, each a part of the engine's module; " \
         "allowed: submodule= that part" in log
+    log = refusal(scratch, "PipelineStage(engine, dw_builder=lambda: lambda: None)")
+    assert "dw_builder: a weight backward of one's own is not supported" in log
     log = refusal(scratch, "PipelineStage(engine, stage_index=5)")
     assert "stage_index=5 on a rank of pipeline stage 0 (rank // (world / pipeline.stages)); " \
         "allowed: 0 (stage s runs on the ranks of stage s % 2" in log
@@ -311,6 +331,7 @@ def test_what_the_stage_cannot_do_is_refused_by_name(scratch):
         "schedule.step(x) if stage.is_first else schedule.step(target=x)"))
     assert "stage_index=1 on a rank of pipeline stage 0 (rank // (world / pipeline.stages)); " \
         "allowed: 0, 2 (stage s runs on the ranks of stage s % 2" in log
+    assert "or 0, 3 (the V of ScheduleZBVZeroBubble and ScheduleDualPipeV)" in log
     assert "this rank holds 2 of the 4 stages but built PipelineStages [0]; allowed: one " \
         "PipelineStage for each part" in log
     log = refusal(scratch, "PipelineStage(engine)", stages=1, world=1)
