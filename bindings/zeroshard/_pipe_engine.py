@@ -17,7 +17,7 @@ it to its own in its last backward (before the engine reduces it over the data-p
 ranks). After each step the owner sends the updated values to the copies."""
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import Schedule1F1B
 
 from . import _config, _launch, _zeroshard
 from ._engine import ZeroShardEngine
@@ -191,13 +191,9 @@ class PipelineEngine(ZeroShardEngine):
         self._dp_group = self._stage_group()
         self._pp_group = pipeline_group(self)
         self._stage = _TiedStage(self, ties)
-        # torch 2.6's Schedule1F1B hangs over Gloo in its fused send and receive (measured;
-        # 2.11's does not): GPipe there, the same numbers with every micro-batch's
-        # activations held at once.
-        fused_hangs = tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 11)
-        schedule = ScheduleGPipe if fused_hangs else Schedule1F1B
-        self._schedule = schedule(self._stage, n_microbatches=self.gradient_accumulation_steps(),
-                                  loss_fn=model.loss_fn)
+        self._schedule = Schedule1F1B(self._stage,
+                                      n_microbatches=self.gradient_accumulation_steps(),
+                                      loss_fn=model.loss_fn)
 
     def load_checkpoint(self, *args, **kwargs):
         """A tied copy is no parameter of its stage's engine: the owner's loaded value to it."""

@@ -47,6 +47,35 @@ from . import _launch, _zeroshard
 _pp_groups = {}  # (world, stages) -> this rank's pp process group
 
 
+class _EveryWork:
+    """The Works of one batch of sends and receives, waited as one."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self):
+        for work in self.works:
+            work.wait()
+        return True
+
+
+def _wait_every_op_of_a_batch():
+    """torch 2.6's schedules keep one Work of each batch of sends and receives (its
+    schedules._batch_p2p returns the last of batch_isend_irecv's list; later torches return
+    the list). Over Gloo each op is a Work of its own, and a send dropped unwaited does not
+    arrive: Schedule1F1B, which batches a send with a receive, and the interleaved schedules
+    hang there, with or without zeroshard (measured). There, the batch's every Work is
+    waited."""
+    from torch.distributed.pipelining import schedules
+    if schedules._batch_p2p([]) is not None:  # a list: every Work is the caller's
+        return
+
+    def batch_p2p(p2p_ops, desc=None):
+        return _EveryWork(dist.batch_isend_irecv(p2p_ops)) if p2p_ops else None
+
+    schedules._batch_p2p = batch_p2p
+
+
 def _error(message):
     return _zeroshard.Error(f"zeroshard.pipelining: {message}")
 
@@ -190,6 +219,7 @@ class PipelineStage(_TorchPipelineStage):
         super().__init__(_RealShapes(module, device), stage_index, num_stages, device,
                          input_args=input_args, output_args=output_args,
                          group=group if group is not None else pipeline_group(engine))
+        _wait_every_op_of_a_batch()
         self.engine = engine
         self._on_rank = on_rank
         _tell_stages_on_rank(engine, on_rank)
