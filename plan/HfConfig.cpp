@@ -350,7 +350,7 @@ std::vector<std::string> supported_model_types() {
 
 ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& origin,
                             int64_t tensor_parallel, int64_t pipeline_stages,
-                            int64_t pipeline_stage) {
+                            const std::vector<int64_t>& pipeline_held) {
   Json json;
   try {
     json = Json::parse(json_text);
@@ -382,14 +382,14 @@ ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& ori
   TransformerArch arch = family->second(reader);
   arch.tensor_parallel = tensor_parallel;
   arch.pipeline_stages = pipeline_stages;
-  arch.pipeline_stage = pipeline_stage;
+  arch.pipeline_held = pipeline_held;
   return spec_from_arch(arch, type, origin);
 }
 
 ModelSpec spec_from_hf_file(const std::string& path, int64_t tensor_parallel,
-                            int64_t pipeline_stages, int64_t pipeline_stage) {
+                            int64_t pipeline_stages, const std::vector<int64_t>& pipeline_held) {
   return spec_from_hf_json(read_whole_file(path, "--hf-config"), path, tensor_parallel,
-                           pipeline_stages, pipeline_stage);
+                           pipeline_stages, pipeline_held);
 }
 
 ModelSpec spec_from_hf_model(const std::string& json_text, const std::string& attn_implementation,

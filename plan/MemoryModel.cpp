@@ -186,9 +186,27 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) 
                             : held * s * b * spec.hidden * kl;
   }
   // Checkpointed: each block keeps only its input; one block is recomputed at a time.
-  if (t.activation_checkpointing)
-    return held * (s * b * spec.hidden * L * kl + head) + per_layer + outputs;
-  return held * (per_layer * L + head) + outputs;
+  const int64_t kept_per_layer = t.activation_checkpointing ? s * b * spec.hidden * kl : per_layer;
+  const int64_t recomputed = t.activation_checkpointing ? per_layer : 0;
+  if (!t.part_steps.empty()) {
+    // Several stages on the rank: a micro-batch in flight on one holds its blocks' (and its
+    // output, or the head's); the head's stage keeps the logits of every micro-batch it
+    // ran until step() returns them. The peak is the step that holds the most.
+    int64_t peak = 0;
+    for (const PartsStep& step : t.part_steps) {
+      int64_t bytes = 0;
+      for (size_t p = 0; p < t.part_layers.size(); ++p) {
+        const bool ends_in_head = static_cast<int64_t>(p) == t.head_part;
+        const int64_t each =
+            kept_per_layer * t.part_layers[p] + (ends_in_head ? head : s * b * spec.hidden * kl);
+        bytes += step.held[p] * each;
+        if (ends_in_head) bytes += (step.forwarded[p] - step.held[p]) * s * b * spec.vocab * kl;
+      }
+      peak = std::max(peak, bytes);
+    }
+    return peak + recomputed;
+  }
+  return held * (kept_per_layer * L + head) + recomputed + outputs;
 }
 
 int64_t shard_numel(const ModelSpec& spec, int64_t ranks) {

@@ -9,6 +9,7 @@
 #include "common/MemoryKinds.h"
 #include "config/Config.h"
 #include "plan/ModelSpec.h"
+#include "plan/PipelineStages.h"
 
 namespace zeroshard {
 
@@ -33,6 +34,13 @@ struct TrainingShape {
   // A pipeline stage's micro-batches a step (0: no pipeline): torch's schedules keep every
   // micro-batch's output on the last stage, to return them merged from step().
   int64_t pipeline_micro_batches = 0;
+  // Several pipeline stages on this rank (interleaved schedules): each one's blocks (the
+  // spec's blocks are their sum), the one ending in the head if it holds it, and its
+  // schedule's order as plan/PipelineStages.h parts_in_flight gives it; activations are
+  // counted at the step that holds the most bytes. Empty: one stage, in_flight.
+  std::vector<int64_t> part_layers;
+  int64_t head_part = -1;
+  std::vector<PartsStep> part_steps;
   // Stages 2-3 reducing once per step (GradReducer::reduce_once_per_window): the whole
   // gradient buffer is held across the micro-batches, as at stage 1.
   bool grads_held_in_window = false;

@@ -35,6 +35,11 @@ void check_arch(const TransformerArch& a, const std::string& source) {
     fail("{}: {} pipeline stages for {} layers; allowed: 1 to {} (each stage holds a block)",
          source, a.pipeline_stages, a.layers, a.layers);
   }
+  for (int64_t stage : a.pipeline_held) {
+    if (stage < 0 || stage >= a.pipeline_stages)
+      fail("{}: pipeline stage {} of {}; allowed: 0 to {}", source, stage, a.pipeline_stages,
+           a.pipeline_stages - 1);
+  }
   const std::pair<const char*, int64_t> split[] = {
       {"num_attention_heads", a.heads},
       {"num_key_value_heads", a.kv_heads},
@@ -147,9 +152,12 @@ int64_t ModelSpec::persistent_params(int64_t threshold) const {
   return total;
 }
 
-void add_decoder_units(const TransformerArch& a, SpecBuilder& b) {
-  const auto [first_block, blocks] = stage_blocks(a.layers, a.pipeline_stages, a.pipeline_stage);
-  const bool first = a.pipeline_stage == 0, last = a.pipeline_stage == a.pipeline_stages - 1;
+namespace {
+
+// One pipeline stage's modules, in their order.
+void add_stage_units(const TransformerArch& a, int64_t stage, SpecBuilder& b) {
+  const auto [first_block, blocks] = stage_blocks(a.layers, a.pipeline_stages, stage);
+  const bool first = stage == 0, last = stage == a.pipeline_stages - 1;
   // The head tied to the embedding is one unit with it (its bias too, where it has one).
   UnitModules embedding{{a.vocab * a.hidden}};
   if (a.tied_embeddings && a.lm_head_bias && last) embedding.push_back({a.vocab});
@@ -166,6 +174,12 @@ void add_decoder_units(const TransformerArch& a, SpecBuilder& b) {
   b.add({norm_tensors(a.hidden, a.norm_bias)});
   if (!a.tied_embeddings)
     b.add({linear_tensors(a.hidden, a.vocab / a.tensor_parallel, a.lm_head_bias)});
+}
+
+}  // namespace
+
+void add_decoder_units(const TransformerArch& a, SpecBuilder& b) {
+  for (int64_t stage : a.pipeline_held) add_stage_units(a, stage, b);
 }
 
 bool attention_keeps_scores(const std::string& name, const std::string& what) {
@@ -216,8 +230,12 @@ ModelSpec spec_from_arch(const TransformerArch& a, const std::string& model_type
   SpecBuilder b;
   add_decoder_units(a, b);
   ModelSpec spec = b.build(model_type, source);
-  spec.layers = stage_blocks(a.layers, a.pipeline_stages, a.pipeline_stage).second;
-  spec.has_head = a.pipeline_stage == a.pipeline_stages - 1;
+  spec.layers = 0;
+  spec.has_head = false;
+  for (int64_t stage : a.pipeline_held) {
+    spec.layers += stage_blocks(a.layers, a.pipeline_stages, stage).second;
+    spec.has_head = spec.has_head || stage == a.pipeline_stages - 1;
+  }
   spec.hidden = a.hidden;
   spec.heads = a.heads;
   spec.vocab = a.vocab;
@@ -248,7 +266,7 @@ ModelSpec spec_from_numbers(const ExplicitModel& m) {
            m.pipeline_stages);
     }
     a.pipeline_stages = m.pipeline_stages;
-    a.pipeline_stage = m.pipeline_stage;
+    a.pipeline_held = m.pipeline_held;
     spec = spec_from_arch(a, "explicit", "explicit numbers");
     if (m.params > 0) {
       const int64_t blocks = m.layers * spec.unit_params[1];  // after the embedding

@@ -45,12 +45,13 @@ struct TransformerArch {
   // rank's slices, and its heads and widths are one rank's (activations without sequence
   // parallelism: the residual stream whole).
   int64_t tensor_parallel = 1;
-  // Pipeline stages the blocks are split into (plan/PipelineStages.h), and which one this
-  // spec is of: its blocks only, the embedding on the first stage, the final norm and the
-  // head on the last (a tied head holds the embedding matrix there too, as DeepSpeed's
-  // TiedLayerSpec keeps a copy on each stage that uses it).
+  // Pipeline stages the blocks are split into (plan/PipelineStages.h), and which of them
+  // this spec holds (one; several on one rank under interleaved schedules): their blocks
+  // only, the embedding with the first stage, the final norm and the head with the last
+  // (a tied head holds the embedding matrix there too, as DeepSpeed's TiedLayerSpec keeps a
+  // copy on each stage that uses it).
   int64_t pipeline_stages = 1;
-  int64_t pipeline_stage = 0;
+  std::vector<int64_t> pipeline_held{0};
 };
 
 struct ModelSpec {
@@ -155,7 +156,7 @@ struct ExplicitModel {
   int64_t intermediate = 0;
   int64_t tensor_parallel = 1;  // TransformerArch's; needs layers, hidden and heads
   int64_t pipeline_stages = 1;  // TransformerArch's; needs the shape and no params total
-  int64_t pipeline_stage = 0;
+  std::vector<int64_t> pipeline_held{0};
 };
 ModelSpec spec_from_numbers(const ExplicitModel& m);
 

@@ -48,8 +48,8 @@ TEST(PipelineStages, OneF1BHoldsAtMostTheStagesAheadGPipeEveryMicroBatch) {
     micro_batches_in_flight("zbv", 4, 0, 8, "--pp-schedule");
     FAIL() << "an unknown schedule";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--pp-schedule: 'zbv' is not allowed; allowed: 1f1b or "
-                                         "gpipe"),
+    EXPECT_NE(std::string(e.what()).find("--pp-schedule: 'zbv' is not allowed; allowed: 1f1b, "
+                                         "gpipe, interleaved1f1b or loopedbfs"),
               std::string::npos)
         << e.what();
   }
@@ -62,23 +62,23 @@ TEST(PipelineStages, EachStageHoldsItsBlocksTheFirstTheEmbeddingTheLastTheHead) 
   const ModelSpec whole = spec_from_hf_json(kLlama7b, "llama");
   int64_t sum = 0;
   for (int64_t stage = 0; stage < 4; ++stage) {
-    const ModelSpec s = spec_from_hf_json(kLlama7b, "llama", 1, 4, stage);
+    const ModelSpec s = spec_from_hf_json(kLlama7b, "llama", 1, 4, {stage});
     EXPECT_EQ(s.layers, 8);
     EXPECT_EQ(s.has_head, stage == 3);
     sum += s.total_params;
   }
-  EXPECT_EQ(spec_from_hf_json(kLlama7b, "llama", 1, 4, 0).total_params, table + 8 * block);
-  EXPECT_EQ(spec_from_hf_json(kLlama7b, "llama", 1, 4, 1).total_params, 8 * block);
-  EXPECT_EQ(spec_from_hf_json(kLlama7b, "llama", 1, 4, 3).total_params, 8 * block + 4096 + table);
+  EXPECT_EQ(spec_from_hf_json(kLlama7b, "llama", 1, 4, {0}).total_params, table + 8 * block);
+  EXPECT_EQ(spec_from_hf_json(kLlama7b, "llama", 1, 4, {1}).total_params, 8 * block);
+  EXPECT_EQ(spec_from_hf_json(kLlama7b, "llama", 1, 4, {3}).total_params, 8 * block + 4096 + table);
   EXPECT_EQ(sum, whole.total_params);
   // A tied head keeps a copy of the embedding on the last stage (DeepSpeed's TiedLayerSpec):
   // the stages hold the table twice between them.
   const ModelSpec gpt2 = spec_from_hf_json(kGpt2, "gpt2");
-  const int64_t first = spec_from_hf_json(kGpt2, "gpt2", 1, 2, 0).total_params;
-  const int64_t last = spec_from_hf_json(kGpt2, "gpt2", 1, 2, 1).total_params;
+  const int64_t first = spec_from_hf_json(kGpt2, "gpt2", 1, 2, {0}).total_params;
+  const int64_t last = spec_from_hf_json(kGpt2, "gpt2", 1, 2, {1}).total_params;
   EXPECT_EQ(first + last, gpt2.total_params + 50'257LL * 768);
   try {
-    spec_from_hf_json(kLlama7b, "llama", 1, 33, 0);
+    spec_from_hf_json(kLlama7b, "llama", 1, 33, {0});
     FAIL() << "more stages than blocks";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("33 pipeline stages for 32 layers; allowed: 1 to 32"),
@@ -91,8 +91,8 @@ TEST(PipelineStages, EachStageHoldsItsBlocksTheFirstTheEmbeddingTheLastTheHead) 
 // only on the last stage.
 TEST(PipelineStages, ActivationsCountTheStagesBlocksForEachMicroBatchInFlight) {
   const ModelSpec whole = spec_from_hf_json(kLlama7b, "llama");
-  const ModelSpec first = spec_from_hf_json(kLlama7b, "llama", 1, 4, 0);
-  const ModelSpec last = spec_from_hf_json(kLlama7b, "llama", 1, 4, 3);
+  const ModelSpec first = spec_from_hf_json(kLlama7b, "llama", 1, 4, {0});
+  const ModelSpec last = spec_from_hf_json(kLlama7b, "llama", 1, 4, {3});
   TrainingShape one{2048, 1, false};
   const int64_t whole_bytes = activation_bytes(whole, one, 2);
   const int64_t head = activation_bytes(last, one, 2) - activation_bytes(first, one, 2);
@@ -101,4 +101,67 @@ TEST(PipelineStages, ActivationsCountTheStagesBlocksForEachMicroBatchInFlight) {
   TrainingShape three = one;
   three.in_flight = 3;
   EXPECT_EQ(activation_bytes(first, three, 2), 3 * activation_bytes(first, one, 2));
+}
+
+namespace {
+
+int64_t most_held(const std::vector<PartsStep>& steps) {
+  int64_t most = 0;
+  for (const PartsStep& step : steps) most = std::max(most, step.held[0] + step.held[1]);
+  return most;
+}
+
+}  // namespace
+
+// torch's Interleaved1F1B on 2 ranks x 2 stages, 4 micro-batches (2 rounds of 2): rank 0
+// warms up with (2 - 1) x 2 + 2 x (2 - 1 - 0) = 4 forwards (F0 F0 F1 F1), then F0 B1 F0 B1
+// F1 B0 F1 B0, then B1 B1 B0 B0; rank 1 with 2 (F0 F0), then F1 B1 F1 B1 F0 B0 F0 B0, then
+// B1 B1... by hand from its formulas: the most held is warm-up + 1.
+TEST(PipelineStages, InterleavedOneF1BHoldsItsWarmUpAndOneMore) {
+  EXPECT_EQ(stages_of_rank(2, 2, 0), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(stages_of_rank(2, 2, 1), (std::vector<int64_t>{1, 3}));
+  const auto rank0 = parts_in_flight("interleaved1f1b", 2, 2, 0, 4, "--pp-schedule");
+  ASSERT_EQ(rank0.size(), 16u);                            // 8 forwards and 8 backwards
+  EXPECT_EQ(rank0[3].held, (std::vector<int64_t>{2, 2}));  // after the warm-up
+  EXPECT_EQ(rank0[4].held, (std::vector<int64_t>{3, 2}));  // its most
+  EXPECT_EQ(rank0[5].held, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(most_held(rank0), 5);
+  EXPECT_EQ(rank0.back().held, (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(rank0.back().forwarded, (std::vector<int64_t>{4, 4}));
+  const auto rank1 = parts_in_flight("interleaved1f1b", 2, 2, 1, 4, "--pp-schedule");
+  EXPECT_EQ(rank1[2].held, (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(most_held(rank1), 3);
+  // LoopedBFS: every forward of both stages before any backward.
+  EXPECT_EQ(most_held(parts_in_flight("loopedbfs", 2, 2, 1, 4, "--pp-schedule")), 8);
+  try {
+    parts_in_flight("interleaved1f1b", 4, 2, 0, 6, "--pp-schedule");  // 1 round of 6: fine
+    parts_in_flight("interleaved1f1b", 2, 2, 0, 5, "--pp-schedule");  // 2 rounds of 5: not
+    FAIL() << "micro-batches not a multiple of the rounds";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("interleaved1f1b with 5 micro-batches over 2 ranks; "
+                                         "allowed: a multiple of its rounds (2)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A rank holding stages 0 and 2 of 4 (Llama-2-7B's 32 blocks, 8 each): the embedding and 16
+// blocks; the other rank 16 blocks, the final norm and the head. Its activations at the
+// interleaved peak: 5 micro-batches on stages of one stage's bytes each.
+TEST(PipelineStages, ARankOfSeveralStagesHoldsTheirsAndTheirActivationsAlongTheOrder) {
+  const int64_t block = 202'383'360, table = 32000LL * 4096;
+  const ModelSpec first = spec_from_hf_json(kLlama7b, "llama", 1, 4, {0, 2});
+  const ModelSpec second = spec_from_hf_json(kLlama7b, "llama", 1, 4, {1, 3});
+  EXPECT_EQ(first.total_params, table + 16 * block);
+  EXPECT_EQ(second.total_params, 16 * block + 4096 + table);
+  EXPECT_EQ(first.layers, 16);
+  EXPECT_FALSE(first.has_head);
+  EXPECT_TRUE(second.has_head);
+  TrainingShape one{2048, 1, false};
+  one.pipeline_micro_batches = 4;  // one stage of 8 blocks, one micro-batch in flight
+  const int64_t stage = activation_bytes(spec_from_hf_json(kLlama7b, "llama", 1, 4, {0}), one, 2);
+  TrainingShape parts = one;
+  parts.part_layers = {8, 8};
+  parts.part_steps = parts_in_flight("interleaved1f1b", 2, 2, 0, 4, "--pp-schedule");
+  EXPECT_EQ(activation_bytes(first, parts, 2), 5 * stage);
 }

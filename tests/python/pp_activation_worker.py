@@ -2,7 +2,8 @@
 zeroshard-estimate --pp 2 splits it (plan/PipelineStages.h: the embedding and the first
 half of the blocks; the rest, the final norm and the head), each stage's module on
 zeroshard.initialize at stage 3 and run by torch's SCHEDULE (gpipe or 1f1b) through
-zeroshard.pipelining.PipelineStage, MICROBATCHES micro-batches of MICRO x SEQ tokens, the
+zeroshard.pipelining.PipelineStage (interleaved1f1b: 4 stages of a block each, stages r and
+r + 2 on rank r, one engine's nn.ModuleList, ScheduleInterleaved1F1B), MICROBATCHES micro-batches of MICRO x SEQ tokens, the
 head's loss transformers' own (ForCausalLMLoss). During one step it measures the bytes the
 stage keeps for backward at their peak: every storage autograd saves that is not a
 parameter, and the stage's outputs the schedule holds until their backward, each counted
@@ -72,7 +73,8 @@ def main():
     out, config_path, schedule_name, micro, seq, microbatches = sys.argv[1:7]
     micro, seq, microbatches = int(micro), int(seq), int(microbatches)
     torch.set_num_threads(1)
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe,
+                                               ScheduleInterleaved1F1B)
 
     import zeroshard
     from zeroshard.pipelining import PipelineStage
@@ -81,22 +83,36 @@ def main():
     torch.manual_seed(0)
     llama = transformers.LlamaForCausalLM(config).to(torch.bfloat16).train()
     rank, layers = int(os.environ["RANK"]), config.num_hidden_layers
-    bounds = (0, layers // 2) if rank == 0 else (layers // 2, layers)
-    module = Stage(llama, *bounds)
+    interleaved = schedule_name == "interleaved1f1b"
+    if interleaved:  # stages r and r + 2 of 4, as zeroshard-estimate --pp-stages-per-rank 2
+        per = layers // 4
+        held = (rank, rank + 2)
+        module = nn.ModuleList(Stage(llama, s * per, (s + 1) * per) for s in held)
+    else:
+        bounds = (0, layers // 2) if rank == 0 else (layers // 2, layers)
+        module = Stage(llama, *bounds)
     del llama
     engine = zeroshard.initialize(model=module, config={
         "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": microbatches,
         "bf16": {"enabled": True}, "pipeline": {"stages": 2}, "zero_optimization": {"stage": 3},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})[0]
-    schedule = (ScheduleGPipe if schedule_name == "gpipe" else Schedule1F1B)(
-        PipelineStage(engine), n_microbatches=microbatches,
-        loss_fn=lambda logits, labels: ForCausalLMLoss(logits, labels, config.vocab_size))
+    def loss_fn(logits, labels):
+        return ForCausalLMLoss(logits, labels, config.vocab_size)
+
+    if interleaved:
+        schedule = ScheduleInterleaved1F1B(
+            [PipelineStage(engine, stage_index=s, num_stages=4, submodule=part)
+             for s, part in zip(held, module)], n_microbatches=microbatches, loss_fn=loss_fn)
+    else:
+        schedule = (ScheduleGPipe if schedule_name == "gpipe" else Schedule1F1B)(
+            PipelineStage(engine), n_microbatches=microbatches, loss_fn=loss_fn)
     tokens = torch.randint(config.vocab_size, (micro * microbatches, seq),
                            generator=torch.Generator().manual_seed(1))
     live = LiveBytes(engine.module)
-    engine.module.register_forward_hook(lambda m, args, output: live.hold(output))
+    for part in (engine.module if interleaved else [engine.module]):
+        part.register_forward_hook(lambda m, args, output: live.hold(output))
     with torch.autograd.graph.saved_tensors_hooks(live.hold, lambda tensor: tensor):
-        if rank == 0:
+        if rank == 0:  # the first stage (interleaved: and the third; the last is on rank 1)
             schedule.step(tokens)
         else:
             schedule.step(target=tokens)

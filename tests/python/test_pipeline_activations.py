@@ -1,9 +1,10 @@
 """Pipeline stages' activations as planned: a Llama split in two stages at ZeRO stage 3
 (tests/python/pp_activation_worker.py), 4 micro-batches of 2 x 128 tokens in bf16, run by
-torch's GPipe and 1F1B schedules through zeroshard.pipelining. Each stage's bytes kept for
+torch's GPipe and 1F1B schedules through zeroshard.pipelining (and in four stages, two on
+each rank, by its Interleaved1F1B). Each stage's bytes kept for
 backward at their peak during a step (torch's saved-tensor hooks, every storage counted
 while it lives, with the outputs the schedule holds) against zeroshard-estimate --pp 2's
-activations for that stage and schedule (plan/MemoryModel.cpp activation_bytes)."""
+activations for that stage and schedule (--pp-schedule interleaved1f1b: two stages a rank) (plan/MemoryModel.cpp activation_bytes)."""
 import importlib.util
 import json
 import os
@@ -43,7 +44,7 @@ def test_each_stages_activation_peak_is_the_plans_and_1f1b_holds_less(scratch):
                              max_position_embeddings=SEQ).to_json_file(path)
     worker = os.path.join(HERE, "pp_activation_worker.py")
     measured = {}
-    for schedule in ("gpipe", "1f1b"):
+    for schedule in ("gpipe", "1f1b", "interleaved1f1b"):
         out = str(scratch / schedule)
         ranks = run_ranks([worker, out, path, schedule, str(MICRO), str(SEQ), str(MICROBATCHES)],
                           2, out, timeout=300)
@@ -57,3 +58,6 @@ def test_each_stages_activation_peak_is_the_plans_and_1f1b_holds_less(scratch):
     # micro-batch stay under both, until step() returns them).
     for stage in (0, 1):
         assert measured["1f1b"][stage] < measured["gpipe"][stage], measured
+    # Interleaved: rank 0 holds 5 micro-batches of a one-block stage at its peak (its 4
+    # warm-up forwards and one more) against 1F1B's 2 of two blocks.
+    assert measured["interleaved1f1b"][0] > measured["1f1b"][0], measured

@@ -171,6 +171,39 @@ TEST(EstimateCli, PipelineStagesArePlannedEachOnItsOwnBlocks) {
   EXPECT_NE(table.out.find("pipeline: 4 stages x tp 1 x dp 2"), std::string::npos) << table.out;
 }
 
+// Interleaved1F1B on 2 ranks x 2 stages of Llama-2-7B's 32 blocks: rank 0 holds stages 0
+// and 2 (blocks 0-7 and 16-23, the embedding), rank 1 stages 1 and 3 (the head); rank 0's
+// peak holds 5 one-stage micro-batches of 4 (its warm-up and one more), 1F1B's stage 0 holds
+// 2 of its 16 blocks: 5 x 8 against 2 x 16 blocks' activations.
+TEST(EstimateCli, InterleavedStagesArePlannedPerRankAlongTheSchedulesOrder) {
+  const fs::path config = scratch() / "four_micro_batches.json";
+  std::ofstream(config) << R"({"gradient_accumulation_steps": 4})";
+  const std::string args = "--hf-config " + hf("llama2_7b.json") +
+                           " --gpus-per-node 4 --pp 2 --seq 2048 --micro-batch 1 --json" +
+                           " --config " + config.string();
+  const CliRun r = estimate(args + " --pp-schedule interleaved1f1b");
+  ASSERT_NE(r.code, 2) << r.err;  // (the config's stage 0 may not fit: exit 1)
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["stages_per_rank"].get<int64_t>(), 2);
+  ASSERT_EQ(j["stages"].size(), 2u);
+  EXPECT_EQ(j["stages"][0]["pipeline_stages_held"], nlohmann::json({0, 2}));
+  EXPECT_EQ(j["stages"][0]["blocks"].get<int64_t>(), 16);
+  EXPECT_EQ(j["stages"][0]["micro_batches_in_flight"].get<int64_t>(), 5);
+  EXPECT_EQ(j["stages"][1]["micro_batches_in_flight"].get<int64_t>(), 3);
+  EXPECT_EQ(
+      j["stages"][0]["parameters"].get<int64_t>() + j["stages"][1]["parameters"].get<int64_t>(),
+      6'738'415'616);
+  const auto one = nlohmann::json::parse(estimate(args).out);
+  const double interleaved = j["stages"][0]["bytes_by_kind"]["device"]["activations"].get<double>();
+  const double plain = one["stages"][0]["bytes_by_kind"]["device"]["activations"].get<double>();
+  EXPECT_NEAR(interleaved / plain, 40.0 / 32.0, 0.01);  // the embedding's input aside
+  const CliRun table = estimate("--hf-config " + hf("llama2_7b.json") +
+                                " --gpus-per-node 4 --pp 2 --pp-schedule interleaved1f1b");
+  EXPECT_NE(table.out.find("2 stages on each (stage s on pp s % 2)"), std::string::npos)
+      << table.out;
+  EXPECT_NE(table.out.find("0-7,16-23"), std::string::npos) << table.out;
+}
+
 TEST(EstimateCli, NothingFitsExitsOneAndSaysWhy) {
   const CliRun r = estimate("--params 1e12 --gpu-mem 1GB --cpu-mem 1GB");
   EXPECT_EQ(r.code, 1);
@@ -200,7 +233,15 @@ TEST(EstimateCli, BadInputIsOneLineAndExitTwo) {
       {"--hf-config " + hf("llama2_7b.json") + " --pp 3 --gpus-per-node 8",
        "--pp 3 divides neither --nodes 1 nor --gpus-per-node 8"},
       {"--hf-config " + hf("llama2_7b.json") + " --pp 2 --gpus-per-node 2 --pp-schedule zb",
-       "--pp-schedule: 'zb' is not allowed; allowed: 1f1b or gpipe"},
+       "--pp-schedule: 'zb' is not allowed; allowed: 1f1b, gpipe, interleaved1f1b or loopedbfs"},
+      {"--hf-config " + hf("llama2_7b.json") + " --pp 2 --gpus-per-node 2 --pp-stages-per-rank 2",
+       "--pp-stages-per-rank 2 with --pp-schedule 1f1b; allowed: 1, or a schedule that runs "
+       "several stages on each rank"},
+      {"--hf-config " + hf("llama2_7b.json") + " --pp-stages-per-rank 2",
+       "--pp-stages-per-rank needs --pp 2 or more"},
+      {"--hf-config " + hf("llama2_7b.json") +
+           " --pp 2 --gpus-per-node 2 --pp-schedule interleaved1f1b --pp-stages-per-rank 17",
+       "34 pipeline stages for 32 layers; allowed: 1 to 32"},
       {"--params 7e9 --attn-implementation flash",
        "--attn-implementation: 'flash' is not allowed; allowed: eager, sdpa, flash_attention_2"},
       {"--params 7e9 --batch 4", "--batch is a serving figure; give it with --inference"},

@@ -18,13 +18,33 @@
 namespace zeroshard::estimate {
 namespace {
 
-const std::vector<std::string> kValueFlags{
-    "--hf-config",   "--params",      "--layers",       "--hidden",      "--heads",
-    "--kv-heads",    "--vocab",       "--intermediate", "--nodes",       "--gpus-per-node",
-    "--tp",          "--gpu-mem",     "--cpu-mem",      "--nvme",        "--seq",
-    "--micro-batch", "--config",      "--headroom",     "--emit-config", "--attn-implementation",
-    "--pp",          "--pp-schedule", "--batch",        "--gpu-bw",      "--host-bw",
-    "--nvme-bw"};
+const std::vector<std::string> kValueFlags{"--hf-config",
+                                           "--params",
+                                           "--layers",
+                                           "--hidden",
+                                           "--heads",
+                                           "--kv-heads",
+                                           "--vocab",
+                                           "--intermediate",
+                                           "--nodes",
+                                           "--gpus-per-node",
+                                           "--tp",
+                                           "--gpu-mem",
+                                           "--cpu-mem",
+                                           "--nvme",
+                                           "--seq",
+                                           "--micro-batch",
+                                           "--config",
+                                           "--headroom",
+                                           "--emit-config",
+                                           "--attn-implementation",
+                                           "--pp",
+                                           "--pp-schedule",
+                                           "--batch",
+                                           "--gpu-bw",
+                                           "--host-bw",
+                                           "--nvme-bw",
+                                           "--pp-stages-per-rank"};
 const std::vector<std::string> kSwitches{"--json", "--bf16",      "--fp16",
                                          "--fp32", "--inference", "--activation-checkpointing",
                                          "--help", "-h"};
@@ -77,14 +97,14 @@ std::map<std::string, std::string> split_args(const std::vector<std::string>& ar
 }
 
 ModelSpec read_model(const std::map<std::string, std::string>& given, int64_t tp, int64_t pp = 1,
-                     int64_t stage = 0) {
+                     const std::vector<int64_t>& held = {0}) {
   auto count = [&](const char* flag) {
     const auto it = given.find(flag);
     return it == given.end() ? int64_t{0} : parse_count(flag, it->second);
   };
   if (given.count("--hf-config")) {
     if (given.count("--params")) fail("give either --hf-config or --params, not both");
-    return spec_from_hf_file(given.at("--hf-config"), tp, pp, stage);
+    return spec_from_hf_file(given.at("--hf-config"), tp, pp, held);
   }
   ExplicitModel m;
   m.params = count("--params");
@@ -96,7 +116,7 @@ ModelSpec read_model(const std::map<std::string, std::string>& given, int64_t tp
   m.intermediate = count("--intermediate");
   m.tensor_parallel = tp;
   m.pipeline_stages = pp;
-  m.pipeline_stage = stage;
+  m.pipeline_held = held;
   return spec_from_numbers(m);
 }
 
@@ -122,7 +142,8 @@ void read_pipeline(const std::map<std::string, std::string>& given, EstimateInpu
   if (configured > 1 && pp != configured) {
     fail("--pp {} contradicts the config's pipeline.stages {}; give one of them", pp, configured);
   }
-  if (given.count("--pp-schedule") && pp == 1) fail("--pp-schedule needs --pp 2 or more");
+  for (const char* flag : {"--pp-schedule", "--pp-stages-per-rank"})
+    if (given.count(flag) && pp == 1) fail("{} needs --pp 2 or more", flag);
   if (pp == 1) return;
   if (given.count("--params")) {
     fail(
@@ -134,6 +155,17 @@ void read_pipeline(const std::map<std::string, std::string>& given, EstimateInpu
   in.pipeline_stages = pp;
   in.config.pipeline_parallel_size = pp;
   in.schedule = given.count("--pp-schedule") ? given.at("--pp-schedule") : "1f1b";
+  const bool several = runs_several_stages(in.schedule);
+  in.stages_per_rank = several ? 2 : 1;  // torchtitan's default for these schedules
+  if (given.count("--pp-stages-per-rank")) {
+    in.stages_per_rank = parse_count("--pp-stages-per-rank", given.at("--pp-stages-per-rank"));
+    if (!several && in.stages_per_rank != 1) {
+      fail(
+          "--pp-stages-per-rank {} with --pp-schedule {}; allowed: 1, or a schedule that runs "
+          "several stages on each rank (interleaved1f1b, loopedbfs)",
+          in.stages_per_rank, in.schedule);
+    }
+  }
   WorldShape& w = in.world;
   if (w.nodes % pp == 0) {
     w.nodes /= pp;  // whole nodes per stage
@@ -155,14 +187,32 @@ void read_pipeline(const std::map<std::string, std::string>& given, EstimateInpu
                     "in --config for more)",
                     pp));
   }
+  const int64_t per_rank = in.stages_per_rank, all = pp * per_rank;
   for (int64_t stage = 0; stage < pp; ++stage) {
     StageInputs s;
-    s.spec = read_model(given, in.world.tensor_parallel, pp, stage);
+    s.held = stages_of_rank(pp, per_rank, stage);
+    s.spec = read_model(given, in.world.tensor_parallel, all, s.held);
     s.spec.attention_scores = in.spec.attention_scores;
     s.shape = in.shape;
-    s.shape.in_flight =
-        micro_batches_in_flight(in.schedule, pp, stage, in.micro_batches, "--pp-schedule");
     s.shape.pipeline_micro_batches = in.micro_batches;
+    if (!several) {
+      s.shape.in_flight =
+          micro_batches_in_flight(in.schedule, pp, stage, in.micro_batches, "--pp-schedule");
+    } else {
+      s.shape.part_steps =
+          parts_in_flight(in.schedule, pp, per_rank, stage, in.micro_batches, "--pp-schedule");
+      s.shape.in_flight = 0;  // the most micro-batches held at once, over the stages
+      for (const PartsStep& step : s.shape.part_steps) {
+        int64_t held = 0;
+        for (int64_t h : step.held) held += h;
+        s.shape.in_flight = std::max(s.shape.in_flight, held);
+      }
+      for (int64_t held : s.held) {
+        s.shape.part_layers.push_back(stage_blocks(in.spec.layers, all, held).second);
+        if (held == all - 1)
+          s.shape.head_part = static_cast<int64_t>(s.shape.part_layers.size()) - 1;
+      }
+    }
     in.stages.push_back(std::move(s));
   }
 }
@@ -234,8 +284,12 @@ hardware (sizes: 80GB = 80e9 bytes, 80GiB = 80 x 2^30):
                          head on the last (a tied one with a copy of the embedding); each
                          stage planned on its own ranks (ranks / pp); needs the model's
                          shape (--hf-config, or --layers/--hidden/--heads without --params)
-  --pp-schedule NAME     1f1b (default: stage s holds pp - s micro-batches' activations)
-                         or gpipe (every micro-batch's: gradient_accumulation_steps)
+  --pp-schedule NAME     1f1b (default: stage s holds pp - s micro-batches' activations),
+                         gpipe (every micro-batch's: gradient_accumulation_steps), or
+                         interleaved1f1b / loopedbfs (torch's schedules of several stages
+                         per rank: stage s on rank s % pp; counted along their order)
+  --pp-stages-per-rank V stages on each rank under interleaved1f1b and loopedbfs
+                         (default 2): the blocks split over pp x V stages
   --gpu-mem SIZE         device memory per rank (default 80GB)
   --cpu-mem SIZE         host RAM per node (default: this machine's)
   --nvme SIZE            free NVMe per node (default: none)

@@ -11,8 +11,10 @@
 
 namespace zeroshard::estimate {
 
-// One pipeline stage's share (--pp): its model, the micro-batches it holds at once.
+// One pipeline rank's share (--pp): its stages (one, or several under an interleaved
+// schedule), their model, the micro-batches they hold at once.
 struct StageInputs {
+  std::vector<int64_t> held{0};
   ModelSpec spec;
   TrainingShape shape;
 };
@@ -26,6 +28,7 @@ struct EstimateInputs {
   // --pp: the stages (world and budget are then one stage's: its ranks, and the host and
   // NVMe a node shares among the stages on it), the schedule and its micro-batches.
   int64_t pipeline_stages = 1;
+  int64_t stages_per_rank = 1;  // --pp-stages-per-rank: interleaved schedules' V
   std::string schedule;
   int64_t micro_batches = 1;
   std::vector<StageInputs> stages;

@@ -170,6 +170,17 @@ std::string training_lines(const EstimateInputs& in) {
   return out;
 }
 
+// The blocks of a pipeline rank's stages: "0-3", or "0-1,4-5" for stages 0 and 2 of 4.
+std::string held_blocks(const EstimateInputs& in, size_t rank) {
+  std::vector<std::string> ranges;
+  for (int64_t stage : in.stages[rank].held) {
+    const auto [first, count] =
+        stage_blocks(in.spec.layers, in.pipeline_stages * in.stages_per_rank, stage);
+    ranges.push_back(fmt::format("{}-{}", first, first + count - 1));
+  }
+  return fmt::format("{}", fmt::join(ranges, ","));
+}
+
 }  // namespace
 
 std::string render_table(const EstimateInputs& in, const Plan& plan) {
@@ -303,20 +314,20 @@ std::string render_pipeline_table(const EstimateInputs& in, const std::vector<Pl
                                 with_commas(s.total_params));
   out += fmt::format(
       "pipeline: {} stages x tp {} x dp {}, each stage {} node(s) x {} rank(s); schedule {}, "
-      "{} micro-batches a step\n",
+      "{} micro-batches a step{}\n",
       in.pipeline_stages, w.tensor_parallel, w.data_parallel_ranks(), w.nodes, w.ranks_per_node,
-      in.schedule, in.micro_batches);
+      in.schedule, in.micro_batches,
+      in.stages_per_rank > 1 ? fmt::format(", {} stages on each (stage s on pp s % {})",
+                                           in.stages_per_rank, in.pipeline_stages)
+                             : "");
   out += training_lines(in);
   out += fmt::format("\n{:<6} {:<9} {:>14} {:>9}  {:<36} {:>9} {:>9} {:>9}  {}\n", "pp", "blocks",
                      "parameters", "in flight", "recommended ZeRO (GiB per rank)", "device", "host",
                      "nvme", "verdict");
   for (size_t stage = 0; stage < plans.size(); ++stage) {
     const Plan& p = plans[stage];
-    const auto [first, count] =
-        stage_blocks(s.layers, in.pipeline_stages, static_cast<int64_t>(stage));
     out += fmt::format("{:<6} {:<9} {:>14} {:>9}  {:<36} {:>9} {:>9} {:>9}  {}\n", stage,
-                       fmt::format("{}-{}", first, first + count - 1),
-                       with_commas(in.stages[stage].spec.total_params),
+                       held_blocks(in, stage), with_commas(in.stages[stage].spec.total_params),
                        in.stages[stage].shape.in_flight, p.option.label(),
                        gib(p.predicted.total(Tier::Device)), gib(p.predicted.total(Tier::Host)),
                        gib(p.predicted.total(Tier::Nvme)), p.fits ? "fits" : p.summary);
@@ -334,12 +345,13 @@ std::string render_pipeline_json(const EstimateInputs& in, const std::vector<Pla
   bool fits = true;
   for (size_t stage = 0; stage < plans.size(); ++stage) {
     const Plan& p = plans[stage];
-    const auto [first, count] =
-        stage_blocks(in.spec.layers, in.pipeline_stages, static_cast<int64_t>(stage));
+    const std::vector<int64_t>& held = in.stages[stage].held;
+    const int64_t all = in.pipeline_stages * in.stages_per_rank;
     nlohmann::json row = bytes_json(p.predicted);
     row["stage"] = stage;
-    row["first_block"] = first;
-    row["blocks"] = count;
+    row["first_block"] = stage_blocks(in.spec.layers, all, held.front()).first;
+    row["blocks"] = in.stages[stage].spec.layers;
+    if (held.size() > 1) row["pipeline_stages_held"] = held;
     row["parameters"] = in.stages[stage].spec.total_params;
     row["micro_batches_in_flight"] = in.stages[stage].shape.in_flight;
     row["zero_stage"] = p.option.stage;
@@ -359,6 +371,7 @@ std::string render_pipeline_json(const EstimateInputs& in, const std::vector<Pla
                   {"tensor_parallel", in.world.tensor_parallel},
                   {"data_parallel_ranks", in.world.data_parallel_ranks()}};
   out["schedule"] = in.schedule;
+  out["stages_per_rank"] = in.stages_per_rank;
   out["micro_batches"] = in.micro_batches;
   out["assumptions"] = in.assumptions;
   out["warnings"] = in.warnings;
