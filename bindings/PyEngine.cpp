@@ -429,9 +429,11 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly("config_yaml",
                              [](const EngineImpl& e) { return emit_config_yaml(e.config()); })
       .def("memory_report", [](const EngineImpl& e) { return memory_dict(e.memory_detail()); })
+      .def("set_pipeline_in_flight", &EngineImpl::set_pipeline_in_flight, py::arg("in_flight"),
+           py::arg("micro_batches"))
       .def("set_activation_shape", &EngineImpl::set_activation_shape, py::arg("hf_config_json"),
            py::arg("attn_implementation"), py::arg("seq"), py::arg("micro_batch"),
-           py::arg("activation_checkpointing"))
+           py::arg("activation_checkpointing"), py::arg("has_head") = true)
       .def("bytes_sent", &EngineImpl::bytes_sent)
       .def("barrier", &EngineImpl::barrier, py::call_guard<py::gil_scoped_release>());
 }

@@ -93,14 +93,20 @@ MemoryReport EngineImpl::memory_report() const {
 
 void EngineImpl::set_activation_shape(const std::string& hf_config_json,
                                       const std::string& attn_implementation, int64_t seq,
-                                      int64_t micro_batch, bool activation_checkpointing) {
-  const ModelSpec shaped = spec_from_hf_model(hf_config_json, attn_implementation);
+                                      int64_t micro_batch, bool activation_checkpointing,
+                                      bool has_head) {
+  ModelSpec shaped = spec_from_hf_model(hf_config_json, attn_implementation);
+  shaped.has_head = has_head;
   TrainingShape batch;
   batch.seq = seq;
   batch.micro_batch = micro_batch;
   batch.activation_checkpointing = activation_checkpointing;
   device_.activations = std::make_pair(shaped, batch);
 }
+void EngineImpl::set_pipeline_in_flight(int64_t in_flight, int64_t micro_batches) {
+  pipeline_in_flight_ = {in_flight, micro_batches};
+}
+
 MemoryLedger& EngineImpl::ledger() {
   return ledger_;
 }

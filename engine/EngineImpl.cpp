@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -272,7 +273,9 @@ MemoryDetail EngineImpl::memory_detail() const {
   TrainingShape shape;
   if (device_.activations) {
     take_shape(spec, device_.activations->first);
+    spec.has_head = device_.activations->first.has_head;
     shape = device_.activations->second;
+    std::tie(shape.in_flight, shape.pipeline_micro_batches) = pipeline_in_flight_;
   }
   shape.device_is_host = device_.where.is_cpu();
   shape.grads_held_in_window = grads_held_in_window_;

@@ -192,9 +192,16 @@ class EngineImpl final : public Engine {
   // memory_detail's prediction counts the activations of micro-batches of `micro_batch`
   // sequences of `seq` tokens of the model a Hugging Face config.json describes
   // (plan/HfConfig.h), with transformers' attention `attn_implementation`.
+  // `has_head`: whether the module makes the logits (a pipeline stage before the last
+  // does not).
   void set_activation_shape(const std::string& hf_config_json,
                             const std::string& attn_implementation, int64_t seq,
-                            int64_t micro_batch, bool activation_checkpointing);
+                            int64_t micro_batch, bool activation_checkpointing,
+                            bool has_head = true);
+  // A pipeline stage's schedule: the most micro-batches whose activations it held at once
+  // in a step as the schedule ran them, of `micro_batches` a step (its outputs kept until
+  // step() returns them); memory_detail's prediction counts them (TrainingShape::in_flight).
+  void set_pipeline_in_flight(int64_t in_flight, int64_t micro_batches);
   // Bytes this rank has sent in collectives so far (ring-algorithm volume).
   int64_t bytes_sent() const;
   MemoryLedger& ledger();
@@ -246,8 +253,9 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Communicators> comms_;  // every collective, by the job it does
   // weight_quantization: what frozen groups' shards are kept as; outlives the groups.
   std::unique_ptr<ShardQuantizer> quantizer_;
-  bool grads_held_in_window_ = false;  // reduce_once_per_step()
-  GroupTable groups_;                  // the flat groups and the index spaces over them
+  bool grads_held_in_window_ = false;                     // reduce_once_per_step()
+  std::pair<int64_t, int64_t> pipeline_in_flight_{1, 0};  // set_pipeline_in_flight()
+  GroupTable groups_;  // the flat groups and the index spaces over them
   // Offload: the I/O engine and swap directories outlive everything that swaps.
   std::unique_ptr<SwapSpace> swap_;
   std::unique_ptr<StepPipeline> pipeline_;  // reducer, scaler, optimizer, overlapped step

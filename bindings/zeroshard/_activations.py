@@ -5,6 +5,8 @@ was built with, gradient checkpointing, and the largest micro-batch (sequences x
 of a forward with gradients so far. Other models keep a prediction of model states.
 Before any forward, the batch offload_optimizer.ratio auto leaves room for (the model's
 longest sequence), and what it chose."""
+import copy
+
 import torch
 
 
@@ -33,17 +35,45 @@ class ActivationShape:
         self._largest = batch * seq
         try:
             hf_json, attention, recomputed = model_shape(self._model, self._config)
-            self._engine.set_activation_shape(hf_json, attention, seq, batch, recomputed)
+            self._engine.set_activation_shape(hf_json, attention, seq, batch, recomputed,
+                                              makes_logits(self._model, self._config))
         except RuntimeError as e:  # a family the estimator does not read: model states alone
             self._config, self.unread = None, str(e)
 
 
 def model_shape(model, config):
     """What the engine and the estimate read a Hugging Face model's activations from: its
-    config as JSON, the attention it was built with, and whether it recomputes layers."""
+    config as JSON, the attention it was built with, and whether it recomputes layers. A
+    model holding fewer decoder layers than its config counts (a pipeline stage cut from
+    it) is read with the layers it holds."""
+    held = decoder_layers(model)
+    if 0 < held < getattr(config, "num_hidden_layers", 0):
+        config = copy.deepcopy(config)
+        config.num_hidden_layers = held
     return (config.to_json_string(use_diff=False),
             getattr(config, "_attn_implementation", None) or "sdpa",
             bool(getattr(model, "is_gradient_checkpointing", False)))
+
+
+def decoder_layers(model):
+    """The transformers decoder layers the model holds (0 where this transformers has no
+    common class for them)."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return 0
+    return sum(1 for m in model.modules() if isinstance(m, GradientCheckpointingLayer))
+
+
+def makes_logits(model, config):
+    """Whether the model ends in the vocabulary's logits: its output embeddings where it
+    names them (None: a base model, or a pipeline stage before the last), else a linear
+    layer onto the vocabulary inside it."""
+    if callable(getattr(model, "get_output_embeddings", None)):
+        return model.get_output_embeddings() is not None
+    vocab = getattr(config, "vocab_size", None)
+    return any(isinstance(m, torch.nn.Linear) and m.out_features == vocab
+               for m in model.modules())
 
 
 def assumed_batch(model):

@@ -17,7 +17,7 @@ it to its own in its last backward (before the engine reduces it over the data-p
 ranks). After each step the owner sends the updated values to the copies."""
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import Schedule1F1B
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 from . import _config, _launch, _zeroshard
 from ._engine import ZeroShardEngine
@@ -191,9 +191,11 @@ class PipelineEngine(ZeroShardEngine):
         self._dp_group = self._stage_group()
         self._pp_group = pipeline_group(self)
         self._stage = _TiedStage(self, ties)
-        self._schedule = Schedule1F1B(self._stage,
-                                      n_microbatches=self.gradient_accumulation_steps(),
-                                      loss_fn=model.loss_fn)
+        # torch's 1F1B needs a micro-batch for each stage; with fewer (DeepSpeed's default
+        # gradient_accumulation_steps is 1) GPipe runs them, the same order then.
+        micro = self.gradient_accumulation_steps()
+        schedule = Schedule1F1B if micro >= self.num_stages else ScheduleGPipe
+        self._schedule = schedule(self._stage, n_microbatches=micro, loss_fn=model.loss_fn)
 
     def load_checkpoint(self, *args, **kwargs):
         """A tied copy is no parameter of its stage's engine: the owner's loaded value to it."""

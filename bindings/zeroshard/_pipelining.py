@@ -130,8 +130,9 @@ def _placements(ranks, num_stages, mine):
     """The stages the rank of pipeline stage `mine` may run: looped (s % ranks, torch's
     interleaved schedules) and V-shaped (down the ranks and back up, its V schedules)."""
     looped = list(range(mine, num_stages, ranks))
-    v_shaped = [s for s in range(num_stages)
-                if (s % ranks if (s // ranks) % 2 == 0 else ranks - 1 - s % ranks) == mine]
+    if num_stages != 2 * ranks:  # the V schedules run two stages on each rank
+        return looped, looped
+    v_shaped = [mine, num_stages - 1 - mine]
     return looped, v_shaped
 
 
@@ -230,6 +231,19 @@ class PipelineStage(_TorchPipelineStage):
         if reduce_once:
             core.reduce_once_per_step()
         self._backwards = 0  # this schedule step's micro-batches so far
+        # [micro-batches whose activations the rank's stages hold, the most this step]
+        self._in_flight = engine.__dict__.setdefault("_pipeline_in_flight", [0, 0])
+
+    def forward_one_chunk(self, *args, **kwargs):
+        """Counts the micro-batches whose activations the rank holds, for the plan."""
+        out = super().forward_one_chunk(*args, **kwargs)
+        if self.has_backward:
+            held = self._in_flight
+            if held[0] == 0:  # a step begins
+                held[1] = 0
+            held[0] += 1
+            held[1] = max(held[1], held[0])
+        return out
 
     def _shape_inference(self, *args, **kwargs):
         """Shape inference is no micro-batch: it leaves the random streams (dropout's) and
@@ -257,6 +271,14 @@ class PipelineStage(_TorchPipelineStage):
             raise _error(f"this rank holds {self._on_rank} of the {self.num_stages} stages but "
                          f"built PipelineStages {built}; allowed: one PipelineStage for each "
                          "part of the engine's module, all given to the schedule")
+        placed = getattr(self, "stage_index_to_group_rank", None)
+        if placed:  # the schedule's placement: the stages it sends this rank's to
+            mine = sorted(s for s, r in placed.items() if r == self.group_rank)
+            if mine != built:
+                raise _error(f"the schedule runs stages {mine} on this rank but its "
+                             f"PipelineStages are {built}; allowed: the stages the schedule "
+                             "places here (looped: s % pipeline.stages; V schedules: down "
+                             "the ranks and back)")
         micro = self.engine.gradient_accumulation_steps()
         if num_microbatches != micro:
             raise _error(
@@ -278,8 +300,7 @@ class PipelineStage(_TorchPipelineStage):
             core.begin_weight_backward()
             self._weight_backward(bwd_kwargs["param_groups"])
             core.end_weight_backward()
-            self.engine._pending_backward = True
-            self._backwards += 1
+            self._backward_done()
             return (), None
         if self.is_last:  # the loss: fp16's scale goes in here
             bwd_kwargs = dict(bwd_kwargs, stage_output=core.begin_backward(
@@ -288,9 +309,13 @@ class PipelineStage(_TorchPipelineStage):
             core.begin_backward(torch.zeros((), device=self.device))
         result = super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
         core.end_backward()
+        self._backward_done()
+        return result
+
+    def _backward_done(self):
         self.engine._pending_backward = True
         self._backwards += 1
-        return result
+        self._in_flight[0] = max(self._in_flight[0] - 1, 0)
 
     def _input_backward(self, core, bwd_kwargs, last_backward):
         if self.is_last:  # (loss,): fp16's scale goes in here
@@ -300,6 +325,8 @@ class PipelineStage(_TorchPipelineStage):
             core.begin_input_backward(torch.zeros((), device=self.device))
         result = super().backward_maybe_with_nosync("input", bwd_kwargs, last_backward)
         core.end_input_backward()
+        if self.is_last:  # torch detaches the scaled copy it was given; the loss too, so
+            loss.detach_()  # what only the input half needed goes now (as torch's own does)
         return result
 
     def _weight_backward(self, param_groups):
@@ -326,6 +353,8 @@ class PipelineStage(_TorchPipelineStage):
         backwards, self._backwards = self._backwards, 0
         if not self.has_backward:  # schedule.eval(): forward only, no gradients
             return
+        if self._on_rank == 1:  # the plan counts the stage's blocks that many times
+            self.engine._engine.set_pipeline_in_flight(self._in_flight[1], micro)
         if backwards != micro:
             raise _error(f"{backwards} micro-batches' backward ran in this schedule step, but "
                          f"gradient_accumulation_steps is {micro}; allowed: equal")

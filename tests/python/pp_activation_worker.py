@@ -7,7 +7,8 @@ r + 2 on rank r, one engine's nn.ModuleList, ScheduleInterleaved1F1B), MICROBATC
 head's loss transformers' own (ForCausalLMLoss). During one step it measures the bytes the
 stage keeps for backward at their peak: every storage autograd saves that is not a
 parameter, and the stage's outputs the schedule holds until their backward, each counted
-while it lives. Writes OUT.rankN.json: the stage and its peak.
+while it lives. Writes OUT.rankN.json: the stage, its peak, and the activations the
+engine's memory_report predicts for it.
 usage: pp_activation_worker.py OUT CONFIG SCHEDULE MICRO SEQ MICROBATCHES"""
 import json
 import os
@@ -22,10 +23,12 @@ from transformers.loss.loss_utils import ForCausalLMLoss
 
 class Stage(nn.Module):
     """Blocks [first, last) of a LlamaForCausalLM, with the embedding before them on the first
-    stage and the final norm and the head after them on the last."""
+    stage and the final norm and the head after them on the last; the model's config kept,
+    as a stage cut from a transformers model keeps it (memory_report reads it)."""
 
     def __init__(self, llama, first, last):
         super().__init__()
+        self.config = llama.config
         inner = llama.model
         self.embed = inner.embed_tokens if first == 0 else None
         self.layers = nn.ModuleList(inner.layers[first:last])
@@ -117,8 +120,9 @@ def main():
         else:
             schedule.step(target=tokens)
     engine.step()
+    activations = engine.memory_report()["device"]["kinds"]["activations"]
     with open(f"{out}.rank{rank}.json", "w") as f:
-        json.dump({"stage": rank, "peak": live.peak}, f)
+        json.dump({"stage": rank, "peak": live.peak, "reported": activations["predicted"]}, f)
 
 
 if __name__ == "__main__":

@@ -123,8 +123,11 @@ def test_several_stages_on_each_rank_train_as_the_whole_model(schedule, zero, sc
     got = train(schedule, zero, scratch)
     assert_as_one_process(got, reference(scratch))
     # Every stage but the first splits its backward (the first has no input gradient to
-    # hurry): 4 steps of 8 micro-batches, those of DualPipeV's warm-up and cool-down.
+    # hurry): 3 stages x 2 data-parallel ranks x 4 steps x 8 micro-batches; DualPipeV those
+    # of its warm-up and cool-down only (the rest overlap a forward with a whole backward).
     halves = sum(r["input_halves"] for r in got)
+    if schedule in ("zerobubble", "zbv"):
+        assert halves == 3 * 2 * STEPS * 8, halves
     assert (halves > 0) == (schedule in ZERO_BUBBLE), halves
 
 
@@ -342,6 +345,21 @@ def test_what_the_stage_cannot_do_is_refused_by_name(scratch):
     assert "or 0, 3 (the V of ScheduleZBVZeroBubble and ScheduleDualPipeV)" in log
     assert "this rank holds 2 of the 4 stages but built PipelineStages [0]; allowed: one " \
         "PipelineStage for each part" in log
+    # Stages in a V given to a looped schedule: refused before a send goes astray.
+    log = refusal(scratch, (
+        "import os\n"
+        "from torch.distributed.pipelining import ScheduleInterleaved1F1B\n"
+        "parts = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])\n"
+        "engine, _, _, _ = zeroshard.initialize(model=parts, config=config)\n"
+        "mine = int(os.environ['RANK'])\n"
+        "stages = [PipelineStage(engine, stage_index=s, num_stages=4, submodule=p)\n"
+        "          for s, p in zip((mine, 3 - mine), parts)]\n"
+        "schedule = ScheduleInterleaved1F1B(stages, n_microbatches=2,\n"
+        "                                   loss_fn=torch.nn.MSELoss())\n"
+        "x = torch.zeros(2, 4)\n"
+        "schedule.step(x) if mine == 0 else schedule.step(target=x)"))
+    assert "the schedule runs stages [0, 2] on this rank but its PipelineStages are [0, 3]" \
+        in log, log
     log = refusal(scratch, "PipelineStage(engine)", stages=1, world=1)
     assert "the engine was built with pipeline.stages 1; allowed: the number of stages" in log
     # Stages given different configs (each would agree within itself).

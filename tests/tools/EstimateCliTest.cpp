@@ -241,7 +241,11 @@ TEST(EstimateCli, BadInputIsOneLineAndExitTwo) {
        "--pp-stages-per-rank needs --pp 2 or more"},
       {"--hf-config " + hf("llama2_7b.json") +
            " --pp 2 --gpus-per-node 2 --pp-schedule interleaved1f1b --pp-stages-per-rank 17",
-       "34 pipeline stages for 32 layers; allowed: 1 to 32"},
+       "--pp 2 x --pp-stages-per-rank 17 is 34 stages for the model's 32 blocks; allowed: at "
+       "most 32"},
+      {"--hf-config " + hf("llama2_7b.json") +
+           " --pp 2 --gpus-per-node 2 --pp-schedule loopedbfs --pp-stages-per-rank 1e12",
+       "is 2000000000000 stages for the model's 32 blocks"},
       {"--params 7e9 --attn-implementation flash",
        "--attn-implementation: 'flash' is not allowed; allowed: eager, sdpa, flash_attention_2"},
       {"--params 7e9 --batch 4", "--batch is a serving figure; give it with --inference"},

@@ -157,6 +157,8 @@ void read_pipeline(const std::map<std::string, std::string>& given, EstimateInpu
   in.schedule = given.count("--pp-schedule") ? given.at("--pp-schedule") : "1f1b";
   const bool several = runs_several_stages(in.schedule);
   in.stages_per_rank = several ? 2 : 1;  // torchtitan's default for these schedules
+  if (several && !given.count("--pp-stages-per-rank"))
+    in.assumptions.push_back("2 stages on each rank (give --pp-stages-per-rank)");
   if (given.count("--pp-stages-per-rank")) {
     in.stages_per_rank = parse_count("--pp-stages-per-rank", given.at("--pp-stages-per-rank"));
     if (!several && in.stages_per_rank != 1) {
@@ -188,6 +190,12 @@ void read_pipeline(const std::map<std::string, std::string>& given, EstimateInpu
                     pp));
   }
   const int64_t per_rank = in.stages_per_rank, all = pp * per_rank;
+  if (in.spec.layers > 0 && (per_rank > in.spec.layers || all > in.spec.layers)) {
+    fail(
+        "--pp {} x --pp-stages-per-rank {} is {} stages for the model's {} blocks; allowed: at "
+        "most {} stages (each holds a block)",
+        pp, per_rank, pp * per_rank, in.spec.layers, in.spec.layers);
+  }
   for (int64_t stage = 0; stage < pp; ++stage) {
     StageInputs s;
     s.held = stages_of_rank(pp, per_rank, stage);
