@@ -273,7 +273,6 @@ MemoryDetail EngineImpl::memory_detail() const {
   TrainingShape shape;
   if (device_.activations) {
     take_shape(spec, device_.activations->first);
-    spec.has_head = device_.activations->first.has_head;
     shape = device_.activations->second;
     std::tie(shape.in_flight, shape.pipeline_micro_batches) = pipeline_in_flight_;
   }

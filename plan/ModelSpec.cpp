@@ -193,6 +193,7 @@ bool attention_keeps_scores(const std::string& name, const std::string& what) {
 
 void take_shape(ModelSpec& spec, const ModelSpec& shaped) {
   spec.layers = shaped.layers;
+  spec.has_head = shaped.has_head;
   spec.hidden = shaped.hidden;
   spec.heads = shaped.heads;
   spec.vocab = shaped.vocab;

@@ -135,7 +135,8 @@ void add_decoder_units(const TransformerArch& arch, SpecBuilder& builder);
 // naming `what` for any other name.
 bool attention_keeps_scores(const std::string& attn_implementation, const std::string& what);
 
-// The shape numbers activation memory reads (layers, widths, block shape), from `shaped`
+// The shape numbers activation memory reads (layers, widths, block shape, whether it makes
+// the logits), from `shaped`
 // (a config.json's spec) into `spec` (a live model's units and counts).
 void take_shape(ModelSpec& spec, const ModelSpec& shaped);
 

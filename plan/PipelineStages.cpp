@@ -1,6 +1,7 @@
 #include "plan/PipelineStages.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "common/Error.h"
 
@@ -99,6 +100,13 @@ std::vector<PartsStep> parts_in_flight(const std::string& schedule, int64_t rank
   for (int64_t part = per_rank - 1; part >= 0; --part)
     for (int64_t m = 0; m < micro_batches; ++m) order.backward(part);
   return std::move(order).steps();
+}
+
+int64_t most_in_flight(const std::vector<PartsStep>& steps) {
+  int64_t most = 0;
+  for (const PartsStep& step : steps)
+    most = std::max(most, std::accumulate(step.held.begin(), step.held.end(), int64_t{0}));
+  return most;
 }
 
 }  // namespace zeroshard

@@ -47,4 +47,7 @@ std::vector<PartsStep> parts_in_flight(const std::string& schedule, int64_t rank
                                        int64_t rank, int64_t micro_batches,
                                        const std::string& what);
 
+// The most micro-batches held at once over the rank's stages, along `steps`.
+int64_t most_in_flight(const std::vector<PartsStep>& steps);
+
 }  // namespace zeroshard

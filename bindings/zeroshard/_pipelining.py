@@ -67,13 +67,13 @@ def _wait_every_op_of_a_batch():
     hang there, with or without zeroshard (measured). There, the batch's every Work is
     waited."""
     from torch.distributed.pipelining import schedules
-    if schedules._batch_p2p([]) is not None:  # a list: every Work is the caller's
-        return
+    if schedules._batch_p2p is _batch_every_op or schedules._batch_p2p([]) is not None:
+        return  # replaced already, or a list: every Work is the caller's
+    schedules._batch_p2p = _batch_every_op
 
-    def batch_p2p(p2p_ops, desc=None):
-        return _EveryWork(dist.batch_isend_irecv(p2p_ops)) if p2p_ops else None
 
-    schedules._batch_p2p = batch_p2p
+def _batch_every_op(p2p_ops, desc=None):
+    return _EveryWork(dist.batch_isend_irecv(p2p_ops)) if p2p_ops else None
 
 
 def _error(message):

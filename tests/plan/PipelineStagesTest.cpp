@@ -103,16 +103,6 @@ TEST(PipelineStages, ActivationsCountTheStagesBlocksForEachMicroBatchInFlight) {
   EXPECT_EQ(activation_bytes(first, three, 2), 3 * activation_bytes(first, one, 2));
 }
 
-namespace {
-
-int64_t most_held(const std::vector<PartsStep>& steps) {
-  int64_t most = 0;
-  for (const PartsStep& step : steps) most = std::max(most, step.held[0] + step.held[1]);
-  return most;
-}
-
-}  // namespace
-
 // torch's Interleaved1F1B on 2 ranks x 2 stages, 4 micro-batches (2 rounds of 2): rank 0
 // warms up with (2 - 1) x 2 + 2 x (2 - 1 - 0) = 4 forwards (F0 F0 F1 F1), then F0 B1 F0 B1
 // F1 B0 F1 B0, then B1 B1 B0 B0; rank 1 with 2 (F0 F0), then F1 B1 F1 B1 F0 B0 F0 B0, then
@@ -125,14 +115,14 @@ TEST(PipelineStages, InterleavedOneF1BHoldsItsWarmUpAndOneMore) {
   EXPECT_EQ(rank0[3].held, (std::vector<int64_t>{2, 2}));  // after the warm-up
   EXPECT_EQ(rank0[4].held, (std::vector<int64_t>{3, 2}));  // its most
   EXPECT_EQ(rank0[5].held, (std::vector<int64_t>{3, 1}));
-  EXPECT_EQ(most_held(rank0), 5);
+  EXPECT_EQ(most_in_flight(rank0), 5);
   EXPECT_EQ(rank0.back().held, (std::vector<int64_t>{0, 0}));
   EXPECT_EQ(rank0.back().forwarded, (std::vector<int64_t>{4, 4}));
   const auto rank1 = parts_in_flight("interleaved1f1b", 2, 2, 1, 4, "--pp-schedule");
   EXPECT_EQ(rank1[2].held, (std::vector<int64_t>{2, 1}));
-  EXPECT_EQ(most_held(rank1), 3);
+  EXPECT_EQ(most_in_flight(rank1), 3);
   // LoopedBFS: every forward of both stages before any backward.
-  EXPECT_EQ(most_held(parts_in_flight("loopedbfs", 2, 2, 1, 4, "--pp-schedule")), 8);
+  EXPECT_EQ(most_in_flight(parts_in_flight("loopedbfs", 2, 2, 1, 4, "--pp-schedule")), 8);
   try {
     parts_in_flight("interleaved1f1b", 4, 2, 0, 6, "--pp-schedule");  // 1 round of 6: fine
     parts_in_flight("interleaved1f1b", 2, 2, 0, 5, "--pp-schedule");  // 2 rounds of 5: not

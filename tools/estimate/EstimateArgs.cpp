@@ -18,33 +18,13 @@
 namespace zeroshard::estimate {
 namespace {
 
-const std::vector<std::string> kValueFlags{"--hf-config",
-                                           "--params",
-                                           "--layers",
-                                           "--hidden",
-                                           "--heads",
-                                           "--kv-heads",
-                                           "--vocab",
-                                           "--intermediate",
-                                           "--nodes",
-                                           "--gpus-per-node",
-                                           "--tp",
-                                           "--gpu-mem",
-                                           "--cpu-mem",
-                                           "--nvme",
-                                           "--seq",
-                                           "--micro-batch",
-                                           "--config",
-                                           "--headroom",
-                                           "--emit-config",
-                                           "--attn-implementation",
-                                           "--pp",
-                                           "--pp-schedule",
-                                           "--batch",
-                                           "--gpu-bw",
-                                           "--host-bw",
-                                           "--nvme-bw",
-                                           "--pp-stages-per-rank"};
+const std::vector<std::string> kValueFlags{
+    "--hf-config",   "--params",      "--layers",       "--hidden",      "--heads",
+    "--kv-heads",    "--vocab",       "--intermediate", "--nodes",       "--gpus-per-node",
+    "--tp",          "--gpu-mem",     "--cpu-mem",      "--nvme",        "--seq",
+    "--micro-batch", "--config",      "--headroom",     "--emit-config", "--attn-implementation",
+    "--pp",          "--pp-schedule", "--batch",        "--gpu-bw",      "--pp-stages-per-rank",
+    "--host-bw",     "--nvme-bw"};
 const std::vector<std::string> kSwitches{"--json", "--bf16",      "--fp16",
                                          "--fp32", "--inference", "--activation-checkpointing",
                                          "--help", "-h"};
@@ -209,12 +189,7 @@ void read_pipeline(const std::map<std::string, std::string>& given, EstimateInpu
     } else {
       s.shape.part_steps =
           parts_in_flight(in.schedule, pp, per_rank, stage, in.micro_batches, "--pp-schedule");
-      s.shape.in_flight = 0;  // the most micro-batches held at once, over the stages
-      for (const PartsStep& step : s.shape.part_steps) {
-        int64_t held = 0;
-        for (int64_t h : step.held) held += h;
-        s.shape.in_flight = std::max(s.shape.in_flight, held);
-      }
+      s.shape.in_flight = most_in_flight(s.shape.part_steps);
       for (int64_t held : s.held) {
         s.shape.part_layers.push_back(stage_blocks(in.spec.layers, all, held).second);
         if (held == all - 1)
