@@ -411,7 +411,7 @@ def driver(args):
           f"recomputed in backward: {checkpointed(args, False)} in the throughput rows, "
           f"{checkpointed(args, True)} in the search")
     if ROWS[2] in args.rows.split(","):  # DeepSpeed's CPU Adam: compiled here, not in the row
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         import deepspeed_ops
         print(deepspeed_ops.prepare(cpu=not judged), flush=True)
     rows = [] if args.search_only else [

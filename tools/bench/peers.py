@@ -17,6 +17,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tools/: deepspeed_ops
 import deepspeed_ops  # noqa: E402
 from peer_worker import MODES, SHAPE  # noqa: E402
 

@@ -1,0 +1,93 @@
+"""DeepSpeed's compiled ops, built once before anything runs DeepSpeed: the tests that check
+zeroshard against DeepSpeed itself (a CTest fixture, bindings/CMakeLists.txt) and the benches
+with DeepSpeed rows (bench peers, bench gpu).
+
+DeepSpeed compiles its ops on first use (torch.utils.cpp_extension, -march=native: they cannot
+be built on one machine for another). On the CPU accelerator a run of its engine builds
+three: the shared-memory all-reduce at init_distributed, FusedAdam for Adam on the device and
+CPU Adam for an offloaded optimizer (47 s for CPU Adam alone on this project's 2-core machine,
+minutes beside other work). Built inside a test or a bench row, that time counts against the
+row's limit; and a build killed half-way (a test's timeout) leaves its `lock` file behind, on
+which every later build waits for ever (torch's FileBaton): every DeepSpeed run after it hangs.
+
+So the build gets a folder of its own (TORCH_EXTENSIONS_DIR, under the build folder, kept
+between runs; never ~/.cache, which outlives builds and machines), the locks left there are
+removed (nothing else builds there while this runs: the tests that use DeepSpeed wait for it,
+the benches run one row at a time), and each op is built in a process of its own with its own
+limit. A build that fails leaves the runs to fail with DeepSpeed's own message.
+
+As a program (the CTest fixture): builds the CPU accelerator's ops, prints how it went, exits
+1 if one could not be built; where DeepSpeed is not installed, says so and exits 0.
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What DeepSpeed's engine builds on each accelerator (names its accelerators' create_op_builder
+# takes). On a GPU the benches offload the optimizer: CPU Adam is the one op they need.
+CPU_OPS = ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder")
+GPU_OPS = ("CPUAdamBuilder",)
+LOAD = ("from deepspeed.accelerator import get_accelerator; "
+        "get_accelerator().create_op_builder({!r}).load()")
+
+
+def remove_locks(folder):
+    """Removes the lock files builds killed half-way left in folder; returns where they were."""
+    left = []
+    for where, _, files in os.walk(folder):
+        if "lock" in files:
+            os.remove(os.path.join(where, "lock"))
+            left.append(os.path.relpath(where, folder))
+    return left
+
+
+def build_one(builder, env, timeout):
+    """Builds one op in a process of its own; returns one line saying how it went and
+    whether it is ready."""
+    start = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, "-c", LOAD.format(builder)], env=env,
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"{builder}: still compiling after {timeout} s", False
+    seconds = time.monotonic() - start
+    if p.returncode != 0:
+        last = " | ".join((p.stdout + p.stderr).strip().splitlines()[-3:])
+        return f"{builder} could not be built ({seconds:.0f} s): {last}", False
+    return f"{builder} ready in {seconds:.0f} s", True
+
+
+def prepare(cpu, timeout=1800):
+    """Builds the ops (cpu: DeepSpeed's CPU accelerator's, else CPU Adam on the GPU's);
+    returns one line saying how it went."""
+    line, _ = prepare_all(cpu, timeout)
+    return line
+
+
+def prepare_all(cpu, timeout=1800):
+    folder = os.environ.setdefault("TORCH_EXTENSIONS_DIR",
+                                   os.path.join(ROOT, "build", "torch_extensions"))
+    os.makedirs(folder, exist_ok=True)
+    left = remove_locks(folder)
+    note = f"; removed the lock a killed build left in {', '.join(left)}" if left else ""
+    env = dict(os.environ, **({"DS_ACCELERATOR": "cpu"} if cpu else {}))
+    results = [build_one(b, env, timeout) for b in (CPU_OPS if cpu else GPU_OPS)]
+    said = "; ".join(line for line, _ in results)
+    return (f"DeepSpeed's ops in {folder}: {said}{note}",
+            all(ready for _, ready in results))
+
+
+def main():
+    if importlib.util.find_spec("deepspeed") is None:
+        print("DeepSpeed is not installed with this Python: no op to build")
+        return 0
+    line, ready = prepare_all(cpu=True)
+    print(line)
+    return 0 if ready else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
