@@ -13,6 +13,9 @@ Modes interleaved, looped and zerobubble (ScheduleInterleaved1F1B, ScheduleLoope
 ScheduleInterleavedZeroBubble) run INTERLEAVED x STAGES stages of one block each, a rank's
 stages (s, s + STAGES, ...) one engine's nn.ModuleList; zbv and dualpipev
 (ScheduleZBVZeroBubble, ScheduleDualPipeV) place them in a V (s, 2 x STAGES - 1 - s).
+Mode traced splits the whole GPT with torch's tracer front-end (pipeline(), a SplitPoint
+before the third block) and runs each rank's stage module, a GraphModule holding the whole
+model's names, under Schedule1F1B.
 usage: pp_worker.py MODE STEPS OUT [CONFIG_JSON [TP]]  (MODE: ref or a key of SCHEDULES)"""
 import json
 import os
@@ -93,7 +96,7 @@ class Part(nn.Module):
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
              "interleaved": "ScheduleInterleaved1F1B", "looped": "ScheduleLoopedBFS",
              "zerobubble": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
-             "dualpipev": "ScheduleDualPipeV"}
+             "dualpipev": "ScheduleDualPipeV", "traced": "Schedule1F1B"}
 MULTI = ("interleaved", "looped", "zerobubble", "zbv", "dualpipev")  # stages on each rank
 
 
@@ -110,6 +113,8 @@ def whole_name(stage, name):
     ModuleList of Parts, whose names are the GPT's behind the list's index)."""
     if stage == "parts":
         return name.split(".", 1)[1]
+    if stage == "traced":  # the tracer keeps the whole model's names
+        return name
     if stage == 1 and name.startswith("blocks."):
         index, rest = name[len("blocks."):].split(".", 1)
         return f"blocks.{int(index) + LAYERS // 2}.{rest}"
@@ -204,6 +209,15 @@ def stage_module(stage_index, tp=1, group=None):
     return split
 
 
+def traced_stage(stage_index):
+    """The stage's module as torch's tracer front-end splits the whole GPT."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+    example = torch.zeros(MICRO, SEQ, dtype=torch.long)
+    pipe = pipeline(gpt(), mb_args=(example,),
+                    split_spec={f"blocks.{LAYERS // 2}": SplitPoint.BEGINNING})
+    return pipe.get_stage_module(stage_index)
+
+
 def stage_params(engine, stage_index):
     """The stage's parameters, whole, under the whole GPT's names."""
     import zeroshard
@@ -260,7 +274,7 @@ def trained(mode, steps, config, tp):
         config["pipeline"] = {"stages": STAGES}
         engine, _, _, _ = zeroshard.initialize(model=module, config=config)
     else:
-        module = stage_module(stage_index)
+        module = traced_stage(stage_index) if mode == "traced" else stage_module(stage_index)
         config["pipeline"] = {"stages": STAGES}
         engine, _, _, _ = zeroshard.initialize(model=module, config=config)
     dp_rank = engine.data_parallel_rank
@@ -275,7 +289,7 @@ def trained(mode, steps, config, tp):
     else:
         stage = PipelineStage(engine, keep_gathered=keep_gathered, reduce_once=reduce_once)
         schedule = schedule_class(stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
-    names = "parts" if mode in MULTI else stage_index
+    names = "parts" if mode in MULTI else "traced" if mode == "traced" else stage_index
     losses, norms = [], []
     loaded_params = None
     if resume:

@@ -223,6 +223,28 @@ def test_a_checkpoint_of_the_stages_resumes_bit_exactly(schedule, zero, scratch)
     assert abs(first - want) <= 1e-6 * abs(want), (first, want)
 
 
+def test_stages_split_by_torchs_tracer_train_and_consolidate_as_the_whole_model(scratch):
+    """torch's tracer front-end (pipeline(model, mb_args, split_spec), a SplitPoint before
+    the third block): each rank's stage module, a GraphModule, given to initialize and run
+    by Schedule1F1B at stage 3, trains as the whole model; the stages keep the whole
+    model's names, so a checkpoint of both consolidates to the whole model's state_dict."""
+    ckpt = str(scratch / "ckpt-traced")
+    got = train("traced", {"stage": 3}, scratch, extra={"checkpoint": ckpt, "save_at": STEPS})
+    want = reference(scratch)
+    assert_as_one_process(got, want)
+    from zeroshard import consolidate
+    out = str(scratch / "traced.pt")
+    consolidate(ckpt, out)
+    state = torch.load(out)
+    assert state.keys() == want["params"].keys()
+    for name, value in want["params"].items():
+        value = torch.tensor(value)
+        diff = (state[name] - value).abs().max().item()
+        assert diff <= 1e-5 * max(1.0, value.abs().max().item()), f"{name}: {diff}"
+    held = {**got[0]["params_at_save"], **got[WORLD // 2]["params_at_save"]}
+    assert {n: t.tolist() for n, t in state.items()} == held
+
+
 def test_a_checkpoint_of_stages_with_tensor_parallelism_resumes_bit_exactly(scratch):
     """PP2 x TP2 x DP2 (8 ranks, the groups from an mpu) saved after 2 of 4 steps: each
     stage's folder a tensor-parallel checkpoint of its own (tp_rank_00, tp_rank_01 and
