@@ -1,7 +1,9 @@
 """The launch as torch.distributed and the engine meet it: the launcher's environment,
 torch.distributed's process group at its rendezvous, and whether the script already
 serves the rendezvous store."""
+import atexit
 import os
+import sys
 
 import torch.distributed as dist
 
@@ -52,7 +54,20 @@ def init_distributed():
             store = dist.TCPStore(*where, is_master=False, use_libuv=False)
         dist.init_process_group("gloo", store=dist.PrefixStore("torch.distributed/", store),
                                 rank=env["rank"], world_size=env["world_size"])
+    else:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://{env['master_addr']}:{env['master_port']}",
+            rank=env["rank"], world_size=env["world_size"])
+    atexit.register(_destroy_at_exit)
+
+
+def _destroy_at_exit():
+    """torch.distributed started here is torn down here, at exit while the interpreter is
+    whole: a Gloo group left to the process's last teardown aborts it now and then after a
+    run that succeeded ("terminate called without an active exception", exit status -6,
+    seen on a rank of a finished 2-rank generation). Not after an uncaught exception
+    (sys.last_value): its peers may still be inside a collective with this rank, and the
+    group's teardown would wait for them."""
+    if getattr(sys, "last_value", None) is not None or not dist.is_initialized():
         return
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://{env['master_addr']}:{env['master_port']}",
-        rank=env["rank"], world_size=env["world_size"])
+    dist.destroy_process_group()
