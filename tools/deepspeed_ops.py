@@ -62,12 +62,7 @@ def build_one(builder, env, timeout):
 
 def prepare(cpu, timeout=1800):
     """Builds the ops (cpu: DeepSpeed's CPU accelerator's, else CPU Adam on the GPU's);
-    returns one line saying how it went."""
-    line, _ = prepare_all(cpu, timeout)
-    return line
-
-
-def prepare_all(cpu, timeout=1800):
+    returns one line saying how it went, and whether every op is ready."""
     folder = os.environ.setdefault("TORCH_EXTENSIONS_DIR",
                                    os.path.join(ROOT, "build", "torch_extensions"))
     os.makedirs(folder, exist_ok=True)
@@ -84,7 +79,7 @@ def main():
     if importlib.util.find_spec("deepspeed") is None:
         print("DeepSpeed is not installed with this Python: no op to build")
         return 0
-    line, ready = prepare_all(cpu=True)
+    line, ready = prepare(cpu=True)
     print(line)
     return 0 if ready else 1
 

@@ -413,7 +413,7 @@ def driver(args):
     if ROWS[2] in args.rows.split(","):  # DeepSpeed's CPU Adam: compiled here, not in the row
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         import deepspeed_ops
-        print(deepspeed_ops.prepare(cpu=not judged), flush=True)
+        print(deepspeed_ops.prepare(cpu=not judged)[0], flush=True)
     rows = [] if args.search_only else [
         run_row(args, row, layers, args.steps, args.warmup, args.timeout)
         for row in args.rows.split(",")]

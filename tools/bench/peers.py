@@ -172,7 +172,7 @@ def main():
     if unknown:
         sys.exit(f"--only: unknown mode(s) {', '.join(unknown)}; allowed: {', '.join(MODES)}")
     if any(m.startswith("deepspeed") and "offload" in m for m in modes):
-        print(deepspeed_ops.prepare(cpu=True), file=sys.stderr)  # not inside a row's time
+        print(deepspeed_ops.prepare(cpu=True)[0], file=sys.stderr)  # not inside a row's time
     with tempfile.TemporaryDirectory(prefix="zs-bench-peers-") as scratch:
         rows = [run_peer(mode, args, scratch) for mode in modes] + run_zeroshard(args, scratch)
     ratios, targets = compare(rows)
