@@ -10,9 +10,21 @@ PY="$VENV/bin/python"
 
 CI_FUZZ_SECONDS=45 # per parser, in ./zs test
 # Objects are cached by their command line alone, not by the build folder they are made
-# in (-g would add it), so the wheel's build (pip install ., tests/python/test_wheel.py)
-# gets back the objects of ./zs build.
+# in (-g would add it), and with the paths inside this checkout made relative: a clone in
+# another folder (CI's) and the wheel's build (pip install ., build-wheel-TAG, at the same
+# depth as build/) get back the objects of an earlier ./zs build instead of compiling
+# cold. Room for every build folder's objects (main, wheel, sanitizers, fuzzers).
 export CCACHE_NOHASHDIR=1
+export CCACHE_BASEDIR="$ROOT"
+export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-24G}"
+# The targets with a precompiled header (zs_optim, zs_sharding) are cached too: ccache
+# hashes the header's .gch itself; it refuses them (recompiling every time) unless told
+# that __DATE__/__TIME__ (unused here) and the .gch's fresh time stamp do not matter.
+export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime"
+# torch.compile's compiled graphs and kernels (a test compiles a Llama under the Trainer:
+# 99 s cold on 2 cores), kept where a fresh clone finds them; inductor keys its cache by
+# torch's version and the graph, so a stale entry is never used.
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$HOME/.cache/zeroshard/inductor}"
 
 # The host builds against the venv's torch; these are the C++ libraries around it.
 # libgloo-dev: headers only. PyPI's torch links Gloo in but ships no gloo/ headers, which
@@ -86,6 +98,9 @@ usage: ./zs VERB [ARGS]
                     stage's
   fuzz [SECONDS]    libFuzzer (clang, ASan, UBSan) on the config, config.json, size and
                     checkpoint-manifest parsers, SECONDS each (default 60)
+  times [--record]  where the last ./zs test's time went (each part, the slowest tests, the
+                    total against the budget, what grew since tests/test_seconds.json);
+                    --record: write that record from the last full run
   run -n N PROG ARGS  start N local ranks of PROG (a built binary, or a .py script
                     through torchrun) with the launcher environment zeroshard reads
   help              this list
@@ -118,14 +133,23 @@ case "$verb" in
     esac
     quick=0
     [ "${1:-}" = "--quick" ] && quick=1 && shift
+    # Each part's time goes to legs.tsv; at the end, passed or not, where the time went.
+    fresh_reports "$BUILD"
+    export ZS_LEGS_TSV
+    ZS_LEGS_TSV="$(reports_of "$BUILD")/legs.tsv"
+    trap 'test_times summary || true' EXIT
     timed "set-up and build" build
     echo "== torch $(torch_version) leg (PyPI, $VENV) =="
-    timed "main leg's tests" ctest --test-dir "$BUILD" --output-on-failure -j "$(nproc)" "$@"
+    timed "main leg's tests" ctest --test-dir "$BUILD" --output-on-failure \
+      --output-junit "$(reports_of "$BUILD")/ctest.xml" -j "$(nproc)" "$@"
     [ "$quick" = 1 ] && exit 0
     timed "oldest-torch leg (root, build, tests)" test_trixie_leg
     timed "sanitizers (builds, tests)" sanitize
     echo "== fuzzing: each parser ${CI_FUZZ_SECONDS} s from its seed corpus, kept regressions first =="
     timed "fuzzing" fuzz "$CI_FUZZ_SECONDS"
+    ;;
+  times)  # where the last ./zs test's time went; --record: write tests/test_seconds.json
+    if [ "${1:-}" = "--record" ]; then test_times record; else test_times summary; fi
     ;;
   build) build ;;
   gpu-pack) gpu_pack && gpu_pack_prebuilt ;;

@@ -10,17 +10,30 @@ minutes beside other work). Built inside a test or a bench row, that time counts
 row's limit; and a build killed half-way (a test's timeout) leaves its `lock` file behind, on
 which every later build waits for ever (torch's FileBaton): every DeepSpeed run after it hangs.
 
-So the build gets a folder of its own (TORCH_EXTENSIONS_DIR, under the build folder, kept
-between runs; never ~/.cache, which outlives builds and machines), the locks left there are
-removed (nothing else builds there while this runs: the tests that use DeepSpeed wait for it,
-the benches run one row at a time), and each op is built in a process of its own with its own
-limit. A build that fails leaves the runs to fail with DeepSpeed's own message.
+So the build gets a folder of its own (TORCH_EXTENSIONS_DIR, build/torch_extensions), the
+locks left there are removed (nothing else builds there while this runs: the tests that use
+DeepSpeed wait for it, the benches run one row at a time), and each op is built in a process
+of its own with its own limit. A build that fails leaves the runs to fail with DeepSpeed's own
+message.
+
+A fresh checkout (CI's) would build the ops cold every time (146 s on an idle 2-core machine,
+about 5 minutes beside the rest of the tests). So where build/torch_extensions does not exist
+yet, it becomes a link to a folder of this machine's cache named by everything the objects
+depend on: DeepSpeed's and torch's versions, the Python, the compiler and the CPU's flags
+(the ops are built with -march=native). Another version or another machine gets another
+folder; within one, torch's loader rebuilds an op whose sources or flags changed. A missing or
+stale cache costs the build's time, never a wrong op. (The build lines name DeepSpeed's
+sources through the checkout's .venv link, so a clone in another folder still rebuilds them;
+one in the same folder gets them back.)
 
 As a program (the CTest fixture): builds the CPU accelerator's ops, prints how it went, exits
 1 if one could not be built; where DeepSpeed is not installed, says so and exits 0.
 """
+import hashlib
+import importlib.metadata
 import importlib.util
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -32,6 +45,45 @@ CPU_OPS = ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder")
 GPU_OPS = ("CPUAdamBuilder",)
 LOAD = ("from deepspeed.accelerator import get_accelerator; "
         "get_accelerator().create_op_builder({!r}).load()")
+
+
+def cache_key(cpu):
+    """What DeepSpeed's compiled ops depend on besides their sources, as a folder name."""
+    def version(package):
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return "none"
+    compiler = subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True,
+                              text=True).stdout.splitlines()[:1]
+    flags = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    deepspeed, torch = version("deepspeed"), version("torch")
+    parts = [deepspeed, torch, sys.version, platform.machine(), " ".join(compiler), flags,
+             "cpu" if cpu else "gpu"]
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return f"deepspeed-{deepspeed}-torch-{torch}-{digest}"
+
+
+def extensions_folder(cpu):
+    """TORCH_EXTENSIONS_DIR (build/torch_extensions unless set), made a link to this
+    machine's cache of the ops where it does not exist yet (see the module's note)."""
+    folder = os.environ.setdefault("TORCH_EXTENSIONS_DIR",
+                                   os.path.join(ROOT, "build", "torch_extensions"))
+    if os.path.islink(folder) or not os.path.exists(folder):
+        cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                             os.path.join(os.path.expanduser("~"), ".cache"),
+                             "zeroshard", "torch_extensions", cache_key(cpu))
+        os.makedirs(cache, exist_ok=True)
+        if os.path.realpath(folder) != os.path.realpath(cache):
+            os.makedirs(os.path.dirname(folder), exist_ok=True)
+            tmp = f"{folder}.link.{os.getpid()}"
+            os.symlink(cache, tmp)
+            os.replace(tmp, folder)  # atomic: a reader sees the old link or the new one
+    os.makedirs(folder, exist_ok=True)
+    return folder
 
 
 def remove_locks(folder):
@@ -63,9 +115,7 @@ def build_one(builder, env, timeout):
 def prepare(cpu, timeout=1800):
     """Builds the ops (cpu: DeepSpeed's CPU accelerator's, else CPU Adam on the GPU's);
     returns one line saying how it went, and whether every op is ready."""
-    folder = os.environ.setdefault("TORCH_EXTENSIONS_DIR",
-                                   os.path.join(ROOT, "build", "torch_extensions"))
-    os.makedirs(folder, exist_ok=True)
+    folder = extensions_folder(cpu)
     left = remove_locks(folder)
     note = f"; removed the lock a killed build left in {', '.join(left)}" if left else ""
     env = dict(os.environ, **({"DS_ACCELERATOR": "cpu"} if cpu else {}))

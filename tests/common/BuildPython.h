@@ -1,15 +1,17 @@
 #pragma once
-// The first line the build's Python (ZS_PYTHON_EXECUTABLE, set by tests/CMakeLists.txt)
+// The first line the build's Python (python_executable(), set by tests/CMakeLists.txt)
 // prints for `code`, without its newline; "" if it printed nothing. Run from / so that
 // no folder of this tree shadows a package.
 #include <cstdio>
 #include <string>
 
+#include "tests/common/TestPaths.h"
+
 namespace zeroshard::testing {
 
 inline std::string build_python_prints(const std::string& code) {
   const std::string command =
-      std::string("cd / && '") + ZS_PYTHON_EXECUTABLE + "' -c '" + code + "' 2>&1";
+      std::string("cd / && '") + python_executable() + "' -c '" + code + "' 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return "";
   char buffer[256] = {0};

@@ -1,4 +1,5 @@
 #include "common/Files.h"
+#include "tests/common/TestPaths.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +12,7 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(ZS_BINARY_DIR) / "test-scratch" / name;
+  const fs::path dir = fs::path(zeroshard::testing::binary_dir()) / "test-scratch" / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "config/Config.h"
+#include "tests/common/TestPaths.h"
 
 using namespace zeroshard;
 namespace fs = std::filesystem;
@@ -24,7 +25,8 @@ TEST(ConfigFiles, EveryShippedConfigLoadsCleanly) {
       {"zero3_nvme.yaml", {3, OffloadDevice::Nvme, OffloadDevice::Nvme}},
   };
   size_t seen = 0;
-  for (const auto& entry : fs::directory_iterator(fs::path(ZS_SOURCE_DIR) / "configs")) {
+  for (const auto& entry :
+       fs::directory_iterator(fs::path(zeroshard::testing::source_dir()) / "configs")) {
     const std::string name = entry.path().filename().string();
     SCOPED_TRACE(name);
     const LoadedConfig loaded = load_config_file(entry.path().string());

@@ -2,6 +2,7 @@
 // well within the configured timeout, instead of hanging.
 #include <gtest/gtest.h>
 
+#include "tests/common/TestPaths.h"
 #include "tests/engine/TestModels.h"
 #include "tools/launch/RankLauncher.h"
 
@@ -9,7 +10,7 @@ using namespace zeroshard::testing;
 using namespace zeroshard::launch;
 
 namespace {
-const std::string kWorker = std::string(ZS_BINARY_DIR) + "/tests/engine_worker";
+const std::string kWorker = std::string(zeroshard::testing::binary_dir()) + "/tests/engine_worker";
 }
 
 TEST(RankFailure, SurvivorsStopAndNameTheLostRank) {

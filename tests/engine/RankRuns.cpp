@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 
+#include "tests/common/TestPaths.h"
 #include "tools/launch/RankLauncher.h"
 
 namespace zeroshard::testing {
@@ -14,7 +15,7 @@ namespace fs = std::filesystem;
 using launch::launch_ranks;
 
 namespace {
-const std::string kWorker = std::string(ZS_BINARY_DIR) + "/tests/engine_worker";
+const std::string kWorker = std::string(binary_dir()) + "/tests/engine_worker";
 
 }  // namespace
 

@@ -3,13 +3,14 @@
 #include <gtest/gtest.h>
 
 #include "common/Error.h"
+#include "tests/common/TestPaths.h"
 
 using namespace zeroshard;
 
 namespace {
 
 std::string data(const std::string& name) {
-  return std::string(ZS_SOURCE_DIR) + "/tests/data/hf/" + name;
+  return std::string(zeroshard::testing::source_dir()) + "/tests/data/hf/" + name;
 }
 
 std::string error_of(const std::string& json) {

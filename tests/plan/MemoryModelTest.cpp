@@ -8,6 +8,7 @@
 
 #include "plan/HfConfig.h"
 #include "plan/OptimizerSplit.h"
+#include "tests/common/TestPaths.h"
 
 using namespace zeroshard;
 using OD = OffloadDevice;
@@ -249,8 +250,8 @@ TEST(MemoryModel, ActivationsOfALlamaBlockWithFusedAttention) {
 // M_m = 2p/8, M_o = 12p/8; gradients live as the fp32 shard 4p/8 (M_g with k = 4). Shards are
 // padded per unit, so each term may exceed p/8 by at most 64 elements per unit.
 TEST(MemoryModel, MatchesTheSeedFormulaForLlama7b) {
-  const ModelSpec s =
-      spec_from_hf_file(std::string(ZS_SOURCE_DIR) + "/tests/data/hf/llama2_7b.json");
+  const ModelSpec s = spec_from_hf_file(std::string(zeroshard::testing::source_dir()) +
+                                        "/tests/data/hf/llama2_7b.json");
   Config c = toy_config(true);
   const auto m = predict_memory(s, {3, OD::None, OD::None}, c, WorldShape{1, 8}, TrainingShape{});
   const int64_t p = s.total_params;
@@ -452,8 +453,8 @@ TEST(MemoryModel, AFrozenModelHoldsNoBucketsAndNoOptimizerStaging) {
 // values) x 32 layers x 8 x 2,048 x 4,096 x 2 bytes = 8 GiB; beside it only one block's
 // temporaries and the last position's logits, not the 32 blocks training keeps.
 TEST(MemoryModel, ServedActivationsAreTheKvCacheAndOneBlocksTemporaries) {
-  const ModelSpec s =
-      spec_from_hf_file(std::string(ZS_SOURCE_DIR) + "/tests/data/hf/llama2_7b.json");
+  const ModelSpec s = spec_from_hf_file(std::string(zeroshard::testing::source_dir()) +
+                                        "/tests/data/hf/llama2_7b.json");
   TrainingShape t;
   t.seq = 2048;
   t.micro_batch = 8;

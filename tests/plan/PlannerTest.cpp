@@ -6,6 +6,7 @@
 #include "common/Error.h"
 #include "plan/HfConfig.h"
 #include "plan/TrainingSettings.h"
+#include "tests/common/TestPaths.h"
 
 using namespace zeroshard;
 using OD = OffloadDevice;
@@ -125,7 +126,8 @@ TEST(Planner, HeadroomIsKeptFree) {
 }
 
 TEST(Planner, AutoKnobsFollowHiddenSize) {
-  const ModelSpec s = spec_from_hf_file(std::string(ZS_SOURCE_DIR) + "/tests/data/hf/gpt2.json");
+  const ModelSpec s =
+      spec_from_hf_file(std::string(zeroshard::testing::source_dir()) + "/tests/data/hf/gpt2.json");
   Config c;
   c.zero.reduce_bucket_size.reset();
   c.zero.stage3_prefetch_bucket_size.reset();

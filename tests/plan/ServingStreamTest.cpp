@@ -7,13 +7,15 @@
 
 #include "plan/HfConfig.h"
 #include "plan/Planner.h"
+#include "tests/common/TestPaths.h"
 
 using namespace zeroshard;
 
 // Served (every unit frozen): the prefetch is two of the largest units, whatever the hidden
 // size, since every forward gathers the whole model again.
 TEST(Planner, AutoPrefetchOfAFrozenModelIsTwoUnits) {
-  ModelSpec s = spec_from_hf_file(std::string(ZS_SOURCE_DIR) + "/tests/data/hf/gpt2.json");
+  ModelSpec s =
+      spec_from_hf_file(std::string(zeroshard::testing::source_dir()) + "/tests/data/hf/gpt2.json");
   Config c;
   c.zero.stage3_prefetch_bucket_size.reset();
   std::vector<std::string> reasons;

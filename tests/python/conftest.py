@@ -30,6 +30,14 @@ def both_legs(*values, **kwargs):
     return pytest.param(*values, marks=marks + [pytest.mark.both_legs], **kwargs)
 
 
+# A test the oldest-torch leg skips whole: what it checks is zeroshard's own (a refusal's
+# message, a validation, a composition of paths whose torch calls other tests run on that
+# leg), the same on every torch.
+main_leg_only = pytest.mark.skipif(
+    OLDEST_LEG, reason="main leg only: it checks zeroshard's own logic, which does not "
+                       "depend on torch's version; other tests run its torch calls here")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "both_legs: a case that also runs on the oldest torch")
 

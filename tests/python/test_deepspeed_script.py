@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from conftest import BUILD, HERE, OLDEST_LEG, run_ranks, run_snippet, switched_to_zeroshard
+from conftest import (BUILD, HERE, OLDEST_LEG, main_leg_only, run_ranks, run_snippet,
+                      switched_to_zeroshard)
 
 SCRIPT = os.path.join(HERE, "deepspeed_script.py")
 # DeepSpeed is pinned on the main leg; the oldest-torch leg has none (its torch is
@@ -171,6 +172,7 @@ def test_deepspeeds_names_keep_their_signatures():
     assert differ == []
 
 
+@main_leg_only
 def test_what_has_no_meaning_here_is_refused_by_name():
     import zeroshard
     import zeroshard.comm
@@ -220,6 +222,7 @@ def test_a_failing_rank_stops_the_others_and_is_the_exit_status(scratch):
     assert time.monotonic() - start < 60
 
 
+@main_leg_only
 def test_launcher_flags_without_meaning_here_are_refused_by_name(scratch):
     done = launch(["--num_nodes", "2", "x.py"])
     assert done.returncode == 2 and "--num_nodes 2: name the hosts in a --hostfile" in done.stdout

@@ -1,9 +1,10 @@
 """Bad use of the Python API ends in a clear error that names what was wrong."""
 import time
 
-from conftest import HERE, run_ranks, run_snippet as run_one
+from conftest import HERE, main_leg_only, run_ranks, run_snippet as run_one
 
 
+@main_leg_only
 def test_unknown_config_key_is_named_with_a_suggestion():
     code, out = run_one("zeroshard.initialize(model=model, config={'zero_optimisation': {'stage': 2}})")
     assert code != 0
@@ -11,11 +12,13 @@ def test_unknown_config_key_is_named_with_a_suggestion():
     assert "did you mean 'zero_optimization'" in out
 
 
+@main_leg_only
 def test_missing_config_file():
     code, out = run_one("zeroshard.initialize(model=model, config='no/such.yaml')")
     assert code != 0 and "config file 'no/such.yaml' does not exist" in out
 
 
+@main_leg_only
 def test_step_before_backward():
     code, out = run_one(
         "engine, *_ = zeroshard.initialize(model=model, config={'zero_optimization': {'stage': 1}})\n"
@@ -23,6 +26,7 @@ def test_step_before_backward():
     assert code != 0 and "engine.step() called before engine.backward(loss)" in out
 
 
+@main_leg_only
 def test_save_pretrained_of_a_model_that_is_not_hugging_faces():
     code, out = run_one(
         "engine, *_ = zeroshard.initialize(model=model, config={'zero_optimization': {'stage': 3}})\n"
@@ -32,17 +36,20 @@ def test_save_pretrained_of_a_model_that_is_not_hugging_faces():
     assert "format='safetensors'" in out
 
 
+@main_leg_only
 def test_no_process_group_environment():
     code, out = run_one("zeroshard.initialize(model=model, config={})", launched=False)
     assert code != 0 and "no process-group environment" in out and "torchrun" in out
 
 
+@main_leg_only
 def test_bad_value_names_key_value_and_what_is_allowed():
     code, out = run_one(
         "zeroshard.initialize(model=model, config={'zero_optimization': {'stage': 7}})")
     assert code != 0 and "stage" in out and "7" in out and "allowed" in out
 
 
+@main_leg_only
 def test_estimate_counts_tied_parameters_once():
     code, out = run_one(
         "m = torch.nn.Module()\nm.emb = torch.nn.Embedding(10, 4)\n"

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import BUILD, HERE, run_ranks, run_snippet
+from conftest import BUILD, HERE, main_leg_only, run_ranks, run_snippet
 
 WORKER = os.path.join(HERE, "inference_worker.py")
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -226,6 +226,7 @@ def test_quantized_logits_are_deepspeeds_own(bits, dtype, within, scratch):
         assert got["deepspeed"]["tokens"] == got["zeroshard"]["tokens"]
 
 
+@main_leg_only
 def test_what_inference_has_no_use_for_is_refused_by_name(scratch):
     code, out = run_snippet(
         "zeroshard.init_inference(model, config={'optimizer': {'type': 'AdamW'}})",

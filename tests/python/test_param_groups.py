@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import (EQUIVALENCE_STEPS as STEPS, EQUIVALENCE_WORLD as WORLD, TRAIN_WORKER as WORKER,
-                      assert_same, both_legs, run_ranks, run_snippet as run_one,
+                      assert_same, both_legs, main_leg_only, run_ranks, run_snippet as run_one,
                       with_reference_optimizer)
 
 
@@ -125,6 +125,7 @@ REFUSALS = [
 ]
 
 
+@main_leg_only
 def test_initialize_refuses_with_the_reason():
     """Every case in one process (importing torch once): each must raise, naming why."""
     cases = "\n".join(
@@ -159,6 +160,7 @@ def test_resume_goes_on_with_the_client_scheduler_and_the_groups(scratch):
         assert resumed[rank] == straight[rank][8:], f"rank {rank}"
 
 
+@main_leg_only
 def test_a_checkpoint_with_other_groups_is_refused_before_anything_changes(scratch):
     config = json.dumps(with_reference_optimizer({"zero_optimization": {"stage": 2}},
                                                  scratch / "nvme"))

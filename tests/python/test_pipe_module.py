@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from conftest import HERE, run_ranks
+from conftest import HERE, both_legs, run_ranks
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch.distributed.pipelining") is None,
@@ -58,7 +58,7 @@ def test_a_deepspeed_pipeline_script_trains_as_deepspeed_does(world, stage, scra
     assert min(w["norms"][0] for w in want) > 0.05  # clipping active
 
 
-@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("stage", [1, both_legs(3)])
 def test_a_checkpoint_of_the_stages_resumes_with_the_tied_embedding(stage, scratch):
     """PP2 x DP2 saved after 2 of 4 train_batch steps, each stage its own part (the tied
     embedding in the first stage's, its owner's); 4 new ranks that load it give the last 2
@@ -76,7 +76,7 @@ def test_a_checkpoint_of_the_stages_resumes_with_the_tied_embedding(stage, scrat
         assert g["tied_sums"] == w["tied_sums"][2:] and g["eval_loss"] == w["eval_loss"]
 
 
-@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("stage", [1, both_legs(3)])
 def test_a_checkpoint_loads_at_another_number_of_stages(stage, scratch):
     """Saved by 2 stages after 2 of 4 steps (2 ranks), loaded by 4 (4 ranks, the layers cut
     [0, 2, 3, 4, 7]): each stage takes its layers' parameters and optimizer state from the

@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 
-from conftest import HERE, both_legs, run_ranks
+from conftest import HERE, both_legs, main_leg_only, run_ranks
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch.distributed.pipelining") is None,
@@ -246,6 +246,7 @@ def test_stages_split_by_torchs_tracer_train_and_consolidate_as_the_whole_model(
     assert {n: t.tolist() for n, t in state.items()} == held
 
 
+@main_leg_only
 def test_a_checkpoint_of_stages_with_tensor_parallelism_resumes_bit_exactly(scratch):
     """PP2 x TP2 x DP2 (8 ranks, the groups from an mpu) saved after 2 of 4 steps: each
     stage's folder a tensor-parallel checkpoint of its own (tp_rank_00, tp_rank_01 and
@@ -320,6 +321,7 @@ def refusal(scratch, body, stages=2, world=2):
     return "\n".join(log for _, log in ran)
 
 
+@main_leg_only
 def test_what_the_stage_cannot_do_is_refused_by_name(scratch):
     # Micro-batches other than the accumulation window, before any micro-batch runs.
     log = refusal(scratch, "stage = PipelineStage(engine)\n"

@@ -1,4 +1,6 @@
-"""Leaks: 600 steps of the demo configuration (ZeRO-3, Adam state on NVMe, 2 ranks).
+"""Leaks: 600 steps of the demo configuration (ZeRO-3, Adam state on NVMe, 2 ranks), the
+demo's six blocks at half its width (soak_worker.py: the same units, gathers and hooks a
+step at a quarter of the arithmetic). The figures below were measured at its full width.
 
 After 100 steps of warm-up, measured on each rank:
 - exactly: every ledger kind (current and peak, per tier), the thread count and the

@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from conftest import HERE, both_legs, run_ranks, run_snippet
+from conftest import HERE, both_legs, main_leg_only, run_ranks, run_snippet
 
 WORKER = os.path.join(HERE, "tp_worker.py")
 TP, WORLD, STEPS = 2, 4, 6
@@ -209,6 +209,7 @@ def test_tensor_parallel_peers_fed_different_batches_stop_naming_the_ranks(scrat
                 f"{first}'s, in one tensor-parallel group (ranks {first} to {first + 1})") in log, log
 
 
+@main_leg_only
 def test_what_cannot_be_split_is_refused_by_name():
     """A tp size for a model with no tp_plan, and an mpu whose size does not divide the
     ranks, each fail naming the cause."""

@@ -28,9 +28,10 @@ pytestmark = pytest.mark.skipif(
 
 def build_wheel(dist):
     """pip wheel . with build isolation, as `pip install .` runs it, into its own build
-    folder (build/wheel-TAG, pyproject.toml). Through ccache, with the folder left out of
-    the hash: the command lines are those of ./zs build, so a warm cache gives the
-    objects back instead of compiling everything again."""
+    folder (build-wheel-TAG, pyproject.toml). Through ccache, with the folder left out of
+    the hash and paths relative to the checkout (./zs sets CCACHE_BASEDIR): the command
+    lines are those of ./zs build, so a warm cache gives the objects back instead of
+    compiling everything again."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     # The compiler by the name ./zs build's CMake chose (c++, where pip's would be g++:

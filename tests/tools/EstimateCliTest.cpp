@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/Config.h"
+#include "tests/common/TestPaths.h"
 
 namespace fs = std::filesystem;
 
@@ -36,14 +37,15 @@ fs::path scratch() {
 
 CliRun estimate(const std::string& args) {
   const fs::path dir = scratch();
-  const std::string cmd = std::string(ZS_BINARY_DIR) + "/tools/zeroshard-estimate " + args + " >" +
-                          (dir / "out").string() + " 2>" + (dir / "err").string();
+  const std::string cmd = std::string(zeroshard::testing::binary_dir()) +
+                          "/tools/zeroshard-estimate " + args + " >" + (dir / "out").string() +
+                          " 2>" + (dir / "err").string();
   const int status = std::system(cmd.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out"), slurp(dir / "err")};
 }
 
 std::string hf(const std::string& name) {
-  return std::string(ZS_SOURCE_DIR) + "/tests/data/hf/" + name;
+  return std::string(zeroshard::testing::source_dir()) + "/tests/data/hf/" + name;
 }
 
 const std::string kLlama8x80 = "--hf-config " + hf("llama2_7b.json") +
@@ -94,8 +96,8 @@ TEST(EstimateCli, EmittedConfigLoadsAndMatchesThePlan) {
 }
 
 TEST(EstimateCli, ConfigFileFixesTheStage) {
-  const CliRun r = estimate(kLlama8x80 + " --json --config " + std::string(ZS_SOURCE_DIR) +
-                            "/configs/zero3.yaml");
+  const CliRun r = estimate(kLlama8x80 + " --json --config " +
+                            std::string(zeroshard::testing::source_dir()) + "/configs/zero3.yaml");
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   for (const auto& o : j["options"]) {

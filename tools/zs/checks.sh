@@ -22,14 +22,18 @@ sanitize() {
     -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
   cmake --build "$asan" -j "$(nproc)" | grep -v '^\[' || true
   cmake --build "$tsan" -j "$(nproc)" | grep -v '^\[' || true
+  fresh_reports "$asan"
+  fresh_reports "$tsan"
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer + LeakSanitizer: every C++ test =="
   ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_order=1" \
     LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0" \
     UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp" \
-    ctest --test-dir "$asan" --output-on-failure -j "$(nproc)" "$@" || status=1
+    ctest --test-dir "$asan" --output-on-failure --output-junit "$(reports_of "$asan")/ctest.xml" \
+    -j "$(nproc)" "$@" || status=1
   echo "== ThreadSanitizer: the swap engine (IoEngine, PinnedPool, SwapFile, Swapper) =="
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp" \
-    ctest --test-dir "$tsan" --output-on-failure -j "$(nproc)" || status=1
+    ctest --test-dir "$tsan" --output-on-failure --output-junit "$(reports_of "$tsan")/ctest.xml" \
+    -j "$(nproc)" || status=1
   return $status
 }
 

@@ -18,7 +18,30 @@ timed() {
   read -r busy1 total1 < <(cpu_ticks)
   local took=$((SECONDS - start))
   echo "zs: $what: $((took / 60)) min $((took % 60)) s, cores $(( (busy1 - busy0) * 100 / (total1 - total0 > 0 ? total1 - total0 : 1) ))% busy"
+  if [ -n "${ZS_LEGS_TSV:-}" ]; then
+    printf '%s\t%s\t%s\n' "$what" "$took" "$status" >>"$ZS_LEGS_TSV"
+  fi
   return $status
+}
+
+# Where each build folder's tests leave their reports: CTest's (ctest.xml) and pytest's
+# (python_*.xml, written by the Python tests' CTest entries). Emptied before a leg runs,
+# so that a report never speaks of an earlier run.
+reports_of() { echo "$1/test-reports"; }
+fresh_reports() {
+  rm -rf "$(reports_of "$1")"
+  mkdir -p "$(reports_of "$1")"
+}
+
+# The recorded seconds of every test (tests/test_seconds.json) and the reports of the
+# legs run: `summary` prints where the time went, `record` writes the record anew.
+test_times() {
+  local py="$PY"
+  [ -x "$py" ] || py=python3
+  "$py" "$ROOT/tools/zs/test_times.py" "$1" "$ROOT/tests/test_seconds.json" \
+    "$(reports_of "$BUILD")/legs.tsv" main="$(reports_of "$BUILD")" \
+    oldest="$(reports_of "$ROOT/build-trixie")" asan="$(reports_of "$ROOT/build-asan")" \
+    tsan="$(reports_of "$ROOT/build-tsan")"
 }
 
 missing_packages() {
@@ -65,10 +88,32 @@ base_python_packages() {
 # cache was seen keeping none of these downloads here.)
 WHEELS="${ZS_WHEELS:-$HOME/.cache/zeroshard/wheels}"
 
+# The venv itself is kept there too, one per requirements.txt and base interpreter
+# (venv-HASH), and the checkout's .venv is a link to it: a fresh clone (CI's) finds it made
+# instead of unpacking 5 GB of wheels again. A venv given by ZS_VENV, or a .venv that is a
+# folder of its own, is used as it is.
+shared_venv() {
+  local py
+  py=$(base_python)
+  echo "$HOME/.cache/zeroshard/venv-$({ cat "$REQUIREMENTS"; echo "$py"; "$py" --version; } |
+    md5sum | cut -c1-12)"
+}
+
+link_venv() {
+  [ -z "${ZS_VENV:-}" ] && { [ -L "$VENV" ] || [ ! -e "$VENV" ]; } || return 0
+  local target
+  target=$(shared_venv)
+  [ "$(readlink "$VENV" 2>/dev/null)" = "$target" ] && return 0
+  mkdir -p "$(dirname "$target")"
+  [ -x "$target/bin/python" ] || "$(base_python)" -m venv "$target"
+  ln -sfn "$target" "$VENV"
+}
+
 ensure_venv() {
   local stamp="$VENV/.zs-requirements"
   if [ -x "$PY" ] && cmp -s "$REQUIREMENTS" "$stamp"; then return 0; fi
   ensure_packages
+  link_venv
   [ -x "$PY" ] || "$(base_python)" -m venv "$VENV"
   local pip=("$PY" -m pip -q --disable-pip-version-check)
   if ! "${pip[@]}" install --no-index --find-links "$WHEELS" -r "$REQUIREMENTS" 2>/dev/null; then

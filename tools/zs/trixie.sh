@@ -56,8 +56,10 @@ test_trixie_leg() {
   fi
   ensure_trixie_root
   echo "== LibTorch 2.x leg (Debian trixie, $(chroot "$TRIXIE_ROOT" dpkg-query -W -f='${Version}' libtorch-dev)) =="
+  fresh_reports "$ROOT/build-trixie"
   in_root "$TRIXIE_ROOT" "
     [ -f build-trixie/build.ninja ] || $(configure_line build-trixie /usr/bin/python3 -DZS_BENCH=OFF) >/dev/null
     cmake --build build-trixie -j $(nproc) &&
-    ZS_TEST_LEG=oldest ctest --test-dir build-trixie --output-on-failure -j $(nproc) -E '^python_test_soak\$'"
+    ZS_TEST_LEG=oldest ctest --test-dir build-trixie --output-on-failure \
+      --output-junit $(reports_of /src/build-trixie)/ctest.xml -j $(nproc) -E '^python_test_soak\$'"
 }
