@@ -138,6 +138,7 @@ case "$verb" in
     export ZS_LEGS_TSV
     ZS_LEGS_TSV="$(reports_of "$BUILD")/legs.tsv"
     trap 'test_times summary || true' EXIT
+    [ "$quick" = 1 ] || start_trixie_root
     timed "set-up and build" build
     echo "== torch $(torch_version) leg (PyPI, $VENV) =="
     timed "main leg's tests" ctest --test-dir "$BUILD" --output-on-failure \

@@ -30,6 +30,30 @@ ensure_trixie_root() {
   rm -rf "$HOME"/.cache/zeroshard/trixie-*.tmp
 }
 
+# Making the root is minutes of downloads and unpacking and little CPU: a full ./zs test
+# starts it in the background before the main leg's build (after the host's packages, so
+# that two apt runs never meet on the host) and the leg waits for it. Its output goes to a
+# log beside the root, shown if it fails.
+TRIXIE_ROOT_JOB=""
+start_trixie_root() {
+  [ "$(id -u)" = 0 ] && [ ! -x "$TRIXIE_ROOT/usr/bin/cmake" ] || return 0
+  ensure_packages
+  mkdir -p "$(dirname "$TRIXIE_ROOT")"
+  echo "zs: making the trixie root in the background while the main leg runs ($TRIXIE_ROOT.log)"
+  (ensure_trixie_root) >"$TRIXIE_ROOT.log" 2>&1 &
+  TRIXIE_ROOT_JOB=$!
+}
+
+wait_trixie_root() {
+  [ -n "$TRIXIE_ROOT_JOB" ] || return 0
+  local status=0
+  wait "$TRIXIE_ROOT_JOB" || status=$?
+  TRIXIE_ROOT_JOB=""
+  [ "$status" = 0 ] && return 0
+  cat "$TRIXIE_ROOT.log" >&2
+  die "making the trixie root failed (exit $status; its log above)"
+}
+
 # Runs a command in a root with /proc, /sys, /dev and the work tree (/src) bound for
 # the duration only; they are unmounted on the way out, also on failure.
 in_root() {
@@ -54,6 +78,7 @@ test_trixie_leg() {
     echo "zs: LibTorch 2.x leg skipped: creating and entering the trixie root needs root"
     return 0
   fi
+  wait_trixie_root
   ensure_trixie_root
   echo "== LibTorch 2.x leg (Debian trixie, $(chroot "$TRIXIE_ROOT" dpkg-query -W -f='${Version}' libtorch-dev)) =="
   fresh_reports "$ROOT/build-trixie"
