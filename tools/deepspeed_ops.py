@@ -23,8 +23,8 @@ depend on: DeepSpeed's and torch's versions, the Python, the compiler and the CP
 (the ops are built with -march=native). Another version or another machine gets another
 folder; within one, torch's loader rebuilds an op whose sources or flags changed. A missing or
 stale cache costs the build's time, never a wrong op. (The build lines name DeepSpeed's
-sources through the checkout's .venv link, so a clone in another folder still rebuilds them;
-one in the same folder gets them back.)
+sources by the interpreter's path; ./zs runs the venv by its own path, not the checkout's
+.venv link, so they are the same in a clone in another folder.)
 
 As a program (the CTest fixture): builds the CPU accelerator's ops, prints how it went, exits
 1 if one could not be built; where DeepSpeed is not installed, says so and exits 0.

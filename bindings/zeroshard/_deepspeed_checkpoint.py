@@ -36,11 +36,12 @@ import os
 import re
 import shutil
 import tempfile
+import zipfile
 import zlib
 
 import torch
 
-from . import _zeroshard
+from . import _safe_load, _zeroshard
 
 # DeepSpeed's own keys in a model-states file; every other key is client_state.
 _DS_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes",
@@ -81,9 +82,41 @@ def _rank_files(folder, suffix):
     return [found[r] for r in range(len(found))]
 
 
-def _load(path):
-    with torch.no_grad():
-        return torch.load(path, map_location="cpu", weights_only=False)
+def _loader(trust):
+    """Reads one rank file: restricted unpickling (_safe_load.py: tensors, plain values and
+    DeepSpeed's few own types, never a callable the file names) unless trusted, and only
+    torch.save's zip format, which DeepSpeed writes (the legacy format sizes its storages
+    from the file before reading them)."""
+    def load(path):
+        if not zipfile.is_zipfile(path):
+            raise _error(f"'{path}' is not in torch.save's zip format, which DeepSpeed writes")
+        with torch.no_grad():
+            loaded = _safe_load.load(path, f"DeepSpeed checkpoint file '{path}'", trust,
+                                     _TRUST)
+        if not isinstance(loaded, dict):
+            raise _error(f"'{path}' holds a {type(loaded).__name__}, not DeepSpeed's dict of state")
+        return loaded
+    return load
+
+
+_TRUST = ("zeroshard.convert_deepspeed_checkpoint(DS_DIR, OUT, trust_checkpoint=True), then "
+          "load OUT")
+
+
+def _shape(name, shape):
+    """A parameter's shape as the files give it, checked: dimensions are ints >= 0."""
+    if not isinstance(shape, (torch.Size, list, tuple)) or not all(
+            isinstance(d, int) and d >= 0 for d in shape):
+        raise _error(f"parameter '{name}' has shape {shape!r}; allowed: a list of ints >= 0")
+    return shape
+
+
+def _check_covered(what, needed, held):
+    """The parameters' shapes ask for `needed` elements of a rank's partition, which holds
+    `held`: more would be read past the data (and size the output by the shapes alone)."""
+    if needed > held:
+        raise _error(f"{what}: the parameters' shapes need {needed} elements of rank 0's "
+                     f"partition, which holds {held}")
 
 
 def _scalar(key, value):
@@ -198,10 +231,31 @@ def _write_stage12(out, optim, group_starts, model_state):
     return names, steps, scalars
 
 
+def _stage3_needed(model_state, world):
+    """Elements of each rank's fp32_flat_groups the parameters take at stage 3."""
+    return sum(math.ceil(math.prod(s) / world)
+               for shapes in model_state["param_shapes"] for s in shapes.values())
+
+
+def _check_layout(model_state, flat, paddings, params_sharded, world):
+    """Rank 0's partition holds what the parameters' shapes ask of it, before the output
+    is sized by those shapes (every other rank's is checked as it is read)."""
+    if params_sharded:
+        _check_covered("rank 0", _stage3_needed(model_state, world), sum(t.numel() for t in flat))
+        return
+    for g, shapes in enumerate(model_state["param_shapes"]):
+        needed = sum(math.prod(s) + (paddings[g][i] if paddings else 0)
+                     for i, s in enumerate(shapes.values()))
+        # DeepSpeed cuts each group into world partitions of one size.
+        _check_covered(f"group {g} (x {world} ranks)", needed, world * flat[g].numel())
+
+
 def _write_stage3(out, optim, rank, world, model_state):
     """One rank's piece of every parameter (stage 3): ceil(numel / world) elements each,
     one after the other in its fp32_flat_groups (sub-groups concatenated)."""
     flat = optim["fp32_flat_groups"]
+    _check_covered(f"rank {rank}", _stage3_needed(model_state, world),
+                   sum(t.numel() for t in flat))
     names, arrays, steps, scalars = _optimizer_state(optim["optimizer_state_dict"],
                                                      [t.numel() for t in flat])
     columns = [_Pieces([t.float().reshape(-1) for t in flat])]
@@ -237,24 +291,28 @@ class _Pieces:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _write_frozen(out, params_sharded, model_files, model_state):
+def _write_frozen(out, params_sharded, model_files, model_state, load):
     """The parameters DeepSpeed did not train: whole in the model file (stages 1-2), or a
     piece per rank file (stage 3: `params_sharded`), read one file at a time."""
     if not out.frozen:
         return
     if not params_sharded:
-        for name in out.frozen:
-            out.frozen_part(name, 0, model_state["module"][name].reshape(-1))
+        for name, shape in out.frozen.items():
+            values = model_state["module"][name].reshape(-1)
+            _check_covered(f"frozen '{name}'", math.prod(shape), values.numel())
+            out.frozen_part(name, 0, values)
         return
     world = len(model_files)
     for rank, path in enumerate(model_files):
-        fragments = (model_state if rank == 0 else _load(path)).get("frozen_param_fragments")
+        fragments = (model_state if rank == 0 else load(path)).get("frozen_param_fragments")
         for name, shape in out.frozen.items():
             n = math.prod(shape)
             piece = math.ceil(n / world)
             count = min(piece, n - rank * piece)
             if count > 0:
-                out.frozen_part(name, rank * piece, fragments[name].reshape(-1)[:count])
+                fragment = fragments[name].reshape(-1)
+                _check_covered(f"'{path}', frozen '{name}'", count, fragment.numel())
+                out.frozen_part(name, rank * piece, fragment[:count])
 
 
 def _frozen_dtype(params_sharded, model_state):
@@ -267,11 +325,11 @@ def _frozen_dtype(params_sharded, model_state):
     return model_state["frozen_param_fragments"][first].dtype
 
 
-def _write_all(folder, out_path):
+def _write_all(folder, out_path, load):
     """Writes DeepSpeed's checkpoint FOLDER as OUT_PATH (rank0.bin), one rank file at a
     time; returns what the manifest needs besides the layout."""
     optim_files = _rank_files(folder, "_optim_states.pt")
-    first = _load(optim_files[0])["optimizer_state_dict"]
+    first = load(optim_files[0])["optimizer_state_dict"]
     stage = int(first["zero_stage"])
     # DeepSpeed's files differ in one way: stage 3 shards the parameters (a model file per
     # rank, pieces of each parameter), stages 1-2 keep them whole.
@@ -281,19 +339,22 @@ def _write_all(folder, out_path):
         model_files = _rank_files(folder, "_model_states.pt")
     else:
         model_files = [os.path.join(folder, "mp_rank_00_model_states.pt")]
-    model_state = _load(model_files[0])
-    trainable = {n: s for shapes in model_state["param_shapes"] for n, s in shapes.items()}
+    model_state = load(model_files[0])
+    trainable = {n: _shape(n, s) for shapes in model_state["param_shapes"]
+                 for n, s in shapes.items()}
     state = first["optimizer_state_dict" if params_sharded else "base_optimizer_state"]
     flat = first["fp32_flat_groups" if params_sharded else "single_partition_of_fp32_groups"]
     names = _optimizer_state(state, [t.numel() for t in flat])[0]
+    _check_layout(model_state, flat, first.get("param_alignment_paddings"), params_sharded,
+                  len(optim_files))
     del state, flat  # rank 0's file is dropped once written, like every other
-    frozen = dict(model_state.get("frozen_param_shapes") or {})
+    frozen = {n: _shape(n, s) for n, s in (model_state.get("frozen_param_shapes") or {}).items()}
     out = _Output(out_path, trainable, frozen, _frozen_dtype(params_sharded, model_state),
                   1 + len(names))
     try:
         step, scalars, group_starts = 0, None, [0] * len(model_state["param_shapes"])
         for rank, path in enumerate(optim_files):
-            optim = first if rank == 0 else _load(path)["optimizer_state_dict"]
+            optim = first if rank == 0 else load(path)["optimizer_state_dict"]
             got, steps, group_scalars = (
                 _write_stage3(out, optim, rank, len(optim_files), model_state) if params_sharded
                 else _write_stage12(out, optim, group_starts, model_state))
@@ -303,7 +364,7 @@ def _write_all(folder, out_path):
             step = max([step] + steps)
             del optim
             first = None
-        _write_frozen(out, params_sharded, model_files, model_state)
+        _write_frozen(out, params_sharded, model_files, model_state, load)
         rng = torch.get_rng_state().numpy().tobytes()
         rng_offset = out.append(rng)
         buffers = []
@@ -364,12 +425,30 @@ def _jsonable(value, key):
                      "zeroshard checkpoint's manifest (JSON) cannot keep") from None
 
 
-def write(ds_folder, out_dir, tag):
+# What malformed content raises where the layout is read (a missing key, a value of
+# another type, a range past a tensor's end): said as the folder's error, not as a trace.
+_MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError,
+              OverflowError, ZeroDivisionError)
+
+
+def write(ds_folder, out_dir, tag, trust=False):
     """A zeroshard checkpoint OUT_DIR/TAG (world size 1) of the DeepSpeed checkpoint in
-    DS_FOLDER, streamed: one DeepSpeed rank file in memory at a time."""
+    DS_FOLDER, streamed: one DeepSpeed rank file in memory at a time. Nothing in the
+    files runs (restricted unpickling) unless `trust`."""
     folder = os.path.join(out_dir, tag)
     os.makedirs(folder, exist_ok=True)
-    state = _write_all(ds_folder, os.path.join(folder, "rank0.bin"))
+    data = os.path.join(folder, "rank0.bin")
+    try:
+        state = _write_all(ds_folder, data, _loader(trust))
+    except _zeroshard.Error:
+        if os.path.exists(data):
+            os.unlink(data)
+        raise
+    except _MALFORMED as e:
+        if os.path.exists(data):
+            os.unlink(data)
+        raise _error(f"'{ds_folder}' is not in the layout DeepSpeed writes "
+                     f"({type(e).__name__}: {e})") from None
     manifest = {"format": 1, "tag": tag, "world_size": 1, "stage": state["stage"],
                 "optimizer_steps": state["optimizer_steps"], "micro_steps": state["micro_steps"],
                 "global_steps": state["global_steps"], "skipped_steps": state["skipped_steps"],
@@ -400,15 +479,18 @@ def _group(shapes, numel, trainable, dtype, file_offset):
             "file_offset": file_offset, "params": params}
 
 
-def convert_deepspeed_checkpoint(ds_dir, out_dir, tag=None):
+def convert_deepspeed_checkpoint(ds_dir, out_dir, tag=None, trust_checkpoint=False):
     """Writes the DeepSpeed checkpoint DS_DIR (its latest tag, or TAG) as a zeroshard
-    checkpoint in OUT_DIR under the same tag; returns the tag."""
+    checkpoint in OUT_DIR under the same tag; returns the tag. Its files are read without
+    running anything they name (tensors, plain values and DeepSpeed's own loss scaler,
+    enum and fragment types); trust_checkpoint=True reads them with unrestricted pickle,
+    for files you trust that hold other types."""
     folder = folder_of(ds_dir, tag)
     if folder is None:
         raise _error(f"'{ds_dir}' (tag {tag or 'from its latest file'}) holds no DeepSpeed "
                      "checkpoint (global_stepN/ with *_optim_states.pt files)")
     name = os.path.basename(folder)
-    write(folder, out_dir, name)
+    write(folder, out_dir, name, trust_checkpoint)
     return name
 
 

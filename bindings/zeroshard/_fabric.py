@@ -197,7 +197,8 @@ class ZeroShardFabricStrategy(DDPStrategy):
         path = self.broadcast(os.fspath(path))
         os.makedirs(path, exist_ok=True)
         engine.save_checkpoint(path, tag="checkpoint",
-                               client_state={"fabric": _lightning.encode_state(rest)})
+                               client_state={"fabric": _lightning.encode_state(
+                                   rest, "ZeroShardFabricStrategy.save_checkpoint: the state")})
 
     def load_checkpoint(self, path, state=None, strict=True, weights_only=None):
         if not isinstance(state, dict):
@@ -212,7 +213,7 @@ class ZeroShardFabricStrategy(DDPStrategy):
         if not client or "fabric" not in client:
             raise _error(f"checkpoint '{path}' holds no Fabric state (saved by another front-end); "
                          "load it with engine.load_checkpoint")
-        rest = _lightning.decode_state(client["fabric"], weights_only)
+        rest = _lightning.decode_state(client["fabric"], weights_only, path)
         wanted = {k for k, v in state.items()
                   if not isinstance(v, (EngineModule, torch.optim.Optimizer))}
         missing = wanted - set(rest)

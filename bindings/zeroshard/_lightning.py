@@ -31,7 +31,7 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from . import _config, _zeroshard
+from . import _config, _safe_load, _zeroshard
 from ._construction import Init
 from ._engine import EngineModule
 from ._initialize import initialize
@@ -118,17 +118,29 @@ def convert_input(data, precision):
                                dst_type=dtype)
 
 
-def encode_state(state):
-    """Lightning's checkpoint entries (tensors and objects among them) as text, so they
-    travel inside the engine's checkpoint manifest and are written with it, atomically."""
+def encode_state(state, whose):
+    """Lightning's checkpoint entries (the loops', callbacks' and schedulers' state dicts:
+    tensors and plain values) as text, so they travel inside the engine's checkpoint
+    manifest and are written with it, atomically. What would not load back without
+    running code (decode_state reads it restricted) is refused now, by name."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
+    _safe_load.check_loadable(buffer.getvalue(), whose)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def decode_state(text, weights_only):
-    return torch.load(io.BytesIO(base64.b64decode(text)), map_location="cpu",
-                      weights_only=bool(weights_only))
+def decode_state(text, weights_only, where):
+    """encode_state's entries back: restricted unpickling (_safe_load.py) unless the caller
+    passed weights_only=False, Lightning's own way to trust a checkpoint; None (Lightning's
+    default) and True are restricted, as torch.load's default is."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (ValueError, TypeError) as e:
+        raise error(f"checkpoint '{where}': its Lightning state is not base64 ({e})") from None
+    return _safe_load.load(io.BytesIO(raw), f"checkpoint '{where}' (its Lightning state)",
+                           trust=weights_only is False,
+                           how_to_trust="weights_only=False (e.g. Trainer.fit(ckpt_path=..., "
+                           "weights_only=False))")
 
 
 def check_checkpoint_folder(path):
@@ -339,7 +351,9 @@ class ZeroShardStrategy(DDPStrategy):
         os.makedirs(filepath, exist_ok=True)  # ModelCheckpoint's dirpath may not exist yet
         state = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
         self.engine.save_checkpoint(filepath, tag="checkpoint",
-                                    client_state={"lightning": encode_state(state)})
+                                    client_state={"lightning": encode_state(
+                                        state, "ZeroShardStrategy.save_checkpoint: the "
+                                        "Lightning state")})
 
     def load_checkpoint(self, checkpoint_path, weights_only=None):
         path = check_checkpoint_folder(checkpoint_path)
@@ -351,7 +365,7 @@ class ZeroShardStrategy(DDPStrategy):
         if not client or "lightning" not in client:
             raise error(f"checkpoint '{path}' holds no Lightning state (saved by another "
                         "front-end); load it with engine.load_checkpoint")
-        return decode_state(client["lightning"], weights_only)
+        return decode_state(client["lightning"], weights_only, path)
 
     def load_model_state_dict(self, checkpoint, strict=True):
         pass  # load_checkpoint loaded the engine's parameters

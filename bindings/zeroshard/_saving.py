@@ -126,7 +126,9 @@ class SavingMethods:
         (the model keeps its values for what the checkpoint lacks).
         Returns (path, client_state) as DeepSpeed does, and (None, None) with a warning
         when tag is None and load_dir has no `latest`. A checkpoint DeepSpeed saved is
-        converted on the way in (zeroshard.convert_deepspeed_checkpoint)."""
+        converted on the way in (zeroshard.convert_deepspeed_checkpoint), its files read
+        without running anything they name (to read files you trust that hold other
+        types: convert_deepspeed_checkpoint(..., trust_checkpoint=True), then load that)."""
         if custom_load_fn is not None:
             raise _zeroshard.Error(
                 "load_checkpoint(custom_load_fn=...): not supported; allowed: None (the "

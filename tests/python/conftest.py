@@ -166,6 +166,17 @@ def checkpoint_config(stage, offload, scratch):
     return with_reference_optimizer({"zero_optimization": zero}, scratch / "nvme")
 
 
+class Payload:
+    """What an attacker's checkpoint holds: unpickling it calls os.mkdir(marker); loading
+    a file that holds one must refuse it, and the marker must never exist."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
 SNIPPET = """
 import torch, zeroshard
 model = torch.nn.Sequential(torch.nn.Linear(4, 4))

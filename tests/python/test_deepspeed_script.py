@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+import deepspeed_layout
 from conftest import (BUILD, HERE, OLDEST_LEG, main_leg_only, run_ranks, run_snippet,
                       switched_to_zeroshard)
 
@@ -311,41 +312,6 @@ def test_a_deepspeed_fp16_loss_scale_resumes_where_deepspeed_left_it(scratch):
     assert len(set(expected)) > 1  # the scale grew inside the steps compared
 
 
-def _ds_stage3_checkpoint(folder, world, params, frozen, buffers):
-    """A DeepSpeed stage-3 checkpoint in its own layout (as zero_to_fp32 reads it): each
-    rank's fp32_flat_groups hold its ceil(numel / world) piece of every parameter of a
-    group, one after the other, with Adam's moments (2 x and 3 x the master here) in the
-    same layout; frozen parameters as per-rank fragments; buffers whole."""
-    import torch
-    folder.mkdir(parents=True)
-    (folder.parent / "latest").write_text(folder.name)
-    for rank in range(world):
-        flats = []
-        for group in params:
-            pieces = []
-            for t in group.values():
-                piece = -(-t.numel() // world)
-                part = t.reshape(-1)[rank * piece:(rank + 1) * piece]
-                pieces.append(torch.cat([part, torch.zeros(piece - part.numel())]))
-            flats.append(torch.cat(pieces))
-        state = {g: {"step": 2, "exp_avg": 2 * f, "exp_avg_sq": 3 * f}
-                 for g, f in enumerate(flats)}
-        torch.save({"optimizer_state_dict": {
-            "zero_stage": 3, "fp32_flat_groups": flats,
-            "optimizer_state_dict": {"state": state, "param_groups": [{}] * len(flats)}}},
-            folder / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
-        fragments = {}
-        for name, t in frozen.items():
-            piece = -(-t.numel() // world)
-            part = t.reshape(-1)[rank * piece:(rank + 1) * piece]
-            fragments[name] = torch.cat([part, torch.zeros(piece - part.numel(), dtype=t.dtype)])
-        torch.save({"module": dict(buffers), "buffer_names": list(buffers),
-                    "param_shapes": [{n: t.shape for n, t in g.items()} for g in params],
-                    "frozen_param_shapes": {n: t.shape for n, t in frozen.items()},
-                    "frozen_param_fragments": fragments, "global_steps": 2, "ds_config": {}},
-                   folder / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
-
-
 def test_a_deepspeed_checkpoint_converts_one_rank_file_at_a_time(scratch):
     """Two parameter groups, a frozen bf16 parameter and a buffer, at stage 3 on 2 ranks:
     the converted checkpoint holds every master, moment, frozen value and buffer where its
@@ -359,7 +325,7 @@ def test_a_deepspeed_checkpoint_converts_one_rank_file_at_a_time(scratch):
     frozen = {"embed": torch.randn(7, 3).to(torch.bfloat16)}
     buffers = {"bn.running_mean": torch.randn(4)}
     ds = scratch / "ds"
-    _ds_stage3_checkpoint(ds / "global_step2", 2, params, frozen, buffers)
+    deepspeed_layout.stage3(ds / "global_step2", 2, params, frozen, buffers)
     rank_file = os.path.getsize(ds / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     out = scratch / "converted"
     # VmHWM (this process's peak resident set; ru_maxrss would carry pytest's over exec)

@@ -4,14 +4,16 @@ Lightning's DDPStrategy: a small GPT, AdamW over decay and no-decay groups, a wa
 LambdaLR stepped every optimizer step, accumulation 2, clipping at 0.05 (active at every
 step). Every micro-batch's loss and every step's gradient norm within 1e-5 of DDP's,
 validate()'s metric and the whole parameters at the end too; ModelCheckpoint (Trainer) and fabric.save resume bit-exactly;
-what the engine cannot do as asked is refused by name."""
+what the engine cannot do as asked is refused by name. The Lightning and Fabric state in
+a checkpoint is read without unrestricted unpickling: a payload put in it is refused on
+every rank and never runs; one a script hands to save is refused there, by name."""
 import importlib.util
 import json
 import os
 
 import pytest
 
-from conftest import HERE, run_ranks
+from conftest import HERE, Payload, run_ranks
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("lightning") is None,
@@ -57,6 +59,57 @@ def assert_same_training(got, want, tolerance=1e-5):
 STAGE_3 = {"zero_optimization": {"stage": 3}}
 
 
+def with_payload(ckpt, key, scratch):
+    """A copy of the zeroshard checkpoint folder `ckpt` whose Lightning or Fabric state
+    (client_state[key] of its manifest) also holds a Payload; returns (copy, marker)."""
+    import base64
+    import io
+    import shutil
+
+    import torch
+    copy, marker = str(scratch / f"{key}-payload"), str(scratch / f"{key}-marker")
+    shutil.copytree(ckpt, copy)
+    patched = 0
+    for folder, _, files in os.walk(copy):
+        if "manifest.json" not in files:
+            continue
+        path = os.path.join(folder, "manifest.json")
+        manifest = json.load(open(path))
+        # This test wrote the state it reads back here, so it loads it whole.
+        state = torch.load(io.BytesIO(base64.b64decode(manifest["client_state"][key])),
+                           weights_only=False)
+        state["note"] = Payload(marker)
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        manifest["client_state"][key] = base64.b64encode(buffer.getvalue()).decode("ascii")
+        json.dump(manifest, open(path, "w"))
+        patched += 1
+    assert patched > 0
+    return copy, marker
+
+
+def assert_payload_refused(ranks, copy, marker):
+    assert len(ranks) == WORLD
+    for code, log in ranks:
+        assert code != 0, log
+        assert f"checkpoint '{copy}' (its " in log and "): holds posix.mkdir; zeroshard does " \
+            "not unpickle objects from a file it did not write" in log, log
+        assert "weights_only=False" in log, log
+    assert not os.path.exists(marker), "the payload ran"
+
+
+def test_state_that_would_not_load_back_safely_is_refused_at_save():
+    from zeroshard import _lightning
+    from zeroshard._zeroshard import Error
+    with pytest.raises(Error, match=r"ZeroShardFabricStrategy.save_checkpoint: the state holds "
+                                    r"posix.mkdir, which a checkpoint keeps only if it loads "
+                                    r"back without running code"):
+        _lightning.encode_state({"step": 3, "note": Payload("/nonexistent/marker")},
+                                "ZeroShardFabricStrategy.save_checkpoint: the state")
+    assert _lightning.decode_state(_lightning.encode_state({"step": 3}, "x"), None, "p") == {
+        "step": 3}
+
+
 @pytest.mark.parametrize("strategy", ["zeroshard_stage_2", "stage 3, configure_model",
                                       "zeroshard_stage_3_offload"])
 def test_a_lightning_module_trains_as_under_ddp(strategy, scratch):
@@ -81,6 +134,10 @@ def test_a_lightning_module_trains_as_under_ddp(strategy, scratch):
         assert resumed[rank]["losses"] == got[rank]["losses"][8:]
         assert resumed[rank]["params"] == got[rank]["params"]
         assert resumed[rank]["global_step"] == 8
+    copy, marker = with_payload(os.path.join(spec["ckpt_dir"], "epoch=0-step=4.ckpt"),
+                                "lightning", scratch)
+    assert_payload_refused(run(TRAINER, dict(spec, ckpt_dir=None, resume=copy), scratch,
+                               expect_ok=False), copy, marker)
 
 
 def test_a_fabric_loop_trains_as_under_ddp_and_resumes_exactly(scratch):
@@ -94,6 +151,9 @@ def test_a_fabric_loop_trains_as_under_ddp_and_resumes_exactly(scratch):
         assert resumed[rank]["losses"] == got[rank]["losses"][8:]
         assert resumed[rank]["params"] == got[rank]["params"]
         assert resumed[rank]["lr"] == got[rank]["lr"]
+    copy, marker = with_payload(str(scratch / "ckpt" / "epoch0"), "fabric", scratch)
+    assert_payload_refused(run(FABRIC, dict(spec, ckpt_dir=None, resume=copy), scratch,
+                               expect_ok=False), copy, marker)
 
 
 @pytest.mark.parametrize("worker,spec,message", [

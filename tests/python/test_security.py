@@ -1,6 +1,9 @@
 """What zeroshard touches on the machine: the rendezvous store listens only on the
 address it is given; checkpoint folders are private (0700, files 0600); a checkpoint's
-client_state must be plain data, so loading one never runs code from it."""
+client_state must be plain data, so loading one never runs code from it; a DeepSpeed
+checkpoint is read without unpickling anything but tensors, plain values and DeepSpeed's
+own few types (bindings/zeroshard/_safe_load.py), so a payload in it never runs, on any
+rank. (Lightning's and Fabric's state: tests/python/test_lightning.py.)"""
 import json
 import os
 import stat
@@ -9,7 +12,8 @@ import sys
 
 import pytest
 
-from conftest import free_port, rank_env
+import deepspeed_layout
+from conftest import Payload, free_port, rank_env, run_snippet
 
 SCRIPT = """
 import json, os, sys, torch, zeroshard
@@ -33,13 +37,36 @@ try:
 except zeroshard.Error as e:
     if engine.rank == 0:
         open(out + '.refused', 'w').write(str(e))
+# A DeepSpeed checkpoint whose model-states file carries a payload: refused on every rank.
+try:
+    engine.load_checkpoint(out + '.ds-payload')
+    said = 'loaded'
+except zeroshard.Error as e:
+    said = str(e)
+open(out + f'.payload.rank{engine.rank}', 'w').write(said)
+# The same checkpoint without it loads: its parameters are the engine's now.
+engine.load_checkpoint(out + '.ds-clean')
+with engine.gathered_parameters():
+    json.dump({n: p.tolist() for n, p in engine.module.named_parameters()},
+              open(out + f'.clean.rank{engine.rank}', 'w'))
 """
+
+
+def ds_params():
+    import torch
+    torch.manual_seed(3)
+    return [{"0.weight": torch.randn(4, 4), "0.bias": torch.randn(4),
+             "1.weight": torch.randn(4, 4), "1.bias": torch.randn(4)}]
+
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     d = tmp_path_factory.mktemp("security")
     out = str(d / "run")
+    deepspeed_layout.stage3(d / "run.ds-payload" / "global_step2", 2, ds_params(), {}, {},
+                            extra={"note": Payload(out + ".marker")})
+    deepspeed_layout.stage3(d / "run.ds-clean" / "global_step2", 2, ds_params(), {}, {})
     port = free_port()
     procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, out], env=rank_env(r, 2, port),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -69,3 +96,34 @@ def test_client_state_that_is_not_plain_data_is_refused(run):
     assert not os.path.exists(os.path.join(run + ".ckpt", "u", "manifest.json"))
     manifest = json.load(open(os.path.join(run + ".ckpt", "t", "manifest.json")))
     assert manifest["client_state"] == {"step": 1}
+
+
+def test_a_deepspeed_checkpoint_carrying_a_payload_is_refused_on_every_rank(run):
+    for rank in range(2):
+        said = open(run + f".payload.rank{rank}").read()
+        assert said.startswith("DeepSpeed checkpoint file '"), said
+        assert "zero_pp_rank_0_mp_rank_00_model_states.pt': holds posix.mkdir; zeroshard does " \
+               "not unpickle objects from a file it did not write" in said, said
+        assert "trust_checkpoint=True" in said and "add_safe_globals" in said, said
+    assert not os.path.exists(run + ".marker"), "the payload ran"
+    want = {n: t.tolist() for n, t in ds_params()[0].items()}
+    for rank in range(2):
+        assert json.load(open(run + f".clean.rank{rank}")) == want
+
+
+def test_trusting_a_deepspeed_checkpoint_is_a_knowing_step(tmp_path):
+    """A type outside the allowlist (a Fraction in client_state) is refused by name; with
+    trust_checkpoint=True the file is unpickled whole, and the conversion goes on to
+    refuse it where the manifest (JSON) cannot keep it."""
+    import fractions
+    deepspeed_layout.stage3(tmp_path / "ds" / "global_step2", 1, ds_params(), {}, {},
+                            extra={"ratio": fractions.Fraction(1, 3)})
+    for trust, message in (
+            (False, "holds fractions.Fraction; zeroshard does not unpickle objects"),
+            (True, "client_state key 'ratio' holds a Fraction, which a zeroshard "
+                   "checkpoint's manifest (JSON) cannot keep")):
+        code, said = run_snippet(
+            f"zeroshard.convert_deepspeed_checkpoint({str(tmp_path / 'ds')!r}, "
+            f"{str(tmp_path / ('out' + str(trust)))!r}, trust_checkpoint={trust})\n",
+            launched=False)
+        assert code != 0 and message in said, said

@@ -46,10 +46,15 @@ fuzz() {
   configure "$dir" -DZS_FUZZ=ON -DZS_PYTHON=OFF -DCMAKE_CXX_COMPILER=clang++ \
     -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" >/dev/null
   cmake --build "$dir" -j "$(nproc)" >/dev/null
+  build_targets zeroshard_python >/dev/null # the DeepSpeed checkpoint reader is Python's
   # One fuzzer per core (each is one process, one thread); their lines in a fixed order.
-  local targets=(config hf bytes manifest) running=0
+  local targets=(config hf bytes manifest deepspeed) running=0
   for t in "${targets[@]}"; do
-    fuzz_one "$dir" "$t" "$seconds" >"$dir/fuzz-$t.result" &
+    if [ "$t" = deepspeed ]; then
+      fuzz_deepspeed "$dir" "$seconds" >"$dir/fuzz-$t.result" &
+    else
+      fuzz_one "$dir" "$t" "$seconds" >"$dir/fuzz-$t.result" &
+    fi
     running=$((running + 1))
     if [ "$running" -ge "$(nproc)" ]; then wait -n || true; running=$((running - 1)); fi
   done
@@ -77,5 +82,17 @@ fuzz_one() {
     echo "fuzz $t: $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$dir/fuzz-$t.log" | grep -o '[0-9]*$') inputs in ${seconds} s, no crash, leak or hang"
   else
     echo "fuzz $t: FAILED, see $dir/fuzz-$t.log and $dir/crashes-$t/"
+  fi
+}
+
+# The DeepSpeed checkpoint reader (Python): tests/fuzz/fuzz_deepspeed_checkpoint.py replays
+# its kept regressions, then mutates checkpoint folders for `seconds`; one line of result.
+fuzz_deepspeed() {
+  local dir="$1" seconds="$2"
+  if PYTHONPATH="$BUILD/python" "$PY" "$ROOT/tests/fuzz/fuzz_deepspeed_checkpoint.py" \
+      "$dir/deepspeed" "$seconds" >"$dir/fuzz-deepspeed.log" 2>&1; then
+    tail -n 1 "$dir/fuzz-deepspeed.log"
+  else
+    echo "fuzz deepspeed: FAILED, see $dir/fuzz-deepspeed.log and $dir/deepspeed/crashes-deepspeed/"
   fi
 }

@@ -109,9 +109,15 @@ link_venv() {
   ln -sfn "$target" "$VENV"
 }
 
+# Builds and tests run the venv's interpreter by its own path, not through the checkout's
+# .venv link: what is derived from it (CMake's Python and torch, the include folders in
+# DeepSpeed's op builds) is then the same in every clone, and the caches keyed by those
+# paths (ccache, build/torch_extensions) serve a clone in another folder too.
+real_python() { PY="$(cd -P "$VENV" && pwd)/bin/python"; }
+
 ensure_venv() {
   local stamp="$VENV/.zs-requirements"
-  if [ -x "$PY" ] && cmp -s "$REQUIREMENTS" "$stamp"; then return 0; fi
+  if [ -x "$PY" ] && cmp -s "$REQUIREMENTS" "$stamp"; then real_python; return 0; fi
   ensure_packages
   link_venv
   [ -x "$PY" ] || "$(base_python)" -m venv "$VENV"
@@ -123,6 +129,7 @@ ensure_venv() {
     "${pip[@]}" install --no-index --find-links "$WHEELS" -r "$REQUIREMENTS"
   fi
   cp "$REQUIREMENTS" "$stamp"
+  real_python
 }
 
 # The one cmake configure line, for every build: DIR, the interpreter, then extra CMake
