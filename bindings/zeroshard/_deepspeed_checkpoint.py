@@ -33,15 +33,15 @@ Design notes.
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
-import zipfile
 import zlib
 
 import torch
 
-from . import _safe_load, _zeroshard
+from . import _deepspeed_files as _files
+from . import _zeroshard
+from ._deepspeed_files import error as _error
 
 # DeepSpeed's own keys in a model-states file; every other key is client_state.
 _DS_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes",
@@ -50,10 +50,6 @@ _DS_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param
             "global_samples", "dp_world_size", "mp_world_size",
             "checkpoint_parallel_dimensions", "ds_config", "ds_version"}
 _GROUP_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-
-
-def _error(message):
-    return _zeroshard.Error(f"DeepSpeed checkpoint: {message}")
 
 
 def folder_of(ds_dir, tag=None):
@@ -70,53 +66,6 @@ def folder_of(ds_dir, tag=None):
                                             for n in os.listdir(folder)):
         return None
     return folder
-
-
-def _rank_files(folder, suffix):
-    pattern = re.compile(r"zero_pp_rank_(\d+)_mp_rank_00" + re.escape(suffix) + "$")
-    found = {int(m.group(1)): os.path.join(folder, n) for n in os.listdir(folder)
-             if (m := pattern.match(n))}
-    if sorted(found) != list(range(len(found))) or not found:
-        raise _error(f"'{folder}': rank files *{suffix} are missing or not numbered 0..N-1 "
-                     f"(found ranks {sorted(found)})")
-    return [found[r] for r in range(len(found))]
-
-
-def _loader(trust):
-    """Reads one rank file: restricted unpickling (_safe_load.py: tensors, plain values and
-    DeepSpeed's few own types, never a callable the file names) unless trusted, and only
-    torch.save's zip format, which DeepSpeed writes (the legacy format sizes its storages
-    from the file before reading them)."""
-    def load(path):
-        if not zipfile.is_zipfile(path):
-            raise _error(f"'{path}' is not in torch.save's zip format, which DeepSpeed writes")
-        with torch.no_grad():
-            loaded = _safe_load.load(path, f"DeepSpeed checkpoint file '{path}'", trust,
-                                     _TRUST)
-        if not isinstance(loaded, dict):
-            raise _error(f"'{path}' holds a {type(loaded).__name__}, not DeepSpeed's dict of state")
-        return loaded
-    return load
-
-
-_TRUST = ("zeroshard.convert_deepspeed_checkpoint(DS_DIR, OUT, trust_checkpoint=True), then "
-          "load OUT")
-
-
-def _shape(name, shape):
-    """A parameter's shape as the files give it, checked: dimensions are ints >= 0."""
-    if not isinstance(shape, (torch.Size, list, tuple)) or not all(
-            isinstance(d, int) and d >= 0 for d in shape):
-        raise _error(f"parameter '{name}' has shape {shape!r}; allowed: a list of ints >= 0")
-    return shape
-
-
-def _check_covered(what, needed, held):
-    """The parameters' shapes ask for `needed` elements of a rank's partition, which holds
-    `held`: more would be read past the data (and size the output by the shapes alone)."""
-    if needed > held:
-        raise _error(f"{what}: the parameters' shapes need {needed} elements of rank 0's "
-                     f"partition, which holds {held}")
 
 
 def _scalar(key, value):
@@ -231,30 +180,11 @@ def _write_stage12(out, optim, group_starts, model_state):
     return names, steps, scalars
 
 
-def _stage3_needed(model_state, world):
-    """Elements of each rank's fp32_flat_groups the parameters take at stage 3."""
-    return sum(math.ceil(math.prod(s) / world)
-               for shapes in model_state["param_shapes"] for s in shapes.values())
-
-
-def _check_layout(model_state, flat, paddings, params_sharded, world):
-    """Rank 0's partition holds what the parameters' shapes ask of it, before the output
-    is sized by those shapes (every other rank's is checked as it is read)."""
-    if params_sharded:
-        _check_covered("rank 0", _stage3_needed(model_state, world), sum(t.numel() for t in flat))
-        return
-    for g, shapes in enumerate(model_state["param_shapes"]):
-        needed = sum(math.prod(s) + (paddings[g][i] if paddings else 0)
-                     for i, s in enumerate(shapes.values()))
-        # DeepSpeed cuts each group into world partitions of one size.
-        _check_covered(f"group {g} (x {world} ranks)", needed, world * flat[g].numel())
-
-
 def _write_stage3(out, optim, rank, world, model_state):
     """One rank's piece of every parameter (stage 3): ceil(numel / world) elements each,
     one after the other in its fp32_flat_groups (sub-groups concatenated)."""
     flat = optim["fp32_flat_groups"]
-    _check_covered(f"rank {rank}", _stage3_needed(model_state, world),
+    _files.check_covered(f"rank {rank}", _files.stage3_needed(model_state, world),
                    sum(t.numel() for t in flat))
     names, arrays, steps, scalars = _optimizer_state(optim["optimizer_state_dict"],
                                                      [t.numel() for t in flat])
@@ -299,7 +229,7 @@ def _write_frozen(out, params_sharded, model_files, model_state, load):
     if not params_sharded:
         for name, shape in out.frozen.items():
             values = model_state["module"][name].reshape(-1)
-            _check_covered(f"frozen '{name}'", math.prod(shape), values.numel())
+            _files.check_covered(f"frozen '{name}'", math.prod(shape), values.numel())
             out.frozen_part(name, 0, values)
         return
     world = len(model_files)
@@ -311,7 +241,7 @@ def _write_frozen(out, params_sharded, model_files, model_state, load):
             count = min(piece, n - rank * piece)
             if count > 0:
                 fragment = fragments[name].reshape(-1)
-                _check_covered(f"'{path}', frozen '{name}'", count, fragment.numel())
+                _files.check_covered(f"'{path}', frozen '{name}'", count, fragment.numel())
                 out.frozen_part(name, rank * piece, fragment[:count])
 
 
@@ -328,7 +258,7 @@ def _frozen_dtype(params_sharded, model_state):
 def _write_all(folder, out_path, load):
     """Writes DeepSpeed's checkpoint FOLDER as OUT_PATH (rank0.bin), one rank file at a
     time; returns what the manifest needs besides the layout."""
-    optim_files = _rank_files(folder, "_optim_states.pt")
+    optim_files = _files.rank_files(folder, "_optim_states.pt")
     first = load(optim_files[0])["optimizer_state_dict"]
     stage = int(first["zero_stage"])
     # DeepSpeed's files differ in one way: stage 3 shards the parameters (a model file per
@@ -336,19 +266,20 @@ def _write_all(folder, out_path, load):
     params_sharded = stage == 3
     loss_scale = loss_scale_of(first.get("loss_scaler"))
     if params_sharded:
-        model_files = _rank_files(folder, "_model_states.pt")
+        model_files = _files.rank_files(folder, "_model_states.pt")
     else:
         model_files = [os.path.join(folder, "mp_rank_00_model_states.pt")]
     model_state = load(model_files[0])
-    trainable = {n: _shape(n, s) for shapes in model_state["param_shapes"]
+    trainable = {n: _files.check_shape(n, s) for shapes in model_state["param_shapes"]
                  for n, s in shapes.items()}
     state = first["optimizer_state_dict" if params_sharded else "base_optimizer_state"]
     flat = first["fp32_flat_groups" if params_sharded else "single_partition_of_fp32_groups"]
     names = _optimizer_state(state, [t.numel() for t in flat])[0]
-    _check_layout(model_state, flat, first.get("param_alignment_paddings"), params_sharded,
-                  len(optim_files))
+    _files.check_layout(model_state, flat, first.get("param_alignment_paddings"),
+                        params_sharded, len(optim_files))
     del state, flat  # rank 0's file is dropped once written, like every other
-    frozen = {n: _shape(n, s) for n, s in (model_state.get("frozen_param_shapes") or {}).items()}
+    frozen = {n: _files.check_shape(n, s)
+              for n, s in (model_state.get("frozen_param_shapes") or {}).items()}
     out = _Output(out_path, trainable, frozen, _frozen_dtype(params_sharded, model_state),
                   1 + len(names))
     try:
@@ -425,12 +356,6 @@ def _jsonable(value, key):
                      "zeroshard checkpoint's manifest (JSON) cannot keep") from None
 
 
-# What malformed content raises where the layout is read (a missing key, a value of
-# another type, a range past a tensor's end): said as the folder's error, not as a trace.
-_MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError,
-              OverflowError, ZeroDivisionError)
-
-
 def write(ds_folder, out_dir, tag, trust=False):
     """A zeroshard checkpoint OUT_DIR/TAG (world size 1) of the DeepSpeed checkpoint in
     DS_FOLDER, streamed: one DeepSpeed rank file in memory at a time. Nothing in the
@@ -439,12 +364,12 @@ def write(ds_folder, out_dir, tag, trust=False):
     os.makedirs(folder, exist_ok=True)
     data = os.path.join(folder, "rank0.bin")
     try:
-        state = _write_all(ds_folder, data, _loader(trust))
+        state = _write_all(ds_folder, data, _files.loader(trust))
     except _zeroshard.Error:
         if os.path.exists(data):
             os.unlink(data)
         raise
-    except _MALFORMED as e:
+    except _files.MALFORMED as e:
         if os.path.exists(data):
             os.unlink(data)
         raise _error(f"'{ds_folder}' is not in the layout DeepSpeed writes "

@@ -5,10 +5,11 @@ is a bug, kept under WORK/crashes-deepspeed/ and reported.
 
 Inputs are checkpoint folders in DeepSpeed's layouts (tests/python/deepspeed_layout.py:
 stage 3 and stage 2, 2 ranks, a frozen parameter, a buffer, client_state, DeepSpeed's loss
-scaler, enum and fragment addresses pickled under DeepSpeed's own names without DeepSpeed). Each is mutated at one of three levels: the unpickled state (a key dropped, a
-value replaced by one of another type or size, a tensor cut, a payload or an unknown
-type put in), the pickle inside a file (bytes flipped, cut or repeated), or the file
-itself. Kept regression folders (tests/fuzz/regressions/deepspeed/) replay first.
+scaler, enum and fragment addresses pickled under DeepSpeed's own names without
+DeepSpeed). Each is mutated at one of three levels: the unpickled state (a key dropped, a
+value replaced by one of another type or size, a tensor cut, a payload or an unknown type
+put in), the pickle inside a file (bytes flipped, cut or repeated), or the file itself.
+Kept regression folders (tests/fuzz/regressions/deepspeed/) replay first.
 usage: fuzz_deepspeed_checkpoint.py WORK SECONDS (zeroshard importable: PYTHONPATH)"""
 import argparse
 import enum
@@ -41,7 +42,8 @@ def deepspeed_types():
     """Classes pickled under DeepSpeed's module names (modules made here, DeepSpeed never
     imported): what its optimizer files hold besides tensors."""
     made = {}
-    for module, names in (("deepspeed.runtime.fp16.loss_scaler", ["LossScaler", "DynamicLossScaler"]),
+    for module, names in (("deepspeed.runtime.fp16.loss_scaler",
+                           ["LossScaler", "DynamicLossScaler"]),
                           ("deepspeed.utils.tensor_fragment", ["fragment_address"]),
                           ("deepspeed.runtime.zero.config", ["ZeroStageEnum"])):
         parts = module.split(".")
@@ -75,7 +77,8 @@ def seeds(work):
     scaler.__dict__.update(cur_scale=1024.0, dynamic=True, cur_hysteresis=2, cur_iter=5,
                            last_overflow_iter=1, dtype=torch.float16)
     gen = torch.Generator().manual_seed(0)
-    params = [{"a.weight": torch.randn(5, 3, generator=gen), "a.bias": torch.randn(5, generator=gen)},
+    params = [{"a.weight": torch.randn(5, 3, generator=gen),
+               "a.bias": torch.randn(5, generator=gen)},
               {"b.weight": torch.randn(7, generator=gen)}]
     extra = {"epoch": 3, "note": "client_state"}
     folders = []
