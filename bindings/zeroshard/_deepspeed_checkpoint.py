@@ -123,7 +123,11 @@ class _Output:
         self.size = self.frozen_offset + frozen_numel * (
             frozen_dtype.itemsize if frozen else 0)
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.ftruncate(self.fd, self.size)
+        try:
+            os.ftruncate(self.fd, self.size)
+        except BaseException:
+            os.close(self.fd)
+            raise
 
     def _write(self, values, offset):
         """values (a 1-D tensor) at byte `offset`, without a copy where it is contiguous."""
@@ -180,6 +184,18 @@ def _write_stage12(out, optim, group_starts, model_state):
     return names, steps, scalars
 
 
+def _check_groups_covered(model_state, group_starts, paddings):
+    """Stages 1-2, after every rank: the ranks' partitions of each group, one after the
+    other, reach its last parameter's end (a short one would leave zeros in its place)."""
+    for g, shapes in enumerate(model_state["param_shapes"]):
+        needed = sum(math.prod(s) + (paddings[g][i] if paddings else 0)
+                     for i, s in enumerate(shapes.values()))
+        if paddings:  # the last parameter's alignment padding need not be held
+            needed -= paddings[g][len(shapes) - 1] if shapes else 0
+        _files.check_covered(f"group {g}, every rank's partition together", needed,
+                             group_starts[g])
+
+
 def _write_stage3(out, optim, rank, world, model_state):
     """One rank's piece of every parameter (stage 3): ceil(numel / world) elements each,
     one after the other in its fp32_flat_groups (sub-groups concatenated)."""
@@ -228,9 +244,7 @@ def _write_frozen(out, params_sharded, model_files, model_state, load):
         return
     if not params_sharded:
         for name, shape in out.frozen.items():
-            values = model_state["module"][name].reshape(-1)
-            _files.check_covered(f"frozen '{name}'", math.prod(shape), values.numel())
-            out.frozen_part(name, 0, values)
+            out.frozen_part(name, 0, model_state["module"][name].reshape(-1))
         return
     world = len(model_files)
     for rank, path in enumerate(model_files):
@@ -280,6 +294,10 @@ def _write_all(folder, out_path, load):
     del state, flat  # rank 0's file is dropped once written, like every other
     frozen = {n: _files.check_shape(n, s)
               for n, s in (model_state.get("frozen_param_shapes") or {}).items()}
+    _files.check_frozen(model_state, frozen, params_sharded, len(model_files))
+    # client_state goes into the manifest (JSON): checked before a byte is written.
+    client_state = {k: _jsonable(v, k) for k, v in model_state.items() if k not in _DS_KEYS}
+    paddings = first.get("param_alignment_paddings")
     out = _Output(out_path, trainable, frozen, _frozen_dtype(params_sharded, model_state),
                   1 + len(names))
     try:
@@ -295,6 +313,8 @@ def _write_all(folder, out_path, load):
             step = max([step] + steps)
             del optim
             first = None
+        if not params_sharded:
+            _check_groups_covered(model_state, group_starts, paddings)
         _write_frozen(out, params_sharded, model_files, model_state, load)
         rng = torch.get_rng_state().numpy().tobytes()
         rng_offset = out.append(rng)
@@ -331,8 +351,7 @@ def _write_all(folder, out_path, load):
             "aliases": [[a, s] for a, s in (model_state.get("shared_params") or {}).items()],
             "optimizer_steps": steps,
             "micro_steps": int(model_state.get("global_steps", 0)) * accumulation,
-            "client_state": {k: v for k, v in model_state.items() if k not in _DS_KEYS},
-            "loss_scale": loss_scale,
+            "client_state": client_state, "loss_scale": loss_scale,
             "groups": groups, "rng_offset": rng_offset, "rng_bytes": len(rng),
             "buffers": buffers, "file_bytes": out.size, "crc32": crc}
 
@@ -361,19 +380,20 @@ def write(ds_folder, out_dir, tag, trust=False):
     DS_FOLDER, streamed: one DeepSpeed rank file in memory at a time. Nothing in the
     files runs (restricted unpickling) unless `trust`."""
     folder = os.path.join(out_dir, tag)
+    made = not os.path.isdir(folder)
     os.makedirs(folder, exist_ok=True)
     data = os.path.join(folder, "rank0.bin")
     try:
         state = _write_all(ds_folder, data, _files.loader(trust))
-    except _zeroshard.Error:
+    except BaseException as e:  # nothing half-written stays: the data, a folder made here
         if os.path.exists(data):
             os.unlink(data)
+        if made and not os.listdir(folder):
+            os.rmdir(folder)
+        if isinstance(e, _files.MALFORMED) and not isinstance(e, _zeroshard.Error):
+            raise _error(f"'{ds_folder}' is not in the layout DeepSpeed writes "
+                         f"({type(e).__name__}: {e})") from None
         raise
-    except _files.MALFORMED as e:
-        if os.path.exists(data):
-            os.unlink(data)
-        raise _error(f"'{ds_folder}' is not in the layout DeepSpeed writes "
-                     f"({type(e).__name__}: {e})") from None
     manifest = {"format": 1, "tag": tag, "world_size": 1, "stage": state["stage"],
                 "optimizer_steps": state["optimizer_steps"], "micro_steps": state["micro_steps"],
                 "global_steps": state["global_steps"], "skipped_steps": state["skipped_steps"],
@@ -381,7 +401,7 @@ def write(ds_folder, out_dir, tag, trust=False):
                 "loss_scale": state["loss_scale"], "param_groups": None, "lr_scheduler": None,
                 "optimizer_state": state["optimizer_state"],
                 "optimizer_scalars": state["optimizer_scalars"],
-                "client_state": {k: _jsonable(v, k) for k, v in state["client_state"].items()},
+                "client_state": state["client_state"],
                 "config_yaml": "", "rng_offset": state["rng_offset"],
                 "rng_bytes": state["rng_bytes"], "groups": state["groups"],
                 "buffers": state["buffers"], "aliases": state["aliases"],

@@ -27,13 +27,20 @@ def rank_files(folder, suffix):
     return [found[r] for r in range(len(found))]
 
 
+def _is_zip(path):
+    try:  # zipfile's own check raises on some damaged end records
+        return zipfile.is_zipfile(path)
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
+
+
 def loader(trust):
     """Reads one rank file: restricted unpickling (_safe_load.py: tensors, plain values and
     DeepSpeed's few own types, never a callable the file names) unless trusted, and only
     torch.save's zip format, which DeepSpeed writes (the legacy format sizes its storages
     from the file before reading them)."""
     def load(path):
-        if not zipfile.is_zipfile(path):
+        if not trust and not _is_zip(path):
             raise error(f"'{path}' is not in torch.save's zip format, which DeepSpeed writes")
         with torch.no_grad():
             loaded = _safe_load.load(path, f"DeepSpeed checkpoint file '{path}'", trust,
@@ -62,6 +69,20 @@ def check_covered(what, needed, held):
     if needed > held:
         raise error(f"{what}: the parameters' shapes need {needed} elements of its "
                     f"partition, which holds {held}")
+
+
+def check_frozen(model_state, frozen, params_sharded, world):
+    """The frozen parameters' data, before the output is sized by their shapes: whole in
+    the model file at stages 1-2 (exactly their elements), a piece per rank at stage 3
+    (rank 0's here, every other rank's as it is read)."""
+    for name, shape in frozen.items():
+        n = math.prod(shape)
+        if params_sharded:
+            held = model_state["frozen_param_fragments"][name].numel()
+            check_covered(f"frozen '{name}', rank 0's piece", min(math.ceil(n / world), n), held)
+        elif model_state["module"][name].numel() != n:
+            raise error(f"frozen '{name}' has shape {list(shape)} ({n} elements); the model "
+                        f"file holds {model_state['module'][name].numel()}")
 
 
 def stage3_needed(model_state, world):

@@ -194,11 +194,10 @@ class ZeroShardFabricStrategy(DDPStrategy):
         rest = {k: v for k, v in state.items()
                 if not isinstance(v, (EngineModule, torch.optim.Optimizer))}
         rest = self._convert_stateful_objects_in_state(rest, filter={})
+        text = _lightning.encode_state(rest, "ZeroShardFabricStrategy.save_checkpoint: the state")
         path = self.broadcast(os.fspath(path))
         os.makedirs(path, exist_ok=True)
-        engine.save_checkpoint(path, tag="checkpoint",
-                               client_state={"fabric": _lightning.encode_state(
-                                   rest, "ZeroShardFabricStrategy.save_checkpoint: the state")})
+        engine.save_checkpoint(path, tag="checkpoint", client_state={"fabric": text})
 
     def load_checkpoint(self, path, state=None, strict=True, weights_only=None):
         if not isinstance(state, dict):

@@ -348,12 +348,10 @@ class ZeroShardStrategy(DDPStrategy):
             raise TypeError("Trainer.save_checkpoint(..., storage_options=...): not taken by "
                             "ZeroShardStrategy (the engine writes the checkpoint itself)")
         filepath = self.broadcast(os.fspath(filepath))
-        os.makedirs(filepath, exist_ok=True)  # ModelCheckpoint's dirpath may not exist yet
         state = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
-        self.engine.save_checkpoint(filepath, tag="checkpoint",
-                                    client_state={"lightning": encode_state(
-                                        state, "ZeroShardStrategy.save_checkpoint: the "
-                                        "Lightning state")})
+        text = encode_state(state, "ZeroShardStrategy.save_checkpoint: the Lightning state")
+        os.makedirs(filepath, exist_ok=True)  # ModelCheckpoint's dirpath may not exist yet
+        self.engine.save_checkpoint(filepath, tag="checkpoint", client_state={"lightning": text})
 
     def load_checkpoint(self, checkpoint_path, weights_only=None):
         path = check_checkpoint_folder(checkpoint_path)

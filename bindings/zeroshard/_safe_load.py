@@ -10,8 +10,11 @@ keeps its attributes and runs nothing, so DeepSpeed need not be installed to rea
   file): a ForeignObject holding cur_scale, dynamic, ... as attributes;
 - its ZeroStageEnum: the stage's int;
 - its fragment_address (stages 1-2's param_slice_mappings): a ForeignObject;
-- argparse.Namespace (Megatron-style scripts keep their arguments in client_state): the
-  real class, which only sets attributes.
+- argparse.Namespace (Megatron-style scripts keep their arguments in client_state) and
+  pathlib's posix paths (Lightning's hyper-parameters often hold one): the real classes,
+  which only set attributes or join strings;
+- numpy's arrays, scalars and dtypes (DeepSpeed's curriculum data sampler keeps numpy's
+  RNG state): the functions numpy pickles them with.
 What else a file holds is refused with a zeroshard.Error naming the file, the types and
 the two knowing ways past: torch.serialization.add_safe_globals([T]) for a type one
 trusts, or trust=True for a file one trusts (what a public call takes for it:
@@ -19,6 +22,7 @@ convert_deepspeed_checkpoint's trust_checkpoint=True, Lightning's weights_only=F
 """
 import argparse
 import io
+import pathlib
 import pickle
 import re
 
@@ -52,6 +56,25 @@ def _enum_value(value):
     return value
 
 
+def _numpy_types():
+    """numpy's arrays, scalars and dtypes (DeepSpeed's data sampler keeps numpy's RNG state):
+    the functions numpy pickles them with build an array, a scalar or a dtype, nothing
+    else. Under numpy 1's names and numpy 2's."""
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    core = getattr(np, "_core", None) or np.core
+    found = [(np.ndarray, "numpy.ndarray"), (np.dtype, "numpy.dtype")]
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        found += [(core.multiarray._reconstruct, f"{module}._reconstruct"),
+                  (core.multiarray.scalar, f"{module}.scalar")]
+    dtypes = getattr(np, "dtypes", None)  # numpy >= 1.25: a class per dtype, which BUILD meets
+    for name in getattr(dtypes, "__all__", []):
+        found.append((getattr(dtypes, name), f"numpy.dtypes.{name}"))
+    return found
+
+
 # (stand-in, the name a file gives the type): torch.load looks the name up, never imports it.
 FOREIGN_TYPES = [
     (ForeignObject, "deepspeed.runtime.fp16.loss_scaler.LossScaler"),
@@ -59,13 +82,21 @@ FOREIGN_TYPES = [
     (ForeignObject, "deepspeed.utils.tensor_fragment.fragment_address"),
     (_enum_value, "deepspeed.runtime.zero.config.ZeroStageEnum"),
     (argparse.Namespace, "argparse.Namespace"),
-]
+    (pathlib.PosixPath, "pathlib.PosixPath"),
+    (pathlib.PurePosixPath, "pathlib.PurePosixPath"),
+] + _numpy_types()
+
+
+def _foreign_names():
+    return {name for _, name in FOREIGN_TYPES}
 
 
 def allowed_types():
     """What restricted loading rebuilds, in words, for error messages."""
-    return ("tensors, containers, plain values and " +
-            ", ".join(name for _, name in FOREIGN_TYPES))
+    return ("tensors, containers, plain values, numpy arrays, argparse.Namespace, "
+            "pathlib paths and DeepSpeed's " +
+            ", ".join(name.rsplit(".", 1)[1] for _, name in FOREIGN_TYPES
+                      if name.startswith("deepspeed.")))
 
 
 def _unsafe_globals(source):
@@ -82,13 +113,13 @@ def load(source, name, trust=False, how_to_trust="trust_checkpoint=True"):
     """The object pickled in `source` (a path or a binary file), restricted as above;
     `name` says in an error which file it was, `how_to_trust` what the caller passes to
     read a file it trusts."""
-    if trust:
-        return torch.load(source, map_location="cpu", weights_only=False)
     try:
+        if trust:
+            return torch.load(source, map_location="cpu", weights_only=False)
         with torch.serialization.safe_globals(FOREIGN_TYPES):
             return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        refused = sorted(set(_unsafe_globals(source)) - {n for _, n in FOREIGN_TYPES})
+        refused = [] if trust else sorted(set(_unsafe_globals(source)) - _foreign_names())
         if not refused:  # not a refusal: a file torch's restricted reader cannot parse
             reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(e))
             raise _zeroshard.Error(f"{name}: not a file torch.load reads ("
@@ -111,7 +142,7 @@ def check_loadable(data, whose):
     try:
         load(io.BytesIO(data), whose)
     except _zeroshard.Error:
-        refused = sorted(set(_unsafe_globals(io.BytesIO(data))) - {n for _, n in FOREIGN_TYPES})
+        refused = sorted(set(_unsafe_globals(io.BytesIO(data))) - _foreign_names())
         raise _zeroshard.Error(
             f"{whose} holds {', '.join(refused) or 'objects restricted loading refuses'}, "
             "which a checkpoint keeps only if it loads back without running code. Allowed: "

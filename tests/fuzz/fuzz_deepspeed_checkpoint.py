@@ -1,7 +1,8 @@
 """A fuzzer for the DeepSpeed checkpoint reader (zeroshard.convert_deepspeed_checkpoint), the
 Python side's counterpart of FuzzTargets.cpp: every input must convert or end in
-zeroshard.Error; any other exception, a payload that runs, or an input taking over 10 s
-is a bug, kept under WORK/crashes-deepspeed/ and reported.
+zeroshard.Error, leaving nothing of a refused conversion behind (no rank0.bin, no open
+file); any other exception, a payload that runs, or an input taking over 10 s is a bug,
+kept under WORK/crashes-deepspeed/ and reported.
 
 Inputs are checkpoint folders in DeepSpeed's layouts (tests/python/deepspeed_layout.py:
 stage 3 and stage 2, 2 ranks, a frozen parameter, a buffer, client_state, DeepSpeed's loss
@@ -197,24 +198,38 @@ def mutate(folder, rng, marker):
             f.write(mutate_bytes(data, rng))
 
 
+class InputTimeout(BaseException):
+    """Not an Exception: nothing in the reader may catch it and call it a refusal."""
+
+
 def timeout(*_):
-    raise TimeoutError(f"an input took over {PER_INPUT_SECONDS} s")
+    raise InputTimeout(f"an input took over {PER_INPUT_SECONDS} s")
 
 
-def convert(folder, out, marker, must_convert=False):
-    """None when the input converted or was refused with zeroshard.Error (must_convert:
-    only when it converted), else why not."""
+def open_files():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def convert(folder, out, marker, expect=None):
+    """None when the input converted or was refused with zeroshard.Error (expect: only
+    "converted" or only "refused" is right), else why not."""
     shutil.rmtree(out, ignore_errors=True)
+    files = open_files()
     signal.alarm(PER_INPUT_SECONDS)
     try:
         zeroshard.convert_deepspeed_checkpoint(folder, out)
-        problem = None
+        problem = "converted, where it should be refused" if expect == "refused" else None
     except zeroshard.Error as e:
-        problem = f"refused: {e}" if must_convert else None
-    except BaseException:  # noqa: B036 (a hang's TimeoutError and every bug alike)
+        problem = f"refused: {e}" if expect == "converted" else None
+        left = [os.path.join(d, f) for d, _, names in os.walk(out) for f in names]
+        if left:
+            problem = f"refused ({e}) but left {left}"
+    except BaseException:  # noqa: B036 (a hang's InputTimeout and every bug alike)
         problem = traceback.format_exc()
     finally:
         signal.alarm(0)
+    if open_files() != files:
+        problem = f"{open_files() - files} file descriptor(s) left open"
     if os.path.exists(marker):
         os.rmdir(marker)
         problem = "the payload ran: unpickling called os.mkdir"
@@ -237,14 +252,14 @@ def main():
     crashes = os.path.join(work, "crashes-deepspeed")
     if os.path.isdir(REGRESSIONS):  # earlier findings first: each must now end cleanly
         for name in sorted(os.listdir(REGRESSIONS)):
-            problem = convert(os.path.join(REGRESSIONS, name), out, marker)
+            problem = convert(os.path.join(REGRESSIONS, name), out, marker, expect="refused")
             if problem:
                 print(f"fuzz deepspeed: kept regression {name} fails again: FAILED\n{problem}")
                 return 1
     rng = random.Random(int.from_bytes(os.urandom(8), "little"))
     folders, runs, failures, end = seeds(work), 0, 0, time.monotonic() + seconds
     for folder in folders:  # the seeds themselves convert
-        problem = convert(folder, out, marker, must_convert=True)
+        problem = convert(folder, out, marker, expect="converted")
         if problem:
             print(f"fuzz deepspeed: seed {folder} does not convert: FAILED\n{problem}")
             return 1

@@ -112,18 +112,21 @@ def test_a_deepspeed_checkpoint_carrying_a_payload_is_refused_on_every_rank(run)
 
 
 def test_trusting_a_deepspeed_checkpoint_is_a_knowing_step(tmp_path):
-    """A type outside the allowlist (a Fraction in client_state) is refused by name; with
-    trust_checkpoint=True the file is unpickled whole, and the conversion goes on to
-    refuse it where the manifest (JSON) cannot keep it."""
+    """A type outside the allowlist (a Fraction in DeepSpeed's data-sampler state, which
+    the conversion does not carry) is refused by name, and nothing is written; with
+    trust_checkpoint=True the file is unpickled whole and converts."""
     import fractions
     deepspeed_layout.stage3(tmp_path / "ds" / "global_step2", 1, ds_params(), {}, {},
-                            extra={"ratio": fractions.Fraction(1, 3)})
-    for trust, message in (
-            (False, "holds fractions.Fraction; zeroshard does not unpickle objects"),
-            (True, "client_state key 'ratio' holds a Fraction, which a zeroshard "
-                   "checkpoint's manifest (JSON) cannot keep")):
-        code, said = run_snippet(
-            f"zeroshard.convert_deepspeed_checkpoint({str(tmp_path / 'ds')!r}, "
-            f"{str(tmp_path / ('out' + str(trust)))!r}, trust_checkpoint={trust})\n",
-            launched=False)
-        assert code != 0 and message in said, said
+                            extra={"data_sampler": {"ratio": fractions.Fraction(1, 3)}})
+    convert = ("zeroshard.convert_deepspeed_checkpoint({ds!r}, {out!r}, "
+               "trust_checkpoint={trust})\n")
+    code, said = run_snippet(convert.format(ds=str(tmp_path / "ds"), out=str(tmp_path / "no"),
+                                            trust=False), launched=False)
+    assert code != 0 and "holds fractions.Fraction; zeroshard does not unpickle objects" in said, \
+        said
+    assert not (tmp_path / "no" / "global_step2").exists()  # nothing half-written
+    code, said = run_snippet(convert.format(ds=str(tmp_path / "ds"), out=str(tmp_path / "yes"),
+                                            trust=True), launched=False)
+    assert code == 0, said
+    manifest = json.load(open(tmp_path / "yes" / "global_step2" / "manifest.json"))
+    assert [p["name"] for p in manifest["groups"][0]["params"]] == list(ds_params()[0])
