@@ -49,9 +49,16 @@ def python_cases(report_dir):
     return cases
 
 
+def ctest_name(name):
+    """A CTest name as the record keeps it: a value-parametrized GoogleTest case's name
+    ends in its parameter's bytes (`  # GetParam() = 16-byte object <...>`, addresses
+    among them), different at every run; the case's own name stays."""
+    return name.split("  # GetParam() = ", 1)[0]
+
+
 def ctest_cases(report_dir):
     """{'name': seconds} of every CTest entry (a C++ test case, a Python file, a fixture)."""
-    return {case.get("name"): case_seconds(case)
+    return {ctest_name(case.get("name")): case_seconds(case)
             for case in testcases(os.path.join(report_dir, "ctest.xml"))}
 
 
