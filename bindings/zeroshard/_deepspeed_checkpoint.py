@@ -201,7 +201,7 @@ def _write_stage3(out, optim, rank, world, model_state):
     one after the other in its fp32_flat_groups (sub-groups concatenated)."""
     flat = optim["fp32_flat_groups"]
     _files.check_covered(f"rank {rank}", _files.stage3_needed(model_state, world),
-                   sum(t.numel() for t in flat))
+                         sum(t.numel() for t in flat))
     names, arrays, steps, scalars = _optimizer_state(optim["optimizer_state_dict"],
                                                      [t.numel() for t in flat])
     columns = [_Pieces([t.float().reshape(-1) for t in flat])]
@@ -243,7 +243,7 @@ def _write_frozen(out, params_sharded, model_files, model_state, load):
     if not out.frozen:
         return
     if not params_sharded:
-        for name, shape in out.frozen.items():
+        for name in out.frozen:
             out.frozen_part(name, 0, model_state["module"][name].reshape(-1))
         return
     world = len(model_files)
