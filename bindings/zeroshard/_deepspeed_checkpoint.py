@@ -184,18 +184,6 @@ def _write_stage12(out, optim, group_starts, model_state):
     return names, steps, scalars
 
 
-def _check_groups_covered(model_state, group_starts, paddings):
-    """Stages 1-2, after every rank: the ranks' partitions of each group, one after the
-    other, reach its last parameter's end (a short one would leave zeros in its place)."""
-    for g, shapes in enumerate(model_state["param_shapes"]):
-        needed = sum(math.prod(s) + (paddings[g][i] if paddings else 0)
-                     for i, s in enumerate(shapes.values()))
-        if paddings:  # the last parameter's alignment padding need not be held
-            needed -= paddings[g][len(shapes) - 1] if shapes else 0
-        _files.check_covered(f"group {g}, every rank's partition together", needed,
-                             group_starts[g])
-
-
 def _write_stage3(out, optim, rank, world, model_state):
     """One rank's piece of every parameter (stage 3): ceil(numel / world) elements each,
     one after the other in its fp32_flat_groups (sub-groups concatenated)."""
@@ -314,7 +302,7 @@ def _write_all(folder, out_path, load):
             del optim
             first = None
         if not params_sharded:
-            _check_groups_covered(model_state, group_starts, paddings)
+            _files.check_groups_covered(model_state, group_starts, paddings)
         _write_frozen(out, params_sharded, model_files, model_state, load)
         rng = torch.get_rng_state().numpy().tobytes()
         rng_offset = out.append(rng)

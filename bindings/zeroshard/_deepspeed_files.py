@@ -23,7 +23,7 @@ def rank_files(folder, suffix):
              if (m := pattern.match(n))}
     if sorted(found) != list(range(len(found))) or not found:
         raise error(f"'{folder}': rank files *{suffix} are missing or not numbered 0..N-1 "
-                     f"(found ranks {sorted(found)})")
+                    f"(found ranks {sorted(found)})")
     return [found[r] for r in range(len(found))]
 
 
@@ -52,7 +52,7 @@ def loader(trust):
 
 
 TRUST = ("zeroshard.convert_deepspeed_checkpoint(DS_DIR, OUT, trust_checkpoint=True), then "
-          "load OUT")
+         "load OUT")
 
 
 def check_shape(name, shape):
@@ -98,10 +98,25 @@ def check_layout(model_state, flat, paddings, params_sharded, world):
         check_covered("rank 0", stage3_needed(model_state, world), sum(t.numel() for t in flat))
         return
     for g, shapes in enumerate(model_state["param_shapes"]):
-        needed = sum(math.prod(s) + (paddings[g][i] if paddings else 0)
-                     for i, s in enumerate(shapes.values()))
+        needed, _ = _group_elements(shapes, paddings[g] if paddings else None)
         # DeepSpeed cuts each group into world partitions of one size.
         check_covered(f"group {g} (x {world} ranks)", needed, world * flat[g].numel())
+
+
+def check_groups_covered(model_state, group_starts, paddings):
+    """Stages 1-2, after every rank: the ranks' partitions of each group, one after the
+    other, reach its last parameter's end (a short one would leave zeros in its place)."""
+    for g, shapes in enumerate(model_state["param_shapes"]):
+        needed, last_padding = _group_elements(shapes, paddings[g] if paddings else None)
+        check_covered(f"group {g}, every rank's partition together", needed - last_padding,
+                      group_starts[g])
+
+
+def _group_elements(shapes, paddings):
+    """A stage 1-2 group's elements in its flat partitions (every parameter with the
+    alignment padding after it), and its last parameter's padding."""
+    pads = [paddings[i] for i in range(len(shapes))] if paddings else [0] * len(shapes)
+    return sum(math.prod(s) + p for s, p in zip(shapes.values(), pads)), (pads[-1] if pads else 0)
 
 
 # What malformed content raises where the layout is read (a missing key, a value of

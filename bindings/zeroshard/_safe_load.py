@@ -87,8 +87,7 @@ FOREIGN_TYPES = [
 ] + _numpy_types()
 
 
-def _foreign_names():
-    return {name for _, name in FOREIGN_TYPES}
+FOREIGN_NAMES = {name for _, name in FOREIGN_TYPES}
 
 
 def allowed_types():
@@ -119,7 +118,7 @@ def load(source, name, trust=False, how_to_trust="trust_checkpoint=True"):
         with torch.serialization.safe_globals(FOREIGN_TYPES):
             return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        refused = [] if trust else sorted(set(_unsafe_globals(source)) - _foreign_names())
+        refused = [] if trust else sorted(set(_unsafe_globals(source)) - FOREIGN_NAMES)
         if not refused:  # not a refusal: a file torch's restricted reader cannot parse
             reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(e))
             raise _zeroshard.Error(f"{name}: not a file torch.load reads ("
@@ -142,7 +141,7 @@ def check_loadable(data, whose):
     try:
         load(io.BytesIO(data), whose)
     except _zeroshard.Error:
-        refused = sorted(set(_unsafe_globals(io.BytesIO(data))) - _foreign_names())
+        refused = sorted(set(_unsafe_globals(io.BytesIO(data))) - FOREIGN_NAMES)
         raise _zeroshard.Error(
             f"{whose} holds {', '.join(refused) or 'objects restricted loading refuses'}, "
             "which a checkpoint keeps only if it loads back without running code. Allowed: "
