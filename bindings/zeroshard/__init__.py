@@ -28,6 +28,7 @@ from ._initialize import initialize
 from ._optimizer import ZeroShardOptimizer
 from ._estimate import estimate
 from . import accelerator, comm, zero  # noqa: E402  (deepspeed.accelerator, .comm, .zero)
+from . import runtime, utils  # noqa: E402  (deepspeed.runtime, deepspeed.utils)
 from .comm import init_distributed  # noqa: E402
 from ._initialize import add_config_arguments  # noqa: E402
 from ._deepspeed_checkpoint import convert_deepspeed_checkpoint  # noqa: E402

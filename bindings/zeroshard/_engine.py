@@ -17,6 +17,7 @@ from . import _config
 from ._optimizer import (HYPER_KEYS, ZeroShardOptimizer, client_scheduler, engine_options,
                          parameter_groups)
 from ._saving import SavingMethods
+from .runtime import dataloader
 
 def _refuse_twice_named(loaded, optimizer, lr_scheduler):
     """DeepSpeed's rule, said as an error: the optimizer and the scheduler come from the
@@ -178,6 +179,7 @@ class ZeroShardEngine(SavingMethods):
         if self._scheduled:
             self.optimizer.show_scheduled_lr()
         self._pending_backward = False
+        self.training_dataloader, self.collate_fn = None, None  # initialize's training_data
         self._hooks = []
         self._running = None
         if self._engine.shards_parameters:
@@ -454,6 +456,12 @@ class ZeroShardEngine(SavingMethods):
     @property
     def plan(self):
         return self._engine.plan_label
+
+    def deepspeed_io(self, dataset, batch_size=None, route="train", pin_memory=True,
+                     data_sampler=None, collate_fn=None, num_local_io_workers=None):
+        """DeepSpeed's loader over this rank's share of `dataset` (runtime/dataloader.py)."""
+        return dataloader.engine_loader(self, dataset, batch_size, route, pin_memory,
+                                        data_sampler, collate_fn, num_local_io_workers)
 
     def train(self, mode=True):
         self.module.train(mode)

@@ -56,18 +56,19 @@ def _refuse_unsupported(mesh_param):
 
 
 def _dataloader(training_data, engine, collate_fn):
+    """DeepSpeed's: the engine's loader over training_data (engine.deepspeed_io), kept as
+    engine.training_dataloader; a pipeline engine's first and last stages read theirs in
+    order, repeating (its set_dataloader)."""
+    engine.collate_fn = collate_fn
     if training_data is None:
         if collate_fn is not None:
             raise _error("collate_fn is given without training_data; it only shapes the "
                          "dataloader built from training_data")
         return None
-    sampler = torch.utils.data.distributed.DistributedSampler(
-        training_data, num_replicas=engine.dp_world_size, rank=engine._engine.data_parallel_rank)
-    # DeepSpeed's: a DistributedSampler (shuffled, seed 0, the same order every epoch) in
-    # micro-batches, the last partial one kept unless dataloader_drop_last.
-    return torch.utils.data.DataLoader(training_data, batch_size=engine.train_micro_batch_size_per_gpu(),
-                                       drop_last=engine._engine.dataloader_drop_last,
-                                       sampler=sampler, collate_fn=collate_fn)
+    engine.training_dataloader = engine.deepspeed_io(training_data)
+    if hasattr(engine, "build_data_iter"):
+        engine.build_data_iter(training_data)
+    return engine.training_dataloader
 
 
 def add_config_arguments(parser):
@@ -132,8 +133,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine = engine_class(model, config, units=units, model_parameters=model_parameters,
                           optimizer=optimizer, lr_scheduler=lr_scheduler, mpu=mpu, mesh=mesh)
     loader = _dataloader(training_data, engine, collate_fn)
-    if loader is not None and hasattr(engine, "set_dataloader"):
-        engine.set_dataloader(loader)  # a pipeline engine's train_batch() reads it
     scheduler = engine.lr_scheduler
     if scheduler is None and engine.scheduled_by_config:
         scheduler = ConfigScheduler(engine)

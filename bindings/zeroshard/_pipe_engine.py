@@ -23,6 +23,7 @@ from . import _config, _launch, _zeroshard
 from ._engine import ZeroShardEngine
 from ._pipe_module import non_reentrant_checkpoint
 from ._pipelining import PipelineStage, pipeline_group
+from .runtime.dataloader import RepeatingLoader, deferred_draws, draw_as_a_dataloader_does
 
 
 def _error(message):
@@ -154,6 +155,13 @@ class _TiedStage(PipelineStage):
     def __init__(self, engine, ties):
         super().__init__(engine)
         self._ties = ties
+        self.draws_before = []  # per micro-batch: the loader's draws owed before its forward
+
+    def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
+        owed = self.draws_before[fwd_chunk_id] if fwd_chunk_id < len(self.draws_before) else 0
+        for _ in range(owed):
+            draw_as_a_dataloader_does()
+        return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
 
     def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
         received = self._ties.receive_gradients() if last_backward else []
@@ -184,8 +192,7 @@ class PipelineEngine(ZeroShardEngine):
                    else torch.float16 if self.fp16_enabled() else None)
         if compute is not None:
             ties.in_dtype(compute)
-        self.training_dataloader = None  # initialize's, from training_data
-        self._data_iterator = None
+        self.data_iterator = None  # what train_batch() reads without a data_iter
         self.stage_id, self.num_stages = model.stage_id, model.num_stages
         self._ties = ties
         self._dp_group = self._stage_group()
@@ -220,29 +227,43 @@ class PipelineEngine(ZeroShardEngine):
     def is_last_stage(self):
         return self.stage_id == self.num_stages - 1
 
-    def set_dataloader(self, loader):
-        """initialize's dataloader (from training_data), read when train_batch gets no
-        data_iter: again from its start when it ends, as DeepSpeed's RepeatingLoader."""
-        self.training_dataloader = loader
+    def build_data_iter(self, dataset):
+        """DeepSpeed's pipeline engine: the first and the last stage read `dataset` (given
+        to initialize as training_data) in order, each data-parallel rank its share,
+        repeating."""
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            dataset, num_replicas=self.dp_world_size, rank=self.data_parallel_rank,
+            shuffle=False)
+        self.set_dataloader(RepeatingLoader(self.deepspeed_io(dataset, data_sampler=sampler)))
 
-    def _repeating(self):
-        if self._data_iterator is None:
-            def forever():
-                while True:
-                    yield from self.training_dataloader
-            self._data_iterator = forever()
-        return self._data_iterator
+    def set_dataloader(self, loader):
+        """The loader train_batch() reads when it gets no data_iter (first and last stage)."""
+        if self.is_first_stage() or self.is_last_stage():
+            self.training_dataloader = loader
+            self.data_iterator = iter(loader)
+
+    def set_dataiterator(self, iterator):
+        """The iterator train_batch() reads when it gets no data_iter (first and last stage)."""
+        if self.is_first_stage() or self.is_last_stage():
+            self.training_dataloader = None
+            self.data_iterator = iterator
 
     def _read(self, data_iter):
-        """The step's micro-batches: inputs on the first stage, labels on the last."""
+        """The step's micro-batches: inputs on the first stage, labels on the last. A pass of
+        the engine's own loader that begins at micro-batch k draws from the global generator
+        before k's forward, where DeepSpeed's stage reads it (runtime/dataloader.py)."""
+        micro = self.gradient_accumulation_steps()
+        self._stage.draws_before = [0] * micro
         if not (self.is_first_stage() or self.is_last_stage()):
             return None, None
-        if data_iter is None and self.training_dataloader is not None:
-            data_iter = self._repeating()
         if data_iter is None:
             raise _error("train_batch(data_iter): data_iter is required on the first and the "
                          "last stage (or training_data given to initialize)")
-        batches = [next(data_iter) for _ in range(self.gradient_accumulation_steps())]
+        batches = []
+        for k in range(micro):
+            with deferred_draws() as begun:
+                batches.append(next(data_iter))
+            self._stage.draws_before[k] = len(begun)
         inputs = torch.cat([b[0] for b in batches]) if self.is_first_stage() else None
         labels = torch.cat([b[1] for b in batches]) if self.is_last_stage() else None
         return inputs, labels
@@ -274,8 +295,13 @@ class PipelineEngine(ZeroShardEngine):
         if self.module.loss_fn is None:
             raise _error("train_batch: the PipelineModule has no loss_fn; allowed: "
                          "PipelineModule(..., loss_fn=...)")
+        if not torch.is_grad_enabled():
+            raise _error("train_batch() needs gradients enabled (it ran under torch.no_grad "
+                         "or inference_mode); allowed: eval_batch() for forward only")
+        if data_iter is not None:  # as DeepSpeed's: later steps read it too
+            self.set_dataiterator(data_iter)
         self.module.train()  # as DeepSpeed's: eval_batch left it in eval mode
-        loss = self._run(self._schedule.step, data_iter)
+        loss = self._run(self._schedule.step, self.data_iterator)
         self._ties.sent()
         self.step()
         self._ties.send_values(self)

@@ -21,6 +21,7 @@ needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is No
                                      reason="DeepSpeed is the reference")
 
 WORKER = os.path.join(HERE, "pipe_module_worker.py")
+SCRIPT = os.path.join(HERE, "pipe_script_worker.py")
 STEPS = 4
 _runs = {}
 
@@ -56,6 +57,33 @@ def test_a_deepspeed_pipeline_script_trains_as_deepspeed_does(world, stage, scra
     # The tied copies stay one parameter: the first stage's and the last's are equal.
     assert all(r["tied_sums"] == got[0]["tied_sums"] for r in got)
     assert min(w["norms"][0] for w in want) > 0.05  # clipping active
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_script_reading_the_engines_own_loader_trains_as_deepspeed_does(world, scratch):
+    """tests/python/pipe_script_worker.py, a script of the shape of DeepSpeedExamples'
+    pipeline example (layers with a lambda, training_data, train_batch() with no iterator),
+    on PP2 and PP2 x DP2, dropout off and on: DeepSpeed's losses at every step, within 1e-5.
+    Its data's pass ends inside a step: a new pass's random draw (torch's DataLoader makes
+    one) comes before that micro-batch's forward, as in DeepSpeed's stage."""
+    config = scratch / "ds_config.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2,
+                                  "gradient_accumulation_steps": 4,
+                                  "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}))
+    runs = {}
+    for system in ("deepspeed", "zeroshard"):
+        out = str(scratch / system)
+        runs[system] = run_ranks([SCRIPT, system, "4", "0.3", out, "--deepspeed",
+                                  "--deepspeed_config", str(config)], world, out,
+                                 extra_env={"DS_ACCELERATOR": "cpu"})
+    for got, want in zip(runs["zeroshard"], runs["deepspeed"]):
+        for dropout in ("0.0", "0.3"):
+            g, w = got["losses"][dropout], want["losses"][dropout]
+            assert all(close(a, b) for a, b in zip(g, w)) and len(g) == len(w) == 4, \
+                (dropout, g, w)
+    with_dropout = runs["deepspeed"][0]["losses"]
+    assert with_dropout["0.0"] != with_dropout["0.3"]  # the masks change the losses
 
 
 @pytest.mark.parametrize("stage", [1, both_legs(3)])
