@@ -4,6 +4,7 @@
 
 #include "common/Error.h"
 #include "config/Config.h"
+#include "plan/AutoKnobs.h"
 
 namespace py = pybind11;
 
@@ -53,6 +54,21 @@ void bind_config(py::module_& m) {
           "pipeline_parallel_size",
           [](const LoadedConfig& c) { return c.config.pipeline_parallel_size.value_or(1); },
           "pipeline.stages: the pipeline stages the ranks are split into.");
+  m.def(
+      "resolved_batch",
+      [](const LoadedConfig& loaded, int64_t data_parallel_ranks) {
+        Config c = loaded.config;
+        std::vector<std::string> reasons;
+        WorldShape world;
+        world.ranks_per_node = data_parallel_ranks;
+        resolve_batch(c, world, reasons);
+        const int64_t micro = *c.train_micro_batch_size_per_gpu;
+        const int64_t accumulation = *c.gradient_accumulation_steps;
+        return py::make_tuple(micro * accumulation * data_parallel_ranks, micro, accumulation);
+      },
+      py::arg("config"), py::arg("data_parallel_ranks"),
+      "(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps) over "
+      "that many data-parallel ranks, by DeepSpeed's rule; raises Error where they do not fit.");
   m.def("parse_config", &load_config_string, py::arg("text"), py::arg("origin"),
         "Parses a config (YAML or JSON text) once; raises Error on bad input.");
 }

@@ -22,6 +22,8 @@ std::string batch_key_text(const std::optional<int64_t>& v) {
   return v ? std::to_string(*v) : std::string("left out");
 }
 
+}  // namespace
+
 // DeepSpeed's rule (its config's _set_batch_related_parameters): of train_batch_size,
 // train_micro_batch_size_per_gpu and gradient_accumulation_steps, the ones left out (or
 // auto) follow from the others over the data-parallel ranks; train_batch_size alone means
@@ -69,6 +71,8 @@ void resolve_batch(Config& c, const WorldShape& world, std::vector<std::string>&
   fill<int64_t>(accumulation, 1, "gradient_accumulation_steps", "no accumulation", reasons);
   if (total && *total != *micro * *accumulation * ranks) refuse();
 }
+
+namespace {
 
 void resolve_training(Config& c, std::vector<std::string>& r) {
   fill(c.gradient_clipping, 1.0, "gradient_clipping", "clip the global norm at 1.0", r);

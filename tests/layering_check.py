@@ -80,27 +80,51 @@ def check_engine(root):
 
 
 # The package's public modules: __init__ is its face; __main__ the launcher; accelerator,
-# comm, zero and moe carry deepspeed's module names; integrations imports transformers, so it
-# is imported by name (zeroshard.integrations) only by those who use it; pipelining carries
-# torch.distributed.pipelining's, pipe deepspeed.pipe's.
+# comm, zero, moe and constants carry deepspeed's module names; integrations imports
+# transformers, so it is imported by name (zeroshard.integrations) only by those who use it;
+# pipelining carries torch.distributed.pipelining's, pipe deepspeed.pipe's. The public
+# subpackages carry deepspeed's subpackages of the same names, every module in them public.
 PUBLIC_MODULES = {"__init__", "__main__", "integrations", "accelerator", "comm", "zero", "moe",
-                  "pipelining", "pipe"}
-PY_IMPORT = re.compile(r"^\s*from \.(\w*) import ([\w, ]+)", re.M)
+                  "pipelining", "pipe", "constants"}
+PUBLIC_PACKAGES = {"accelerator", "checkpoint", "compression", "inference", "launcher", "ops",
+                   "runtime", "utils"}
+PY_IMPORT = re.compile(r"^\s*from (\.+)([\w.]*) import (?:\(([^)]*)\)|([\w, ]+))", re.M)
+
+
+def package_modules(package):
+    """{dotted name inside the package (a/b for a/b.py, a/__init__ for a package): path}"""
+    found = {}
+    for folder, dirs, files in os.walk(package):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(folder, f), package)[:-3]
+                found[rel.replace(os.sep, "/")] = os.path.join(folder, f)
+    return found
 
 
 def package_imports(package):
-    """{module: set of sibling modules it imports}, lazy imports inside functions too."""
-    modules = {f[:-3] for f in os.listdir(package) if f.endswith(".py")}
+    """{module: set of the package's modules it imports}, lazy imports inside functions too;
+    relative imports resolved from the module's own folder."""
+    modules = package_modules(package)
     graph = {}
-    for m in modules:
-        text = open(os.path.join(package, m + ".py"), encoding="utf-8").read()
+    for m, path in modules.items():
+        text = re.sub(r"#.*", "", open(path, encoding="utf-8").read())
+        here = m.split("/")[:-1]  # the module's package, as path parts
         deps = set()
-        for source, names in PY_IMPORT.findall(text):
-            if source:
-                deps.add(source)
-            else:  # from . import a, b
-                deps.update(n.strip() for n in names.split(","))
-        graph[m] = {d for d in deps if d in modules and d != m}
+        for dots, source, wrapped, names in PY_IMPORT.findall(text):
+            names = wrapped or names
+            base = here[:len(here) - (len(dots) - 1)] if len(dots) > 1 else here
+            target = base + (source.split(".") if source else [])
+            names = [n.split()[0] for n in names.split(",") if n.split()]  # "a as b" -> a
+            candidates = [target] if source else [target + [n] for n in names]
+            if source:  # from .a import b: b may be a module of package a
+                candidates += [target + [n] for n in names]
+            for parts in candidates:
+                for name in ("/".join(parts), "/".join(parts + ["__init__"])):
+                    if name in modules and name != m:
+                        deps.add(name)
+        graph[m] = deps
     return graph
 
 
@@ -118,17 +142,28 @@ def cycle_from(graph, start):
     return None
 
 
+def named_as_allowed(module):
+    top = module.split("/")[0]
+    return (top in PUBLIC_PACKAGES and "/" in module) or module in PUBLIC_MODULES or \
+        top.startswith("_")
+
+
 def check_python(root):
     package = os.path.join(root, "bindings", "zeroshard")
     graph = package_imports(package)
     broken = [f"bindings/zeroshard/{m}.py: a public module; implementation modules are "
-              f"_-prefixed (public: {', '.join(sorted(PUBLIC_MODULES))})"
-              for m in sorted(graph) if not m.startswith("_") and m not in PUBLIC_MODULES]
+              f"_-prefixed (public: {', '.join(sorted(PUBLIC_MODULES))}, and the subpackages "
+              f"{', '.join(sorted(PUBLIC_PACKAGES))})"
+              for m in sorted(graph) if not named_as_allowed(m)]
+    # A package's __init__ may import its own modules, and each of them the package: Python
+    # allows that shape; every other cycle is a defect.
+    inits = {m for m in graph if m.endswith("__init__")}
+    acyclic = {k: v - inits for k, v in graph.items()}
     reported = set()
     for m in sorted(graph):
-        if m == "__init__":
+        if m in inits:
             continue
-        cycle = cycle_from({k: v - {"__init__"} for k, v in graph.items()}, m)
+        cycle = cycle_from(acyclic, m)
         if cycle and frozenset(cycle) not in reported:
             reported.add(frozenset(cycle))
             broken.append("bindings/zeroshard: import cycle " + " -> ".join(cycle))

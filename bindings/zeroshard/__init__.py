@@ -28,7 +28,15 @@ from ._initialize import initialize
 from ._optimizer import ZeroShardOptimizer
 from ._estimate import estimate
 from . import accelerator, comm, zero  # noqa: E402  (deepspeed.accelerator, .comm, .zero)
-from . import runtime, utils  # noqa: E402  (deepspeed.runtime, deepspeed.utils)
+# The rest of deepspeed's module tree that scripts import; what it lacks is refused by name.
+from . import _refusals  # noqa: E402
+from . import checkpoint, compression, constants, inference, launcher, ops, runtime, utils  # noqa: E402,E501
+from .ops.transformer import DeepSpeedTransformerConfig, DeepSpeedTransformerLayer  # noqa: E402
+from .accelerator import get_accelerator  # noqa: E402
+from .runtime.config import DeepSpeedConfig  # noqa: E402
+from .runtime.engine import DeepSpeedEngine  # noqa: E402
+from .utils import OnDevice  # noqa: E402
+from ._build_info import VERSION as __version__  # noqa: E402
 from .comm import init_distributed  # noqa: E402
 from ._initialize import add_config_arguments  # noqa: E402
 from ._deepspeed_checkpoint import convert_deepspeed_checkpoint  # noqa: E402
@@ -36,4 +44,18 @@ from ._deepspeed_checkpoint import convert_deepspeed_checkpoint  # noqa: E402
 __all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "init_inference",
            "init", "Init",
            "estimate", "load_config", "consolidate", "init_distributed",
-           "add_config_arguments", "convert_deepspeed_checkpoint", "accelerator", "comm", "zero"]
+           "add_config_arguments", "convert_deepspeed_checkpoint", "accelerator", "comm", "zero",
+           "DeepSpeedConfig", "DeepSpeedEngine", "OnDevice", "get_accelerator", "runtime",
+           "utils", "ops", "checkpoint", "constants", "launcher", "compression", "inference",
+           "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer"]
+
+_refusals.install()
+_lazy = ("pipe", "pipelining", "moe", "integrations")  # heavier: imported when first read
+_refused = _refusals.attribute_refuser(__name__, lazy=_lazy)
+
+
+def __getattr__(name):
+    if name == "PipelineEngine":  # deepspeed.PipelineEngine, for isinstance checks
+        from ._pipe_engine import PipelineEngine
+        return PipelineEngine
+    return _refused(name)

@@ -17,7 +17,7 @@ from . import _config
 from ._optimizer import (HYPER_KEYS, ZeroShardOptimizer, client_scheduler, engine_options,
                          parameter_groups)
 from ._saving import SavingMethods
-from .runtime import dataloader
+from ._dataloader import engine_loader
 
 def _refuse_twice_named(loaded, optimizer, lr_scheduler):
     """DeepSpeed's rule, said as an error: the optimizer and the scheduler come from the
@@ -459,8 +459,8 @@ class ZeroShardEngine(SavingMethods):
 
     def deepspeed_io(self, dataset, batch_size=None, route="train", pin_memory=True,
                      data_sampler=None, collate_fn=None, num_local_io_workers=None):
-        """DeepSpeed's loader over this rank's share of `dataset` (runtime/dataloader.py)."""
-        return dataloader.engine_loader(self, dataset, batch_size, route, pin_memory,
+        """DeepSpeed's loader over this rank's share of `dataset` (_dataloader.py)."""
+        return engine_loader(self, dataset, batch_size, route, pin_memory,
                                         data_sampler, collate_fn, num_local_io_workers)
 
     def train(self, mode=True):

@@ -38,7 +38,7 @@ from . import _hostfile
 # What DeepSpeed's runner exports to the other hosts, by prefix, and whole names.
 _EXPORTED_PREFIXES = ("NCCL_", "PYTHON", "MV2_", "UCX_", "MLFLOW", "ZS_", "GLOO_", "TORCH_")
 _EXPORTED = ("OMP_NUM_THREADS", "USE_LIBUV")
-_ENV_FILE = ".deepspeed_env"
+ENV_FILE = ".deepspeed_env"
 _OTHER_LAUNCHERS = ("openmpi", "mpich", "impi", "mvapich", "slurm")
 _relays = []  # the threads showing each rank's (host's) lines
 
@@ -145,7 +145,7 @@ def _exported_env():
     env = {k: v for k, v in os.environ.items()
            if k.startswith(_EXPORTED_PREFIXES) or k in _EXPORTED}
     for folder in (os.path.expanduser("~"), os.getcwd()):
-        path = os.path.join(folder, _ENV_FILE)
+        path = os.path.join(folder, ENV_FILE)
         if os.path.isfile(path):
             with open(path) as f:
                 for line in f:

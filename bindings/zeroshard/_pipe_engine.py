@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
-from . import _config, _launch, _zeroshard
+from . import _config, _launch, _refusals, _zeroshard
 from ._engine import ZeroShardEngine
 from ._pipe_module import non_reentrant_checkpoint
 from ._pipelining import PipelineStage, pipeline_group
-from .runtime.dataloader import RepeatingLoader, deferred_draws, draw_as_a_dataloader_does
+from ._dataloader import RepeatingLoader, deferred_draws, draw_as_a_dataloader_does
 
 
 def _error(message):
@@ -181,6 +181,7 @@ class _TiedStage(PipelineStage):
 
 class PipelineEngine(ZeroShardEngine):
     """The engine of one pipeline stage, with DeepSpeed's PipelineEngine calls."""
+    _INSTRUCTION_MAP = _refusals.Refused("runtime.pipe.engine.PipelineEngine._INSTRUCTION_MAP")
 
     def __init__(self, model, config, **kwargs):
         _launch.init_distributed()

@@ -11,7 +11,7 @@ from datetime import timedelta
 import torch.distributed as _dist
 from torch.distributed import ReduceOp  # noqa: F401  (deepspeed.comm.ReduceOp)
 
-from . import _launch, _zeroshard
+from . import _launch, _refusals, _zeroshard
 
 
 def _plain(name, prof):
@@ -198,6 +198,9 @@ def __getattr__(name):
     """A deepspeed.comm name without a counterpart here: said, not an AttributeError."""
     if name.startswith("__"):
         raise AttributeError(name)
+    refused = _refusals.refusal(f"comm.{name}")
+    if refused is not None:
+        raise refused
     raise AttributeError(
         f"zeroshard.comm has no '{name}' (a deepspeed.comm name it does not carry: the "
         "communication logger, MPI discovery helpers and cloud patches have no counterpart); "

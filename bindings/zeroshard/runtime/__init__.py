@@ -1,4 +1,8 @@
-"""zeroshard.runtime: deepspeed.runtime's module tree as scripts import it (utils,
-dataloader, engine, config, pipe, zero, lr_schedules); each module holds DeepSpeed's names
-that zeroshard runs, and names the ones it does not."""
-from . import dataloader, utils  # noqa: F401  (deepspeed.runtime.utils.set_random_seed(...))
+"""zeroshard.runtime: deepspeed.runtime's module tree as scripts import it: utils,
+dataloader, engine, config, lr_schedules, pipe and zero. A DeepSpeed module or name it does
+not carry is refused by name (bindings/zeroshard/_refusals.py)."""
+from .. import _refusals
+from . import config, dataloader, engine, lr_schedules, utils, zero  # noqa: F401
+
+# pipe is imported when first read: it brings torch.distributed.pipelining.
+__getattr__ = _refusals.attribute_refuser(__name__, lazy=("pipe",))

@@ -4,6 +4,10 @@ import random
 
 import torch
 
+from .. import _refusals
+
+__getattr__ = _refusals.attribute_refuser(__name__)
+
 
 def set_random_seed(seed):
     """Seeds Python's, numpy's and torch's generators, as DeepSpeed's does."""

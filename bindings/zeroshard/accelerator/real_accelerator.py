@@ -7,7 +7,7 @@ import resource
 
 import torch
 
-from . import _zeroshard
+from .. import _zeroshard
 
 
 class _Accelerator:

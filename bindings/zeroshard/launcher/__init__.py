@@ -1,0 +1,2 @@
+"""zeroshard.launcher: deepspeed.launcher's names (runner)."""
+from . import runner  # noqa: F401
