@@ -216,6 +216,9 @@ struct Config {
   // dimension): each stage's engine shards over the ranks of its stage alone, the outermost
   // dimension (engine/ParallelDims.h).
   std::optional<int64_t> pipeline_parallel_size = 1;
+  // DeepSpeed's top-level data_parallel_size: where given, checked against the data-parallel
+  // ranks the world leaves (world / tensor-parallel / pipeline); it splits nothing itself.
+  std::optional<int64_t> data_parallel_size;
   WeightQuantization weight_quantization;
 
   // Bytes per low-precision value: 2 with bf16 or fp16, 4 in fp32 training.

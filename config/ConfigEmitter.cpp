@@ -81,6 +81,8 @@ std::string emit_config_yaml(const Config& config) {
   for (const auto& knob : config_knobs()) {
     // Unset train_batch_size means micro x accumulation x ranks; writing it would fix it.
     if (knob.path == "train_batch_size" && !config.train_batch_size) continue;
+    // Unset data_parallel_size checks nothing; writing it would fix it to this world.
+    if (knob.path == "data_parallel_size" && !config.data_parallel_size) continue;
     if ((knob.type == Knob::Type::Text || knob.type == Knob::Type::Choice) &&
         knob.as_text(copy).empty()) {
       continue;  // unset

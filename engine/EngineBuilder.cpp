@@ -168,6 +168,12 @@ void EngineBuilder::init(std::vector<NamedParam> params,
   const int pp = static_cast<int>(config.pipeline_parallel_size.value_or(1));
   // pp divides the ranks, tp a stage's
   const ParallelDims dims(env.world_size, env.rank, -1, 1, static_cast<int>(tp), pp);
+  if (config.data_parallel_size && *config.data_parallel_size != dims.size(Dim::Dp)) {
+    fail(
+        "config key 'data_parallel_size' is {}, but {} ranks over tensor-parallel size {} and {} "
+        "pipeline stage(s) leave {} data-parallel ranks; allowed: {}, or leave the key out",
+        *config.data_parallel_size, env.world_size, tp, pp, dims.size(Dim::Dp), dims.size(Dim::Dp));
+  }
   e_->device_.where = params.front().param.device();
   e_->device_.capacity = device_capacity(e_->device_.where, env.local_world_size);
   e_->buffers_ =

@@ -115,7 +115,10 @@ class ZeroShardEngine(SavingMethods):
         self.module = model
         # A model split by its own tp_plan (autotp_size); DTensor parameters as local tensors.
         local_when, places = None, _dtensor.places(model)
-        if loaded.tensor_parallel_size > 1 and mpu is None and mesh is None:
+        if loaded.tensor_parallel_size > 1 and mesh is None:
+            if mpu is not None:  # AutoTP with the script's groups: the plan's own, checked
+                _tensor_parallel.check_autotp_mpu(mpu, loaded.tensor_parallel_size)
+                mpu = None
             mesh, local_when = _hf_tensor_parallel.apply_plan(
                 model, loaded.tensor_parallel_size, loaded.pipeline_parallel_size)
         tp_size, tp_params, install_dtensors = _dtensor.unwrap(model, mesh, local_when)

@@ -48,6 +48,37 @@ def plan_of(mpu, named_params):
     (Megatron's default order), the data-parallel ranks the others."""
     if mpu is None:
         return 0, {}
+    size = check_layout(mpu)
+    split = {name: int(getattr(p, "partition_dim", 0)) for name, p in named_params
+             if getattr(p, "tensor_model_parallel", False)}
+    if size > 1 and not split:
+        raise _error(
+            f"mpu: tensor-parallel size {size}, but no parameter has tensor_model_parallel=True; "
+            "allowed: mark each split parameter as Megatron's layers do (every unmarked one is "
+            "taken as held whole by every tensor-parallel rank), or split the model by its "
+            "tp_plan with the config's tensor_parallel.autotp_size")
+    return size, split
+
+
+def check_autotp_mpu(mpu, autotp_size):
+    """AutoTP (the config's tensor_parallel.autotp_size) with a script's mpu, as DeepSpeed's
+    examples pass both: the model is split by its tp_plan over the engine's groups, so the
+    mpu's must be those (its sizes and this rank's place in them)."""
+    stages = stages_of(mpu)
+    if stages > 1:
+        raise _error(f"mpu: pipeline-parallel size {stages} with tensor_parallel.autotp_size "
+                     f"{autotp_size}: a model's own tp_plan is laid over every rank, not over "
+                     "one stage's; allowed: an mpu without pipeline stages")
+    size = check_layout(mpu)
+    if size != autotp_size:
+        raise _error(f"mpu: tensor-parallel size {size}, but the config's "
+                     f"tensor_parallel.autotp_size is {autotp_size}; allowed: the same size")
+
+
+def check_layout(mpu):
+    """The mpu's tensor-parallel size, its groups checked to be the ones the engine lays out:
+    tp ranks consecutive (Megatron's default order), the data-parallel ranks the others,
+    pipeline stages outermost."""
     size, tp_rank = _size_and_rank(mpu)
     env = _zeroshard.launch_env()
     rank, world, stages = env["rank"], env["world_size"], stages_of(mpu)
@@ -73,14 +104,7 @@ def plan_of(mpu, named_params):
             f"share a tensor-parallel group, pipeline stages outermost): allowed: "
             f"tensor-parallel rank {expected[0]}, data-parallel rank {expected[2]} of "
             f"{expected[1]}, stage {expected[3]}")
-    split = {name: int(getattr(p, "partition_dim", 0)) for name, p in named_params
-             if getattr(p, "tensor_model_parallel", False)}
-    if size > 1 and not split:
-        raise _error(
-            f"mpu: tensor-parallel size {size}, but no parameter has tensor_model_parallel=True; "
-            "allowed: mark each split parameter as Megatron's layers do (every unmarked one is "
-            "taken as held whole by every tensor-parallel rank)")
-    return size, split
+    return size
 
 
 def check_optimizer(size, optimizer_name):

@@ -275,6 +275,52 @@ class ZeroShardTrainerMixin:
             self.lr_scheduler.load_state_dict(torch.load(path, weights_only=True))
 
 
+_held = [None]  # a weak reference to the HfDeepSpeedConfig that TrainingArguments made
+
+
+def _held_zero3_config():
+    config = _held[0]() if _held[0] is not None else None
+    return config.config if config is not None and config.is_zero3() else None
+
+
+def _build_models_for_zeroshard():
+    """From the moment a script imports ZeroShardTrainer: TrainingArguments(deepspeed=...)
+    (a script's --deepspeed, parsed before it builds its model) no longer tells transformers
+    to build models under DeepSpeed's zero.Init, which would hand the engine parameters
+    DeepSpeed has partitioned. The config is held here instead; a model built with
+    from_config while it says stage 3 is built under zeroshard.init (each rank keeps its
+    shard), and from_pretrained builds on the meta device and loads each tensor, as without
+    DeepSpeed. The Trainer then gives the config to the engine."""
+    from transformers import PreTrainedModel
+    from transformers.integrations import deepspeed as hf_deepspeed
+    if getattr(hf_deepspeed.set_hf_deepspeed_config, "_zeroshard", False):
+        return
+    import weakref
+
+    def set_hf_deepspeed_config(config):
+        _held[0] = weakref.ref(config)
+
+    def unset_hf_deepspeed_config():
+        _held[0] = None
+        unset_original()
+
+    unset_original = hf_deepspeed.unset_hf_deepspeed_config
+    set_hf_deepspeed_config._zeroshard = True
+    hf_deepspeed.set_hf_deepspeed_config = set_hf_deepspeed_config
+    hf_deepspeed.unset_hf_deepspeed_config = unset_hf_deepspeed_config
+    from_config = PreTrainedModel._from_config.__func__
+
+    def _from_config(cls, config, **kwargs):
+        zero3 = _held_zero3_config()
+        if zero3 is None:
+            return from_config(cls, config, **kwargs)
+        from ._construction import Init
+        with Init(config=zero3):
+            return from_config(cls, config, **kwargs)
+
+    PreTrainedModel._from_config = classmethod(_from_config)
+
+
 def zeroshard_trainer(trainer_class):
     """trainer_class (transformers.Trainer or any subclass: Seq2SeqTrainer, TRL's
     SFTTrainer, ...) trained by the engine: a subclass taking the same arguments plus
@@ -289,6 +335,7 @@ def zeroshard_trainer(trainer_class):
                                "transformers.Trainer")
     if issubclass(trainer_class, ZeroShardTrainerMixin):
         return trainer_class
+    _build_models_for_zeroshard()
     return type(f"ZeroShard{trainer_class.__name__}", (ZeroShardTrainerMixin, trainer_class),
                 {"__module__": __name__, "__doc__": trainer_class.__doc__})
 

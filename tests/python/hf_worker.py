@@ -56,10 +56,15 @@ CLASSES = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "mixtral": "M
            "qwen3_moe": "Qwen3MoeForCausalLM", "llava": "LlavaForConditionalGeneration"}
 
 
-def make(name):
+def make(name, from_config=False):
+    """The model, seed 1234; from_config: built as run_clm.py builds one from scratch
+    (AutoModelForCausalLM.from_config), which transformers builds under a ZeRO-3 config's
+    zero.Init when TrainingArguments holds one."""
     torch.manual_seed(1234)
     config = CONFIGS[name]()
     config._attn_implementation = "eager"  # the same kernels in both modes
+    if from_config:
+        return transformers.AutoModelForCausalLM.from_config(config)
     return getattr(transformers, CLASSES[name])(config)
 
 

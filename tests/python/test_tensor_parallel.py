@@ -123,6 +123,20 @@ def test_a_transformers_llama_split_by_its_own_tp_plan_trains_as_unsplit(stage, 
         assert_ledger_holds_its_share(got)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed beside this interpreter (the trixie "
+                           "leg): the main leg runs this test")
+@pytest.mark.parametrize("stage", [2, 3])
+def test_autotp_with_the_scripts_mpu_and_adamw_trains_as_unsplit(stage, scratch):
+    """DeepSpeed's AutoTP example's shape: tensor_parallel.autotp_size and data_parallel_size
+    in the config, the script's own mpu (its groups: consecutive ranks share a tp group) and
+    a torch AdamW over model.parameters() given to initialize: the Llama is split by its
+    tp_plan over the mpu's groups."""
+    got = train("hf_mpu", stage, None, scratch, {"tensor_parallel": {"autotp_size": TP},
+                                                 "data_parallel_size": WORLD // TP})
+    assert_as_unsplit(got, reference(scratch, "hfref"))
+
+
 def assert_ledger_holds_its_share(got):
     """Stage 3: each rank's ledger holds 1/(tp x dp) of the split parameters' bytes and 1/dp
     of the whole ones (counted by hand from the Llama's shape, fp32), padding aside; the
@@ -226,6 +240,11 @@ def test_what_cannot_be_split_is_refused_by_name():
         "zeroshard.initialize(model=model, config={}, mpu=Mpu())")
     assert code != 0
     assert "mpu: tensor-parallel size 2 does not divide the 1 ranks" in out, out
+
+    code, out = run_snippet("zeroshard.initialize(model=model, config={'data_parallel_size': 2})")
+    assert code != 0
+    assert ("config key 'data_parallel_size' is 2, but 1 ranks over tensor-parallel size 1 and 1 "
+            "pipeline stage(s) leave 1 data-parallel ranks; allowed: 1") in out, out
 
 
 def test_estimate_with_tp_refuses_a_model_it_cannot_split():

@@ -282,9 +282,14 @@ def trained(mode, tp, steps, config, out):
     import zeroshard
     dist.init_process_group("gloo")
     forward = None
-    if mode == "hf":  # the Llama's own tp_plan, which zeroshard applies from the config
+    if mode in ("hf", "hf_mpu"):  # the Llama's own tp_plan, which zeroshard applies
         model = llama()
-        engine, *_ = zeroshard.initialize(model=model, config=config)
+        given = {}
+        if mode == "hf_mpu":  # as DeepSpeed's AutoTP example: the script's mpu, its AdamW
+            given = dict(mpu=Mpu(tp), optimizer=torch.optim.AdamW(
+                model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD))
+            config = {k: v for k, v in config.items() if k != "optimizer"}
+        engine, *_ = zeroshard.initialize(model=model, config=config, **given)
         dp_rank = engine._engine.data_parallel_rank
         forward = lambda tokens: engine(input_ids=tokens, labels=tokens).loss  # noqa: E731
     elif mode in ("dtensor", "sp"):

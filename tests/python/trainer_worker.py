@@ -91,21 +91,22 @@ def main():
         dataloader_drop_last=True, torch_compile=os.environ.get("ZS_TRAINER_COMPILE") == "1",
         **extra)
     record = Record()
-    kwargs = dict(model=hf_worker.make("llama"), args=args, train_dataset=Rows(),
-                  callbacks=[record], eval_dataset=Rows() if best else None)
+    kwargs = dict(args=args, train_dataset=Rows(), callbacks=[record],
+                  eval_dataset=Rows() if best else None)
     if mode == "ddp":
-        trainer = transformers.Trainer(**kwargs)
-    elif mode == "zs-deepspeed":  # DeepSpeed's way in: --deepspeed ds_config.json
-        from zeroshard.integrations import ZeroShardTrainer
-        path = f"{out}.ds_config.json"
+        trainer = transformers.Trainer(model=hf_worker.make("llama"), **kwargs)
+    elif mode == "zs-deepspeed":  # DeepSpeed's way in: --deepspeed ds_config.json, parsed
+        from zeroshard.integrations import ZeroShardTrainer  # before the model is built,
+        path = f"{out}.ds_config.json"  # which is then built from its config (run_clm.py's order)
         with open(path, "w") as f:
             f.write(sys.argv[4])
         kwargs["args"] = transformers.TrainingArguments(
             **dict(kwargs["args"].to_dict(), deepspeed=path))
-        trainer = ZeroShardTrainer(**kwargs)
+        trainer = ZeroShardTrainer(model=hf_worker.make("llama", from_config=True), **kwargs)
     else:
         from zeroshard.integrations import ZeroShardTrainer
         config = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None
+        kwargs["model"] = hf_worker.make("llama")
         trainer = ZeroShardTrainer(zeroshard_config=config, **kwargs) if config \
             else ZeroShardTrainer(**kwargs)  # only the import changed: no config at all
     trainer.train(resume_from_checkpoint=os.environ.get("ZS_TRAINER_RESUME"))
