@@ -254,8 +254,9 @@ void walk(const YAML::Node& map, const std::string& section, LoadedConfig& out,
     const std::string path = current_key_name(join_path(section, key));
     const YAML::Node& value = entry.second;
     if (path != join_path(section, key)) {
-      out.warnings.push_back(fmt::format("config key '{}' is read as '{}' (DeepSpeed's newer name)",
-                                         join_path(section, key), path));
+      out.warnings.push_back(
+          fmt::format("config key '{}' is read as '{}' (DeepSpeed's other name for it)",
+                      join_path(section, key), path));
     }
     if (const LackedFeature* lacked = lacked_feature(path)) {
       check_left_off(*lacked, path, value, origin);

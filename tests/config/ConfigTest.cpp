@@ -304,6 +304,42 @@ TEST(Config, DeepSpeedFeaturesZeroshardLacksLoadWhileOffAndAreRefusedByNameWhenO
   expect_contains(error, "1-bit Adam compresses gradients");
 }
 
+// DeepSpeed 0.19.8's schema beyond the features above: every key loads at DeepSpeed's
+// default (or under its other name) and is refused by name where it asks for more.
+TEST(Config, DeepSpeedsWholeSchemaLoadsAtItsDefaultsAndRefusesByNameWhatZeroshardLacks) {
+  const auto loaded = load_config_string(R"({
+      "managed_gradient_accumulation": true, "data_parallel_size": 2,
+      "sequence_parallel_size": 1, "bfloat16": {"enabled": true}, "log_level": "info",
+      "expert_parallel": {"enabled": false, "autoep_size": 4},
+      "compile": {"deepcompile": false, "offload_activation": false},
+      "timers": {"throughput": {"enabled": true}}, "checkpoint": {"checkpoint_serialization": true},
+      "zero_optimization": {"stage": 3, "prefetch_bucket_size": 1000, "compute_grad_norm": true,
+                            "max_live_parameters": 2000}})",
+                                         "ds.json");
+  EXPECT_EQ(loaded.config.data_parallel_size, 2);
+  EXPECT_TRUE(loaded.config.bf16);  // bfloat16: DeepSpeed's other name of bf16
+  EXPECT_EQ(loaded.config.zero.stage3_prefetch_bucket_size, 1000);
+  EXPECT_EQ(loaded.config.zero.stage3_max_live_parameters, 2000);
+  std::string said;
+  for (const auto& w : loaded.warnings) said += w + "\n";
+  expect_contains(said,
+                  "'zero_optimization.prefetch_bucket_size' is read as "
+                  "'zero_optimization.stage3_prefetch_bucket_size'");
+  expect_contains(said, "config key 'log_level' is accepted and ignored");
+  expect_contains(said, "config key 'expert_parallel' is accepted: it leaves off");
+  for (const auto& [config, said_back] : std::vector<std::pair<const char*, const char*>>{
+           {R"({"expert_parallel": {"enabled": true}})", "expert parallelism (AutoEP)"},
+           {R"({"compile": {"deepcompile": true}})", "DeepCompile is not supported"},
+           {R"({"sequence_parallel_size": 2})", "sequence parallelism is not supported"},
+           {R"({"zero_optimization": {"zenflow": {}}})", "ZenFlow is not supported"},
+           {R"({"gradient_allreduce_op": "sum"})", "allowed: mean"},
+           {R"({"bf16": {"bf16_optimizer_states": true}})", "optimizer states are fp32"}}) {
+    const std::string error = load_error(config);
+    expect_contains(error, "a DeepSpeed feature zeroshard does not have");
+    expect_contains(error, said_back);
+  }
+}
+
 // offload_optimizer.ratio (DeepSpeed's ZeRO-Offload++): the share of the optimizer stepped
 // on the host, below 1 only where the rest can step on the GPU.
 TEST(Config, OffloadRatioBelowOneOnlyAtStage3WithCpuAdamAndParametersOnTheDevice) {
