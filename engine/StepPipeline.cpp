@@ -1,5 +1,7 @@
 #include "engine/StepPipeline.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "common/Error.h"
@@ -80,6 +82,15 @@ void StepPipeline::end_backward() {
   reducer_->end_backward();
 }
 
+// In bf16 and fp32 too (fp16 has its loss scaler), DeepSpeed skips a window whose
+// gradients hold an inf or a NaN, where a step would write NaN into every parameter: at
+// stages 1-3 and with bf16 at every stage (bf16.check_grad_overflow, on by default; the
+// global norm's check of its ZeRO optimizers and of BF16_Optimizer). fp32 at stage 0 is
+// torch's optimizer there, which steps.
+static bool skips_non_finite(const TrainingSettings& settings, bool scaled) {
+  return !scaled && (settings.stage.shards_optimizer() || settings.compute == Precision::Bf16);
+}
+
 bool StepPipeline::update(const Hypers& hypers) {
   if (micro_steps_ == 0 || !settings_.ends_accumulation(micro_steps_)) {
     return false;
@@ -100,21 +111,24 @@ bool StepPipeline::update(const Hypers& hypers) {
     grad_norm_ = reducer_->global_norm_of(offloaded_->grad_sum_squares(), scale);
     return true;
   }
+  // DeepSpeed counts a skipped window in global_steps, but neither its optimizer nor its
+  // scheduler advances.
+  auto skip = [&] {
+    reducer_->zero();
+    ++global_offset_;
+    ++skipped_steps_;
+    return false;
+  };
   if (scaler_) {
     scale /= scaler_->scale();
-    if (scaler_->update(reducer_->any_overflow())) {
-      reducer_->zero();
-      // DeepSpeed counts a skipped window in global_steps, but neither its optimizer nor
-      // its scheduler advances.
-      ++global_offset_;
-      ++skipped_steps_;
-      return false;
-    }
+    if (scaler_->update(reducer_->any_overflow())) return skip();
   }
   const double max_norm = settings_.gradient_clipping;
   if (offloaded_ && max_norm <= 0) {
     // Nothing waits for the norm: CPU Adam sums the squares in its own pass over the
-    // gradients, and the norm is reported from those (one pass over memory fewer).
+    // gradients, and the norm is reported from those. A window whose gradients are not
+    // finite is skipped first, as below.
+    if (skips_non_finite(settings_, scaler_ != nullptr) && reducer_->any_overflow()) return skip();
     fault_point("step.update");
     optimizer_->step(grads, scale, hypers());
     fault_point("step.norm");
@@ -123,6 +137,7 @@ bool StepPipeline::update(const Hypers& hypers) {
   }
   fault_point("step.norm");
   grad_norm_ = reducer_->global_norm(scale);
+  if (skips_non_finite(settings_, scaler_ != nullptr) && !std::isfinite(grad_norm_)) return skip();
   if (max_norm > 0) {
     const double coefficient = max_norm / (grad_norm_ + 1e-6);  // torch's clip_grad_norm_
     if (coefficient < 1) scale *= coefficient;

@@ -305,7 +305,10 @@ double GradReducer::norm_across_ranks(at::Tensor sum_squares, double scale) {
   if (sharded_grads()) comm_->all_reduce_sum(sum_squares).wait();
   if (tensor_parallel_) tensor_parallel_->all_reduce_sum(sum_squares).wait();
   if (pipeline_parallel_) pipeline_parallel_->all_reduce_sum(sum_squares).wait();
-  return std::sqrt(std::max(0.0, sum_squares.item<double>())) * std::abs(scale);
+  const double squares = sum_squares.item<double>();
+  // A NaN stays one (std::max would make it 0), so a window's non-finite gradients show.
+  if (std::isnan(squares)) return squares;
+  return std::sqrt(std::max(0.0, squares)) * std::abs(scale);
 }
 
 bool GradReducer::any_overflow() {

@@ -155,14 +155,15 @@ def check_python(root):
               f"_-prefixed (public: {', '.join(sorted(PUBLIC_MODULES))}, and the subpackages "
               f"{', '.join(sorted(PUBLIC_PACKAGES))})"
               for m in sorted(graph) if not named_as_allowed(m)]
-    # A package's __init__ may import its own modules, and each of them the package: Python
-    # allows that shape; every other cycle is a defect.
-    inits = {m for m in graph if m.endswith("__init__")}
-    acyclic = {k: v - inits for k, v in graph.items()}
+    # A package's __init__ may import its own modules, and each of them its packages'
+    # __init__s (Python allows that shape); every other cycle is a defect.
+    def enclosing_inits(m):
+        parts = m.split("/")[:-1]
+        return {"/".join(parts[:n] + ["__init__"]) for n in range(len(parts) + 1)}
+
+    acyclic = {k: v - enclosing_inits(k) for k, v in graph.items()}
     reported = set()
     for m in sorted(graph):
-        if m in inits:
-            continue
         cycle = cycle_from(acyclic, m)
         if cycle and frozenset(cycle) not in reported:
             reported.add(frozenset(cycle))

@@ -8,12 +8,19 @@ here at the same moment; a pipeline stage reads a step's micro-batches before th
 forwards, and defers each pass's draw to the forward of the micro-batch that began it
 (deferred_draws)."""
 import contextlib
+import threading
 
 import torch
 
 from . import _zeroshard
 
-_deferred = []  # the open deferred_draws() lists, innermost last
+_local = threading.local()  # .deferred: this thread's open deferred_draws() lists
+
+
+def _deferred():
+    if not hasattr(_local, "deferred"):
+        _local.deferred = []
+    return _local.deferred
 
 
 def draw_as_a_dataloader_does():
@@ -24,15 +31,15 @@ def draw_as_a_dataloader_does():
 
 @contextlib.contextmanager
 def deferred_draws():
-    """Inside, a DeepSpeedDataLoader pass that begins draws nothing; the yielded list gets
-    one entry per pass begun, for the caller to draw (draw_as_a_dataloader_does) when the
-    batch is used."""
-    begun = []
-    _deferred.append(begun)
+    """Inside, a DeepSpeedDataLoader pass that this thread begins draws nothing; the yielded
+    list gets one entry per pass begun, for the caller to draw (draw_as_a_dataloader_does)
+    when the batch is used."""
+    begun, stack = [], _deferred()
+    stack.append(begun)
     try:
         yield begun
     finally:
-        _deferred.pop()
+        stack.pop()
 
 
 class RepeatingLoader:
@@ -80,8 +87,9 @@ class DeepSpeedDataLoader:
 
     def __next__(self):
         if self.data is None:
-            if _deferred:
-                _deferred[-1].append(self)
+            stack = _deferred()
+            if stack:
+                stack[-1].append(self)
             else:
                 draw_as_a_dataloader_does()
             self.data = iter(self.dataloader)

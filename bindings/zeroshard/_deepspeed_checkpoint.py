@@ -336,7 +336,7 @@ def _write_all(folder, out_path, load):
             "global_steps": int(model_state.get("global_steps", steps)),
             "skipped_steps": int(model_state.get("skipped_steps", 0) or 0),
             "schedule_steps": advanced,
-            "aliases": [[a, s] for a, s in (model_state.get("shared_params") or {}).items()],
+            "aliases": _aliases(model_state),
             "optimizer_steps": steps,
             "micro_steps": int(model_state.get("global_steps", 0)) * accumulation,
             "client_state": client_state, "loss_scale": loss_scale,
@@ -399,6 +399,16 @@ def write(ds_folder, out_dir, tag, trust=False):
         json.dump(manifest, f)
     with open(os.path.join(out_dir, "latest"), "w") as f:
         f.write(tag)
+
+
+def _aliases(model_state):
+    """DeepSpeed's shared_params ({alias: the parameter it is}), as names."""
+    shared = model_state.get("shared_params") or {}
+    if not isinstance(shared, dict) or not all(
+            isinstance(a, str) and isinstance(n, str) for a, n in shared.items()):
+        raise _error(f"shared_params is {type(shared).__name__} {str(shared)[:80]}; allowed: "
+                     "a dict of parameter names")
+    return [[a, n] for a, n in shared.items()]
 
 
 def _group(shapes, numel, trainable, dtype, file_offset):

@@ -56,7 +56,10 @@ TRUST = ("zeroshard.convert_deepspeed_checkpoint(DS_DIR, OUT, trust_checkpoint=T
 
 
 def check_shape(name, shape):
-    """A parameter's shape as the files give it, checked: dimensions are ints >= 0."""
+    """A parameter's name and shape as the files give them, checked: a str, and dimensions
+    that are ints >= 0."""
+    if not isinstance(name, str):
+        raise error(f"a parameter's name is a {type(name).__name__}; allowed: a str")
     if not isinstance(shape, (torch.Size, list, tuple)) or not all(
             isinstance(d, int) and d >= 0 for d in shape):
         raise error(f"parameter '{name}' has shape {shape!r}; allowed: a list of ints >= 0")

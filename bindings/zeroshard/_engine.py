@@ -115,7 +115,8 @@ class ZeroShardEngine(SavingMethods):
         self.module = model
         # A model split by its own tp_plan (autotp_size); DTensor parameters as local tensors.
         local_when, places = None, _dtensor.places(model)
-        if loaded.tensor_parallel_size > 1 and mesh is None:
+        marked = any(getattr(p, "tensor_model_parallel", False) for p in model.parameters())
+        if loaded.tensor_parallel_size > 1 and mesh is None and not marked:
             if mpu is not None:  # AutoTP with the script's groups: the plan's own, checked
                 _tensor_parallel.check_autotp_mpu(mpu, loaded.tensor_parallel_size)
                 mpu = None

@@ -1,7 +1,8 @@
 """DeepSpeed's names that zeroshard does not carry, each refused by name: importing one of
 its modules, or reading one of its attributes from the zeroshard module of the same path,
-raises zeroshard.Error saying what it is and what to use instead, never a bare
-ModuleNotFoundError or AttributeError. Every other name of DeepSpeed's tree that scripts
+raises zeroshard.Error saying what it is and what to use instead (an ImportError too, for
+scripts that fall back where a name is missing), never a bare ModuleNotFoundError or
+AttributeError; hasattr() of a refused name raises it as well. Every other name of DeepSpeed's tree that scripts
 use works under zeroshard's module of the same path (tests/python/test_deepspeed_names.py
 checks the list made from DeepSpeedExamples, Megatron-DeepSpeed, transformers, accelerate
 and TRL)."""
@@ -108,15 +109,24 @@ REFUSED = {
 }
 
 
-def refusal(path):
-    """The Error for `path` (below deepspeed), or None where it is no refused name."""
+class RefusedName(_zeroshard.Error, ImportError):
+    """A DeepSpeed name zeroshard lacks, read or imported: a zeroshard.Error, and an
+    ImportError, so that a script's `try: from deepspeed.x import y / except ImportError:`
+    fallback works as where DeepSpeed lacks it."""
+
+
+class RefusedModule(RefusedName, ModuleNotFoundError):
+    """A DeepSpeed module zeroshard lacks, imported."""
+
+
+def refusal(path, kind=RefusedName):
+    """The error for `path` (below deepspeed), or None where it is no refused name."""
     parts = path.split(".")
     for n in range(len(parts), 0, -1):
         key = ".".join(parts[:n])
         if key in REFUSED:
             what, instead = REFUSED[key]
-            return _zeroshard.Error(f"deepspeed.{path} is not in zeroshard: {what}; "
-                                    f"instead: {instead}")
+            return kind(f"deepspeed.{path} is not in zeroshard: {what}; instead: {instead}")
     return None
 
 
@@ -147,8 +157,10 @@ class Refused:
             raise AttributeError(name)
         raise refusal(self._path)
 
-    def __call__(self, *args, **kwargs):
+    def _refuse(self, *args, **kwargs):
         raise refusal(self._path)
+
+    __call__ = __getitem__ = __setitem__ = __delitem__ = __iter__ = __contains__ = _refuse
 
 
 class _RefusedModules(importlib.abc.MetaPathFinder):
@@ -156,7 +168,7 @@ class _RefusedModules(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname.startswith("zeroshard."):
-            error = refusal(fullname[len("zeroshard."):])
+            error = refusal(fullname[len("zeroshard."):], RefusedModule)
             if error is not None:
                 raise error
         return None

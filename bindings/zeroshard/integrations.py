@@ -290,7 +290,9 @@ def _build_models_for_zeroshard():
     DeepSpeed has partitioned. The config is held here instead; a model built with
     from_config while it says stage 3 is built under zeroshard.init (each rank keeps its
     shard), and from_pretrained builds on the meta device and loads each tensor, as without
-    DeepSpeed. The Trainer then gives the config to the engine."""
+    DeepSpeed. The Trainer then gives the config to the engine. This holds for the whole
+    process: a script that also trains with DeepSpeed's own Trainer in it would have its
+    ZeRO-3 models built for zeroshard."""
     from transformers import PreTrainedModel
     from transformers.integrations import deepspeed as hf_deepspeed
     if getattr(hf_deepspeed.set_hf_deepspeed_config, "_zeroshard", False):
@@ -305,6 +307,11 @@ def _build_models_for_zeroshard():
         unset_original()
 
     unset_original = hf_deepspeed.unset_hf_deepspeed_config
+    # TrainingArguments made before the import: its config moves here too.
+    live = hf_deepspeed._hf_deepspeed_config_weak_ref
+    if live is not None and live() is not None:
+        _held[0] = live
+        unset_original()
     set_hf_deepspeed_config._zeroshard = True
     hf_deepspeed.set_hf_deepspeed_config = set_hf_deepspeed_config
     hf_deepspeed.unset_hf_deepspeed_config = unset_hf_deepspeed_config

@@ -45,3 +45,36 @@ TEST(EnginePrecision, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
     for (const auto& p : r.params) EXPECT_TRUE(at::isfinite(p).all().item<bool>());
   }
 }
+
+// DeepSpeed skips a window whose gradients hold an inf or a NaN in bf16 and fp32 too (its
+// ZeRO optimizers' and BF16_Optimizer's check of the global norm), counting it in
+// global_steps only; fp32 at stage 0 is torch's optimizer there, which steps.
+TEST(EnginePrecision, AWindowWithInfiniteGradientsIsSkippedInBf16AndFp32AsDeepSpeedSkipsIt) {
+  for (const auto& [dtype, stage] :
+       std::vector<std::pair<std::string, int>>{{"bf16", 0}, {"fp32", 2}, {"fp32", 3}}) {
+    Scenario s;
+    s.model = "elementwise";
+    s.dtype = dtype;
+    s.stage = stage;
+    s.steps = 5;
+    s.overflow_at = 2;
+    const auto ranks = run_ranks(s, 2);
+    ASSERT_EQ(ranks.size(), 2u);
+    for (const auto& r : ranks) {
+      for (int step = 0; step < s.steps; ++step) {
+        EXPECT_EQ(r.stats[step][0].item<double>(), step == 2 ? 0.0 : 1.0)
+            << dtype << " stage " << stage << " step " << step;
+      }
+      for (const auto& p : r.params) EXPECT_TRUE(at::isfinite(p).all().item<bool>()) << dtype;
+    }
+  }
+  Scenario s;
+  s.model = "elementwise";
+  s.stage = 0;
+  s.steps = 3;
+  s.overflow_at = 1;
+  const auto ranks = run_ranks(s, 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_EQ(ranks[0].stats[1][0].item<double>(), 1.0);
+  EXPECT_FALSE(at::isfinite(ranks[0].params.front()).all().item<bool>());
+}

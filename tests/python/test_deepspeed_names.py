@@ -77,7 +77,18 @@ def test_a_module_deepspeed_lacks_is_refused_at_import_and_a_name_at_reading():
         from zeroshard.utils import set_z3_leaf_modules  # noqa: F401
     with pytest.raises(AttributeError):  # a name DeepSpeed does not have either: Python's error
         zeroshard.utils.no_such_name
-    assert not hasattr(zeroshard.runtime, "__wrapped__")  # introspection is not refused
+    # A script's fallback where DeepSpeed lacks a name (Megatron-DeepSpeed's, around
+    # deepspeed.sequence) takes the refusal as the ImportError it expects.
+    try:
+        from zeroshard.sequence.layer import DistributedAttention  # noqa: F401
+        fell_back = False
+    except ImportError as e:
+        fell_back = isinstance(e, zeroshard.Error) and "deepspeed.sequence" in str(e)
+    assert fell_back
+    with pytest.raises(ImportError, match="deepspeed.utils.groups is not in zeroshard"):
+        from zeroshard.utils import groups  # noqa: F401
+    with pytest.raises(zeroshard.Error, match="_INSTRUCTION_MAP is not in zeroshard"):
+        zeroshard.runtime.pipe.engine.PipelineEngine._INSTRUCTION_MAP["x"] = None
 
 
 @pytest.mark.parametrize("pre_layer_norm", [True, False])
