@@ -3,6 +3,7 @@
 // lives in Config. Loading, validation, did-you-mean and emission all read it, so
 // a knob is declared once.
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -50,6 +51,10 @@ struct LackedFeature {
   bool present_is_on = false;  // a section DeepSpeed turns on by being there at all
 };
 const LackedFeature* lacked_feature(const std::string& path);
+
+// Both tables whole (config/DeepSpeedKeys.cpp), by path.
+const std::map<std::string, const char*>& ignored_keys();
+const std::map<std::string, LackedFeature>& lacked_features();
 
 // DeepSpeed's older name of a key ("aio.thread_count"), read as the newer one; the path
 // itself where it is not one.

@@ -127,3 +127,13 @@ def engine_loader(engine, dataset, batch_size=None, route=ROUTE_TRAIN, pin_memor
         collate_fn=collate_fn if collate_fn is not None else getattr(engine, "collate_fn", None),
         drop_last=engine._engine.dataloader_drop_last,
         pin_memory=pin_memory and torch.cuda.is_available() and engine.device.type == "cuda")
+
+
+class LoaderMethods:
+    """The engine's deepspeed_io (ZeroShardEngine takes it from here)."""
+
+    def deepspeed_io(self, dataset, batch_size=None, route=ROUTE_TRAIN, pin_memory=True,
+                     data_sampler=None, collate_fn=None, num_local_io_workers=None):
+        """DeepSpeed's loader over this rank's share of `dataset` (engine_loader)."""
+        return engine_loader(self, dataset, batch_size, route, pin_memory, data_sampler,
+                             collate_fn, num_local_io_workers)

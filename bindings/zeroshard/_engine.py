@@ -17,7 +17,7 @@ from . import _config
 from ._optimizer import (HYPER_KEYS, ZeroShardOptimizer, client_scheduler, engine_options,
                          parameter_groups)
 from ._saving import SavingMethods
-from ._dataloader import engine_loader
+from ._dataloader import LoaderMethods
 
 def _refuse_twice_named(loaded, optimizer, lr_scheduler):
     """DeepSpeed's rule, said as an error: the optimizer and the scheduler come from the
@@ -104,7 +104,7 @@ class EngineModule(torch.nn.Module):
         return self.engine(*args, **kwargs)
 
 
-class ZeroShardEngine(SavingMethods):
+class ZeroShardEngine(SavingMethods, LoaderMethods):
     def __init__(self, model, config, units=None, model_parameters=None, optimizer=None,
                  lr_scheduler=None, mpu=None, mesh=None, weight_sources=None):
         _launch.require_launch_env()
@@ -114,14 +114,8 @@ class ZeroShardEngine(SavingMethods):
         _refuse_twice_named(loaded, optimizer, lr_scheduler)
         self.module = model
         # A model split by its own tp_plan (autotp_size); DTensor parameters as local tensors.
-        local_when, places = None, _dtensor.places(model)
-        marked = any(getattr(p, "tensor_model_parallel", False) for p in model.parameters())
-        if loaded.tensor_parallel_size > 1 and mesh is None and not marked:
-            if mpu is not None:  # AutoTP with the script's groups: the plan's own, checked
-                _tensor_parallel.check_autotp_mpu(mpu, loaded.tensor_parallel_size)
-                mpu = None
-            mesh, local_when = _hf_tensor_parallel.apply_plan(
-                model, loaded.tensor_parallel_size, loaded.pipeline_parallel_size)
+        places = _dtensor.places(model)
+        mesh, local_when, mpu = _hf_tensor_parallel.split_by_plan(model, loaded, mpu, mesh)
         tp_size, tp_params, install_dtensors = _dtensor.unwrap(model, mesh, local_when)
         if tp_size:  # a client optimizer (or model_parameters) built over the replaced ones
             model_parameters = _dtensor.retarget(optimizer, model_parameters, places)
@@ -460,12 +454,6 @@ class ZeroShardEngine(SavingMethods):
     @property
     def plan(self):
         return self._engine.plan_label
-
-    def deepspeed_io(self, dataset, batch_size=None, route="train", pin_memory=True,
-                     data_sampler=None, collate_fn=None, num_local_io_workers=None):
-        """DeepSpeed's loader over this rank's share of `dataset` (_dataloader.py)."""
-        return engine_loader(self, dataset, batch_size, route, pin_memory,
-                                        data_sampler, collate_fn, num_local_io_workers)
 
     def train(self, mode=True):
         self.module.train(mode)

@@ -6,7 +6,22 @@ import torch
 import torch.distributed as dist
 
 from . import _launch
-from ._tensor_parallel import _error
+from ._tensor_parallel import _error, check_autotp_mpu
+
+
+def split_by_plan(model, loaded, mpu, mesh):
+    """(mesh, local_when, mpu) for the engine: where the config's tensor_parallel.autotp_size
+    asks for it (no mesh given, no parameter split by the model's own layers), the model
+    split by its tp_plan; a script's mpu (DeepSpeed's AutoTP example passes one) checked to
+    hold the plan's groups, and then done with."""
+    marked = any(getattr(p, "tensor_model_parallel", False) for p in model.parameters())
+    if loaded.tensor_parallel_size <= 1 or mesh is not None or marked:
+        return mesh, None, mpu
+    if mpu is not None:
+        check_autotp_mpu(mpu, loaded.tensor_parallel_size)
+    mesh, local_when = apply_plan(model, loaded.tensor_parallel_size,
+                                  loaded.pipeline_parallel_size)
+    return mesh, local_when, None
 
 
 def apply_plan(model, tp, stages=1):
