@@ -363,7 +363,7 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
   CoordinatorOptions o;
   o.prefetch_numel = z.stage3_prefetch_bucket_size;
   o.max_live_numel = z.stage3_max_live_parameters;
-  o.persistence_numel = z.stage3_param_persistence_threshold;
+  o.persistence_numel = e_->plan_.settings.stage3_param_persistence_threshold;
   auto coordinator =
       std::make_unique<ParamCoordinator>(sharded, &e_->comms_->params(), &e_->comms_->touches(), o);
   // hpZ: backward gathers from the secondary copy (over every rank when hpz is the world).

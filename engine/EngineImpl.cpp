@@ -101,7 +101,6 @@ void EngineImpl::end_weight_backward() {
 void EngineImpl::keep_units_gathered_in_step() {
   if (!units_) return;
   constexpr int64_t kEveryUnit = std::numeric_limits<int64_t>::max();
-  plan_.config.zero.stage3_param_persistence_threshold = kEveryUnit;
   plan_.settings.stage3_param_persistence_threshold = kEveryUnit;
   units_->coordinator().set_persistence_numel(kEveryUnit);
 }

@@ -333,7 +333,11 @@ const std::vector<PlanOption>& plan_options() {
 
 MemoryBreakdown Plan::predict(const ModelSpec& spec, const WorldShape& world,
                               const TrainingShape& shape) const {
-  return predict_memory(spec, option, config, world, shape);
+  // The settings are what the engine runs: a value it changed after planning (a pipeline
+  // stage keeping every unit gathered) is read from them, never from a second copy.
+  Config running = config;
+  running.zero.stage3_param_persistence_threshold = settings.stage3_param_persistence_threshold;
+  return predict_memory(spec, option, running, world, shape);
 }
 
 Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& world,
