@@ -1,5 +1,5 @@
 #pragma once
-// The Planner's bindings: partition_units and plan (bindings/zeroshard/_estimate.py).
+// The Planner's bindings: partition_units and plan (bindings/zeroshard/_tools/estimate.py).
 #include <torch/csrc/utils/pybind.h>
 
 namespace zeroshard {

@@ -1,7 +1,7 @@
 #pragma once
 // Stage 3's units: which parameters are gathered together, and at which modules. One rule
 // for both languages: the C++ Engine describes a torch::nn::Module with module_tree(), the
-// Python package describes an nn.Module the same way (bindings/zeroshard/_units.py), and
+// Python package describes an nn.Module the same way (bindings/zeroshard/_engine/units.py), and
 // both call partition_units(). docs/architecture.md "Units" says why the rule is this one.
 //
 // The rule. Blocks are the declared units, or by default every child (with parameters) of

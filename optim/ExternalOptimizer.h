@@ -1,7 +1,7 @@
 #pragma once
 // ExternalOptimizer: an optimizer zeroshard does not implement, stepped through hooks on
 // this rank's shards: torch.optim's classes and client optimizer objects, which the
-// Python package steps (bindings/zeroshard/_torch_optimizer.py). The engine keeps for it
+// Python package steps (bindings/zeroshard/_engine/torch_optimizer.py). The engine keeps for it
 // what it keeps for its own Adam: each group's fp32 master (the shard itself in fp32
 // training where the optimizer stays with the parameters; a copy in mixed precision or
 // in host RAM with offload_optimizer cpu), and the reduced, scaled fp32 gradients. The

@@ -1,7 +1,7 @@
 """The layers hold: no file includes a header of a layer above its own, the planning
 layers build without LibTorch, inside engine/ only the engine's own files include the
-engine's header (its parts sit below it), and the Python package's modules import one
-another without a cycle, its implementation behind `_`-prefixed names
+engine's header (its parts sit below it), and the Python package's rooms import only the
+rooms below them, without a cycle, its implementation behind `_`-prefixed names
 (docs/architecture.md).
 A test: exits 1 naming each include or import that breaks a rule.
 usage: layering_check.py SOURCE_DIR"""
@@ -79,16 +79,25 @@ def check_engine(root):
     return broken
 
 
-# The package's public modules: __init__ is its face; __main__ the launcher; accelerator,
-# comm, zero, moe and constants carry deepspeed's module names; integrations imports
-# transformers, so it is imported by name (zeroshard.integrations) only by those who use it;
-# pipelining carries torch.distributed.pipelining's, pipe deepspeed.pipe's. The public
-# subpackages carry deepspeed's subpackages of the same names, every module in them public.
-PUBLIC_MODULES = {"__init__", "__main__", "integrations", "accelerator", "comm", "zero", "moe",
-                  "pipelining", "pipe", "constants"}
-PUBLIC_PACKAGES = {"accelerator", "checkpoint", "compression", "inference", "launcher", "ops",
-                   "runtime", "utils"}
-PY_IMPORT = re.compile(r"^\s*from (\.+)([\w.]*) import (?:\(([^)]*)\)|([\w, ]+))", re.M)
+# The Python package (docs/architecture.md): public faces at the top (__init__, __main__ the
+# launcher, DeepSpeed's and torch's module names, DeepSpeed's subpackages, the front-ends in
+# integrations/), the implementation in _-prefixed rooms below them, each room importing only
+# those listed under it. A room never imports a face; a face may import any room.
+PUBLIC_MODULES = {"__init__", "__main__", "comm", "zero", "moe", "pipelining", "pipe",
+                  "constants"}
+PUBLIC_PACKAGES = {"accelerator", "checkpoint", "compression", "inference", "integrations",
+                   "launcher", "ops", "runtime", "utils"}
+ROOMS = {  # room: the rooms it may import
+    "_common": set(),
+    "_checkpoint": {"_common"},
+    "_parallel": {"_common"},
+    "_engine": {"_common", "_checkpoint", "_parallel"},
+    "_tools": {"_common", "_checkpoint", "_parallel", "_engine"},
+}
+EXTENSION = {"_zeroshard", "_build_info"}  # the C++ extension and the build's record: below all
+MOST_MODULES = 15  # a folder holding more is split by concern
+PY_IMPORT = re.compile(r"^\s*from (\.+|zeroshard\.?)([\w.]*) import (?:\(([^)]*)\)|([\w, ]+))",
+                       re.M)
 
 
 def package_modules(package):
@@ -105,24 +114,33 @@ def package_modules(package):
 
 def package_imports(package):
     """{module: set of the package's modules it imports}, lazy imports inside functions too;
-    relative imports resolved from the module's own folder."""
+    relative imports resolved from the module's own folder, absolute ones (zeroshard.x) from
+    the top. The C++ extension counts as a module at the top."""
     modules = package_modules(package)
+    known = set(modules) | EXTENSION
     graph = {}
     for m, path in modules.items():
         text = re.sub(r"#.*", "", open(path, encoding="utf-8").read())
+        text = re.sub(r'"""(.|\n)*?"""', "", text)  # examples in docstrings are no imports
         here = m.split("/")[:-1]  # the module's package, as path parts
         deps = set()
         for dots, source, wrapped, names in PY_IMPORT.findall(text):
             names = wrapped or names
-            base = here[:len(here) - (len(dots) - 1)] if len(dots) > 1 else here
+            if dots.startswith("zeroshard"):
+                base = []
+            else:
+                base = here[:len(here) - (len(dots) - 1)] if len(dots) > 1 else here
             target = base + (source.split(".") if source else [])
             names = [n.split()[0] for n in names.split(",") if n.split()]  # "a as b" -> a
-            candidates = [target] if source else [target + [n] for n in names]
-            if source:  # from .a import b: b may be a module of package a
-                candidates += [target + [n] for n in names]
-            for parts in candidates:
+            found = False
+            for parts in [target + [n] for n in names]:  # from .a import b: b a module of a
                 for name in ("/".join(parts), "/".join(parts + ["__init__"])):
-                    if name in modules and name != m:
+                    if name in known and name != m:
+                        deps.add(name)
+                        found = True
+            if source and not found:
+                for name in ("/".join(target), "/".join(target + ["__init__"])):
+                    if name in known and name != m:
                         deps.add(name)
         graph[m] = deps
     return graph
@@ -136,25 +154,52 @@ def cycle_from(graph, start):
         for nxt in graph[node]:
             if nxt == start:
                 return path + [start]
-            if nxt not in seen:
+            if nxt not in seen and nxt in graph:
                 seen.add(nxt)
                 stack.append((nxt, path + [nxt]))
     return None
 
 
-def named_as_allowed(module):
+def room_of(module):
+    """The room a module is in, "" for a face, or None for the extension."""
     top = module.split("/")[0]
-    return (top in PUBLIC_PACKAGES and "/" in module) or module in PUBLIC_MODULES or \
-        top.startswith("_")
+    if top in EXTENSION:
+        return None
+    return top if top in ROOMS else ""
 
 
 def check_python(root):
     package = os.path.join(root, "bindings", "zeroshard")
     graph = package_imports(package)
-    broken = [f"bindings/zeroshard/{m}.py: a public module; implementation modules are "
-              f"_-prefixed (public: {', '.join(sorted(PUBLIC_MODULES))}, and the subpackages "
-              f"{', '.join(sorted(PUBLIC_PACKAGES))})"
-              for m in sorted(graph) if not named_as_allowed(m)]
+    where = "bindings/zeroshard"
+    broken = []
+    for m in sorted(graph):
+        top = m.split("/")[0]
+        if "/" not in m and m not in PUBLIC_MODULES and m not in EXTENSION:
+            broken.append(f"{where}/{m}.py: a module at the top that is no public face; the "
+                          f"top holds {', '.join(sorted(PUBLIC_MODULES))} and folders (the rooms "
+                          f"{', '.join(ROOMS)}; the public packages {', '.join(sorted(PUBLIC_PACKAGES))})")
+        elif "/" in m and top not in ROOMS and top not in PUBLIC_PACKAGES:
+            broken.append(f"{where}/{top}/: a folder that is neither a room ({', '.join(ROOMS)}) "
+                          f"nor a public package ({', '.join(sorted(PUBLIC_PACKAGES))})")
+        room = room_of(m)
+        if not room:
+            continue
+        for dep in sorted(graph[m]):
+            other = room_of(dep)
+            if other is None or other == room or other in ROOMS[room]:
+                continue
+            said = "a public face" if other == "" else f"the room {other}"
+            broken.append(f"{where}/{m}.py: imports {dep} ({said}), above the room {room} "
+                          f"(it may import {', '.join(sorted(ROOMS[room])) or 'only the extension'})")
+    folders = {}
+    for m in graph:
+        if "/" in m and not m.endswith("__init__"):
+            folders.setdefault(m.rsplit("/", 1)[0], []).append(m)
+    for folder, held in sorted(folders.items()):
+        if len(held) > MOST_MODULES:
+            broken.append(f"{where}/{folder}/: {len(held)} modules, more than {MOST_MODULES}; "
+                          "split it by concern")
     # A package's __init__ may import its own modules, and each of them its packages'
     # __init__s (Python allows that shape); every other cycle is a defect.
     def enclosing_inits(m):

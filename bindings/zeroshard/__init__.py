@@ -19,17 +19,17 @@ if _torch.__version__.split("+")[0] != _BUILT_FOR:
         "(pip install --force-reinstall ., or ./zs build)")
 
 from ._zeroshard import Error  # noqa: E402
-from ._config import load_config  # noqa: E402
-from ._consolidate import consolidate
-from ._construction import Init, init
-from ._engine import ZeroShardEngine
-from ._inference import init_inference
-from ._initialize import initialize
-from ._optimizer import ZeroShardOptimizer
-from ._estimate import estimate
+from ._common.config import load_config  # noqa: E402
+from ._checkpoint.consolidate import consolidate
+from ._engine.construction import Init, init
+from ._engine.engine import ZeroShardEngine
+from .inference.engine import init_inference
+from ._engine.initialize import initialize
+from ._engine.optimizer import ZeroShardOptimizer
+from ._tools.estimate import estimate
 from . import accelerator, comm, zero  # noqa: E402  (deepspeed.accelerator, .comm, .zero)
 # The rest of deepspeed's module tree that scripts import; what it lacks is refused by name.
-from . import _refusals  # noqa: E402
+from ._common import refusals as _refusals  # noqa: E402
 from . import checkpoint, compression, constants, inference, launcher, ops, runtime, utils  # noqa: E402,E501
 from .ops.transformer import DeepSpeedTransformerConfig, DeepSpeedTransformerLayer  # noqa: E402
 from .accelerator import get_accelerator  # noqa: E402
@@ -38,8 +38,8 @@ from .runtime.engine import DeepSpeedEngine  # noqa: E402
 from .utils import OnDevice  # noqa: E402
 from ._build_info import VERSION as __version__  # noqa: E402
 from .comm import init_distributed  # noqa: E402
-from ._initialize import add_config_arguments  # noqa: E402
-from ._deepspeed_checkpoint import convert_deepspeed_checkpoint  # noqa: E402
+from ._engine.initialize import add_config_arguments  # noqa: E402
+from ._checkpoint.deepspeed_checkpoint import convert_deepspeed_checkpoint  # noqa: E402
 
 __all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "init_inference",
            "init", "Init",
@@ -56,6 +56,6 @@ _refused = _refusals.attribute_refuser(__name__, lazy=_lazy)
 
 def __getattr__(name):
     if name == "PipelineEngine":  # deepspeed.PipelineEngine, for isinstance checks
-        from ._pipe_engine import PipelineEngine
+        from ._engine.pipe_engine import PipelineEngine
         return PipelineEngine
     return _refused(name)

@@ -1,6 +1,6 @@
 """`python -m zeroshard ...`: the `zeroshard` launcher (zeroshard/_launcher.py)."""
 import sys
 
-from ._launcher import main
+from ._tools.launcher import main
 
 sys.exit(main())

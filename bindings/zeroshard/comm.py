@@ -11,7 +11,8 @@ from datetime import timedelta
 import torch.distributed as _dist
 from torch.distributed import ReduceOp  # noqa: F401  (deepspeed.comm.ReduceOp)
 
-from . import _launch, _refusals, _zeroshard
+from ._common import launch as _launch, refusals as _refusals
+from . import _zeroshard
 
 
 def _plain(name, prof):

@@ -5,9 +5,10 @@ import contextlib
 
 import torch
 
-from . import _construction, _zeroshard
-from ._construction import Init  # noqa: F401  (deepspeed.zero.Init)
-from ._engine import engine_of
+from ._engine import construction as _construction
+from . import _zeroshard
+from ._engine.construction import Init  # noqa: F401  (deepspeed.zero.Init)
+from ._engine.engine import engine_of
 
 
 @contextlib.contextmanager

@@ -55,7 +55,7 @@ def pytest_collection_modifyitems(config, items):
 
 def free_port():
     """The launcher's pick: a free port outside the kernel's ephemeral range."""
-    from zeroshard._launcher import free_port as pick
+    from zeroshard._tools.launcher import free_port as pick
     return pick()
 
 

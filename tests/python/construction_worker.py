@@ -94,14 +94,14 @@ def main():
             with zeroshard.init(config=CONFIG):
                 model = build(name)
             sharded = sum(p.numel() for p in model.parameters()
-                          if zeroshard._construction.is_sharded(p))
+                          if zeroshard._engine.construction.is_sharded(p))
         elif mode == "pretrained":
             import transformers
             with zeroshard.init(config=CONFIG):
                 model = transformers.AutoModelForCausalLM.from_pretrained(
                     os.environ["ZS_PRETRAINED"], attn_implementation="eager")
             sharded = sum(p.numel() for p in model.parameters()
-                          if zeroshard._construction.is_sharded(p))
+                          if zeroshard._engine.construction.is_sharded(p))
         elif mode == "meta":
             with torch.device("meta"):
                 model = build(name)

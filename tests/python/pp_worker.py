@@ -229,7 +229,7 @@ def stage_params(engine, stage_index):
 
 def count_input_halves():
     """[backwards split into input and weight halves so far] (zero-bubble schedules)."""
-    from zeroshard import _pipelining
+    from zeroshard._parallel import pipelining as _pipelining
     count, run = [0], _pipelining.PipelineStage._input_backward
 
     def counted(*args, **kwargs):

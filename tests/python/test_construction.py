@@ -131,7 +131,7 @@ def test_an_engine_forgets_the_parameters_that_are_gone():
     entry of a parameter that no longer exists, however many models come and go."""
     code, out = run_one(
         "import gc\n"
-        "from zeroshard import _engine\n"
+        "from zeroshard._engine import engine as _engine\n"
         "cfg = {'train_micro_batch_size_per_gpu': 1, 'zero_optimization': {'stage': 3},\n"
         "       'optimizer': {'type': 'AdamW', 'params': {'lr': 1e-3}}}\n"
         "for i in range(20):\n"

@@ -50,7 +50,7 @@ def test_each_name_scripts_use_works_or_is_refused_by_name(entry):
         assert refused_by_name(name, caught.value), str(caught.value)
         return
     found = resolve(name)  # works: no error on the way
-    assert not isinstance(found, zeroshard._refusals.Refused), name
+    assert not isinstance(found, zeroshard._common.refusals.Refused), name
     if expected == "refused_when_called":
         with pytest.raises(zeroshard.Error, match=name.rsplit(".", 1)[-1]):
             found()

@@ -138,7 +138,7 @@ def test_deepspeeds_names_keep_their_signatures():
     import zeroshard.comm
     from deepspeed.accelerator import get_accelerator as ds_accelerator
     from deepspeed.runtime.engine import DeepSpeedEngine
-    from zeroshard._engine import ZeroShardEngine
+    from zeroshard._engine.engine import ZeroShardEngine
     from zeroshard.accelerator import get_accelerator
     pairs = [(getattr(ZeroShardEngine, name), getattr(DeepSpeedEngine, name))
              for name in ("backward", "step", "save_checkpoint", "load_checkpoint",
@@ -245,8 +245,8 @@ def test_launcher_flags_without_meaning_here_are_refused_by_name(scratch):
 
 def test_a_hostfile_and_deepspeeds_resource_flags_choose_hosts_and_slots():
     """DeepSpeed's NODE_SPEC syntax for --include/--exclude, then --num_nodes and
-    --num_gpus, over a hostfile's hosts in its order (bindings/zeroshard/_hostfile.py)."""
-    from zeroshard._hostfile import HostfileError, resources
+    --num_gpus, over a hostfile's hosts in its order (bindings/zeroshard/_tools/hostfile.py)."""
+    from zeroshard._tools.hostfile import HostfileError, resources
     hosts = {"a": 4, "b": 4, "c": 2}
     assert resources(hosts) == {"a": [0, 1, 2, 3], "b": [0, 1, 2, 3], "c": [0, 1]}
     assert resources(hosts, include="c@a:1,3") == {"a": [1, 3], "c": [0, 1]}

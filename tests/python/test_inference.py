@@ -148,7 +148,7 @@ def test_the_estimators_serving_config_serves_and_its_plan_bounds_the_ledger(scr
     assert stream["kv_cache"] == "device", est
     # The engine's own count of the cache generate would keep (it decides the offloaded cache
     # on a GPU from it): the estimator's.
-    from zeroshard._inference import kv_cache_bytes
+    from zeroshard.inference.engine import kv_cache_bytes
     assert kv_cache_bytes(model, batch=2, tokens=14) == est["kv_cache_bytes"]
 
 

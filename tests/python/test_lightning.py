@@ -99,7 +99,7 @@ def assert_payload_refused(ranks, copy, marker):
 
 
 def test_state_that_would_not_load_back_safely_is_refused_at_save():
-    from zeroshard import _lightning
+    from zeroshard.integrations import lightning as _lightning
     from zeroshard._zeroshard import Error
     with pytest.raises(Error, match=r"ZeroShardFabricStrategy.save_checkpoint: the state holds "
                                     r"posix.mkdir, which a checkpoint keeps only if it loads "

@@ -140,7 +140,7 @@ def test_partitions_are_deepspeeds():
     import random
 
     from deepspeed.runtime import utils as ds
-    from zeroshard._pipe_module import partition_balanced, partition_uniform
+    from zeroshard._parallel.pipe_module import partition_balanced, partition_uniform
     rng = random.Random(0)
     for _ in range(200):
         n, parts = rng.randint(1, 12), rng.randint(1, 5)
@@ -210,7 +210,7 @@ def test_a_reentrant_checkpoint_over_token_ids_is_said(scratch):
 
 def test_a_topology_zeroshard_does_not_lay_out_is_refused_by_name():
     from zeroshard import _zeroshard
-    from zeroshard._pipe_topology import pipe_and_data
+    from zeroshard._parallel.pipe_topology import pipe_and_data
     from zeroshard.pipe import PipeDataParallelTopology, PipeModelDataParallelTopology, \
         ProcessTopology
     assert pipe_and_data(PipeDataParallelTopology(num_pp=2, num_dp=3), 6) == (2, 3)

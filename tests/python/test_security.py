@@ -2,7 +2,7 @@
 address it is given; checkpoint folders are private (0700, files 0600); a checkpoint's
 client_state must be plain data, so loading one never runs code from it; a DeepSpeed
 checkpoint is read without unpickling anything but tensors, plain values and DeepSpeed's
-own few types (bindings/zeroshard/_safe_load.py), so a payload in it never runs, on any
+own few types (bindings/zeroshard/_checkpoint/safe_load.py), so a payload in it never runs, on any
 rank. (Lightning's and Fabric's state: tests/python/test_lightning.py.)"""
 import json
 import os

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from zeroshard._units import quantizable_names, stage3_units, unique_parameters
+from zeroshard._engine.units import quantizable_names, stage3_units, unique_parameters
 
 
 class Body(nn.Module):

@@ -154,7 +154,7 @@ def worker(mode, steps, out):
 
 
 def run(mode, steps, scratch):
-    from zeroshard._launcher import free_port
+    from zeroshard._tools.launcher import free_port
     out, port = os.path.join(scratch, mode), free_port()
     procs = []
     for rank in range(WORLD):

@@ -8,7 +8,7 @@
 # so that two jobs on one machine do not collide.
 rendezvous_port() {
   [ -n "${MASTER_PORT:-}" ] && { echo "$MASTER_PORT"; return; }
-  PYTHONPATH="$BUILD/python" "$PY" -c 'from zeroshard._launcher import free_port; print(free_port())'
+  PYTHONPATH="$BUILD/python" "$PY" -c 'from zeroshard._tools.launcher import free_port; print(free_port())'
 }
 
 run_plain() {

@@ -1,5 +1,5 @@
 """deepspeed.compression.helper: reading and replacing a submodule by its dotted name."""
-from .. import _refusals
+from .._common import refusals as _refusals
 
 __getattr__ = _refusals.attribute_refuser(__name__)
 

@@ -1,3 +1,3 @@
 """deepspeed.launcher.runner: DEEPSPEED_ENVIRONMENT_NAME, the file of NAME=VALUE lines the
 launcher exports to every host (`zeroshard` reads it from the home and working folders)."""
-from .._launcher import ENV_FILE as DEEPSPEED_ENVIRONMENT_NAME  # noqa: F401
+from .._tools.launcher import ENV_FILE as DEEPSPEED_ENVIRONMENT_NAME  # noqa: F401

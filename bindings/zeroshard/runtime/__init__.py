@@ -1,7 +1,7 @@
 """zeroshard.runtime: deepspeed.runtime's module tree as scripts import it: utils,
 dataloader, engine, config, lr_schedules, pipe and zero. A DeepSpeed module or name it does
-not carry is refused by name (bindings/zeroshard/_refusals.py)."""
-from .. import _refusals
+not carry is refused by name (bindings/zeroshard/_common/refusals.py)."""
+from .._common import refusals as _refusals
 from . import config, dataloader, engine, lr_schedules, utils, zero  # noqa: F401
 
 # pipe is imported when first read: it brings torch.distributed.pipelining.

@@ -1,7 +1,8 @@
 """deepspeed.runtime.config: DeepSpeedConfig (a config read, checked and its batch keys
 resolved as the engine does, with DeepSpeed's attribute names) and the optimizer type names
 DeepSpeed's config takes."""
-from .. import _config, _refusals, _zeroshard
+from .._common import config as _config, refusals as _refusals
+from .. import _zeroshard
 
 ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER = "adam", "adamw", "lamb"
 ADAGRAD_OPTIMIZER, SGD_OPTIMIZER = "adagrad", "sgd"

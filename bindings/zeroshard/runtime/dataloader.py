@@ -1,2 +1,2 @@
-"""deepspeed.runtime.dataloader: RepeatingLoader and DeepSpeedDataLoader (_dataloader.py)."""
-from .._dataloader import DeepSpeedDataLoader, RepeatingLoader  # noqa: F401
+"""deepspeed.runtime.dataloader: RepeatingLoader and DeepSpeedDataLoader (_engine/dataloader.py)."""
+from .._engine.dataloader import DeepSpeedDataLoader, RepeatingLoader  # noqa: F401

@@ -4,7 +4,7 @@ import random
 
 import torch
 
-from .. import _refusals
+from .._common import refusals as _refusals
 
 __getattr__ = _refusals.attribute_refuser(__name__)
 

@@ -1,3 +1,3 @@
 """deepspeed.runtime.pipe.engine: PipelineEngine, what zeroshard.initialize returns for a
 PipelineModule."""
-from ..._pipe_engine import PipelineEngine  # noqa: F401
+from ..._engine.pipe_engine import PipelineEngine  # noqa: F401

@@ -1,2 +1,2 @@
 """deepspeed.runtime.pipe.module: PipelineModule and its layer specs."""
-from ..._pipe_module import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: F401
+from ..._parallel.pipe_module import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: F401

@@ -1,3 +1,3 @@
 """deepspeed.runtime.pipe.topology: the process topologies a PipelineModule takes."""
-from ..._pipe_topology import (PipeDataParallelTopology,  # noqa: F401
-                               PipeModelDataParallelTopology, ProcessTopology)
+from ..._parallel.pipe_topology import (PipeDataParallelTopology, PipeModelDataParallelTopology,
+                                        ProcessTopology)

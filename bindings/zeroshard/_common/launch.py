@@ -1,0 +1,73 @@
+"""The launch as torch.distributed and the engine meet it: the launcher's environment,
+torch.distributed's process group at its rendezvous, and whether the script already
+serves the rendezvous store."""
+import atexit
+import os
+import sys
+
+import torch.distributed as dist
+
+from .. import _zeroshard
+
+LAUNCH_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+
+
+def require_launch_env():
+    if any(v in os.environ for v in LAUNCH_VARS):
+        return
+    raise _zeroshard.Error(
+        "zeroshard.initialize: no process-group environment (none of RANK from torchrun, "
+        "SLURM_PROCID from srun, OMPI_COMM_WORLD_RANK from mpirun is set); start the script "
+        "with `torchrun --nproc_per_node N script.py`, `./zs run -n N script.py`, srun or "
+        "mpirun, or for one process set RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 "
+        "MASTER_PORT=29500")
+
+
+def store_already_served():
+    """True when torch.distributed, initialised in this process (by the script,
+    deepspeed.init_distributed, accelerate, the Hugging Face Trainer), serves the
+    rendezvous store at MASTER_PORT, where zeroshard's rank 0 would listen: every rank
+    then joins that store as a client (its keys under their own prefix)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    store = dist.distributed_c10d._get_default_store()
+    while hasattr(store, "underlying_store"):  # torch's PrefixStores
+        store = store.underlying_store
+    port = getattr(store, "port", None)
+    return port is None or port == _zeroshard.launch_env()["master_port"]
+
+
+def init_distributed():
+    """torch.distributed over Gloo at the launch's rendezvous, unless the script did it."""
+    if dist.is_initialized():
+        return
+    env = _zeroshard.launch_env()
+    if _zeroshard.engine_serves_rendezvous():
+        # An earlier engine's rank 0 serves the store at MASTER_PORT for the whole process:
+        # every rank joins it as a client, torch.distributed's keys under a prefix of their own.
+        where = (env["master_addr"], env["master_port"], env["world_size"])
+        try:
+            store = dist.TCPStore(*where, is_master=False)
+        except RuntimeError as e:  # a torch built without libuv (Debian's 2.6) asks for it
+            if "libuv" not in str(e):
+                raise
+            store = dist.TCPStore(*where, is_master=False, use_libuv=False)
+        dist.init_process_group("gloo", store=dist.PrefixStore("torch.distributed/", store),
+                                rank=env["rank"], world_size=env["world_size"])
+    else:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://{env['master_addr']}:{env['master_port']}",
+            rank=env["rank"], world_size=env["world_size"])
+    atexit.register(_destroy_at_exit)
+
+
+def _destroy_at_exit():
+    """torch.distributed started here is torn down here, at exit while the interpreter is
+    whole: a Gloo group left to the process's last teardown aborts it now and then after a
+    run that succeeded ("terminate called without an active exception", exit status -6,
+    seen on a rank of a finished 2-rank generation). Not after an uncaught exception
+    (sys.last_value): its peers may still be inside a collective with this rank, and the
+    group's teardown would wait for them."""
+    if getattr(sys, "last_value", None) is not None or not dist.is_initialized():
+        return
+    dist.destroy_process_group()
