@@ -5,5 +5,6 @@ import sys
 
 def estimate():
     """zeroshard-estimate: the C++ estimator carried inside the package (zeroshard/bin)."""
-    exe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "zeroshard-estimate")
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    exe = os.path.join(package, "bin", "zeroshard-estimate")
     os.execv(exe, [exe] + sys.argv[1:])
