@@ -264,6 +264,8 @@ void walk(const YAML::Node& map, const std::string& section, LoadedConfig& out,
           fmt::format("config key '{}' is accepted: it leaves off a DeepSpeed feature zeroshard "
                       "does not have",
                       path));
+    } else if (const char* where = python_key_reason(path)) {
+      out.warnings.push_back(fmt::format("config key '{}' is {}", path, where));
     } else if (const char* reason = ignored_key_reason(path)) {
       out.warnings.push_back(
           fmt::format("config key '{}' is accepted and ignored: {}", path, reason));

@@ -257,6 +257,8 @@ bool is_config_section(const std::string& path) {
                      [&](const Knob& k) { return under(k.path); }) ||
          std::any_of(ignored_keys().begin(), ignored_keys().end(),
                      [&](const auto& e) { return under(e.first); }) ||
+         std::any_of(python_keys().begin(), python_keys().end(),
+                     [&](const auto& e) { return under(e.first); }) ||
          std::any_of(lacked_features().begin(), lacked_features().end(),
                      [&](const auto& e) { return under(e.first); });
 }
@@ -273,6 +275,7 @@ std::vector<std::string> section_children(const std::string& section) {
   };
   for (const auto& knob : config_knobs()) add(knob.path);
   for (const auto& entry : ignored_keys()) add(entry.first);
+  for (const auto& entry : python_keys()) add(entry.first);
   for (const auto& entry : lacked_features()) add(entry.first);
   return children;
 }

@@ -42,6 +42,10 @@ const Knob* find_knob(const std::string& path);
 // key names a section), with the reason shown in the warning; nullptr if not one.
 const char* ignored_key_reason(const std::string& path);
 
+// Keys DeepSpeed knows that the Python package reads from the config itself (the C++
+// engine has no part in them), with where, shown in the warning; nullptr if not one.
+const char* python_key_reason(const std::string& path);
+
 // A DeepSpeed feature zeroshard does not have: accepted while the config leaves it off
 // (for a section: no "enabled" key, or enabled false; for a key: the value `off`), refused
 // naming it and `instead` (what zeroshard offers) when the config turns it on.
@@ -52,8 +56,9 @@ struct LackedFeature {
 };
 const LackedFeature* lacked_feature(const std::string& path);
 
-// Both tables whole (config/DeepSpeedKeys.cpp), by path.
+// The tables whole (config/DeepSpeedKeys.cpp), by path.
 const std::map<std::string, const char*>& ignored_keys();
+const std::map<std::string, const char*>& python_keys();
 const std::map<std::string, LackedFeature>& lacked_features();
 
 // DeepSpeed's older name of a key ("aio.thread_count"), read as the newer one; the path

@@ -74,15 +74,6 @@ const std::map<std::string, const char*>& ignored_keys() {
        "each rank's stage is the module it gives to initialize (torch.distributed.pipelining)"},
       {"pipeline.pipe_partitioned", "activations cross stages whole (torch's pipelining P2P)"},
       {"pipeline.grad_partitioned", "gradients cross stages whole (torch's pipelining P2P)"},
-      {"pipeline.use_reentrant",
-       "read by zeroshard.pipe.PipelineModule; a torch pipelining stage checkpoints in its own "
-       "modules"},
-      {"activation_checkpointing.partition_activations", "not implemented"},
-      {"activation_checkpointing.cpu_checkpointing", "not implemented"},
-      {"activation_checkpointing.contiguous_memory_optimization", "not implemented"},
-      {"activation_checkpointing.number_checkpoints", "not implemented"},
-      {"activation_checkpointing.synchronize_checkpoint_boundary", "not implemented"},
-      {"activation_checkpointing.profile", "not implemented"},
   };
   return *keys;
 }
@@ -249,6 +240,34 @@ const std::map<std::string, LackedFeature>& lacked_features() {
       {"compile.passes", {nullptr, "DeepCompile is not supported", true}},
   };
   return *features;
+}
+
+const std::map<std::string, const char*>& python_keys() {
+  // Where the Python package reads each one; a LibTorch program's modules do their own
+  // checkpointing.
+  static const char* checkpointing =
+      "read by zeroshard.checkpointing (deepspeed.checkpointing's API): initialize() configures "
+      "it from this config unless the script called checkpointing.configure(); it applies to "
+      "the layers that zeroshard.checkpointing.checkpoint runs (a script's own calls, "
+      "PipelineModule's activation_checkpoint_interval), not to torch.utils.checkpoint's";
+  static const auto* keys = new std::map<std::string, const char*>{
+      {"pipeline.use_reentrant",
+       "read by zeroshard.pipe.PipelineModule; a torch pipelining stage checkpoints in its own "
+       "modules"},
+      {"activation_checkpointing.partition_activations", checkpointing},
+      {"activation_checkpointing.cpu_checkpointing", checkpointing},
+      {"activation_checkpointing.contiguous_memory_optimization", checkpointing},
+      {"activation_checkpointing.number_checkpoints", checkpointing},
+      {"activation_checkpointing.synchronize_checkpoint_boundary", checkpointing},
+      {"activation_checkpointing.profile", checkpointing},
+  };
+  return *keys;
+}
+
+const char* python_key_reason(const std::string& path) {
+  const auto& keys = python_keys();
+  const auto it = keys.find(path);
+  return it == keys.end() ? nullptr : it->second;
 }
 
 const char* ignored_key_reason(const std::string& path) {

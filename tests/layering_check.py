@@ -84,15 +84,16 @@ def check_engine(root):
 # integrations/), the implementation in _-prefixed rooms below them, each room importing only
 # those listed under it. A room never imports a face; a face may import any room.
 PUBLIC_MODULES = {"__init__", "__main__", "comm", "zero", "moe", "pipelining", "pipe",
-                  "constants"}
+                  "constants", "checkpointing"}
 PUBLIC_PACKAGES = {"accelerator", "checkpoint", "compression", "inference", "integrations",
                    "launcher", "ops", "runtime", "utils"}
 ROOMS = {  # room: the rooms it may import
     "_common": set(),
     "_checkpoint": {"_common"},
-    "_parallel": {"_common"},
-    "_engine": {"_common", "_checkpoint", "_parallel"},
-    "_tools": {"_common", "_checkpoint", "_parallel", "_engine"},
+    "_activations": {"_common"},
+    "_parallel": {"_common", "_activations"},
+    "_engine": {"_common", "_checkpoint", "_activations", "_parallel"},
+    "_tools": {"_common", "_checkpoint", "_activations", "_parallel", "_engine"},
 }
 EXTENSION = {"_zeroshard", "_build_info"}  # the C++ extension and the build's record: below all
 MOST_MODULES = 15  # a folder holding more is split by concern

@@ -30,7 +30,7 @@ from ._tools.estimate import estimate
 from . import accelerator, comm, zero  # noqa: E402  (deepspeed.accelerator, .comm, .zero)
 # The rest of deepspeed's module tree that scripts import; what it lacks is refused by name.
 from ._common import refusals as _refusals  # noqa: E402
-from . import checkpoint, compression, constants, inference, launcher, ops, runtime, utils  # noqa: E402,E501
+from . import checkpoint, checkpointing, compression, constants, inference, launcher, ops, runtime, utils  # noqa: E402,E501
 from .ops.transformer import DeepSpeedTransformerConfig, DeepSpeedTransformerLayer  # noqa: E402
 from .accelerator import get_accelerator  # noqa: E402
 from .runtime.config import DeepSpeedConfig  # noqa: E402

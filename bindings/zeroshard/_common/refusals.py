@@ -22,11 +22,6 @@ _COMPRESSION = ("DeepSpeed's compression library (quantization-aware training, p
 _RANDOM_LTD = ("DeepSpeed's data efficiency library (random layer-token drop, curriculum "
                "sampling, data analysis) is not in zeroshard",
                "the full sequence through every layer, with a torch DataLoader of your order")
-_CHECKPOINTING = ("DeepSpeed's activation checkpointing API (checkpointing.configure, "
-                  "partitioned and CPU-held checkpoints, the model-parallel RNG tracker) is "
-                  "not in zeroshard yet",
-                  "torch.utils.checkpoint.checkpoint, or the config's "
-                  "activation_checkpointing.enabled")
 _UNIVERSAL = ("DeepSpeed's universal checkpoint format is not what zeroshard writes",
               "zeroshard.convert_deepspeed_checkpoint to read a DeepSpeed checkpoint, "
               "zeroshard.consolidate for a whole state_dict")
@@ -66,8 +61,6 @@ REFUSED = {
     "runtime.pipe.schedule": ("DeepSpeed's pipeline instruction schedules; zeroshard's "
                               "pipeline engine runs torch.distributed.pipelining's",
                               "engine.train_batch(), or zeroshard.pipelining's schedules"),
-    "runtime.activation_checkpointing": _CHECKPOINTING,
-    "checkpointing": _CHECKPOINTING,
     "runtime.sequence_parallel": _SEQUENCE,
     "sequence": _SEQUENCE,
     "utils.groups": ("DeepSpeed's registry of expert- and sequence-parallel process groups; "

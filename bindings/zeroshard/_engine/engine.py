@@ -13,7 +13,7 @@ from .._parallel import (dtensor as _dtensor, hf_tensor_parallel as _hf_tensor_p
                          sync_batchnorm as _sync_batchnorm, tensor_parallel as _tensor_parallel)
 from .._common import launch as _launch
 from .. import _zeroshard
-from .activations import ActivationShape, assumed_batch, say_offload_ratio
+from .._activations.shapes import ActivationShape, assumed_batch, say_offload_ratio
 from .touch import Units, shard_parameters
 from .._common.nested import tensors
 from .unit_backward import GradArrival, report_input_grads

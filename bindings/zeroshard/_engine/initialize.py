@@ -6,6 +6,7 @@ import os
 import torch
 
 from .. import _zeroshard
+from .._activations import checkpointing as _checkpointing
 from .engine import ZeroShardEngine
 
 
@@ -132,6 +133,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         engine_class = PipelineEngine
     engine = engine_class(model, config, units=units, model_parameters=model_parameters,
                           optimizer=optimizer, lr_scheduler=lr_scheduler, mpu=mpu, mesh=mesh)
+    _checkpointing.configure_from_config(config, mpu)
     loader = _dataloader(training_data, engine, collate_fn)
     scheduler = engine.lr_scheduler
     if scheduler is None and engine.scheduled_by_config:

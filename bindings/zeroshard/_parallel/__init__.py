@@ -6,4 +6,4 @@ split along it, below the engine that trains the result:
 - pipelining, pipe_module, pipe_topology: pipeline stages (torch.distributed.pipelining's
   shape, DeepSpeed's PipelineModule and its topologies);
 - sync_batchnorm: BatchNorm synchronised across the data-parallel ranks.
-May import: _common and the C++ extension."""
+May import: _common, _activations and the C++ extension."""

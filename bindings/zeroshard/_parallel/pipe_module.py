@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.utils.checkpoint
 
 from .. import _zeroshard
+from .._activations import checkpointing as _checkpointing
 from .pipe_topology import pipe_and_data
 
 
@@ -314,9 +315,10 @@ class PipelineModule(nn.Module):
 
 
 def reentrant_checkpoint(function, *args):
-    """DeepSpeed's default activation_checkpoint_func (deepspeed.checkpointing.checkpoint):
-    outputs kept, inner activations recomputed in backward, the RNG state restored for it."""
-    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=True)
+    """DeepSpeed's default activation_checkpoint_func, deepspeed.checkpointing.checkpoint:
+    outputs kept, inner activations recomputed in backward, the RNG state restored for it,
+    its inputs kept as the activation_checkpointing keys say (_activations/checkpointing.py)."""
+    return _checkpointing.checkpoint(function, *args)
 
 
 def non_reentrant_checkpoint(function, *args):

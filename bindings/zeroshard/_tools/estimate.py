@@ -5,7 +5,7 @@ import os
 from .._common import config as _config
 from .._parallel import hf_tensor_parallel as _hf_tensor_parallel
 from .. import _zeroshard
-from .._engine.activations import model_shape
+from .._activations.shapes import model_shape
 from .._engine.units import stage3_units
 
 

@@ -1,0 +1,2 @@
+"""deepspeed.runtime.activation_checkpointing: its checkpointing module."""
+from . import checkpointing  # noqa: F401
