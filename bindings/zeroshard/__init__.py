@@ -47,7 +47,7 @@ __all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "init
            "add_config_arguments", "convert_deepspeed_checkpoint", "accelerator", "comm", "zero",
            "DeepSpeedConfig", "DeepSpeedEngine", "OnDevice", "get_accelerator", "runtime",
            "utils", "ops", "checkpoint", "constants", "launcher", "compression", "inference",
-           "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer"]
+           "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer", "checkpointing"]
 
 _refusals.install()
 _lazy = ("pipe", "pipelining", "moe", "integrations")  # heavier: imported when first read

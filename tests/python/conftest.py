@@ -244,7 +244,8 @@ def assert_params(got, want, exact):
 # A DeepSpeed script's switch to zeroshard: its import lines, nothing else.
 DEEPSPEED_SWITCH = {"import deepspeed\n": "import zeroshard as deepspeed\n",
                     "import deepspeed.comm as dist": "import zeroshard.comm as dist",
-                    "from deepspeed.accelerator import": "from zeroshard.accelerator import"}
+                    "from deepspeed.accelerator import": "from zeroshard.accelerator import",
+                    "from deepspeed.moe.utils import": "from zeroshard.moe.utils import"}
 
 
 def switched_to_zeroshard(script, folder):

@@ -5,5 +5,7 @@ split along it, below the engine that trains the result:
   model's tp_plan;
 - pipelining, pipe_module, pipe_topology: pipeline stages (torch.distributed.pipelining's
   shape, DeepSpeed's PipelineModule and its topologies);
-- sync_batchnorm: BatchNorm synchronised across the data-parallel ranks.
+- sync_batchnorm: BatchNorm synchronised across the data-parallel ranks;
+- expert_parallel, moe_gating: DeepSpeed's mixture-of-experts layer and its gating (every
+  rank holds every expert; splitting them over ranks is not here yet).
 May import: _common, _activations and the C++ extension."""

@@ -1,0 +1,75 @@
+"""A mixture-of-experts training script written as DeepSpeedExamples' cifar10_deepspeed.py
+writes its --moe path: deepspeed.moe.layer.MoE between two dense layers, the optimizer's
+groups from split_params_into_different_moe_groups_for_optimizer, the gate's l_aux added
+to the loss. tests/python/test_moe.py runs it with DeepSpeed and, its import lines pointed
+at zeroshard, with zeroshard. Writes the losses, l_aux, the experts' token counts and the
+gradient norms to --out as JSON.
+
+usage: moe_script.py --deepspeed_config C --out O --top_k K [--noisy_gate_policy P]
+       [--use_residual] [--min_capacity N]"""
+import argparse
+import json
+
+import torch
+import torch.nn as nn
+
+import deepspeed
+import deepspeed.comm as dist
+from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+STEPS, ROWS, WIDTH, EXPERTS = 6, 8, 16, 4
+
+
+class Net(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.fc1 = nn.Linear(12, WIDTH)
+        self.moe = deepspeed.moe.layer.MoE(
+            hidden_size=WIDTH, expert=nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU()),
+            num_experts=EXPERTS, ep_size=1, k=args.top_k, min_capacity=args.min_capacity,
+            noisy_gate_policy=args.noisy_gate_policy, use_residual=args.use_residual)
+        self.fc3 = nn.Linear(WIDTH, 5)
+
+    def forward(self, x):
+        x, l_aux, counts = self.moe(torch.relu(self.fc1(x)))
+        return self.fc3(x), l_aux, counts
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local_rank", type=int, default=-1)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--top_k", type=int, default=1)
+    parser.add_argument("--min_capacity", type=int, default=1)
+    parser.add_argument("--noisy_gate_policy", default=None)
+    parser.add_argument("--use_residual", action="store_true")
+    args = deepspeed.add_config_arguments(parser).parse_args()
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    net = Net(args)
+    parameters = {"params": [p for p in net.parameters() if p.requires_grad],
+                  "name": "parameters"}
+    groups = split_params_into_different_moe_groups_for_optimizer(parameters)
+    # As split (DeepSpeed's engine flattens each group's params in place at ZeRO 1-2)
+    seen = {"groups": [(g.get("name"), bool(g.get("moe")), len(g["params"])) for g in groups],
+            "losses": [], "l_aux": [], "counts": [], "norms": []}
+    engine, _, _, _ = deepspeed.initialize(args=args, model=net, model_parameters=groups)
+    torch.manual_seed(1234 + dist.get_rank())  # the gate's draws: the same in both runs
+    criterion = nn.CrossEntropyLoss()
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(100 * step + dist.get_rank())
+        x, y = torch.randn(ROWS, 12, generator=g), torch.randint(5, (ROWS,), generator=g)
+        out, l_aux, counts = engine(x)
+        loss = criterion(out, y) + 0.01 * l_aux
+        engine.backward(loss)
+        engine.step()
+        seen["losses"].append(loss.item())
+        seen["l_aux"].append(l_aux.item())
+        seen["counts"].append(counts.tolist())
+        seen["norms"].append(float(engine.get_global_grad_norm()))
+    with open(f"{args.out}.rank{dist.get_rank()}.json", "w") as f:
+        json.dump(seen, f)
+
+
+if __name__ == "__main__":
+    main()

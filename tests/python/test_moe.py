@@ -1,0 +1,112 @@
+"""DeepSpeed's mixture-of-experts layer (zeroshard.moe, every rank holding every expert):
+its gating routes, weights and drops tokens as DeepSpeed 0.19.8's does from the same draws,
+and a cifar-style MoE script (tests/python/moe_script.py) switched to zeroshard by its
+imports gives DeepSpeed's own losses, l_aux, token counts and gradient norms on 2 ranks at
+ZeRO 1 and 2, and the same at ZeRO 3, which DeepSpeed's MoE refuses."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import BUILD, HERE, OLDEST_LEG, run_ranks, switched_to_zeroshard
+
+SCRIPT = os.path.join(HERE, "moe_script.py")
+pytestmark = pytest.mark.skipif(OLDEST_LEG, reason="DeepSpeed is installed on the main leg only")
+CASES = {  # name: (ZeRO stage, script flags)
+    "top1-rsample": (1, ["--top_k", "1", "--noisy_gate_policy", "RSample"]),
+    "top2-jitter-residual": (2, ["--top_k", "2", "--noisy_gate_policy", "Jitter",
+                                 "--use_residual", "--min_capacity", "0"]),
+}
+
+
+def run(scratch, script, stage, flags, name):
+    config = scratch / f"{name}.json"
+    config.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0, "steps_per_print": 1000,
+        "zero_optimization": {"stage": stage},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01,
+                                                  "torch_adam": True}}}))
+    return run_ranks([script, "--deepspeed_config", str(config), "--out", str(scratch / name)]
+                     + flags, 2, str(scratch / name),
+                     extra_env={"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
+
+
+def assert_same(ours, theirs):
+    for rank, (got, want) in enumerate(zip(ours, theirs)):
+        assert got["groups"] == want["groups"], rank
+        assert got["counts"] == want["counts"], rank
+        assert got["losses"] == pytest.approx(want["losses"], abs=1e-5), rank
+        assert got["l_aux"] == pytest.approx(want["l_aux"], abs=1e-5), rank
+        assert got["norms"] == pytest.approx(want["norms"], rel=1e-5), rank
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_moe_script_gives_deepspeeds_numbers(case, scratch):
+    stage, flags = CASES[case]
+    theirs = run(scratch, SCRIPT, stage, flags, "ds")
+    switched = switched_to_zeroshard(SCRIPT, scratch)
+    assert_same(run(scratch, switched, stage, flags, "zs"), theirs)
+    # fc1, the gate, fc3 (and the residual MLP and its coefficient); 4 experts' weight and bias
+    dense = 5 + 4 * flags.count("--use_residual")
+    assert theirs[0]["groups"] == [["parameters", False, dense], ["ep_size_1", True, 8]]
+    if stage == 2:  # DeepSpeed refuses its MoE at ZeRO 3; zeroshard shards the experts too
+        assert_same(run(scratch, switched, 3, flags, "zs3"), theirs)
+
+
+GATING = """
+import torch
+import deepspeed.moe.sharded_moe as ds
+from zeroshard.moe import sharded_moe as zs
+cases = [(k, drop, rts, noisy, tokens, cf, mincap)
+         for k in (1, 2, 3) for drop in (True, False) for rts in (True, False)
+         for noisy in (None, "RSample") for tokens in (7, 16) for cf in (0.5, 1.25)
+         for mincap in (0, 2)]
+checked = 0
+for k, drop, rts, noisy, tokens, cf, mincap in cases:
+    if (k > 1 and (rts is False or noisy)) or (k == 1 and tokens < mincap):
+        continue  # those flags are top-1's
+    logits = torch.randn(tokens, 5, generator=torch.Generator().manual_seed(tokens + k))
+    got, want = [], []
+    for module, out in ((zs, got), (ds, want)):
+        torch.manual_seed(7)
+        x = logits.clone().requires_grad_()
+        y = x * 1  # not a leaf: top-2 adds its noise in place
+        if k == 1:
+            r = module.top1gating(y, cf, mincap, None, noisy, drop, rts, **(
+                {"sparse_routes": True} if module is ds else {}))
+        elif k == 2:
+            r = module.top2gating(y, cf, mincap, drop, **(
+                {"sparse_routes": True} if module is ds else {}))
+        else:
+            r = module.topkgating(y, k, cf, mincap, drop, **(
+                {"sparse_routes": True} if module is ds else {}))
+        (r[0] + r[5].sum()).backward()
+        out.extend([float(r[0]), int(r[1]), r[2], r[3].tolist(), r[4].tolist(),
+                    r[5].detach(), r[6].tolist(), x.grad])
+    for i, (a, b) in enumerate(zip(got, want)):
+        same = torch.allclose(a, b, atol=1e-6) if torch.is_tensor(a) else a == b
+        assert same, (k, drop, rts, noisy, tokens, cf, mincap, i, a, b)
+    checked += 1
+print("checked", checked)
+"""
+
+
+def test_the_gating_routes_weights_and_drops_as_deepspeeds():
+    env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"), DS_ACCELERATOR="cpu")
+    r = subprocess.run([sys.executable, "-c", GATING], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "checked 96" in r.stdout, r.stdout
+
+
+def test_expert_parallelism_over_ranks_is_refused_by_name():
+    import zeroshard
+    from zeroshard.moe.layer import MoE
+    import torch
+    with pytest.raises(zeroshard.Error, match=r"^deepspeed\.moe\.layer\.MoE: ep_size=2: splitting "
+                                              r"the experts over ranks .* allowed: ep_size=1"):
+        MoE(8, torch.nn.Linear(8, 8), num_experts=4, ep_size=2)
+    with pytest.raises(zeroshard.Error, match=r"noisy_gate_policy='Gumbel'; allowed: None"):
+        MoE(8, torch.nn.Linear(8, 8), num_experts=4, noisy_gate_policy="Gumbel")
