@@ -115,7 +115,7 @@ using AssumedBatchArg =
     std::optional<std::tuple<std::string, std::string, int64_t, std::string, bool>>;
 
 // A family the estimator does not read leaves the plan without activations (its reason
-// says so), as memory_report's prediction does (bindings/zeroshard/_engine/activations.py).
+// says so), as memory_report's prediction does (bindings/zeroshard/_activations/shapes.py).
 // `tensor_parallel`: one rank's heads and widths (plan/ModelSpec.h TransformerArch).
 std::optional<AssumedBatch> to_assumed_batch(const AssumedBatchArg& arg, int64_t tensor_parallel) {
   if (!arg) return std::nullopt;

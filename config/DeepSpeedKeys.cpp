@@ -246,10 +246,11 @@ const std::map<std::string, const char*>& python_keys() {
   // Where the Python package reads each one; a LibTorch program's modules do their own
   // checkpointing.
   static const char* checkpointing =
-      "read by zeroshard.checkpointing (deepspeed.checkpointing's API): initialize() configures "
-      "it from this config unless the script called checkpointing.configure(); it applies to "
-      "the layers that zeroshard.checkpointing.checkpoint runs (a script's own calls, "
-      "PipelineModule's activation_checkpoint_interval), not to torch.utils.checkpoint's";
+      "read by the Python package's zeroshard.checkpointing (deepspeed.checkpointing's API), "
+      "which initialize() sets from this config unless the script called "
+      "checkpointing.configure(); it applies to the layers zeroshard.checkpointing.checkpoint "
+      "runs (a script's own calls, PipelineModule's activation_checkpoint_interval), not to "
+      "torch.utils.checkpoint's, nor to a LibTorch program's modules";
   static const auto* keys = new std::map<std::string, const char*>{
       {"pipeline.use_reentrant",
        "read by zeroshard.pipe.PipelineModule; a torch pipelining stage checkpoints in its own "

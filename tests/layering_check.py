@@ -95,6 +95,7 @@ ROOMS = {  # room: the rooms it may import
     "_engine": {"_common", "_checkpoint", "_activations", "_parallel"},
     "_tools": {"_common", "_checkpoint", "_activations", "_parallel", "_engine"},
 }
+PY_PLAIN_IMPORT = re.compile(r"^\s*import zeroshard\.([\w.]+)", re.M)  # import zeroshard.a.b
 EXTENSION = {"_zeroshard", "_build_info"}  # the C++ extension and the build's record: below all
 MOST_MODULES = 15  # a folder holding more is split by concern
 PY_IMPORT = re.compile(r"^\s*from (\.+|zeroshard\.?)([\w.]*) import (?:\(([^)]*)\)|([\w, ]+))",
@@ -125,7 +126,10 @@ def package_imports(package):
         text = re.sub(r'"""(.|\n)*?"""', "", text)  # examples in docstrings are no imports
         here = m.split("/")[:-1]  # the module's package, as path parts
         deps = set()
-        for dots, source, wrapped, names in PY_IMPORT.findall(text):
+        found_imports = PY_IMPORT.findall(text) + [
+            ("zeroshard.", parts.rsplit(".", 1)[0] if "." in parts else "",
+             "", parts.rsplit(".", 1)[-1]) for parts in PY_PLAIN_IMPORT.findall(text)]
+        for dots, source, wrapped, names in found_imports:
             names = wrapped or names
             if dots.startswith("zeroshard"):
                 base = []

@@ -86,7 +86,7 @@ def main():
     if mode == "config":
         config = {"train_micro_batch_size_per_gpu": BATCH, "zero_optimization": {"stage": 0},
                   "optimizer": {"type": "SGD", "params": {"lr": 0.0}},
-                  "activation_checkpointing": {"partition_activations": True,
+                  "activation_checkpointing": {"enabled": True, "partition_activations": True,
                                                "cpu_checkpointing": True, "profile": True}}
         engine = zeroshard.initialize(model=model, config=config)[0]
         result["configured"] = checkpointing.is_configured()

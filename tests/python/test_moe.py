@@ -59,13 +59,13 @@ GATING = """
 import torch
 import deepspeed.moe.sharded_moe as ds
 from zeroshard.moe import sharded_moe as zs
-cases = [(k, drop, rts, noisy, tokens, cf, mincap)
+cases = [(k, drop, rts, noisy, tokens, cf, mincap, sparse)
          for k in (1, 2, 3) for drop in (True, False) for rts in (True, False)
          for noisy in (None, "RSample") for tokens in (7, 16) for cf in (0.5, 1.25)
-         for mincap in (0, 2)]
+         for mincap in (0, 2) for sparse in (True, False)]
 checked = 0
-for k, drop, rts, noisy, tokens, cf, mincap in cases:
-    if (k > 1 and (rts is False or noisy)) or (k == 1 and tokens < mincap):
+for k, drop, rts, noisy, tokens, cf, mincap, sparse in cases:
+    if k > 1 and (rts is False or noisy):
         continue  # those flags are top-1's
     logits = torch.randn(tokens, 5, generator=torch.Generator().manual_seed(tokens + k))
     got, want = [], []
@@ -74,20 +74,20 @@ for k, drop, rts, noisy, tokens, cf, mincap in cases:
         x = logits.clone().requires_grad_()
         y = x * 1  # not a leaf: top-2 adds its noise in place
         if k == 1:
-            r = module.top1gating(y, cf, mincap, None, noisy, drop, rts, **(
-                {"sparse_routes": True} if module is ds else {}))
+            r = module.top1gating(y, cf, mincap, None, noisy, drop, rts, None, sparse)
         elif k == 2:
-            r = module.top2gating(y, cf, mincap, drop, **(
-                {"sparse_routes": True} if module is ds else {}))
+            r = module.top2gating(y, cf, mincap, drop, None, True, sparse)
         else:
-            r = module.topkgating(y, k, cf, mincap, drop, **(
-                {"sparse_routes": True} if module is ds else {}))
-        (r[0] + r[5].sum()).backward()
-        out.extend([float(r[0]), int(r[1]), r[2], r[3].tolist(), r[4].tolist(),
-                    r[5].detach(), r[6].tolist(), x.grad])
+            r = module.topkgating(y, k, cf, mincap, drop, None, "probs", sparse)
+        weights = r[5] if sparse else r[1]
+        (r[0] + (weights * torch.arange(weights.numel()).view_as(weights)).sum()).backward()
+        out.extend([float(r[0]), x.grad] + ([int(r[1]), r[2], r[3].tolist(), r[4].tolist(),
+                                             r[5].detach(), r[6].tolist()] if sparse else
+                                            [r[1].detach(), r[2], r[3].tolist()]))
     for i, (a, b) in enumerate(zip(got, want)):
-        same = torch.allclose(a, b, atol=1e-6) if torch.is_tensor(a) else a == b
-        assert same, (k, drop, rts, noisy, tokens, cf, mincap, i, a, b)
+        same = torch.allclose(a, b, atol=1e-6) if torch.is_tensor(a) and a.is_floating_point() \
+            else (torch.equal(a, b) if torch.is_tensor(a) else a == b)
+        assert same, (k, drop, rts, noisy, tokens, cf, mincap, sparse, i, a, b)
     checked += 1
 print("checked", checked)
 """
@@ -98,7 +98,7 @@ def test_the_gating_routes_weights_and_drops_as_deepspeeds():
     r = subprocess.run([sys.executable, "-c", GATING], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "checked 96" in r.stdout, r.stdout
+    assert "checked 192" in r.stdout, r.stdout
 
 
 def test_expert_parallelism_over_ranks_is_refused_by_name():

@@ -39,6 +39,9 @@ _KEYS = {  # activation_checkpointing key: (its default, its type)
     "synchronize_checkpoint_boundary": (False, bool),
     "profile": (False, bool),
 }
+# zeroshard's own keys of the section, read elsewhere: enabled tells the planner that the
+# model's layers recompute their activations (config/ConfigSchema.cpp).
+_OWN = ("enabled",)
 MODEL_PARALLEL_RNG = "model-parallel-rng"  # the tracker's name for tensor-parallel dropout
 
 
@@ -87,9 +90,10 @@ def _rank():
 
 
 # The device's generator: CUDA's where torch has it, else the CPU's (as DeepSpeed's CPU
-# accelerator makes it).
+# accelerator makes it); one test for every use, so a state taken from one generator is
+# never given to the other.
 def _on_cuda():
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
+    return torch.cuda.is_available()
 
 
 def _device_rng_state():
@@ -104,7 +108,7 @@ def _set_device_rng_state(state):
 
 
 def _device_manual_seed(seed):
-    if torch.cuda.is_available():
+    if _on_cuda():
         torch.cuda.manual_seed(seed)
     else:
         torch.manual_seed(seed)
@@ -215,11 +219,13 @@ def _section(deepspeed_config):
         raise _error(f"{origin}: activation_checkpointing is {section!r}; allowed: a mapping "
                      f"of {', '.join(_KEYS)}")
     for key, value in section.items():
+        if key in _OWN:
+            continue
         if key not in _KEYS:
             raise _error(f"{origin}: activation_checkpointing.{key} is no key of DeepSpeed's; "
-                         f"allowed: {', '.join(_KEYS)}")
+                         f"allowed: {', '.join(_KEYS)} (and zeroshard's {', '.join(_OWN)})")
         _check(f"{origin}: activation_checkpointing.{key}", key, value)
-    return section
+    return {k: v for k, v in section.items() if k not in _OWN}
 
 
 def _check(where, key, value):
@@ -239,6 +245,14 @@ def configure(mpu_, deepspeed_config=None, partition_activations=None,
     section, then each argument given. mpu_ (None keeps the last one given) names the
     tensor-parallel group partition_activations splits over and the rank
     model_parallel_cuda_manual_seed offsets by."""
+    _apply(mpu_, deepspeed_config, partition_activations, contiguous_checkpointing,
+           num_checkpoints, checkpoint_in_cpu, synchronize, profile)
+    _settings.configured = True
+
+
+def _apply(mpu_, deepspeed_config=None, partition_activations=None,
+           contiguous_checkpointing=None, num_checkpoints=None, checkpoint_in_cpu=None,
+           synchronize=None, profile=None):
     s = _settings
     s.defaults()
     if mpu_ is not None:
@@ -269,7 +283,6 @@ def configure(mpu_, deepspeed_config=None, partition_activations=None,
         s.tp_rank = getattr(s.mpu, prefix + "_rank")()
         s.tp_size = getattr(s.mpu, prefix + "_world_size")()
         s.tp_group = getattr(s.mpu, prefix + "_group")()
-    s.configured = True
     if _rank() == 0 and s.partition_activations and s.tp_size == 1:
         print("zeroshard.checkpointing: partition_activations with no tensor-parallel group "
               "(no mpu given, or one of size 1): each rank keeps its checkpoints whole",
@@ -284,12 +297,13 @@ def configure(mpu_, deepspeed_config=None, partition_activations=None,
 
 
 def configure_from_config(config, mpu):
-    """initialize()'s part: a config that sets activation_checkpointing keys configures
-    checkpointing with them (and the mpu given to initialize), unless the script called
-    configure() itself (DeepSpeed reads them only there)."""
-    if _settings.configured or not any(k in _section(config) for k in _KEYS):
+    """initialize()'s part: a config that sets activation_checkpointing keys gives
+    checkpoint() those settings (and the mpu given to initialize), unless the script called
+    configure() itself (DeepSpeed reads them only there). is_configured() stays as the script
+    left it: Megatron reads it to choose between its own RNG tracker and this one."""
+    if _settings.configured or not _section(config):
         return
-    configure(mpu, deepspeed_config=config)
+    _apply(mpu, deepspeed_config=config)
 
 
 def is_configured():
@@ -342,7 +356,7 @@ def _slot(position, part, device):
                      f"({s.number_checkpoints}); allowed: number_checkpoints at least the "
                      "calls one forward makes")
     buffer.used += 1
-    return buffer.tensor[buffer.used - 1].copy_(part)
+    return buffer.tensor[buffer.used - 1].copy_(part), buffer
 
 
 class _Saved:
@@ -362,7 +376,8 @@ class _Saved:
             part = arg.detach().reshape(-1).narrow(0, s.tp_rank * size, size)
             where = host if s.cpu_checkpointing else arg.device
             if s.contiguous_memory_optimization:
-                self.data = _slot(position, part, where)  # the buffer is counted
+                # The buffer is counted while any checkpoint holds a slot of it.
+                self.data, self.buffer = _slot(position, part, where)
             else:
                 self.data = part.to(where, copy=True)
                 _count(self.data, self)
@@ -374,7 +389,7 @@ class _Saved:
 
     def restore(self):
         s = _settings
-        data, self.data = self.data.to(self.device), None
+        data, self.data, self.buffer = self.data.to(self.device), None, None
         if self.partitioned and s.tp_size > 1:
             parts = [torch.empty_like(data) for _ in range(s.tp_size)]
             torch.distributed.all_gather(parts, data, group=s.tp_group)
@@ -406,9 +421,11 @@ class _CheckpointFunction(torch.autograd.Function):
         with _timed("fwd"):
             ctx.run_function = run_function
             ctx.rng = (torch.get_rng_state(), _device_rng_state(), _TRACKER.get_states())
+            # Kept before the run: a function that changes an input in place must not
+            # change what its recompute starts from.
+            ctx.inputs = [_Saved(i, a) if _kept(a) else a for i, a in enumerate(args)]
             with torch.no_grad():
                 outputs = run_function(*args)
-            ctx.inputs = [_Saved(i, a) if _kept(a) else a for i, a in enumerate(args)]
         single = torch.is_tensor(outputs)
         listed = [outputs] if single else list(outputs)
         ctx.mark_non_differentiable(*[o for o in listed
@@ -424,7 +441,8 @@ class _CheckpointFunction(torch.autograd.Function):
                          "does not allow that; allowed: loss.backward()")
         _settings.buffers = {}  # the slots' contents are held by the checkpoints that use them
         with _timed("backward"):
-            inputs = [a.restore() if isinstance(a, _Saved) else a for a in ctx.inputs]
+            inputs = [a.restore() if isinstance(a, _Saved) else _detached(a)
+                      for a in ctx.inputs]
             ctx.inputs = None
             now = (torch.get_rng_state(), _device_rng_state(), _TRACKER.get_states())
             torch.set_rng_state(ctx.rng[0])
@@ -443,6 +461,14 @@ class _CheckpointFunction(torch.autograd.Function):
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         return (None, None) + tuple(i.grad if torch.is_tensor(i) else None for i in inputs)
+
+
+def _detached(item):
+    """A tensor input the recompute starts from: cut from the graph that made it (its
+    gradient is returned, never accumulated through that graph twice)."""
+    if not torch.is_tensor(item):
+        return item
+    return item.detach().requires_grad_(item.requires_grad)
 
 
 def checkpoint(function, *args, **kwargs):

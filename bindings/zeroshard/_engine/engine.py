@@ -11,14 +11,13 @@ from . import (adafactor as _adafactor, construction as _construction, generatio
                torch_optimizer as _torch_optimizer)
 from .._parallel import (dtensor as _dtensor, hf_tensor_parallel as _hf_tensor_parallel,
                          sync_batchnorm as _sync_batchnorm, tensor_parallel as _tensor_parallel)
-from .._common import launch as _launch
 from .. import _zeroshard
+from .._common import config as _config, launch as _launch
+from .._common.nested import tensors
 from .._activations.shapes import ActivationShape, assumed_batch, say_offload_ratio
 from .touch import Units, shard_parameters
-from .._common.nested import tensors
 from .unit_backward import GradArrival, report_input_grads
 from .units import quantizable_names, stage3_units, unique_parameters
-from .._common import config as _config
 from .optimizer import (HYPER_KEYS, ZeroShardOptimizer, client_scheduler, engine_options,
                         parameter_groups)
 from .saving import SavingMethods

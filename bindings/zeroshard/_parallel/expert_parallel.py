@@ -75,7 +75,7 @@ class TopKGate(torch.nn.Module):
     def _set_ep_group(self, ep_group):
         self.ep_group = ep_group
 
-    def forward(self, input, used_token=None, sparse_routes=True, use_tutel=False):
+    def forward(self, input, used_token=None, sparse_routes=False, use_tutel=False):
         x = input.float()
         if self.noisy_gate_policy == "Jitter" and self.training:
             x = multiplicative_jitter(x, device=input.device)
@@ -84,11 +84,13 @@ class TopKGate(torch.nn.Module):
         if self.k == 1:
             return top1gating(logits, factor, self.min_capacity, used_token,
                               self.noisy_gate_policy if self.training else None,
-                              self.drop_tokens, self.use_rts)
+                              self.drop_tokens, self.use_rts, self.ep_group, sparse_routes,
+                              use_tutel)
         if self.k == 2:
-            return top2gating(logits, factor, self.min_capacity, self.drop_tokens,
-                              self.top2_2nd_expert_sampling)
-        return topkgating(logits, self.k, factor, self.min_capacity, self.drop_tokens)
+            return top2gating(logits, factor, self.min_capacity, self.drop_tokens, self.ep_group,
+                              self.top2_2nd_expert_sampling, sparse_routes)
+        return topkgating(logits, self.k, factor, self.min_capacity, self.drop_tokens,
+                          self.ep_group, sparse_routes=sparse_routes)
 
 
 class MOELayer(torch.nn.Module):
@@ -116,7 +118,7 @@ class MOELayer(torch.nn.Module):
         tokens = input[0].reshape(-1, d_model)
         used = input[1] if len(input) > 1 else None
         self.l_aux, capacity, experts, indices, locations, weights, self.exp_counts = \
-            self.gate(tokens, used, True)
+            self.gate(tokens, used, sparse_routes=True)
         count, capacity = tokens.size(0), int(capacity)
         # Each route's slot in the experts' [E x capacity] rows; a dropped route points at
         # one spare row past them, which reads zeros and is never an expert's input.

@@ -55,14 +55,66 @@ def capacity_of(gates, capacity_factor, min_capacity):
     return torch.maximum(capacity, torch.tensor(min_capacity).to(torch.int64))
 
 
-def _dropless_capacity(exp_counts):
-    """drop_tokens=False: room for the busiest expert (one rank's experts: there is no
-    expert-parallel group to agree with)."""
-    return torch.max(exp_counts)
+def _dropless_capacity(exp_counts, ep_group):
+    """drop_tokens=False: room for the busiest expert, agreed over the expert-parallel
+    group where one is given."""
+    capacity = torch.max(exp_counts)
+    dist = torch.distributed
+    if ep_group is not None and dist.get_world_size(group=ep_group) > 1:
+        dist.all_reduce(capacity, op=dist.ReduceOp.MAX, group=ep_group)
+    return capacity
+
+
+def _dense(routes):
+    """DeepSpeed's dense form of the routes: (l_aux, combine_weights [S, E, C], dispatch_mask,
+    exp_counts)."""
+    l_aux, capacity, experts, indices, locations, weights, exp_counts = routes
+    count = indices.shape[1]
+    combine = weights.new_zeros(count, experts, int(capacity))
+    tokens = torch.arange(count, device=indices.device)
+    for r in range(indices.shape[0]):
+        kept = indices[r] >= 0
+        combine = combine.index_put((tokens[kept], indices[r][kept].long(),
+                                     locations[r][kept].long()), weights[r][kept],
+                                    accumulate=True)
+    return l_aux, combine, combine.bool(), exp_counts
+
+
+def _no_tutel(use_tutel):
+    if use_tutel:
+        raise _zeroshard.Error("MoE gating: use_tutel=True: Tutel's kernels are not used "
+                               "here; allowed: False")
 
 
 def top1gating(logits, capacity_factor, min_capacity, used_token=None, noisy_gate_policy=None,
-               drop_tokens=True, use_rts=True):
+               drop_tokens=True, use_rts=True, ep_group=None, sparse_routes=False,
+               use_tutel=False):
+    """DeepSpeed's signature; sparse_routes=True gives the routes (see the module's
+    docstring), False DeepSpeed's dense (l_aux, combine_weights, dispatch_mask, exp_counts)."""
+    _no_tutel(use_tutel)
+    routes = _top1(logits, capacity_factor, min_capacity, used_token, noisy_gate_policy,
+                   drop_tokens, use_rts, ep_group)
+    return routes if sparse_routes else _dense(routes)
+
+
+def top2gating(logits, capacity_factor, min_capacity, drop_tokens=True, ep_group=None,
+               top2_2nd_expert_sampling=True, sparse_routes=False):
+    routes = _top2(logits, capacity_factor, min_capacity, drop_tokens, ep_group,
+                   top2_2nd_expert_sampling)
+    return routes if sparse_routes else _dense(routes)
+
+
+def topkgating(logits, k, capacity_factor, min_capacity, drop_tokens=True, ep_group=None,
+               drop_policy="probs", sparse_routes=False):
+    if drop_policy not in ("probs", "position"):
+        raise _zeroshard.Error(f"MoE top-k gating: drop_policy {drop_policy!r}; allowed: "
+                               "'probs', 'position'")
+    routes = _topk(logits, k, capacity_factor, min_capacity, drop_tokens, ep_group, drop_policy)
+    return routes if sparse_routes else _dense(routes)
+
+
+def _top1(logits, capacity_factor, min_capacity, used_token, noisy_gate_policy, drop_tokens,
+          use_rts, ep_group):
     """Each token to its best expert (with RSample: best after Gumbel noise); an expert
     over capacity keeps the tokens random token selection ranks first (use_rts) or the
     first ones. Gate weights are the softmax probabilities."""
@@ -77,7 +129,7 @@ def top1gating(logits, capacity_factor, min_capacity, used_token=None, noisy_gat
         mask = torch.einsum("s,se->se", used_token, mask)
     exp_counts = torch.sum(mask, dim=0).detach().to(logits.device)
     if not drop_tokens:
-        capacity = torch.minimum(_dropless_capacity(exp_counts),
+        capacity = torch.minimum(_dropless_capacity(exp_counts, ep_group),
                                  torch.tensor(mask.size(0)).to(exp_counts.device))
     l_aux = torch.sum(torch.mean(gates, dim=0) * torch.mean(mask.float(), dim=0)) * experts
     ranked = mask * _uniform(mask.shape, logits.device) if use_rts else mask
@@ -96,8 +148,8 @@ def top1gating(logits, capacity_factor, min_capacity, used_token=None, noisy_gat
             locations.to(torch.int32).unsqueeze(0), weights.unsqueeze(0), exp_counts)
 
 
-def top2gating(logits, capacity_factor, min_capacity, drop_tokens=True,
-               top2_2nd_expert_sampling=True):
+def _top2(logits, capacity_factor, min_capacity, drop_tokens, ep_group,
+          top2_2nd_expert_sampling):
     """Each token to its best expert and to its best other one (after Gumbel noise when
     top2_2nd_expert_sampling); the second choices queue behind every first choice; the
     two weights renormalised to sum to 1."""
@@ -119,7 +171,7 @@ def top2gating(logits, capacity_factor, min_capacity, drop_tokens=True,
         mask1 = mask1 * torch.lt(locations1, capacity)
         mask2 = mask2 * torch.lt(locations2, capacity)
     else:
-        capacity = _dropless_capacity(exp_counts)
+        capacity = _dropless_capacity(exp_counts, ep_group)
     locations1 = torch.sum(locations1 * mask1, dim=1)
     locations2 = torch.sum(locations2 * mask2, dim=1)
     weight1 = torch.einsum("se,se->s", gates, mask1.float())
@@ -133,10 +185,10 @@ def top2gating(logits, capacity_factor, min_capacity, drop_tokens=True,
             torch.stack([weight1, weight2]), exp_counts)
 
 
-def topkgating(logits, k, capacity_factor, min_capacity, drop_tokens=True):
+def _topk(logits, k, capacity_factor, min_capacity, drop_tokens, ep_group, drop_policy):
     """Each token to its k best experts; an expert over capacity keeps the tokens whose
-    weight for it is highest (DeepSpeed's drop policy 'probs'); weights renormalised over
-    the routes kept."""
+    weight for it is highest (drop_policy 'probs') or the first ones ('position'); weights
+    renormalised over the routes kept."""
     gates = F.softmax(logits, dim=1)
     experts = int(gates.shape[1])
     top_gate, top_idx = torch.topk(gates, k=k, dim=1)
@@ -144,15 +196,20 @@ def topkgating(logits, k, capacity_factor, min_capacity, drop_tokens=True):
     exp_counts = torch.sum(mask, dim=0).detach().to(logits.device)
     l_aux = torch.mean(torch.mean(gates, dim=0) * torch.mean(mask.float(), dim=0)) \
         * experts * experts / k
-    if drop_tokens:
+    if drop_tokens and drop_policy == "probs":
         capacity = capacity_of(gates, capacity_factor * k, min_capacity)
         weighted = torch.zeros_like(gates).scatter(1, top_idx, top_gate)
         selection = min(capacity, torch.tensor(gates.size(0)).to(capacity.device))
         _, kept = torch.topk(weighted, k=selection, dim=0, sorted=False)
         mask &= torch.zeros_like(gates, dtype=torch.bool).scatter_(0, kept, True)
+        locations = torch.cumsum(mask, dim=0) - 1
+    elif drop_tokens:
+        capacity = capacity_of(gates, capacity_factor * k, min_capacity)
+        locations = torch.cumsum(mask, dim=0) - 1
+        mask *= torch.lt(locations, capacity)
     else:
-        capacity = _dropless_capacity(exp_counts)
-    locations = torch.cumsum(mask, dim=0) - 1
+        capacity = _dropless_capacity(exp_counts, ep_group)
+        locations = torch.cumsum(mask, dim=0) - 1
     masked = gates * mask
     masked = masked / torch.clamp(torch.sum(masked, dim=-1, keepdim=True),
                                   min=torch.finfo(masked.dtype).eps)
