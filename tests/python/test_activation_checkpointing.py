@@ -184,3 +184,16 @@ def test_inputs_not_kept_as_checkpoints_get_their_gradient_once():
         "assert torch.allclose(x.grad, 2 * torch.cos(2 * x.detach()) + 2), x.grad\n"
         "print('once')\n")
     assert code == 0 and "once" in out, out
+
+
+@main_leg_only
+def test_deepspeeds_non_reentrant_checkpoint_is_refused_by_name():
+    import zeroshard
+    from zeroshard import checkpointing
+    from zeroshard.runtime.activation_checkpointing import checkpointing as deep
+    for module in (checkpointing, deep):
+        with pytest.raises(zeroshard.Error, match=r"non_reentrant_checkpoint .*instead: "
+                                                  r"zeroshard\.checkpointing\.checkpoint"):
+            module.non_reentrant_checkpoint
+        with pytest.raises(AttributeError):
+            module.no_such_name

@@ -22,6 +22,10 @@ _COMPRESSION = ("DeepSpeed's compression library (quantization-aware training, p
 _RANDOM_LTD = ("DeepSpeed's data efficiency library (random layer-token drop, curriculum "
                "sampling, data analysis) is not in zeroshard",
                "the full sequence through every layer, with a torch DataLoader of your order")
+_NON_REENTRANT = ("DeepSpeed's non-reentrant checkpoint with partitioned or CPU-held "
+                  "checkpoints (through saved-tensor hooks)",
+                  "zeroshard.checkpointing.checkpoint (the activation_checkpointing keys apply), "
+                  "or torch.utils.checkpoint.checkpoint(use_reentrant=False)")
 _UNIVERSAL = ("DeepSpeed's universal checkpoint format is not what zeroshard writes",
               "zeroshard.convert_deepspeed_checkpoint to read a DeepSpeed checkpoint, "
               "zeroshard.consolidate for a whole state_dict")
@@ -61,6 +65,8 @@ REFUSED = {
     "runtime.pipe.schedule": ("DeepSpeed's pipeline instruction schedules; zeroshard's "
                               "pipeline engine runs torch.distributed.pipelining's",
                               "engine.train_batch(), or zeroshard.pipelining's schedules"),
+    "checkpointing.non_reentrant_checkpoint": _NON_REENTRANT,
+    "runtime.activation_checkpointing.checkpointing.non_reentrant_checkpoint": _NON_REENTRANT,
     "runtime.sequence_parallel": _SEQUENCE,
     "sequence": _SEQUENCE,
     "utils.groups": ("DeepSpeed's registry of expert- and sequence-parallel process groups; "
