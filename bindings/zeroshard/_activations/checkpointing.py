@@ -22,14 +22,13 @@ caller that reads it after the call still finds its values.
 configure() takes DeepSpeed's arguments (an argument given wins over deepspeed_config);
 initialize() configures from its config unless the script did."""
 import contextlib
-import json
-import os
 import time
 import weakref
 
 import torch
 
 from .. import _zeroshard
+from .._common import config as _config
 
 _KEYS = {  # activation_checkpointing key: (its default, its type)
     "partition_activations": (False, bool),
@@ -196,24 +195,7 @@ def model_parallel_reconfigure_tp_seed(seed):
 def _section(deepspeed_config):
     """The activation_checkpointing section of a config (a path to JSON or YAML, or a
     dict), each key checked."""
-    if isinstance(deepspeed_config, (str, os.PathLike)):
-        path = os.fspath(deepspeed_config)
-        if not os.path.isfile(path):
-            raise _error(f"deepspeed_config '{path}' does not exist; allowed: a JSON or YAML "
-                         "config file, or a dict")
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        try:
-            config = json.loads(text)
-        except ValueError:
-            import yaml
-            config = yaml.safe_load(text)
-        origin = path
-    elif isinstance(deepspeed_config, dict):
-        config, origin = deepspeed_config, "the config"
-    else:
-        raise _error(f"deepspeed_config is a {type(deepspeed_config).__name__}; allowed: a "
-                     "path to a JSON or YAML config, or a dict")
+    config, origin = _config.as_mapping(deepspeed_config, check=False)
     section = (config or {}).get("activation_checkpointing") or {}
     if not isinstance(section, dict):
         raise _error(f"{origin}: activation_checkpointing is {section!r}; allowed: a mapping "

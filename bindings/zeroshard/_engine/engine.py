@@ -19,20 +19,9 @@ from .touch import Units, shard_parameters
 from .unit_backward import GradArrival, report_input_grads
 from .units import quantizable_names, stage3_units, unique_parameters
 from .optimizer import (HYPER_KEYS, ZeroShardOptimizer, client_scheduler, engine_options,
-                        parameter_groups)
+                        parameter_groups, refuse_twice_named)
 from .saving import SavingMethods
 from .dataloader import LoaderMethods
-
-def _refuse_twice_named(loaded, optimizer, lr_scheduler):
-    """DeepSpeed's rule, said as an error: the optimizer and the scheduler come from the
-    config or from the client, never both."""
-    keys, origin = loaded.top_level_keys, loaded.origin
-    for given, key in ((optimizer, "optimizer"), (lr_scheduler, "scheduler")):
-        if given is not None and key in keys:
-            arg = "optimizer" if key == "optimizer" else "lr_scheduler"
-            raise _zeroshard.Error(
-                f"{arg}: given to initialize() and as '{key}' in {origin}; one of them must go "
-                f"(remove the config's '{key}' section to use the client's)")
 
 
 def _aliases(model):
@@ -115,7 +104,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods):
         if not isinstance(model, torch.nn.Module):
             raise _zeroshard.Error(f"model: a {type(model).__name__}; allowed: a torch.nn.Module")
         loaded = _config.parse(config)  # the one parse of this engine's config
-        _refuse_twice_named(loaded, optimizer, lr_scheduler)
+        refuse_twice_named(loaded, optimizer, lr_scheduler)
         self.module = model
         # A model split by its own tp_plan (autotp_size); DTensor parameters as local tensors.
         places = _dtensor.places(model)

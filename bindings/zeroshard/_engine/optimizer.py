@@ -103,6 +103,18 @@ def parameter_groups(model, model_parameters, optimizer):
     return None, groups, [None] * len(groups)
 
 
+def refuse_twice_named(loaded, optimizer, lr_scheduler):
+    """DeepSpeed's rule, said as an error: the optimizer and the scheduler come from the
+    config or from the client, never both."""
+    keys, origin = loaded.top_level_keys, loaded.origin
+    for given, key, arg in ((optimizer, "optimizer", "optimizer"),
+                            (lr_scheduler, "scheduler", "lr_scheduler")):
+        if given is not None and key in keys:
+            raise _zeroshard.Error(
+                f"{arg}: given to initialize() and as '{key}' in {origin}; one of them must go "
+                f"(remove the config's '{key}' section to use the client's)")
+
+
 def client_scheduler(scheduler, optimizer, client_optimizer):
     """DeepSpeed's lr_scheduler argument: a scheduler built on the client optimizer, or
     a callable that builds one from the optimizer initialize() returns."""

@@ -153,9 +153,8 @@ class MoE(torch.nn.Module):
                 "all-to-all dispatch, expert gradients reduced over their own group) is not in "
                 "zeroshard yet; allowed: ep_size=1, every rank holding every expert (each "
                 "ZeRO stage shards them with the other parameters)")
-        if num_experts < 1 or num_experts % ep_size:
-            raise _error(f"num_experts={num_experts}; allowed: a positive multiple of ep_size "
-                         f"({ep_size})")
+        if num_experts < 1:
+            raise _error(f"num_experts={num_experts}; allowed: a count of experts >= 1")
         if noisy_gate_policy not in (None, "None", "Jitter", "RSample"):
             raise _error(f"noisy_gate_policy={noisy_gate_policy!r}; allowed: None, 'None', "
                          "'Jitter', 'RSample'")
