@@ -139,6 +139,7 @@ case "$verb" in
     export ZS_LEGS_TSV
     ZS_LEGS_TSV="$(reports_of "$BUILD")/legs.tsv"
     trap 'test_times summary || true' EXIT
+    check_memory
     [ "$quick" = 1 ] || start_trixie_root
     timed "set-up and build" build
     echo "== torch $(torch_version) leg (PyPI, $VENV) =="
@@ -170,6 +171,7 @@ case "$verb" in
     name="${1:-}"
     [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, inference, gpu"
     shift
+    check_memory >&2
     [ "$name" = gpu ] && bench_gpu "$@"  # one GPU: its own python3 and build (bench_gpu)
     if [ "$name" = peers ]; then  # DeepSpeed, FSDP2, FSDP1, DDP: the venv's, same run
       build >/dev/null

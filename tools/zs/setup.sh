@@ -24,6 +24,25 @@ timed() {
   return $status
 }
 
+# Frees what earlier runs left in memory (tools/deepspeed_shm.py: DeepSpeed's shared-memory
+# buffers, 69 MB a rank, never unlinked by DeepSpeed), then says how much memory this run
+# has: a machine left with 2 GB of its 24 ran the tests 87 times slower, and a CI log
+# should show it.
+check_memory() {
+  local py="$PY" avail total shm
+  [ -x "$py" ] || py=python3
+  "$py" "$ROOT/tools/deepspeed_shm.py" || true
+  avail=$(awk '/^MemAvailable:/ {print int($2 / 1048576)}' /proc/meminfo)
+  total=$(awk '/^MemTotal:/ {print int($2 / 1048576)}' /proc/meminfo)
+  shm=$(df -k --output=used /dev/shm 2>/dev/null | awk 'NR == 2 {print int($1 / 1048576)}')
+  echo "zs: memory available: $avail GiB of $total GiB (/dev/shm holds ${shm:-0} GiB)"
+  if [ "$avail" -lt $((total * 2 / 3)) ]; then
+    echo "zs: warning: $((total - avail)) GiB of memory are held before the run starts;" \
+      "the multi-rank tests slow many-fold when short of memory: see what /dev/shm and" \
+      "leftover processes hold" >&2
+  fi
+}
+
 # Where each build folder's tests leave their reports: CTest's (ctest.xml) and pytest's
 # (python_*.xml, written by the Python tests' CTest entries). Emptied before a leg runs,
 # so that a report never speaks of an earlier run.
