@@ -50,6 +50,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     _dist.init_process_group(
         backend, init_method=init_method or f"tcp://{env['master_addr']}:{env['master_port']}",
         rank=env["rank"], world_size=env["world_size"], timeout=timeout)
+    _launch.destroy_at_exit()
 
 
 def _default_backend():

@@ -28,7 +28,7 @@ import weakref
 import torch
 
 from .. import _zeroshard
-from .._common import config as _config
+from .._common import config as _config, launch as _launch
 
 _KEYS = {  # activation_checkpointing key: (its default, its type)
     "partition_activations": (False, bool),
@@ -58,6 +58,13 @@ class _Settings:
 
 
 _settings = _Settings()
+
+
+def _forget_group():
+    _settings.mpu, _settings.tp_group = None, None
+
+
+_launch.forget_at_exit(_forget_group)
 _held = [0]  # bytes of checkpointed inputs held now, on every device and in host RAM
 
 

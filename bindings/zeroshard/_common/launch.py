@@ -2,8 +2,11 @@
 torch.distributed's process group at its rendezvous, and whether the script already
 serves the rendezvous store."""
 import atexit
+import gc
 import os
 import sys
+import threading
+import time
 
 import torch.distributed as dist
 
@@ -58,16 +61,71 @@ def init_distributed():
         dist.init_process_group(
             "gloo", init_method=f"tcp://{env['master_addr']}:{env['master_port']}",
             rank=env["rank"], world_size=env["world_size"])
+    destroy_at_exit()
+
+
+_forget_at_exit = []
+
+
+def destroy_at_exit():
+    """For a torch.distributed this package started: its groups go at exit (below)."""
+    atexit.unregister(_destroy_at_exit)
     atexit.register(_destroy_at_exit)
+
+
+def quiet_at_exit():
+    """For an engine on a torch.distributed the script started: quiet_threads at exit."""
+    atexit.unregister(quiet_threads)
+    atexit.register(quiet_threads)
+
+
+def forget_at_exit(forget):
+    """forget() drops a module's references to process groups, at exit (_destroy_at_exit)."""
+    _forget_at_exit.append(forget)
+
+
+def quiet_threads(limit_s=2.0):
+    """Waits, the GIL let go, until no other thread of this process is running (at most
+    `limit_s`). A Gloo group's worker thread releases a collective's tensors just after
+    the collective completes; a tensor whose Python object was dropped meanwhile is freed
+    there, and that takes the GIL. Taken while the interpreter finalizes, the GIL ends the
+    thread (pthread_exit), and unwinding through Gloo's loop aborts the process ("terminate
+    called without an active exception", exit status -6, after a run that succeeded: seen
+    on loaded machines, where that thread had not run yet when the rank exited); taken
+    while a group is destroyed under the GIL, it deadlocks. Run at exit, this lets such a
+    thread finish first."""
+    me = str(threading.get_native_id())
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        time.sleep(0.005)
+        try:
+            tasks = [t for t in os.listdir("/proc/self/task") if t != me]
+        except OSError:
+            return
+        if not any(_running(t) for t in tasks):
+            return
+
+
+def _running(task):
+    try:
+        with open(f"/proc/self/task/{task}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "R"
+    except (OSError, IndexError):
+        return False
 
 
 def _destroy_at_exit():
     """torch.distributed started here is torn down here, at exit while the interpreter is
-    whole: a Gloo group left to the process's last teardown aborts it now and then after a
-    run that succeeded ("terminate called without an active exception", exit status -6,
-    seen on a rank of a finished 2-rank generation). Not after an uncaught exception
-    (sys.last_value): its peers may still be inside a collective with this rank, and the
-    group's teardown would wait for them."""
+    whole: the groups' threads quiet first (quiet_threads says why), then the references
+    zeroshard's modules keep are dropped and torch.distributed's registry emptied, so that
+    a group the script does not hold is destroyed now, its threads joined, and not in the
+    interpreter's last teardown. Not after an uncaught exception (sys.last_value): its
+    peers may still be inside a collective with this rank, and the teardown would wait for
+    them."""
     if getattr(sys, "last_value", None) is not None or not dist.is_initialized():
         return
+    quiet_threads()
+    for forget in _forget_at_exit:
+        forget()
     dist.destroy_process_group()
+    gc.collect()  # groups held only in cycles go now too

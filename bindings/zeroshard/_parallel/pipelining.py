@@ -46,6 +46,7 @@ from .._common import launch as _launch
 from .. import _zeroshard
 
 _pp_groups = {}  # (world, stages) -> this rank's pp process group
+_launch.forget_at_exit(_pp_groups.clear)
 
 
 class _EveryWork:
