@@ -146,18 +146,18 @@ struct DeleteWithoutGil {
 };
 using EngineHolder = std::unique_ptr<EngineImpl, DeleteWithoutGil>;
 
-EngineHolder make_engine(const NamedTensors& params, const std::vector<NamedTensors>& units,
-                         LoadedConfig loaded, const GroupsArg& groups, bool store_served,
-                         const py::object& materialize, const BuffersArg& buffers,
-                         const std::string& optimizer_type, int64_t optimizer_state_bytes,
-                         bool optimizer_elementwise,
-                         std::pair<int64_t, int64_t> optimizer_state_other,
-                         const AssumedBatchArg& assumed_batch, int tensor_parallel_size,
-                         const std::map<std::string, int>& tensor_parallel_params,
-                         int pipeline_parallel_size,
-                         const std::set<std::string>& quantizable_params) {
+EngineHolder make_engine(
+    const NamedTensors& params, const std::vector<NamedTensors>& units, LoadedConfig loaded,
+    const GroupsArg& groups, bool store_served, const py::object& materialize,
+    const BuffersArg& buffers, const std::string& optimizer_type, int64_t optimizer_state_bytes,
+    bool optimizer_elementwise, std::pair<int64_t, int64_t> optimizer_state_other,
+    const AssumedBatchArg& assumed_batch, int tensor_parallel_size,
+    const std::map<std::string, int>& tensor_parallel_params, int pipeline_parallel_size,
+    const std::set<std::string>& quantizable_params, int sequence_parallel_size) {
   take_mpu_size(loaded.config.pipeline_parallel_size, pipeline_parallel_size, "pipeline.stages",
                 "pipeline-parallel");
+  take_mpu_size(loaded.config.sequence_parallel_size, sequence_parallel_size,
+                "sequence_parallel_size", "sequence-parallel");
   take_mpu_size(loaded.config.tensor_parallel_size, tensor_parallel_size,
                 "tensor_parallel.autotp_size", "tensor-parallel");
   if (!optimizer_type.empty()) {  // a client optimizer object or a config's torch.optim type
@@ -275,7 +275,9 @@ PYBIND11_MODULE(_zeroshard, m) {
            py::arg("tensor_parallel_size") = 0,
            py::arg("tensor_parallel_params") = std::map<std::string, int>{},
            py::arg("pipeline_parallel_size") = 0,
-           py::arg("quantizable_params") = std::set<std::string>{})
+           py::arg("quantizable_params") = std::set<std::string>{},
+           // An mpu of Ulysses' groups: its sequence-parallel size (0: the config's).
+           py::arg("sequence_parallel_size") = 0)
       .def("optimizer_shards",
            [](EngineImpl& e) { return optimizer_shards(e.external_optimizer()); })
       .def("optimizer_regions",
@@ -394,6 +396,7 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly("world_size", &EngineImpl::world_size)
       .def_property_readonly("data_parallel_rank", &EngineImpl::data_parallel_rank)
       .def_property_readonly("data_parallel_size", &EngineImpl::data_parallel_size)
+      .def_property_readonly("sequence_parallel_size", &EngineImpl::sequence_parallel_size)
       .def_property_readonly("tensor_parallel_size", &EngineImpl::tensor_parallel_size)
       .def_property_readonly("pipeline_parallel_size", &EngineImpl::pipeline_parallel_size)
       .def_property_readonly("pipeline_stage", &EngineImpl::pipeline_stage)

@@ -216,8 +216,15 @@ struct Config {
   // dimension): each stage's engine shards over the ranks of its stage alone, the outermost
   // dimension (engine/ParallelDims.h).
   std::optional<int64_t> pipeline_parallel_size = 1;
+  // Ranks each sequence is split across (DeepSpeed's sequence_parallel_size; Ulysses,
+  // zeroshard.sequence.layer.DistributedAttention), consecutive ranks: ZeRO shards over them
+  // as over data-parallel ranks and sums their gradients, as DeepSpeed does over its
+  // sequence-data-parallel group; a batch is counted over the world / sp ranks that see
+  // different samples, and gradients are divided by those.
+  std::optional<int64_t> sequence_parallel_size = 1;
   // DeepSpeed's top-level data_parallel_size: where given, checked against the data-parallel
-  // ranks the world leaves (world / tensor-parallel / pipeline); it splits nothing itself.
+  // ranks the world leaves (world / tensor-parallel / pipeline / sequence-parallel); it
+  // splits nothing itself.
   std::optional<int64_t> data_parallel_size;
   WeightQuantization weight_quantization;
 

@@ -175,6 +175,7 @@ std::vector<Knob> build_knobs() {
     int_knob(z + "mics_shard_size", -1, kBig, [](Config& c) -> auto& { return c.zero.mics_shard_size; }),
     fixed(int_knob("tensor_parallel.autotp_size", 1, kBig, [](Config& c) -> auto& { return c.tensor_parallel_size; })),
     fixed(int_knob("pipeline.stages", 1, kBig, [](Config& c) -> auto& { return c.pipeline_parallel_size; })),
+    fixed(int_knob("sequence_parallel_size", 1, kBig, [](Config& c) -> auto& { return c.sequence_parallel_size; })),
     fixed(int_knob("data_parallel_size", 1, kBig, [](Config& c) -> auto& { return c.data_parallel_size; })),
     fixed(int_knob(wq + "num_bits", 0, 8, [](Config& c) -> auto& { return c.weight_quantization.num_bits; })),
     fixed(int_knob(wq + "group_size", 1, kBig, [](Config& c) -> auto& { return c.weight_quantization.group_size; })),

@@ -101,8 +101,6 @@ const std::map<std::string, LackedFeature>& lacked_features() {
         "a zeroshard.pipe.PipelineModule reads it; a torch pipelining stage checkpoints in its "
         "own modules (torch.utils.checkpoint)"}},
       {"pipeline.seed_layers", {"false", "each stage's module is built by the script"}},
-      {"sequence_parallel_size",
-       {"1", "sequence parallelism is not supported yet; each rank holds the whole sequence"}},
       {"sparse_gradients", {"false", "sparse gradients are not supported; gradients are dense"}},
       {"checkpoint.load_universal",
        {"false",

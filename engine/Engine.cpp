@@ -84,6 +84,9 @@ int EngineImpl::tensor_parallel_size() const {
 int EngineImpl::pipeline_parallel_size() const {
   return dist_.dims.size(Dim::Pp);
 }
+int EngineImpl::sequence_parallel_size() const {
+  return static_cast<int>(plan_.settings.sequence_parallel_size);
+}
 int EngineImpl::pipeline_stage() const {
   return dist_.dims.coordinate(Dim::Pp);
 }

@@ -168,11 +168,27 @@ void EngineBuilder::init(std::vector<NamedParam> params,
   const int pp = static_cast<int>(config.pipeline_parallel_size.value_or(1));
   // pp divides the ranks, tp a stage's
   const ParallelDims dims(env.world_size, env.rank, -1, 1, static_cast<int>(tp), pp);
-  if (config.data_parallel_size && *config.data_parallel_size != dims.size(Dim::Dp)) {
+  const int64_t sp = config.sequence_parallel_size.value_or(1);
+  if (sp > 1 && (tp > 1 || pp > 1)) {
     fail(
-        "config key 'data_parallel_size' is {}, but {} ranks over tensor-parallel size {} and {} "
-        "pipeline stage(s) leave {} data-parallel ranks; allowed: {}, or leave the key out",
-        *config.data_parallel_size, env.world_size, tp, pp, dims.size(Dim::Dp), dims.size(Dim::Dp));
+        "config key 'sequence_parallel_size' is {} with tensor-parallel size {} and {} pipeline "
+        "stage(s); allowed: sequence parallelism alone with ZeRO (tensor_parallel.autotp_size "
+        "and pipeline.stages 1), or sequence_parallel_size 1",
+        sp, tp, pp);
+  }
+  if (sp > 1 && env.world_size % sp != 0) {
+    fail(
+        "config key 'sequence_parallel_size' is {}, but {} ranks do not split into groups of {}; "
+        "allowed: a divisor of {}",
+        sp, env.world_size, sp, env.world_size);
+  }
+  const int64_t sample_ranks = dims.size(Dim::Dp) / sp;
+  if (config.data_parallel_size && *config.data_parallel_size != sample_ranks) {
+    fail(
+        "config key 'data_parallel_size' is {}, but {} ranks over tensor-parallel size {}, {} "
+        "pipeline stage(s) and sequence-parallel size {} leave {} data-parallel ranks; allowed: "
+        "{}, or leave the key out",
+        *config.data_parallel_size, env.world_size, tp, pp, sp, sample_ranks, sample_ranks);
   }
   e_->device_.where = params.front().param.device();
   e_->device_.capacity = device_capacity(e_->device_.where, env.local_world_size);

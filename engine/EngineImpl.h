@@ -139,6 +139,9 @@ class EngineImpl final : public Engine {
   int data_parallel_size() const override;
   int tensor_parallel_size() const;
   int pipeline_parallel_size() const;
+  // Ranks that split each sequence (config/Config.h); consecutive, inside the data-parallel
+  // ranks.
+  int sequence_parallel_size() const;
   int pipeline_stage() const;  // this rank's coordinate along pp
   MemoryReport memory_report() const override;
   void barrier() override;

@@ -167,7 +167,10 @@ double StepPipeline::loss_scale() const {
 }
 
 double StepPipeline::mean_scale() const {
-  return 1.0 / static_cast<double>(world_size_ * settings_.gradient_accumulation_steps);
+  // Over the ranks that saw different samples: a sequence-parallel group's gradients are
+  // summed, as DeepSpeed divides by its data-parallel size alone.
+  const int64_t samples_ranks = world_size_ / settings_.sequence_parallel_size;
+  return 1.0 / static_cast<double>(samples_ranks * settings_.gradient_accumulation_steps);
 }
 
 int64_t StepPipeline::global_steps() const {

@@ -28,9 +28,17 @@ std::string batch_key_text(const std::optional<int64_t>& v) {
 // train_micro_batch_size_per_gpu and gradient_accumulation_steps, the ones left out (or
 // auto) follow from the others over the data-parallel ranks; train_batch_size alone means
 // no accumulation, the micro-batch alone too. Where DeepSpeed stops (neither of the first
-// two given), the micro-batch is 1.
+// two given), the micro-batch is 1. The ranks of a sequence-parallel group share their
+// samples: they count once.
 void resolve_batch(Config& c, const WorldShape& world, std::vector<std::string>& reasons) {
-  const int64_t ranks = world.data_parallel_ranks();
+  const int64_t sp = c.sequence_parallel_size.value_or(1);
+  if (sp < 1 || world.data_parallel_ranks() % sp != 0) {
+    fail(
+        "config key 'sequence_parallel_size' is {}, but {} data-parallel ranks do not split "
+        "into groups of {}; allowed: a divisor of {}",
+        sp, world.data_parallel_ranks(), sp, world.data_parallel_ranks());
+  }
+  const int64_t ranks = world.data_parallel_ranks() / sp;
   auto& total = c.train_batch_size;
   auto& micro = c.train_micro_batch_size_per_gpu;
   auto& accumulation = c.gradient_accumulation_steps;
@@ -46,7 +54,8 @@ void resolve_batch(Config& c, const WorldShape& world, std::vector<std::string>&
     fail(
         "config keys {} do not fit {} ranks{}; allowed: train_batch_size = "
         "train_micro_batch_size_per_gpu x gradient_accumulation_steps x ranks (the data-parallel "
-        "ranks), with any one of them left out to be derived from the other two",
+        "ranks over sequence_parallel_size), with any one of them left out to be derived from "
+        "the other two",
         given, ranks, product);
   };
   const char* why = "DeepSpeed's rule: from the other batch keys";

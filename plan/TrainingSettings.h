@@ -71,6 +71,8 @@ struct TrainingSettings {
   int64_t tensor_parallel_size = 1;
   // Pipeline stages; ZeRO works inside each stage's ranks.
   int64_t pipeline_parallel_size = 1;
+  // Ranks that split each sequence (config/Config.h says how they count).
+  int64_t sequence_parallel_size = 1;
   // Frozen stage-3 shards kept quantized (bits 0: not).
   QuantizedLayout weight_quantization{0, 64, false};
   OffloadSettings offload_optimizer;

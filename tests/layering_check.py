@@ -86,7 +86,7 @@ def check_engine(root):
 PUBLIC_MODULES = {"__init__", "__main__", "comm", "zero", "pipelining", "pipe", "constants",
                   "checkpointing"}
 PUBLIC_PACKAGES = {"accelerator", "checkpoint", "compression", "inference", "integrations",
-                   "launcher", "moe", "ops", "runtime", "utils"}
+                   "launcher", "moe", "ops", "runtime", "sequence", "utils"}
 ROOMS = {  # room: the rooms it may import
     "_common": set(),
     "_checkpoint": {"_common"},

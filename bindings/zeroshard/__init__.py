@@ -50,7 +50,8 @@ __all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "init
            "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer", "checkpointing"]
 
 _refusals.install()
-_lazy = ("pipe", "pipelining", "moe", "integrations")  # heavier: imported when first read
+# Heavier: imported when first read.
+_lazy = ("pipe", "pipelining", "moe", "integrations", "sequence")
 _refused = _refusals.attribute_refuser(__name__, lazy=_lazy)
 
 

@@ -330,7 +330,6 @@ TEST(Config, DeepSpeedsWholeSchemaLoadsAtItsDefaultsAndRefusesByNameWhatZeroshar
   for (const auto& [config, said_back] : std::vector<std::pair<const char*, const char*>>{
            {R"({"expert_parallel": {"enabled": true}})", "expert parallelism (AutoEP)"},
            {R"({"compile": {"deepcompile": true}})", "DeepCompile is not supported"},
-           {R"({"sequence_parallel_size": 2})", "sequence parallelism is not supported"},
            {R"({"zero_optimization": {"zenflow": {}}})", "ZenFlow is not supported"},
            {R"({"gradient_allreduce_op": "sum"})", "allowed: mean"},
            {R"({"bf16": {"bf16_optimizer_states": true}})", "optimizer states are fp32"}}) {

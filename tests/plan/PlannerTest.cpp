@@ -166,6 +166,29 @@ TEST(Planner, TrainBatchSizeDerivesAccumulationOrMustAgree) {
   }
 }
 
+// DeepSpeed's count (its config's world_size, world / sequence_parallel_size): a sequence-
+// parallel group's ranks share their samples.
+TEST(Planner, SequenceParallelRanksCountOnceInTheBatch) {
+  Config c;
+  c.train_batch_size = 64;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.sequence_parallel_size = 4;
+  std::vector<std::string> reasons;
+  EXPECT_EQ(
+      resolve_auto_knobs(c, toy_spec(), WorldShape{1, 8}, reasons).gradient_accumulation_steps, 16);
+  c.sequence_parallel_size = 3;
+  try {
+    resolve_auto_knobs(c, toy_spec(), WorldShape{1, 8}, reasons);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config key 'sequence_parallel_size' is 3, but 8 "
+                                         "data-parallel ranks do not split into groups of 3; "
+                                         "allowed: a divisor of 8"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // DeepSpeed's table: whichever of the three is left out follows from the others.
 TEST(Planner, BatchKeysLeftOutFollowDeepSpeedsRule) {
   auto resolve = [](std::optional<int64_t> total, std::optional<int64_t> micro,

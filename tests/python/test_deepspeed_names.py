@@ -78,13 +78,18 @@ def test_a_module_deepspeed_lacks_is_refused_at_import_and_a_name_at_reading():
     with pytest.raises(AttributeError):  # a name DeepSpeed does not have either: Python's error
         zeroshard.utils.no_such_name
     # A script's fallback where DeepSpeed lacks a name (Megatron-DeepSpeed's, around
-    # deepspeed.sequence) takes the refusal as the ImportError it expects.
+    # deepspeed.sequence's FPDT) takes the refusal as the ImportError it expects.
     try:
-        from zeroshard.sequence.layer import DistributedAttention  # noqa: F401
+        from zeroshard.sequence.fpdt_layer import FPDT_Attention  # noqa: F401
         fell_back = False
     except ImportError as e:
-        fell_back = isinstance(e, zeroshard.Error) and "deepspeed.sequence" in str(e)
+        fell_back = (isinstance(e, zeroshard.Error)
+                     and "deepspeed.sequence.fpdt_layer is not in zeroshard" in str(e))
     assert fell_back
+    with pytest.raises(ImportError, match="deepspeed.sequence.auto_wrap_model_for_sp is not"):
+        from zeroshard.sequence import auto_wrap_model_for_sp  # noqa: F401
+    with pytest.raises(ImportError, match="ALST's Hugging Face path"):
+        from zeroshard.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF  # noqa
     with pytest.raises(ImportError, match="deepspeed.utils.groups is not in zeroshard"):
         from zeroshard.utils import groups  # noqa: F401
     with pytest.raises(zeroshard.Error, match="_INSTRUCTION_MAP is not in zeroshard"):

@@ -5,10 +5,14 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT, free_port, rank_env
+import pytest
+
+from conftest import OLDEST_LEG, ROOT, free_port, rank_env
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import deepspeed_shm  # noqa: E402
+
+pytestmark = pytest.mark.skipif(OLDEST_LEG, reason="DeepSpeed is installed on the main leg only")
 
 HOLD = """
 import mmap, os, sys

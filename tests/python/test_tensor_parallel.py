@@ -243,8 +243,9 @@ def test_what_cannot_be_split_is_refused_by_name():
 
     code, out = run_snippet("zeroshard.initialize(model=model, config={'data_parallel_size': 2})")
     assert code != 0
-    assert ("config key 'data_parallel_size' is 2, but 1 ranks over tensor-parallel size 1 and 1 "
-            "pipeline stage(s) leave 1 data-parallel ranks; allowed: 1") in out, out
+    assert ("config key 'data_parallel_size' is 2, but 1 ranks over tensor-parallel size 1, 1 "
+            "pipeline stage(s) and sequence-parallel size 1 leave 1 data-parallel ranks; "
+            "allowed: 1") in out, out
 
 
 def test_estimate_with_tp_refuses_a_model_it_cannot_split():

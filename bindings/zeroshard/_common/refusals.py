@@ -15,8 +15,18 @@ from .. import _zeroshard
 _KERNELS = ("a DeepSpeed CUDA kernel; zeroshard runs the model's own torch modules",
             "the model's torch layers (transformers' BERT or GPT layers; "
             "torch.nn.functional.scaled_dot_product_attention for attention)")
-_SEQUENCE = ("sequence parallelism (Ulysses, FPDT) is not in zeroshard yet",
-             "the whole sequence on each data-parallel rank")
+_FPDT = ("DeepSpeed's FPDT (chunked attention with its chunks offloaded) is not in zeroshard",
+         "zeroshard.sequence.layer.DistributedAttention (Ulysses) around the model's attention")
+_AUTO_SP = ("DeepSpeed's automatic Ulysses wrapping of a model's attention modules is not in "
+            "zeroshard", "zeroshard.sequence.layer.DistributedAttention around the "
+            "model's attention")
+_VOCAB_LOSS = ("DeepSpeed's vocabulary-parallel cross entropy is not in zeroshard",
+               "torch.nn.functional.cross_entropy on each rank's slice of the sequence, with "
+               "full logits")
+_ALST = ("ALST's Hugging Face path (UlyssesSPAttentionHF, its data-loader adapter, tiled "
+         "MLP and loss) is not in zeroshard yet", "zeroshard.sequence.layer."
+         "DistributedAttention around the model's attention, with the groups of "
+         "zeroshard.runtime.sequence_parallel.parallel_state_sp")
 _COMPRESSION = ("DeepSpeed's compression library (quantization-aware training, pruning, "
                 "layer reduction) is not in zeroshard", "torch.ao.quantization or torchao")
 _RANDOM_LTD = ("DeepSpeed's data efficiency library (random layer-token drop, curriculum "
@@ -67,10 +77,30 @@ REFUSED = {
                               "engine.train_batch(), or zeroshard.pipelining's schedules"),
     "checkpointing.non_reentrant_checkpoint": _NON_REENTRANT,
     "runtime.activation_checkpointing.checkpointing.non_reentrant_checkpoint": _NON_REENTRANT,
-    "runtime.sequence_parallel": _SEQUENCE,
-    "sequence": _SEQUENCE,
-    "utils.groups": ("DeepSpeed's registry of expert- and sequence-parallel process groups; "
-                     "zeroshard has neither axis yet", "torch.distributed groups of your own"),
+    "runtime.sequence_parallel.ulysses_sp": _ALST,
+    "sequence.fpdt_layer": _FPDT,
+    "sequence.auto_sp": _AUTO_SP,
+    "sequence.auto_wrap_model_for_sp": _AUTO_SP,
+    "sequence.autosp_detector": _AUTO_SP,
+    "sequence.detect_model_sp_info": _AUTO_SP,
+    "sequence.SPModelInfo": _AUTO_SP,
+    "sequence.autosp_vit": _AUTO_SP,
+    "sequence.UlyssesSPViTAttention": _AUTO_SP,
+    "sequence.autosp_fusion": _AUTO_SP,
+    "sequence.ModalityFusionSPAdapter": _AUTO_SP,
+    "sequence.LlavaFusionAdapter": _AUTO_SP,
+    "sequence.InternVLFusionAdapter": _AUTO_SP,
+    "sequence.Qwen2VLFusionAdapter": _AUTO_SP,
+    "sequence.cross_entropy": _VOCAB_LOSS,
+    "sequence.linear_cross_entropy": _VOCAB_LOSS,
+    "sequence.vocab_parallel_ops": _VOCAB_LOSS,
+    "sequence.VocabParallelCausalLMLoss": _VOCAB_LOSS,
+    "sequence.VocabParallelCrossEntropyLoss": _VOCAB_LOSS,
+    "sequence.configure_vocab_parallel_loss": _VOCAB_LOSS,
+    "sequence.vocab_parallel_cross_entropy": _VOCAB_LOSS,
+    "utils.groups": ("DeepSpeed's registry of expert- and sequence-parallel process groups",
+                     "torch.distributed groups of your own; for sequence parallelism, "
+                     "zeroshard.runtime.sequence_parallel.parallel_state_sp"),
     "runtime.utils.PartitionedTensor": ("Megatron-DeepSpeed's partitioned pipeline "
                                         "activations", "zeroshard's pipeline engine, which "
                                         "sends whole activations between stages"),

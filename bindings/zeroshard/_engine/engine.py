@@ -10,7 +10,9 @@ import torch
 from . import (adafactor as _adafactor, construction as _construction, generation as _generation,
                torch_optimizer as _torch_optimizer)
 from .._parallel import (dtensor as _dtensor, hf_tensor_parallel as _hf_tensor_parallel,
-                         sync_batchnorm as _sync_batchnorm, tensor_parallel as _tensor_parallel)
+                         sequence_groups as _sequence_groups, sync_batchnorm as _sync_batchnorm,
+                         tensor_parallel as _tensor_parallel)
+from .parallel_sizes import ParallelSizes
 from .. import _zeroshard
 from .._common import config as _config, launch as _launch
 from .._common.nested import tensors
@@ -97,10 +99,11 @@ class EngineModule(torch.nn.Module):
         return self.engine(*args, **kwargs)
 
 
-class ZeroShardEngine(SavingMethods, LoaderMethods):
+class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
     def __init__(self, model, config, units=None, model_parameters=None, optimizer=None,
                  lr_scheduler=None, mpu=None, mesh=None, weight_sources=None):
         _launch.require_launch_env()
+        _launch.quiet_at_exit()
         if not isinstance(model, torch.nn.Module):
             raise _zeroshard.Error(f"model: a {type(model).__name__}; allowed: a torch.nn.Module")
         loaded = _config.parse(config)  # the one parse of this engine's config
@@ -108,6 +111,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods):
         self.module = model
         # A model split by its own tp_plan (autotp_size); DTensor parameters as local tensors.
         places = _dtensor.places(model)
+        sp_size, mpu = _sequence_groups.of_mpu(mpu)
         mesh, local_when, mpu = _hf_tensor_parallel.split_by_plan(model, loaded, mpu, mesh)
         tp_size, tp_params, install_dtensors = _dtensor.unwrap(model, mesh, local_when)
         if tp_size:  # a client optimizer (or model_parameters) built over the replaced ones
@@ -138,6 +142,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods):
         if _generation.syncs(model, loaded):
             _launch.init_distributed()  # generate's synced_gpus all-reduces through it
         stepped_by = {"pipeline_parallel_size": _tensor_parallel.stages_of(mpu),
+                      "sequence_parallel_size": sp_size,
                       "quantizable_params": quantizable_names(model, params)}
         if torch_stepped:
             adafactor = _adafactor.is_adafactor(client)
@@ -330,9 +335,9 @@ class ZeroShardEngine(SavingMethods, LoaderMethods):
 
     def train_batch_size(self):
         """Samples per optimizer step over all ranks: micro-batch x accumulation x
-        data-parallel ranks (tensor-parallel ranks share their samples)."""
+        data-parallel ranks (tensor- and sequence-parallel ranks share their samples)."""
         return (self.train_micro_batch_size_per_gpu() * self.gradient_accumulation_steps()
-                * self.world_size)
+                * self.dp_world_size)
 
     def is_gradient_accumulation_boundary(self):
         """True when the next engine.step() ends an accumulation window (steps the
@@ -385,16 +390,6 @@ class ZeroShardEngine(SavingMethods, LoaderMethods):
         """Optimizer steps taken, counting the ones a loaded checkpoint had taken."""
         return self._engine.global_steps
 
-    @property
-    def rank(self):
-        return self._engine.rank
-
-    @property
-    def world_size(self):
-        """The data-parallel ranks, as DeepSpeed's engine counts them with an mpu: every rank
-        without tensor parallelism, world / tp with it."""
-        return self._engine.data_parallel_size
-
     def gradient_accumulation_steps(self):
         """Micro-batches per optimizer step (DeepSpeed's accessor)."""
         return self._engine.gradient_accumulation_steps
@@ -418,22 +413,6 @@ class ZeroShardEngine(SavingMethods, LoaderMethods):
     def global_samples(self):
         """Samples the optimizer steps so far have taken, over all ranks."""
         return self.global_steps * self.train_batch_size()
-
-    @property
-    def data_parallel_rank(self):
-        """This rank among the data-parallel ranks (its rank // tp): the share of the data
-        it trains on; every rank of a tensor-parallel group takes the same."""
-        return self._engine.data_parallel_rank
-
-    @property
-    def dp_world_size(self):
-        """Data-parallel ranks: world / tensor-parallel size."""
-        return self._engine.data_parallel_size
-
-    @property
-    def mp_world_size(self):
-        """Tensor-parallel ranks (1 without an mpu or tensor_parallel.autotp_size)."""
-        return self._engine.tensor_parallel_size
 
     @property
     def scheduled_by_config(self):

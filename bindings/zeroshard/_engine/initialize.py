@@ -134,6 +134,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine = engine_class(model, config, units=units, model_parameters=model_parameters,
                           optimizer=optimizer, lr_scheduler=lr_scheduler, mpu=mpu, mesh=mesh)
     _checkpointing.configure_from_config(config, mpu)
+    engine.get_sequence_parallel_group()  # made here, on every rank alike, where it is new
     loader = _dataloader(training_data, engine, collate_fn)
     scheduler = engine.lr_scheduler
     if scheduler is None and engine.scheduled_by_config:

@@ -25,7 +25,8 @@ class DeepSpeedConfig:
         ranks = self._data_parallel_ranks(mpu)
         (self.train_batch_size, self.train_micro_batch_size_per_gpu,
          self.gradient_accumulation_steps) = _zeroshard.resolved_batch(loaded, ranks)
-        self.world_size = ranks
+        # As DeepSpeed's: the ranks that see different samples.
+        self.world_size = ranks // int(self._param_dict.get("sequence_parallel_size", 1))
         d = self._param_dict
         zero = d.get("zero_optimization") or {}
         self.zero_optimization_stage = int(zero.get("stage", 0)) if zero.get("stage") != "auto" \
