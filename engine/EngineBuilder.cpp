@@ -176,12 +176,6 @@ void EngineBuilder::init(std::vector<NamedParam> params,
         "and pipeline.stages 1), or sequence_parallel_size 1",
         sp, tp, pp);
   }
-  if (sp > 1 && env.world_size % sp != 0) {
-    fail(
-        "config key 'sequence_parallel_size' is {}, but {} ranks do not split into groups of {}; "
-        "allowed: a divisor of {}",
-        sp, env.world_size, sp, env.world_size);
-  }
   const int64_t sample_ranks = dims.size(Dim::Dp) / sp;
   if (config.data_parallel_size && *config.data_parallel_size != sample_ranks) {
     fail(

@@ -9,23 +9,16 @@
 #include "plan/HfConfig.h"
 #include "plan/OptimizerSplit.h"
 #include "tests/common/TestPaths.h"
+#include "tests/plan/ToySpec.h"
 
 using namespace zeroshard;
 using OD = OffloadDevice;
+using zeroshard::testing::toy_spec;
 
 namespace {
 
 // Two units of 3,200 parameters: with 2 ranks each shard is 1,600 elements, already a
 // multiple of the 64-element alignment, so the numbers below stay round.
-ModelSpec toy_spec() {
-  ModelSpec s;
-  s.total_params = 6400;
-  s.unit_params = {3200, 3200};
-  s.largest_module_params = 3200;
-  s.tensor_counts = {{3200, 2}};
-  return s;
-}
-
 Config toy_config(bool bf16) {
   Config c;
   c.bf16 = bf16;

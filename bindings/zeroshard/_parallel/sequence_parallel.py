@@ -27,10 +27,6 @@ import torch.distributed as dist
 from .. import _zeroshard
 
 
-def _group_size(group):
-    return dist.get_world_size(group)
-
-
 def _check_heads(heads, num_kv_heads, size):
     if num_kv_heads is not None and num_kv_heads < size:
         raise _zeroshard.Error(
@@ -48,11 +44,9 @@ def _check_heads(heads, num_kv_heads, size):
 def _heads_to_sequence(x, batch_dim_idx, group):
     """[b, s/p, H, d] -> [b, s, H/p, d] (or sequence first): every rank's slice of the
     sequence, this rank's block of heads."""
-    p = _group_size(group)
+    p = dist.get_world_size(group)
     seq_dim = 1 if batch_dim_idx == 0 else 0
-    *lead, heads, head_dim = x.shape
-    if heads % p:
-        _check_heads(heads, None, p)
+    *lead, heads, head_dim = x.shape  # heads checked by single_all_to_all
     # [p, lead..., H/p, d]: block j goes to rank j.
     send = x.reshape(*lead, p, heads // p, head_dim).movedim(-3, 0).contiguous()
     recv = torch.empty_like(send)
@@ -66,7 +60,7 @@ def _heads_to_sequence(x, batch_dim_idx, group):
 
 def _sequence_to_heads(x, batch_dim_idx, group):
     """[b, s, H/p, d] -> [b, s/p, H, d] (or sequence first): the way back."""
-    p = _group_size(group)
+    p = dist.get_world_size(group)
     seq_dim = 1 if batch_dim_idx == 0 else 0
     *lead, heads, head_dim = x.shape
     if lead[seq_dim] % p:
@@ -92,7 +86,7 @@ def single_all_to_all(input, scatter_idx, gather_idx, batch_dim_idx, group, asyn
         raise _zeroshard.Error("single_all_to_all: async_op=True (DeepSpeed's overlap of the "
                           "exchanges on a side stream) is not in zeroshard; allowed: False")
     if scatter_idx >= 2:
-        _check_heads(input.shape[2], num_kv_heads, _group_size(group))
+        _check_heads(input.shape[2], num_kv_heads, dist.get_world_size(group))
         return _heads_to_sequence(input, batch_dim_idx, group)
     return _sequence_to_heads(input, batch_dim_idx, group)
 
