@@ -76,6 +76,9 @@ usage: ./zs VERB [ARGS]
                     checkpoint resume, synchronising calls per step, compute-sanitizer,
                     a build there, bench gpu; OUT/summary.txt says each stage's result
   build             install missing packages and the venv, build into build/
+  wheel [DIR]       the wheel pip install . builds, against the venv's torch, into DIR
+                    (dist/): it carries yaml-cpp and liburing and needs only Python, that
+                    torch and the C runtime (pip install dist/zeroshard-*.whl beside it)
   estimate ARGS     zeroshard-estimate: what fits where, before launch (--help for options)
   bench NAME [--json] a benchmark from tools/bench with its baseline: sharding (stages
                     0-3 vs stage 0), adam (CpuAdam vs torch AdamW and the bandwidth limit),
@@ -155,6 +158,7 @@ case "$verb" in
     if [ "${1:-}" = "--record" ]; then test_times record; else test_times summary; fi
     ;;
   build) build ;;
+  wheel) wheel "$@" ;;
   gpu-pack) gpu_pack && gpu_pack_prebuilt ;;
   gpu-check) gpu_check "$@" ;;
   estimate)

@@ -15,6 +15,7 @@
 #include "common/InterpreterLock.h"
 #include "config/Config.h"
 #include "engine/EngineImpl.h"
+#include "engine/NcclGroup.h"
 #include "engine/ProcessGroupSetup.h"
 #include "plan/HfConfig.h"
 
@@ -246,6 +247,9 @@ PYBIND11_MODULE(_zeroshard, m) {
       "mpirun variables).");
   m.def("parse_bytes", &parse_bytes, py::arg("text"), py::arg("what"),
         "\"80GB\" (10^9), \"1.5TiB\" (2^40), \"4096\": the CLI's size parser");
+  m.def("gpu_unavailable", &why_no_gpu,
+        "Why a model on a GPU cannot train here, in one sentence (\"\" when it can): no CUDA "
+        "in the build, its GPU half not loading beside this torch, or no device visible");
 
   bind_plan(m);
 

@@ -13,6 +13,14 @@ if(NOT ZS_CUDA)
   return()
 endif()
 
+# torch's CMake links libtorch_cuda into every target with --no-as-needed, so that its
+# CUDA kernels register in a program that calls none of them by name. zeroshard's Python
+# extension must not need it (a torch without CUDA has none; only the GPU half,
+# cuda/CudaRuntime.h, calls it): here it is linked as any library is, the extension links
+# --as-needed and drops it, and the programs that may run on a GPU keep it
+# (tests/CMakeLists.txt). The compile lines are unchanged.
+set_property(TARGET torch_cuda_library PROPERTY INTERFACE_LINK_LIBRARIES torch_cuda)
+
 set(ZS_NCCL_INCLUDE_DIR "")
 zs_python_print(ZS_WHEEL_NCCL
   "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'include'))")

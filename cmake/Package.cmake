@@ -25,6 +25,10 @@ set_target_properties(zeroshard PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION
 
 install(TARGETS zeroshard EXPORT zeroshardTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT zeroshard_cpp)
+if(TARGET zeroshard_cuda)  # the GPU half, beside the library whose loader looks there first
+  install(TARGETS zeroshard_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          COMPONENT zeroshard_cpp)
+endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/zeroshard
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT zeroshard_cpp)
 set(ZS_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/zeroshard)

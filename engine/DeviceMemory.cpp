@@ -3,29 +3,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <string>
 
 #include "common/Error.h"
-#include "engine/NcclGroup.h"
-
-#ifdef ZS_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <cuda_runtime_api.h>
-#endif
+#include "cuda/CudaRuntime.h"
 
 namespace zeroshard {
 namespace {
 
-#ifdef ZS_WITH_CUDA
-int64_t gpu_total_bytes(c10::DeviceIndex index) {
-  cudaDeviceProp props{};
-  const auto status = cudaGetDeviceProperties(&props, index);
-  if (status != cudaSuccess) {
-    fail("cannot read the memory size of cuda:{}: {}", static_cast<int>(index),
-         cudaGetErrorString(status));
-  }
-  return static_cast<int64_t>(props.totalGlobalMem);
+CudaRuntime& cuda_for(const c10::Device& device) {
+  CudaRuntime* cuda = cuda_runtime();
+  if (cuda == nullptr) fail("the model is on {}, but {}", device.str(), cuda_unavailable());
+  return *cuda;
 }
-#endif
 
 }  // namespace
 
@@ -36,31 +26,20 @@ int64_t host_memory_bytes() {
 int64_t device_capacity(const c10::Device& device, int local_ranks) {
   local_ranks = std::max(1, local_ranks);
   if (!device.is_cuda()) return host_memory_bytes() / local_ranks;
-#ifdef ZS_WITH_CUDA
+  CudaRuntime& cuda = cuda_for(device);
   // Ranks beyond the GPU count share GPUs (ZS_DIST_BACKEND=gloo): each gets its part.
-  const int gpus = std::max(1, cuda_device_count());
+  const int gpus = std::max(1, cuda.device_count());
   const int sharing = (local_ranks + gpus - 1) / gpus;
-  return gpu_total_bytes(device.has_index() ? device.index() : 0) / sharing;
-#else
-  fail("the model is on {}, but this zeroshard was built against a LibTorch without CUDA",
-       device.str());
-#endif
+  const int index = device.has_index() ? device.index() : 0;
+  std::string error;
+  const int64_t total = cuda.total_memory(index, &error);
+  if (total < 0) fail("cannot read the memory size of cuda:{}: {}", index, error);
+  return total / sharing;
 }
 
 std::optional<AllocatorStats> allocator_stats(const c10::Device& device) {
   if (!device.is_cuda()) return std::nullopt;
-#ifdef ZS_WITH_CUDA
-  const auto stats =
-      c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
-  constexpr size_t kAggregate = 0;  // StatType::AGGREGATE: every pool together
-  AllocatorStats out;
-  out.allocated = stats.allocated_bytes[kAggregate].current;
-  out.peak_allocated = stats.allocated_bytes[kAggregate].peak;
-  out.peak_reserved = stats.reserved_bytes[kAggregate].peak;
-  return out;
-#else
-  return std::nullopt;
-#endif
+  return cuda_for(device).allocator_stats(device.has_index() ? device.index() : 0);
 }
 
 }  // namespace zeroshard

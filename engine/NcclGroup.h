@@ -1,7 +1,8 @@
 #pragma once
-// NCCL process groups for CUDA tensors. Compiled whenever the LibTorch found has CUDA
-// (ZS_WITH_CUDA, see cmake/Cuda.cmake), on machines without a GPU too; a build from a
-// LibTorch without CUDA has none, and says so when a model on a GPU asks for one.
+// NCCL process groups for CUDA tensors, made by the GPU half of a build against a torch
+// with CUDA (cuda/CudaRuntime.h), on machines without a GPU too; a build from a LibTorch
+// without CUDA, or one whose GPU half does not load beside this torch, has none, and says
+// why when a model on a GPU asks for one.
 #include <chrono>
 #include <string>
 

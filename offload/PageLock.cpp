@@ -1,22 +1,15 @@
 #include "offload/PageLock.h"
 
-#include <string>
-
-#include "common/Logging.h"
-
-#ifdef ZS_WITH_CUDA
 #include <sys/resource.h>
 
 #include <mutex>
-
-#include <cuda_runtime_api.h>
+#include <string>
 
 #include "common/Bytes.h"
-#endif
+#include "common/Logging.h"
+#include "cuda/CudaRuntime.h"
 
 namespace zeroshard {
-
-#ifdef ZS_WITH_CUDA
 namespace {
 
 std::string memlock_limit() {
@@ -29,40 +22,24 @@ std::string memlock_limit() {
 }  // namespace
 
 bool page_lock(void* data, int64_t bytes) {
-  static const bool gpu = [] {
-    int count = 0;
-    const bool seen = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-    cudaGetLastError();  // a missing driver is an answer here, not an error for later calls
-    return seen;
-  }();
-  if (!gpu) return false;
-  const cudaError_t rc =
-      cudaHostRegister(data, static_cast<size_t>(bytes), cudaHostRegisterDefault);
-  if (rc == cudaSuccess) return true;
-  cudaGetLastError();
+  CudaRuntime* cuda = cuda_runtime();
+  if (cuda == nullptr) return false;  // no GPU half: nothing to lock for
+  std::string refusal;
+  if (cuda->page_lock(data, bytes, &refusal)) return true;
+  if (refusal.empty()) return false;  // no GPU visible
   static std::once_flag said;
   std::call_once(said, [&] {
     log_warn(
         "page-locking {} of host buffers was refused ({}; RLIMIT_MEMLOCK is {}): they stay "
         "pageable, so copies to and from the GPU are staged by the driver and do not overlap; "
         "raise the limit (ulimit -l) to page-lock them",
-        format_gib(static_cast<double>(bytes)) + " GiB", cudaGetErrorString(rc), memlock_limit());
+        format_gib(static_cast<double>(bytes)) + " GiB", refusal, memlock_limit());
   });
   return false;
 }
 
 void page_unlock(void* data) {
-  cudaHostUnregister(data);
+  if (CudaRuntime* cuda = cuda_runtime()) cuda->page_unlock(data);
 }
-
-#else  // a build without CUDA: nothing to lock for
-
-bool page_lock(void*, int64_t) {
-  return false;
-}
-
-void page_unlock(void*) {}
-
-#endif
 
 }  // namespace zeroshard

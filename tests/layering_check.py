@@ -15,14 +15,15 @@ import sys
 BELOW = {
     "include": set(),
     "common": set(),
+    "cuda": {"common"},
     "config": {"common"},
     "plan": {"common", "config"},
-    "sharding": {"common"},
-    "offload": {"common"},
-    "optim": {"common", "config", "plan", "sharding", "offload"},
-    "engine": {"common", "config", "plan", "sharding", "offload", "optim"},
-    "bindings": {"common", "config", "plan", "sharding", "offload", "optim", "engine"},
-    "tools": {"common", "config", "plan", "sharding", "offload", "optim", "engine"},
+    "sharding": {"common", "cuda"},
+    "offload": {"common", "cuda"},
+    "optim": {"common", "cuda", "config", "plan", "sharding", "offload"},
+    "engine": {"common", "cuda", "config", "plan", "sharding", "offload", "optim"},
+    "bindings": {"common", "cuda", "config", "plan", "sharding", "offload", "optim", "engine"},
+    "tools": {"common", "cuda", "config", "plan", "sharding", "offload", "optim", "engine"},
 }
 TORCH = re.compile(r'#include <(torch|ATen|c10|caffe2)/')
 PROJECT = re.compile(r'#include "([a-z_]+)/([^"]+)"')

@@ -192,3 +192,23 @@ build_targets() {
   configure "$BUILD"
   cmake --build "$BUILD" -j "$(nproc)" --target "$@"
 }
+
+# ./zs wheel [DIR]: the wheel `pip install .` would build (pip wheel ., build isolation
+# included) against the venv's torch, into DIR (dist/). It carries the libraries it links
+# beyond torch and the C runtime (yaml-cpp, liburing: bindings/CMakeLists.txt), so it runs
+# where only Python and that torch are. Through ccache with ./zs build's compiler and
+# paths relative to the checkout (CCACHE_BASEDIR), so a warm cache gives ./zs build's
+# objects back instead of compiling everything again.
+wheel() {
+  local dir=${1:-$ROOT/dist} cxx
+  ensure_packages
+  ensure_venv
+  mkdir -p "$dir" && rm -f "$dir"/zeroshard-*.whl
+  # The compiler by the name ./zs build's CMake chose (c++, where pip's would be g++: the
+  # same program, but ccache hashes the name too).
+  cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)
+  (cd "$ROOT" && env -u PYTHONPATH CCACHE_NOHASHDIR=1 \
+    CMAKE_ARGS="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER=${cxx:-c++}" \
+    "$PY" -m pip wheel -q --no-deps -w "$dir" .) || die "pip wheel . failed"
+  ls "$dir"/zeroshard-*.whl
+}
