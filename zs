@@ -69,9 +69,10 @@ usage: ./zs VERB [ARGS]
                     only the fuzzers; --gpu: on a GPU machine, the GPU tests against its
                     python3's torch, with the packages `gpu-pack` put in .gpu/, and the
                     offloaded optimizer's copies under torch's CUDA stream sanitizer)
-  gpu-pack          download the C++ libraries' Debian packages the GPU machine lacks into
-                    .gpu/debs, DeepSpeed's wheels into .gpu/wheels and this build's GPU
-                    programs into .gpu/prebuilt (carry .gpu there for ./zs test --gpu)
+  gpu-pack          this build's GPU test programs and the wheel, installed, into
+                    .gpu/prebuilt (what gpu-check runs), DeepSpeed's wheels into .gpu/wheels,
+                    and for a build there (./zs test --gpu) the C++ libraries' Debian
+                    packages into .gpu/debs: carry .gpu to the GPU machine
   gpu-check OUT     on a GPU machine, in one command: GPU tests, stream sanitizer,
                     checkpoint resume, synchronising calls per step, compute-sanitizer,
                     a build there, bench gpu; OUT/summary.txt says each stage's result

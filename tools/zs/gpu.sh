@@ -4,10 +4,12 @@
 
 # --- the GPU leg: ./zs test --gpu, on a GPU machine (one H100, torch 2.11+cu130, no network)
 # That machine's python3 has torch with CUDA, cmake and ninja, but not the C++ libraries
-# around them. `./zs gpu-pack`, run here (where apt reaches Debian), downloads their
-# packages into .gpu/debs (ignored by git: carry .gpu there); the leg unpacks them into
-# .gpu/root and builds against that prefix and the machine's own torch. Not yet run on a
-# GPU machine: what its image lacks beyond these is to be seen with the first run there.
+# around them. What runs there comes as the wheel (it carries yaml-cpp and liburing, and
+# takes torch's libraries and CUDA runtime from that python3's torch): `./zs gpu-pack`
+# installs it into .gpu/prebuilt/python beside this build's test programs. Only a build
+# from source there (./zs test --gpu, gpu-check's build-there stage) needs the -dev
+# packages: gpu-pack downloads them into .gpu/debs (ignored by git: carry .gpu there) and
+# that build unpacks them into .gpu/root and builds against that prefix.
 GPU_PACKAGES=(
   libyaml-cpp-dev libyaml-cpp0.7 nlohmann-json3-dev liburing-dev liburing2 libgtest-dev
   libgloo-dev zlib1g-dev pkgconf pkgconf-bin libpkgconf3
@@ -27,7 +29,7 @@ gpu_pack() {
     compgen -G "$WHEELS/$name-*.whl" >/dev/null || die "no $name wheel in $WHEELS (./zs build makes them)"
     cp "$WHEELS/$name"-*.whl "$GPU_DIR/wheels/"
   done
-  echo "zs: $(ls "$GPU_DIR/debs" | wc -l) packages and $(ls "$GPU_DIR/wheels" | wc -l) wheels, $(du -sh "$GPU_DIR" | cut -f1), in .gpu: carry .gpu to the GPU machine"
+  echo "zs: $(ls "$GPU_DIR/debs" | wc -l) packages (for a build there) and $(ls "$GPU_DIR/wheels" | wc -l) wheels in .gpu"
 }
 
 # The carried packages as a prefix the build searches first (libraries, headers,
@@ -107,22 +109,30 @@ bench_gpu_in() {
 # step, compute-sanitizer's memcheck, a build from source there (in the background, its
 # result reported), then bench gpu alone on the machine. OUT gets summary.txt (a line
 # per stage: status, seconds), log.txt and each stage's own file.
-# `./zs gpu-pack` here also puts this build's GPU programs, stripped, in .gpu/prebuilt
-# (the same torch as that machine's: 2.11.0+cu130, Python 3.12), so the tests do not wait
-# for the build there; without .gpu/prebuilt the check builds first.
+# `./zs gpu-pack` here also puts this build's GPU test programs, stripped, and the wheel,
+# installed, in .gpu/prebuilt (the same torch as that machine's: 2.11.0+cu130, Python
+# 3.12), so the tests do not wait for the build there and find the C++ libraries in the
+# wheel, none in a Debian package; without .gpu/prebuilt the check builds first.
 gpu_pack_prebuilt() {
   local to="$GPU_DIR/prebuilt" f
   build >/dev/null
   rm -rf "$to" && mkdir -p "$to/tests" "$to/python"
   for f in engine_tests engine_worker; do strip --strip-debug -o "$to/tests/$f" "$BUILD/tests/$f"; done
-  cp -r "$BUILD/python/zeroshard" "$to/python/"
-  for f in "$to"/python/zeroshard/_zeroshard*.so; do strip --strip-debug "$f"; done
+  # (the test programs' own GPU half, beside them, where its loader looks first)
+  strip --strip-debug -o "$to/tests/libzeroshard_cuda.so" "$BUILD/python/zeroshard/libzeroshard_cuda.so"
+  wheel "$GPU_DIR/dist" >/dev/null
+  "$PY" -m pip install -q --no-deps --no-compile --no-cache-dir --target "$to/python" \
+    "$GPU_DIR"/dist/zeroshard-*.whl || die "the wheel does not install into $to/python"
+  rm -r "$GPU_DIR/dist" "$to/python/bin"  # (installed; bin's scripts name this venv's python)
+  for f in "$to"/python/zeroshard/_zeroshard*.so "$to"/python/zeroshard/libzeroshard_cuda.so \
+    "$to"/python/zeroshard/bin/zeroshard-estimate; do strip --strip-debug "$f"; done
   { echo "binary_dir=$BUILD"  # where the test programs look for engine_worker
     echo "torch=$(torch_version)"
     echo "nccl_header=$(grep -h '^#define NCCL_\(MAJOR\|MINOR\|PATCH\)' \
       "$VENV"/lib/python3*/site-packages/nvidia/nccl/include/nccl.h 2>/dev/null | awk '{printf "%s.", $3}')"
     echo "commit=$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo +)"
   } >"$to/BUILT"
+  echo "zs: the test programs and the wheel installed in .gpu/prebuilt; $(du -sh "$GPU_DIR" | cut -f1) in .gpu: carry .gpu to the GPU machine"
 }
 
 gpu_stage() {  # gpu_stage NAME SECONDS COMMAND...: one stage, its status and time in the summary
@@ -150,20 +160,22 @@ torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version()
 # The prebuilt programs where they were built (engine_tests starts engine_worker by the
 # path it was built with), or a build here.
 gpu_programs() {
-  local built
+  local built libs
   if [ -d "$GPU_DIR/prebuilt" ]; then
     built=$(sed -n 's/^binary_dir=//p' "$GPU_DIR/prebuilt/BUILT")
     [ -L "$built" ] && rm "$built"
     [ -e "$built" ] || { mkdir -p "$(dirname "$built")" && ln -s "$GPU_DIR/prebuilt" "$built"; }
     GPU_BUILD="$GPU_DIR/prebuilt"
+    libs="$GPU_BUILD/python/zeroshard/_libs"  # the test programs' yaml-cpp and liburing: the wheel's
   else
     GPU_BUILD="$ROOT/build-gpu"
+    use_gpu_prefix  # (the programs built there link the carried packages' libraries)
     gpu_stage build 420 gpu_build_here "$GPU_BUILD" || return 1
   fi
   export GPU_BUILD
   local torch_lib
   torch_lib=$(cd / && "$GPU_PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib
-  export LD_LIBRARY_PATH="$torch_lib:$(dirname "$torch_lib")/../nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="${libs:+$libs:}$torch_lib:$(dirname "$torch_lib")/../nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
 gpu_build_here() {
@@ -245,7 +257,6 @@ gpu_check() {
   export -f gpu_machine_info gpu_build_here gpu_build_niced configure_gpu use_gpu_prefix \
     gpu_syncs gpu_memcheck gpu_pytests gpu_bench gpu_search bench_gpu_in
   gpu_stage machine 30 gpu_machine_info
-  use_gpu_prefix
   gpu_programs || { cat "$GPU_OUT/summary.txt"; return 1; }
   # The checks side by side (they count and compare, they do not time; the GPU and 16
   # cores hold them all), a build from source beside them at the lowest priority (does
