@@ -88,10 +88,11 @@ def test_a_module_deepspeed_lacks_is_refused_at_import_and_a_name_at_reading():
     assert fell_back
     with pytest.raises(ImportError, match="deepspeed.sequence.auto_wrap_model_for_sp is not"):
         from zeroshard.sequence import auto_wrap_model_for_sp  # noqa: F401
-    with pytest.raises(ImportError, match="ALST's Hugging Face path"):
-        from zeroshard.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF  # noqa
-    with pytest.raises(ImportError, match="deepspeed.utils.groups is not in zeroshard"):
-        from zeroshard.utils import groups  # noqa: F401
+    with pytest.raises(ImportError, match="ALST's tiled compute"):
+        from zeroshard.runtime.sequence_parallel.ulysses_sp import TiledMLP  # noqa: F401
+    with pytest.raises(ImportError, match="deepspeed.utils.groups._get_expert_parallel_group "
+                                          "is not in zeroshard"):
+        from zeroshard.utils.groups import _get_expert_parallel_group  # noqa: F401
     with pytest.raises(zeroshard.Error, match="_INSTRUCTION_MAP is not in zeroshard"):
         zeroshard.runtime.pipe.engine.PipelineEngine._INSTRUCTION_MAP["x"] = None
 

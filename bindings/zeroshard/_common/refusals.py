@@ -23,10 +23,12 @@ _AUTO_SP = ("DeepSpeed's automatic Ulysses wrapping of a model's attention modul
 _VOCAB_LOSS = ("DeepSpeed's vocabulary-parallel cross entropy is not in zeroshard",
                "torch.nn.functional.cross_entropy on each rank's slice of the sequence, with "
                "full logits")
-_ALST = ("ALST's Hugging Face path (UlyssesSPAttentionHF, its data-loader adapter, tiled "
-         "MLP and loss) is not in zeroshard yet", "zeroshard.sequence.layer."
-         "DistributedAttention around the model's attention, with the groups of "
-         "zeroshard.runtime.sequence_parallel.parallel_state_sp")
+_GROUPS = ("DeepSpeed's registry of expert-, tensor- and hierarchical-ZeRO process groups",
+           "torch.distributed groups of your own; the sequence- and data-parallel getters of "
+           "zeroshard.utils.groups")
+_TILED = ("ALST's tiled compute (the MLP and the logits and loss in sequence tiles) is not "
+          "in zeroshard yet", "the MLP and the loss on the rank's whole slice (with "
+          "sequence parallelism, a slice is 1/sequence_parallel_size of the sequence)")
 _COMPRESSION = ("DeepSpeed's compression library (quantization-aware training, pruning, "
                 "layer reduction) is not in zeroshard", "torch.ao.quantization or torchao")
 _RANDOM_LTD = ("DeepSpeed's data efficiency library (random layer-token drop, curriculum "
@@ -77,7 +79,11 @@ REFUSED = {
                               "engine.train_batch(), or zeroshard.pipelining's schedules"),
     "checkpointing.non_reentrant_checkpoint": _NON_REENTRANT,
     "runtime.activation_checkpointing.checkpointing.non_reentrant_checkpoint": _NON_REENTRANT,
-    "runtime.sequence_parallel.ulysses_sp": _ALST,
+    "runtime.sequence_parallel.ulysses_sp.TiledMLP": _TILED,
+    "runtime.sequence_parallel.ulysses_sp.TiledFusedLogitsLoss": _TILED,
+    "runtime.sequence_parallel.ulysses_sp.SequenceTiledCompute": _TILED,
+    "runtime.sequence_parallel.ulysses_sp.sequence_tiled_compute": _TILED,
+    "runtime.sequence_parallel.ulysses_sp.AutogradComputeMLP": _TILED,
     "sequence.fpdt_layer": _FPDT,
     "sequence.auto_sp": _AUTO_SP,
     "sequence.auto_wrap_model_for_sp": _AUTO_SP,
@@ -98,9 +104,50 @@ REFUSED = {
     "sequence.VocabParallelCrossEntropyLoss": _VOCAB_LOSS,
     "sequence.configure_vocab_parallel_loss": _VOCAB_LOSS,
     "sequence.vocab_parallel_cross_entropy": _VOCAB_LOSS,
-    "utils.groups": ("DeepSpeed's registry of expert- and sequence-parallel process groups",
-                     "torch.distributed groups of your own; for sequence parallelism, "
-                     "zeroshard.runtime.sequence_parallel.parallel_state_sp"),
+    "utils.groups._create_expert_and_data_parallel": _GROUPS,
+    "utils.groups._create_expert_data_and_model_parallel": _GROUPS,
+    "utils.groups._get_expert_parallel_group": _GROUPS,
+    "utils.groups._get_expert_parallel_group_dict": _GROUPS,
+    "utils.groups._get_expert_data_parallel_group": _GROUPS,
+    "utils.groups._get_expert_data_parallel_group_dict": _GROUPS,
+    "utils.groups._get_expert_parallel_world_size": _GROUPS,
+    "utils.groups._get_expert_data_parallel_world_size": _GROUPS,
+    "utils.groups._get_expert_parallel_rank": _GROUPS,
+    "utils.groups._get_expert_data_parallel_rank": _GROUPS,
+    "utils.groups._get_expert_parallel_src_rank": _GROUPS,
+    "utils.groups._get_expert_broadcast_src_rank": _GROUPS,
+    "utils.groups._get_expert_model_parallel_world_size": _GROUPS,
+    "utils.groups._get_max_expert_size": _GROUPS,
+    "utils.groups._get_max_expert_size_name": _GROUPS,
+    "utils.groups._create_model_parallel": _GROUPS,
+    "utils.groups._get_model_parallel_world_size": _GROUPS,
+    "utils.groups._get_data_parallel_group_ranks": _GROUPS,
+    "utils.groups._get_broadcast_src_rank": _GROUPS,
+    "utils.groups._get_local_all_to_all_group": _GROUPS,
+    "utils.groups._get_zero_param_intra_parallel_group": _GROUPS,
+    "utils.groups._get_zero_param_intra_parallel_rank_in_mygroup": _GROUPS,
+    "utils.groups._get_zero_param_intra_parallel_group_world_size": _GROUPS,
+    "utils.groups._get_zero_param_intra_parallel_group_ranks": _GROUPS,
+    "utils.groups._clone_world_group": _GROUPS,
+    "utils.groups._create_zero_param_parallel_group": _GROUPS,
+    "utils.groups._get_expert_data_parallel_group_ranks": _GROUPS,
+    "utils.groups._get_expert_parallel_group_ranks": _GROUPS,
+    "utils.groups._get_expert_parallel_ranks": _GROUPS,
+    "utils.groups._get_max_expert_parallel_group": _GROUPS,
+    "utils.groups._zero_param_parallel_is_initialized": _GROUPS,
+    "utils.groups.get_data_parallel_group": _GROUPS,
+    "utils.groups.get_data_parallel_rank": _GROUPS,
+    "utils.groups.get_data_parallel_world_size": _GROUPS,
+    "utils.groups.get_model_parallel_group": _GROUPS,
+    "utils.groups.get_model_parallel_rank": _GROUPS,
+    "utils.groups.get_model_parallel_world_size": _GROUPS,
+    "utils.groups.get_tensor_model_parallel_group": _GROUPS,
+    "utils.groups.get_tensor_model_parallel_rank": _GROUPS,
+    "utils.groups.get_tensor_model_parallel_src_rank": _GROUPS,
+    "utils.groups.get_tensor_model_parallel_world_size": _GROUPS,
+    "utils.groups.initialize": _GROUPS,
+    "utils.groups.set_tensor_model_parallel_rank": _GROUPS,
+    "utils.groups.set_tensor_model_parallel_world_size": _GROUPS,
     "runtime.utils.PartitionedTensor": ("Megatron-DeepSpeed's partitioned pipeline "
                                         "activations", "zeroshard's pipeline engine, which "
                                         "sends whole activations between stages"),

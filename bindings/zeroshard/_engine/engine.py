@@ -272,6 +272,9 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
                 "engine.backward(loss, scale_wrt_gas=False): not supported; allowed: True (the "
                 "step takes the mean over the accumulation window's micro-batches; to sum "
                 "them instead, multiply the loss by gradient_accumulation_steps)")
+        if self.sequence_parallel_size > 1:
+            scale = _sequence_groups.replicated_loss_scale(loss, self.get_sequence_parallel_group())
+            loss = loss * scale if scale != 1.0 else loss
         self._engine.backward(loss, retain_graph=bool(retain_graph))
         self._pending_backward = True
 

@@ -2,6 +2,9 @@
 (zeroshard.runtime.sequence_parallel.parallel_state_sp): consecutive ranks form a
 sequence-parallel group (ranks 0..p-1, p..2p-1, ...); every rank together forms the
 sequence-data-parallel group, over which ZeRO shards the state and reduces the gradients."""
+import collections
+import sys
+
 import torch.distributed as dist
 
 from .. import _zeroshard
@@ -34,6 +37,22 @@ def initialize_sequence_parallel(sequence_parallel_size):
         if rank in ranks:
             _groups["sp"] = group
     _groups["sp_dp"] = dist.new_group(list(range(world)))
+
+
+def mpu():
+    """These groups as an mpu for initialize(mpu=...), as parallel_state_sp is one."""
+    return sys.modules[__name__]
+
+
+def made_with(size):
+    """Whether the groups are made already, of `size` ranks (made of another size: an
+    error, as a second initialize_sequence_parallel would be)."""
+    if not _groups:
+        return False
+    if get_sequence_parallel_world_size() != size:
+        raise _error(f"sequence_parallel_size={size}, but the groups were made with "
+                     f"{get_sequence_parallel_world_size()}; allowed: the same size")
+    return True
 
 
 def of_mpu(mpu):
@@ -71,6 +90,39 @@ def made(size):
     return _groups["sp"]
 
 
+_GATHERED_LOSS_SEARCH = 256  # autograd nodes searched from the loss: the gather is near it
+
+
+def replicated_loss_scale(loss, group):
+    """1/p where every rank's loss was made whole over the sequence-parallel group by
+    torch.distributed.nn's differentiable all-gather or all-reduce (ALST's loss: each
+    slice's loss gathered and weighted by its tokens), else 1. Such a loss is the same on
+    the group's p ranks, and the collective's backward sums each rank's gradient over the
+    group, so the group's gradients add up to p times the loss's; a loss that is each rank's
+    share of the group's (DistributedAttention's usual one) adds up to it once. DeepSpeed
+    divides by the data-parallel size at ZeRO 1 and 2 and by every rank at ZeRO 3, right for
+    one of the two losses at each stage; the engine divides by the data-parallel size and by
+    this, right for both."""
+    if group is None or loss.grad_fn is None:
+        return 1.0
+    from torch.distributed.nn import functional as collectives
+    summing = tuple(getattr(collectives, name, None)
+                    for name in ("_AllGather", "_AllGatherBase", "_AllReduce"))
+    ranks = dist.get_process_group_ranks(group)
+    seen, todo = set(), collections.deque([loss.grad_fn])  # breadth first: nearest first
+    while todo and len(seen) < _GATHERED_LOSS_SEARCH:
+        node = todo.popleft()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if getattr(type(node), "_forward_cls", None) in summing:
+            over = getattr(node, "group", None) or dist.group.WORLD
+            if dist.get_process_group_ranks(over) == ranks:
+                return 1.0 / len(ranks)
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return 1.0
+
+
 def _get(kind, what):
     if kind not in _groups:
         raise _zeroshard.Error(f"the {what} group is not made; call "
@@ -100,6 +152,12 @@ def get_sequence_parallel_rank():
 
 def get_sequence_data_parallel_rank():
     return dist.get_rank(get_sequence_data_parallel_group())
+
+
+# DeepSpeed's parallel_state_sp names its sequence-parallel group the model-parallel one.
+get_model_parallel_rank = get_sequence_parallel_rank
+get_model_parallel_world_size = get_sequence_parallel_world_size
+get_model_parallel_group = get_sequence_parallel_group
 
 
 def _release_sequence_parallel_groups():

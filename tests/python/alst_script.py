@@ -1,0 +1,113 @@
+"""One rank of test_sequence_parallel.py's ALST case: DeepSpeed's ALST tutorial loop for a
+Hugging Face model (register with transformers, the mpu to initialize, the data-loader
+adapter, the loss of each slice gathered over the group and weighted by its tokens), its
+package switched by one name, with engine.step() after each micro-batch, at ZeRO 2 then 3
+in the same ranks; and the reference: the same model trained on whole sequences in one
+process with torch's AdamW.
+
+usage: alst_script.py OUT PACKAGE (zeroshard or deepspeed)"""
+import importlib
+import json
+import sys
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+OUT, PACKAGE = sys.argv[1], sys.argv[2]
+deepspeed = importlib.import_module(PACKAGE)
+ulysses_sp = importlib.import_module(f"{PACKAGE}.runtime.sequence_parallel.ulysses_sp")
+groups = importlib.import_module(f"{PACKAGE}.utils.groups")
+move_to_device = importlib.import_module(f"{PACKAGE}.runtime.utils").move_to_device
+dist = importlib.import_module(f"{PACKAGE}.comm")
+
+SP, SEQ, SAMPLES, LR = 2, 16, 4, 1e-3
+CONFIG = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+
+
+def make_model():
+    torch.manual_seed(0)
+    return LlamaForCausalLM._from_config(CONFIG, attn_implementation="sdpa")
+
+
+torch.manual_seed(5)
+IDS = torch.randint(0, CONFIG.vocab_size, (SAMPLES, SEQ))
+
+
+def collate_fn(batch):
+    (input_ids,) = batch[0]
+    return dict(input_ids=input_ids.unsqueeze(0),
+                position_ids=torch.arange(SEQ).unsqueeze(0), labels=input_ids.unsqueeze(0))
+
+
+def grad_norm(params):
+    return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
+
+
+def reference():
+    """Whole sequences, in the order the group trains them (rank 0's, then rank 1's)."""
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    losses, norms = [], []
+    for ids in IDS:
+        opt.zero_grad()
+        loss = model(input_ids=ids[None], labels=ids[None]).loss
+        loss.backward()
+        norms.append(grad_norm(model.parameters()))
+        opt.step()
+        losses.append(loss.item())
+    return losses, norms, dict(model.named_parameters())
+
+
+# (before registration: afterwards every sdpa model of this process attends through it)
+ref_losses, ref_norms, ref_params = reference() if PACKAGE == "zeroshard" else ([], [], {})
+dist.init_distributed(dist_backend="gloo")
+mpu = ulysses_sp.UlyssesSPAttentionHF.register_with_transformers(
+    model_name_or_path=make_model(), core_attn_implementation="sdpa",
+    sequence_parallel_size=SP, micro_batch_size=1, seq_length=SEQ, seq_length_is_variable=True)
+result = {"ref_losses": ref_losses, "ref_norms": ref_norms}
+for stage in (2, 3):
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage},
+              "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
+              "sequence_parallel_size": SP}
+    model = make_model()
+    model, _, _, _ = deepspeed.initialize(config=config, model=model,
+                                          model_parameters=model.parameters(), mpu=mpu)
+    sp_group = groups._get_sequence_parallel_group()
+    sp_world_size = groups._get_sequence_parallel_world_size()
+    sp_rank = groups._get_sequence_parallel_rank()
+    # Each rank of the group draws its own samples, as a data-parallel rank would.
+    ds = torch.utils.data.TensorDataset(IDS[sp_rank::sp_world_size])
+    dl = torch.utils.data.DataLoader(ds, batch_size=1, collate_fn=collate_fn)
+    dl = ulysses_sp.UlyssesSPDataLoaderAdapter(dl, sp_rank=sp_rank, sp_group=sp_group,
+                                               sp_world_size=sp_world_size, device=model.device)
+    losses, norms, batches = [], [], []
+    for batch in dl:
+        batches.append({k: v.tolist() for k, v in batch.items()})
+        batch = move_to_device(batch, model.device)
+        outputs = model(**batch)
+        shift_labels = batch["shift_labels"]
+        loss = model.module.loss_function(logits=outputs.logits, labels=None,
+                                          shift_labels=shift_labels,
+                                          vocab_size=model.module.config.vocab_size)
+        losses_per_rank = torch.distributed.nn.functional.all_gather(loss, group=sp_group)
+        good_tokens = (shift_labels != -100).view(-1).sum()
+        good_tokens_per_rank = torch.distributed.nn.functional.all_gather(good_tokens,
+                                                                          group=sp_group)
+        total_loss = sum(losses_per_rank[rank] * good_tokens_per_rank[rank]
+                         for rank in range(sp_world_size))
+        total_good_tokens = sum(good_tokens_per_rank)
+        loss = total_loss / max(total_good_tokens, 1)
+        model.backward(loss)
+        model.step()
+        losses.append(loss.item())
+        norms.append(float(model.get_global_grad_norm()))
+    case = {"losses": losses, "norms": norms, "batches": batches}
+    if ref_params:
+        with deepspeed.zero.GatheredParameters(list(model.module.parameters())):
+            case["max_param_diff"] = max(
+                (p.detach() - ref_params[n].detach()).abs().max().item()
+                for n, p in model.module.named_parameters())
+    result[f"stage{stage}"] = case
+with open(f"{OUT}.rank{dist.get_rank()}.json", "w") as f:
+    json.dump(result, f)
