@@ -115,9 +115,6 @@ class UlyssesSPAttentionHF(torch.nn.Module):
         already use it); returns the groups' mpu for initialize(mpu=...), or None when
         sequence_parallel_size is 1. model_name_or_path: a model (or an object with its
         config), or a name or path AutoConfig reads."""
-        from transformers import AutoConfig
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
         if sequence_parallel_size == 1:
             return None
         seq_length = seq_length if seq_length is not None else max_length
@@ -132,6 +129,8 @@ class UlyssesSPAttentionHF(torch.nn.Module):
             raise _error("core_attn_implementation='flex_attention' (a block mask rebuilt for "
                          "the whole sequence) is not in zeroshard; allowed: 'sdpa' or a "
                          "flash-attention implementation")
+        from transformers import AutoConfig
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         if core_attn_implementation in _replaced:
             raise _error(f"{core_attn_implementation!r} is registered already; call "
                          "unregister_from_transformers(core_attn_implementation) first")
