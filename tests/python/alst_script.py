@@ -1,26 +1,36 @@
-"""One rank of test_sequence_parallel.py's ALST case: DeepSpeed's ALST tutorial loop for a
+"""One rank of test_sequence_parallel.py's ALST cases: DeepSpeed's ALST tutorial loop for a
 Hugging Face model (register with transformers, the mpu to initialize, the data-loader
 adapter, the loss of each slice gathered over the group and weighted by its tokens), its
-package switched by one name, with engine.step() after each micro-batch, at ZeRO 2 then 3
-in the same ranks; and the reference: the same model trained on whole sequences in one
-process with torch's AdamW.
+package switched by one name, with engine.step() after each micro-batch, at each of the
+given ZeRO stages in the same ranks; and the reference: the same model trained on whole
+sequences in one process with torch's AdamW, each step's batch the samples the
+data-parallel groups train in that step.
 
-usage: alst_script.py OUT PACKAGE (zeroshard or deepspeed)"""
+usage: alst_script.py OUT PACKAGE [SP [CASES]]
+  PACKAGE zeroshard or deepspeed; SP the sequence-parallel size (2; the rest of the world
+  is data-parallel); CASES comma-separated ZeRO stages, "3cpu" for stage 3 with the
+  optimizer and parameters offloaded to the CPU (2,3)"""
 import importlib
 import json
+import os
 import sys
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 OUT, PACKAGE = sys.argv[1], sys.argv[2]
+SP = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+CASES = sys.argv[4].split(",") if len(sys.argv) > 4 else ["2", "3"]
 deepspeed = importlib.import_module(PACKAGE)
 ulysses_sp = importlib.import_module(f"{PACKAGE}.runtime.sequence_parallel.ulysses_sp")
 groups = importlib.import_module(f"{PACKAGE}.utils.groups")
 move_to_device = importlib.import_module(f"{PACKAGE}.runtime.utils").move_to_device
 dist = importlib.import_module(f"{PACKAGE}.comm")
 
-SP, SEQ, SAMPLES, LR = 2, 16, 4, 1e-3
+STEPS, SEQ, LR = 4, 16, 1e-3
+WORLD = int(os.environ["WORLD_SIZE"])
+DP = WORLD // SP
+SAMPLES = STEPS * DP  # each group trains p samples per draw of the p ranks' loaders
 CONFIG = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
 
@@ -44,18 +54,29 @@ def grad_norm(params):
     return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
 
 
+def step_samples(step):
+    """The samples the data-parallel groups train in a step: each draw of the world's loaders
+    (rank r's is sample draw * world + r) is p steps, the j-th taking each group's j-th
+    rank's sample."""
+    draw, j = divmod(step, SP)
+    return [draw * WORLD + group * SP + j for group in range(DP)]
+
+
 def reference():
-    """Whole sequences, in the order the group trains them (rank 0's, then rank 1's)."""
+    """Whole sequences, each step's batch those samples (the mean of their losses, as the
+    engine averages the groups' gradients); each sample's loss, the gradient norm, the
+    parameters after the last step."""
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     losses, norms = [], []
-    for ids in IDS:
+    for step in range(STEPS):
         opt.zero_grad()
-        loss = model(input_ids=ids[None], labels=ids[None]).loss
-        loss.backward()
+        each = [model(input_ids=IDS[i][None], labels=IDS[i][None]).loss
+                for i in step_samples(step)]
+        (sum(each) / DP).backward()
         norms.append(grad_norm(model.parameters()))
         opt.step()
-        losses.append(loss.item())
+        losses.append([loss.item() for loss in each])
     return losses, norms, dict(model.named_parameters())
 
 
@@ -66,8 +87,11 @@ mpu = ulysses_sp.UlyssesSPAttentionHF.register_with_transformers(
     model_name_or_path=make_model(), core_attn_implementation="sdpa",
     sequence_parallel_size=SP, micro_batch_size=1, seq_length=SEQ, seq_length_is_variable=True)
 result = {"ref_losses": ref_losses, "ref_norms": ref_norms}
-for stage in (2, 3):
-    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage},
+for case in CASES:
+    zero = {"stage": int(case[0])}
+    if case.endswith("cpu"):
+        zero.update(offload_optimizer={"device": "cpu"}, offload_param={"device": "cpu"})
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero,
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
               "sequence_parallel_size": SP}
     model = make_model()
@@ -76,8 +100,8 @@ for stage in (2, 3):
     sp_group = groups._get_sequence_parallel_group()
     sp_world_size = groups._get_sequence_parallel_world_size()
     sp_rank = groups._get_sequence_parallel_rank()
-    # Each rank of the group draws its own samples, as a data-parallel rank would.
-    ds = torch.utils.data.TensorDataset(IDS[sp_rank::sp_world_size])
+    # Each rank draws its own samples, as a data-parallel rank would.
+    ds = torch.utils.data.TensorDataset(IDS[dist.get_rank()::WORLD])
     dl = torch.utils.data.DataLoader(ds, batch_size=1, collate_fn=collate_fn)
     dl = ulysses_sp.UlyssesSPDataLoaderAdapter(dl, sp_rank=sp_rank, sp_group=sp_group,
                                                sp_world_size=sp_world_size, device=model.device)
@@ -102,12 +126,13 @@ for stage in (2, 3):
         model.step()
         losses.append(loss.item())
         norms.append(float(model.get_global_grad_norm()))
-    case = {"losses": losses, "norms": norms, "batches": batches}
+    trained = {"losses": losses, "norms": norms, "batches": batches,
+               "dp_world_size": model.dp_world_size, "seq_dp_world_size": model.seq_dp_world_size}
     if ref_params:
         with deepspeed.zero.GatheredParameters(list(model.module.parameters())):
-            case["max_param_diff"] = max(
+            trained["max_param_diff"] = max(
                 (p.detach() - ref_params[n].detach()).abs().max().item()
                 for n, p in model.module.named_parameters())
-    result[f"stage{stage}"] = case
+    result[f"stage{case}"] = trained
 with open(f"{OUT}.rank{dist.get_rank()}.json", "w") as f:
     json.dump(result, f)

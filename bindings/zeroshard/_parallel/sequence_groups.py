@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from .. import _zeroshard
 from .._common import launch as _launch
+from . import gloo_gather_backward
 
 _groups = {}  # "sp", "sp_dp": the groups initialize_sequence_parallel made
 _engine_mpu = []  # an mpu of such groups an engine was given
@@ -37,6 +38,7 @@ def initialize_sequence_parallel(sequence_parallel_size):
         if rank in ranks:
             _groups["sp"] = group
     _groups["sp_dp"] = dist.new_group(list(range(world)))
+    gloo_gather_backward.install()  # ALST's loss is gathered over these groups
 
 
 def mpu():
@@ -72,6 +74,7 @@ def of_mpu(mpu):
             f"{rank} of {size}; zeroshard's groups are consecutive ranks: allowed: rank "
             f"{dist.get_rank() % size}")
     _engine_mpu[:] = [mpu]
+    gloo_gather_backward.install()
     return size, None
 
 
