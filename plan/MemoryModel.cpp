@@ -151,6 +151,18 @@ int64_t block_bytes(const ModelSpec& spec, int64_t s, int64_t kl) {
   return spec.norms_per_block * norm_bytes(spec, kl) + attention + mlp;
 }
 
+// What Ulysses adds to a block, per token of a rank's slice, over `sp` ranks: attention
+// runs on the exchanged queries, keys and values and the output is exchanged back, so the
+// output projection keeps its input besides the kernel's output (one more a x head_dim),
+// and keys and values fewer than the ranks are repeated to one head per rank before the
+// exchange (2 x (sp - kv heads) x head_dim more than the block's own).
+int64_t ulysses_bytes(const ModelSpec& spec, int64_t sp, int64_t kl) {
+  if (sp <= 1) return 0;
+  const int64_t head_dim = head_width(spec);
+  const int64_t kv_heads = spec.kv_heads > 0 ? spec.kv_heads : spec.heads;
+  return kl * (spec.heads * head_dim + 2 * std::max<int64_t>(0, sp - kv_heads) * head_dim);
+}
+
 }  // namespace
 
 int64_t kv_cache_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) {
@@ -160,7 +172,9 @@ int64_t kv_cache_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) {
 
 int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) {
   if (!spec.has_shape()) return 0;
-  const int64_t s = t.seq, b = t.micro_batch, L = spec.layers;
+  // s: the tokens this rank holds of each sequence; attention still spans t.seq.
+  const int64_t sp = std::max<int64_t>(1, t.sequence_parallel);
+  const int64_t s = t.seq / sp, b = t.micro_batch, L = spec.layers;
   // Served: nothing is kept for backward. The KV cache, and while the prompt runs one
   // block's temporaries (at most what it would keep for backward) and the last position's
   // logits (generate computes no others), in the compute dtype and in fp32. A KV cache in
@@ -171,7 +185,7 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) 
     return (t.kv_cache_on_host ? kv / L * std::min<int64_t>(3, L) : kv) +
            s * b * block_bytes(spec, s, kl) + (spec.has_head ? b * spec.vocab * (kl + 4) : 0);
   }
-  const int64_t per_layer = s * b * block_bytes(spec, s, kl);
+  const int64_t per_layer = s * b * (block_bytes(spec, t.seq, kl) + ulysses_bytes(spec, sp, kl));
   // The final norm, then the logits in compute precision (the model's output) and the
   // fp32 log-probabilities the loss keeps.
   const int64_t head = spec.has_head ? s * b * (norm_bytes(spec, kl) + spec.vocab * (kl + 4)) : 0;

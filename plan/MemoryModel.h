@@ -28,6 +28,10 @@ struct TrainingShape {
   int64_t seq = 1;
   int64_t micro_batch = 1;
   bool activation_checkpointing = false;
+  // Ranks each sequence is split across (Ulysses: the config's sequence_parallel_size,
+  // set by the planner): a rank keeps its slice's activations, attention's for the whole
+  // sequence with 1/sequence_parallel of the heads (docs/memory-model.md).
+  int64_t sequence_parallel = 1;
   // Micro-batches whose activations are held at once: 1, or a pipeline stage's under its
   // schedule (plan/PipelineStages.h).
   int64_t in_flight = 1;

@@ -341,7 +341,7 @@ MemoryBreakdown Plan::predict(const ModelSpec& spec, const WorldShape& world,
 }
 
 Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& world,
-               const TrainingShape& shape, const HardwareBudget& budget) {
+               const TrainingShape& given_shape, const HardwareBudget& budget) {
   if (world.nodes < 1 || world.ranks_per_node < 1) fail("nodes and ranks per node must be >= 1");
   if (world.tensor_parallel < 1 || world.ranks_per_node % world.tensor_parallel != 0) {
     fail(
@@ -349,6 +349,9 @@ Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& wo
         "(tensor-parallel ranks exchange activations every layer: they share a node)",
         world.tensor_parallel, world.ranks_per_node);
   }
+  // Activations are one rank's slice of each sequence (Ulysses, sequence_parallel_size).
+  TrainingShape shape = given_shape;
+  shape.sequence_parallel = std::max<int64_t>(1, config.sequence_parallel_size.value_or(1));
   check_mics_world(config, world);
   check_hpz_world(config, world);
   Plan plan;

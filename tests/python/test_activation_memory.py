@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from conftest import BUILD, run_snippet
+from conftest import BUILD, HERE, run_ranks, run_snippet
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None,
@@ -41,8 +41,10 @@ def configs():
     }
 
 
-def kept_for_backward(config, checkpointing=False):
-    """Bytes a training forward keeps: saved tensors (each storage once) and the logits."""
+def kept_for_backward(config, checkpointing=False, tokens=None):
+    """Bytes a training forward keeps: saved tensors (each storage once) and the logits.
+    tokens: (first, last) of the SEQ positions given (a rank's slice of each sequence), all
+    by default."""
     import torch
     import transformers
     torch.manual_seed(0)
@@ -59,8 +61,10 @@ def kept_for_backward(config, checkpointing=False):
         return tensor
 
     ids = torch.randint(config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    first, last = tokens or (0, SEQ)
+    ids, positions = ids[:, first:last], torch.arange(first, last).expand(BATCH, -1)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        out = model(input_ids=ids, labels=ids)
+        out = model(input_ids=ids, labels=ids, position_ids=positions)
     logits = out.logits.untyped_storage()
     return sum(saved.values()) + (0 if logits.data_ptr() in saved else logits.nbytes())
 
@@ -70,8 +74,9 @@ def estimated(config, scratch, *flags):
     config.to_json_file(str(path))
     out = subprocess.run(
         [os.path.join(BUILD, "tools", "zeroshard-estimate"), "--hf-config", str(path),
-         "--seq", str(SEQ), "--micro-batch", str(BATCH), "--bf16", "--json",
-         "--attn-implementation", config._attn_implementation or "sdpa", *flags],
+         "--micro-batch", str(BATCH), "--bf16", "--json",
+         "--attn-implementation", config._attn_implementation or "sdpa", *flags,
+         *([] if "--seq" in flags else ["--seq", str(SEQ)])],
         capture_output=True, text=True, timeout=60)
     assert out.returncode in (0, 1), out.stderr
     return json.loads(out.stdout)["options"][0]["bytes_by_kind"]["device"]["activations"]
@@ -100,6 +105,28 @@ def test_checkpointed_activations_are_the_block_inputs_and_one_block(scratch):
     predicted = estimated(config, scratch, "--activation-checkpointing")
     assert abs(predicted - (kept + block)) <= 0.03 * (kept + block), \
         f"estimated {predicted}, kept {kept} and one block {block}"
+
+
+def test_sequence_parallel_activations_are_a_slice_and_the_exchange(scratch):
+    """Ulysses over 4 ranks (ALST's registration with transformers; a Llama with 8 query and
+    2 key-value heads, so keys and values are repeated to one head per rank): each rank
+    keeps its slice's activations, as the model run on those SEQ/4 tokens alone keeps,
+    and per layer and slice token the output projection's exchanged input (heads x
+    head_dim) and the repeated keys and values ((4 - 2) x 2 x head_dim) besides;
+    zeroshard-estimate --sp 4 counts both, to the byte, and so does the memory report of an
+    engine with sequence_parallel_size 4 trained on those slices."""
+    world = 4
+    out = scratch / "sp"
+    ranks = run_ranks([os.path.join(HERE, "sp_activation_worker.py"), str(out)], world, out)
+    config = configs()["llama"]
+    slice_alone = estimated(config, scratch, "--seq", str(SEQ // world))
+    predicted = estimated(config, scratch, "--sp", str(world), "--gpus-per-node", str(world))
+    head_dim, heads, kv_heads, layers = 32, 8, 2, 2
+    exchange = layers * BATCH * (SEQ // world) * 2 * (heads + 2 * (world - kv_heads)) * head_dim
+    for rank in ranks:
+        assert rank["kept"] - rank["slice_alone"] == exchange == predicted - slice_alone
+        assert abs(predicted - rank["kept"]) <= 0.03 * rank["kept"], (predicted, rank["kept"])
+        assert rank["predicted"] == predicted
 
 
 @pytest.mark.parametrize("family", ["llama", "mixtral", "gpt2"])

@@ -254,6 +254,18 @@ TEST(EstimateCli, BadInputIsOneLineAndExitTwo) {
       {"--params 7e9 --inference --micro-batch 4",
        "--micro-batch is for training; with --inference give --batch (sequences per rank)"},
       {"--params 7e9 --inference --nvme-bw fast", "--nvme-bw: 'fast' is not a size"},
+      {"--hf-config " + hf("llama2_7b.json") + " --sp 3 --gpus-per-node 4",
+       "--sp 3 does not divide the 4 ranks (--nodes x --gpus-per-node); allowed: a divisor"},
+      {"--hf-config " + hf("llama2_7b.json") + " --sp 2 --tp 2 --gpus-per-node 4",
+       "--sp 2 with --tp 2 and --pp 1; allowed: sequence parallelism alone with ZeRO"},
+      {"--hf-config " + hf("llama2_7b.json") + " --sp 2 --gpus-per-node 2 --seq 1025",
+       "--sp 2: --seq 1025 does not split evenly over 2 ranks; allowed: a multiple of 2"},
+      {"--hf-config " + hf("llama2_7b.json") +
+           " --sp 2 --gpus-per-node 2 --attn-implementation "
+           "eager",
+       "--sp 2 with eager attention: Ulysses over transformers' attention takes sdpa"},
+      {"--params 7e9 --sp 2 --gpus-per-node 2",
+       "--sp 2 needs the model's shape to split its activations"},
   };
   for (const auto& [args, expected] : cases) {
     SCOPED_TRACE(args);

@@ -18,13 +18,34 @@
 namespace zeroshard::estimate {
 namespace {
 
-const std::vector<std::string> kValueFlags{
-    "--hf-config",   "--params",      "--layers",       "--hidden",      "--heads",
-    "--kv-heads",    "--vocab",       "--intermediate", "--nodes",       "--gpus-per-node",
-    "--tp",          "--gpu-mem",     "--cpu-mem",      "--nvme",        "--seq",
-    "--micro-batch", "--config",      "--headroom",     "--emit-config", "--attn-implementation",
-    "--pp",          "--pp-schedule", "--batch",        "--gpu-bw",      "--pp-stages-per-rank",
-    "--host-bw",     "--nvme-bw"};
+const std::vector<std::string> kValueFlags{"--hf-config",
+                                           "--params",
+                                           "--layers",
+                                           "--hidden",
+                                           "--heads",
+                                           "--kv-heads",
+                                           "--vocab",
+                                           "--intermediate",
+                                           "--nodes",
+                                           "--gpus-per-node",
+                                           "--tp",
+                                           "--gpu-mem",
+                                           "--cpu-mem",
+                                           "--nvme",
+                                           "--seq",
+                                           "--micro-batch",
+                                           "--config",
+                                           "--headroom",
+                                           "--emit-config",
+                                           "--attn-implementation",
+                                           "--pp",
+                                           "--pp-schedule",
+                                           "--batch",
+                                           "--gpu-bw",
+                                           "--pp-stages-per-rank",
+                                           "--host-bw",
+                                           "--nvme-bw",
+                                           "--sp"};
 const std::vector<std::string> kSwitches{"--json", "--bf16",      "--fp16",
                                          "--fp32", "--inference", "--activation-checkpointing",
                                          "--help", "-h"};
@@ -244,6 +265,47 @@ void read_serving(const std::map<std::string, std::string>& given, EstimateInput
   b.nvme = rate("--nvme-bw", b.nvme, "NVMe 6GB/s a node (one PCIe 4.0 drive; give --nvme-bw)");
 }
 
+// --sp (or the config's sequence_parallel_size), checked as the engine and ALST's path
+// check it: ranks and heads split evenly, ZeRO alone beside it, attention without scores.
+void read_sequence_parallel(const std::map<std::string, std::string>& given, EstimateInputs& in) {
+  const int64_t configured = in.config.sequence_parallel_size.value_or(1);
+  const int64_t sp = given.count("--sp") ? parse_count("--sp", given.at("--sp")) : configured;
+  if (configured > 1 && sp != configured)
+    fail("--sp {} contradicts the config's sequence_parallel_size {}; give one of them", sp,
+         configured);
+  in.config.sequence_parallel_size = sp;
+  if (sp == 1) return;
+  const int64_t ranks = in.world.ranks() * in.pipeline_stages;
+  if (in.world.tensor_parallel > 1 || in.pipeline_stages > 1)
+    fail(
+        "--sp {} with --tp {} and --pp {}; allowed: sequence parallelism alone with ZeRO "
+        "(--tp 1, --pp 1), or --sp 1",
+        sp, in.world.tensor_parallel, in.pipeline_stages);
+  if (in.inference) fail("--sp {} with --inference; allowed: --sp 1 (serving plans one rank)", sp);
+  if (ranks % sp != 0)
+    fail("--sp {} does not divide the {} ranks (--nodes x --gpus-per-node); allowed: a divisor", sp,
+         ranks);
+  if (!in.spec.has_shape())
+    fail(
+        "--sp {} needs the model's shape to split its activations: give --hf-config, or "
+        "--layers, --hidden and --heads",
+        sp);
+  if (in.spec.heads % sp != 0)
+    fail(
+        "--sp {}: the model's {} attention heads do not split evenly over {} ranks; allowed: "
+        "a divisor of {}",
+        sp, in.spec.heads, sp, in.spec.heads);
+  if (in.shape.seq % sp != 0)
+    fail("--sp {}: --seq {} does not split evenly over {} ranks; allowed: a multiple of {}", sp,
+         in.shape.seq, sp, sp);
+  if (in.spec.attention_scores)
+    fail(
+        "--sp {} with eager attention: Ulysses over transformers' attention takes sdpa or "
+        "flash attention (eager needs the whole mask); allowed: --attn-implementation sdpa, "
+        "flash_attention_2 or flash_attention_3",
+        sp);
+}
+
 }  // namespace
 
 const char* usage_text() {
@@ -259,6 +321,10 @@ model:
 hardware (sizes: 80GB = 80e9 bytes, 80GiB = 80 x 2^30):
   --nodes N              nodes (default 1)
   --gpus-per-node N      ranks per node (default 1)
+  --sp N                 sequence-parallel ranks (Ulysses; default: the config's
+                         sequence_parallel_size, else 1): each keeps 1/N of every
+                         sequence's activations, attention's over the whole sequence with
+                         1/N of the heads; ZeRO shards over every rank
   --tp N                 tensor-parallel ranks (inside a node; default: the config's
                          tensor_parallel.autotp_size, else 1): attention and MLP matrices
                          (and an untied head) split across them, ZeRO over the rest
@@ -381,6 +447,7 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
     }
   }
   read_pipeline(given, in);
+  read_sequence_parallel(given, in);
   in.json = given.count("--json") > 0;
   if (given.count("--emit-config")) in.emit_config = given.at("--emit-config");
   return in;

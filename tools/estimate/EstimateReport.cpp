@@ -159,10 +159,12 @@ std::string training_lines(const EstimateInputs& in) {
                 gib(kv_cache_bytes(in.spec, in.shape, static_cast<int>(in.config.compute_bytes()))),
                 dtype)
           : "";
+  const int64_t sp = in.config.sequence_parallel_size.value_or(1);
   if (!in.inference)
-    out = fmt::format("training: seq {}, micro-batch {}, {}, activation checkpointing {}\n",
-                      in.shape.seq, in.shape.micro_batch, dtype,
-                      in.shape.activation_checkpointing ? "on" : "off");
+    out = fmt::format(
+        "training: seq {}{}, micro-batch {}, {}, activation checkpointing {}\n", in.shape.seq,
+        sp > 1 ? fmt::format(" split over {} sequence-parallel ranks", sp) : "",
+        in.shape.micro_batch, dtype, in.shape.activation_checkpointing ? "on" : "off");
   if (!in.assumptions.empty()) {
     out += fmt::format("assumed (not given): {}\n", fmt::join(in.assumptions, "; "));
   }
@@ -269,7 +271,8 @@ std::string render_json(const EstimateInputs& in, const Plan& plan) {
   out["training"] = {{"seq", in.shape.seq},
                      {"micro_batch", in.shape.micro_batch},
                      {"compute_bytes", in.config.compute_bytes()},
-                     {"activation_checkpointing", in.shape.activation_checkpointing}};
+                     {"activation_checkpointing", in.shape.activation_checkpointing},
+                     {"sequence_parallel", in.config.sequence_parallel_size.value_or(1)}};
   if (in.inference) {
     out["inference"] = {
         {"batch", in.shape.micro_batch},

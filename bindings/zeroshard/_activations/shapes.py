@@ -11,8 +11,10 @@ import torch
 
 
 class ActivationShape:
-    def __init__(self, engine, model):
+    def __init__(self, engine, model, sequence_parallel=1):
         self._engine, self._model = engine, model
+        # Each rank's forward sees its slice of every sequence; the plan divides the whole.
+        self._sequence_parallel = max(1, int(sequence_parallel))
         config = getattr(model, "config", None)
         self._config = config if hasattr(config, "to_json_string") else None
         self._largest = 0
@@ -35,7 +37,8 @@ class ActivationShape:
         self._largest = batch * seq
         try:
             hf_json, attention, recomputed = model_shape(self._model, self._config)
-            self._engine.set_activation_shape(hf_json, attention, seq, batch, recomputed,
+            self._engine.set_activation_shape(hf_json, attention, seq * self._sequence_parallel,
+                                              batch, recomputed,
                                               makes_logits(self._model, self._config))
         except RuntimeError as e:  # a family the estimator does not read: model states alone
             self._config, self.unread = None, str(e)

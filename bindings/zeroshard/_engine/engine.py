@@ -195,7 +195,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
         """The model's own forward: buffers made equal across ranks where one begins
         (engine/ModuleBuffers.h), and at stage 3 the bounds of one forward's gathers."""
         engine, units, same_inputs = self._engine, self._running, self._same_inputs
-        activations = ActivationShape(engine, model)
+        activations = ActivationShape(engine, model, engine.sequence_parallel_size)
         depth = [0]  # a call inside its own call (Lightning's training_step) is the outer one's
 
         def model_begins(_module, args, kwargs):
