@@ -53,7 +53,11 @@ void bind_config(py::module_& m) {
       .def_property_readonly(
           "pipeline_parallel_size",
           [](const LoadedConfig& c) { return c.config.pipeline_parallel_size.value_or(1); },
-          "pipeline.stages: the pipeline stages the ranks are split into.");
+          "pipeline.stages: the pipeline stages the ranks are split into.")
+      .def_property_readonly(
+          "sequence_parallel_size",
+          [](const LoadedConfig& c) { return c.config.sequence_parallel_size.value_or(1); },
+          "sequence_parallel_size: the ranks each sequence is split across.");
   m.def(
       "resolved_batch",
       [](const LoadedConfig& loaded, int64_t data_parallel_ranks) {

@@ -14,6 +14,7 @@ from conftest import HERE, OLDEST_LEG, main_leg_only, run_ranks, run_snippet
 
 WORKER = os.path.join(HERE, "sequence_worker.py")
 ALST = os.path.join(HERE, "alst_script.py")
+CP_SCRIPT = os.path.join(HERE, "cp_script.py")
 WORLD = 2
 
 
@@ -151,6 +152,34 @@ def test_alst_loop_over_sequence_and_data_parallel_ranks_trains_as_whole_sequenc
 
 
 @main_leg_only
+def test_ring_attention_over_a_cp_mesh_trains_as_whole_sequences(scratch):
+    """cp_script.py on 4 ranks: torch's context_parallel over the "cp" dimension of a
+    ("dp", "cp") = (2, 2) mesh given to initialize, on CPU tensors (sdpa's CPU kernel run in
+    torch's ring, which dispatches CUDA kernels only), at ZeRO 1, 2, 3 and 3 with the
+    optimizer and parameters on the CPU: a group's two shares of each step's loss add up to
+    its sample's whole-sequence loss, and gradient norms and parameters after 4 steps are
+    one process's on both groups' samples as one batch (so the cp ranks' gradients are
+    summed and divided by the data-parallel ranks alone, and a batch counts them once)."""
+    world, stages = 4, ("1", "2", "3", "3cpu")
+    out = scratch / "cp"
+    ranks = run_ranks([CP_SCRIPT, str(out), "2", ",".join(stages)], world, out)
+    ref_losses, ref_norms = ranks[0]["ref_losses"], ranks[0]["ref_norms"]
+    for stage in stages:
+        trained = [rank[f"stage{stage}"] for rank in ranks]
+        for group in range(2):
+            shares = zip(trained[2 * group]["losses"], trained[2 * group + 1]["losses"])
+            close([a + b for a, b in shares], [each[group] for each in ref_losses], 1e-5)
+        for rank in trained:
+            close(rank["norms"], ref_norms, 1e-5)
+            assert rank["max_param_diff"] < 1e-5, (stage, rank["max_param_diff"])
+            assert (rank["dp_world_size"], rank["seq_dp_world_size"],
+                    rank["train_batch_size"]) == (2, 4, 2)
+    # torch's head-tail load balancing: the first cp rank holds the first and last quarters.
+    assert ranks[0]["stage1"]["positions"][0] == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert ranks[1]["stage1"]["positions"][0] == list(range(4, 12))
+
+
+@main_leg_only
 @pytest.mark.parametrize("layout, message", [
     ("uneven", "DistributedAttention: 3 query heads do not split evenly over a "
                "sequence-parallel group of 2 ranks; allowed: a head count divisible by 2"),
@@ -199,7 +228,15 @@ def test_groups_and_layouts_that_cannot_be_are_refused_by_name():
         "try:\n"
         "    from zeroshard.runtime.sequence_parallel.ulysses_sp import TiledMLP\n"
         "except ImportError as e:\n"
-        "    print('E6', e)\n")
+        "    print('E6', e)\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "model = torch.nn.Linear(2, 2)\n"
+        "for names, cfg in ((('cp', 'dp'), {}), (('dp', 'cp'), {'sequence_parallel_size': 2})):\n"
+        "    try:\n"
+        "        zeroshard.initialize(model=model, config=dict(cfg, train_micro_batch_size_per_gpu=1),\n"
+        "                             mesh=init_device_mesh('cpu', (1, 1), mesh_dim_names=names))\n"
+        "    except zeroshard.Error as e:\n"
+        "        print('E7', e)\n")
     assert code == 0, out
     assert ("E1 initialize_sequence_parallel: sequence_parallel_size=2 over 1 ranks; allowed: "
             "an integer above 1 that divides the world size 1") in out, out
@@ -211,3 +248,7 @@ def test_groups_and_layouts_that_cannot_be_are_refused_by_name():
     assert "E5 no sequence-parallel group: none is made; allowed: after" in out
     assert ("E6 deepspeed.runtime.sequence_parallel.ulysses_sp.TiledMLP is not in zeroshard: "
             "ALST's tiled compute") in out
+    assert ("E7 zeroshard.initialize: mesh: dimensions ('cp', 'dp'): the cp dimension must be "
+            "the last") in out, out
+    assert ("E7 zeroshard.initialize: mesh: a cp dimension of 1 ranks and the config's "
+            "sequence_parallel_size 2; allowed: one of the two") in out, out

@@ -9,8 +9,8 @@ import torch
 
 from . import (adafactor as _adafactor, construction as _construction, generation as _generation,
                torch_optimizer as _torch_optimizer)
-from .._parallel import (dtensor as _dtensor, hf_tensor_parallel as _hf_tensor_parallel,
-                         sequence_groups as _sequence_groups, sync_batchnorm as _sync_batchnorm,
+from .._parallel import (context_parallel as _context_parallel, dtensor as _dtensor,
+                         hf_tensor_parallel as _hf_tensor_parallel, sequence_groups as _sequence_groups, sync_batchnorm as _sync_batchnorm,
                          tensor_parallel as _tensor_parallel)
 from .parallel_sizes import ParallelSizes
 from .. import _zeroshard
@@ -111,7 +111,13 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
         self.module = model
         # A model split by its own tp_plan (autotp_size); DTensor parameters as local tensors.
         places = _dtensor.places(model)
+        cp_size, mesh = _context_parallel.of_mesh(mesh, loaded) if mesh is not None else (0, None)
         sp_size, mpu = _sequence_groups.of_mpu(mpu)
+        if cp_size and sp_size:
+            raise _zeroshard.Error(
+                "zeroshard.initialize: the mesh has a cp dimension and the mpu sequence-parallel "
+                "groups; allowed: one of the two")
+        sp_size = sp_size or cp_size  # a cp group's ranks count as a sequence-parallel group's
         mesh, local_when, mpu = _hf_tensor_parallel.split_by_plan(model, loaded, mpu, mesh)
         tp_size, tp_params, install_dtensors = _dtensor.unwrap(model, mesh, local_when)
         if tp_size:  # a client optimizer (or model_parameters) built over the replaced ones

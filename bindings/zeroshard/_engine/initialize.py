@@ -106,7 +106,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     mpu: a Megatron mpu for a tensor-parallel model (its parameters marked
     tensor_model_parallel=True); ZeRO shards over its data-parallel ranks.
     mesh: the ("dp", "tp") DeviceMesh whose "tp" dimension parallelize_module split the
-    model over (checked against the parameters' own; they alone suffice).
+    model over (checked against the parameters' own; they alone suffice); or a ("dp", "cp")
+    one whose "cp" groups run torch's context_parallel (ring attention): they count as a
+    sequence-parallel group does (each rank's loss its share of the group's mean).
     units: stage-3 blocks (modules or their names); default the blocks of every
     ModuleList, ModuleDict and Sequential. Every other parameter is in a unit too, cut
     around them (docs/architecture.md "Stage-3 units")."""
