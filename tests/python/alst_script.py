@@ -16,7 +16,8 @@ import os
 import sys
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+
+from long_sequence_reference import LR, SEQ, STEPS, make_model, reference, samples
 
 OUT, PACKAGE = sys.argv[1], sys.argv[2]
 SP = int(sys.argv[3]) if len(sys.argv) > 3 else 2
@@ -27,31 +28,15 @@ groups = importlib.import_module(f"{PACKAGE}.utils.groups")
 move_to_device = importlib.import_module(f"{PACKAGE}.runtime.utils").move_to_device
 dist = importlib.import_module(f"{PACKAGE}.comm")
 
-STEPS, SEQ, LR = 4, 16, 1e-3
 WORLD = int(os.environ["WORLD_SIZE"])
 DP = WORLD // SP
-SAMPLES = STEPS * DP  # each group trains p samples per draw of the p ranks' loaders
-CONFIG = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-
-
-def make_model():
-    torch.manual_seed(0)
-    return LlamaForCausalLM._from_config(CONFIG, attn_implementation="sdpa")
-
-
-torch.manual_seed(5)
-IDS = torch.randint(0, CONFIG.vocab_size, (SAMPLES, SEQ))
+IDS = samples(STEPS * DP)  # each group trains p samples per draw of the p ranks' loaders
 
 
 def collate_fn(batch):
     (input_ids,) = batch[0]
     return dict(input_ids=input_ids.unsqueeze(0),
                 position_ids=torch.arange(SEQ).unsqueeze(0), labels=input_ids.unsqueeze(0))
-
-
-def grad_norm(params):
-    return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
 
 
 def step_samples(step):
@@ -62,26 +47,9 @@ def step_samples(step):
     return [draw * WORLD + group * SP + j for group in range(DP)]
 
 
-def reference():
-    """Whole sequences, each step's batch those samples (the mean of their losses, as the
-    engine averages the groups' gradients); each sample's loss, the gradient norm, the
-    parameters after the last step."""
-    model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    losses, norms = [], []
-    for step in range(STEPS):
-        opt.zero_grad()
-        each = [model(input_ids=IDS[i][None], labels=IDS[i][None]).loss
-                for i in step_samples(step)]
-        (sum(each) / DP).backward()
-        norms.append(grad_norm(model.parameters()))
-        opt.step()
-        losses.append([loss.item() for loss in each])
-    return losses, norms, dict(model.named_parameters())
-
-
 # (before registration: afterwards every sdpa model of this process attends through it)
-ref_losses, ref_norms, ref_params = reference() if PACKAGE == "zeroshard" else ([], [], {})
+ref_losses, ref_norms, ref_params = (reference(IDS, step_samples) if PACKAGE == "zeroshard"
+                                      else ([], [], {}))
 dist.init_distributed(dist_backend="gloo")
 mpu = ulysses_sp.UlyssesSPAttentionHF.register_with_transformers(
     model_name_or_path=make_model(), core_attn_implementation="sdpa",

@@ -16,45 +16,17 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import zeroshard
+from long_sequence_reference import LR, SEQ, STEPS, make_model, reference, samples
 
 OUT, CP, CASES = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
-WORLD = int(os.environ["WORLD_SIZE"])
-DP, STEPS, SEQ, LR = WORLD // CP, 4, 16, 1e-3
-CONFIG = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-torch.manual_seed(5)
-IDS = torch.randint(0, CONFIG.vocab_size, (STEPS * DP, SEQ))
+DP = int(os.environ["WORLD_SIZE"]) // CP
+IDS = samples(STEPS * DP)
 
 
-def make_model():
-    torch.manual_seed(0)
-    return LlamaForCausalLM._from_config(CONFIG, attn_implementation="sdpa")
-
-
-def grad_norm(params):
-    return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
-
-
-def reference():
-    """Whole sequences: each step's batch the data-parallel groups' samples."""
-    model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    losses, norms = [], []
-    for step in range(STEPS):
-        opt.zero_grad()
-        each = [model(input_ids=IDS[i][None], labels=IDS[i][None]).loss
-                for i in range(step * DP, (step + 1) * DP)]
-        (sum(each) / DP).backward()
-        norms.append(grad_norm(model.parameters()))
-        opt.step()
-        losses.append([loss.item() for loss in each])
-    return losses, norms, dict(model.named_parameters())
-
-
-ref_losses, ref_norms, ref_params = reference()
+ref_losses, ref_norms, ref_params = reference(
+    IDS, lambda step: range(step * DP, (step + 1) * DP))
 zeroshard.init_distributed(dist_backend="gloo")
 mesh = init_device_mesh("cpu", (DP, CP), mesh_dim_names=("dp", "cp"))
 result = {"ref_losses": ref_losses, "ref_norms": ref_norms}
