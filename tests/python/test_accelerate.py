@@ -81,6 +81,24 @@ def test_a_window_accelerate_ends_early_is_refused_not_stepped_apart(scratch):
                 "does not (every 2 micro-batches)") in log, log
 
 
+def test_deepspeed_sequence_parallelism_of_a_parallelism_config_trains_as_whole_sequences(
+        scratch):
+    """accelerate_sp_script.py on 4 ranks: ALST's loop as accelerate's guide writes it, with
+    ParallelismConfig(sp_backend='deepspeed', sp_size=2) (SP=2 x DP=2) and zeroshard's
+    Accelerator at ZeRO 3: each step's loss is its group's sample's whole-sequence loss, and
+    gradient norms and parameters after 4 steps are one process's on both groups' samples."""
+    out = scratch / "sp"
+    ranks = run_ranks([os.path.join(HERE, "accelerate_sp_script.py"), str(out)], 4, out)
+    for rank_number, rank in enumerate(ranks):
+        assert (rank["dp_world_size"], rank["sequence_parallel_size"]) == (2, 2)
+        assert len(rank["losses"]) == 4
+        for got, want in zip(rank["losses"], rank["ref_losses"]):
+            assert abs(got - want[rank_number // 2]) < 1e-5, (got, want)
+        for got, want in zip(rank["norms"], rank["ref_norms"]):
+            assert abs(got - want) < 1e-5, (got, want)
+        assert rank["max_param_diff"] < 1e-5, rank["max_param_diff"]
+
+
 def test_what_accelerate_would_shard_itself_or_drop_is_refused_by_name():
     code, out = run_snippet(
         "from zeroshard.integrations import Accelerator\n"
@@ -88,6 +106,13 @@ def test_what_accelerate_would_shard_itself_or_drop_is_refused_by_name():
         "Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())\n")
     assert code != 0
     assert "zeroshard Accelerator: fsdp_plugin is given; zeroshard does the sharding here" in out, out
+    code, out = run_snippet(
+        "from zeroshard.integrations import Accelerator\n"
+        "from accelerate import ParallelismConfig\n"
+        "Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2, dp_shard_size=2))\n")
+    assert code != 0
+    assert ("zeroshard Accelerator: parallelism_config (dp_shard_size=2, cp_size=2): zeroshard "
+            "shards over the data-parallel ranks itself") in out, out
     code, out = run_snippet(
         "from zeroshard.integrations import Accelerator\n"
         "a = Accelerator(cpu=True, zeroshard_config={'gradient_clipping': 0.5})\n"

@@ -20,6 +20,10 @@ path, which this follows:
   it leaves them out (or `auto`); a value that contradicts them is an error naming both.
   Clipping is the config's gradient_clipping: clip_grad_norm_ checks that its max_norm is
   that value and returns the engine's last global norm, as accelerate does for DeepSpeed.
+- parallelism_config: ParallelismConfig(sp_backend='deepspeed', sp_size=N) is ALST's path
+  as accelerate's DeepSpeed path takes it (Ulysses registered with transformers for the
+  model, the mpu and sequence_parallel_size for the engine, the data loaders of the model's
+  prepare() call adapted); other dimensions are refused by name.
 - save_state/load_state keep accelerate's folder (schedulers, samplers, RNG states,
   registered objects) with the engine's sharded checkpoint inside, as accelerate's DeepSpeed
   path keeps DeepSpeed's."""
@@ -35,8 +39,7 @@ from .._engine.engine import EngineModule
 from .._engine.initialize import initialize
 
 # accelerate's other sharding and parallelism back ends: each would shard the model itself.
-_OTHER_BACKENDS = ("deepspeed_plugin", "fsdp_plugin", "megatron_lm_plugin", "torch_tp_plugin",
-                   "parallelism_config")
+_OTHER_BACKENDS = ("deepspeed_plugin", "fsdp_plugin", "megatron_lm_plugin", "torch_tp_plugin")
 
 
 ENGINE_TAG = "zeroshard"  # the engine's checkpoint inside save_state's folder
@@ -101,6 +104,25 @@ class _EngineOptimizer(torch.optim.Optimizer):
         return f"zeroshard engine over {self.optimizer!r}"
 
 
+def _check_parallelism(config):
+    """accelerate's ParallelismConfig: its DeepSpeed sequence parallelism (sp_size with
+    sp_backend 'deepspeed', ALST's path) is the engine's; every other dimension above 1 is
+    another backend's sharding or not composed here yet."""
+    if config is None:
+        return
+    sizes = {name: getattr(config, f"{name}_size", 1) or 1
+             for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp")}
+    others = {name: size for name, size in sizes.items() if name != "sp" and size > 1}
+    if others or sizes["sp"] == 1:
+        given = ", ".join(f"{name}_size={size}" for name, size in sizes.items() if size > 1)
+        raise _error(
+            f"parallelism_config ({given or 'every size 1'}): zeroshard shards over the "
+            "data-parallel ranks itself (the rest of the world) and takes DeepSpeed's sequence "
+            "parallelism from it; allowed: ParallelismConfig(sp_backend='deepspeed', "
+            "sp_size=N), or no parallelism_config (context parallelism: initialize(mesh=) with "
+            "a ('dp', 'cp') mesh)")
+
+
 class Accelerator(accelerate.Accelerator):
     """accelerate.Accelerator(...) with `zeroshard_config` (a path to YAML or JSON, or a
     dict, DeepSpeed's keys; default: the planner picks the stage)."""
@@ -110,7 +132,13 @@ class Accelerator(accelerate.Accelerator):
             if kwargs.get(name) is not None:
                 raise _error(f"{name} is given; zeroshard does the sharding here: leave it out "
                              "and give the config as zeroshard_config (DeepSpeed's keys)")
+        # Kept from accelerate's own checks, which take it for FSDP2, DeepSpeed or GPUs only
+        # (not CPU ranks); its DeepSpeed sequence parallelism builds no mesh either.
+        parallelism = kwargs.pop("parallelism_config", None)
+        _check_parallelism(parallelism)
         super().__init__(*args, **kwargs)
+        if parallelism is not None:
+            self.state.parallelism_config = parallelism
         kind = self.distributed_type
         if kind in (accelerate.DistributedType.DEEPSPEED, accelerate.DistributedType.FSDP,
                     accelerate.DistributedType.MEGATRON_LM):
@@ -166,9 +194,10 @@ class Accelerator(accelerate.Accelerator):
         if models:
             loaders = loaders or self._zeroshard_loaders
             client = args[optimizers[0]] if optimizers else None
-            engine, *_ = initialize(model=args[models[0]],
-                                                 config=self._engine_config(loaders),
-                                                 optimizer=client)
+            config = self._engine_config(loaders)
+            mpu = self._sequence_parallel(args[models[0]], config, out)
+            engine, *_ = initialize(model=args[models[0]], config=config, optimizer=client,
+                                    mpu=mpu)
             self.zeroshard_engine = engine
             out[models[0]] = EngineModule(engine)
             if optimizers:
@@ -181,6 +210,46 @@ class Accelerator(accelerate.Accelerator):
                     a, torch.utils.data.DataLoader):
                 out[i] = super().prepare(a, device_placement=[device_placement[i]])
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _sequence_parallel(self, model, config, prepared):
+        """As accelerate's DeepSpeed path does with sp_size: Ulysses registered with
+        transformers for the model's attention, the mpu for the engine, the config's
+        sequence_parallel_size, and each data loader of this prepare() call adapted (a
+        rank's draw shared with its group, each holding its slice). None without sp."""
+        pc = self.parallelism_config
+        if pc is None or (pc.sp_size or 1) <= 1:
+            return None
+        from ..runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+        if not hasattr(model, "config"):
+            raise _error(f"parallelism_config sp_size={pc.sp_size}: Ulysses goes around a "
+                         f"transformers model's attention, and {type(model).__name__} has no "
+                         "config; allowed: a transformers model")
+        _config.fill(config, "sequence_parallel_size", pc.sp_size, "ParallelismConfig(sp_size)",
+                     "zeroshard_config")
+        handler = pc.sp_handler
+        mpu = UlyssesSPAttentionHF.register_with_transformers(
+            model_name_or_path=model, core_attn_implementation=handler.sp_attn_implementation,
+            sequence_parallel_size=pc.sp_size,
+            micro_batch_size=config.get("train_micro_batch_size_per_gpu", 1),
+            seq_length=handler.sp_seq_length,
+            seq_length_is_variable=handler.sp_seq_length_is_variable, disable_in_eval=True)
+        for i, item in enumerate(prepared):
+            if isinstance(item, torch.utils.data.DataLoader):
+                prepared[i] = self.deepspeed_ulysses_dl_adapter(item, model)
+        return mpu
+
+    def deepspeed_ulysses_dl_adapter(self, dl, model):
+        """A data loader prepared apart from the model, adapted after prepare(model) (as
+        accelerate's DeepSpeed path names it, and the Trainer calls it)."""
+        pc = self.parallelism_config
+        if pc is None or (pc.sp_size or 1) <= 1:
+            return dl
+        from ..runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+        from ..utils import groups
+        return UlyssesSPDataLoaderAdapter(
+            dl, sp_rank=groups._get_sequence_parallel_rank(),
+            sp_group=groups._get_sequence_parallel_group(),
+            sp_world_size=groups._get_sequence_parallel_world_size(), device=self.device)
 
     def _engine_of(self, model):
         return model.engine if isinstance(model, EngineModule) else None
