@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -73,6 +74,41 @@ TEST(EstimateCli, JsonHasExactParametersAndEveryOption) {
   // Stage 0 holds 20 bytes per parameter of model states alone: 134.8 GB > 80 GB.
   EXPECT_FALSE(j["options"][0]["fits"].get<bool>());
   EXPECT_TRUE(j["fits"].get<bool>());
+}
+
+TEST(EstimateCli, MaxSeqIsTheLongestSequenceEachChoiceFitsAndSplitsOverSp) {
+  // Each choice's --max-seq fits at that --seq and not one --sp step longer; split over 8
+  // sequence-parallel ranks the lengths are multiples of 8 and longer than on one.
+  const std::string model = "--hf-config " + hf("llama2_7b.json") +
+                            " --gpus-per-node 8 --gpu-mem 80GB --cpu-mem 1TB --micro-batch 1 "
+                            "--activation-checkpointing --json";
+  std::map<int64_t, std::vector<int64_t>> longest;
+  for (const int64_t sp : {1, 8}) {
+    const std::string args = model + " --sp " + std::to_string(sp);
+    const CliRun r = estimate(args + " --max-seq");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto options = nlohmann::json::parse(r.out)["options"];
+    for (size_t i = 0; i < options.size(); ++i) {
+      const int64_t tokens = options[i]["max_seq"].get<int64_t>();
+      longest[sp].push_back(tokens);
+      if (tokens == 0) continue;
+      EXPECT_EQ(tokens % sp, 0);
+      for (const int64_t seq : {tokens, tokens + sp}) {
+        const CliRun at = estimate(args + " --seq " + std::to_string(seq));
+        ASSERT_NE(at.code, 2) << at.err;
+        EXPECT_EQ(nlohmann::json::parse(at.out)["options"][i]["fits"].get<bool>(), seq == tokens)
+            << "option " << i << " at seq " << seq;
+      }
+    }
+  }
+  EXPECT_EQ(longest[1][0], 0);  // stage 0's model states alone exceed 80 GB
+  for (size_t i = 1; i < longest[1].size(); ++i)
+    if (longest[1][i] > 0) EXPECT_GT(longest[8][i], 4 * longest[1][i]) << "option " << i;
+  const CliRun table = estimate(model.substr(0, model.size() - 7) + " --sp 8 --max-seq");
+  EXPECT_NE(table.out.find("longest sequence (--max-seq) at micro-batch 1, split over 8 ranks, "
+                           "activation checkpointing on:"),
+            std::string::npos)
+      << table.out;
 }
 
 TEST(EstimateCli, TableMarksTheRecommendedPlanAndShowsDeepSpeed) {
@@ -266,6 +302,9 @@ TEST(EstimateCli, BadInputIsOneLineAndExitTwo) {
        "--sp 2 with eager attention: Ulysses over transformers' attention takes sdpa"},
       {"--params 7e9 --sp 2 --gpus-per-node 2",
        "--sp 2 needs the model's shape to split its activations"},
+      {"--params 7e9 --max-seq", "--max-seq needs the model's shape to count activations"},
+      {"--hf-config " + hf("llama2_7b.json") + " --inference --max-seq",
+       "--max-seq with --inference; allowed: training without pipeline stages"},
   };
   for (const auto& [args, expected] : cases) {
     SCOPED_TRACE(args);

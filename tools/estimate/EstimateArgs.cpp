@@ -48,7 +48,7 @@ const std::vector<std::string> kValueFlags{"--hf-config",
                                            "--sp"};
 const std::vector<std::string> kSwitches{"--json", "--bf16",      "--fp16",
                                          "--fp32", "--inference", "--activation-checkpointing",
-                                         "--help", "-h"};
+                                         "--help", "-h",          "--max-seq"};
 const std::vector<std::string> kServingFlags{"--batch", "--gpu-bw", "--host-bw", "--nvme-bw"};
 
 int64_t parse_count(const std::string& flag, const std::string& text, bool allow_zero = false) {
@@ -348,6 +348,8 @@ training:
   --micro-batch N        micro-batch per rank (default: the config's, else 1)
   --bf16 | --fp16 | --fp32   precision (default: the config's, else bf16)
   --activation-checkpointing
+  --max-seq              also the longest sequence (a multiple of --sp) each choice trains
+                         within the budget, at this micro-batch and checkpointing
   --attn-implementation NAME   as transformers takes it: sdpa (default), flash_attention_2,
                          flash_attention_3, flex_attention, eager (keeps the a*s*s scores)
   --config FILE          a zeroshard/DeepSpeed config: its fixed keys bound the choice
@@ -448,6 +450,14 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
   }
   read_pipeline(given, in);
   read_sequence_parallel(given, in);
+  in.max_seq = given.count("--max-seq") > 0;
+  if (in.max_seq && (in.inference || in.pipeline_stages > 1))
+    fail("--max-seq with {}; allowed: training without pipeline stages",
+         in.inference ? "--inference" : fmt::format("--pp {}", in.pipeline_stages));
+  if (in.max_seq && !in.spec.has_shape())
+    fail(
+        "--max-seq needs the model's shape to count activations: give --hf-config, or "
+        "--layers, --hidden and --heads");
   in.json = given.count("--json") > 0;
   if (given.count("--emit-config")) in.emit_config = given.at("--emit-config");
   return in;

@@ -36,6 +36,7 @@ struct EstimateInputs {
   bool inference = false;
   Bandwidths bandwidths;
   bool json = false;
+  bool max_seq = false;                  // --max-seq: the longest sequence each choice trains
   std::string emit_config;               // path, or empty
   std::vector<std::string> assumptions;  // what was not given and what we assumed
   std::vector<std::string> warnings;     // from loading the config

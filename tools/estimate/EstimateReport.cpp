@@ -14,6 +14,13 @@
 namespace zeroshard::estimate {
 namespace {
 
+// --max-seq's length for `option` (longest is in plan_options()' order).
+int64_t longest_of(const std::vector<int64_t>& longest, const PlanOption& option) {
+  const auto& options = plan_options();
+  const auto where = std::find(options.begin(), options.end(), option);
+  return where == options.end() ? 0 : longest[where - options.begin()];
+}
+
 std::string with_commas(int64_t n) {
   std::string digits = std::to_string(n);
   for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(i, ",");
@@ -185,7 +192,8 @@ std::string held_blocks(const EstimateInputs& in, size_t rank) {
 
 }  // namespace
 
-std::string render_table(const EstimateInputs& in, const Plan& plan) {
+std::string render_table(const EstimateInputs& in, const Plan& plan,
+                         const std::vector<int64_t>& longest) {
   const ModelSpec& s = in.spec;
   std::string out;
   out += fmt::format("model: {} ({})\n", s.model_type, s.source);
@@ -214,6 +222,19 @@ std::string render_table(const EstimateInputs& in, const Plan& plan) {
           : "  (DeepSpeed gpu/cpu: its model-states estimate, GiB per GPU / GiB per node; it "
             "leaves\n   out activations, buckets and, at stage 2, keeps fp16 grads whole; see "
             "docs/memory-model.md)\n";
+  if (!longest.empty()) {
+    const int64_t sp = in.config.sequence_parallel_size.value_or(1);
+    out += fmt::format(
+        "\nlongest sequence (--max-seq) at micro-batch {}{}, activation "
+        "checkpointing {}:\n",
+        in.shape.micro_batch, sp > 1 ? fmt::format(", split over {} ranks", sp) : "",
+        in.shape.activation_checkpointing ? "on" : "off");
+    for (const auto& e : plan.options) {
+      const int64_t tokens = longest_of(longest, e.option);
+      out += fmt::format("  {:<37} {}\n", option_label(in, e.option),
+                         tokens > 0 ? with_commas(tokens) + " tokens" : "none fits");
+    }
+  }
   out += fmt::format("\n{}\n", in.inference ? serving_summary(in, plan) : plan.summary);
   out += fmt::format("per-rank bytes of {} (GiB):\n", option_label(in, plan.option));
   out += breakdown_table(plan.predicted, in.inference);
@@ -226,10 +247,12 @@ std::string render_table(const EstimateInputs& in, const Plan& plan) {
   return out;
 }
 
-std::string render_json(const EstimateInputs& in, const Plan& plan) {
+std::string render_json(const EstimateInputs& in, const Plan& plan,
+                        const std::vector<int64_t>& longest) {
   nlohmann::json options = nlohmann::json::array();
   for (const auto& e : plan.options) {
     nlohmann::json row = bytes_json(e.bytes);
+    if (!longest.empty()) row["max_seq"] = longest_of(longest, e.option);
     row["stage"] = e.option.stage;
     row["offload_optimizer"] = offload_device_name(e.option.optimizer);
     row["offload_param"] = offload_device_name(e.option.params);

@@ -8,8 +8,11 @@
 
 namespace zeroshard::estimate {
 
-std::string render_table(const EstimateInputs& in, const Plan& plan);
-std::string render_json(const EstimateInputs& in, const Plan& plan);
+// `longest`: --max-seq's lengths, per option of plan_options() (empty: not asked).
+std::string render_table(const EstimateInputs& in, const Plan& plan,
+                         const std::vector<int64_t>& longest = {});
+std::string render_json(const EstimateInputs& in, const Plan& plan,
+                        const std::vector<int64_t>& longest = {});
 // --pp: one plan per stage (in.stages), each stage's row and the heaviest stage's bytes.
 std::string render_pipeline_table(const EstimateInputs& in, const std::vector<Plan>& plans);
 std::string render_pipeline_json(const EstimateInputs& in, const std::vector<Plan>& plans);

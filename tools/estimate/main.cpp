@@ -7,6 +7,7 @@
 
 #include "common/Error.h"
 #include "common/Files.h"
+#include "plan/LongestSequence.h"
 #include "plan/Planner.h"
 #include "tools/estimate/EstimateArgs.h"
 #include "tools/estimate/EstimateReport.h"
@@ -64,7 +65,11 @@ int main(int argc, char** argv) {
       return fits ? 0 : kExitNothingFits;
     }
     const Plan plan = make_plan(in.spec, in.config, in.world, in.shape, in.budget);
-    std::cout << (in.json ? estimate::render_json(in, plan) : estimate::render_table(in, plan));
+    const std::vector<int64_t> longest =
+        in.max_seq ? longest_sequences(in.spec, in.config, in.world, in.shape, in.budget)
+                   : std::vector<int64_t>{};
+    std::cout << (in.json ? estimate::render_json(in, plan, longest)
+                          : estimate::render_table(in, plan, longest));
     if (!in.emit_config.empty()) {
       write_config(in.emit_config, plan.config, in.inference);
       if (!in.json) std::cout << "wrote " << in.emit_config << "\n";

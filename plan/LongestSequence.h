@@ -1,0 +1,22 @@
+#pragma once
+// The longest sequence each stage/offload choice trains within the budget (zeroshard-estimate
+// --max-seq): the memory model asked at growing lengths, every other setting as given.
+#include <cstdint>
+#include <vector>
+
+#include "plan/Planner.h"
+
+namespace zeroshard {
+
+// Sequences are searched up to this many tokens (ALST trained 15M on 32 GPUs).
+constexpr int64_t kLongestSequenceSearched = int64_t{1} << 24;
+
+// Per option of plan_options(), in its order: the longest sequence, a multiple of the
+// sequence-parallel size (the config's sequence_parallel_size, which splits it), with which
+// the option fits `budget` (0: not even that size). `shape`'s micro-batch and
+// checkpointing hold; its seq is ignored.
+std::vector<int64_t> longest_sequences(const ModelSpec& spec, const Config& config,
+                                       const WorldShape& world, const TrainingShape& shape,
+                                       const HardwareBudget& budget);
+
+}  // namespace zeroshard
