@@ -93,7 +93,9 @@ usage: ./zs VERB [ARGS]
                     Llama-shaped, optimizer on the host: vs FSDP2 + CPUOffloadPolicy and
                     DeepSpeed ZeRO-3 + offload; --search: the largest model of each;
                     --device cpu --shape tiny checks the script without a GPU),
-                    pp (PP2 x DP2: 1F1B and GPipe vs FSDP2 + pipelining), inference
+                    pp (PP2 x DP2: 1F1B and GPipe vs FSDP2 + pipelining), seq (one
+                    sequence over 4 ranks at growing lengths: Ulysses vs DeepSpeed's, torch's
+                    ring attention vs FSDP2 + the same ring; longest within a budget), inference
                     (a Llama 5x the device budget generated from NVMe vs DeepSpeed
                     ZeRO-Inference and accelerate's disk offload)
   consolidate CKPT OUT.pt [--dtype bf16] [--per-tensor] [--format safetensors --hf-config F]
@@ -174,7 +176,7 @@ case "$verb" in
     ;;
   bench)
     name="${1:-}"
-    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, inference, gpu"
+    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, seq, inference, gpu"
     shift
     check_memory >&2
     [ "$name" = gpu ] && bench_gpu "$@"  # one GPU: its own python3 and build (bench_gpu)
@@ -195,11 +197,14 @@ case "$verb" in
     if [ "$name" = pp ]; then  # PP2 x DP2: 1F1B and GPipe over zeroshard beside FSDP2
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/pp_bench.py "$@"
     fi
+    if [ "$name" = seq ]; then  # one sequence over 4 ranks: Ulysses and ring vs DeepSpeed, FSDP2
+      PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/seq_bench.py "$@"
+    fi
     if [ "$name" = inference ]; then  # NVMe-served generation beside DeepSpeed and accelerate
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/inference_bench.py \
         --io-bench "$BUILD/tools/zs-bench-io" "$@"
     fi
-    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, inference, gpu"
+    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, seq, inference, gpu"
     "$BUILD/tools/zs-bench-$name" "$@"
     ;;
   help | -h | --help) usage ;;
