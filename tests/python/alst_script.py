@@ -6,10 +6,12 @@ given ZeRO stages in the same ranks; and the reference: the same model trained o
 sequences in one process with torch's AdamW, each step's batch the samples the
 data-parallel groups train in that step.
 
-usage: alst_script.py OUT PACKAGE [SP [CASES]]
+usage: alst_script.py OUT PACKAGE [SP [CASES [tiled]]]
   PACKAGE zeroshard or deepspeed; SP the sequence-parallel size (2; the rest of the world
   is data-parallel); CASES comma-separated ZeRO stages, "3cpu" for stage 3 with the
-  optimizer and parameters offloaded to the CPU (2,3)"""
+  optimizer and parameters offloaded to the CPU (2,3); tiled: the tutorial's tiled compute,
+  each MLP in 4 tiles (TiledMLP patched into LlamaMLP.forward) and the logits with their
+  loss in 2 (TiledFusedLogitsLoss over the base model's last hidden states)"""
 import importlib
 import json
 import os
@@ -22,6 +24,7 @@ from long_sequence_reference import LR, SEQ, STEPS, make_model, reference, sampl
 OUT, PACKAGE = sys.argv[1], sys.argv[2]
 SP = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 CASES = sys.argv[4].split(",") if len(sys.argv) > 4 else ["2", "3"]
+TILED = len(sys.argv) > 5 and sys.argv[5] == "tiled"
 deepspeed = importlib.import_module(PACKAGE)
 ulysses_sp = importlib.import_module(f"{PACKAGE}.runtime.sequence_parallel.ulysses_sp")
 groups = importlib.import_module(f"{PACKAGE}.utils.groups")
@@ -39,6 +42,28 @@ def collate_fn(batch):
                 position_ids=torch.arange(SEQ).unsqueeze(0), labels=input_ids.unsqueeze(0))
 
 
+def tiled_mlp_forward(self, x):
+    """The tutorial's patch of LlamaMLP.forward: the same tile count on every rank."""
+    def mlp_forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+    compute_params = [self.down_proj.weight, self.gate_proj.weight, self.up_proj.weight]
+    return ulysses_sp.TiledMLP.apply(mlp_forward, self, x, 4, compute_params)
+
+
+def tiled_loss_sum(model, batch):
+    """The slice's loss summed over its tokens, its logits made two tiles at a time."""
+    hidden = model.module.model(input_ids=batch["input_ids"],
+                                position_ids=batch["position_ids"]).last_hidden_state
+    vocab = model.module.config.vocab_size
+
+    def loss_fn(lm_head, x, y):
+        return torch.nn.functional.cross_entropy(lm_head(x).float().view(-1, vocab), y.view(-1),
+                                                 ignore_index=-100, reduction="sum")
+    head = model.module.lm_head
+    return ulysses_sp.TiledFusedLogitsLoss.apply(loss_fn, head, hidden, batch["shift_labels"],
+                                                 None, 2, [head.weight], "sum")
+
+
 def step_samples(step):
     """The samples the data-parallel groups train in a step: each draw of the world's loaders
     (rank r's is sample draw * world + r) is p steps, the j-th taking each group's j-th
@@ -50,6 +75,9 @@ def step_samples(step):
 # (before registration: afterwards every sdpa model of this process attends through it)
 ref_losses, ref_norms, ref_params = (reference(IDS, step_samples) if PACKAGE == "zeroshard"
                                       else ([], [], {}))
+if TILED:  # after the reference, which runs the MLP whole
+    from transformers.models.llama import modeling_llama
+    modeling_llama.LlamaMLP.forward = tiled_mlp_forward
 dist.init_distributed(dist_backend="gloo")
 mpu = ulysses_sp.UlyssesSPAttentionHF.register_with_transformers(
     model_name_or_path=make_model(), core_attn_implementation="sdpa",
@@ -77,13 +105,16 @@ for case in CASES:
     for batch in dl:
         batches.append({k: v.tolist() for k, v in batch.items()})
         batch = move_to_device(batch, model.device)
-        outputs = model(**batch)
         shift_labels = batch["shift_labels"]
-        loss = model.module.loss_function(logits=outputs.logits, labels=None,
-                                          shift_labels=shift_labels,
-                                          vocab_size=model.module.config.vocab_size)
-        losses_per_rank = torch.distributed.nn.functional.all_gather(loss, group=sp_group)
         good_tokens = (shift_labels != -100).view(-1).sum()
+        if TILED:
+            loss = tiled_loss_sum(model, batch) / good_tokens  # the slice's mean, as below
+        else:
+            outputs = model(**batch)
+            loss = model.module.loss_function(logits=outputs.logits, labels=None,
+                                              shift_labels=shift_labels,
+                                              vocab_size=model.module.config.vocab_size)
+        losses_per_rank = torch.distributed.nn.functional.all_gather(loss, group=sp_group)
         good_tokens_per_rank = torch.distributed.nn.functional.all_gather(good_tokens,
                                                                           group=sp_group)
         total_loss = sum(losses_per_rank[rank] * good_tokens_per_rank[rank]
@@ -104,3 +135,10 @@ for case in CASES:
     result[f"stage{case}"] = trained
 with open(f"{OUT}.rank{dist.get_rank()}.json", "w") as f:
     json.dump(result, f)
+if PACKAGE == "deepspeed":
+    # DeepSpeed leaves a Gloo worker thread releasing its last collective's tensors; taken by
+    # the interpreter's finalization it aborts the rank after its results are written
+    # (trainer_worker.py says how; 1 run in 4 here). zeroshard waits for it at exit.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -26,9 +26,9 @@ _VOCAB_LOSS = ("DeepSpeed's vocabulary-parallel cross entropy is not in zeroshar
 _GROUPS = ("DeepSpeed's registry of expert-, tensor- and hierarchical-ZeRO process groups",
            "torch.distributed groups of your own; the sequence- and data-parallel getters of "
            "zeroshard.utils.groups")
-_TILED = ("ALST's tiled compute (the MLP and the logits and loss in sequence tiles) is not "
-          "in zeroshard yet", "the MLP and the loss on the rank's whole slice (with "
-          "sequence parallelism, a slice is 1/sequence_parallel_size of the sequence)")
+_TILED = ("ALST's generic tiled compute (any function over sequence tiles) is not in "
+          "zeroshard yet", "TiledMLP and TiledFusedLogitsLoss from the same module (the MLP, "
+          "and the logits with their loss, in sequence tiles)")
 _COMPRESSION = ("DeepSpeed's compression library (quantization-aware training, pruning, "
                 "layer reduction) is not in zeroshard", "torch.ao.quantization or torchao")
 _RANDOM_LTD = ("DeepSpeed's data efficiency library (random layer-token drop, curriculum "
@@ -79,8 +79,6 @@ REFUSED = {
                               "engine.train_batch(), or zeroshard.pipelining's schedules"),
     "checkpointing.non_reentrant_checkpoint": _NON_REENTRANT,
     "runtime.activation_checkpointing.checkpointing.non_reentrant_checkpoint": _NON_REENTRANT,
-    "runtime.sequence_parallel.ulysses_sp.TiledMLP": _TILED,
-    "runtime.sequence_parallel.ulysses_sp.TiledFusedLogitsLoss": _TILED,
     "runtime.sequence_parallel.ulysses_sp.SequenceTiledCompute": _TILED,
     "runtime.sequence_parallel.ulysses_sp.sequence_tiled_compute": _TILED,
     "runtime.sequence_parallel.ulysses_sp.AutogradComputeMLP": _TILED,
