@@ -140,6 +140,25 @@ def test_a_lightning_module_trains_as_under_ddp(strategy, scratch):
                                expect_ok=False), copy, marker)
 
 
+def test_sequence_parallel_size_splits_each_sample_over_a_group(scratch):
+    """lightning_sp_script.py: ZeroShardStrategy(stage=3, sequence_parallel_size=2) on 2
+    ranks, a Llama with Ulysses (ALST's registration), each training_step taking its slice
+    and returning its share of the loss: both ranks get the same samples from Lightning's
+    sampler (its shuffled order), the two shares add up to the whole sequence's loss, and
+    gradient norms and parameters after 4 steps are one process's on whole sequences."""
+    out = scratch / "sp"
+    ranks = run_ranks([os.path.join(HERE, "lightning_sp_script.py"), str(out), "3"], 2, out,
+                      timeout=600)
+    first, second = ranks
+    assert first["seen"] == second["seen"] == first["expected"]
+    assert first["dp_world_size"] == 1
+    for a, b, (want,) in zip(first["losses"], second["losses"], first["ref_losses"]):
+        assert abs(a + b - want) < 1e-5, (a, b, want)
+    for rank in ranks:
+        assert max(abs(a - b) for a, b in zip(rank["norms"], rank["ref_norms"])) < 1e-5
+        assert rank["max_param_diff"] < 1e-5, rank["max_param_diff"]
+
+
 def test_a_fabric_loop_trains_as_under_ddp_and_resumes_exactly(scratch):
     config = dict(STAGE_3, gradient_accumulation_steps=2, gradient_clipping=0.05)
     spec = {"strategy": "zs", "config": config, "epochs": 2, "ckpt_dir": str(scratch / "ckpt")}

@@ -98,8 +98,12 @@ def as_zeroshard_precision(plugin):
 
 class ZeroShardStrategy(DDPStrategy):
     """Trainer(strategy=ZeroShardStrategy(config=..., stage=..., offload_optimizer=...,
-    offload_parameters=...)). config: a path to YAML or JSON, or a dict, DeepSpeed's keys;
-    default: the planner picks the stage."""
+    offload_parameters=..., sequence_parallel_size=...)). config: a path to YAML or JSON, or
+    a dict, DeepSpeed's keys; default: the planner picks the stage. sequence_parallel_size
+    (the config's key): each group of that many consecutive ranks splits the same samples'
+    sequences (the module's training_step takes its slice, zeroshard.utils.groups says
+    which, and returns its share of the group's mean loss), so the train loader's sampler
+    counts a group once."""
 
     strategy_name = "zeroshard"
 
@@ -107,7 +111,8 @@ class ZeroShardStrategy(DDPStrategy):
                  offload_parameters=False, offload_optimizer_device="cpu",
                  offload_params_device="cpu", nvme_path=None, accelerator=None,
                  parallel_devices=None, cluster_environment=None, checkpoint_io=None,
-                 precision_plugin=None, process_group_backend=None, **timeout):
+                 precision_plugin=None, process_group_backend=None,
+                 sequence_parallel_size=None, **timeout):
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin,
@@ -116,7 +121,19 @@ class ZeroShardStrategy(DDPStrategy):
         self.config, self._origin = strategy_config(
             config, stage, offload_optimizer, offload_parameters, offload_optimizer_device,
             offload_params_device, nvme_path)
+        if sequence_parallel_size is not None:
+            _config.fill(self.config, "sequence_parallel_size", sequence_parallel_size,
+                         "ZeroShardStrategy(sequence_parallel_size)", self._origin)
         self.engine = None
+
+    @property
+    def distributed_sampler_kwargs(self):
+        """A sequence-parallel group's ranks draw the same samples (DeepSpeed's data-parallel
+        rank: rank // sequence_parallel_size)."""
+        sp = self.config.get("sequence_parallel_size", 1)
+        sp = sp if isinstance(sp, int) and sp > 1 else 1
+        kwargs = super().distributed_sampler_kwargs
+        return {"num_replicas": kwargs["num_replicas"] // sp, "rank": kwargs["rank"] // sp}
 
     # Lightning hands the strategy the plugin made from Trainer(precision=...).
     @property
