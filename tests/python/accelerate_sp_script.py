@@ -36,8 +36,9 @@ def collate(rows):
 
 
 ref_losses, ref_norms, ref_params = reference(IDS, step_samples)  # before registration
-pc = ParallelismConfig(sp_backend="deepspeed", sp_size=SP, sp_handler=DeepSpeedSequenceParallelConfig(
-    sp_seq_length=SEQ, sp_seq_length_is_variable=True, sp_attn_implementation="sdpa"))
+handler = DeepSpeedSequenceParallelConfig(sp_seq_length=SEQ, sp_seq_length_is_variable=True,
+                                          sp_attn_implementation="sdpa")
+pc = ParallelismConfig(sp_backend="deepspeed", sp_size=SP, sp_handler=handler)
 accelerator = Accelerator(cpu=True, parallelism_config=pc, zeroshard_config={
     "zero_optimization": {"stage": 3}, "gradient_clipping": 0.0})
 model = make_model()
@@ -66,6 +67,7 @@ params = {n: p.detach() for n, p in engine.state_dict().items()}
 result = {"losses": losses, "norms": norms, "ref_losses": ref_losses, "ref_norms": ref_norms,
           "max_param_diff": max((params[n] - p.detach()).abs().max().item()
                                 for n, p in ref_params.items()),
-          "dp_world_size": engine.dp_world_size, "sequence_parallel_size": engine.sequence_parallel_size}
+          "dp_world_size": engine.dp_world_size,
+          "sequence_parallel_size": engine.sequence_parallel_size}
 with open(f"{sys.argv[1]}.rank{accelerator.process_index}.json", "w") as f:
     json.dump(result, f)

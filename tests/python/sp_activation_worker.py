@@ -22,7 +22,8 @@ config._attn_implementation = "sdpa"
 tokens = (rank * SEQ // world, (rank + 1) * SEQ // world)
 result = {"slice_alone": kept_for_backward(config, tokens=tokens)}
 mpu = UlyssesSPAttentionHF.register_with_transformers(
-    model_name_or_path=transformers.AutoModelForCausalLM.from_config(config), core_attn_implementation="sdpa", sequence_parallel_size=world,
+    model_name_or_path=transformers.AutoModelForCausalLM.from_config(config),
+    core_attn_implementation="sdpa", sequence_parallel_size=world,
     micro_batch_size=BATCH, seq_length=SEQ, seq_length_is_variable=True)
 result["kept"] = kept_for_backward(config, tokens=tokens)
 model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
