@@ -93,8 +93,9 @@ ROOMS = {  # room: the rooms it may import
     "_checkpoint": {"_common"},
     "_activations": {"_common"},
     "_parallel": {"_common", "_activations"},
-    "_engine": {"_common", "_checkpoint", "_activations", "_parallel"},
-    "_tools": {"_common", "_checkpoint", "_activations", "_parallel", "_engine"},
+    "_sequence": {"_common", "_activations"},
+    "_engine": {"_common", "_checkpoint", "_activations", "_parallel", "_sequence"},
+    "_tools": {"_common", "_checkpoint", "_activations", "_parallel", "_sequence", "_engine"},
 }
 PY_PLAIN_IMPORT = re.compile(r"^\s*import zeroshard\.([\w.]+)", re.M)  # import zeroshard.a.b
 EXTENSION = {"_zeroshard", "_build_info"}  # the C++ extension and the build's record: below all

@@ -98,7 +98,7 @@ def ring(system, length):
         forward, backward, update = engine, engine.backward, engine.step
     else:
         from torch.distributed.fsdp import fully_shard
-        from zeroshard._parallel.context_parallel import enable_cpu_ring_attention
+        from zeroshard._sequence.context_parallel import enable_cpu_ring_attention
         enable_cpu_ring_attention()
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh["cp"])

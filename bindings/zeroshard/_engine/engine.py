@@ -9,10 +9,9 @@ import torch
 
 from . import (adafactor as _adafactor, construction as _construction, generation as _generation,
                torch_optimizer as _torch_optimizer)
-from .._parallel import (context_parallel as _context_parallel, dtensor as _dtensor,
-                         hf_tensor_parallel as _hf_tensor_parallel,
-                         sequence_groups as _sequence_groups, sync_batchnorm as _sync_batchnorm,
-                         tensor_parallel as _tensor_parallel)
+from .._parallel import (dtensor as _dtensor, hf_tensor_parallel as _hf_tensor_parallel,
+                         sync_batchnorm as _sync_batchnorm, tensor_parallel as _tensor_parallel)
+from .._sequence import context_parallel as _context_parallel, sequence_groups as _sequence_groups
 from .parallel_sizes import ParallelSizes
 from .. import _zeroshard
 from .._common import config as _config, launch as _launch

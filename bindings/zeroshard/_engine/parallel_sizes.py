@@ -1,6 +1,6 @@
 """The engine's sizes and places along each parallel axis, by DeepSpeed's names: a mixin of
 ZeroShardEngine (engine.py), read off the C++ engine's layout (engine/ParallelDims.h)."""
-from .._parallel import sequence_groups as _sequence_groups
+from .._sequence import sequence_groups as _sequence_groups
 
 
 class ParallelSizes:

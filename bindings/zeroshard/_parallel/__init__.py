@@ -7,10 +7,6 @@ split along it, below the engine that trains the result:
   shape, DeepSpeed's PipelineModule and its topologies);
 - sync_batchnorm: BatchNorm synchronised across the data-parallel ranks;
 - expert_parallel, moe_gating: DeepSpeed's mixture-of-experts layer and its gating (every
-  rank holds every expert; splitting them over ranks is not here yet);
-- sequence_parallel, sequence_groups: Ulysses (DeepSpeed's DistributedAttention, the
-  sequence-parallel groups, the gathered loss's share); ulysses_hf, sequence_batches: ALST's
-  Hugging Face path; tiled_compute: its tiled MLP and logits-with-loss;
-  gloo_gather_backward: torch's differentiable all_gather over a Gloo subgroup made to work
-  backward; context_parallel: torch's ring attention over a mesh's cp dimension.
+  rank holds every expert; splitting them over ranks is not here yet).
+Long sequences (sequence and context parallelism) are the next room, _sequence.
 May import: _common, _activations and the C++ extension."""

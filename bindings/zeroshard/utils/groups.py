@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 from .. import _zeroshard
 from .._common import refusals as _refusals
-from .._parallel import sequence_groups as _sequence_groups
+from .._sequence import sequence_groups as _sequence_groups
 
 __getattr__ = _refusals.attribute_refuser(__name__)
 

@@ -4,8 +4,8 @@ transformers' attention (UlyssesSPAttentionHF) and the batches sliced along the 
 TiledFusedLogitsLoss). Its generic sequence_tiled_compute is refused by name
 (_common/refusals.py)."""
 from ..._common import refusals as _refusals
-from ..._parallel.sequence_batches import UlyssesSPDataLoaderAdapter  # noqa: F401
-from ..._parallel.tiled_compute import TiledFusedLogitsLoss, TiledMLP  # noqa: F401
-from ..._parallel.ulysses_hf import UlyssesSPAttentionHF  # noqa: F401
+from ..._sequence.sequence_batches import UlyssesSPDataLoaderAdapter  # noqa: F401
+from ..._sequence.tiled_compute import TiledFusedLogitsLoss, TiledMLP  # noqa: F401
+from ..._sequence.ulysses_hf import UlyssesSPAttentionHF  # noqa: F401
 
 __getattr__ = _refusals.attribute_refuser(__name__)
