@@ -27,6 +27,7 @@ import transformers
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_worker  # noqa: E402
 import models  # noqa: E402
+from rank_result import leave  # noqa: E402,F401  (the Trainer workers' way out)
 
 ROWS = 64  # the dataset: random token rows (models.VOCAB, models.SEQ + 1 tokens)
 
@@ -54,20 +55,6 @@ class Record(transformers.TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
             self.logged.append([logs["loss"], float(logs["grad_norm"])])
-
-
-def leave(out, result):
-    """Writes this rank's result to OUT.rankN.json and leaves without the interpreter's
-    finalization. A Gloo worker thread may still be releasing the Trainer's last
-    all-gather, whose tensors Python owns: it waits for the GIL, finalization makes it
-    exit, and unwinding its noexcept destructor aborts the process ("terminate called
-    without an active exception"; seen in 2 runs of 12, in DDP runs, with or without
-    destroy_process_group first)."""
-    with open(f"{out}.rank{int(os.environ['RANK'])}.json", "w") as f:
-        json.dump(result, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def main():
