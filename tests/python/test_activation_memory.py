@@ -113,8 +113,9 @@ def test_sequence_parallel_activations_are_a_slice_and_the_exchange(scratch):
     keeps its slice's activations, as the model run on those SEQ/4 tokens alone keeps,
     and per layer and slice token the output projection's exchanged input (heads x
     head_dim) and the repeated keys and values ((4 - 2) x 2 x head_dim) besides;
-    zeroshard-estimate --sp 4 counts both, to the byte, and so does the memory report of an
-    engine with sequence_parallel_size 4 trained on those slices."""
+    zeroshard-estimate --sp 4 counts both, to the byte, and so do zeroshard.estimate with the
+    config's sequence_parallel_size 4 and the memory report of an engine with that key
+    trained on those slices."""
     world = 4
     out = scratch / "sp"
     ranks = run_ranks([os.path.join(HERE, "sp_activation_worker.py"), str(out)], world, out)
@@ -127,6 +128,14 @@ def test_sequence_parallel_activations_are_a_slice_and_the_exchange(scratch):
         assert rank["kept"] - rank["slice_alone"] == exchange == predicted - slice_alone
         assert abs(predicted - rank["kept"]) <= 0.03 * rank["kept"], (predicted, rank["kept"])
         assert rank["predicted"] == predicted
+    # zeroshard.estimate reads the key from the config it is given.
+    import torch
+    import transformers
+    import zeroshard
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    plan = zeroshard.estimate(model, {"bf16": {"enabled": True}, "sequence_parallel_size": world},
+                              gpus_per_node=world, seq=SEQ, micro_batch=BATCH)
+    assert {o["activation_bytes"] for o in plan["options"]} == {predicted}
 
 
 @pytest.mark.parametrize("family", ["llama", "mixtral", "gpt2"])
