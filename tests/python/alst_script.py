@@ -20,7 +20,8 @@ import sys
 import torch
 
 from rank_result import leave
-from long_sequence_reference import LR, SEQ, STEPS, make_model, reference, samples
+from long_sequence_reference import (LR, SEQ, STEPS, make_model, reference, samples,
+                                     zero_config)
 
 OUT, PACKAGE = sys.argv[1], sys.argv[2]
 SP = int(sys.argv[3]) if len(sys.argv) > 3 else 2
@@ -85,10 +86,7 @@ mpu = ulysses_sp.UlyssesSPAttentionHF.register_with_transformers(
     sequence_parallel_size=SP, micro_batch_size=1, seq_length=SEQ, seq_length_is_variable=True)
 result = {"ref_losses": ref_losses, "ref_norms": ref_norms}
 for case in CASES:
-    zero = {"stage": int(case[0])}
-    if case.endswith("cpu"):
-        zero.update(offload_optimizer={"device": "cpu"}, offload_param={"device": "cpu"})
-    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero,
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero_config(case),
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
               "sequence_parallel_size": SP}
     model = make_model()

@@ -18,7 +18,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel
 
 import zeroshard
-from long_sequence_reference import LR, SEQ, STEPS, make_model, reference, samples
+from long_sequence_reference import (LR, SEQ, STEPS, make_model, reference, samples,
+                                     zero_config)
 
 OUT, CP, CASES = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
 DP = int(os.environ["WORLD_SIZE"]) // CP
@@ -31,10 +32,7 @@ zeroshard.init_distributed(dist_backend="gloo")
 mesh = init_device_mesh("cpu", (DP, CP), mesh_dim_names=("dp", "cp"))
 result = {"ref_losses": ref_losses, "ref_norms": ref_norms}
 for case in CASES:
-    zero = {"stage": int(case[0])}
-    if case.endswith("cpu"):
-        zero.update(offload_optimizer={"device": "cpu"}, offload_param={"device": "cpu"})
-    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero,
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero_config(case),
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}}}
     engine = zeroshard.initialize(model=make_model(), config=config, mesh=mesh)[0]
     losses, norms, positions = [], [], []

@@ -19,6 +19,15 @@ def samples(count):
     return torch.randint(0, CONFIG.vocab_size, (count, SEQ))
 
 
+def zero_config(case):
+    """The zero_optimization section of a case: a stage ("1".."3"), "3cpu" with the
+    optimizer and parameters offloaded to the CPU."""
+    zero = {"stage": int(case[0])}
+    if case.endswith("cpu"):
+        zero.update(offload_optimizer={"device": "cpu"}, offload_param={"device": "cpu"})
+    return zero
+
+
 def grad_norm(params):
     return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
 

@@ -14,10 +14,11 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
+
+from local_ranks import run_ranks
 
 WORLD, STAGES, MICROBATCHES = 4, 2, 8
 VOCAB, DIM, HEADS, LAYERS, SEQ, MICRO, WARMUP = 1024, 256, 8, 4, 128, 2, 2
@@ -154,21 +155,11 @@ def worker(mode, steps, out):
 
 
 def run(mode, steps, scratch):
-    from zeroshard._tools.launcher import free_port
-    out, port = os.path.join(scratch, mode), free_port()
-    procs = []
-    for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
-                   LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1", ZS_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", mode, str(steps), out],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    logs = [p.communicate(timeout=1800)[0] for p in procs]
-    bad = [r for r, p in enumerate(procs) if p.returncode != 0]
-    if bad:
-        return {"system": mode, "error": f"rank {bad[0]}: {logs[bad[0]][-2000:]}"}
-    rows = [json.load(open(f"{out}.rank{r}.json")) for r in range(WORLD)]
+    out = os.path.join(scratch, mode)
+    rows, error = run_ranks(__file__, ["--worker", mode, str(steps), out], WORLD, out,
+                            timeout=1800)
+    if error:
+        return {"system": mode, "error": error}
     row = dict(rows[-1])  # the last stage's: it reports the loss
     row["seconds_per_step"] = max(r["seconds_per_step"] for r in rows)
     row["tokens_per_second"] = min(r["tokens_per_second"] for r in rows)

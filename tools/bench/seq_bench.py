@@ -19,11 +19,11 @@ import argparse
 import json
 import os
 import resource
-import socket
-import subprocess
 import sys
 import tempfile
 import time
+
+from local_ranks import run_ranks
 
 WORLD = 4
 SHAPE = dict(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
@@ -138,27 +138,12 @@ def worker(system, length, steps, out):
         json.dump(row, f)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(system, length, steps, scratch):
-    out, port = os.path.join(scratch, f"{system}_{length}"), free_port()
-    procs = []
-    for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
-                   LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1", ZS_NUM_THREADS="1")
-        procs.append(subprocess.Popen(
-            [sys.executable, __file__, "--worker", system, str(length), str(steps), out],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=3600)[0] for p in procs]
-    bad = [r for r, p in enumerate(procs) if p.returncode != 0]
-    if bad:
-        return {"length": length, "error": f"rank {bad[0]}: {logs[bad[0]][-1500:]}"}
-    rows = [json.load(open(f"{out}.rank{r}.json")) for r in range(WORLD)]
+    out = os.path.join(scratch, f"{system}_{length}")
+    rows, error = run_ranks(__file__, ["--worker", system, str(length), str(steps), out], WORLD,
+                            out, timeout=3600)
+    if error:
+        return {"length": length, "error": error}
     return {"length": length, "tokens_per_second": rows[0]["tokens_per_second"],
             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rows)}
 
@@ -183,8 +168,10 @@ def main():
                 rows.append(run(system, length, args.steps, scratch))
                 if "error" in rows[-1] or rows[-1]["peak_rss_bytes"] > budget:
                     break
-            within = [r["length"] for r in rows if "error" not in r and r["peak_rss_bytes"] <= budget]
-            result["systems"][system] = {"rows": rows, "longest_within_budget": max(within, default=0)}
+            within = [r["length"] for r in rows
+                      if "error" not in r and r["peak_rss_bytes"] <= budget]
+            result["systems"][system] = {"rows": rows,
+                                         "longest_within_budget": max(within, default=0)}
     for ours, peer in (("zs_sp4", "ds_sp4"), ("zs_cp4", "fsdp2_cp4")):
         if ours not in result["systems"] or peer not in result["systems"]:
             continue

@@ -11,11 +11,11 @@ import argparse
 import json
 import os
 import resource
-import socket
-import subprocess
 import sys
 import tempfile
 import time
+
+from local_ranks import run_ranks
 
 WORLD, TP = 4, 2
 SHAPE = dict(vocab_size=1024, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -100,27 +100,12 @@ def worker(mode, steps, out):
         json.dump(row, f)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(mode, steps, scratch):
-    out, port = os.path.join(scratch, mode), free_port()
-    procs = []
-    for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
-                   LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1", ZS_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", mode, str(steps), out],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    logs = [p.communicate(timeout=1800)[0] for p in procs]
-    bad = [r for r, p in enumerate(procs) if p.returncode != 0]
-    if bad:
-        return {"system": mode, "error": f"rank {bad[0]}: {logs[bad[0]][-2000:]}"}
-    rows = [json.load(open(f"{out}.rank{r}.json")) for r in range(WORLD)]
+    out = os.path.join(scratch, mode)
+    rows, error = run_ranks(__file__, ["--worker", mode, str(steps), out], WORLD, out,
+                            timeout=1800)
+    if error:
+        return {"system": mode, "error": error}
     row = dict(rows[0])
     row["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in rows)
     if "bytes_sent_per_step" in row:

@@ -123,7 +123,8 @@ def enable_cpu_ring_attention():
         # Every tensor whole, or every tensor sharded along the sequence (the ring's case).
         def rule(op_schema):
             mesh = op_schema.get_mesh_from_args(validate=validate)
-            placements = [[Replicate()] * (outputs + inputs), [Shard(seq_dim)] * (outputs + inputs)]
+            tensors = outputs + inputs
+            placements = [[Replicate()] * tensors, [Shard(seq_dim)] * tensors]
             return expand_to_full_mesh_op_strategy(mesh, op_schema, placements,
                                                    input_index=outputs)
         return rule

@@ -83,15 +83,16 @@ class _LossTiles(torch.autograd.Function):
         bs, seqlen = x.shape[:2]
         rows = x.detach().reshape(-1, *x.shape[2:])
         targets = y.reshape(-1, *y.shape[2:])
-        masks = mask.reshape(-1) if mask is not None else None
+        masks = (torch.chunk(mask.reshape(-1), shards, dim=0) if mask is not None
+                 else [None] * shards)
         # Each tile's output is reduced outside autograd: its share of the incoming gradient.
         scale = 1.0 / shards if output_reduction == "mean" else 1.0
         outputs, x_grads, param_grads = [], [], [None] * len(params)
-        for i, (tile, target) in enumerate(zip(torch.chunk(rows, shards, dim=0),
-                                               torch.chunk(targets, shards, dim=0))):
+        for tile, target, tile_mask in zip(torch.chunk(rows, shards, dim=0),
+                                           torch.chunk(targets, shards, dim=0), masks):
             args = [module, tile.requires_grad_(x.requires_grad), target]
-            if masks is not None:
-                args.append(torch.chunk(masks, shards, dim=0)[i])
+            if tile_mask is not None:
+                args.append(tile_mask)
             with torch.enable_grad():
                 out = fn(*args)
             outputs.append(out.detach())
