@@ -154,7 +154,9 @@ EngineHolder make_engine(
     bool optimizer_elementwise, std::pair<int64_t, int64_t> optimizer_state_other,
     const AssumedBatchArg& assumed_batch, int tensor_parallel_size,
     const std::map<std::string, int>& tensor_parallel_params, int pipeline_parallel_size,
-    const std::set<std::string>& quantizable_params, int sequence_parallel_size) {
+    const std::set<std::string>& quantizable_params, int sequence_parallel_size,
+    int expert_parallel_size, const std::set<std::string>& expert_params) {
+  loaded.config.expert_parallel_size = std::max(1, expert_parallel_size);
   take_mpu_size(loaded.config.pipeline_parallel_size, pipeline_parallel_size, "pipeline.stages",
                 "pipeline-parallel");
   take_mpu_size(loaded.config.sequence_parallel_size, sequence_parallel_size,
@@ -197,6 +199,7 @@ EngineHolder make_engine(
   const auto mark = [&](NamedParam& p) {
     p.tensor_parallel_dim = split_dim(p.name);
     p.quantizable = quantizable_params.count(p.name) > 0;
+    p.expert = expert_params.count(p.name) > 0;
   };
   for (auto& p : named) mark(p);
   for (auto& unit : unit_params)
@@ -281,7 +284,10 @@ PYBIND11_MODULE(_zeroshard, m) {
            py::arg("pipeline_parallel_size") = 0,
            py::arg("quantizable_params") = std::set<std::string>{},
            // An mpu of Ulysses' groups: its sequence-parallel size (0: the config's).
-           py::arg("sequence_parallel_size") = 0)
+           py::arg("sequence_parallel_size") = 0,
+           // The MoE layers' ep_size and the names of their experts' parameters, split
+           // across the expert-parallel ranks (include/zeroshard/Types.h NamedParam::expert).
+           py::arg("expert_parallel_size") = 1, py::arg("expert_params") = std::set<std::string>{})
       .def("optimizer_shards",
            [](EngineImpl& e) { return optimizer_shards(e.external_optimizer()); })
       .def("optimizer_regions",

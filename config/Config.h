@@ -222,6 +222,11 @@ struct Config {
   // sequence-data-parallel group; a batch is counted over the world / sp ranks that see
   // different samples, and gradients are divided by those.
   std::optional<int64_t> sequence_parallel_size = 1;
+  // Ranks a mixture-of-experts layer's experts are split across (DeepSpeed's MoE layer's
+  // ep_size; no config key: the Python package sets it from the model's layers), consecutive
+  // data-parallel ranks; the experts' parameters are reduced and sharded over the dp / ep
+  // ranks holding the same ones (engine/ParallelDims.h ep, edp).
+  int64_t expert_parallel_size = 1;
   // DeepSpeed's top-level data_parallel_size: where given, checked against the data-parallel
   // ranks the world leaves (world / tensor-parallel / pipeline / sequence-parallel); it
   // splits nothing itself.

@@ -123,7 +123,10 @@ const std::map<std::string, LackedFeature>& lacked_features() {
       {"disable_python_gc", {"false", "Python's garbage collector is left as it is"}},
       {"disable_allgather", {"false", "stage 1-2 updates are all-gathered"}},
       {"gradient_allreduce_op", {"mean", "gradients are averaged over the data-parallel ranks"}},
-      {"use_data_before_expert_parallelism", {"false", "expert parallelism is not supported yet"}},
+      {"use_data_before_expert_parallelism",
+       {"false",
+        "expert-parallel groups are DeepSpeed's default layout (consecutive ranks), the "
+        "expert-data-parallel ones across them"}},
       {"datastates_ckpt",
        {"false",
         "DataStates checkpointing is not supported; checkpoints go through "

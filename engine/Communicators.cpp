@@ -38,6 +38,10 @@ Communicators::Communicators(const DistContext& dist, MemoryLedger* ledger, bool
     pipeline_parallel_ = make(dist.group(Dim::Pp, GroupStream::Main), d.coordinate(Dim::Pp),
                               d.size(Dim::Pp), d.group_name(Dim::Pp));
   }
+  if (d.size(Dim::Ep) > 1) {  // a group of one rank (ep = dp) is a collective-free one
+    experts_ = make(dist.group(Dim::Edp, GroupStream::Main), d.coordinate(Dim::Edp),
+                    d.size(Dim::Edp), d.group_name(Dim::Edp));
+  }
   if (d.splits(Dim::Hpz)) {
     hpz_ = make(dist.group(Dim::Hpz, GroupStream::Params), d.coordinate(Dim::Hpz), d.size(Dim::Hpz),
                 d.group_name(Dim::Hpz));
@@ -60,7 +64,7 @@ Communicators::Communicators(const DistContext& dist, MemoryLedger* ledger, bool
 int64_t Communicators::bytes_sent() const {
   int64_t sent = 0;
   for (const auto* c : {&data_parallel_, &group_, &params_, &touches_, &replicas_, &hpz_,
-                        &tensor_parallel_, &pipeline_parallel_})
+                        &tensor_parallel_, &pipeline_parallel_, &experts_})
     if (*c) sent += (*c)->bytes_sent();
   return sent;
 }

@@ -14,7 +14,9 @@
 //   tensor_parallel  the ranks splitting each tensor-parallel parameter with this one: the
 //             gradient norm and the overflow check are summed across them (null without);
 //   pipeline_parallel  the ranks with this rank's place in the other pipeline stages: the
-//             norm and the overflow check are summed across them too (null without).
+//             norm and the overflow check are summed across them too (null without);
+//   experts   the ranks holding this rank's experts (edp): reductions, gathers and
+//             broadcasts of expert parameters' groups (null without expert parallelism).
 #include <cstdint>
 #include <memory>
 
@@ -39,6 +41,10 @@ class Communicators {
   Collectives& backward_gathers() { return hpz_ ? *hpz_ : *params_; }
   Collectives* tensor_parallel() { return tensor_parallel_.get(); }
   Collectives* pipeline_parallel() { return pipeline_parallel_.get(); }
+  // Where a group's shards are reduced and gathered: the experts' group for a group of
+  // expert parameters, else shards().
+  Collectives& shards(bool expert) { return expert && experts_ ? *experts_ : shards(); }
+  Collectives* experts() { return experts_.get(); }
   // Bytes this rank has sent over every group (ring-algorithm volume).
   int64_t bytes_sent() const;
 
@@ -52,6 +58,7 @@ class Communicators {
   std::unique_ptr<Collectives> hpz_;
   std::unique_ptr<Collectives> tensor_parallel_;
   std::unique_ptr<Collectives> pipeline_parallel_;
+  std::unique_ptr<Collectives> experts_;
 };
 
 }  // namespace zeroshard

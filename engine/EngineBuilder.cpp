@@ -24,6 +24,7 @@
 #include "engine/Communicators.h"
 #include "engine/DeviceMemory.h"
 #include "engine/EnginePlan.h"
+#include "engine/ExpertParallel.h"
 #include "engine/GroupLayout.h"
 #include "engine/ParamHome.h"
 #include "engine/QuantizedWeights.h"
@@ -201,6 +202,7 @@ void EngineBuilder::init(std::vector<NamedParam> params,
         "would be of this rank's slices, not of the parameters",
         z.tensor_parallel_size);
   }
+  check_expert_parallel(z, params);
   const int64_t mics = z.mics_shard_size;
   const int64_t hpz = z.stage.shards_parameters() ? z.hpz_partition_size : 1;
   built.add_config(e_->plan_.config);
@@ -222,7 +224,7 @@ void EngineBuilder::init(std::vector<NamedParam> params,
         c10d::PrefixStore stage(fmt::format("stage{}", dims.coordinate(Dim::Pp)), shared);
         agree_on_build(stage, dims.rank_in_stage(), dims.stage_ranks(), built);
       },
-      static_cast<int>(z.tensor_parallel_size), pp);
+      static_cast<int>(z.tensor_parallel_size), pp, static_cast<int>(z.expert_parallel_size));
   e_->comms_ = std::make_unique<Communicators>(e_->dist_, &e_->ledger_, z.check_collectives);
   // The groups' lrs as they are now, as DeepSpeed's scheduler reads them when it is built.
   e_->schedule_ = LrSchedule(z.scheduler, e_->param_groups_.lrs(z.optimizer.defaults),
@@ -257,9 +259,12 @@ void EngineBuilder::broadcast_initial_values(const std::vector<NamedParam>& para
   // Every rank starts from rank 0's values, whatever each rank's initialisation did.
   std::vector<CommHandle> handles;
   at::NoGradGuard no_grad;
+  // An expert's from the first rank holding the same experts (edp coordinate 0).
   for (const auto& p : params) {
     const CollectiveLabel label("initial value of " + p.name);
-    handles.push_back(e_->comms_->data_parallel().broadcast(p.param.data(), 0));
+    Collectives& from =
+        p.expert && e_->comms_->experts() ? *e_->comms_->experts() : e_->comms_->data_parallel();
+    handles.push_back(from.broadcast(p.param.data(), 0));
   }
   for (auto& h : handles) h.wait();
 }
@@ -306,13 +311,17 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
   // Tensor parallelism: what this rank's norm leaves to tp coordinate 0 (sharding/GradReducer.h).
   const bool counts_whole_params = e_->dist_.dims.coordinate(Dim::Tp) == 0;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> counted_elsewhere;
+  std::vector<bool> experts;  // per trainable group
   for (const auto& spec : layout) {
     materialize(spec.params);
     GroupRecord record;
-    record.flat = std::make_unique<FlatParamGroup>(
-        spec.params, e_->shard_rank(), e_->shard_count(), dtype, spec.sharded, spec.trainable,
-        /*lazy_grads=*/stage.shards_gradients(), &e_->ledger_,
-        spec.trainable ? nullptr : e_->quantizer_.get());
+    const int shard_rank = e_->dist_.shard_rank(spec.expert);
+    record.expert = spec.expert;
+    record.flat =
+        std::make_unique<FlatParamGroup>(spec.params, shard_rank, e_->dist_.shard_size(spec.expert),
+                                         dtype, spec.sharded, spec.trainable,
+                                         /*lazy_grads=*/stage.shards_gradients(), &e_->ledger_,
+                                         spec.trainable ? nullptr : e_->quantizer_.get());
     FlatParamGroup* g = record.flat.get();
     // Parameter offload on a GPU: the kept shard lives in host memory from here on, where
     // the optimizer updates it and ParamHome moves it to and from NVMe.
@@ -334,7 +343,8 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
     trainable.push_back(g);
     // Without sharded optimizer state every rank steps the whole group.
     const bool whole = !stage.shards_optimizer();
-    const int64_t begin = whole ? 0 : e_->shard_rank() * g->shard_numel();
+    const int64_t begin = whole ? 0 : shard_rank * g->shard_numel();
+    experts.push_back(spec.expert);
     const at::Tensor shard = whole ? g->flat() : g->param_shard();
     e_->pipeline_->optimizer().add_group(shard, e_->param_groups_.spans(*g, begin, shard.numel()));
     add_param_pieces(*g, trainable.size() - 1, begin, shard.numel(), trained_params);
@@ -369,6 +379,7 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
                                                            e_->comms_->replicas(), &e_->ledger_));
   e_->pipeline_->reducer().set_tensor_parallel(e_->comms_->tensor_parallel());
   e_->pipeline_->reducer().set_pipeline_parallel(e_->comms_->pipeline_parallel());
+  if (e_->comms_->experts()) e_->pipeline_->reducer().set_experts(e_->comms_->experts(), experts);
   if (!stage.shards_parameters()) return;
   CoordinatorOptions o;
   o.prefetch_numel = z.stage3_prefetch_bucket_size;
@@ -418,7 +429,8 @@ std::vector<bool> EngineBuilder::optimizer_on_host(const std::vector<GroupSpec>&
     if (!spec.trainable) continue;
     int64_t numel = 0;
     for (const auto& p : spec.params) numel += p.param.numel();
-    numels.push_back(padded_shard_numel(numel, e_->shard_count()));  // (split only at stage 3)
+    // (split only at stage 3)
+    numels.push_back(padded_shard_numel(numel, e_->dist_.shard_size(spec.expert)));
   }
   return zeroshard::optimizer_on_host(numels, e_->plan_.settings.optimizer_host_ratio);
 }

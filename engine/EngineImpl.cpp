@@ -22,6 +22,7 @@
 #include "engine/Communicators.h"
 #include "engine/DeviceMemory.h"
 #include "engine/EnginePlan.h"
+#include "engine/ExpertParallel.h"
 #include "engine/GroupLayout.h"
 #include "engine/ParamHome.h"
 #include "engine/RankAgreement.h"
@@ -132,7 +133,7 @@ bool EngineImpl::finish_step() {
     std::vector<CommHandle> handles;
     for (const GroupId i : groups_.trainable()) {
       const auto& g = groups_[i].flat;
-      if (!g->sharded()) handles.push_back(comms_->shards().all_gather(g->flat()));
+      if (!g->sharded()) handles.push_back(comms_->shards(groups_[i].expert).all_gather(g->flat()));
     }
     for (auto& handle : handles) handle.wait();
   }
@@ -243,12 +244,14 @@ std::string EngineImpl::save_checkpoint(const std::string& dir, std::string tag,
                                         const std::string& client_state_json,
                                         const std::string& lr_scheduler_json,
                                         const SaveOptions& options) {
+  refuse_expert_checkpoint(plan_.settings, "save_checkpoint");
   return Checkpointer(checkpoint_parts())
       .save(dir, std::move(tag), client_state_json, lr_scheduler_json, options);
 }
 
 LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag,
                                              const LoadOptions& options) {
+  refuse_expert_checkpoint(plan_.settings, "load_checkpoint");
   std::vector<ScheduledGroup> before;
   if (schedule_.active()) before = scheduled_now();
   LoadedCheckpoint loaded = Checkpointer(checkpoint_parts()).load(dir, tag, options);

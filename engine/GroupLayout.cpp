@@ -10,9 +10,10 @@ const void* key(const at::Tensor& t) {
 }
 
 void add_buckets(const std::vector<NamedParam>& list, bool trainable, int64_t bucket,
-                 std::vector<GroupSpec>& out) {
+                 std::vector<GroupSpec>& out, bool expert = false) {
   GroupSpec current;
   current.trainable = trainable;
+  current.expert = expert;
   int64_t size = 0;
   for (const auto& p : list) {
     if (size > 0 && size + p.param.numel() > bucket) {
@@ -41,19 +42,20 @@ std::vector<GroupSpec> layout_groups(const std::vector<NamedParam>& params,
       }
     }
   }
-  std::vector<NamedParam> root_trainable, frozen;
+  std::vector<NamedParam> root_trainable, root_experts, frozen;
   std::vector<GroupSpec> unit_groups(2 * units.size());  // per unit: trainable, frozen
   for (const auto& p : params) {
     const auto it = owner.find(key(p.param));
     const bool trainable = p.param.requires_grad();
     if (it == owner.end() || it->second < 0) {
-      (trainable ? root_trainable : frozen).push_back(p);
+      (trainable ? (p.expert ? root_experts : root_trainable) : frozen).push_back(p);
     } else {
       unit_groups[2 * it->second + (trainable ? 0 : 1)].params.push_back(p);
     }
   }
   std::vector<GroupSpec> out;
   add_buckets(root_trainable, true, bucket_numel, out);
+  add_buckets(root_experts, true, bucket_numel, out, /*expert=*/true);
   for (size_t g = 0; g < unit_groups.size(); ++g) {
     if (unit_groups[g].params.empty()) continue;
     unit_groups[g].sharded = true;

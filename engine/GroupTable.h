@@ -41,6 +41,7 @@ struct GroupRecord {
   std::optional<CoordinatorUnit> coordinator_unit;  // stage-3 unit groups only
   std::optional<TrainableId> trainable;             // none: frozen
   std::optional<UnitId> unit;                       // its unit, for stage-3 unit groups
+  bool expert = false;  // expert parameters: reduced and sharded over the edp ranks
   // The coordinator unit as the layers below take it: -1 for none.
   int coordinator_unit_index() const {
     return coordinator_unit ? static_cast<int>(coordinator_unit->value) : -1;

@@ -8,12 +8,13 @@
 
 namespace zeroshard {
 
-ParallelDims::ParallelDims(int world, int rank, int dp_shard, int hpz, int tp, int pp)
+ParallelDims::ParallelDims(int world, int rank, int dp_shard, int hpz, int tp, int pp, int ep)
     : world_(world),
       rank_(rank),
       hpz_(std::max(1, hpz)),
       tp_(std::max(1, tp)),
-      pp_(std::max(1, pp)) {
+      pp_(std::max(1, pp)),
+      ep_(std::max(1, ep)) {
   if (world_ % pp_ != 0) fail("pipeline.stages {} does not divide the {} ranks", pp_, world_);
   const int stage = world_ / pp_;
   if (stage % tp_ != 0) {
@@ -32,12 +33,17 @@ ParallelDims::ParallelDims(int world, int rank, int dp_shard, int hpz, int tp, i
   if (dp % hpz_ != 0) {
     fail("zero_optimization.zero_hpz_partition_size {} does not divide the {} {}", hpz_, dp, of);
   }
+  if (dp % ep_ != 0) {
+    fail("the mixture-of-experts layers' ep_size {} does not divide the {} {}; allowed: a divisor",
+         ep_, dp, of);
+  }
 }
 
 // Each dimension once: its size, this rank's coordinate in its group, which group, and the
 // name's prefix. Inside a stage, tp groups are consecutive ranks, dp groups take one rank of
 // each tp group; inside dp, dp_shard and hpz groups are consecutive data-parallel ranks and a
-// dp_replicate group takes one of each shard group, those holding the same shard. Group
+// dp_replicate group takes one of each shard group, those holding the same shard; ep and edp
+// divide dp the same way. Group
 // numbers count across the tp coordinates and the stages, so each name is the job's only one.
 ParallelDims::Layout ParallelDims::layout(Dim d) const {
   const int stage = world_ / pp_, p = rank_ / stage, local = rank_ % stage;
@@ -57,6 +63,12 @@ ParallelDims::Layout ParallelDims::layout(Dim d) const {
     }
     case Dim::Hpz:
       return {hpz_, r % hpz_, inside_dp(r / hpz_, hpz_), "hpz", "hpz"};
+    case Dim::Ep:
+      return {ep_, r % ep_, inside_dp(r / ep_, ep_), "ep", "ep"};
+    case Dim::Edp: {
+      const int edp = dp / ep_;
+      return {edp, r / ep_, inside_dp(r % ep_, edp), "edp", "edp"};
+    }
     case Dim::Tp:
       return {tp_, t, across(r, tp_), "tp", "tp"};
     case Dim::Pp:

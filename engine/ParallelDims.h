@@ -18,27 +18,34 @@
 //   hpz           ranks sharing stage 3's secondary copy of the parameters, which
 //                 backward gathers from (ZeRO++ hpZ, zero_hpz_partition_size), 1 without.
 //                 It divides the data-parallel ranks like dp_shard, not inside it.
+//   ep            ranks that split a mixture-of-experts layer's experts between them (DeepSpeed's
+//                 ep_size), 1 without: consecutive data-parallel ranks, as DeepSpeed's
+//                 expert-parallel groups are;
+//   edp           ranks holding the same experts, one of each ep group (DeepSpeed's expert-
+//                 data-parallel group): the experts' gradients are reduced and their state
+//                 sharded over it, dp / ep ranks. Like dp_replicate, across ep groups.
 //   pp            pipeline stages (pipeline.stages), the outermost dimension as torchtitan's
 //                 mesh and DeepSpeed's topology lay it out: each stage is world / pp
 //                 consecutive ranks, and every dimension above lives inside one stage. A pp
 //                 group holds one rank of each stage, those with the same place in theirs.
 // rank = pp coordinate * (world / pp) + dp coordinate * tp + tp coordinate, and inside dp,
-// dp_shard fastest: dp coordinate = replica * dp_shard + shard index.
+// dp_shard fastest: dp coordinate = replica * dp_shard + shard index, and likewise
+// dp coordinate = edp coordinate * ep + ep coordinate.
 #include <string>
 #include <vector>
 
 namespace zeroshard {
 
-enum class Dim { Dp, DpReplicate, DpShard, Hpz, Tp, Pp };
+enum class Dim { Dp, DpReplicate, DpShard, Hpz, Ep, Edp, Tp, Pp };
 
 class ParallelDims {
  public:
   ParallelDims() = default;
   // `dp_shard`: ranks per shard group (<= 0: every data-parallel rank); `hpz`: ranks per
-  // hpZ group (<= 1: none); `tp`: ranks per tensor-parallel group; `pp`: pipeline stages.
-  // pp must divide `world`, tp world / pp, the others world / (pp * tp); the error names
-  // the config key.
-  ParallelDims(int world, int rank, int dp_shard, int hpz, int tp = 1, int pp = 1);
+  // hpZ group (<= 1: none); `tp`: ranks per tensor-parallel group; `pp`: pipeline stages;
+  // `ep`: ranks per expert-parallel group. pp must divide `world`, tp world / pp, the others
+  // world / (pp * tp); the error names the config key.
+  ParallelDims(int world, int rank, int dp_shard, int hpz, int tp = 1, int pp = 1, int ep = 1);
 
   int world() const { return world_; }
   int rank() const { return rank_; }
@@ -71,6 +78,7 @@ class ParallelDims {
   int hpz_ = 1;
   int tp_ = 1;
   int pp_ = 1;
+  int ep_ = 1;
 };
 
 }  // namespace zeroshard

@@ -120,8 +120,8 @@ using GroupMaker = std::function<c10::intrusive_ptr<c10d::Backend>(
     const std::string& prefix, int rank, int size, bool high_priority)>;
 
 // Every rank makes its groups in one order (the world's or its data-parallel group's, its
-// tp group, its pp group, its hpZ group, then its shard and replica groups), and each
-// group's store prefix names its members, so no two groups wait on each other while they
+// tp group, its pp group, its hpZ group, its edp group, then its shard and replica groups), and
+// each group's store prefix names its members, so no two groups wait on each other while they
 // connect.
 void make_groups(DistContext& ctx, const GroupMaker& make_group) {
   const ParallelDims& d = ctx.dims;
@@ -149,6 +149,11 @@ void make_groups(DistContext& ctx, const GroupMaker& make_group) {
     ctx.set_group(Dim::Hpz, GroupStream::Params,
                   make_group(d.group_name(Dim::Hpz) + "/params", d.coordinate(Dim::Hpz),
                              d.size(Dim::Hpz), true));
+  }
+  if (d.size(Dim::Ep) > 1 && d.size(Dim::Edp) > 1) {
+    ctx.set_group(
+        Dim::Edp, GroupStream::Main,
+        make_group(d.group_name(Dim::Edp), d.coordinate(Dim::Edp), d.size(Dim::Edp), false));
   }
   if (d.size(Dim::DpShard) == d.size(Dim::Dp)) return;
   if (d.splits(Dim::DpShard)) {
@@ -241,11 +246,12 @@ bool engine_serves_rendezvous(const LaunchEnv& env) {
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
                              c10::Device device, int shard_size, int hpz_size,
                              const std::function<void(c10d::Store&)>& agree, int tp_size,
-                             int pp_size) {
+                             int pp_size, int ep_size) {
   DistContext ctx;
   ctx.env = env;
   ctx.timeout = timeout;
-  ctx.dims = ParallelDims(env.world_size, env.rank, shard_size, hpz_size, tp_size, pp_size);
+  ctx.dims =
+      ParallelDims(env.world_size, env.rank, shard_size, hpz_size, tp_size, pp_size, ep_size);
   // One process on the host gets no group: every collective is a no-op. On a GPU it gets
   // groups of one, so a one-GPU run takes the path (NCCL, streams) many GPUs take.
   const std::string backend = backend_for(device);

@@ -46,7 +46,7 @@ struct DistContext {
   c10::intrusive_ptr<c10d::Backend> data_parallel(GroupStream stream) const;
   // This rank's group of dimension `dim` for `stream`; null where the dimension has no group
   // of its own (one rank, or every rank: world() serves then). Made: dp's and dp_shard's for
-  // every stream, dp_replicate's, tp's and pp's for Main, hpz's for Params.
+  // every stream, dp_replicate's, tp's, pp's and edp's for Main, hpz's for Params.
   c10::intrusive_ptr<c10d::Backend> group(Dim dim, GroupStream stream) const;
   void set_group(std::optional<Dim> dim, GroupStream stream,
                  c10::intrusive_ptr<c10d::Backend> backend);
@@ -54,6 +54,9 @@ struct DistContext {
   // This rank's shard and the number of shards (the dp_shard dimension).
   int shard_rank() const { return dims.coordinate(Dim::DpShard); }
   int shard_size() const { return dims.size(Dim::DpShard); }
+  // The same for a group of expert parameters (NamedParam::expert): its edp group's.
+  int shard_rank(bool expert) const { return expert ? dims.coordinate(Dim::Edp) : shard_rank(); }
+  int shard_size(bool expert) const { return expert ? dims.size(Dim::Edp) : shard_size(); }
 
   // After a collective failed: which ranks no longer answer, e.g. "rank 1 did not
   // respond within 3 s" (asks the survivors through the store).
@@ -73,12 +76,12 @@ bool engine_serves_rendezvous(const LaunchEnv& env);
 // `shard_size`: ranks per shard group (a divisor of the world size; <= 0: all ranks).
 // `hpz_size`: ranks per hpZ group (a divisor of the world size; <= 1: none).
 // `tp_size`: ranks per tensor-parallel group; `pp_size`: pipeline stages; the sizes above
-// then divide world / (pp * tp).
+// then divide world / (pp * tp). `ep_size`: ranks per expert-parallel group.
 // `agree`: called with the engine's store once it is made, before any process group (where
 // the ranks check that they built alike: engine/RankAgreement.h).
 DistContext init_distributed(const LaunchEnv& env, std::chrono::milliseconds timeout,
                              c10::Device device = c10::Device(c10::kCPU), int shard_size = -1,
                              int hpz_size = 1, const std::function<void(c10d::Store&)>& agree = {},
-                             int tp_size = 1, int pp_size = 1);
+                             int tp_size = 1, int pp_size = 1, int ep_size = 1);
 
 }  // namespace zeroshard

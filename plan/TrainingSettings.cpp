@@ -54,6 +54,7 @@ TrainingSettings settings_of(const Config& c) {
   s.tensor_parallel_size = resolved(c.tensor_parallel_size, "tensor_parallel.autotp_size");
   s.pipeline_parallel_size = resolved(c.pipeline_parallel_size, "pipeline.stages");
   s.sequence_parallel_size = resolved(c.sequence_parallel_size, "sequence_parallel_size");
+  s.expert_parallel_size = c.expert_parallel_size;
   s.weight_quantization = c.weight_quantization.layout();
   const std::string& overlap = z.offload_optimizer.overlap_step;
   if (overlap == "auto") {

@@ -73,6 +73,8 @@ struct TrainingSettings {
   int64_t pipeline_parallel_size = 1;
   // Ranks that split each sequence (config/Config.h says how they count).
   int64_t sequence_parallel_size = 1;
+  // Ranks that split the experts (config/Config.h says how they are laid out).
+  int64_t expert_parallel_size = 1;
   // Frozen stage-3 shards kept quantized (bits 0: not).
   QuantizedLayout weight_quantization{0, 64, false};
   OffloadSettings offload_optimizer;

@@ -146,15 +146,15 @@ void GradReducer::launch(size_t g) {
     if (sums_.fp32[g].data_ptr() != groups_[g]->flat_grad().data_ptr()) {
       sums_.fp32[g].copy_(groups_[g]->flat_grad());
     }
-    f.handle = comm_->all_reduce_sum(sums_.fp32[g], wire);
+    f.handle = comm_of(g)->all_reduce_sum(sums_.fp32[g], wire);
   } else if (!options_.stage.shards_gradients() && !lands(g)) {
-    f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), sums_.fp32[g], wire);
+    f.handle = comm_of(g)->reduce_scatter_sum(groups_[g]->flat_grad(), sums_.fp32[g], wire);
   } else {
     // Reduced where the gradients are (a landing brings it to a host accumulator).
     f.received =
         at::empty(sums_.fp32[g].sizes(), groups_[g]->flat_grad().options().dtype(at::kFloat));
     reductions_.received_bytes.resize(reductions_.received_bytes.bytes() + f.received.numel() * 4);
-    f.handle = comm_->reduce_scatter_sum(groups_[g]->flat_grad(), f.received, wire);
+    f.handle = comm_of(g)->reduce_scatter_sum(groups_[g]->flat_grad(), f.received, wire);
   }
   reductions_.in_flight.push_back(std::move(f));
 }
@@ -277,7 +277,9 @@ double GradReducer::global_norm(double scale) {
   if (sums_.fp32.empty()) return 0;
   std::vector<at::Tensor> norms;
   const at::Device where = sums_.fp32.front().device();  // (all in one place, as a rule)
-  for (const auto& g : sums()) norms.push_back(g.norm().to(where));
+  const std::vector<at::Tensor>& all = sums();
+  for (size_t g = 0; g < all.size(); ++g)
+    norms.push_back(all[g].norm().to(where) * std::sqrt(square_weight(g)));
   const at::Tensor squares = at::stack(norms).to(at::kDouble).square().sum().reshape({1});
   return norm_across_ranks(squares - squares_counted_elsewhere(where), scale);
 }
@@ -299,10 +301,21 @@ at::Tensor GradReducer::squares_counted_elsewhere(const at::Device& where) {
   return total;
 }
 
+void GradReducer::set_experts(Collectives* experts, std::vector<bool> is_expert) {
+  experts_ = experts;
+  is_expert_ = std::move(is_expert);
+  is_expert_.resize(groups_.size(), false);
+}
+
+double GradReducer::square_weight(size_t group) const {
+  if (sharded_grads() || !experts_) return 1.0;
+  return 1.0 / (is_expert_[group] ? experts_->world() : comm_->world());
+}
+
 double GradReducer::norm_across_ranks(at::Tensor sum_squares, double scale) {
   // Stage 0 holds identical full gradients on every rank; the shards need a sum.
   const CollectiveLabel label("the gradient norm");
-  if (sharded_grads()) comm_->all_reduce_sum(sum_squares).wait();
+  if (summed_across_ranks()) comm_->all_reduce_sum(sum_squares).wait();
   if (tensor_parallel_) tensor_parallel_->all_reduce_sum(sum_squares).wait();
   if (pipeline_parallel_) pipeline_parallel_->all_reduce_sum(sum_squares).wait();
   const double squares = sum_squares.item<double>();
@@ -319,7 +332,7 @@ bool GradReducer::any_overflow() {
   for (const auto& g : sums()) finite.push_back(at::isfinite(g).all().to(where));
   at::Tensor bad = at::logical_not(at::stack(finite)).any().to(at::kFloat).reshape({1});
   const CollectiveLabel label("the overflow check");
-  if (sharded_grads()) comm_->all_reduce_sum(bad).wait();
+  if (summed_across_ranks()) comm_->all_reduce_sum(bad).wait();
   if (tensor_parallel_) tensor_parallel_->all_reduce_sum(bad).wait();
   if (pipeline_parallel_) pipeline_parallel_->all_reduce_sum(bad).wait();
   return bad.item<float>() > 0;

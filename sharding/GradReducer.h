@@ -77,6 +77,11 @@ class GradReducer {
   // Pipeline parallelism: the same ranks' places in the other stages, whose gradients are of
   // other parameters; the norm and the overflow check are summed across them (null without).
   void set_pipeline_parallel(Collectives* stages) { pipeline_parallel_ = stages; }
+  // Expert parallelism: per group, whether it holds expert parameters, and the ranks holding
+  // the same experts (edp), over which those groups are reduced instead of `comm`. Every
+  // rank's expert gradients are of other experts than its ep peers', so the norm and the
+  // overflow check are summed over `comm` (every data-parallel rank) at stage 0 too.
+  void set_experts(Collectives* experts, std::vector<bool> is_expert);
   // Stages 2-3: reduce once, in the backward that ends the window, with each group's whole
   // gradient buffer accumulating the micro-batches until then (as stage 1 does; FSDP's
   // reduction under torch's pipelining schedules), instead of a reduce-scatter per backward.
@@ -164,6 +169,15 @@ class GradReducer {
   void finish_across();  // the oldest all-reduce across groups
   void drain();          // every reduction in flight, both kinds
   bool sharded_grads() const { return options_.stage.shards_optimizer(); }
+  // Whether the ranks' reduced gradients differ, so that the norm and the overflow check
+  // need a sum over them: shards, or (stage 0) other ranks' experts.
+  bool summed_across_ranks() const { return sharded_grads() || experts_ != nullptr; }
+  Collectives* comm_of(size_t group) const {
+    return experts_ && is_expert_[group] ? experts_ : comm_;
+  }
+  // Stage 0 with experts: the share of each rank's squares of `group` in the sum over comm_,
+  // 1 / the ranks holding the same gradient (dp for dense groups, edp for experts').
+  double square_weight(size_t group) const;
   Tier fp32_tier(size_t group) const;
   bool lands(size_t group) const;  // its reduced shard lands on the host (HostLandings)
   bool bounded() const;            // whether a reduction in flight holds buffers (see above)
@@ -183,6 +197,8 @@ class GradReducer {
   Collectives* replicas_;  // null without shard groups
   Collectives* tensor_parallel_ = nullptr;
   Collectives* pipeline_parallel_ = nullptr;
+  Collectives* experts_ = nullptr;
+  std::vector<bool> is_expert_;
   MemoryLedger* ledger_;
   Sums sums_;
   Hooks hooks_;

@@ -23,6 +23,11 @@ struct NamedParam {
   // The weight of an nn.Linear or nn.Embedding (torch::nn::Linear, Embedding): what
   // weight_quantization quantizes, as DeepSpeed does; every other parameter stays as it is.
   bool quantizable = false;
+  // A parameter of the experts split across the expert-parallel ranks (DeepSpeed's MoE layer
+  // at ep_size > 1): each ep rank holds other experts, so its gradient is reduced and its
+  // optimizer state sharded over the expert-data-parallel ranks (engine/ParallelDims.h edp)
+  // alone; every other parameter over all data-parallel ranks.
+  bool expert = false;
 };
 
 // One optimizer parameter group's own hyperparameters, as torch's param_groups hold

@@ -145,3 +145,32 @@ TEST(ParallelDims, PipelineStagesAreTheOutermostDimension) {
         << e.what();
   }
 }
+
+// 8 ranks at ep 2, DeepSpeed's layout (_create_expert_and_data_parallel): expert-parallel
+// groups of consecutive ranks {0,1}, {2,3}, ...; expert-data-parallel groups hold one rank
+// of each, those with the same experts: {0,2,4,6} and {1,3,5,7}.
+TEST(ParallelDims, ExpertParallelRanksAreConsecutiveAndTheirDataParallelGroupsAcross) {
+  std::map<std::string, std::set<int>> members;
+  for (int rank = 0; rank < 8; ++rank) {
+    const ParallelDims d(8, rank, -1, 1, 1, 1, 2);
+    EXPECT_EQ(d.size(Dim::Ep), 2);
+    EXPECT_EQ(d.size(Dim::Edp), 4);
+    EXPECT_EQ(d.coordinate(Dim::Ep), rank % 2);
+    EXPECT_EQ(d.coordinate(Dim::Edp), rank / 2);
+    EXPECT_EQ(d.size(Dim::DpShard), 8);  // dense parameters still shard over every rank
+    for (Dim dim : {Dim::Ep, Dim::Edp}) members[d.group_name(dim)].insert(rank);
+  }
+  const std::map<std::string, std::set<int>> want = {
+      {"ep0", {0, 1}}, {"ep1", {2, 3}},        {"ep2", {4, 5}},
+      {"ep3", {6, 7}}, {"edp0", {0, 2, 4, 6}}, {"edp1", {1, 3, 5, 7}}};
+  EXPECT_EQ(members, want);
+  EXPECT_EQ(ParallelDims(4, 1, -1, 1).size(Dim::Edp), 4);  // without ep: every rank
+  try {
+    ParallelDims(6, 0, -1, 1, 1, 1, 4);
+    FAIL() << "ep 4 of 6 ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ep_size 4 does not divide the 6 ranks"),
+              std::string::npos)
+        << e.what();
+  }
+}

@@ -6,7 +6,7 @@ at zeroshard, with zeroshard. Writes the losses, l_aux, the experts' token count
 gradient norms to --out as JSON.
 
 usage: moe_script.py --deepspeed_config C --out O --top_k K [--noisy_gate_policy P]
-       [--use_residual] [--min_capacity N]"""
+       [--use_residual] [--min_capacity N] [--ep_size N]"""
 import argparse
 import json
 
@@ -26,7 +26,7 @@ class Net(nn.Module):
         self.fc1 = nn.Linear(12, WIDTH)
         self.moe = deepspeed.moe.layer.MoE(
             hidden_size=WIDTH, expert=nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU()),
-            num_experts=EXPERTS, ep_size=1, k=args.top_k, min_capacity=args.min_capacity,
+            num_experts=EXPERTS, ep_size=args.ep_size, k=args.top_k, min_capacity=args.min_capacity,
             noisy_gate_policy=args.noisy_gate_policy, use_residual=args.use_residual)
         self.fc3 = nn.Linear(WIDTH, 5)
 
@@ -43,6 +43,7 @@ def main():
     parser.add_argument("--min_capacity", type=int, default=1)
     parser.add_argument("--noisy_gate_policy", default=None)
     parser.add_argument("--use_residual", action="store_true")
+    parser.add_argument("--ep_size", type=int, default=1)
     args = deepspeed.add_config_arguments(parser).parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)

@@ -90,9 +90,9 @@ def test_a_module_deepspeed_lacks_is_refused_at_import_and_a_name_at_reading():
         from zeroshard.sequence import auto_wrap_model_for_sp  # noqa: F401
     with pytest.raises(ImportError, match="ALST's generic tiled compute"):
         from zeroshard.runtime.sequence_parallel.ulysses_sp import sequence_tiled_compute  # noqa: F401,E501
-    with pytest.raises(ImportError, match="deepspeed.utils.groups._get_expert_parallel_group "
+    with pytest.raises(ImportError, match="deepspeed.utils.groups._create_model_parallel "
                                           "is not in zeroshard"):
-        from zeroshard.utils.groups import _get_expert_parallel_group  # noqa: F401
+        from zeroshard.utils.groups import _create_model_parallel  # noqa: F401
     with pytest.raises(zeroshard.Error, match="_INSTRUCTION_MAP is not in zeroshard"):
         zeroshard.runtime.pipe.engine.PipelineEngine._INSTRUCTION_MAP["x"] = None
 

@@ -1,8 +1,10 @@
-"""DeepSpeed's mixture-of-experts layer (zeroshard.moe, every rank holding every expert):
-its gating routes, weights and drops tokens as DeepSpeed 0.19.8's does from the same draws,
-and a cifar-style MoE script (tests/python/moe_script.py) switched to zeroshard by its
-imports gives DeepSpeed's own losses, l_aux, token counts and gradient norms on 2 ranks at
-ZeRO 1 and 2, and the same at ZeRO 3, which DeepSpeed's MoE refuses."""
+"""DeepSpeed's mixture-of-experts layer (zeroshard.moe): its gating routes, weights and
+drops tokens as DeepSpeed 0.19.8's does from the same draws, and a cifar-style MoE script
+(tests/python/moe_script.py) switched to zeroshard by its imports gives DeepSpeed's own
+losses, l_aux, token counts and gradient norms on 2 ranks at ZeRO 1 and 2 with every rank
+holding every expert, and the same at ZeRO 3, which DeepSpeed's MoE refuses; with the
+experts split over 2 expert-parallel ranks (ep_size 2) at ZeRO 0, 1 and 2 on 2 ranks and at
+ZeRO 2 on 4 (each expert then on 2 ranks, its state sharded over them)."""
 import json
 import os
 import subprocess
@@ -18,10 +20,11 @@ CASES = {  # name: (ZeRO stage, script flags)
     "top1-rsample": (1, ["--top_k", "1", "--noisy_gate_policy", "RSample"]),
     "top2-jitter-residual": (2, ["--top_k", "2", "--noisy_gate_policy", "Jitter",
                                  "--use_residual", "--min_capacity", "0"]),
+    "ep2-top1-rsample": (1, ["--top_k", "1", "--noisy_gate_policy", "RSample", "--ep_size", "2"]),
 }
 
 
-def run(scratch, script, stage, flags, name):
+def run(scratch, script, stage, flags, name, ranks=2, expect_ok=True):
     config = scratch / f"{name}.json"
     config.write_text(json.dumps({
         "train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0, "steps_per_print": 1000,
@@ -29,8 +32,9 @@ def run(scratch, script, stage, flags, name):
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01,
                                                   "torch_adam": True}}}))
     return run_ranks([script, "--deepspeed_config", str(config), "--out", str(scratch / name)]
-                     + flags, 2, str(scratch / name),
-                     extra_env={"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
+                     + flags, ranks, str(scratch / name),
+                     extra_env={"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},
+                     expect_ok=expect_ok)
 
 
 def assert_same(ours, theirs):
@@ -48,10 +52,25 @@ def test_a_moe_script_gives_deepspeeds_numbers(case, scratch):
     theirs = run(scratch, SCRIPT, stage, flags, "ds")
     switched = switched_to_zeroshard(SCRIPT, scratch)
     assert_same(run(scratch, switched, stage, flags, "zs"), theirs)
-    # fc1, the gate, fc3 (and the residual MLP and its coefficient); 4 experts' weight and bias
+    # fc1, the gate, fc3 (and the residual MLP and its coefficient); each rank's experts'
+    # weight and bias (4 experts, or 2 on each of 2 expert-parallel ranks)
     dense = 5 + 4 * flags.count("--use_residual")
-    assert theirs[0]["groups"] == [["parameters", False, dense], ["ep_size_1", True, 8]]
-    if stage == 2:  # DeepSpeed refuses its MoE at ZeRO 3; zeroshard shards the experts too
+    ep = int(flags[flags.index("--ep_size") + 1]) if "--ep_size" in flags else 1
+    assert theirs[0]["groups"] == [["parameters", False, dense], [f"ep_size_{ep}", True, 8 // ep]]
+    if ep > 1:
+        # Each rank's experts see both ranks' tokens, reduced over no other rank and divided
+        # by both; the norm sums both ranks' experts: at stages 0 and 2 as well.
+        assert_same(run(scratch, switched, 2, flags, "zs2"), theirs)
+        assert_same(run(scratch, switched, 0, flags, "zs0"), theirs)
+        # 4 ranks: each expert on 2 of them (edp), reduced and its state sharded over those.
+        theirs = run(scratch, SCRIPT, 2, flags, "ds4", ranks=4)
+        assert_same(run(scratch, switched, 2, flags, "zs4", ranks=4), theirs)
+        # Stage 3 is refused by name, as DeepSpeed refuses its MoE there.
+        for status, log in run(scratch, switched, 3, flags, "zs3", expect_ok=False):
+            assert status != 0 and "expert parallelism (the MoE layers' ep_size 2) with " \
+                "zero_optimization.stage 3: not composed in zeroshard yet; allowed: stages 0, " \
+                "1 and 2" in log, log[-2000:]
+    elif stage == 2:  # DeepSpeed refuses its MoE at ZeRO 3; zeroshard shards the experts too
         assert_same(run(scratch, switched, 3, flags, "zs3"), theirs)
 
 
@@ -101,12 +120,14 @@ def test_the_gating_routes_weights_and_drops_as_deepspeeds():
     assert "checked 192" in r.stdout, r.stdout
 
 
-def test_expert_parallelism_over_ranks_is_refused_by_name():
+def test_what_expert_parallelism_cannot_split_is_refused_by_name():
     import zeroshard
     from zeroshard.moe.layer import MoE
     import torch
-    with pytest.raises(zeroshard.Error, match=r"^deepspeed\.moe\.layer\.MoE: ep_size=2: splitting "
-                                              r"the experts over ranks .* allowed: ep_size=1"):
-        MoE(8, torch.nn.Linear(8, 8), num_experts=4, ep_size=2)
+    with pytest.raises(zeroshard.Error, match=r"^deepspeed\.moe\.layer\.MoE: ep_size=3 does not "
+                                              r"divide num_experts=4; allowed: a divisor"):
+        MoE(8, torch.nn.Linear(8, 8), num_experts=4, ep_size=3)
+    with pytest.raises(zeroshard.Error, match=r"ran before its expert-parallel group was made"):
+        MoE(8, torch.nn.Linear(8, 8), num_experts=4, ep_size=2)(torch.randn(6, 8))
     with pytest.raises(zeroshard.Error, match=r"noisy_gate_policy='Gumbel'; allowed: None"):
         MoE(8, torch.nn.Linear(8, 8), num_experts=4, noisy_gate_policy="Gumbel")

@@ -24,7 +24,7 @@ _VOCAB_LOSS = ("DeepSpeed's vocabulary-parallel cross entropy is not in zeroshar
                "torch.nn.functional.cross_entropy on each rank's slice of the sequence, with "
                "full logits")
 _GROUPS = ("DeepSpeed's registry of expert-, tensor- and hierarchical-ZeRO process groups",
-           "torch.distributed groups of your own; the sequence- and data-parallel getters of "
+           "torch.distributed groups of your own; the sequence-, data- and expert-parallel getters of "
            "zeroshard.utils.groups")
 _TILED = ("ALST's generic tiled compute (any function over sequence tiles) is not in "
           "zeroshard yet", "TiledMLP and TiledFusedLogitsLoss from the same module (the MLP, "
@@ -104,19 +104,6 @@ REFUSED = {
     "sequence.vocab_parallel_cross_entropy": _VOCAB_LOSS,
     "utils.groups._create_expert_and_data_parallel": _GROUPS,
     "utils.groups._create_expert_data_and_model_parallel": _GROUPS,
-    "utils.groups._get_expert_parallel_group": _GROUPS,
-    "utils.groups._get_expert_parallel_group_dict": _GROUPS,
-    "utils.groups._get_expert_data_parallel_group": _GROUPS,
-    "utils.groups._get_expert_data_parallel_group_dict": _GROUPS,
-    "utils.groups._get_expert_parallel_world_size": _GROUPS,
-    "utils.groups._get_expert_data_parallel_world_size": _GROUPS,
-    "utils.groups._get_expert_parallel_rank": _GROUPS,
-    "utils.groups._get_expert_data_parallel_rank": _GROUPS,
-    "utils.groups._get_expert_parallel_src_rank": _GROUPS,
-    "utils.groups._get_expert_broadcast_src_rank": _GROUPS,
-    "utils.groups._get_expert_model_parallel_world_size": _GROUPS,
-    "utils.groups._get_max_expert_size": _GROUPS,
-    "utils.groups._get_max_expert_size_name": _GROUPS,
     "utils.groups._create_model_parallel": _GROUPS,
     "utils.groups._get_model_parallel_world_size": _GROUPS,
     "utils.groups._get_data_parallel_group_ranks": _GROUPS,
@@ -128,8 +115,6 @@ REFUSED = {
     "utils.groups._get_zero_param_intra_parallel_group_ranks": _GROUPS,
     "utils.groups._clone_world_group": _GROUPS,
     "utils.groups._create_zero_param_parallel_group": _GROUPS,
-    "utils.groups._get_expert_data_parallel_group_ranks": _GROUPS,
-    "utils.groups._get_expert_parallel_group_ranks": _GROUPS,
     "utils.groups._get_expert_parallel_ranks": _GROUPS,
     "utils.groups._get_max_expert_parallel_group": _GROUPS,
     "utils.groups._zero_param_parallel_is_initialized": _GROUPS,

@@ -9,7 +9,8 @@ import torch
 
 from . import (adafactor as _adafactor, construction as _construction, generation as _generation,
                torch_optimizer as _torch_optimizer)
-from .._parallel import (dtensor as _dtensor, hf_tensor_parallel as _hf_tensor_parallel,
+from .._parallel import (dtensor as _dtensor, expert_parallel as _expert_parallel,
+                         hf_tensor_parallel as _hf_tensor_parallel,
                          sync_batchnorm as _sync_batchnorm, tensor_parallel as _tensor_parallel)
 from .._sequence import context_parallel as _context_parallel, sequence_groups as _sequence_groups
 from .parallel_sizes import ParallelSizes
@@ -147,11 +148,19 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
         _sync_batchnorm.take_over(model)  # before the engine: it may start torch.distributed
         if _generation.syncs(model, loaded):
             _launch.init_distributed()  # generate's synced_gpus all-reduces through it
+        ep_size, expert_names = _expert_parallel.expert_parameters(model, params)
         stepped_by = {"pipeline_parallel_size": _tensor_parallel.stages_of(mpu),
                       "sequence_parallel_size": sp_size,
-                      "quantizable_params": quantizable_names(model, params)}
+                      "quantizable_params": quantizable_names(model, params),
+                      "expert_parallel_size": ep_size, "expert_params": expert_names}
         if torch_stepped:
             adafactor = _adafactor.is_adafactor(client)
+            if adafactor and ep_size > 1:
+                raise _zeroshard.Error(
+                    f"expert parallelism (the MoE layers' ep_size {ep_size}) with Adafactor "
+                    "(its factored state sums rows and columns over every shard): not composed "
+                    "in zeroshard yet; allowed: an elementwise optimizer (Adam, AdamW, SGD, ...), "
+                    "or ep_size 1")
             _tensor_parallel.check_optimizer(tp_size, "Adafactor" if adafactor else "")
             stepped_by.update(
                 optimizer_type=type(client).__name__, optimizer_elementwise=not adafactor,
@@ -189,6 +198,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
             _generation.sync_generate(model, self._engine.world_size)
         self._same_inputs = _tensor_parallel.SameInputs(tp_size) if tp_size > 1 else None
         self._tensor_parallel_split = tp_params  # {name: dimension} of the split parameters
+        self._expert_parallel_size = ep_size
         self._hook_model(model)
         if install_dtensors:  # after the units' hooks: a unit is gathered before it runs
             self._hooks += install_dtensors()

@@ -38,6 +38,12 @@ class SavingMethods:
     def full_parameters(self):
         """Whole copies of every parameter (a collective at stage 3, and with tensor
         parallelism, whose slices are joined: call on every rank)."""
+        ep_size = getattr(self, "_expert_parallel_size", 1)
+        if ep_size > 1:
+            raise _zeroshard.Error(
+                f"the whole model's parameters with expert parallelism (ep_size {ep_size}): each rank holds other experts, and joining "
+                "them is not in zeroshard yet; allowed: module.state_dict() for this rank's "
+                "experts, or ep_size 1")
         full = dict(self._engine.full_parameters())
         if self._same_inputs is not None:
             join_slices(full, self._tensor_parallel_split, self._same_inputs)

@@ -1,5 +1,5 @@
-"""DeepSpeed's mixture-of-experts layer (deepspeed.moe.layer.MoE and its parts), with
-every rank holding every expert (ep_size 1).
+"""DeepSpeed's mixture-of-experts layer (deepspeed.moe.layer.MoE and its parts), its
+experts held by every rank (ep_size 1) or split across ep_size ranks.
 
 MoE(hidden_size, expert, num_experts, ...) routes each token to k of num_experts copies of
 `expert` (moe_gating.py), runs each expert on the tokens it got (up to its capacity), and
@@ -12,15 +12,24 @@ DeepSpeed's marks (allreduce False, group_name "ep_size_1").
 At ep_size 1 every expert parameter is an ordinary data-parallel parameter: DeepSpeed
 averages its gradient over the expert-data-parallel group, which is then every rank, so
 the engine's reduction of dense parameters is DeepSpeed's for them too, and every ZeRO
-stage (3 included, which DeepSpeed's MoE refuses) shards them like the rest. Splitting the
-experts over ranks (ep_size > 1: all-to-all dispatch, expert gradients over their own
-group) is refused by name."""
+stage (3 included, which DeepSpeed's MoE refuses) shards them like the rest.
+
+At ep_size N > 1 each rank of an expert-parallel group (N consecutive ranks,
+expert_groups.py) holds num_experts / N of the experts: the gate's dispatched slots go to
+the rank holding their expert and the outputs come back (an all-to-all each way, whose
+backward is the same all-to-all), so every expert sees its tokens from the whole group.
+The engine (expert_parameters below) reduces and shards those experts' parameters over
+the ranks holding the same ones, divided by every data-parallel rank as DeepSpeed divides
+them, at ZeRO 0-2 (DeepSpeed's MoE is refused at 3; so is this)."""
 import copy
 
 import torch
 import torch.nn.functional as F
 
+import torch.distributed as dist
+
 from .. import _zeroshard
+from . import expert_groups
 from .moe_gating import multiplicative_jitter, top1gating, top2gating, topkgating
 
 
@@ -93,6 +102,22 @@ class TopKGate(torch.nn.Module):
                           self.ep_group, sparse_routes=sparse_routes)
 
 
+class _AllToAll(torch.autograd.Function):
+    """Chunk i of dim 0 to rank i of the group, and back the same way for the gradient."""
+
+    @staticmethod
+    def forward(ctx, group, inputs):
+        ctx.group = group
+        inputs = inputs.contiguous()
+        output = torch.empty_like(inputs)
+        dist.all_to_all_single(output, inputs, group=group)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, _AllToAll.apply(ctx.group, grad)
+
+
 class MOELayer(torch.nn.Module):
     """Gate, dispatch to the experts' capacity slots, experts, weighted combine."""
 
@@ -130,13 +155,25 @@ class MOELayer(torch.nn.Module):
                         torch.arange(count, device=slots.device).expand_as(slots).reshape(-1))
         padded = torch.cat([tokens, tokens.new_zeros(1, d_model)])
         dispatched = padded.index_select(0, source[:-1]).view(experts, capacity, d_model)
+        if self.ep_size > 1:  # each expert's slots to the rank holding it: [source rank, ...]
+            dispatched = _AllToAll.apply(self._group(), dispatched)
         dispatched = dispatched.reshape(self.ep_size, self.num_local_experts, -1, d_model)
         out = self.experts(dispatched).reshape(self.ep_size * self.num_local_experts, -1,
                                                d_model)
+        if self.ep_size > 1:  # and each output back to the rank its token came from
+            out = _AllToAll.apply(self._group(), out)
         rows = torch.cat([out.view(experts * capacity, d_model), out.new_zeros(1, d_model)])
         routed = rows.index_select(0, slots.reshape(-1)).view(slots.size(0), count, d_model)
         combined = (routed * weights.unsqueeze(-1)).sum(0).to(out.dtype)
         return combined.reshape(input[0].shape)
+
+    def _group(self):
+        if self.ep_group is None:
+            raise _error(
+                f"ep_size={self.ep_size}: the layer ran before its expert-parallel group was "
+                "made; allowed: a model given to zeroshard.initialize first (its engine makes "
+                "the groups), or set_deepspeed_parallelism() called on every rank")
+        return self.ep_group
 
 
 class MoE(torch.nn.Module):
@@ -147,14 +184,12 @@ class MoE(torch.nn.Module):
                  noisy_gate_policy=None, drop_tokens=True, use_rts=True, use_tutel=False,
                  enable_expert_tensor_parallelism=False, top2_2nd_expert_sampling=True):
         super().__init__()
-        if ep_size != 1:
-            raise _error(
-                f"ep_size={ep_size}: splitting the experts over ranks (expert parallelism: "
-                "all-to-all dispatch, expert gradients reduced over their own group) is not in "
-                "zeroshard yet; allowed: ep_size=1, every rank holding every expert (each "
-                "ZeRO stage shards them with the other parameters)")
         if num_experts < 1:
             raise _error(f"num_experts={num_experts}; allowed: a count of experts >= 1")
+        if not isinstance(ep_size, int) or ep_size < 1 or num_experts % ep_size:
+            raise _error(f"ep_size={ep_size!r} does not divide num_experts={num_experts}; "
+                         "allowed: a divisor of num_experts (each rank of an expert-parallel "
+                         "group holds num_experts / ep_size of them)")
         if noisy_gate_policy not in (None, "None", "Jitter", "RSample"):
             raise _error(f"noisy_gate_policy={noisy_gate_policy!r}; allowed: None, 'None', "
                          "'Jitter', 'RSample'")
@@ -182,8 +217,11 @@ class MoE(torch.nn.Module):
             self.coefficient = torch.nn.Linear(hidden_size, 2)  # the two outputs' weights
 
     def set_deepspeed_parallelism(self, use_data_before_expert_parallel_=False):
-        """DeepSpeed's engine makes the expert groups here; at ep_size 1 there are none to
-        make (the expert-data-parallel group is every rank)."""
+        """Makes this layer's expert-parallel groups (a collective: every rank calls it, as
+        the engine does at initialize); at ep_size 1 there are none to make."""
+        if self.ep_size > 1:
+            name = expert_groups.make(self.ep_size, use_data_before_expert_parallel_)
+            self.deepspeed_moe._set_ep_group(expert_groups.expert_parallel_group(name))
 
     def forward(self, hidden_states, used_token=None):
         output = self.deepspeed_moe(hidden_states, used_token)
@@ -193,6 +231,22 @@ class MoE(torch.nn.Module):
             coef = F.softmax(self.coefficient(hidden_states), dim=-1)
             output = output * coef[..., 0:1] + dense * coef[..., 1:]
         return output, self.deepspeed_moe.l_aux, self.deepspeed_moe.exp_counts
+
+
+def expert_parameters(model, parameters, use_data_before_expert_parallel=False):
+    """(ep_size, the names of the experts' parameters split across it) for the engine, the
+    layers' groups made: (1, empty) where every rank holds every expert. `parameters`: the
+    engine's (name, parameter) pairs. Layers of different ep_size are refused by name."""
+    sizes = sorted({m.ep_size for m in model.modules() if isinstance(m, MoE)})
+    if len(sizes) > 1:
+        raise _error(f"layers of ep_size {sizes}: one model's experts split over different "
+                     "groups are not composed here; allowed: one ep_size for every MoE layer")
+    if not sizes or sizes[0] == 1:
+        return 1, set()
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.set_deepspeed_parallelism(use_data_before_expert_parallel)
+    return sizes[0], {name for name, p in parameters if is_moe_param(p)}
 
 
 def has_moe_layers(model):

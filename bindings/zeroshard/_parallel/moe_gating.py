@@ -12,7 +12,8 @@ DeepSpeed's order, so a seeded run draws what DeepSpeed's draws. Ops whose ties 
 rounding decide a route (topk over int64 masks, the capacity's float32 ceil) are taken in
 the same dtypes for the same reason.
 
-Expert parallelism over more than one rank is not here: capacities are this rank's."""
+Capacities count this rank's tokens; without drop_tokens the largest count over the
+expert-parallel group is taken (an all-reduce MAX), as DeepSpeed takes it."""
 import torch
 import torch.nn.functional as F
 
