@@ -57,7 +57,16 @@ void bind_config(py::module_& m) {
       .def_property_readonly(
           "sequence_parallel_size",
           [](const LoadedConfig& c) { return c.config.sequence_parallel_size.value_or(1); },
-          "sequence_parallel_size: the ranks each sequence is split across.");
+          "sequence_parallel_size: the ranks each sequence is split across.")
+      .def_property_readonly(
+          "autoep",
+          [](const LoadedConfig& c) -> py::object {
+            const Config::AutoEp& a = c.config.autoep;
+            if (!a.enabled) return py::none();
+            return py::make_tuple(a.autoep_size.value_or(1), a.preset_model);
+          },
+          "expert_parallel (DeepSpeed's AutoEP) when enabled: (autoep_size, preset_model, "
+          "empty for the model's own type); None when off.");
   m.def(
       "resolved_batch",
       [](const LoadedConfig& loaded, int64_t data_parallel_ranks) {

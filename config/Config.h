@@ -227,6 +227,14 @@ struct Config {
   // data-parallel ranks; the experts' parameters are reduced and sharded over the dp / ep
   // ranks holding the same ones (engine/ParallelDims.h ep, edp).
   int64_t expert_parallel_size = 1;
+  // DeepSpeed's AutoEP section (expert_parallel): a Hugging Face mixture-of-experts model's
+  // experts split over autoep_size ranks when enabled; the Python package applies it
+  // (bindings/zeroshard/_parallel/hf_expert_parallel.py) and sets expert_parallel_size.
+  struct AutoEp {
+    bool enabled = false;
+    std::optional<int64_t> autoep_size = 1;
+    std::string preset_model;  // empty: from the model's model_type
+  } autoep;
   // DeepSpeed's top-level data_parallel_size: where given, checked against the data-parallel
   // ranks the world leaves (world / tensor-parallel / pipeline / sequence-parallel); it
   // splits nothing itself.

@@ -326,9 +326,12 @@ TEST(Config, DeepSpeedsWholeSchemaLoadsAtItsDefaultsAndRefusesByNameWhatZeroshar
                   "'zero_optimization.prefetch_bucket_size' is read as "
                   "'zero_optimization.stage3_prefetch_bucket_size'");
   expect_contains(said, "config key 'log_level' is accepted and ignored");
-  expect_contains(said, "config key 'expert_parallel' is accepted: it leaves off");
+  // AutoEP's section is read (the Python package applies it where enabled).
+  EXPECT_FALSE(loaded.config.autoep.enabled);
+  EXPECT_EQ(loaded.config.autoep.autoep_size, 4);
   for (const auto& [config, said_back] : std::vector<std::pair<const char*, const char*>>{
-           {R"({"expert_parallel": {"enabled": true}})", "expert parallelism (AutoEP)"},
+           {R"({"expert_parallel": {"enabled": true, "use_grouped_mm": false}})",
+            "the experts run torch's own loop of matmuls"},
            {R"({"compile": {"deepcompile": true}})", "DeepCompile is not supported"},
            {R"({"zero_optimization": {"zenflow": {}}})", "ZenFlow is not supported"},
            {R"({"gradient_allreduce_op": "sum"})", "allowed: mean"},

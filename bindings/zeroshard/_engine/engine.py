@@ -10,6 +10,7 @@ import torch
 from . import (adafactor as _adafactor, construction as _construction, generation as _generation,
                torch_optimizer as _torch_optimizer)
 from .._parallel import (dtensor as _dtensor, expert_parallel as _expert_parallel,
+                         hf_expert_parallel as _hf_expert_parallel,
                          hf_tensor_parallel as _hf_tensor_parallel,
                          sync_batchnorm as _sync_batchnorm, tensor_parallel as _tensor_parallel)
 from .._sequence import context_parallel as _context_parallel, sequence_groups as _sequence_groups
@@ -112,6 +113,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
         self.module = model
         # A model split by its own tp_plan (autotp_size); DTensor parameters as local tensors.
         places = _dtensor.places(model)
+        autoep_size = _hf_expert_parallel.apply(model, loaded)  # experts split by AutoEP
         cp_size, mesh = _context_parallel.of_mesh(mesh, loaded) if mesh is not None else (0, None)
         sp_size, mpu = _sequence_groups.of_mpu(mpu)
         if cp_size and sp_size:
@@ -121,7 +123,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
         sp_size = sp_size or cp_size  # a cp group's ranks count as a sequence-parallel group's
         mesh, local_when, mpu = _hf_tensor_parallel.split_by_plan(model, loaded, mpu, mesh)
         tp_size, tp_params, install_dtensors = _dtensor.unwrap(model, mesh, local_when)
-        if tp_size:  # a client optimizer (or model_parameters) built over the replaced ones
+        if tp_size or autoep_size > 1:  # a client optimizer built over the replaced ones
             model_parameters = _dtensor.retarget(optimizer, model_parameters, places)
         del places  # its weak references would stop torch.utils.swap_tensors (_construction)
         if tp_size and mpu is not None:
@@ -148,7 +150,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
         _sync_batchnorm.take_over(model)  # before the engine: it may start torch.distributed
         if _generation.syncs(model, loaded):
             _launch.init_distributed()  # generate's synced_gpus all-reduces through it
-        ep_size, expert_names = _expert_parallel.expert_parameters(model, params)
+        ep_size, expert_names = _expert_parallel.expert_parameters(model, params, autoep_size)
         stepped_by = {"pipeline_parallel_size": _tensor_parallel.stages_of(mpu),
                       "sequence_parallel_size": sp_size,
                       "quantizable_params": quantizable_names(model, params),

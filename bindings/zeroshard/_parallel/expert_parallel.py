@@ -233,11 +233,14 @@ class MoE(torch.nn.Module):
         return output, self.deepspeed_moe.l_aux, self.deepspeed_moe.exp_counts
 
 
-def expert_parameters(model, parameters, use_data_before_expert_parallel=False):
+def expert_parameters(model, parameters, autoep_size=0):
     """(ep_size, the names of the experts' parameters split across it) for the engine, the
     layers' groups made: (1, empty) where every rank holds every expert. `parameters`: the
-    engine's (name, parameter) pairs. Layers of different ep_size are refused by name."""
-    sizes = sorted({m.ep_size for m in model.modules() if isinstance(m, MoE)})
+    engine's (name, parameter) pairs; `autoep_size`: the size a Hugging Face model's experts
+    were split at (hf_expert_parallel.py; 0: none). Layers of different ep_size are refused
+    by name."""
+    sizes = sorted({m.ep_size for m in model.modules() if isinstance(m, MoE)}
+                   | ({autoep_size} if autoep_size else set()))
     if len(sizes) > 1:
         raise _error(f"layers of ep_size {sizes}: one model's experts split over different "
                      "groups are not composed here; allowed: one ep_size for every MoE layer")
@@ -245,7 +248,7 @@ def expert_parameters(model, parameters, use_data_before_expert_parallel=False):
         return 1, set()
     for module in model.modules():
         if isinstance(module, MoE):
-            module.set_deepspeed_parallelism(use_data_before_expert_parallel)
+            module.set_deepspeed_parallelism()
     return sizes[0], {name for name, p in parameters if is_moe_param(p)}
 
 

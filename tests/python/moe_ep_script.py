@@ -1,0 +1,94 @@
+"""A transformers mixture-of-experts model (Mixtral or Qwen3-MoE: 4 experts, top 2, from a
+config) trained on 4 ranks with its experts split over 2 expert-parallel ranks by the
+config's expert_parallel section (DeepSpeed's AutoEP keys), each rank its own sample per
+step; beside it the same model trained in one process on every rank's samples as one batch
+(torch's AdamW). Each rank writes to OUT.rankN.json its losses and the reference's, the
+engine's gradient norms and the reference's, the largest difference of its parameters
+(its own experts' slices) from the reference's after the last step, and the optimizer
+state its ledger holds beside the elements of its dense and expert parameters.
+
+usage: moe_ep_script.py OUT MODEL STAGE"""
+import sys
+
+import torch
+from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+import zeroshard
+from rank_result import leave
+
+STEPS, SEQ, WORLD, EP, LR = 3, 12, 4, 2, 1e-3
+SHAPE = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+MODELS = {
+    "mixtral": lambda: MixtralForCausalLM._from_config(MixtralConfig(
+        intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, **SHAPE),
+        attn_implementation="sdpa"),
+    "qwen3_moe": lambda: Qwen3MoeForCausalLM._from_config(Qwen3MoeConfig(
+        moe_intermediate_size=32, intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=True, **SHAPE), attn_implementation="sdpa"),
+}
+
+
+def make_model(kind):
+    torch.manual_seed(0)
+    return MODELS[kind]()
+
+
+def grad_norm(params):
+    return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
+
+
+def reference(kind, ids):
+    model = make_model(kind)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    losses, norms = [], []
+    for step in range(STEPS):
+        opt.zero_grad()
+        each = [model(input_ids=ids[i][None], labels=ids[i][None]).loss
+                for i in range(step * WORLD, (step + 1) * WORLD)]
+        (sum(each) / WORLD).backward()
+        norms.append(grad_norm(model.parameters()))
+        opt.step()
+        losses.append([loss.item() for loss in each])
+    return losses, norms, dict(model.named_parameters())
+
+
+def main():
+    out, kind, stage = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    torch.manual_seed(5)
+    ids = torch.randint(0, SHAPE["vocab_size"], (STEPS * WORLD, SEQ))
+    model = make_model(kind)
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+              "zero_optimization": {"stage": stage},
+              "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
+              "expert_parallel": {"enabled": True, "autoep_size": EP}}
+    engine, *_ = zeroshard.initialize(model=model, config=config)
+    rank = engine.global_rank
+    losses, norms = [], []
+    for step in range(STEPS):
+        sample = ids[step * WORLD + rank][None]
+        loss = engine(input_ids=sample, labels=sample).loss
+        engine.backward(loss)
+        engine.step()
+        norms.append(float(engine.get_global_grad_norm()))  # the step's, before clipping
+        losses.append(loss.item())
+    want_losses, want_norms, want = reference(kind, ids)
+    local = EP and (rank % EP) * (4 // EP)
+    worst, experts, dense = 0.0, 0, 0
+    for name, p in model.named_parameters():
+        expected = want[name].detach()
+        if getattr(p, "allreduce", True) is False:  # this rank's experts
+            expected = expected[local:local + p.shape[0]]
+            experts += p.numel()
+        else:
+            dense += p.numel()
+        worst = max(worst, (p.detach() - expected).abs().max().item())
+    held = sum(tier["kinds"].get("optimizer_states", {}).get("current", 0)
+               for tier in engine.memory_report().values())
+    leave(out, {"losses": losses, "want_losses": [each[rank] for each in want_losses],
+                "norms": norms, "want_norms": want_norms, "param_diff": worst,
+                "optimizer_state_bytes": held, "dense_numel": dense, "expert_numel": experts})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Hugging Face mixture-of-experts models with their experts split over expert-parallel
+ranks by DeepSpeed's AutoEP keys (expert_parallel {enabled, autoep_size}): Mixtral and
+Qwen3-MoE (transformers 5, fused 3-D experts, 4 experts, top 2) on 4 ranks at EP=2 x DP=2
+(tests/python/moe_ep_script.py) train as one process trains every rank's samples as one
+batch: losses, pre-clip gradient norms and parameters after 3 steps within 1e-5, and each
+rank's optimizer state is its dense parameters' quarter and its experts' half (their
+expert-data-parallel group is 2 ranks), padded to shards as the engine pads them."""
+import os
+
+import pytest
+
+from conftest import HERE, run_ranks
+
+SCRIPT = os.path.join(HERE, "moe_ep_script.py")
+ALIGN = 64  # elements per shard's alignment (common/Alignment.h kShardAlignElements)
+
+
+def padded_shard(numel, ranks):
+    return -(-(-(-numel // ranks)) // ALIGN) * ALIGN
+
+
+@pytest.mark.parametrize("model,stage", [("mixtral", 1), ("qwen3_moe", 2)])
+def test_experts_split_over_ranks_train_as_one_process(model, stage, scratch):
+    out = str(scratch / model)
+    ranks = run_ranks([SCRIPT, out, model, str(stage)], 4, out,
+                      extra_env={"OMP_NUM_THREADS": "1"})
+    for rank, got in enumerate(ranks):
+        assert got["losses"] == pytest.approx(got["want_losses"], abs=1e-5), rank
+        assert got["norms"] == pytest.approx(got["want_norms"], rel=1e-5), rank
+        assert got["param_diff"] < 1e-5, rank
+        # Adam's m and v (8 bytes an element) of a quarter of the dense parameters and half
+        # of this rank's experts (2 of the 4: half the model's expert elements).
+        assert got["optimizer_state_bytes"] == 8 * (padded_shard(got["dense_numel"], 4)
+                                                    + padded_shard(got["expert_numel"], 2)), rank
+    assert ranks[0]["expert_numel"] == ranks[1]["expert_numel"] > 0
+
+
+def test_what_autoep_cannot_split_is_refused_by_name():
+    import zeroshard
+    from zeroshard._common import config as _config
+    from zeroshard._parallel import hf_expert_parallel
+    from long_sequence_reference import make_model
+    import moe_ep_script
+
+    def refused(model, section, match):
+        loaded = _config.parse({"expert_parallel": dict(enabled=True, **section)})
+        with pytest.raises(zeroshard.Error, match=match):
+            hf_expert_parallel.apply(model, loaded)
+
+    refused(make_model(), {"autoep_size": 2}, r"^expert_parallel \(AutoEP\): enabled, but "
+            r"LlamaForCausalLM has no experts module of fused 3-D weights")
+    mixtral = moe_ep_script.make_model("mixtral")
+    refused(mixtral, {"autoep_size": 2, "preset_model": "qwen3_moe"},
+            r"preset_model is 'qwen3_moe' but the model's model_type is 'mixtral'")
+    refused(mixtral, {"preset_model": "gpt_oss"}, r"preset_model is 'gpt_oss'; allowed: mixtral")
+    assert hf_expert_parallel.apply(mixtral, _config.parse({"expert_parallel": {}})) == 0
+    with pytest.raises(zeroshard.Error, match=r"'expert_parallel.use_grouped_mm' is 'false': a "
+                                              r"DeepSpeed feature zeroshard does not have"):
+        _config.parse({"expert_parallel": {"enabled": True, "use_grouped_mm": False}})
