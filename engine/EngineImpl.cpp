@@ -226,9 +226,12 @@ ModelSpec EngineImpl::spec_of_groups() const {
     shape.quantizable = record.flat->quantizable_numel();
     shape.sharded = record.flat->sharded();
     shape.trainable = record.trainable.has_value();
+    shape.expert = record.expert;
     shapes.push_back(shape);
   }
-  return zeroshard::spec_of_groups(shapes, buffers_->bytes());
+  ModelSpec spec = zeroshard::spec_of_groups(shapes, buffers_->bytes());
+  spec.expert_parallel = plan_.settings.expert_parallel_size;
+  return spec;
 }
 
 ParamHome* EngineImpl::param_home() const {

@@ -82,6 +82,7 @@ ModelSpec spec_of_groups(const std::vector<GroupShape>& groups, int64_t buffer_b
     spec.unit_whole.push_back(!g.sharded);
     spec.unit_frozen.push_back(!g.trainable);
     spec.unit_quantizable.push_back(g.quantizable);
+    spec.unit_expert.push_back(g.expert);
     spec.total_params += g.numel;
   }
   spec.buffer_bytes = buffer_bytes;
@@ -97,6 +98,7 @@ std::vector<GroupShape> shapes_of(const std::vector<GroupSpec>& layout) {
     s.quantizable = quantized_numel(g.params);
     s.sharded = g.sharded;
     s.trainable = g.trainable;
+    s.expert = g.expert;
     shapes.push_back(s);
   }
   return shapes;
@@ -123,12 +125,15 @@ Plan plan_for(const std::vector<NamedParam>& params,
   shape.device_is_host = params.front().param.device().is_cpu();
   ModelSpec spec = spec_of_params(params, buffer_bytes);
   Plan plan = make_plan(spec, config, world, shape, budget);
-  if (plan.settings.stage.shards_parameters()) {
+  const int64_t ep = config.expert_parallel_size;
+  if (plan.settings.stage.shards_parameters() || ep > 1) {
     // The stage (and the bucket size that lays out parameters outside every unit) known:
-    // planned again on the groups the engine will build.
+    // planned again on the groups the engine will build; experts' groups shard over the
+    // ranks holding the same experts.
     const auto layout =
         layout_groups(params, unit_params, plan.settings.stage, plan.settings.reduce_bucket_size);
     spec = spec_of_groups(shapes_of(layout), buffer_bytes);
+    spec.expert_parallel = ep;
     plan = make_plan(spec, config, world, shape, budget);
   }
   if (config.zero.offload_optimizer.ratio) return plan;  // a fixed ratio: nothing to fill

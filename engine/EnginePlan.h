@@ -23,6 +23,7 @@ struct GroupShape {
   bool sharded = false;     // stage 3: a unit's shard (else kept whole on every rank)
   bool trainable = true;    // has gradients and optimizer state
   int64_t quantizable = 0;  // elements weight_quantization would code (engine/QuantizedWeights.h)
+  bool expert = false;      // experts' parameters, sharded over the edp ranks
 };
 
 // Each group one unit of the spec, in the engine's group order.

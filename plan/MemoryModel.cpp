@@ -225,8 +225,31 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) 
 
 int64_t shard_numel(const ModelSpec& spec, int64_t ranks) {
   int64_t total = 0;
-  for (int64_t unit : spec.unit_params) total += padded_shard_numel(unit, ranks);
+  for (size_t u = 0; u < spec.unit_params.size(); ++u)
+    total += padded_shard_numel(spec.unit_params[u], spec.sharding_ranks(u, ranks));
   return total;
+}
+
+namespace {
+
+int64_t full_numel_of(const ModelSpec& spec, int64_t ranks, bool trainable_only) {
+  int64_t total = 0;
+  for (size_t u = 0; u < spec.unit_params.size(); ++u) {
+    if (trainable_only && spec.is_frozen(u)) continue;
+    const int64_t r = spec.sharding_ranks(u, ranks);
+    total += padded_shard_numel(spec.unit_params[u], r) * r;
+  }
+  return total;
+}
+
+}  // namespace
+
+int64_t full_numel(const ModelSpec& spec, int64_t ranks) {
+  return full_numel_of(spec, ranks, false);
+}
+
+int64_t trainable_full_numel(const ModelSpec& spec, int64_t ranks) {
+  return full_numel_of(spec, ranks, true);
 }
 
 int64_t trainable_shard_numel(const ModelSpec& spec, int64_t ranks) {
@@ -259,8 +282,10 @@ int64_t resident_optimizer_numel(const ModelSpec& spec, const PlanOption& option
 
 std::vector<int64_t> trainable_shard_numels(const ModelSpec& spec, int64_t ranks) {
   std::vector<int64_t> numels;
-  for (size_t u = 0; u < spec.unit_params.size(); ++u)
-    if (!spec.is_frozen(u)) numels.push_back(padded_shard_numel(spec.unit_params[u], ranks));
+  for (size_t u = 0; u < spec.unit_params.size(); ++u) {
+    if (!spec.is_frozen(u))
+      numels.push_back(padded_shard_numel(spec.unit_params[u], spec.sharding_ranks(u, ranks)));
+  }
   return numels;
 }
 
@@ -286,11 +311,12 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   const int64_t d = sharding_ranks(config, option.stage, world.data_parallel_ranks());
   const int64_t kl = config.compute_bytes();
   const bool mixed = kl == 2;
-  const int64_t shard = shard_numel(spec, d);
-  const int64_t full = shard * d;  // flat buffers hold every unit padded to d aligned shards
+  // flat buffers hold every unit padded to d aligned shards (an expert unit to d / ep)
+  const int64_t full = full_numel(spec, d);
   // Gradients and optimizer state: trainable units only.
   const int64_t trained = trainable_shard_numel(spec, d);
-  const int64_t opt_numel = option.stage >= 1 ? trained : trained * d;  // this rank's optimizer
+  const int64_t trained_full = trainable_full_numel(spec, d);
+  const int64_t opt_numel = option.stage >= 1 ? trained : trained_full;  // this rank's optimizer
   const bool opt_off = offloaded(option.optimizer);
   const Tier opt_tier = tier_of(option.optimizer);
   // Buckets reduce gradients (and stages 1-2 gather updated parameters): trained ones only.
@@ -343,7 +369,7 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   // Stage >= 2 reduces each bucket inside backward and frees it: no whole gradient
   // buffer at rest, only an fp32 accumulator of this rank's shard.
   m.at(Tier::Device, Kind::Grads) =
-      option.stage >= 2 && !shape.grads_held_in_window ? 0 : kl * trained * d;
+      option.stage >= 2 && !shape.grads_held_in_window ? 0 : kl * trained_full;
   if (opt_off) {
     m.at(Tier::Host, Kind::GradsFp32) = 4 * off_numel;
     if (resident > 0) m.at(Tier::Device, Kind::GradsFp32) = 4 * resident;  // stage 3

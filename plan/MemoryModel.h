@@ -94,9 +94,14 @@ int64_t kv_cache_bytes(const ModelSpec& spec, const TrainingShape& shape, int co
 
 // Elements of a stage-sharded copy of all parameters that one rank owns, with each
 // unit padded so every rank's shard is equal and aligned; of the trainable ones only
-// (what has gradients and optimizer state).
+// (what has gradients and optimizer state). An expert unit is sharded over the ranks
+// holding its experts (ModelSpec::sharding_ranks).
 int64_t shard_numel(const ModelSpec& spec, int64_t ranks);
 int64_t trainable_shard_numel(const ModelSpec& spec, int64_t ranks);
+// The flat buffers whole: each unit padded to its ranks' shards (of the trainable ones
+// only: the gradient buffers).
+int64_t full_numel(const ModelSpec& spec, int64_t ranks);
+int64_t trainable_full_numel(const ModelSpec& spec, int64_t ranks);
 // The same per trainable unit, in unit order.
 std::vector<int64_t> trainable_shard_numels(const ModelSpec& spec, int64_t ranks);
 

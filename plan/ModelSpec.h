@@ -4,6 +4,7 @@
 // one per block of every stack, one per module left over, a head tied to the embedding
 // in the embedding's), the sizes of its tensors, and the shape numbers that drive
 // activation memory.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -90,6 +91,16 @@ struct ModelSpec {
   std::vector<int64_t> unit_quantizable;
   int64_t quantizable(size_t unit) const {
     return unit < unit_quantizable.size() ? unit_quantizable[unit] : unit_params.at(unit);
+  }
+  // Expert parallelism: per unit (empty: none), whether it holds experts split over
+  // expert_parallel ranks, so that each is sharded over ranks / expert_parallel (the ranks
+  // holding the same experts) instead of every one (engine/ParallelDims.h edp).
+  std::vector<bool> unit_expert;
+  int64_t expert_parallel = 1;
+  // The ranks unit `unit` is sharded over when the model's others are over `ranks`.
+  int64_t sharding_ranks(size_t unit, int64_t ranks) const {
+    const bool expert = unit < unit_expert.size() && unit_expert[unit];
+    return expert ? std::max<int64_t>(1, ranks / expert_parallel) : ranks;
   }
   int64_t largest_module_params = 0;                       // DeepSpeed's largest_layer_params
   std::vector<std::pair<int64_t, int64_t>> tensor_counts;  // (numel, how many)

@@ -5,7 +5,8 @@ step; beside it the same model trained in one process on every rank's samples as
 (torch's AdamW). Each rank writes to OUT.rankN.json its losses and the reference's, the
 engine's gradient norms and the reference's, the largest difference of its parameters
 (its own experts' slices) from the reference's after the last step, and the optimizer
-state its ledger holds beside the elements of its dense and expert parameters.
+state its ledger holds and its plan predicted beside the elements of its dense and expert
+parameters.
 
 usage: moe_ep_script.py OUT MODEL STAGE"""
 import sys
@@ -83,11 +84,13 @@ def main():
         else:
             dense += p.numel()
         worst = max(worst, (p.detach() - expected).abs().max().item())
-    held = sum(tier["kinds"].get("optimizer_states", {}).get("current", 0)
-               for tier in engine.memory_report().values())
+    report = engine.memory_report()
+    held, planned = (sum(tier["kinds"].get("optimizer_states", {}).get(what, 0)
+                         for tier in report.values()) for what in ("current", "predicted"))
     leave(out, {"losses": losses, "want_losses": [each[rank] for each in want_losses],
                 "norms": norms, "want_norms": want_norms, "param_diff": worst,
-                "optimizer_state_bytes": held, "dense_numel": dense, "expert_numel": experts})
+                "optimizer_state_bytes": held, "optimizer_state_planned": planned,
+                "dense_numel": dense, "expert_numel": experts})
 
 
 if __name__ == "__main__":

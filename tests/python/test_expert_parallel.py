@@ -4,7 +4,8 @@ Qwen3-MoE (transformers 5, fused 3-D experts, 4 experts, top 2) on 4 ranks at EP
 (tests/python/moe_ep_script.py) train as one process trains every rank's samples as one
 batch: losses, pre-clip gradient norms and parameters after 3 steps within 1e-5, and each
 rank's optimizer state is its dense parameters' quarter and its experts' half (their
-expert-data-parallel group is 2 ranks), padded to shards as the engine pads them."""
+expert-data-parallel group is 2 ranks), padded to shards as the engine pads them, in the
+ledger and in the plan alike."""
 import os
 
 import pytest
@@ -32,6 +33,7 @@ def test_experts_split_over_ranks_train_as_one_process(model, stage, scratch):
         # of this rank's experts (2 of the 4: half the model's expert elements).
         assert got["optimizer_state_bytes"] == 8 * (padded_shard(got["dense_numel"], 4)
                                                     + padded_shard(got["expert_numel"], 2)), rank
+        assert got["optimizer_state_planned"] == got["optimizer_state_bytes"], rank
     assert ranks[0]["expert_numel"] == ranks[1]["expert_numel"] > 0
 
 
