@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from conftest import HERE, run_ranks
+from conftest import HERE, both_legs, main_leg_only, run_ranks
 
 SCRIPT = os.path.join(HERE, "moe_ep_script.py")
 ALIGN = 64  # elements per shard's alignment (common/Alignment.h kShardAlignElements)
@@ -20,7 +20,7 @@ def padded_shard(numel, ranks):
     return -(-(-(-numel // ranks)) // ALIGN) * ALIGN
 
 
-@pytest.mark.parametrize("model,stage", [("mixtral", 1), ("qwen3_moe", 2)])
+@pytest.mark.parametrize("model,stage", [both_legs("mixtral", 1), ("qwen3_moe", 2)])
 def test_experts_split_over_ranks_train_as_one_process(model, stage, scratch):
     out = str(scratch / model)
     ranks = run_ranks([SCRIPT, out, model, str(stage)], 4, out,
@@ -37,6 +37,7 @@ def test_experts_split_over_ranks_train_as_one_process(model, stage, scratch):
     assert ranks[0]["expert_numel"] == ranks[1]["expert_numel"] > 0
 
 
+@main_leg_only
 def test_what_autoep_cannot_split_is_refused_by_name():
     import zeroshard
     from zeroshard._common import config as _config
