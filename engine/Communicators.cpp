@@ -39,8 +39,12 @@ Communicators::Communicators(const DistContext& dist, MemoryLedger* ledger, bool
                               d.size(Dim::Pp), d.group_name(Dim::Pp));
   }
   if (d.size(Dim::Ep) > 1) {  // a group of one rank (ep = dp) is a collective-free one
-    experts_ = make(dist.group(Dim::Edp, GroupStream::Main), d.coordinate(Dim::Edp),
-                    d.size(Dim::Edp), d.group_name(Dim::Edp));
+    const int in_edp = d.coordinate(Dim::Edp), edp = d.size(Dim::Edp);
+    const std::string name = d.group_name(Dim::Edp);
+    experts_ = make(dist.group(Dim::Edp, GroupStream::Main), in_edp, edp, name);
+    expert_params_ = make(dist.group(Dim::Edp, GroupStream::Params), in_edp, edp, name + "/params");
+    expert_touches_ =
+        make(dist.group(Dim::Edp, GroupStream::Touch), in_edp, edp, name + "/touches");
   }
   if (d.splits(Dim::Hpz)) {
     hpz_ = make(dist.group(Dim::Hpz, GroupStream::Params), d.coordinate(Dim::Hpz), d.size(Dim::Hpz),
@@ -63,8 +67,9 @@ Communicators::Communicators(const DistContext& dist, MemoryLedger* ledger, bool
 
 int64_t Communicators::bytes_sent() const {
   int64_t sent = 0;
-  for (const auto* c : {&data_parallel_, &group_, &params_, &touches_, &replicas_, &hpz_,
-                        &tensor_parallel_, &pipeline_parallel_, &experts_})
+  for (const auto* c :
+       {&data_parallel_, &group_, &params_, &touches_, &replicas_, &hpz_, &tensor_parallel_,
+        &pipeline_parallel_, &experts_, &expert_params_, &expert_touches_})
     if (*c) sent += (*c)->bytes_sent();
   return sent;
 }

@@ -16,7 +16,8 @@
 //   pipeline_parallel  the ranks with this rank's place in the other pipeline stages: the
 //             norm and the overflow check are summed across them too (null without);
 //   experts   the ranks holding this rank's experts (edp): reductions, gathers and
-//             broadcasts of expert parameters' groups (null without expert parallelism).
+//             broadcasts of expert parameters' groups (null without expert parallelism);
+//             with its own params and touches streams for stage 3's gathers of them.
 #include <cstdint>
 #include <memory>
 
@@ -45,6 +46,9 @@ class Communicators {
   // expert parameters, else shards().
   Collectives& shards(bool expert) { return expert && experts_ ? *experts_ : shards(); }
   Collectives* experts() { return experts_.get(); }
+  // Stage 3's gathers of a group: an expert group's over the experts' ranks.
+  Collectives& params(bool expert) { return expert && experts_ ? *expert_params_ : *params_; }
+  Collectives& touches(bool expert) { return expert && experts_ ? *expert_touches_ : *touches_; }
   // Bytes this rank has sent over every group (ring-algorithm volume).
   int64_t bytes_sent() const;
 
@@ -59,6 +63,8 @@ class Communicators {
   std::unique_ptr<Collectives> tensor_parallel_;
   std::unique_ptr<Collectives> pipeline_parallel_;
   std::unique_ptr<Collectives> experts_;
+  std::unique_ptr<Collectives> expert_params_;
+  std::unique_ptr<Collectives> expert_touches_;
 };
 
 }  // namespace zeroshard

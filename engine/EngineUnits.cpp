@@ -117,10 +117,14 @@ void EngineImpl::commit_parameters(int src_rank) {
   }
   at::NoGradGuard no_grad;
   std::vector<CommHandle> handles;
+  // An expert group from the rank of its own edp group placed as the modifier is in its
+  // (data-parallel rank = edp coordinate x ep + ep coordinate): each ep rank's experts.
+  const int ep = static_cast<int>(plan_.settings.expert_parallel_size);
   for (const auto& record : groups_) {
     const auto& g = record.flat;
-    if (!g->sharded() || g->gathered())
-      handles.push_back(comms_->data_parallel().broadcast(g->flat(), src_rank));
+    if (g->sharded() && !g->gathered()) continue;
+    Collectives& over = record.expert ? comms_->shards(true) : comms_->data_parallel();
+    handles.push_back(over.broadcast(g->flat(), record.expert ? src_rank / ep : src_rank));
   }
   for (auto& h : handles) h.wait();
   for (size_t i = 0; i < groups_.trainable().size(); ++i) {

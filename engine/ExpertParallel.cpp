@@ -15,10 +15,10 @@ void check_expert_parallel(const TrainingSettings& z, const std::vector<NamedPar
         "allowed: {}, or ep_size 1 (every rank holding every expert)",
         ep, what, allowed);
   };
-  if (z.stage.shards_parameters()) {
-    // DeepSpeed refuses its MoE layer at stage 3 too.
-    refuse("zero_optimization.stage 3", "stages 0, 1 and 2");
-  }
+  if (z.hpz_partition_size > 1 && z.stage.shards_parameters())
+    refuse("zero_optimization.zero_hpz_partition_size", "leave it out");
+  if (z.offload_param.offloaded())
+    refuse("zero_optimization.offload_param", "the parameters on the device");
   if (!z.stage.shards_optimizer() && z.offload_optimizer.offloaded()) {
     // CPU Adam's sum of squares comes whole, not apart by the ranks sharing each gradient.
     refuse("zero_optimization.offload_optimizer at stage 0", "stages 1 and 2 for the offload");

@@ -11,8 +11,8 @@
 namespace zeroshard {
 
 // Fails, naming what to change, where expert parallelism meets what is not composed with it
-// yet: stage 3, tensor or pipeline or sequence parallelism, MiCS or hpZ groups, optimizers
-// whose step sums over every shard (Lamb), or no expert parameter to split.
+// yet: parameter offload, tensor or pipeline or sequence parallelism, MiCS or hpZ groups,
+// optimizers whose step sums over every shard (Lamb), or no expert parameter to split.
 void check_expert_parallel(const TrainingSettings& settings, const std::vector<NamedParam>& params);
 
 // Fails naming `doing` (a checkpoint's save or load) with expert parallelism: each rank's

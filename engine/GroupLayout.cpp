@@ -43,14 +43,15 @@ std::vector<GroupSpec> layout_groups(const std::vector<NamedParam>& params,
     }
   }
   std::vector<NamedParam> root_trainable, root_experts, frozen;
-  std::vector<GroupSpec> unit_groups(2 * units.size());  // per unit: trainable, frozen
+  // Per unit: trainable, trainable experts', frozen, frozen experts'.
+  std::vector<GroupSpec> unit_groups(4 * units.size());
   for (const auto& p : params) {
     const auto it = owner.find(key(p.param));
     const bool trainable = p.param.requires_grad();
     if (it == owner.end() || it->second < 0) {
       (trainable ? (p.expert ? root_experts : root_trainable) : frozen).push_back(p);
     } else {
-      unit_groups[2 * it->second + (trainable ? 0 : 1)].params.push_back(p);
+      unit_groups[4 * it->second + (trainable ? 0 : 2) + (p.expert ? 1 : 0)].params.push_back(p);
     }
   }
   std::vector<GroupSpec> out;
@@ -59,8 +60,9 @@ std::vector<GroupSpec> layout_groups(const std::vector<NamedParam>& params,
   for (size_t g = 0; g < unit_groups.size(); ++g) {
     if (unit_groups[g].params.empty()) continue;
     unit_groups[g].sharded = true;
-    unit_groups[g].trainable = g % 2 == 0;
-    unit_groups[g].unit = static_cast<int>(g / 2);
+    unit_groups[g].trainable = g % 4 < 2;
+    unit_groups[g].expert = g % 2 == 1;
+    unit_groups[g].unit = static_cast<int>(g / 4);
     out.push_back(unit_groups[g]);
   }
   add_buckets(frozen, false, bucket_numel, out);

@@ -4,9 +4,10 @@
 // trainable expert parameters (NamedParam::expert) in buckets of their own after the
 // others', since they are reduced and sharded over another group of ranks.
 // Stage 3: per unit, a sharded group of its trainable parameters and one of its frozen
-// parameters (no gradients, no optimizer state); parameters outside every unit or tied
-// across units (given so by a caller; engine/UnitPartition.h makes neither) stay whole in
-// root groups, whose optimizer state and gradients are still sharded as at stage 2.
+// parameters (no gradients, no optimizer state), each with its experts' parameters apart;
+// parameters outside every unit or tied across units (given so by a caller; engine/UnitPartition.h
+// makes neither) stay whole in root groups, whose optimizer state and gradients are still sharded
+// as at stage 2.
 #include <cstdint>
 #include <vector>
 
@@ -25,7 +26,7 @@ struct GroupSpec {
 
 // `units[i]` lists unit i's parameters (recursively, each once). Order of the result:
 // trainable root groups (dense, then expert), unit groups in unit order (trainable, then
-// frozen), frozen root groups.
+// frozen; dense, then expert), frozen root groups.
 std::vector<GroupSpec> layout_groups(const std::vector<NamedParam>& params,
                                      const std::vector<std::vector<NamedParam>>& units,
                                      ZeroStage stage, int64_t bucket_numel);

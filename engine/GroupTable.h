@@ -4,7 +4,8 @@
 //   trainable group    its position in the optimizer and the GradReducer;
 //   coordinator unit   a stage-3 unit group's position in the ParamCoordinator;
 //   unit               one the caller declared or engine/UnitPartition.h made: a stage-3
-//                      unit has up to two groups (its trainable and its frozen parameters).
+//                      unit has up to four groups (its trainable and its frozen parameters,
+//                      each with the experts' apart: engine/GroupLayout.h).
 // It also names the model's parameters: each once, in registration order, and the other
 // names tied ones are reached by (checkpoints record both).
 #include <cstddef>

@@ -151,9 +151,11 @@ void make_groups(DistContext& ctx, const GroupMaker& make_group) {
                              d.size(Dim::Hpz), true));
   }
   if (d.size(Dim::Ep) > 1 && d.size(Dim::Edp) > 1) {
-    ctx.set_group(
-        Dim::Edp, GroupStream::Main,
-        make_group(d.group_name(Dim::Edp), d.coordinate(Dim::Edp), d.size(Dim::Edp), false));
+    const std::string edp = d.group_name(Dim::Edp);
+    const int in_edp = d.coordinate(Dim::Edp), size = d.size(Dim::Edp);
+    ctx.set_group(Dim::Edp, GroupStream::Main, make_group(edp, in_edp, size, false));
+    ctx.set_group(Dim::Edp, GroupStream::Params, make_group(edp + "/params", in_edp, size, true));
+    ctx.set_group(Dim::Edp, GroupStream::Touch, make_group(edp + "/touch", in_edp, size, false));
   }
   if (d.size(Dim::DpShard) == d.size(Dim::Dp)) return;
   if (d.splits(Dim::DpShard)) {

@@ -46,7 +46,8 @@ struct DistContext {
   c10::intrusive_ptr<c10d::Backend> data_parallel(GroupStream stream) const;
   // This rank's group of dimension `dim` for `stream`; null where the dimension has no group
   // of its own (one rank, or every rank: world() serves then). Made: dp's and dp_shard's for
-  // every stream, dp_replicate's, tp's, pp's and edp's for Main, hpz's for Params.
+  // every stream, edp's for every stream, dp_replicate's, tp's and pp's for Main, hpz's for
+  // Params.
   c10::intrusive_ptr<c10d::Backend> group(Dim dim, GroupStream stream) const;
   void set_group(std::optional<Dim> dim, GroupStream stream,
                  c10::intrusive_ptr<c10d::Backend> backend);

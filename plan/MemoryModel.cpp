@@ -68,11 +68,12 @@ ParamPlacement place_param_shards(const ModelSpec& spec, OffloadDevice device, i
   int64_t kept = 0;  // nvme: shards held in host RAM, in unit order, up to max_in_cpu
   for (size_t u = 0; u < spec.unit_params.size(); ++u) {
     if (spec.is_whole(u)) continue;
-    const int64_t n = padded_shard_numel(spec.unit_params[u], ranks);
+    const int64_t r = spec.sharding_ranks(u, ranks);
+    const int64_t n = padded_shard_numel(spec.unit_params[u], r);
     // A frozen shard is kept quantized where weight_quantization asks (sharding/ShardQuantizer.h).
     const int64_t bytes =
         quantized.bits > 0 && spec.is_frozen(u)
-            ? quantized.shard_bytes_bound(n, n * ranks, spec.quantizable(u), compute_bytes)
+            ? quantized.shard_bytes_bound(n, n * r, spec.quantizable(u), compute_bytes)
             : compute_bytes * n;
     p.largest_shard = std::max(p.largest_shard, n);
     if (device == OffloadDevice::Cpu || device == OffloadDevice::Nvme)
@@ -330,7 +331,10 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   if (option.stage == 3) {
     int64_t whole = 0;  // units kept whole, in full
     for (size_t u = 0; u < spec.unit_params.size(); ++u)
-      if (spec.is_whole(u)) whole += padded_shard_numel(spec.unit_params[u], d) * d;
+      if (spec.is_whole(u)) {
+        const int64_t r = spec.sharding_ranks(u, d);
+        whole += padded_shard_numel(spec.unit_params[u], r) * r;
+      }
     // Construction (engine/EngineBuilder.cpp): an offloaded unit's shard is cut on the
     // device before it leaves for its tier, one at a time; a trainable one bound for NVMe
     // waits in memory (the host's beside a GPU) until the optimizer has read it.

@@ -55,8 +55,8 @@ int64_t ParamCoordinator::live_numel() const {
   return live;
 }
 
-// `explicit_comm`: a gather outside the walk (gather_now), over that group and from the
-// primary shards only.
+// `explicit_comm`: a gather outside the walk (gather_now), over that group (a unit's own
+// touches group where it has one) and from the primary shards only.
 void ParamCoordinator::launch_gather(size_t unit, Collectives* explicit_comm) {
   state_[unit].walked = true;
   FlatParamGroup* u = units_[unit];
@@ -77,7 +77,10 @@ void ParamCoordinator::launch_gather(size_t unit, Collectives* explicit_comm) {
   if (at_home) home_.shards->fill(unit, u->own_slice());
   // Tests: this rank leaves the gather out (its own shard only), as a bug in its walk would.
   if (fault_skip(phase_ == Phase::Backward ? "backward.gather" : "forward.gather")) return;
-  state_[unit].pending = (in_walk ? comm_ : explicit_comm)->all_gather(u->flat());
+  Collectives* over = in_walk ? comm_ : explicit_comm;
+  if (!others_.gathers.empty() && others_.gathers[unit] != nullptr)
+    over = in_walk ? others_.gathers[unit] : others_.touches[unit];
+  state_[unit].pending = over->all_gather(u->flat());
   if (home_.shards == nullptr || phase_ == Phase::Idle || !in_walk) return;
   const auto& o = order();
   for (size_t p = cursor_; p < std::min(o.size(), cursor_ + home_.lookahead); ++p) {

@@ -55,6 +55,13 @@ class ParamCoordinator {
   // others' walk.
   ParamCoordinator(std::vector<FlatParamGroup*> units, Collectives* comm, Collectives* touch_comm,
                    const CoordinatorOptions& options);
+  // Units sharded over other ranks than `comm`'s (expert parallelism: the experts' groups
+  // over the ranks holding the same experts): per unit, the group its walk's gathers and
+  // its reads' gathers go over, null for `comm` and `touch_comm`. Every rank still walks
+  // one order (rank 0's, agreed over `comm`), so each group sees its gathers in that order.
+  void set_unit_groups(std::vector<Collectives*> gathers, std::vector<Collectives*> touches) {
+    others_ = {std::move(gathers), std::move(touches)};
+  }
 
   // The model's forward begins / ends (its root module's hooks, where there are such). A
   // forward that no backward followed (evaluation, generation, a second forward before
@@ -155,6 +162,9 @@ class ParamCoordinator {
   std::vector<FlatParamGroup*> units_;
   Collectives* comm_;
   Collectives* touch_comm_;
+  struct OwnGroups {  // per unit (empty: none): its gathers' own groups, or null
+    std::vector<Collectives*> gathers, touches;
+  } others_;
   CoordinatorOptions options_;
   Schedule schedule_;
   ForwardRecord record_;

@@ -8,7 +8,6 @@ gradient norms to --out as JSON.
 usage: moe_script.py --deepspeed_config C --out O --top_k K [--noisy_gate_policy P]
        [--use_residual] [--min_capacity N] [--ep_size N]"""
 import argparse
-import json
 
 import torch
 import torch.nn as nn
@@ -16,6 +15,7 @@ import torch.nn as nn
 import deepspeed
 import deepspeed.comm as dist
 from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+from rank_result import leave
 
 STEPS, ROWS, WIDTH, EXPERTS = 6, 8, 16, 4
 
@@ -68,8 +68,7 @@ def main():
         seen["l_aux"].append(l_aux.item())
         seen["counts"].append(counts.tolist())
         seen["norms"].append(float(engine.get_global_grad_norm()))
-    with open(f"{args.out}.rank{dist.get_rank()}.json", "w") as f:
-        json.dump(seen, f)
+    leave(args.out, seen)  # rank_result.py says why
 
 
 if __name__ == "__main__":
