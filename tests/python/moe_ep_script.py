@@ -6,7 +6,7 @@ step; beside it the same model trained in one process on every rank's samples as
 engine's gradient norms and the reference's, the largest difference of its parameters
 (its own experts' slices) from the reference's after the last step, and the optimizer
 state its ledger holds and its plan predicted beside the elements of its dense and expert
-parameters.
+parameters, and what state_dict and save_checkpoint said.
 
 usage: moe_ep_script.py OUT MODEL STAGE"""
 import sys
@@ -73,6 +73,12 @@ def main():
         engine.step()
         norms.append(float(engine.get_global_grad_norm()))  # the step's, before clipping
         losses.append(loss.item())
+    refused = []  # what joining or saving every rank's experts says (not composed yet)
+    for attempt in (engine.state_dict, lambda: engine.save_checkpoint(f"{out}.ckpt")):
+        try:
+            attempt()
+        except zeroshard.Error as e:
+            refused.append(str(e))
     want_losses, want_norms, want = reference(kind, ids)
     local = EP and (rank % EP) * (4 // EP)
     worst, experts, dense = 0.0, 0, 0
@@ -90,7 +96,7 @@ def main():
     leave(out, {"losses": losses, "want_losses": [each[rank] for each in want_losses],
                 "norms": norms, "want_norms": want_norms, "param_diff": worst,
                 "optimizer_state_bytes": held, "optimizer_state_planned": planned,
-                "dense_numel": dense, "expert_numel": experts})
+                "dense_numel": dense, "expert_numel": experts, "refused": refused})
 
 
 if __name__ == "__main__":

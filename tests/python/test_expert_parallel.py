@@ -43,6 +43,10 @@ def test_experts_split_over_ranks_train_as_one_process(model, stage, scratch):
             assert 0 <= held / 8 - got["dense_numel"] / 4 - got["expert_numel"] / 2 < 16 * ALIGN
         assert got["optimizer_state_planned"] == held, rank
     assert ranks[0]["expert_numel"] == ranks[1]["expert_numel"] > 0
+    state_dict, checkpoint = ranks[0]["refused"]
+    assert state_dict.startswith("the whole model's parameters with expert parallelism (ep_size "
+                                 "2): each rank holds other experts")
+    assert "save_checkpoint with expert parallelism (the MoE layers' ep_size 2)" in checkpoint
 
 
 @main_leg_only
