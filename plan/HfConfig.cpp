@@ -350,7 +350,7 @@ std::vector<std::string> supported_model_types() {
 
 ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& origin,
                             int64_t tensor_parallel, int64_t pipeline_stages,
-                            const std::vector<int64_t>& pipeline_held) {
+                            const std::vector<int64_t>& pipeline_held, int64_t expert_parallel) {
   Json json;
   try {
     json = Json::parse(json_text);
@@ -365,12 +365,13 @@ ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& ori
   const std::string type = json["model_type"].get<std::string>();
   const Reader reader(json, origin);
   if (const auto whole = multi_stack().find(type); whole != multi_stack().end()) {
-    if (tensor_parallel > 1 || pipeline_stages > 1) {
+    if (tensor_parallel > 1 || pipeline_stages > 1 || expert_parallel > 1) {
       fail(
-          "{}: tensor-parallel size {} and {} pipeline stages for model_type '{}'; allowed: 1 "
-          "of each for it (what tensor and pipeline parallelism split is planned for the "
+          "{}: tensor-parallel size {}, {} pipeline stages and expert-parallel size {} for "
+          "model_type '{}'; allowed: 1 of each for it (what they split is planned for the "
           "decoder families: {})",
-          origin, tensor_parallel, pipeline_stages, type, fmt::join(decoder_types(), ", "));
+          origin, tensor_parallel, pipeline_stages, expert_parallel, type,
+          fmt::join(decoder_types(), ", "));
     }
     return whole->second(reader);
   }
@@ -383,13 +384,15 @@ ModelSpec spec_from_hf_json(const std::string& json_text, const std::string& ori
   arch.tensor_parallel = tensor_parallel;
   arch.pipeline_stages = pipeline_stages;
   arch.pipeline_held = pipeline_held;
+  arch.expert_parallel = expert_parallel;
   return spec_from_arch(arch, type, origin);
 }
 
 ModelSpec spec_from_hf_file(const std::string& path, int64_t tensor_parallel,
-                            int64_t pipeline_stages, const std::vector<int64_t>& pipeline_held) {
+                            int64_t pipeline_stages, const std::vector<int64_t>& pipeline_held,
+                            int64_t expert_parallel) {
   return spec_from_hf_json(read_whole_file(path, "--hf-config"), path, tensor_parallel,
-                           pipeline_stages, pipeline_held);
+                           pipeline_stages, pipeline_held, expert_parallel);
 }
 
 ModelSpec spec_from_hf_model(const std::string& json_text, const std::string& attn_implementation,

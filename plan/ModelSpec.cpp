@@ -40,6 +40,13 @@ void check_arch(const TransformerArch& a, const std::string& source) {
       fail("{}: pipeline stage {} of {}; allowed: 0 to {}", source, stage, a.pipeline_stages,
            a.pipeline_stages - 1);
   }
+  const int64_t ep = a.expert_parallel;
+  if (ep > 1 && (a.experts <= 1 || a.experts % ep != 0)) {
+    fail(
+        "{}: expert-parallel size {} for {} experts; allowed: a divisor of the experts of a "
+        "mixture of experts (num_local_experts / num_experts), or 1",
+        source, ep, a.experts);
+  }
   const std::pair<const char*, int64_t> split[] = {
       {"num_attention_heads", a.heads},
       {"num_key_value_heads", a.kv_heads},
@@ -54,7 +61,13 @@ void check_arch(const TransformerArch& a, const std::string& source) {
   }
 }
 
-UnitModules block_modules(const TransformerArch& a, int64_t layer) {
+// A block's modules: `dense` holds them all, or, with experts split over ranks
+// (expert_parallel > 1), all but this rank's experts, which are `experts`.
+struct BlockParts {
+  UnitModules dense, experts;
+};
+
+BlockParts block_parts(const TransformerArch& a, int64_t layer) {
   const int64_t tp = a.tensor_parallel;  // each rank's share of heads and widths
   const int64_t q = a.heads * a.head_dim / tp;
   const int64_t kv = a.kv_heads * a.head_dim / tp;
@@ -75,16 +88,19 @@ UnitModules block_modules(const TransformerArch& a, int64_t layer) {
   const int64_t inner =
       (dense || a.expert_intermediate == 0 ? a.intermediate : a.expert_intermediate) / tp;
   if (!dense) mods.push_back(linear_tensors(a.hidden, a.experts, false));  // router
-  for (int64_t e = 0; e < experts; ++e) {
+  const bool apart = !dense && a.expert_parallel > 1;
+  UnitModules split;
+  UnitModules& mlps = apart ? split : mods;
+  for (int64_t e = 0; e < (apart ? experts / a.expert_parallel : experts); ++e) {
     if (a.gated_mlp) {
-      mods.push_back(linear_tensors(a.hidden, inner, a.mlp_bias));  // gate
-      mods.push_back(linear_tensors(a.hidden, inner, a.mlp_bias));  // up
+      mlps.push_back(linear_tensors(a.hidden, inner, a.mlp_bias));  // gate
+      mlps.push_back(linear_tensors(a.hidden, inner, a.mlp_bias));  // up
     } else {
-      mods.push_back(linear_tensors(a.hidden, inner, a.mlp_bias));
+      mlps.push_back(linear_tensors(a.hidden, inner, a.mlp_bias));
     }
-    mods.push_back(linear_tensors(inner, a.hidden, a.mlp_bias));  // down
+    mlps.push_back(linear_tensors(inner, a.hidden, a.mlp_bias));  // down
   }
-  return mods;
+  return {mods, split};
 }
 
 int64_t module_sum(const ModuleTensors& m) {
@@ -101,8 +117,8 @@ ModuleTensors norm_tensors(int64_t size, bool bias) {
   return bias ? ModuleTensors{size, size} : ModuleTensors{size};
 }
 
-void SpecBuilder::add(const UnitModules& unit, int64_t count) {
-  if (count > 0) units_.emplace_back(unit, count);
+void SpecBuilder::add(const UnitModules& unit, int64_t count, bool expert) {
+  if (count > 0) units_.push_back({unit, count, expert});
 }
 
 ModelSpec SpecBuilder::build(const std::string& model_type, const std::string& source) const {
@@ -110,7 +126,7 @@ ModelSpec SpecBuilder::build(const std::string& model_type, const std::string& s
   spec.source = source;
   spec.model_type = model_type;
   std::map<int64_t, int64_t> counts;
-  for (const auto& [modules, count] : units_) {
+  for (const auto& [modules, count, expert] : units_) {
     int64_t unit = 0;
     for (const auto& m : modules) {
       unit += module_sum(m);
@@ -118,6 +134,7 @@ ModelSpec SpecBuilder::build(const std::string& model_type, const std::string& s
       for (int64_t numel : m) counts[numel] += count;
     }
     spec.unit_params.insert(spec.unit_params.end(), count, unit);
+    spec.unit_expert.insert(spec.unit_expert.end(), count, expert);
     spec.total_params += unit * count;
   }
   spec.tensor_counts.assign(counts.begin(), counts.end());
@@ -163,12 +180,16 @@ void add_stage_units(const TransformerArch& a, int64_t stage, SpecBuilder& b) {
   if (a.tied_embeddings && a.lm_head_bias && last) embedding.push_back({a.vocab});
   if (first || (last && a.tied_embeddings)) b.add(embedding);
   if (a.learned_positions && first) b.add({{a.max_positions * a.hidden}});
+  const auto add_blocks = [&b](const BlockParts& parts, int64_t count) {
+    b.add(parts.dense, count);
+    if (!parts.experts.empty()) b.add(parts.experts, count, /*expert=*/true);
+  };
   bool uniform = a.experts <= 1 || a.dense_layers.empty();
   if (uniform) {
-    if (blocks > 0) b.add(block_modules(a, 0), blocks);
+    if (blocks > 0) add_blocks(block_parts(a, 0), blocks);
   } else {
     for (int64_t layer = first_block; layer < first_block + blocks; ++layer)
-      b.add(block_modules(a, layer));
+      add_blocks(block_parts(a, layer), 1);
   }
   if (!last) return;
   b.add({norm_tensors(a.hidden, a.norm_bias)});
@@ -231,6 +252,7 @@ ModelSpec spec_from_arch(const TransformerArch& a, const std::string& model_type
   SpecBuilder b;
   add_decoder_units(a, b);
   ModelSpec spec = b.build(model_type, source);
+  spec.expert_parallel = a.expert_parallel;
   spec.layers = 0;
   spec.has_head = false;
   for (int64_t stage : a.pipeline_held) {

@@ -53,6 +53,10 @@ struct TransformerArch {
   // copy on each stage that uses it).
   int64_t pipeline_stages = 1;
   std::vector<int64_t> pipeline_held{0};
+  // Ranks a mixture of experts' experts are split over (expert parallelism): each block's
+  // experts/expert_parallel experts are a unit of their own, sharded over the ranks holding
+  // the same experts (ModelSpec::unit_expert); 1: the experts in the block's unit.
+  int64_t expert_parallel = 1;
 };
 
 struct ModelSpec {
@@ -131,11 +135,17 @@ ModuleTensors norm_tensors(int64_t size, bool bias);
 // numbers are the caller's to fill).
 class SpecBuilder {
  public:
-  void add(const UnitModules& unit, int64_t count = 1);
+  // `expert`: the unit holds experts split over expert-parallel ranks.
+  void add(const UnitModules& unit, int64_t count = 1, bool expert = false);
   ModelSpec build(const std::string& model_type, const std::string& source) const;
 
  private:
-  std::vector<std::pair<UnitModules, int64_t>> units_;
+  struct Added {
+    UnitModules modules;
+    int64_t count;
+    bool expert;
+  };
+  std::vector<Added> units_;
 };
 
 // A decoder-only transformer's units: the embedding (with the head where tied), a

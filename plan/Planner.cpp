@@ -35,6 +35,11 @@ bool permitted(const Config& c, const PlanOption& o) {
   // Part of the optimizer on the device steps where the parameters are (config/Config.h).
   const auto& ratio = c.zero.offload_optimizer.ratio;
   if (ratio && *ratio < 1 && (o.stage != 3 || o.params != OD::None)) return false;
+  // Experts split over ranks: parameters stay on the device, and the optimizer's offload
+  // needs its shards (engine/ExpertParallel.h).
+  if (c.expert_parallel_size > 1 &&
+      (o.params != OD::None || (o.stage == 0 && o.optimizer != OD::None)))
+    return false;
   return (opt == OD::Auto || opt == o.optimizer) && (par == OD::Auto || par == o.params);
 }
 

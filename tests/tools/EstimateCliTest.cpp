@@ -178,6 +178,49 @@ TEST(EstimateCli, TensorParallelCountsOneRanksSlicesAndShardsOverTheRest) {
       << table.out;
 }
 
+// Mixtral-8x7B with its experts split over 8 ranks (--ep 8): each rank holds 1 of each
+// block's 8 experts (32 x 3 x 4096 x 14336 elements of 45.1B) and every dense parameter;
+// stage 3 shards the dense ones over the 8 ranks and keeps each rank's experts whole (no other
+// rank holds them: edp 1); options that offload parameters are not allowed with experts split.
+TEST(EstimateCli, ExpertParallelHoldsEachRanksExpertsAndShardsThemOverTheirRanks) {
+  const std::string mixtral = "--hf-config " + hf("mixtral_8x7b.json") +
+                              " --nodes 1 --gpus-per-node 8 --seq 1 --cpu-mem 1TB";
+  const CliRun r = estimate(mixtral + " --ep 8 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const int64_t experts = 32LL * 8 * 3 * 4096 * 14336;
+  const int64_t dense = 46'702'792'704 - experts;
+  EXPECT_EQ(j["parameters"].get<int64_t>(), dense + experts / 8);
+  EXPECT_EQ(j["world"]["expert_parallel"].get<int64_t>(), 8);
+  for (const auto& o : j["options"]) {
+    const double params = o["bytes_by_kind"]["device"]["params"].get<double>();
+    if (o["offload_param"] != "none") {
+      EXPECT_FALSE(o["allowed"].get<bool>());
+    } else if (o["stage"].get<int>() < 3) {
+      EXPECT_EQ(params, 2.0 * (dense + experts / 8));  // bf16, whole on every rank
+    } else {
+      EXPECT_NEAR(params / (2.0 * (dense / 8 + experts / 8)), 1.0, 1e-4);  // shard padding
+    }
+  }
+  const CliRun table = estimate(mixtral + " --ep 4");
+  EXPECT_NE(table.out.find("(ep 4 x edp 2)"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("per rank, 1/4 of the experts"), std::string::npos) << table.out;
+  for (const auto& [args, said] : std::vector<std::pair<std::string, std::string>>{
+           {"--hf-config " + hf("mixtral_8x7b.json") + " --gpus-per-node 6 --ep 3",
+            "expert-parallel size 3 for 8 experts; allowed: a divisor"},
+           {mixtral + " --ep 16", "--ep 16 does not divide the 8 ranks"},
+           {mixtral + " --ep 2 --tp 2",
+            "--ep 2 with --tp 2, --pp 1, --sp 1; allowed: expert "
+            "parallelism alone with ZeRO"},
+           {"--hf-config " + hf("llama2_7b.json") + " --gpus-per-node 2 --ep 2",
+            "expert-parallel size 2 for 1 experts"},
+           {"--params 7e9 --gpus-per-node 2 --ep 2", "--ep 2 needs the model's experts"}}) {
+    const CliRun bad = estimate(args);
+    EXPECT_EQ(bad.code, 2) << args;
+    EXPECT_NE(bad.err.find(said), std::string::npos) << bad.err;
+  }
+}
+
 // --pp 4 on 8 ranks: 4 stages of 2 data-parallel ranks, each planned on its own share of
 // the blocks (plan/PipelineStages.h), 1F1B's stages holding 4, 3, 2, 1 micro-batches.
 TEST(EstimateCli, PipelineStagesArePlannedEachOnItsOwnBlocks) {

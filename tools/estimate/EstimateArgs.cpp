@@ -18,34 +18,13 @@
 namespace zeroshard::estimate {
 namespace {
 
-const std::vector<std::string> kValueFlags{"--hf-config",
-                                           "--params",
-                                           "--layers",
-                                           "--hidden",
-                                           "--heads",
-                                           "--kv-heads",
-                                           "--vocab",
-                                           "--intermediate",
-                                           "--nodes",
-                                           "--gpus-per-node",
-                                           "--tp",
-                                           "--gpu-mem",
-                                           "--cpu-mem",
-                                           "--nvme",
-                                           "--seq",
-                                           "--micro-batch",
-                                           "--config",
-                                           "--headroom",
-                                           "--emit-config",
-                                           "--attn-implementation",
-                                           "--pp",
-                                           "--pp-schedule",
-                                           "--batch",
-                                           "--gpu-bw",
-                                           "--pp-stages-per-rank",
-                                           "--host-bw",
-                                           "--nvme-bw",
-                                           "--sp"};
+const std::vector<std::string> kValueFlags{
+    "--hf-config",   "--params",      "--layers",       "--hidden",      "--heads",
+    "--kv-heads",    "--vocab",       "--intermediate", "--nodes",       "--gpus-per-node",
+    "--tp",          "--gpu-mem",     "--cpu-mem",      "--nvme",        "--seq",
+    "--micro-batch", "--config",      "--headroom",     "--emit-config", "--attn-implementation",
+    "--pp",          "--pp-schedule", "--batch",        "--gpu-bw",      "--pp-stages-per-rank",
+    "--host-bw",     "--nvme-bw",     "--sp",           "--ep"};
 const std::vector<std::string> kSwitches{"--json", "--bf16",      "--fp16",
                                          "--fp32", "--inference", "--activation-checkpointing",
                                          "--help", "-h",          "--max-seq"};
@@ -98,14 +77,14 @@ std::map<std::string, std::string> split_args(const std::vector<std::string>& ar
 }
 
 ModelSpec read_model(const std::map<std::string, std::string>& given, int64_t tp, int64_t pp = 1,
-                     const std::vector<int64_t>& held = {0}) {
+                     const std::vector<int64_t>& held = {0}, int64_t ep = 1) {
   auto count = [&](const char* flag) {
     const auto it = given.find(flag);
     return it == given.end() ? int64_t{0} : parse_count(flag, it->second);
   };
   if (given.count("--hf-config")) {
     if (given.count("--params")) fail("give either --hf-config or --params, not both");
-    return spec_from_hf_file(given.at("--hf-config"), tp, pp, held);
+    return spec_from_hf_file(given.at("--hf-config"), tp, pp, held, ep);
   }
   ExplicitModel m;
   m.params = count("--params");
@@ -306,6 +285,37 @@ void read_sequence_parallel(const std::map<std::string, std::string>& given, Est
         sp);
 }
 
+// --ep (or the config's expert_parallel.autoep_size where AutoEP is enabled): a mixture of
+// experts' experts split over ranks, each block's share a unit of its own, sharded over
+// the ranks holding the same experts, as the engine's groups of experts are.
+void read_expert_parallel(const std::map<std::string, std::string>& given, EstimateInputs& in) {
+  const Config::AutoEp& autoep = in.config.autoep;
+  const int64_t configured = autoep.enabled ? autoep.autoep_size.value_or(1) : 1;
+  const int64_t ep = given.count("--ep") ? parse_count("--ep", given.at("--ep")) : configured;
+  if (configured > 1 && ep != configured)
+    fail("--ep {} contradicts the config's expert_parallel.autoep_size {}; give one of them", ep,
+         configured);
+  if (ep == 1) return;
+  if (!given.count("--hf-config"))
+    fail("--ep {} needs the model's experts: give --hf-config (a mixture of experts' config.json)",
+         ep);
+  if (in.world.tensor_parallel > 1 || in.pipeline_stages > 1 ||
+      in.config.sequence_parallel_size.value_or(1) > 1 || in.inference)
+    fail(
+        "--ep {} with --tp {}, --pp {}, --sp {}{}; allowed: expert parallelism alone with ZeRO "
+        "in training (--tp 1, --pp 1, --sp 1), or --ep 1",
+        ep, in.world.tensor_parallel, in.pipeline_stages,
+        in.config.sequence_parallel_size.value_or(1), in.inference ? " and --inference" : "");
+  const int64_t ranks = in.world.data_parallel_ranks();
+  if (ranks % ep != 0)
+    fail("--ep {} does not divide the {} ranks (--nodes x --gpus-per-node); allowed: a divisor", ep,
+         ranks);
+  in.config.expert_parallel_size = ep;
+  const bool scores = in.spec.attention_scores;
+  in.spec = read_model(given, 1, 1, {0}, ep);
+  in.spec.attention_scores = scores;
+}
+
 }  // namespace
 
 const char* usage_text() {
@@ -325,6 +335,10 @@ hardware (sizes: 80GB = 80e9 bytes, 80GiB = 80 x 2^30):
                          sequence_parallel_size, else 1): each keeps 1/N of every
                          sequence's activations, attention's over the whole sequence with
                          1/N of the heads; ZeRO shards over every rank
+  --ep N                 expert-parallel ranks (a mixture of experts from --hf-config;
+                         default: the config's expert_parallel.autoep_size where enabled,
+                         else 1): each holds 1/N of each block's experts, sharded over the
+                         ranks holding the same ones
   --tp N                 tensor-parallel ranks (inside a node; default: the config's
                          tensor_parallel.autotp_size, else 1): attention and MLP matrices
                          (and an untied head) split across them, ZeRO over the rest
@@ -450,6 +464,7 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
   }
   read_pipeline(given, in);
   read_sequence_parallel(given, in);
+  read_expert_parallel(given, in);
   in.max_seq = given.count("--max-seq") > 0;
   if (in.max_seq && (in.inference || in.pipeline_stages > 1))
     fail("--max-seq with {}; allowed: training without pipeline stages",

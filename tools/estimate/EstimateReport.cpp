@@ -31,9 +31,9 @@ std::string gib(int64_t bytes) {
   return format_gib(static_cast<double>(bytes));
 }
 
-// DeepSpeed's estimator knows no tensor parallelism: no column beside a tp plan.
+// DeepSpeed's estimator knows no tensor or expert parallelism: no column beside such a plan.
 std::optional<DeepSpeedEstimate> deepspeed_for(const EstimateInputs& in, const PlanOption& o) {
-  if (in.world.tensor_parallel > 1) return std::nullopt;
+  if (in.world.tensor_parallel > 1 || in.config.expert_parallel_size > 1) return std::nullopt;
   return deepspeed_estimate(o, in.spec.total_params, in.spec.largest_module_params, in.world);
 }
 
@@ -197,16 +197,20 @@ std::string render_table(const EstimateInputs& in, const Plan& plan,
   const ModelSpec& s = in.spec;
   std::string out;
   out += fmt::format("model: {} ({})\n", s.model_type, s.source);
-  const int64_t tp = in.world.tensor_parallel;
+  const int64_t tp = in.world.tensor_parallel, ep = in.config.expert_parallel_size;
   out += fmt::format("parameters: {}{} (largest unit {}, largest module {})\n",
                      with_commas(s.total_params),
-                     tp > 1 ? fmt::format(" per rank, its tensor-parallel slices") : "",
+                     tp > 1   ? fmt::format(" per rank, its tensor-parallel slices")
+                     : ep > 1 ? fmt::format(" per rank, 1/{} of the experts", ep)
+                              : "",
                      with_commas(s.largest_unit()), with_commas(s.largest_module_params));
   out += fmt::format(
       "world: {} node(s) x {} rank(s){}; device {} GiB/rank, host {} GiB/node, "
       "nvme {} GiB/node; {:.0f}% of device and host kept free\n",
       in.world.nodes, in.world.ranks_per_node,
-      tp > 1 ? fmt::format(" (tp {} x dp {})", tp, in.world.data_parallel_ranks()) : "",
+      tp > 1   ? fmt::format(" (tp {} x dp {})", tp, in.world.data_parallel_ranks())
+      : ep > 1 ? fmt::format(" (ep {} x edp {})", ep, in.world.data_parallel_ranks() / ep)
+               : "",
       gib(in.budget.device_bytes), gib(in.budget.host_bytes), gib(in.budget.nvme_bytes),
       in.budget.headroom * 100);
   out += training_lines(in);
@@ -286,6 +290,7 @@ std::string render_json(const EstimateInputs& in, const Plan& plan,
   out["world"] = {{"nodes", in.world.nodes},
                   {"ranks_per_node", in.world.ranks_per_node},
                   {"tensor_parallel", in.world.tensor_parallel},
+                  {"expert_parallel", in.config.expert_parallel_size},
                   {"data_parallel_ranks", in.world.data_parallel_ranks()}};
   out["budget"] = {{"device_bytes_per_rank", in.budget.device_bytes},
                    {"host_bytes_per_node", in.budget.host_bytes},
