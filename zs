@@ -89,7 +89,9 @@ usage: ./zs VERB [ARGS]
                     FSDP1 and DDP, all in one run), hosts (2 network-namespace hosts
                     x 2 ranks behind a 1 Gbit/s link: stage 3 with and without shard
                     groups per host vs FSDP2 and its HSDP; needs root), tp (TP2 x DP2 on
-                    4 ranks: stage 3 with a Llama's tp_plan vs FSDP2 + DTensor TP), gpu (one GPU,
+                    4 ranks: stage 3 with a Llama's tp_plan vs FSDP2 + DTensor TP), moe (a
+                    Qwen3-MoE shape on 4 ranks: stage 3 at EP2 x DP2 vs FSDP2 and vs stage 3
+                    without EP), gpu (one GPU,
                     Llama-shaped, optimizer on the host: vs FSDP2 + CPUOffloadPolicy and
                     DeepSpeed ZeRO-3 + offload; --search: the largest model of each;
                     --device cpu --shape tiny checks the script without a GPU),
@@ -176,7 +178,7 @@ case "$verb" in
     ;;
   bench)
     name="${1:-}"
-    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, seq, inference, gpu"
+    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, seq, moe, inference, gpu"
     shift
     check_memory >&2
     [ "$name" = gpu ] && bench_gpu "$@"  # one GPU: its own python3 and build (bench_gpu)
@@ -200,11 +202,14 @@ case "$verb" in
     if [ "$name" = seq ]; then  # one sequence over 4 ranks: Ulysses and ring vs DeepSpeed, FSDP2
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/seq_bench.py "$@"
     fi
+    if [ "$name" = moe ]; then  # a Qwen3-MoE shape on 4 ranks: EP2 x DP2 vs FSDP2 and no EP
+      PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/moe_bench.py "$@"
+    fi
     if [ "$name" = inference ]; then  # NVMe-served generation beside DeepSpeed and accelerate
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/inference_bench.py \
         --io-bench "$BUILD/tools/zs-bench-io" "$@"
     fi
-    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, seq, inference, gpu"
+    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, seq, moe, inference, gpu"
     "$BUILD/tools/zs-bench-$name" "$@"
     ;;
   help | -h | --help) usage ;;

@@ -8,7 +8,11 @@ void UnitRelease::init(const GroupTable& groups) {
   frozen_.assign(n, 0);
   for (const GroupRecord& record : groups) {
     if (!record.unit) continue;
-    (record.trainable ? trainable_ : frozen_)[record.unit->value] = 1;
+    if (record.trainable) {
+      ++trainable_[record.unit->value];
+    } else {
+      frozen_[record.unit->value] = 1;
+    }
   }
   reset();
 }
@@ -34,19 +38,18 @@ bool UnitRelease::inputs_done(UnitId unit) {
 
 bool UnitRelease::grads_done(UnitId unit) {
   const size_t u = unit.value;
-  if (u >= grads_done_.size()) return false;
-  grads_done_[u] = 1;
+  if (u >= grads_pending_.size()) return false;
+  if (grads_pending_[u] > 0) --grads_pending_[u];
   return may_go(u);
 }
 
 void UnitRelease::reset() {
-  grads_done_.assign(trainable_.size(), 0);
-  for (size_t u = 0; u < trainable_.size(); ++u) grads_done_[u] = !trainable_[u];
+  grads_pending_ = trainable_;
   inputs_pending_.assign(trainable_.size(), 0);
 }
 
 bool UnitRelease::may_go(size_t unit) const {
-  return grads_done_[unit] && inputs_pending_[unit] == 0;
+  return grads_pending_[unit] == 0 && inputs_pending_[unit] == 0;
 }
 
 }  // namespace zeroshard

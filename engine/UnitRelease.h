@@ -19,7 +19,8 @@ namespace zeroshard {
 
 class UnitRelease {
  public:
-  // Per unit: whether it holds trainable and frozen groups.
+  // Per unit: how many trainable groups it holds (two with experts apart: engine/
+  // GroupLayout.h), and whether it holds frozen ones.
   void init(const GroupTable& groups);
 
   // A forward of `unit` whose inputs need gradients. `recomputed`: inside backward
@@ -29,7 +30,8 @@ class UnitRelease {
   // A forward with unknown inputs (LibTorch's run_unit) whose output needs gradients.
   void inputs_unknown(UnitId unit);
 
-  // Each returns whether the unit may go now.
+  // Each returns whether the unit may go now. grads_done: one of its trainable groups has
+  // every gradient (once per group and backward); the unit's are done with the last.
   bool inputs_done(UnitId unit);
   bool grads_done(UnitId unit);
 
@@ -39,7 +41,8 @@ class UnitRelease {
  private:
   bool may_go(size_t unit) const;
 
-  std::vector<char> trainable_, frozen_, grads_done_;
+  std::vector<int> trainable_, grads_pending_;  // per unit: trainable groups, those not done
+  std::vector<char> frozen_;
   std::vector<int> inputs_pending_;  // forwards whose inputs' gradients are still due
 };
 

@@ -78,3 +78,23 @@ TEST(UnitRelease, UnknownInputsKeepTheUnitUntilBackwardEnds) {
   release.reset();
   EXPECT_TRUE(release.grads_done(UnitId(1)));
 }
+
+// A unit whose experts' parameters are a trainable group of their own (expert parallelism)
+// goes with the last of its two groups' gradients, whichever comes first.
+TEST(UnitRelease, AUnitWithTwoTrainableGroupsGoesWithTheLastOnesGradients) {
+  GroupTable groups;
+  groups.set_unit_count(1);
+  for (size_t g = 0; g < 2; ++g) {
+    GroupRecord record;
+    record.unit = UnitId(0);
+    record.coordinator_unit = CoordinatorUnit(g);
+    record.expert = g == 1;
+    groups.add(std::move(record), true);
+  }
+  UnitRelease release;
+  release.init(groups);
+  EXPECT_FALSE(release.grads_done(UnitId(0)));  // the experts' first: the router's still due
+  EXPECT_TRUE(release.grads_done(UnitId(0)));
+  release.reset();
+  EXPECT_FALSE(release.grads_done(UnitId(0)));
+}

@@ -25,7 +25,7 @@ MODELS = {
         intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, **SHAPE),
         attn_implementation="sdpa"),
     "qwen3_moe": lambda: Qwen3MoeForCausalLM._from_config(Qwen3MoeConfig(
-        moe_intermediate_size=32, intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
         norm_topk_prob=True, **SHAPE), attn_implementation="sdpa"),
 }
 
@@ -63,7 +63,10 @@ def main():
               "zero_optimization": {"stage": stage},
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
               "expert_parallel": {"enabled": True, "autoep_size": EP}}
-    engine, *_ = zeroshard.initialize(model=model, config=config)
+    # Stage 3: each MoE block a unit of its own, its router (dense) beside its experts (a
+    # group of their own), so the unit waits for both groups' gradients.
+    units = [layer.mlp for layer in model.model.layers] if stage == 3 else None
+    engine, *_ = zeroshard.initialize(model=model, config=config, units=units)
     rank = engine.global_rank
     losses, norms = [], []
     for step in range(STEPS):
@@ -80,7 +83,7 @@ def main():
         except zeroshard.Error as e:
             refused.append(str(e))
     want_losses, want_norms, want = reference(kind, ids)
-    local = EP and (rank % EP) * (4 // EP)
+    local = (rank % EP) * (model.config.num_experts if kind == "qwen3_moe" else 4) // EP
     worst, experts, dense = 0.0, 0, 0
     for name, p in model.named_parameters():
         expected = want[name].detach()
