@@ -1,5 +1,5 @@
-"""A transformers mixture-of-experts model (Mixtral or Qwen3-MoE: 4 experts, top 2, from a
-config) trained on 4 ranks with its experts split over 2 expert-parallel ranks by the
+"""A transformers mixture-of-experts model (Mixtral with 4 experts or Qwen3-MoE with 8, top
+2, from a config; at stage 3 each MoE block a unit) trained on 4 ranks with its experts split over 2 expert-parallel ranks by the
 config's expert_parallel section (DeepSpeed's AutoEP keys), each rank its own sample per
 step; beside it the same model trained in one process on every rank's samples as one batch
 (torch's AdamW). Each rank writes to OUT.rankN.json its losses and the reference's, the

@@ -1,8 +1,8 @@
 """Hugging Face mixture-of-experts models with their experts split over expert-parallel
-ranks by DeepSpeed's AutoEP keys (expert_parallel {enabled, autoep_size}): Mixtral and
-Qwen3-MoE (transformers 5, fused 3-D experts, 4 experts, top 2) on 4 ranks at EP=2 x DP=2,
-at ZeRO 1 and 3 (each unit's experts then gathered over the 2 ranks holding them)
-(tests/python/moe_ep_script.py) train as one process trains every rank's samples as one
+ranks by DeepSpeed's AutoEP keys (expert_parallel {enabled, autoep_size}): Mixtral (4
+experts) at ZeRO 1 and Qwen3-MoE (8 experts, each MoE block a stage-3 unit beside its
+router) at ZeRO 3, transformers 5's fused 3-D experts, top 2, on 4 ranks at EP=2 x DP=2
+(tests/python/moe_ep_script.py), train as one process trains every rank's samples as one
 batch: losses, pre-clip gradient norms and parameters after 3 steps within 1e-5, and each
 rank's optimizer state is its dense parameters' quarter and its experts' half (their
 expert-data-parallel group is 2 ranks), padded to shards as the engine pads them, in the
@@ -31,10 +31,10 @@ def test_experts_split_over_ranks_train_as_one_process(model, stage, scratch):
         assert got["norms"] == pytest.approx(got["want_norms"], rel=1e-5), rank
         assert got["param_diff"] < 1e-5, rank
         # Adam's m and v (8 bytes an element) of a quarter of the dense parameters and half
-        # of this rank's experts (2 of the 4: half the model's expert elements), padded per
+        # of this rank's experts (half the model's: half its expert elements), padded per
         # group: one dense and one expert group at stage 1, per unit at stage 3 (fewer than
-        # 16 groups, each padded by less than ALIGN; a quarter of the experts would be 3,072
-        # elements fewer).
+        # 16 groups, each padded by less than ALIGN; a quarter of this rank's experts is
+        # 3,072 elements or more).
         held = got["optimizer_state_bytes"]
         if stage < 3:
             assert held == 8 * (padded_shard(got["dense_numel"], 4)
