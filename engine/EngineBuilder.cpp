@@ -387,15 +387,7 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
   o.persistence_numel = e_->plan_.settings.stage3_param_persistence_threshold;
   auto coordinator =
       std::make_unique<ParamCoordinator>(sharded, &e_->comms_->params(), &e_->comms_->touches(), o);
-  if (e_->comms_->experts()) {
-    std::vector<Collectives*> gathers, touches;
-    for (const GroupRecord& g : e_->groups_) {  // coordinator units in group order
-      if (!g.coordinator_unit) continue;
-      gathers.push_back(g.expert ? &e_->comms_->params(true) : nullptr);
-      touches.push_back(g.expert ? &e_->comms_->touches(true) : nullptr);
-    }
-    coordinator->set_unit_groups(std::move(gathers), std::move(touches));
-  }
+  gather_experts_apart(e_->groups_, *e_->comms_, *coordinator);
   // hpZ: backward gathers from the secondary copy (over every rank when hpz is the world).
   if (e_->dist_.dims.size(Dim::Hpz) > 1) {
     coordinator->set_secondary(std::make_unique<SecondaryShards>(&e_->comms_->backward_gathers(),

@@ -1,6 +1,7 @@
 #include "engine/ExpertParallel.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "common/Error.h"
 
@@ -46,6 +47,18 @@ void refuse_expert_checkpoint(const TrainingSettings& z, const char* doing) {
       "and their files (DeepSpeed's layer_L_expert_E_mp_rank_XX_model_states.pt) are not in "
       "zeroshard yet; allowed: ep_size 1",
       doing, z.expert_parallel_size);
+}
+
+void gather_experts_apart(const GroupTable& groups, Communicators& comms,
+                          ParamCoordinator& coordinator) {
+  if (!comms.experts()) return;
+  std::vector<Collectives*> gathers, touches;
+  for (const GroupRecord& g : groups) {  // coordinator units in group order
+    if (!g.coordinator_unit) continue;
+    gathers.push_back(g.expert ? &comms.params(true) : nullptr);
+    touches.push_back(g.expert ? &comms.touches(true) : nullptr);
+  }
+  coordinator.set_unit_groups(std::move(gathers), std::move(touches));
 }
 
 }  // namespace zeroshard

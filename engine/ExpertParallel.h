@@ -5,7 +5,10 @@
 // (engine/Communicators.h experts()), and gathered after the step over the same ranks.
 #include <vector>
 
+#include "engine/Communicators.h"
+#include "engine/GroupTable.h"
 #include "plan/TrainingSettings.h"
+#include "sharding/ParamCoordinator.h"
 #include "zeroshard/Types.h"
 
 namespace zeroshard {
@@ -18,5 +21,11 @@ void check_expert_parallel(const TrainingSettings& settings, const std::vector<N
 // Fails naming `doing` (a checkpoint's save or load) with expert parallelism: each rank's
 // experts are its own, and DeepSpeed's expert files are not written or read yet.
 void refuse_expert_checkpoint(const TrainingSettings& settings, const char* doing);
+
+// Stage 3 with experts split: each expert group's gathers, in the walk and for reads, go
+// over the experts' own groups (Communicators::params(true), touches(true)); nothing to do
+// without expert parallelism.
+void gather_experts_apart(const GroupTable& groups, Communicators& comms,
+                          ParamCoordinator& coordinator);
 
 }  // namespace zeroshard

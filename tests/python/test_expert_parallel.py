@@ -7,13 +7,19 @@ batch: losses, pre-clip gradient norms and parameters after 3 steps within 1e-5,
 rank's optimizer state is its dense parameters' quarter and its experts' half (their
 expert-data-parallel group is 2 ranks), padded to shards as the engine pads them, in the
 ledger and in the plan alike."""
+import importlib.util
 import os
 
 import pytest
 
-from conftest import HERE, both_legs, main_leg_only, run_ranks
+from conftest import BUILD, HERE, both_legs, main_leg_only, run_ranks, switched_to_zeroshard
 
 SCRIPT = os.path.join(HERE, "moe_ep_script.py")
+# Marked per test, not skipped at import: the DeepSpeed-layer test below runs on both legs.
+WITH_TRANSFORMERS = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="transformers is not installed beside this interpreter (the trixie leg): the "
+           "main leg runs these tests")
 ALIGN = 64  # elements per shard's alignment (common/Alignment.h kShardAlignElements)
 
 
@@ -21,7 +27,8 @@ def padded_shard(numel, ranks):
     return -(-(-(-numel // ranks)) // ALIGN) * ALIGN
 
 
-@pytest.mark.parametrize("model,stage", [both_legs("mixtral", 1), ("qwen3_moe", 3)])
+@WITH_TRANSFORMERS
+@pytest.mark.parametrize("model,stage", [("mixtral", 1), ("qwen3_moe", 3)])
 def test_experts_split_over_ranks_train_as_one_process(model, stage, scratch):
     out = str(scratch / model)
     ranks = run_ranks([SCRIPT, out, model, str(stage)], 4, out,
@@ -49,6 +56,7 @@ def test_experts_split_over_ranks_train_as_one_process(model, stage, scratch):
     assert "save_checkpoint with expert parallelism (the MoE layers' ep_size 2)" in checkpoint
 
 
+@WITH_TRANSFORMERS
 @main_leg_only
 def test_what_autoep_cannot_split_is_refused_by_name():
     import zeroshard
@@ -72,3 +80,31 @@ def test_what_autoep_cannot_split_is_refused_by_name():
     with pytest.raises(zeroshard.Error, match=r"'expert_parallel.use_grouped_mm' is 'false': a "
                                               r"DeepSpeed feature zeroshard does not have"):
         _config.parse({"expert_parallel": {"enabled": True, "use_grouped_mm": False}})
+
+
+@pytest.mark.parametrize("stage", [both_legs(2)])
+def test_deepspeeds_layer_split_over_ranks_trains_as_every_rank_holding_every_expert(
+        stage, scratch):
+    """DeepSpeed's MoE layer (tests/python/moe_script.py switched to zeroshard; no DeepSpeed
+    needed) at ep_size 2 on 2 ranks against the same script at ep_size 1: the experts start
+    alike and see the same tokens, so the losses, l_aux, token counts and gradient norms are
+    the same (test_moe.py compares both with DeepSpeed's on the main leg)."""
+    script = switched_to_zeroshard(os.path.join(HERE, "moe_script.py"), scratch)
+    config = scratch / "config.json"
+    config.write_text('{"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0, '
+                      f'"zero_optimization": {{"stage": {stage}}}, "optimizer": {{"type": '
+                      '"AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}}')
+    env = {"OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.join(BUILD, "python"), HERE])}
+    runs = {}
+    for ep in (1, 2):
+        out = str(scratch / f"ep{ep}")
+        runs[ep] = run_ranks([script, "--deepspeed_config", str(config), "--out", out, "--top_k",
+                              "1", "--noisy_gate_policy", "RSample", "--ep_size", str(ep)],
+                             2, out, extra_env=env)
+    for rank, (whole, split) in enumerate(zip(runs[1], runs[2])):
+        assert split["groups"][1] == ["ep_size_2", True, 4], rank  # 2 of the 4 experts
+        assert split["counts"] == whole["counts"], rank
+        assert split["losses"] == pytest.approx(whole["losses"], abs=1e-6), rank
+        assert split["l_aux"] == pytest.approx(whole["l_aux"], abs=1e-6), rank
+        assert split["norms"] == pytest.approx(whole["norms"], rel=1e-5), rank

@@ -20,13 +20,12 @@ the rank holding their expert and the outputs come back (an all-to-all each way,
 backward is the same all-to-all), so every expert sees its tokens from the whole group.
 The engine (expert_parameters below) reduces and shards those experts' parameters over
 the ranks holding the same ones, divided by every data-parallel rank as DeepSpeed divides
-them, at ZeRO 0-2 (DeepSpeed's MoE is refused at 3; so is this)."""
+them, at ZeRO 0-3 (3 too, which DeepSpeed refuses for its MoE)."""
 import copy
 
 import torch
-import torch.nn.functional as F
-
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from .. import _zeroshard
 from . import expert_groups
