@@ -46,6 +46,9 @@ class Communicators {
   // expert parameters, else shards().
   Collectives& shards(bool expert) { return expert && experts_ ? *experts_ : shards(); }
   Collectives* experts() { return experts_.get(); }
+  // Where a parameter's values are broadcast from (initial values, a modifier's writes):
+  // the experts' group for an expert parameter, else data_parallel().
+  Collectives& broadcasts(bool expert) { return expert && experts_ ? *experts_ : *data_parallel_; }
   // Stage 3's gathers of a group: an expert group's over the experts' ranks.
   Collectives& params(bool expert) { return expert && experts_ ? *expert_params_ : *params_; }
   Collectives& touches(bool expert) { return expert && experts_ ? *expert_touches_ : *touches_; }

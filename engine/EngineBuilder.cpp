@@ -259,12 +259,9 @@ void EngineBuilder::broadcast_initial_values(const std::vector<NamedParam>& para
   // Every rank starts from rank 0's values, whatever each rank's initialisation did.
   std::vector<CommHandle> handles;
   at::NoGradGuard no_grad;
-  // An expert's from the first rank holding the same experts (edp coordinate 0).
-  for (const auto& p : params) {
+  for (const auto& p : params) {  // an expert's from the first rank holding its experts
     const CollectiveLabel label("initial value of " + p.name);
-    Collectives& from =
-        p.expert && e_->comms_->experts() ? *e_->comms_->experts() : e_->comms_->data_parallel();
-    handles.push_back(from.broadcast(p.param.data(), 0));
+    handles.push_back(e_->comms_->broadcasts(p.expert).broadcast(p.param.data(), 0));
   }
   for (auto& h : handles) h.wait();
 }
@@ -311,7 +308,6 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
   // Tensor parallelism: what this rank's norm leaves to tp coordinate 0 (sharding/GradReducer.h).
   const bool counts_whole_params = e_->dist_.dims.coordinate(Dim::Tp) == 0;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> counted_elsewhere;
-  std::vector<bool> experts;  // per trainable group
   for (const auto& spec : layout) {
     materialize(spec.params);
     GroupRecord record;
@@ -344,7 +340,6 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
     // Without sharded optimizer state every rank steps the whole group.
     const bool whole = !stage.shards_optimizer();
     const int64_t begin = whole ? 0 : shard_rank * g->shard_numel();
-    experts.push_back(spec.expert);
     const at::Tensor shard = whole ? g->flat() : g->param_shard();
     e_->pipeline_->optimizer().add_group(shard, e_->param_groups_.spans(*g, begin, shard.numel()));
     add_param_pieces(*g, trainable.size() - 1, begin, shard.numel(), trained_params);
@@ -379,7 +374,7 @@ void EngineBuilder::build_groups(const std::vector<NamedParam>& params,
                                                            e_->comms_->replicas(), &e_->ledger_));
   e_->pipeline_->reducer().set_tensor_parallel(e_->comms_->tensor_parallel());
   e_->pipeline_->reducer().set_pipeline_parallel(e_->comms_->pipeline_parallel());
-  if (e_->comms_->experts()) e_->pipeline_->reducer().set_experts(e_->comms_->experts(), experts);
+  reduce_experts_apart(e_->groups_, *e_->comms_, e_->pipeline_->reducer());
   if (!stage.shards_parameters()) return;
   CoordinatorOptions o;
   o.prefetch_numel = z.stage3_prefetch_bucket_size;

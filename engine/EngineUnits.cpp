@@ -123,8 +123,8 @@ void EngineImpl::commit_parameters(int src_rank) {
   for (const auto& record : groups_) {
     const auto& g = record.flat;
     if (g->sharded() && !g->gathered()) continue;
-    Collectives& over = record.expert ? comms_->shards(true) : comms_->data_parallel();
-    handles.push_back(over.broadcast(g->flat(), record.expert ? src_rank / ep : src_rank));
+    handles.push_back(comms_->broadcasts(record.expert)
+                          .broadcast(g->flat(), record.expert ? src_rank / ep : src_rank));
   }
   for (auto& h : handles) h.wait();
   for (size_t i = 0; i < groups_.trainable().size(); ++i) {

@@ -49,6 +49,13 @@ void refuse_expert_checkpoint(const TrainingSettings& z, const char* doing) {
       doing, z.expert_parallel_size);
 }
 
+void reduce_experts_apart(const GroupTable& groups, Communicators& comms, GradReducer& reducer) {
+  if (!comms.experts()) return;
+  std::vector<bool> expert;  // per trainable group, in the reducer's order
+  for (const GroupId id : groups.trainable()) expert.push_back(groups[id].expert);
+  reducer.set_experts(comms.experts(), std::move(expert));
+}
+
 void gather_experts_apart(const GroupTable& groups, Communicators& comms,
                           ParamCoordinator& coordinator) {
   if (!comms.experts()) return;

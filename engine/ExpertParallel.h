@@ -8,6 +8,7 @@
 #include "engine/Communicators.h"
 #include "engine/GroupTable.h"
 #include "plan/TrainingSettings.h"
+#include "sharding/GradReducer.h"
 #include "sharding/ParamCoordinator.h"
 #include "zeroshard/Types.h"
 
@@ -21,6 +22,10 @@ void check_expert_parallel(const TrainingSettings& settings, const std::vector<N
 // Fails naming `doing` (a checkpoint's save or load) with expert parallelism: each rank's
 // experts are its own, and DeepSpeed's expert files are not written or read yet.
 void refuse_expert_checkpoint(const TrainingSettings& settings, const char* doing);
+
+// With experts split: the reducer's expert groups reduced over the experts' ranks
+// (GradReducer::set_experts); nothing to do without expert parallelism.
+void reduce_experts_apart(const GroupTable& groups, Communicators& comms, GradReducer& reducer);
 
 // Stage 3 with experts split: each expert group's gathers, in the walk and for reads, go
 // over the experts' own groups (Communicators::params(true), touches(true)); nothing to do
