@@ -50,6 +50,14 @@ def pytest_sessionfinish(session, exitstatus):
     deepspeed_shm.remove_unused()
 
 
+def pytest_unconfigure(config):
+    """The session's objects out of the collector's sight before the interpreter exits:
+    its final collection would walk every object torch (and transformers) made, about a
+    second a file (tests/python/forkserver.py's frozen() says the same of the ranks)."""
+    import gc
+    gc.freeze()
+
+
 def pytest_collection_modifyitems(config, items):
     if not OLDEST_LEG:
         return

@@ -214,11 +214,26 @@ def become_rank(request, out, conn, listener):
 
 def preload(modules):
     import importlib
-    for name in modules:
+    new = [name for name in modules if name not in sys.modules]
+    for name in new:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001  the rank imports it again and reports what fails
             pass
+    if new:
+        frozen()
+
+
+def frozen():
+    """What the server imported moved out of the collector's sight (gc.freeze): a rank's
+    collections, and above all the one its interpreter makes at exit, would otherwise walk
+    torch's and transformers' millions of module objects each time. Measured here: a
+    2-rank run of a script that only imports torch spent 1.7-2.5 s of its 1.8-2.6 s
+    finishing (interpreter exit); os._exit took 0.05 s. The objects stay alive as they
+    would: modules live until exit."""
+    import gc
+    gc.collect()
+    gc.freeze()
 
 
 def serve(path):
@@ -269,7 +284,15 @@ if __name__ == "__main__":
         import torch._dynamo  # noqa: F401  torch.optim's first param group imports it
     except ImportError:  # a torch built without it: its ranks do without it too
         pass
+    frozen()
 
     # The script's globals kept to the end, as `python SCRIPT` keeps __main__'s: what they
     # hold is destroyed at shutdown, after the atexit handlers, not when the script ends.
-    script_globals = runpy.run_path(serve(sys.argv[1]), run_name="__main__")
+    # Registered before the script runs, this handler runs after every one it registers
+    # (last in, first out); left to the interpreter's teardown instead, a global's
+    # finalizer ran where its output no longer reached the pipe.
+    script = serve(sys.argv[1])
+    import atexit
+    script_globals = []
+    atexit.register(script_globals.clear)
+    script_globals.append(runpy.run_path(script, run_name="__main__"))

@@ -87,3 +87,27 @@ def test_transformers_is_imported_before_the_ranks_that_name_it_only(tmp_path):
     # The first plain rank started before any import; the last one shares the server's.
     assert outs == ["['torch']", "['torch', 'transformers.trainer']",
                     "['torch', 'transformers.trainer']"], outs
+
+
+def test_the_servers_imports_are_frozen_and_a_ranks_exit_is_pythons(tmp_path):
+    """What the server imported is out of the collector's sight in a rank (gc.freeze: its
+    exit then skips walking torch's objects), while the script's own objects are collected
+    and finalized as `python SCRIPT` does: a cycle during the run, the globals' finalizers
+    at exit after the atexit handlers."""
+    path = tmp_path / "exit.py"
+    path.write_text(
+        "import atexit, gc, sys\n"
+        "class Noisy:\n"
+        "    def __init__(self, name): self.name = name\n"
+        "    def __del__(self): print('del', self.name, flush=True)\n"
+        "print('frozen', gc.get_freeze_count() > 100_000, flush=True)\n"
+        "cycle = Noisy('cycle'); cycle.me = cycle; del cycle\n"
+        "print('collected', gc.collect() > 0, flush=True)\n"
+        "kept = Noisy('global')\n"
+        "atexit.register(lambda: print('atexit', flush=True))\n")
+    proc = forkserver.start([str(path)], env())
+    assert isinstance(proc, forkserver.ForkedProcess)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert out.split("\n") == ["frozen True", "del cycle", "collected True", "atexit",
+                               "del global", ""], out
