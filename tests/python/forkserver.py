@@ -292,7 +292,6 @@ if __name__ == "__main__":
     # (last in, first out); left to the interpreter's teardown instead, a global's
     # finalizer ran where its output no longer reached the pipe.
     script = serve(sys.argv[1])
-    import atexit
     script_globals = []
     atexit.register(script_globals.clear)
     script_globals.append(runpy.run_path(script, run_name="__main__"))
