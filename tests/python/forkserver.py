@@ -17,7 +17,15 @@ Protocol, one Unix socket connection per process: the client sends one JSON line
 {argv, env, cwd, preload} with the write end of its output pipe (SCM_RIGHTS); the server forks a
 monitor, which forks the rank process, writes its pid as a line, waits for it and writes
 its exit code (Popen's: negative for a signal) as a second line.
-usage (the server): forkserver.py SOCKET_PATH"""
+One server can serve a whole CTest run (every test file, both ctest -j slots): a fixture
+starts it before the Python tests and stops it after them (bindings/CMakeLists.txt); a test
+session finds it through ZS_TEST_FORKSERVER_SHARED (the record --shared-start writes) and
+uses it when its start-up environment is the session's, else starts its own as before.
+Measured here, a server's start is 2-3 s of importing torch, and transformers' 2.5 s more:
+once a run instead of once a file.
+usage: forkserver.py SOCKET_PATH [WATCHED_PID]   the server (it exits with WATCHED_PID,
+                                                 else when its stdin closes)
+       forkserver.py --shared-start|--shared-stop FOLDER"""
 import atexit
 import json
 import os
@@ -115,10 +123,30 @@ class ForkedProcess:
                 pass
 
 
-class Client:
-    """The test session's server, started on first use; raises where it cannot start."""
+SHARED = "ZS_TEST_FORKSERVER_SHARED"  # names the record of the run's server
 
-    def __init__(self, env):
+
+def shared_server():
+    """The record {path, pid, fixed} of the run's server, if one is running."""
+    try:
+        with open(os.environ[SHARED], encoding="utf-8") as f:
+            record = json.load(f)
+        os.kill(record["pid"], 0)
+        return record
+    except (KeyError, OSError, ValueError, TypeError):
+        return None
+
+
+class Client:
+    """The test session's server: the run's (shared) where its start-up environment is
+    this session's, else its own, started on first use; raises where it cannot start."""
+
+    def __init__(self, env, shared=True):
+        self.proc, self.dir = None, None
+        record = shared_server() if shared else None
+        if record and record["fixed"] == startup_env(env):
+            self.path, self.fixed = record["path"], record["fixed"]
+            return
         self.dir = tempfile.mkdtemp(prefix="zs-forkserver-")
         self.path = os.path.join(self.dir, "socket")
         self.fixed = startup_env(env)
@@ -131,6 +159,8 @@ class Client:
         atexit.register(self.close)
 
     def close(self):
+        if self.proc is None:  # the run's server: the run stops it
+            return
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=10)
@@ -236,17 +266,31 @@ def frozen():
     gc.freeze()
 
 
-def serve(path):
-    """Returns, in a forked rank process only, the script it is to run."""
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def serve(path, watched=None):
+    """Returns, in a forked rank process only, the script it is to run. It ends when the
+    process `watched` does (the run's server) or else when its stdin closes."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
     print("ready", flush=True)
+    lifeline = [] if watched else [sys.stdin]
     while True:
-        readable = select.select([listener, sys.stdin], [], [])[0]
-        if sys.stdin in readable:  # the test session ended
+        readable = select.select([listener] + lifeline, [], [], 2.0 if watched else None)[0]
+        if sys.stdin in readable or (watched and not alive(watched)):  # the tests ended
             os._exit(0)
+        if listener not in readable:
+            continue
         conn, _ = listener.accept()
         try:
             request, out = receive(conn)
@@ -275,6 +319,54 @@ def serve(path):
             os._exit(0)
 
 
+def start_shared(folder):
+    """Starts the run's server, watching this process's parent (ctest), and writes its
+    record in `folder`; returns once it serves."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from conftest import rank_env  # the environment the tests' ranks start with
+    stop_shared(folder)
+    os.makedirs(folder, exist_ok=True)
+    env = rank_env(0, 1, 0)
+    path = os.path.join(tempfile.mkdtemp(prefix="zs-forkserver-"), "socket")
+    log_path = os.path.join(folder, "server.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), path,
+                                 str(os.getppid())], env=env, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while True:
+        with open(log_path, "rb") as log:
+            said = log.read()
+        if b"ready" in said:
+            break
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            sys.exit(f"the run's fork server did not start (exit {proc.poll()}): {said!r}")
+        time.sleep(0.1)
+    record = os.path.join(folder, "server.json")
+    with open(record + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"path": path, "pid": proc.pid, "fixed": startup_env(env)}, f)
+    os.replace(record + ".tmp", record)
+    print(f"fork server {proc.pid} at {path}")
+
+
+def stop_shared(folder):
+    record = os.path.join(folder, "server.json")
+    try:
+        with open(record, encoding="utf-8") as f:
+            server = json.load(f)
+        os.remove(record)
+    except (OSError, ValueError):
+        return
+    if alive(server["pid"]):
+        os.kill(server["pid"], signal.SIGTERM)
+    shutil.rmtree(os.path.dirname(server["path"]), ignore_errors=True)
+
+
+if __name__ == "__main__" and sys.argv[1] in ("--shared-start", "--shared-stop"):
+    (start_shared if sys.argv[1] == "--shared-start" else stop_shared)(sys.argv[2])
+    sys.exit(0)
+
 if __name__ == "__main__":
     import runpy
 
@@ -291,7 +383,7 @@ if __name__ == "__main__":
     # Registered before the script runs, this handler runs after every one it registers
     # (last in, first out); left to the interpreter's teardown instead, a global's
     # finalizer ran where its output no longer reached the pipe.
-    script = serve(sys.argv[1])
+    script = serve(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
     script_globals = []
     atexit.register(script_globals.clear)
     script_globals.append(runpy.run_path(script, run_name="__main__"))

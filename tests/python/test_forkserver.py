@@ -5,6 +5,8 @@ whose start-up environment differs from the server's is started the ordinary way
 transformers is imported before a rank whose script names it, and only then."""
 import os
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -76,7 +78,7 @@ def test_transformers_is_imported_before_the_ranks_that_name_it_only(tmp_path):
     plain, hf = tmp_path / "plain.py", tmp_path / "hf.py"
     plain.write_text(check)
     hf.write_text("# a transformers worker\n" + check)
-    client, outs = forkserver.Client(env()), []  # a server of its own, fresh
+    client, outs = forkserver.Client(env(), shared=False), []  # its own, fresh
     try:
         for path in (plain, hf, plain):
             proc = client.start([str(path)], env())
@@ -111,3 +113,29 @@ def test_the_servers_imports_are_frozen_and_a_ranks_exit_is_pythons(tmp_path):
     assert proc.returncode == 0, out
     assert out.split("\n") == ["frozen True", "del cycle", "collected True", "atexit",
                                "del global", ""], out
+
+
+def test_one_server_serves_every_session_of_a_run_and_stops_with_it(tmp_path, monkeypatch):
+    """The run's server (--shared-start, a CTest fixture) serves a session whose start-up
+    environment is its own: the rank's monitor is its child; --shared-stop ends it."""
+    folder = str(tmp_path / "run")
+    starter = subprocess.run([sys.executable, forkserver.__file__, "--shared-start", folder],
+                             capture_output=True, text=True, timeout=300)
+    assert starter.returncode == 0, starter.stdout + starter.stderr
+    monkeypatch.setenv(forkserver.SHARED, os.path.join(folder, "server.json"))
+    record = forkserver.shared_server()
+    try:
+        script = tmp_path / "parent.py"
+        script.write_text("import os\nprint(open(f'/proc/{os.getppid()}/stat').read()"
+                          ".split()[3])\n")
+        client = forkserver.Client(env())
+        assert client.path == record["path"] and client.proc is None
+        proc = client.start([str(script)], env())
+        assert proc.communicate(timeout=60)[0].strip() == str(record["pid"])
+    finally:
+        subprocess.run([sys.executable, forkserver.__file__, "--shared-stop", folder],
+                       check=True, timeout=60)
+    deadline = time.monotonic() + 10
+    while forkserver.alive(record["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert forkserver.shared_server() is None and not forkserver.alive(record["pid"])

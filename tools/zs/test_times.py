@@ -8,8 +8,12 @@ part: name, seconds, exit status; written by tools/zs/setup.sh `timed`), ctest.x
 venv's interpreter or Debian's.
 
 usage: test_times.py summary|record RECORD LEGS_TSV LEG=REPORT_DIR ...
+       test_times.py costs RECORD
   summary   prints the table; warns (never fails) when over the budget
   record    writes RECORD from these reports (after a full, passing `./zs test`)
+  costs     each Python test file's recorded seconds on the main leg, as `CTEST_NAME SECONDS`
+            lines: the CTest COST of its entry (bindings/CMakeLists.txt), so that a fresh
+            build folder, which has no CTestCostData yet, starts the longest first
 """
 import json
 import os
@@ -170,7 +174,21 @@ def record_times(record_path, legs_path, pairs):
     return 0
 
 
+def costs(record_path):
+    files = {}
+    for name, seconds in read_record(record_path).get("tests", {}).items():
+        leg, _, case = name.partition(":")
+        if leg == "main" and ".py::" in case:
+            test_file = case.split(".py::", 1)[0]
+            files[test_file] = files.get(test_file, 0.0) + seconds
+    for test_file, seconds in sorted(files.items()):
+        print(f"python_{test_file} {max(1, round(seconds))}")
+    return 0
+
+
 def main(argv):
+    if len(argv) == 2 and argv[0] == "costs":
+        return costs(argv[1])
     if len(argv) < 3 or argv[0] not in ("summary", "record"):
         print(__doc__, file=sys.stderr)
         return 2
