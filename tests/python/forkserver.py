@@ -131,8 +131,7 @@ def shared_server():
     try:
         with open(os.environ[SHARED], encoding="utf-8") as f:
             record = json.load(f)
-        os.kill(record["pid"], 0)
-        return record
+        return record if alive(record["pid"]) else None
     except (KeyError, OSError, ValueError, TypeError):
         return None
 
