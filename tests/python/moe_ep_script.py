@@ -1,12 +1,15 @@
 """A transformers mixture-of-experts model (Mixtral with 4 experts or Qwen3-MoE with 8, top
-2, from a config; at stage 3 each MoE block a unit) trained on 4 ranks with its experts split over 2 expert-parallel ranks by the
-config's expert_parallel section (DeepSpeed's AutoEP keys), each rank its own sample per
+2, from a config; at stage 3 each MoE block a unit) trained on 4 ranks with its experts
+split over 2 expert-parallel ranks by the config's expert_parallel section (DeepSpeed's
+AutoEP keys), each rank its own sample per
 step; beside it the same model trained in one process on every rank's samples as one batch
 (torch's AdamW). Each rank writes to OUT.rankN.json its losses and the reference's, the
 engine's gradient norms and the reference's, the largest difference of its parameters
 (its own experts' slices) from the reference's after the last step, and the optimizer
 state its ledger holds and its plan predicted beside the elements of its dense and expert
-parameters, and what state_dict and save_checkpoint said.
+parameters; the largest difference of the engine's state_dict (every rank's experts
+joined) and of the model save_pretrained wrote, loaded by from_pretrained, from the
+reference's parameters; and what save_checkpoint said.
 
 usage: moe_ep_script.py OUT MODEL STAGE"""
 import sys
@@ -54,6 +57,12 @@ def reference(kind, ids):
     return losses, norms, dict(model.named_parameters())
 
 
+def largest_difference(got, want):
+    """The largest elementwise difference, or the names `got` lacks."""
+    missing = sorted(set(want) - set(got))
+    return missing or max((got[n].float() - want[n].detach()).abs().max().item() for n in want)
+
+
 def main():
     out, kind, stage = sys.argv[1], sys.argv[2], int(sys.argv[3])
     torch.manual_seed(5)
@@ -76,13 +85,17 @@ def main():
         engine.step()
         norms.append(float(engine.get_global_grad_norm()))  # the step's, before clipping
         losses.append(loss.item())
-    refused = []  # what joining or saving every rank's experts says (not composed yet)
-    for attempt in (engine.state_dict, lambda: engine.save_checkpoint(f"{out}.ckpt")):
-        try:
-            attempt()
-        except zeroshard.Error as e:
-            refused.append(str(e))
+    whole = engine.state_dict()  # every rank's experts joined: the one-process model's
+    engine.save_pretrained(f"{out}.hf")
+    try:
+        engine.save_checkpoint(f"{out}.ckpt")
+        refused = None
+    except zeroshard.Error as e:  # a sharded checkpoint of split experts: not composed yet
+        refused = str(e)
     want_losses, want_norms, want = reference(kind, ids)
+    loaded = type(model).from_pretrained(f"{out}.hf").state_dict()
+    whole_diff = {"state_dict": largest_difference(whole, want),
+                  "from_pretrained": largest_difference(loaded, want)}
     local = (rank % EP) * (model.config.num_experts if kind == "qwen3_moe" else 4) // EP
     worst, experts, dense = 0.0, 0, 0
     for name, p in model.named_parameters():
@@ -99,7 +112,8 @@ def main():
     leave(out, {"losses": losses, "want_losses": [each[rank] for each in want_losses],
                 "norms": norms, "want_norms": want_norms, "param_diff": worst,
                 "optimizer_state_bytes": held, "optimizer_state_planned": planned,
-                "dense_numel": dense, "expert_numel": experts, "refused": refused})
+                "dense_numel": dense, "expert_numel": experts, "whole_diff": whole_diff,
+                "whole_keys": sorted(whole) == sorted(want), "refused": refused})
 
 
 if __name__ == "__main__":

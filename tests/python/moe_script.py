@@ -3,10 +3,10 @@ writes its --moe path: deepspeed.moe.layer.MoE between two dense layers, the opt
 groups from split_params_into_different_moe_groups_for_optimizer, the gate's l_aux added
 to the loss. tests/python/test_moe.py runs it with DeepSpeed and, its import lines pointed
 at zeroshard, with zeroshard. Writes the losses, l_aux, the experts' token counts and the
-gradient norms to --out as JSON.
+gradient norms to --out as JSON; with --save_16bit, the model by save_16bit_model.
 
 usage: moe_script.py --deepspeed_config C --out O --top_k K [--noisy_gate_policy P]
-       [--use_residual] [--min_capacity N] [--ep_size N]"""
+       [--use_residual] [--min_capacity N] [--ep_size N] [--save_16bit FOLDER]"""
 import argparse
 
 import torch
@@ -44,6 +44,7 @@ def main():
     parser.add_argument("--noisy_gate_policy", default=None)
     parser.add_argument("--use_residual", action="store_true")
     parser.add_argument("--ep_size", type=int, default=1)
+    parser.add_argument("--save_16bit", default=None, help="a folder for save_16bit_model")
     args = deepspeed.add_config_arguments(parser).parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
@@ -68,6 +69,8 @@ def main():
         seen["l_aux"].append(l_aux.item())
         seen["counts"].append(counts.tolist())
         seen["norms"].append(float(engine.get_global_grad_norm()))
+    if args.save_16bit:
+        engine.save_16bit_model(args.save_16bit)
     leave(args.out, seen)  # rank_result.py says why
 
 

@@ -6,11 +6,13 @@ router) at ZeRO 3, transformers 5's fused 3-D experts, top 2, on 4 ranks at EP=2
 batch: losses, pre-clip gradient norms and parameters after 3 steps within 1e-5, and each
 rank's optimizer state is its dense parameters' quarter and its experts' half (their
 expert-data-parallel group is 2 ranks), padded to shards as the engine pads them, in the
-ledger and in the plan alike."""
+ledger and in the plan alike; state_dict and save_pretrained give the whole model, every
+rank's experts joined, equal to the one-process model's."""
 import importlib.util
 import os
 
 import pytest
+import torch
 
 from conftest import BUILD, HERE, both_legs, main_leg_only, run_ranks, switched_to_zeroshard
 
@@ -49,11 +51,14 @@ def test_experts_split_over_ranks_train_as_one_process(model, stage, scratch):
         else:
             assert 0 <= held / 8 - got["dense_numel"] / 4 - got["expert_numel"] / 2 < 16 * ALIGN
         assert got["optimizer_state_planned"] == held, rank
+        # The whole model from every rank: each expert from the rank holding it, joined as
+        # the one-process model holds them, by state_dict and through save_pretrained.
+        assert got["whole_keys"], rank
+        assert got["whole_diff"]["state_dict"] < 1e-5, (rank, got["whole_diff"])
+        assert got["whole_diff"]["from_pretrained"] < 1e-5, (rank, got["whole_diff"])
+        assert "save_checkpoint with expert parallelism (the MoE layers' ep_size 2)" in \
+            got["refused"], rank
     assert ranks[0]["expert_numel"] == ranks[1]["expert_numel"] > 0
-    state_dict, checkpoint = ranks[0]["refused"]
-    assert state_dict.startswith("the whole model's parameters with expert parallelism (ep_size "
-                                 "2): each rank holds other experts")
-    assert "save_checkpoint with expert parallelism (the MoE layers' ep_size 2)" in checkpoint
 
 
 @WITH_TRANSFORMERS
@@ -100,11 +105,21 @@ def test_deepspeeds_layer_split_over_ranks_trains_as_every_rank_holding_every_ex
     for ep in (1, 2):
         out = str(scratch / f"ep{ep}")
         runs[ep] = run_ranks([script, "--deepspeed_config", str(config), "--out", out, "--top_k",
-                              "1", "--noisy_gate_policy", "RSample", "--ep_size", str(ep)],
-                             2, out, extra_env=env)
+                              "1", "--noisy_gate_policy", "RSample", "--ep_size", str(ep),
+                              "--save_16bit", str(scratch / f"saved{ep}")], 2, out,
+                             extra_env=env)
     for rank, (whole, split) in enumerate(zip(runs[1], runs[2])):
         assert split["groups"][1] == ["ep_size_2", True, 4], rank  # 2 of the 4 experts
         assert split["counts"] == whole["counts"], rank
         assert split["losses"] == pytest.approx(whole["losses"], abs=1e-6), rank
         assert split["l_aux"] == pytest.approx(whole["l_aux"], abs=1e-6), rank
         assert split["norms"] == pytest.approx(whole["norms"], rel=1e-5), rank
+    # save_16bit_model at ep_size 2: every expert, from the rank holding it, under its
+    # number in the whole layer (deepspeed_experts.0-3), as the ep_size 1 run saves them.
+    saved = [torch.load(scratch / f"saved{ep}" / "pytorch_model.bin") for ep in (1, 2)]
+    assert list(saved[1]) == list(saved[0])
+    assert "moe.deepspeed_moe.experts.deepspeed_experts.3.0.weight" in saved[1]
+    for name, want in saved[0].items():
+        assert torch.allclose(saved[1][name], want, atol=1e-6), name
+    expert = "moe.deepspeed_moe.experts.deepspeed_experts.{}.0.weight"
+    assert not torch.equal(saved[0][expert.format(1)], saved[0][expert.format(2)])  # apart

@@ -8,6 +8,7 @@ import torch
 
 from .._checkpoint import deepspeed_checkpoint as _deepspeed_checkpoint
 from .. import _zeroshard
+from .._parallel.expert_state import whole_state
 from .._parallel.tensor_parallel import join_slices
 from .units import unique_parameters
 
@@ -19,10 +20,7 @@ class SavingMethods:
         save_dir/save_filename (a collective at stage 3: every rank calls it). DeepSpeed
         gathers at stage 3 only with stage3_gather_16bit_weights_on_model_save; here it
         always does. Returns True."""
-        state = self.state_dict()
-        if exclude_frozen_parameters:
-            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
-            state = {k: v for k, v in state.items() if k not in frozen}
+        state = self._whole_state(exclude_frozen_parameters)
         dtype = torch.bfloat16 if self.bfloat16_enabled() else \
             torch.float16 if self.fp16_enabled() else None
         if dtype is not None:
@@ -36,22 +34,26 @@ class SavingMethods:
         return True
 
     def full_parameters(self):
-        """Whole copies of every parameter (a collective at stage 3, and with tensor
-        parallelism, whose slices are joined: call on every rank)."""
-        ep_size = getattr(self, "_expert_parallel_size", 1)
-        if ep_size > 1:
-            raise _zeroshard.Error(
-                f"the whole model's parameters with expert parallelism (ep_size {ep_size}): each rank holds other experts, and joining "
-                "them is not in zeroshard yet; allowed: module.state_dict() for this rank's "
-                "experts, or ep_size 1")
+        """Whole copies of every parameter (a collective at stage 3, with tensor
+        parallelism, whose slices are joined, and with expert parallelism, whose experts
+        come from every rank of the group: call on every rank). With experts split, the
+        names are the whole model's (_parallel/expert_state.py)."""
+        return whole_state(self.module, self._local_full_parameters())
+
+    def _local_full_parameters(self):
         full = dict(self._engine.full_parameters())
         if self._same_inputs is not None:
             join_slices(full, self._tensor_parallel_split, self._same_inputs)
         return full
 
     def state_dict(self):
-        """An ordinary state_dict (full tensors, tied parameters under every name)."""
-        full = self.full_parameters()
+        """An ordinary state_dict (full tensors, tied parameters under every name): the
+        whole model's, every expert in it where expert parallelism split them, as a model
+        holding all of them (ep_size 1) has it. A collective: call on every rank."""
+        return self._whole_state()
+
+    def _whole_state(self, exclude_frozen=False):
+        full = self._local_full_parameters()
         by_id = {id(p): full[n] for n, p in unique_parameters(self.module)}
         out = {}
         for prefix, mod in self.module.named_modules():
@@ -62,7 +64,10 @@ class SavingMethods:
             for name, b in mod._buffers.items():
                 if b is not None and name not in mod._non_persistent_buffers_set:
                     out[dot + name] = b.detach().clone()
-        return out
+        if exclude_frozen:  # before the experts are joined: by this rank's names
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            out = {k: v for k, v in out.items() if k not in frozen}
+        return whole_state(self.module, out)
 
     def save_pretrained(self, save_directory, **kwargs):
         """Hugging Face's layout in save_directory: safetensors shards (with their index

@@ -1,0 +1,79 @@
+"""The whole model's state_dict where expert parallelism split the experts: each rank of an
+expert-parallel group holds its own E / N of them, and the whole model is what one
+process holding all E would have (ep_size 1), so it loads into such a model, into
+from_pretrained, or into the engine at another ep_size.
+
+- DeepSpeed's layer (expert_parallel.py): rank p of the group holds experts
+  p * L .. p * L + L - 1 as deepspeed_experts.0 .. L-1 (L = E / N); here they come back
+  under their numbers in the whole layer, deepspeed_experts.0 .. E-1, as DeepSpeed numbers
+  them in its expert checkpoint files.
+- Hugging Face's fused experts (hf_expert_parallel.py): rank p holds the slices
+  [p * L, p * L + L) of gate_up_proj and down_proj; here they are joined along dim 0.
+
+A collective over each expert-parallel group: every rank calls it, with its state_dict's
+keys in the model's order (the same on every rank)."""
+import re
+
+import torch
+import torch.distributed as dist
+
+from .expert_parallel import MoE
+
+
+def _split_layers(model):
+    """[(prefix of the experts' keys, kind, group, ep size, local expert count)]."""
+    found = []
+    for name, module in model.named_modules():
+        dot = name + "." if name else ""
+        if isinstance(module, MoE) and module.ep_size > 1:
+            found.append((f"{dot}deepspeed_moe.experts.deepspeed_experts.", "numbered",
+                          module.deepspeed_moe.ep_group, module.ep_size,
+                          module.num_local_experts))
+        split = getattr(module, "zeroshard_expert_parallel", None)
+        if split is not None:
+            group, size, _ = split
+            found.append((dot, "fused", group, size, module.num_local_experts))
+    return found
+
+
+def _gathered(tensor, group, size):
+    """Every rank's `tensor` of the group, in the group's rank order (its places)."""
+    parts = [torch.empty_like(tensor) for _ in range(size)]
+    dist.all_gather(parts, tensor.contiguous(), group=group)
+    return parts
+
+
+def whole_state(model, state):
+    """`state` (this rank's keys and whole tensors) with every rank's experts in it; the
+    same dict where no expert is split."""
+    layers = _split_layers(model)
+    if not layers:
+        return state
+    numbered = {prefix: (group, size, local) for prefix, kind, group, size, local in layers
+                if kind == "numbered"}
+    fused = {prefix + attr: (group, size) for prefix, kind, group, size, _ in layers
+             if kind == "fused" for attr in ("gate_up_proj", "down_proj")}
+    pattern = re.compile(r"^(.*deepspeed_moe\.experts\.deepspeed_experts\.)(\d+)\.(.*)$")
+    blocks = {}  # a numbered layer's prefix: [(local expert, rest of the key, tensor)]
+    for key, value in state.items():
+        hit = pattern.match(key)
+        if hit and hit.group(1) in numbered:
+            blocks.setdefault(hit.group(1), []).append((int(hit.group(2)), hit.group(3), value))
+    out, done = {}, set()
+    for key, value in state.items():
+        hit = pattern.match(key)
+        if hit and hit.group(1) in numbered:
+            prefix = hit.group(1)
+            if prefix in done:  # the layer's experts went out at its first key
+                continue
+            done.add(prefix)
+            group, size, local = numbered[prefix]
+            entries = [(i, rest, _gathered(t, group, size)) for i, rest, t in blocks[prefix]]
+            for place in range(size):
+                for i, rest, parts in entries:  # local expert i of that rank, key by key
+                    out[f"{prefix}{place * local + i}.{rest}"] = parts[place]
+        elif key in fused:
+            out[key] = torch.cat(_gathered(value, *fused[key]), dim=0)
+        else:
+            out[key] = value
+    return out
