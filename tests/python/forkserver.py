@@ -10,7 +10,8 @@ environment, working directory and output pipe. What an interpreter reads from t
 environment while it starts and imports torch or transformers (PYTHON*, LD_*, OMP_*, the
 BLAS thread counts, TORCH*/PYTORCH*, CUDA*, HF_*/TRANSFORMERS*, ...) is fixed in the server,
 so a request whose values for those differ is started the ordinary way (subprocess.Popen),
-as is any request when the server cannot run. transformers is imported by the server
+as is any request when the server cannot run. PYTHONPATH and TORCHELASTIC_* are the
+exceptions (RUNTIME). transformers is imported by the server
 before the first rank whose script names it (PRELOAD_WHEN).
 
 Protocol, one Unix socket connection per process: the client sends one JSON line
@@ -53,8 +54,46 @@ PRELOAD = ["transformers.modeling_utils", "transformers.trainer"]
 PRELOAD_WHEN = ("transformers", "trl", "hf_worker")
 
 
+# Read at run time only, though their prefixes say otherwise: torchrun's TORCHELASTIC_*
+# (torch.distributed.elastic and Lightning read them when asked), and PYTHONPATH where it
+# holds the server's folders and more, from which the rank's sys.path is built as a fresh
+# interpreter builds it (rank_path), unless a folder it adds holds a module named as one
+# the server has imported (shadowed).
+RUNTIME = ("TORCHELASTIC_", "PYTHONPATH")
+
+
 def startup_env(env):
-    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES)}
+    return {k: v for k, v in env.items()
+            if k.startswith(STARTUP_PREFIXES) and not k.startswith(RUNTIME)}
+
+
+def _python_path(env, cwd=None):
+    return [os.path.abspath(os.path.join(cwd or os.getcwd(), p))
+            for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+_SERVER_PATH = _python_path(os.environ)  # in the server: the PYTHONPATH it started with
+
+
+def shadowed(env, cwd):
+    """Whether a folder env's PYTHONPATH adds to the server's holds a module of the name of
+    one the server has imported: the rank would get the server's, not that one."""
+    imported = {name.partition(".")[0] for name in sys.modules}
+    for folder in (p for p in _python_path(env, cwd) if p not in _SERVER_PATH):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        if any(n.partition(".")[0] in imported for n in names if not n.startswith("_")):
+            return True
+    return False
+
+
+def rank_path(script, env):
+    """The sys.path `python SCRIPT` starts with under env's PYTHONPATH: the script's folder,
+    PYTHONPATH's folders, then the interpreter's own (the server's, less its PYTHONPATH)."""
+    return [os.path.dirname(os.path.abspath(script))] + _python_path(env) + \
+        [p for p in sys.path[1:] if p not in _SERVER_PATH]
 
 
 def preloads_of(script):
@@ -123,6 +162,7 @@ class ForkedProcess:
                 pass
 
 
+DECLINED = -1  # the pid the server answers a request it leaves to the ordinary way
 SHARED = "ZS_TEST_FORKSERVER_SHARED"  # names the record of the run's server
 
 
@@ -145,10 +185,12 @@ class Client:
         record = shared_server() if shared else None
         if record and record["fixed"] == startup_env(env):
             self.path, self.fixed = record["path"], record["fixed"]
+            self.python_path = record["python_path"]
             return
         self.dir = tempfile.mkdtemp(prefix="zs-forkserver-")
         self.path = os.path.join(self.dir, "socket")
         self.fixed = startup_env(env)
+        self.python_path = _python_path(env)
         # Its stdin is a lifeline: the server exits when this process does.
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.path],
                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -167,7 +209,8 @@ class Client:
 
     def start(self, argv, env, cwd=None):
         """A ForkedProcess running `python argv...`, or None for a request it cannot serve."""
-        if startup_env(env) != self.fixed or not argv or argv[0].startswith("-"):
+        if startup_env(env) != self.fixed or not argv or argv[0].startswith("-") or \
+                not set(self.python_path) <= set(_python_path(env, cwd)):
             return None
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(self.path)
@@ -177,6 +220,10 @@ class Client:
         socket.send_fds(conn, [request.encode() + b"\n"], [write])
         os.close(write)
         proc = ForkedProcess(conn, read)
+        if proc.pid == DECLINED:
+            os.close(read)
+            conn.close()
+            return None
         if proc.pid <= 0:
             os.close(read)
             raise RuntimeError("the fork server gave no process")
@@ -237,7 +284,7 @@ def become_rank(request, out, conn, listener):
     random.seed()  # a fresh interpreter seeds from the OS, each its own
     script = request["argv"][0]
     sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    sys.path[:] = rank_path(script, request["env"])
     return script
 
 
@@ -297,6 +344,11 @@ def serve(path, watched=None):
             conn.close()
             continue
         preload(request.get("preload", []))
+        if shadowed(request["env"], request["cwd"]):  # the client starts it the ordinary way
+            conn.sendall(f"{DECLINED}\n".encode())
+            conn.close()
+            os.close(out)
+            continue
         sys.stdout.flush()
         sys.stderr.flush()
         if os.fork() != 0:
@@ -344,7 +396,8 @@ def start_shared(folder):
         time.sleep(0.1)
     record = os.path.join(folder, "server.json")
     with open(record + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({"path": path, "pid": proc.pid, "fixed": startup_env(env)}, f)
+        json.dump({"path": path, "pid": proc.pid, "fixed": startup_env(env),
+                   "python_path": _python_path(env)}, f)
     os.replace(record + ".tmp", record)
     print(f"fork server {proc.pid} at {path}")
 

@@ -1,8 +1,10 @@
 """The warm interpreter test ranks start from (forkserver.py) gives what subprocess.Popen
 gives: the script's argv, environment and working directory, its output, its exit
 status (negative for a signal), a timeout that leaves it running, and kill(); a request
-whose start-up environment differs from the server's is started the ordinary way; and
+whose start-up environment differs from the server's is started the ordinary way, one
+whose PYTHONPATH differs gets the path Python gives it; and
 transformers is imported before a rank whose script names it, and only then."""
+import json
 import os
 import subprocess
 import sys
@@ -68,6 +70,46 @@ def test_another_start_up_environment_starts_the_ordinary_way(script):
     assert isinstance(proc, subprocess.Popen)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and out.startswith("argv ['exit', '0']"), out
+
+
+PATH_SCRIPT = """import json, sys
+import extra_module
+print(json.dumps({"path": sys.path, "from": extra_module.__file__}))
+"""
+
+
+def test_another_pythonpath_is_served_with_the_path_python_gives_it(tmp_path):
+    """PYTHONPATH and torchrun's TORCHELASTIC_* are read at run time: a rank whose values
+    differ is still forked where PYTHONPATH holds the server's folders, its sys.path the
+    one a fresh interpreter builds (the script's folder, PYTHONPATH's folders, the
+    interpreter's own); a folder that would shadow a module the server has imported (json
+    here) starts the ordinary way, as does a PYTHONPATH without the server's folders."""
+    (tmp_path / "script.py").write_text(PATH_SCRIPT)
+    plain = forkserver.start([str(tmp_path / "script.py")], env())  # the server, if none yet
+    plain.communicate(timeout=60)  # (fails: no extra_module on its path)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "extra_module.py").write_text("")
+    given = env(TORCHELASTIC_RUN_ID="zs")
+    given["PYTHONPATH"] = os.pathsep.join([str(extra), given["PYTHONPATH"]])
+    argv = [str(tmp_path / "script.py")]
+    fresh = subprocess.run([sys.executable] + argv, env=given, capture_output=True, text=True)
+    assert fresh.returncode == 0, fresh.stderr
+    proc = forkserver.start(argv, given)
+    assert isinstance(proc, forkserver.ForkedProcess)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert json.loads(out) == json.loads(fresh.stdout)
+    (extra / "json.py").write_text("")  # the server imported json: it would be its own
+    proc = forkserver.start(argv, given)
+    assert isinstance(proc, subprocess.Popen)
+    out, _ = proc.communicate(timeout=60)  # this json, as Python gives it, has no dumps
+    assert proc.returncode == 1 and "module 'json' has no attribute 'dumps'" in out, out
+    (extra / "json.py").unlink()
+    proc = forkserver.start(argv, dict(given, PYTHONPATH=str(extra)))  # the server's left out
+    assert isinstance(proc, subprocess.Popen)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and json.loads(out)["path"][:2] == [str(tmp_path), str(extra)]
 
 
 def test_transformers_is_imported_before_the_ranks_that_name_it_only(tmp_path):
