@@ -1,7 +1,7 @@
 """The whole model's state_dict where expert parallelism split the experts: each rank of an
 expert-parallel group holds its own E / N of them, and the whole model is what one
-process holding all E would have (ep_size 1), so it loads into such a model, into
-from_pretrained, or into the engine at another ep_size.
+process holding all E would have (ep_size 1), so it loads into such a model and into
+from_pretrained (which AutoEP splits again at any autoep_size).
 
 - DeepSpeed's layer (expert_parallel.py): rank p of the group holds experts
   p * L .. p * L + L - 1 as deepspeed_experts.0 .. L-1 (L = E / N); here they come back
@@ -21,19 +21,19 @@ from .expert_parallel import MoE
 
 
 def _split_layers(model):
-    """[(prefix of the experts' keys, kind, group, ep size, local expert count)]."""
-    found = []
+    """({key prefix of a DeepSpeed layer's experts: (group, ep size, local expert count)},
+    {key of a fused experts weight: (group, ep size)})."""
+    numbered, fused = {}, {}
     for name, module in model.named_modules():
         dot = name + "." if name else ""
         if isinstance(module, MoE) and module.ep_size > 1:
-            found.append((f"{dot}deepspeed_moe.experts.deepspeed_experts.", "numbered",
-                          module.deepspeed_moe.ep_group, module.ep_size,
-                          module.num_local_experts))
+            numbered[f"{dot}deepspeed_moe.experts.deepspeed_experts."] = (
+                module.deepspeed_moe.ep_group, module.ep_size, module.num_local_experts)
         split = getattr(module, "zeroshard_expert_parallel", None)
         if split is not None:
-            group, size, _ = split
-            found.append((dot, "fused", group, size, module.num_local_experts))
-    return found
+            for attr in ("gate_up_proj", "down_proj"):
+                fused[dot + attr] = split[:2]
+    return numbered, fused
 
 
 def _gathered(tensor, group, size):
@@ -46,24 +46,19 @@ def _gathered(tensor, group, size):
 def whole_state(model, state):
     """`state` (this rank's keys and whole tensors) with every rank's experts in it; the
     same dict where no expert is split."""
-    layers = _split_layers(model)
-    if not layers:
+    numbered, fused = _split_layers(model)
+    if not numbered and not fused:
         return state
-    numbered = {prefix: (group, size, local) for prefix, kind, group, size, local in layers
-                if kind == "numbered"}
-    fused = {prefix + attr: (group, size) for prefix, kind, group, size, _ in layers
-             if kind == "fused" for attr in ("gate_up_proj", "down_proj")}
     pattern = re.compile(r"^(.*deepspeed_moe\.experts\.deepspeed_experts\.)(\d+)\.(.*)$")
+    hits = {key: hit for key, hit in ((k, pattern.match(k)) for k in state)
+            if hit and hit.group(1) in numbered}
     blocks = {}  # a numbered layer's prefix: [(local expert, rest of the key, tensor)]
-    for key, value in state.items():
-        hit = pattern.match(key)
-        if hit and hit.group(1) in numbered:
-            blocks.setdefault(hit.group(1), []).append((int(hit.group(2)), hit.group(3), value))
+    for key, hit in hits.items():
+        blocks.setdefault(hit.group(1), []).append((int(hit.group(2)), hit.group(3), state[key]))
     out, done = {}, set()
     for key, value in state.items():
-        hit = pattern.match(key)
-        if hit and hit.group(1) in numbered:
-            prefix = hit.group(1)
+        if key in hits:
+            prefix = hits[key].group(1)
             if prefix in done:  # the layer's experts went out at its first key
                 continue
             done.add(prefix)
