@@ -59,6 +59,16 @@ void bind_config(py::module_& m) {
           [](const LoadedConfig& c) { return c.config.sequence_parallel_size.value_or(1); },
           "sequence_parallel_size: the ranks each sequence is split across.")
       .def_property_readonly(
+          "activation_policy",
+          [](const LoadedConfig& c) {
+            const Config& k = c.config;
+            return py::make_tuple(k.activation_checkpointing_mode,
+                                  k.selective_ac_option.empty() ? "op" : k.selective_ac_option,
+                                  k.activation_memory_budget.value_or(0.5));
+          },
+          "activation_checkpointing (mode, selective_ac_option, memory_budget), the last two "
+          "at their defaults (op, 0.5) where left out.")
+      .def_property_readonly(
           "autoep",
           [](const LoadedConfig& c) -> py::object {
             const Config::AutoEp& a = c.config.autoep;

@@ -447,6 +447,15 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def("set_activation_shape", &EngineImpl::set_activation_shape, py::arg("hf_config_json"),
            py::arg("attn_implementation"), py::arg("seq"), py::arg("micro_batch"),
            py::arg("activation_checkpointing"), py::arg("has_head") = true)
+      .def(
+          "recomputed_layers",
+          [](const EngineImpl& e) -> py::object {
+            const auto r = e.recomputed_layers();
+            if (!r) return py::none();
+            return py::make_tuple(r->whole, r->ops);
+          },
+          "(whole, ops): the layers activation_checkpointing.mode recomputes at the batch "
+          "set_activation_shape described; None before one.")
       .def("bytes_sent", &EngineImpl::bytes_sent)
       .def("barrier", &EngineImpl::barrier, py::call_guard<py::gil_scoped_release>());
 }

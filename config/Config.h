@@ -183,7 +183,18 @@ struct Config {
   std::optional<int64_t> gradient_accumulation_steps;
   std::optional<double> gradient_clipping = 0.0;  // 0 disables clipping
   bool bf16 = false;
+  // The model recomputes its own blocks (Hugging Face's gradient_checkpointing_enable(), a
+  // script's checkpoint calls): told to the planner.
   bool activation_checkpointing = false;
+  // activation_checkpointing.mode, .selective_ac_option and .memory_budget (torchtitan's
+  // names): the blocks the engine itself recomputes in backward (none, full, selective:
+  // every Nth block or every block keeping its matmul outputs, or as many blocks as keep
+  // the activations within the budget, a fraction of what none keeps); plan/MemoryModel.h
+  // Recomputed counts them, bindings/zeroshard/_activations/policy.py applies them.
+  std::string activation_checkpointing_mode = "none";
+  // Unset (empty, nullopt): "op" and 0.5 where their mode reads them.
+  std::string selective_ac_option;
+  std::optional<double> activation_memory_budget;
   // torch DDP's broadcast_buffers: before a forward, rank 0's module buffers (BatchNorm's
   // running statistics) go to every rank (engine/ModuleBuffers.h says when); false keeps
   // each rank's own.

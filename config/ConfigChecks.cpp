@@ -175,8 +175,49 @@ void check_weight_quantization(const Config& c) {
   }
 }
 
+namespace {
+
+// activation_checkpointing.mode and its two companions (config/Config.h).
+void check_activation_policy(const Config& c) {
+  const std::string& mode = c.activation_checkpointing_mode;
+  const std::string& option = c.selective_ac_option;
+  const char* key = "config key 'activation_checkpointing.";
+  if (!option.empty()) {
+    const bool every = option.find_first_not_of("0123456789") == std::string::npos &&
+                       option.size() < 10 && std::stoll(option) >= 1;
+    if (option != "op" && !every) {
+      fail(
+          "{}selective_ac_option' is '{}'; allowed: op (every block keeps its matmul outputs "
+          "and recomputes the rest) or a positive integer N (every Nth block recomputed whole)",
+          key, option);
+    }
+    if (mode != "selective") {
+      fail(
+          "{}selective_ac_option' is '{}' with mode '{}'; allowed: mode selective, or leave "
+          "selective_ac_option out",
+          key, option, mode);
+    }
+  }
+  if (c.activation_memory_budget && mode != "memory_budget") {
+    fail(
+        "{}memory_budget' is {} with mode '{}'; allowed: mode memory_budget, or leave "
+        "memory_budget out",
+        key, *c.activation_memory_budget, mode);
+  }
+  if (c.activation_checkpointing && mode != "none") {
+    fail(
+        "config keys 'activation_checkpointing.enabled' true and 'activation_checkpointing.mode' "
+        "'{}': enabled tells the planner the model recomputes its own blocks, mode makes the "
+        "engine recompute them; allowed: one of the two",
+        mode);
+  }
+}
+
+}  // namespace
+
 void check_contradictions(const Config& c) {
   check_weight_quantization(c);
+  check_activation_policy(c);
   if (c.bf16 && c.fp16.enabled) {
     fail("config keys 'bf16.enabled' and 'fp16.enabled' are both true; allowed: at most one");
   }

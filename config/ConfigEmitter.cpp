@@ -87,6 +87,9 @@ std::string emit_config_yaml(const Config& config) {
         knob.as_text(copy).empty()) {
       continue;  // unset
     }
+    // A number with no auto that was left out stays out (written back, "auto" would be
+    // refused).
+    if (knob.type == Knob::Type::Float && !knob.auto_ok && !knob.as_float(copy)) continue;
     // A torch.optim class's params are its own keyword arguments, not Adam's knobs.
     if (config.optimizer.external && knob.path.rfind("optimizer.params.", 0) == 0) continue;
     // Lamb's own params: only with Lamb, and only where set (unset: DeepSpeed's defaults).

@@ -287,6 +287,13 @@ MemoryDetail EngineImpl::memory_detail() const {
   return r;
 }
 
+std::optional<Recomputed> EngineImpl::recomputed_layers() const {
+  if (!device_.activations) return std::nullopt;
+  ModelSpec spec = spec_of_groups();
+  take_shape(spec, device_.activations->first);
+  return zeroshard::recomputed_layers(spec, config(), device_.activations->second);
+}
+
 MemoryReport MemoryDetail::to_public() const {
   MemoryReport r;
   for (size_t t = 0; t < kNumTiers; ++t) {

@@ -201,6 +201,9 @@ class EngineImpl final : public Engine {
                             const std::string& attn_implementation, int64_t seq,
                             int64_t micro_batch, bool activation_checkpointing,
                             bool has_head = true);
+  // The blocks the config's activation_checkpointing.mode recomputes at the batch
+  // set_activation_shape described (plan/MemoryModel.h recomputed_layers); none before it.
+  std::optional<Recomputed> recomputed_layers() const;
   // A pipeline stage's schedule: the most micro-batches whose activations it held at once
   // in a step as the schedule ran them, of `micro_batches` a step (its outputs kept until
   // step() returns them); memory_detail's prediction counts them (TrainingShape::in_flight).

@@ -164,6 +164,22 @@ int64_t ulysses_bytes(const ModelSpec& spec, int64_t sp, int64_t kl) {
   return kl * (spec.heads * head_dim + 2 * std::max<int64_t>(0, sp - kv_heads) * head_dim);
 }
 
+// What a block under the "op" policy keeps per token: its input and the outputs of its
+// matmuls and attention kernel (torch's selective checkpoint saves them; the norms,
+// rotations, activations and products between are recomputed): queries, keys and values,
+// the kernel's output and fp32 log-sum-exp per head (eager attention: its scores and their
+// product with the values), the output projection, the MLP's matmuls onto the
+// intermediate width and back (in each of k experts, beside the router's logits).
+int64_t saved_ops_bytes(const ModelSpec& spec, int64_t s, int64_t kl) {
+  const int64_t h = spec.hidden, a = spec.heads, head_dim = head_width(spec);
+  const int64_t inner = spec.intermediate > 0 ? spec.intermediate : 4 * h;
+  const int64_t attention =
+      spec.attention_scores ? kl * (a * s + a * head_dim) : kl * a * head_dim + 4 * a;
+  int64_t mlp = kl * (spec.mlp_matmuls * inner + h);
+  if (spec.experts_per_token > 0) mlp = spec.experts_per_token * mlp + kl * spec.experts;
+  return kl * (2 * h + a * head_dim + 2 * kv_width(spec)) + attention + mlp;
+}
+
 }  // namespace
 
 int64_t kv_cache_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) {
@@ -200,9 +216,13 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) 
     outputs = spec.has_head ? (t.pipeline_micro_batches - held) * s * b * spec.vocab * kl
                             : held * s * b * spec.hidden * kl;
   }
-  // Checkpointed: each block keeps only its input; one block is recomputed at a time.
-  const int64_t kept_per_layer = t.activation_checkpointing ? s * b * spec.hidden * kl : per_layer;
-  const int64_t recomputed = t.activation_checkpointing ? per_layer : 0;
+  // Checkpointed: a block recomputed whole keeps only its input, one under the "op" policy
+  // its saved ops' outputs; backward recomputes one block at a time.
+  const int64_t whole = t.activation_checkpointing ? L : std::min(L, t.recomputed.whole);
+  const int64_t ops = std::min(L - whole, t.recomputed.ops);
+  const int64_t kept_layers = (L - whole - ops) * per_layer + whole * s * b * spec.hidden * kl +
+                              ops * s * b * saved_ops_bytes(spec, t.seq, kl);
+  const int64_t recomputed = whole + ops > 0 ? per_layer : 0;
   if (!t.part_steps.empty()) {
     // Several stages on the rank: a micro-batch in flight on one holds its blocks' (and its
     // output, or the head's); the head's stage keeps the logits of every micro-batch it
@@ -212,8 +232,8 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) 
       int64_t bytes = 0;
       for (size_t p = 0; p < t.part_layers.size(); ++p) {
         const bool ends_in_head = static_cast<int64_t>(p) == t.head_part;
-        const int64_t each =
-            kept_per_layer * t.part_layers[p] + (ends_in_head ? head : s * b * spec.hidden * kl);
+        const int64_t each = kept_layers / std::max<int64_t>(1, L) * t.part_layers[p] +
+                             (ends_in_head ? head : s * b * spec.hidden * kl);
         bytes += step.held[p] * each;
         if (ends_in_head) bytes += (step.forwarded[p] - step.held[p]) * s * b * spec.vocab * kl;
       }
@@ -221,7 +241,36 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) 
     }
     return peak + recomputed;
   }
-  return held * (kept_per_layer * L + head) + recomputed + outputs;
+  return held * (kept_layers + head) + recomputed + outputs;
+}
+
+Recomputed recomputed_layers(const ModelSpec& spec, const Config& config,
+                             const TrainingShape& shape) {
+  const std::string& mode = config.activation_checkpointing_mode;
+  const int64_t layers = spec.layers;
+  Recomputed r;
+  if (shape.inference || mode == "none") return r;
+  if (mode == "full") {
+    r.whole = layers;
+  } else if (mode == "selective") {
+    const std::string& option = config.selective_ac_option;
+    if (option.empty() || option == "op") {
+      r.ops = layers;
+    } else {
+      r.whole = layers / std::stoll(option);  // blocks N, 2N, ...
+    }
+  } else if (mode == "memory_budget") {
+    const int kl = static_cast<int>(config.compute_bytes());
+    TrainingShape t = shape;
+    t.recomputed = {};
+    const double budget = config.activation_memory_budget.value_or(0.5) *
+                          static_cast<double>(activation_bytes(spec, t, kl));
+    for (r.whole = 0; r.whole < layers; ++r.whole) {
+      t.recomputed.whole = r.whole;
+      if (static_cast<double>(activation_bytes(spec, t, kl)) <= budget) break;
+    }
+  }
+  return r;
 }
 
 int64_t shard_numel(const ModelSpec& spec, int64_t ranks) {
@@ -382,6 +431,7 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   }
   TrainingShape t = shape;
   t.kv_cache_on_host = shape.inference && option.kv_cache_on_host;
+  t.recomputed = recomputed_layers(spec, config, shape);
   m.at(Tier::Device, Kind::Activations) = activation_bytes(spec, t, static_cast<int>(kl));
   if (t.kv_cache_on_host) m.at(Tier::Host, Kind::Activations) = kv_cache_bytes(spec, t, kl);
   m.at(Tier::Device, Kind::Buffers) = spec.buffer_bytes;  // whole on every rank, never offloaded

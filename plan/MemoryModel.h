@@ -24,10 +24,21 @@ struct WorldShape {
   int64_t data_parallel_per_node() const { return ranks_per_node / tensor_parallel; }
 };
 
+// Blocks the engine recomputes in backward (activation_checkpointing.mode): `whole` of the
+// layers keep only their input, `ops` keep their input and the outputs of their matmuls
+// and attention kernels (selective "op"); the others keep everything.
+struct Recomputed {
+  int64_t whole = 0;
+  int64_t ops = 0;
+};
+
 struct TrainingShape {
   int64_t seq = 1;
   int64_t micro_batch = 1;
+  // The model recomputes every block itself (Hugging Face's gradient checkpointing).
   bool activation_checkpointing = false;
+  // The engine's policy: set from the config by predict_memory (recomputed_layers).
+  Recomputed recomputed;
   // Ranks each sequence is split across (Ulysses: the config's sequence_parallel_size,
   // set by the planner): a rank keeps its slice's activations, attention's for the whole
   // sequence with 1/sequence_parallel of the heads (docs/memory-model.md).
@@ -88,6 +99,12 @@ class MemoryBreakdown {
 
 // Transformer activations of one micro-batch (0 when the model's shape is unknown).
 int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& shape, int compute_bytes);
+// The blocks the config's activation_checkpointing.mode recomputes for this model and batch:
+// full every layer, selective every Nth whole (or every layer's ops), memory_budget the
+// fewest whole layers that keep the activations within the budget's fraction of what they
+// are with none (every layer where even that is more).
+Recomputed recomputed_layers(const ModelSpec& spec, const Config& config,
+                             const TrainingShape& shape);
 // The key-value cache of `shape.micro_batch` sequences of `shape.seq` tokens, in the
 // compute dtype (transformers' DynamicCache), on the device.
 int64_t kv_cache_bytes(const ModelSpec& spec, const TrainingShape& shape, int compute_bytes);

@@ -224,6 +224,8 @@ void take_shape(ModelSpec& spec, const ModelSpec& shaped) {
   spec.intermediate = shaped.intermediate;
   spec.experts_per_token = shaped.experts_per_token;
   spec.mlp_tensors = shaped.mlp_tensors;
+  spec.mlp_matmuls = shaped.mlp_matmuls;
+  spec.experts = shaped.experts;
   spec.cache_copies_kv = shaped.cache_copies_kv;
   spec.norms_per_block = shaped.norms_per_block;
   spec.norm_fp32_input = shaped.norm_fp32_input;
@@ -239,6 +241,8 @@ void set_block_shape(ModelSpec& spec, const TransformerArch& a) {
   // gate, activation, up, product; or first linear's output, activation (gelu_new keeps
   // its cube's sum, tanh and 1 + tanh as well)
   spec.mlp_tensors = (a.gated_mlp ? 4 : 2) + (a.gelu_in_ops ? 3 : 0);
+  spec.mlp_matmuls = a.gated_mlp ? 2 : 1;
+  spec.experts = moe ? a.experts : 0;
   spec.cache_copies_kv = a.cache_copies_kv;
   spec.norms_per_block = a.norms_per_block;
   // Families without norm biases use RMSNorm, which transformers computes in fp32.

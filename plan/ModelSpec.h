@@ -75,6 +75,8 @@ struct ModelSpec {
   int64_t intermediate = 0;       // each expert's, in a mixture of experts
   int64_t experts_per_token = 0;  // a mixture of experts' top k (0: a dense MLP)
   int mlp_tensors = 2;            // tensors of width `intermediate` an MLP keeps
+  int mlp_matmuls = 2;            // matmuls onto `intermediate` (gate and up; or fc1 alone)
+  int64_t experts = 0;            // a mixture of experts' router width (0: a dense MLP)
   bool cache_copies_kv = false;   // keys and values copied into the layer's cache
   int norms_per_block = 2;
   bool norm_fp32_input = false;  // an RMSNorm that computes in fp32 keeps an fp32 copy of its input

@@ -88,7 +88,8 @@ void apply_choice(Plan& plan, const OptionEstimate& chosen) {
 std::string activation_hint(const ModelSpec& spec, const Config& c, const MemoryBreakdown& m,
                             const TrainingShape& shape) {
   const int64_t activations = m.at(Tier::Device, Kind::Activations);
-  if (shape.inference || shape.activation_checkpointing || 2 * activations < m.total(Tier::Device))
+  if (shape.inference || shape.activation_checkpointing ||
+      c.activation_checkpointing_mode != "none" || 2 * activations < m.total(Tier::Device))
     return "";
   TrainingShape checkpointed = shape;
   checkpointed.activation_checkpointing = true;

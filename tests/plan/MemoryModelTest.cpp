@@ -219,14 +219,7 @@ TEST(MemoryModel, ActivationsOfAGptBlockAreKorthikantisWithoutDropout) {
 // the gated MLP 4*2*5632 = 45,056. 87,168 bytes: 42.56*h, what torch's saved-tensor hooks
 // count for transformers' LlamaDecoderLayer (tests/python/test_activation_memory.py).
 TEST(MemoryModel, ActivationsOfALlamaBlockWithFusedAttention) {
-  TransformerArch a;
-  a.vocab = 32000;
-  a.hidden = 2048;
-  a.layers = 22;
-  a.heads = 32;
-  a.kv_heads = 4;
-  a.head_dim = 64;
-  a.intermediate = 5632;
+  const TransformerArch a = zeroshard::testing::tiny_llama_arch();
   const ModelSpec s = spec_from_arch(a, "llama", "test");
   const int64_t head = 2048 * 8 + 32000 * 6;
   EXPECT_EQ(activation_bytes(s, TrainingShape{2048, 1, false}, 2), 2048 * (22 * 87'168 + head));

@@ -8,6 +8,7 @@
 #include <map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/Bytes.h"
 #include "common/DidYouMean.h"
@@ -19,12 +20,13 @@ namespace zeroshard::estimate {
 namespace {
 
 const std::vector<std::string> kValueFlags{
-    "--hf-config",   "--params",      "--layers",       "--hidden",      "--heads",
-    "--kv-heads",    "--vocab",       "--intermediate", "--nodes",       "--gpus-per-node",
-    "--tp",          "--gpu-mem",     "--cpu-mem",      "--nvme",        "--seq",
-    "--micro-batch", "--config",      "--headroom",     "--emit-config", "--attn-implementation",
-    "--pp",          "--pp-schedule", "--batch",        "--gpu-bw",      "--pp-stages-per-rank",
-    "--host-bw",     "--nvme-bw",     "--sp",           "--ep"};
+    "--hf-config",   "--params",       "--layers",       "--hidden",      "--heads",
+    "--kv-heads",    "--vocab",        "--intermediate", "--nodes",       "--gpus-per-node",
+    "--tp",          "--gpu-mem",      "--cpu-mem",      "--nvme",        "--seq",
+    "--micro-batch", "--config",       "--headroom",     "--emit-config", "--attn-implementation",
+    "--pp",          "--pp-schedule",  "--batch",        "--gpu-bw",      "--pp-stages-per-rank",
+    "--host-bw",     "--nvme-bw",      "--sp",           "--ep",          "--ac-mode",
+    "--ac-option",   "--memory-budget"};
 const std::vector<std::string> kSwitches{"--json", "--bf16",      "--fp16",
                                          "--fp32", "--inference", "--activation-checkpointing",
                                          "--help", "-h",          "--max-seq"};
@@ -202,6 +204,30 @@ void read_pipeline(const std::map<std::string, std::string>& given, EstimateInpu
 
 // --inference: the model served (every unit frozen) at stage 3, batch sequences per rank
 // whose KV cache holds --seq tokens, and each tier's bandwidth for the stream's bound.
+// --ac-mode, --ac-option, --memory-budget: the config's activation_checkpointing keys.
+void read_activation_policy(const std::map<std::string, std::string>& given, EstimateInputs& in) {
+  Config& c = in.config;
+  const auto it = given.find("--ac-mode");
+  if (it != given.end()) {
+    const std::vector<std::string> modes{"none", "full", "selective", "memory_budget"};
+    if (std::find(modes.begin(), modes.end(), it->second) == modes.end())
+      fail("--ac-mode: '{}' is not allowed; allowed: {}", it->second, fmt::join(modes, ", "));
+    if (given.count("--activation-checkpointing") && it->second != "none")
+      fail("--activation-checkpointing and --ac-mode {}: allowed: one of the two", it->second);
+    c.activation_checkpointing_mode = it->second;
+  }
+  if (given.count("--ac-option")) c.selective_ac_option = given.at("--ac-option");
+  if (given.count("--memory-budget")) {
+    const std::string& text = given.at("--memory-budget");
+    char* end = nullptr;
+    const double f = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || *end != '\0' || !(f >= 0 && f <= 1))
+      fail("--memory-budget: '{}' is not allowed; allowed: a fraction in [0, 1]", text);
+    c.activation_memory_budget = f;
+  }
+  check_contradictions(c);
+}
+
 void read_serving(const std::map<std::string, std::string>& given, EstimateInputs& in) {
   in.inference = given.count("--inference") > 0;
   if (!in.inference) {
@@ -211,7 +237,7 @@ void read_serving(const std::map<std::string, std::string>& given, EstimateInput
   }
   if (given.count("--micro-batch"))
     fail("--micro-batch is for training; with --inference give --batch (sequences per rank)");
-  for (const char* flag : {"--activation-checkpointing", "--pp"}) {
+  for (const char* flag : {"--activation-checkpointing", "--pp", "--ac-mode"}) {
     if (given.count(flag))
       fail("{} is for training; --inference plans one stage-3 model without backward", flag);
   }
@@ -361,7 +387,13 @@ training:
   --seq N                sequence length (default: the model's max positions, else 1)
   --micro-batch N        micro-batch per rank (default: the config's, else 1)
   --bf16 | --fp16 | --fp32   precision (default: the config's, else bf16)
-  --activation-checkpointing
+  --activation-checkpointing   the model recomputes every block itself (Hugging Face's
+                         gradient checkpointing)
+  --ac-mode MODE         the blocks the engine recomputes (activation_checkpointing.mode):
+                         none, full, selective (--ac-option op: every block keeps its
+                         matmul outputs, the default; N: every Nth block whole), or
+                         memory_budget (--memory-budget F, default 0.5: the fewest whole
+                         blocks that keep activations within F of none's)
   --max-seq              also the longest sequence (a multiple of --sp) each choice trains
                          within the budget, at this micro-batch and checkpointing
   --attn-implementation NAME   as transformers takes it: sdpa (default), flash_attention_2,
@@ -435,6 +467,7 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
   in.shape.seq = count("--seq", seq, fmt::format("sequence length {}", seq));
   in.shape.activation_checkpointing =
       given.count("--activation-checkpointing") > 0 || in.config.activation_checkpointing;
+  read_activation_policy(given, in);
   if (given.count("--attn-implementation")) {
     in.spec.attention_scores =
         attention_keeps_scores(given.at("--attn-implementation"), "--attn-implementation");

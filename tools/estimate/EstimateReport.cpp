@@ -27,6 +27,18 @@ std::string with_commas(int64_t n) {
   return digits;
 }
 
+// What recomputes blocks: the model itself, or the engine by the config's mode.
+std::string checkpointing_text(const EstimateInputs& in) {
+  const Config& c = in.config;
+  const std::string& mode = c.activation_checkpointing_mode;
+  if (in.shape.activation_checkpointing) return "on";
+  if (mode == "selective")
+    return "selective " + (c.selective_ac_option.empty() ? "op" : c.selective_ac_option);
+  if (mode == "memory_budget")
+    return fmt::format("memory_budget {}", c.activation_memory_budget.value_or(0.5));
+  return mode == "full" ? "full" : "off";
+}
+
 std::string gib(int64_t bytes) {
   return format_gib(static_cast<double>(bytes));
 }
@@ -168,10 +180,10 @@ std::string training_lines(const EstimateInputs& in) {
           : "";
   const int64_t sp = in.config.sequence_parallel_size.value_or(1);
   if (!in.inference)
-    out = fmt::format(
-        "training: seq {}{}, micro-batch {}, {}, activation checkpointing {}\n", in.shape.seq,
-        sp > 1 ? fmt::format(" split over {} sequence-parallel ranks", sp) : "",
-        in.shape.micro_batch, dtype, in.shape.activation_checkpointing ? "on" : "off");
+    out = fmt::format("training: seq {}{}, micro-batch {}, {}, activation checkpointing {}\n",
+                      in.shape.seq,
+                      sp > 1 ? fmt::format(" split over {} sequence-parallel ranks", sp) : "",
+                      in.shape.micro_batch, dtype, checkpointing_text(in));
   if (!in.assumptions.empty()) {
     out += fmt::format("assumed (not given): {}\n", fmt::join(in.assumptions, "; "));
   }
@@ -232,7 +244,7 @@ std::string render_table(const EstimateInputs& in, const Plan& plan,
         "\nlongest sequence (--max-seq) at micro-batch {}{}, activation "
         "checkpointing {}:\n",
         in.shape.micro_batch, sp > 1 ? fmt::format(", split over {} ranks", sp) : "",
-        in.shape.activation_checkpointing ? "on" : "off");
+        checkpointing_text(in));
     for (const auto& e : plan.options) {
       const int64_t tokens = longest_of(longest, e.option);
       out += fmt::format("  {:<37} {}\n", option_label(in, e.option),
@@ -300,6 +312,7 @@ std::string render_json(const EstimateInputs& in, const Plan& plan,
                      {"micro_batch", in.shape.micro_batch},
                      {"compute_bytes", in.config.compute_bytes()},
                      {"activation_checkpointing", in.shape.activation_checkpointing},
+                     {"activation_checkpointing_mode", in.config.activation_checkpointing_mode},
                      {"sequence_parallel", in.config.sequence_parallel_size.value_or(1)}};
   if (in.inference) {
     out["inference"] = {

@@ -38,9 +38,10 @@ _KEYS = {  # activation_checkpointing key: (its default, its type)
     "synchronize_checkpoint_boundary": (False, bool),
     "profile": (False, bool),
 }
-# zeroshard's own keys of the section, read elsewhere: enabled tells the planner that the
-# model's layers recompute their activations (config/ConfigSchema.cpp).
-_OWN = ("enabled",)
+# zeroshard's own keys of the section, read elsewhere (config/ConfigSchema.cpp): enabled
+# tells the planner that the model's layers recompute their activations, mode and its two
+# companions make the engine recompute them (_activations/policy.py).
+_OWN = ("enabled", "mode", "selective_ac_option", "memory_budget")
 MODEL_PARALLEL_RNG = "model-parallel-rng"  # the tracker's name for tensor-parallel dropout
 
 

@@ -19,6 +19,7 @@ from .. import _zeroshard
 from .._common import config as _config, launch as _launch
 from .._common.nested import tensors
 from .._activations.shapes import ActivationShape, assumed_batch, say_offload_ratio
+from .._activations import policy as _recompute_policy
 from .touch import Units, shard_parameters
 from .unit_backward import GradArrival, report_input_grads
 from .units import quantizable_names, stage3_units, unique_parameters
@@ -198,6 +199,9 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
         if self._engine.shards_parameters:
             self._hook_stage3(model)
             _generation.sync_generate(model, self._engine.world_size)
+        self._recompute = _recompute_policy.apply(
+            self._engine, model, loaded,
+            max(loaded.pipeline_parallel_size, stepped_by["pipeline_parallel_size"] or 1))
         self._same_inputs = _tensor_parallel.SameInputs(tp_size) if tp_size > 1 else None
         self._tensor_parallel_split = tp_params  # {name: dimension} of the split parameters
         self._expert_parallel_size = ep_size
@@ -213,6 +217,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
         """The model's own forward: buffers made equal across ranks where one begins
         (engine/ModuleBuffers.h), and at stage 3 the bounds of one forward's gathers."""
         engine, units, same_inputs = self._engine, self._running, self._same_inputs
+        recompute = self._recompute
         activations = ActivationShape(engine, model, engine.sequence_parallel_size)
         depth = [0]  # a call inside its own call (Lightning's training_step) is the outer one's
 
@@ -226,6 +231,8 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
                 units.running[:] = [0] * len(units.running)  # a forward that raised left some
             engine.model_forward_begin()
             activations.observe(args, kwargs)
+            if recompute is not None:
+                recompute.begin_forward()
 
         def model_ends(_module, _inputs, _output):
             if depth[0] == 1:
