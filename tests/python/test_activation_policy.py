@@ -166,6 +166,16 @@ def test_model_refusals():
                                               r"model's own gradient checkpointing"):
         recompute.begin_forward()
     model.gradient_checkpointing_disable()
+    # A second engine's policy over the first's: each block's own forward, checkpointed once.
+    policy.Recompute(None, model, "selective", "2", 0.5)
+    calls = []
+    checkpoint = policy.torch_checkpoint.checkpoint
+    policy.torch_checkpoint.checkpoint = lambda *a, **k: calls.append(1) or checkpoint(*a, **k)
+    try:
+        model(input_ids=ids)
+    finally:
+        policy.torch_checkpoint.checkpoint = checkpoint
+    assert len(calls) == 1
     copied = copy.deepcopy(model)  # the copy's blocks run the copy's weights
     with torch.no_grad():
         copied.model.layers[0].mlp.down_proj.weight.zero_()

@@ -82,12 +82,14 @@ def _outermost(model, is_block):
 
 
 class Recompute:
-    """Which blocks a forward recomputes, for the config's mode."""
+    """Which blocks a forward recomputes, for the config's mode. `counted()`: the engine's
+    (whole, ops) layers for the batch it has seen, or None (memory_budget reads it)."""
 
-    def __init__(self, engine, model, mode, option, budget):
-        # The model and its blocks are not held: each block holds this, and a cycle would
-        # leave a dropped model to the cyclic collector.
-        self.engine, self.model, self.mode = engine, weakref.ref(model), mode
+    def __init__(self, counted, model, mode, option, budget):
+        # Neither the model nor the engine is held: each block holds this, and a cycle would
+        # leave a dropped model to the cyclic collector, an engine kept by its model would
+        # outlive its ZeroShardEngine.
+        self.counted, self.model, self.mode = counted, weakref.ref(model), mode
         self.budget = budget
         found = blocks(model)
         if not found:
@@ -126,7 +128,7 @@ class Recompute:
                 "allowed: one of the two (gradient_checkpointing_disable(), or mode none)")
         if self.mode != "memory_budget" or not torch.is_grad_enabled():
             return
-        counted = self.engine.recomputed_layers()
+        counted = self.counted() if self.counted is not None else None
         if counted is None:
             raise _zeroshard.Error(
                 f"activation_checkpointing.mode memory_budget ({self.budget}): the planner "
@@ -170,14 +172,18 @@ def _recomputed_forward(self, *args, **kwargs):
 
 def _wrap(block, recompute, index):
     """The block's forward, run by `recompute`: an attribute of the block, so its hooks,
-    parameters and names stay as they are (a copy of the model copies the binding)."""
-    block._zeroshard_recompute = (recompute, index, block.__dict__.get("forward"))
+    parameters and names stay as they are (a copy of the model copies the binding). A
+    block wrapped by an earlier engine keeps the forward it had before that one."""
+    earlier = getattr(block, "_zeroshard_recompute", None)
+    own = earlier[2] if earlier is not None else block.__dict__.get("forward")
+    block._zeroshard_recompute = (recompute, index, own)
     block.forward = types.MethodType(_recomputed_forward, block)
 
 
-def apply(engine, model, loaded, stages=1):
+def apply(counted, model, loaded, stages=1):
     """The config's activation_checkpointing.mode applied to the model's blocks: a
-    Recompute, or None for mode none. `stages`: the pipeline stages the ranks run."""
+    Recompute, or None for mode none. `counted` as Recompute takes it; `stages`: the
+    pipeline stages the ranks run."""
     mode, option, budget = loaded.activation_policy
     if mode == "none":
         return None
@@ -186,4 +192,4 @@ def apply(engine, model, loaded, stages=1):
             f"activation_checkpointing.mode '{mode}' with {stages} pipeline stages: not composed "
             "in zeroshard yet (a stage's layers recompute by the PipelineModule's "
             "activation_checkpoint_interval); allowed: mode none with pipeline stages")
-    return Recompute(engine, model, mode, option, budget)
+    return Recompute(counted, model, mode, option, budget)

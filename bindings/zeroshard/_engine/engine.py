@@ -199,8 +199,9 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
         if self._engine.shards_parameters:
             self._hook_stage3(model)
             _generation.sync_generate(model, self._engine.world_size)
+        me = weakref.ref(self)
         self._recompute = _recompute_policy.apply(
-            self._engine, model, loaded,
+            lambda: me()._engine.recomputed_layers() if me() is not None else None, model, loaded,
             max(loaded.pipeline_parallel_size, stepped_by["pipeline_parallel_size"] or 1))
         self._same_inputs = _tensor_parallel.SameInputs(tp_size) if tp_size > 1 else None
         self._tensor_parallel_split = tp_params  # {name: dimension} of the split parameters
@@ -209,7 +210,6 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
         if install_dtensors:  # after the units' hooks: a unit is gathered before it runs
             self._hooks += install_dtensors()
         self._step_applied = False
-        me = weakref.ref(self)
         for _, p in params:
             _hold(p, me)
 
