@@ -202,8 +202,6 @@ void read_pipeline(const std::map<std::string, std::string>& given, EstimateInpu
   }
 }
 
-// --inference: the model served (every unit frozen) at stage 3, batch sequences per rank
-// whose KV cache holds --seq tokens, and each tier's bandwidth for the stream's bound.
 // --ac-mode, --ac-option, --memory-budget: the config's activation_checkpointing keys.
 void read_activation_policy(const std::map<std::string, std::string>& given, EstimateInputs& in) {
   Config& c = in.config;
@@ -228,6 +226,8 @@ void read_activation_policy(const std::map<std::string, std::string>& given, Est
   check_contradictions(c);
 }
 
+// --inference: the model served (every unit frozen) at stage 3, batch sequences per rank
+// whose KV cache holds --seq tokens, and each tier's bandwidth for the stream's bound.
 void read_serving(const std::map<std::string, std::string>& given, EstimateInputs& in) {
   in.inference = given.count("--inference") > 0;
   if (!in.inference) {
