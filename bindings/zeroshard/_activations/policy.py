@@ -108,6 +108,7 @@ class Recompute:
             self.how = ["whole" if (i + 1) % every == 0 else None for i in range(n)]
         else:
             self.how = [None] * n  # memory_budget: decided at each forward (begin_forward)
+        self.counted_at = None  # the engine's batch count memory_budget last decided at
         self.saved = _keep_saved_ops(saved_ops())
         self.cache_warned = False
         for index, block in enumerate(found):
@@ -118,8 +119,10 @@ class Recompute:
         block it runs is passed to it."""
         return self
 
-    def begin_forward(self):
-        """A forward of the model begins (after the engine has seen its batch)."""
+    def begin_forward(self, told=None):
+        """A forward of the model begins (after the engine has seen its batch). `told`: how
+        many batches the engine has been told of; memory_budget decides again when it
+        changes (None: every forward)."""
         model = self.model()
         if getattr(model, "is_gradient_checkpointing", False):
             raise _zeroshard.Error(
@@ -128,6 +131,8 @@ class Recompute:
                 "allowed: one of the two (gradient_checkpointing_disable(), or mode none)")
         if self.mode != "memory_budget" or not torch.is_grad_enabled():
             return
+        if told is not None and told == self.counted_at:
+            return
         counted = self.counted() if self.counted is not None else None
         if counted is None:
             raise _zeroshard.Error(
@@ -135,7 +140,7 @@ class Recompute:
                 f"cannot count this model's activations (a {type(model).__name__}: it "
                 "reads a Hugging Face model whose family zeroshard-estimate knows, from "
                 "model.config and the input_ids of a forward); allowed: mode full or selective")
-        whole = counted[0]
+        whole, self.counted_at = counted[0], told
         self.how = ["whole" if i < whole else None for i in range(len(self.how))]
 
     def forward(self, block, index, forward, args, kwargs):

@@ -19,6 +19,7 @@ class ActivationShape:
         self._config = config if hasattr(config, "to_json_string") else None
         self._largest = 0
         self.unread = None  # why the config could not be read, where it could not
+        self.told = 0  # batches told to the engine so far: what it plans from changes with it
 
     def observe(self, args, kwargs):
         """A forward begins: its batch, if larger than any before it."""
@@ -40,6 +41,7 @@ class ActivationShape:
             self._engine.set_activation_shape(hf_json, attention, seq * self._sequence_parallel,
                                               batch, recomputed,
                                               makes_logits(self._model, self._config))
+            self.told += 1
         except RuntimeError as e:  # a family the estimator does not read: model states alone
             self._config, self.unread = None, str(e)
 

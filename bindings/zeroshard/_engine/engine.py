@@ -232,7 +232,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
             engine.model_forward_begin()
             activations.observe(args, kwargs)
             if recompute is not None:
-                recompute.begin_forward()
+                recompute.begin_forward(activations.told)
 
         def model_ends(_module, _inputs, _output):
             if depth[0] == 1:
