@@ -11,7 +11,6 @@
 #include "offload/PageLock.h"
 
 namespace zeroshard {
-namespace {
 
 // A buffer of at least one huge page starts on a huge-page boundary and asks for
 // transparent huge pages over every whole one it holds (the tail, if any, keeps small
@@ -21,7 +20,7 @@ namespace {
 // request, so the kernel splits it. Measured (docs/architecture.md, "Swap buffers"): a
 // pool allocated first in a process moved the same file 1.2-1.7x slower than one
 // allocated later; with huge pages the two took the same time (0.94-1.05x).
-void* allocate_buffer(int64_t bytes) {
+void* allocate_io_buffer(int64_t bytes) {
   const int64_t size = std::max(bytes, kIoAlignment);
   const bool huge = size >= kHugePageBytes;
   void* p = nullptr;
@@ -34,13 +33,11 @@ void* allocate_buffer(int64_t bytes) {
   return p;
 }
 
-}  // namespace
-
 PinnedPool::PinnedPool(int64_t count, int64_t bytes_each, MemoryLedger* ledger, bool page_lock)
     : bytes_each_(round_up(bytes_each, kIoAlignment)) {
   if (count < 1) fail("pinned buffer count: {} is not allowed; use >= 1", count);
   for (int64_t i = 0; i < count; ++i) {
-    void* p = allocate_buffer(bytes_each_);
+    void* p = allocate_io_buffer(bytes_each_);
     if (p == nullptr) {
       for (void* q : buffers_) std::free(q);
       fail("cannot allocate {} pinned buffers of {} bytes", count, bytes_each_);

@@ -16,6 +16,10 @@
 
 namespace zeroshard {
 
+// A host buffer of `bytes` (at least kIoAlignment) aligned for O_DIRECT, on huge pages when
+// it holds one; freed with std::free. nullptr when the allocation fails.
+void* allocate_io_buffer(int64_t bytes);
+
 class PinnedPool {
  public:
   PinnedPool(int64_t count, int64_t bytes_each, MemoryLedger* ledger, bool page_lock = false);

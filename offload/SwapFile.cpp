@@ -109,19 +109,35 @@ SwapFile::SwapFile(const std::string& dir, const std::string& name, int64_t byte
   }
   if (file_.fd < 0) fail("cannot create swap file '{}': {}", file_.path, std::strerror(errno));
   if (bytes <= 0) return;
+  try {
+    reserve(0, bytes);
+  } catch (...) {
+    ::close(file_.fd);
+    ::unlink(file_.path.c_str());
+    throw;
+  }
+}
+
+void SwapFile::grow(int64_t bytes) {
+  if (bytes <= bytes_) return;
+  reserve(bytes_, bytes - bytes_);
+  bytes_ = bytes;
+}
+
+void SwapFile::reserve(int64_t offset, int64_t length) {
   // A request larger than the free space is refused before fallocate: ext4 allocates
   // extent by extent and fails only when the disk is full, so asking anyway fills the
   // disk for every other process until the file is removed (a concurrent test saw
   // ENOSPC in CI that way).
+  const std::string dir = file_.path.substr(0, file_.path.rfind('/'));
   const int64_t avail = free_bytes(dir);
-  int rc = avail >= 0 && bytes > avail ? ENOSPC : ::posix_fallocate(file_.fd, 0, bytes);
-  if (rc == EOPNOTSUPP || rc == EINVAL) rc = ::ftruncate(file_.fd, bytes) == 0 ? 0 : errno;
+  int rc = avail >= 0 && length > avail ? ENOSPC : ::posix_fallocate(file_.fd, offset, length);
+  if (rc == EOPNOTSUPP || rc == EINVAL)
+    rc = ::ftruncate(file_.fd, offset + length) == 0 ? 0 : errno;
   if (rc != 0) {
     const int64_t now_free = free_bytes(dir);
-    ::close(file_.fd);
-    ::unlink(file_.path.c_str());
-    fail("cannot reserve {} ({} bytes) for swap file '{}': {}; {} free there", format_gib(bytes),
-         bytes, file_.path, std::strerror(rc), now_free >= 0 ? format_gib(now_free) : "unknown");
+    fail("cannot reserve {} ({} bytes) for swap file '{}': {}; {} free there", format_gib(length),
+         length, file_.path, std::strerror(rc), now_free >= 0 ? format_gib(now_free) : "unknown");
   }
 }
 

@@ -39,8 +39,11 @@ class SwapFile {
   SwapFile& operator=(const SwapFile&) = delete;
   const IoFile& file() const { return file_; }
   int64_t bytes() const { return bytes_; }
+  // Reserves the file up to `bytes` (ENOSPC said as at construction); never shrinks it.
+  void grow(int64_t bytes);
 
  private:
+  void reserve(int64_t offset, int64_t length);
   IoFile file_;
   int64_t bytes_;
 };
