@@ -69,6 +69,12 @@ void bind_config(py::module_& m) {
           "activation_checkpointing (mode, selective_ac_option, memory_budget), the last two "
           "at their defaults (op, 0.5) where left out.")
       .def_property_readonly(
+          "activation_offload",
+          [](const LoadedConfig& c) {
+            return offload_device_name(c.config.activation_offload.device);
+          },
+          "activation_checkpointing.offload.device: none, cpu or nvme.")
+      .def_property_readonly(
           "autoep",
           [](const LoadedConfig& c) -> py::object {
             const Config::AutoEp& a = c.config.autoep;

@@ -7,6 +7,7 @@
 #include <set>
 #include <tuple>
 
+#include "bindings/PyActivations.h"
 #include "bindings/PyConfig.h"
 #include "bindings/PyOptimizerHooks.h"
 #include "bindings/PyPlan.h"
@@ -17,6 +18,7 @@
 #include "engine/EngineImpl.h"
 #include "engine/NcclGroup.h"
 #include "engine/ProcessGroupSetup.h"
+#include "offload/ActivationStore.h"
 #include "plan/HfConfig.h"
 
 namespace py = pybind11;
@@ -255,6 +257,7 @@ PYBIND11_MODULE(_zeroshard, m) {
         "in the build, its GPU half not loading beside this torch, or no device visible");
 
   bind_plan(m);
+  bind_activation_store(m);
 
   py::class_<EngineImpl, EngineHolder>(m, "Engine")
       .def(py::init(&make_engine), py::arg("params"), py::arg("units"), py::arg("config"),
@@ -442,6 +445,9 @@ PYBIND11_MODULE(_zeroshard, m) {
       .def_property_readonly("config_yaml",
                              [](const EngineImpl& e) { return emit_config_yaml(e.config()); })
       .def("memory_report", [](const EngineImpl& e) { return memory_dict(e.memory_detail()); })
+      .def("activation_store", &EngineImpl::activation_store,
+           "Where activation_checkpointing.offload keeps saved activations (made at the first "
+           "call).")
       .def("set_pipeline_in_flight", &EngineImpl::set_pipeline_in_flight, py::arg("in_flight"),
            py::arg("micro_batches"))
       .def("set_activation_shape", &EngineImpl::set_activation_shape, py::arg("hf_config_json"),

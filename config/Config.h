@@ -40,6 +40,15 @@ struct OffloadParamConfig {
   std::optional<int64_t> max_in_cpu = 1'000'000'000;
 };
 
+// activation_checkpointing.offload: what the model's blocks save for backward, kept in host
+// RAM (cpu) or on NVMe from their forward to their backward
+// (bindings/zeroshard/_activations/offload.py); plan/MemoryModel.h counts it on that tier.
+struct ActivationOffloadConfig {
+  OffloadDevice device = OffloadDevice::None;
+  std::string nvme_path;
+  bool pin_memory = true;  // page-locked host buffers, so copies from a GPU are asynchronous
+};
+
 // Sizes are in elements, as in DeepSpeed.
 struct ZeroConfig {
   std::optional<int64_t> stage = 0;
@@ -195,6 +204,7 @@ struct Config {
   // Unset (empty, nullopt): "op" and 0.5 where their mode reads them.
   std::string selective_ac_option;
   std::optional<double> activation_memory_budget;
+  ActivationOffloadConfig activation_offload;
   // torch DDP's broadcast_buffers: before a forward, rank 0's module buffers (BatchNorm's
   // running statistics) go to every rank (engine/ModuleBuffers.h says when); false keeps
   // each rank's own.

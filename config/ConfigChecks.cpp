@@ -178,6 +178,43 @@ void check_weight_quantization(const Config& c) {
 namespace {
 
 // activation_checkpointing.mode and its two companions (config/Config.h).
+// activation_checkpointing.offload moves what the engine's blocks save for backward
+// (bindings/zeroshard/_activations/offload.py): the policies whose saved tensors pass
+// through autograd's saved-tensor hooks compose with it.
+void check_activation_offload(const Config& c) {
+  const ActivationOffloadConfig& o = c.activation_offload;
+  const char* key = "config key 'activation_checkpointing.offload.";
+  if (o.device == OffloadDevice::Nvme && o.nvme_path.empty()) {
+    fail(
+        "{}nvme_path' is missing; allowed: a directory on a local file system, required with "
+        "device nvme",
+        key);
+  }
+  if (!o.nvme_path.empty() && o.device != OffloadDevice::Nvme) {
+    fail("{}nvme_path' is '{}' with device '{}'; allowed: device nvme, or leave nvme_path out", key,
+         o.nvme_path, offload_device_name(o.device));
+  }
+  if (o.device == OffloadDevice::None) return;
+  const std::string& mode = c.activation_checkpointing_mode;
+  if (c.activation_checkpointing) {
+    fail(
+        "{}device' is '{}' with 'activation_checkpointing.enabled' true (the model recomputes "
+        "its own layers, out of the engine's reach); allowed: mode full instead of enabled "
+        "(the engine recomputes the blocks and offloads their inputs)",
+        key, offload_device_name(o.device));
+  }
+  if (mode == "memory_budget" ||
+      (mode == "selective" && (c.selective_ac_option.empty() || c.selective_ac_option == "op"))) {
+    fail(
+        "{}device' is '{}' with mode '{}'{}: not composed in zeroshard yet ({}); allowed: mode "
+        "none (every saved activation offloaded), full (the blocks' inputs offloaded) or "
+        "selective with an integer selective_ac_option",
+        key, offload_device_name(o.device), mode, mode == "selective" ? " and option op" : "",
+        mode == "selective" ? "the kept op outputs stay in torch's selective-checkpoint cache"
+                            : "the budget counts device bytes before offload");
+  }
+}
+
 void check_activation_policy(const Config& c) {
   const std::string& mode = c.activation_checkpointing_mode;
   const std::string& option = c.selective_ac_option;
@@ -211,6 +248,7 @@ void check_activation_policy(const Config& c) {
         "engine recompute them; allowed: one of the two",
         mode);
   }
+  check_activation_offload(c);
 }
 
 }  // namespace

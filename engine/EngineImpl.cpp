@@ -29,6 +29,7 @@
 #include "engine/StepPipeline.h"
 #include "engine/UnitPartition.h"
 #include "engine/UnitSchedule.h"
+#include "offload/ActivationStore.h"
 #include "optim/OffloadOptimizer.h"
 #include "optim/OverlappedStep.h"
 #include "optim/ResidentOptimizer.h"
@@ -55,7 +56,24 @@ EngineImpl::EngineImpl(std::vector<NamedParam> params,
                              std::move(batch));
 }
 
-EngineImpl::~EngineImpl() = default;
+EngineImpl::~EngineImpl() {
+  if (activation_store_) activation_store_->detach();  // a graph may still hold its blocks
+}
+
+std::shared_ptr<ActivationStore> EngineImpl::activation_store() {
+  if (activation_store_) return activation_store_;
+  const ActivationOffloadConfig& o = config().activation_offload;
+  const AioSettings& aio = plan_.settings.aio;
+  IoOptions io;
+  io.block_size = aio.block_size;
+  io.queue_depth = aio.queue_depth;
+  io.rings = aio.rings;
+  const bool nvme = o.device == OffloadDevice::Nvme;
+  activation_store_ = std::make_shared<ActivationStore>(
+      &ledger_, o.pin_memory && !device_.where.is_cpu(), nvme ? o.nvme_path : std::string(),
+      fmt::format("rank{}-activations", rank()), io);
+  return activation_store_;
+}
 
 void EngineImpl::backward(const at::Tensor& loss, bool retain_graph) {
   begin_backward(loss).backward({}, retain_graph);

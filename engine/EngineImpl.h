@@ -52,6 +52,7 @@ class OverlappedStep;
 class StepPipeline;
 class UnitSchedule;
 class OffloadOptimizer;
+class ActivationStore;
 
 // Brings one group's parameters to their initial values, the same on every rank, just
 // before the engine copies them into its buffers: a collective, called for each group in
@@ -204,6 +205,9 @@ class EngineImpl final : public Engine {
   // The blocks the config's activation_checkpointing.mode recomputes at the batch
   // set_activation_shape described (plan/MemoryModel.h recomputed_layers); none before it.
   std::optional<Recomputed> recomputed_layers() const;
+  // Where activation_checkpointing.offload keeps the blocks' saved activations (host
+  // blocks, NVMe regions), counted in this engine's ledger; made at the first call.
+  std::shared_ptr<ActivationStore> activation_store();
   // A pipeline stage's schedule: the most micro-batches whose activations it held at once
   // in a step as the schedule ran them, of `micro_batches` a step (its outputs kept until
   // step() returns them); memory_detail's prediction counts them (TrainingShape::in_flight).
@@ -286,6 +290,7 @@ class EngineImpl final : public Engine {
     std::optional<std::pair<ModelSpec, TrainingShape>> activations;
   };
   ModelDevice device_;
+  std::shared_ptr<ActivationStore> activation_store_;  // activation_store(); detached at the end
 };
 
 }  // namespace zeroshard

@@ -187,6 +187,43 @@ int64_t kv_cache_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) {
   return 2 * spec.layers * t.micro_batch * t.seq * kv_width(spec) * kl;
 }
 
+namespace {
+
+// The blocks' saved activations, per micro-batch: `kept` in all, `largest` in one block.
+struct KeptBlocks {
+  int64_t kept = 0;
+  int64_t largest = 0;
+  int64_t recomputed = 0;  // one block's, while backward recomputes it
+};
+
+KeptBlocks kept_blocks(const ModelSpec& spec, const TrainingShape& t, int kl) {
+  const int64_t sp = std::max<int64_t>(1, t.sequence_parallel);
+  const int64_t s = t.seq / sp, b = t.micro_batch, L = spec.layers;
+  const int64_t per_layer = s * b * (block_bytes(spec, t.seq, kl) + ulysses_bytes(spec, sp, kl));
+  // Checkpointed: a block recomputed whole keeps only its input, one under the "op" policy
+  // its saved ops' outputs; backward recomputes one block at a time.
+  const int64_t whole = t.activation_checkpointing ? L : std::min(L, t.recomputed.whole);
+  const int64_t ops = std::min(L - whole, t.recomputed.ops);
+  const int64_t input = s * b * spec.hidden * kl, saved_ops = s * b * saved_ops_bytes(spec, t.seq, kl);
+  KeptBlocks k;
+  k.kept = (L - whole - ops) * per_layer + whole * input + ops * saved_ops;
+  k.largest = L > whole + ops ? per_layer : ops > 0 ? saved_ops : input;
+  k.recomputed = whole + ops > 0 ? per_layer : 0;
+  return k;
+}
+
+bool offloads(const TrainingShape& t) {
+  return t.activation_offload != Tier::Device && !t.inference && t.part_steps.empty() &&
+         t.pipeline_micro_batches == 0;
+}
+
+}  // namespace
+
+int64_t offloaded_activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) {
+  if (!spec.has_shape() || !offloads(t)) return 0;
+  return kept_blocks(spec, t, kl).kept;
+}
+
 int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) {
   if (!spec.has_shape()) return 0;
   // s: the tokens this rank holds of each sequence; attention still spans t.seq.
@@ -202,7 +239,6 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) 
     return (t.kv_cache_on_host ? kv / L * std::min<int64_t>(3, L) : kv) +
            s * b * block_bytes(spec, s, kl) + (spec.has_head ? b * spec.vocab * (kl + 4) : 0);
   }
-  const int64_t per_layer = s * b * (block_bytes(spec, t.seq, kl) + ulysses_bytes(spec, sp, kl));
   // The final norm, then the logits in compute precision (the model's output) and the
   // fp32 log-probabilities the loss keeps.
   const int64_t head = spec.has_head ? s * b * (norm_bytes(spec, kl) + spec.vocab * (kl + 4)) : 0;
@@ -216,13 +252,11 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) 
     outputs = spec.has_head ? (t.pipeline_micro_batches - held) * s * b * spec.vocab * kl
                             : held * s * b * spec.hidden * kl;
   }
-  // Checkpointed: a block recomputed whole keeps only its input, one under the "op" policy
-  // its saved ops' outputs; backward recomputes one block at a time.
-  const int64_t whole = t.activation_checkpointing ? L : std::min(L, t.recomputed.whole);
-  const int64_t ops = std::min(L - whole, t.recomputed.ops);
-  const int64_t kept_layers = (L - whole - ops) * per_layer + whole * s * b * spec.hidden * kl +
-                              ops * s * b * saved_ops_bytes(spec, t.seq, kl);
-  const int64_t recomputed = whole + ops > 0 ? per_layer : 0;
+  const KeptBlocks blocks = kept_blocks(spec, t, kl);
+  const int64_t kept_layers = blocks.kept, recomputed = blocks.recomputed;
+  // Offloaded: two blocks' on the device at most, the one whose backward runs (or whose
+  // copies out are still in flight in forward) and the one fetched ahead of it.
+  if (offloads(t)) return head + recomputed + 2 * blocks.largest;
   if (!t.part_steps.empty()) {
     // Several stages on the rank: a micro-batch in flight on one holds its blocks' (and its
     // output, or the head's); the head's stage keeps the logits of every micro-batch it
@@ -432,7 +466,15 @@ MemoryBreakdown predict_memory(const ModelSpec& spec, const PlanOption& option,
   TrainingShape t = shape;
   t.kv_cache_on_host = shape.inference && option.kv_cache_on_host;
   t.recomputed = recomputed_layers(spec, config, shape);
+  if (offloaded(config.activation_offload.device))
+    t.activation_offload = tier_of(config.activation_offload.device);
   m.at(Tier::Device, Kind::Activations) = activation_bytes(spec, t, static_cast<int>(kl));
+  if (const int64_t off = offloaded_activation_bytes(spec, t, static_cast<int>(kl))) {
+    m.at(t.activation_offload, Kind::Activations) += off;
+    // NVMe: each block's bytes pass through host RAM on their way out and back.
+    if (t.activation_offload == Tier::Nvme)
+      m.at(Tier::Host, Kind::Activations) += 2 * kept_blocks(spec, t, static_cast<int>(kl)).largest;
+  }
   if (t.kv_cache_on_host) m.at(Tier::Host, Kind::Activations) = kv_cache_bytes(spec, t, kl);
   m.at(Tier::Device, Kind::Buffers) = spec.buffer_bytes;  // whole on every rank, never offloaded
   int64_t buckets = reduce_scratch_bytes(config) * reduce_bucket * (z.overlap_comm ? 2 : 1);

@@ -39,6 +39,11 @@ struct TrainingShape {
   bool activation_checkpointing = false;
   // The engine's policy: set from the config by predict_memory (recomputed_layers).
   Recomputed recomputed;
+  // Where the blocks' saved activations wait for backward (activation_checkpointing.offload,
+  // set by predict_memory): the device, or host RAM or NVMe, with two blocks' on the device
+  // (the one whose backward runs, the one fetched ahead) and, with NVMe, two in host RAM
+  // on their way. Not counted for pipeline stages (not composed).
+  Tier activation_offload = Tier::Device;
   // Ranks each sequence is split across (Ulysses: the config's sequence_parallel_size,
   // set by the planner): a rank keeps its slice's activations, attention's for the whole
   // sequence with 1/sequence_parallel of the heads (docs/memory-model.md).
@@ -105,6 +110,9 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& shape, int 
 // are with none (every layer where even that is more).
 Recomputed recomputed_layers(const ModelSpec& spec, const Config& config,
                              const TrainingShape& shape);
+// What activation_checkpointing.offload keeps off the device (on shape.activation_offload's
+// tier): every block's saved activations, per rank; 0 without offload.
+int64_t offloaded_activation_bytes(const ModelSpec& spec, const TrainingShape& shape, int kl);
 // The key-value cache of `shape.micro_batch` sequences of `shape.seq` tokens, in the
 // compute dtype (transformers' DynamicCache), on the device.
 int64_t kv_cache_bytes(const ModelSpec& spec, const TrainingShape& shape, int compute_bytes);

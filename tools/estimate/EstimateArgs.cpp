@@ -26,7 +26,7 @@ const std::vector<std::string> kValueFlags{
     "--micro-batch", "--config",       "--headroom",     "--emit-config", "--attn-implementation",
     "--pp",          "--pp-schedule",  "--batch",        "--gpu-bw",      "--pp-stages-per-rank",
     "--host-bw",     "--nvme-bw",      "--sp",           "--ep",          "--ac-mode",
-    "--ac-option",   "--memory-budget"};
+    "--ac-option",   "--memory-budget", "--ac-offload"};
 const std::vector<std::string> kSwitches{"--json", "--bf16",      "--fp16",
                                          "--fp32", "--inference", "--activation-checkpointing",
                                          "--help", "-h",          "--max-seq"};
@@ -202,7 +202,8 @@ void read_pipeline(const std::map<std::string, std::string>& given, EstimateInpu
   }
 }
 
-// --ac-mode, --ac-option, --memory-budget: the config's activation_checkpointing keys.
+// --ac-mode, --ac-option, --memory-budget, --ac-offload: the config's
+// activation_checkpointing keys (mode, selective_ac_option, memory_budget, offload.device).
 void read_activation_policy(const std::map<std::string, std::string>& given, EstimateInputs& in) {
   Config& c = in.config;
   const auto it = given.find("--ac-mode");
@@ -223,6 +224,17 @@ void read_activation_policy(const std::map<std::string, std::string>& given, Est
       fail("--memory-budget: '{}' is not allowed; allowed: a fraction in [0, 1]", text);
     c.activation_memory_budget = f;
   }
+  if (given.count("--ac-offload")) {
+    const std::string& device = given.at("--ac-offload");
+    if (device != "cpu" && device != "nvme" && device != "none")
+      fail("--ac-offload: '{}' is not allowed; allowed: cpu, nvme or none", device);
+    c.activation_offload.device = device == "cpu"    ? OffloadDevice::Cpu
+                                  : device == "nvme" ? OffloadDevice::Nvme
+                                                     : OffloadDevice::None;
+    // The plan writes nothing: a run names its directory in offload.nvme_path.
+    if (device == "nvme" && c.activation_offload.nvme_path.empty())
+      c.activation_offload.nvme_path = "(the run's nvme_path)";
+  }
   check_contradictions(c);
 }
 
@@ -237,7 +249,7 @@ void read_serving(const std::map<std::string, std::string>& given, EstimateInput
   }
   if (given.count("--micro-batch"))
     fail("--micro-batch is for training; with --inference give --batch (sequences per rank)");
-  for (const char* flag : {"--activation-checkpointing", "--pp", "--ac-mode"}) {
+  for (const char* flag : {"--activation-checkpointing", "--pp", "--ac-mode", "--ac-offload"}) {
     if (given.count(flag))
       fail("{} is for training; --inference plans one stage-3 model without backward", flag);
   }

@@ -54,6 +54,10 @@ training:
                          matmul outputs, the default; N: every Nth block whole), or
                          memory_budget (--memory-budget F, default 0.5: the fewest whole
                          blocks that keep activations within F of none's)
+  --ac-offload DEVICE    the blocks' saved activations kept in host RAM (cpu) or on NVMe
+                         (nvme) until backward (activation_checkpointing.offload.device):
+                         two blocks' stay on the device; with --ac-mode none, full or
+                         selective N
   --max-seq              also the longest sequence (a multiple of --sp) each choice trains
                          within the budget, at this micro-batch and checkpointing
   --attn-implementation NAME   as transformers takes it: sdpa (default), flash_attention_2,

@@ -40,8 +40,9 @@ _KEYS = {  # activation_checkpointing key: (its default, its type)
 }
 # zeroshard's own keys of the section, read elsewhere (config/ConfigSchema.cpp): enabled
 # tells the planner that the model's layers recompute their activations, mode and its two
-# companions make the engine recompute them (_activations/policy.py).
-_OWN = ("enabled", "mode", "selective_ac_option", "memory_budget")
+# companions make the engine recompute them (_activations/policy.py), offload keeps what
+# the engine's blocks save in host RAM or on NVMe (_activations/offload.py).
+_OWN = ("enabled", "mode", "selective_ac_option", "memory_budget", "offload")
 MODEL_PARALLEL_RNG = "model-parallel-rng"  # the tracker's name for tensor-parallel dropout
 
 

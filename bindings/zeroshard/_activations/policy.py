@@ -5,7 +5,9 @@ of its matmuls and attention kernels and recomputing the rest), memory_budget (a
 blocks as keep the activations within that fraction of what none keeps, counted by the
 planner for the batch trained on). torch's non-reentrant checkpoint runs each block's own
 forward inside its hooks, so at stage 3 a block is gathered for its backward before it is
-recomputed. The planner counts the same blocks (plan/MemoryModel.h recomputed_layers)."""
+recomputed. The planner counts the same blocks (plan/MemoryModel.h recomputed_layers).
+With activation_checkpointing.offload each block's forward runs inside offload.py's hooks:
+what it saves (a recomputed block: its input) waits for backward in host RAM or on NVMe."""
 import functools
 import types
 import weakref
@@ -14,6 +16,7 @@ import torch
 from torch.utils import checkpoint as torch_checkpoint
 
 from .. import _zeroshard
+from . import offload as _offload
 
 _STACKS = (torch.nn.ModuleList, torch.nn.Sequential)
 # The keyword arguments through which a transformers layer updates a key-value cache: a
@@ -85,22 +88,26 @@ class Recompute:
     """Which blocks a forward recomputes, for the config's mode. `counted()`: the engine's
     (whole, ops) layers for the batch it has seen, or None (memory_budget reads it)."""
 
-    def __init__(self, counted, model, mode, option, budget):
+    def __init__(self, counted, model, mode, option, budget, offload=None):
         # Neither the model nor the engine is held: each block holds this, and a cycle would
         # leave a dropped model to the cyclic collector, an engine kept by its model would
         # outlive its ZeroShardEngine.
         self.counted, self.model, self.mode = counted, weakref.ref(model), mode
-        self.budget = budget
+        self.budget, self.offload = budget, offload
         found = blocks(model)
         if not found:
+            what = (f"activation_checkpointing.mode '{mode}'" if mode != "none" else
+                    "activation_checkpointing.offload")
             raise _zeroshard.Error(
-                f"activation_checkpointing.mode '{mode}': the model (a {type(model).__name__}) "
-                "has no blocks to recompute (no transformers layer, no module with parameters "
-                "in a ModuleList or Sequential); allowed: mode none, or a model that holds its "
-                "blocks in a ModuleList")
+                f"{what}: the model (a {type(model).__name__}) has no blocks to "
+                f"{'recompute' if mode != 'none' else 'offload'} (no transformers layer, no "
+                "module with parameters in a ModuleList or Sequential); allowed: mode none "
+                "without offload, or a model that holds its blocks in a ModuleList")
         n = len(found)
         if mode == "full":
             self.how = ["whole"] * n
+        elif mode == "none":  # offload only
+            self.how = [None] * n
         elif mode == "selective" and option == "op":
             self.how = ["ops"] * n
         elif mode == "selective":
@@ -124,9 +131,12 @@ class Recompute:
         many batches the engine has been told of; memory_budget decides again when it
         changes (None: every forward)."""
         model = self.model()
+        if self.offload is not None:
+            self.offload.begin_forward()
         if getattr(model, "is_gradient_checkpointing", False):
             raise _zeroshard.Error(
-                f"activation_checkpointing.mode '{self.mode}' and the model's own gradient "
+                f"activation_checkpointing.mode '{self.mode}'"
+                f"{' with offload' if self.offload is not None else ''} and the model's own gradient "
                 "checkpointing (gradient_checkpointing_enable()) both recompute its layers; "
                 "allowed: one of the two (gradient_checkpointing_disable(), or mode none)")
         if self.mode != "memory_budget" or not torch.is_grad_enabled():
@@ -145,12 +155,21 @@ class Recompute:
 
     def forward(self, block, index, forward, args, kwargs):
         how = self.how[index]
-        if how is None or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
+        if how is None:
+            if self.offload is None:
+                return forward(*args, **kwargs)
+            with self.offload.block(block):
+                return forward(*args, **kwargs)
         kwargs = self._without_cache(block, kwargs)
         context = self.saved if how == "ops" else torch_checkpoint.noop_context_fn
-        return torch_checkpoint.checkpoint(forward, *args, use_reentrant=False,
-                                           context_fn=context, **kwargs)
+        if self.offload is None:
+            return torch_checkpoint.checkpoint(forward, *args, use_reentrant=False,
+                                               context_fn=context, **kwargs)
+        with self.offload.block(block):  # torch's checkpoint saves the input through the hooks
+            return torch_checkpoint.checkpoint(forward, *args, use_reentrant=False,
+                                               context_fn=context, **kwargs)
 
     def _without_cache(self, block, kwargs):
         """The block's keyword arguments with use_cache False and no cache to update, unless
@@ -185,16 +204,31 @@ def _wrap(block, recompute, index):
     block.forward = types.MethodType(_recomputed_forward, block)
 
 
-def apply(counted, model, loaded, stages=1):
-    """The config's activation_checkpointing.mode applied to the model's blocks: a
-    Recompute, or None for mode none. `counted` as Recompute takes it; `stages`: the
+def apply(engine, model, loaded, stages=1):
+    """The config's activation_checkpointing.mode and offload applied to the model's blocks:
+    a Recompute, or None for mode none without offload. `engine`: a weak reference to the
+    ZeroShardEngine (None: no planner to count with, no store to offload to); `stages`: the
     pipeline stages the ranks run."""
     mode, option, budget = loaded.activation_policy
-    if mode == "none":
+    device = loaded.activation_offload
+    if mode == "none" and device == "none":
         return None
     if stages > 1:
+        what = f"activation_checkpointing.mode '{mode}'" if mode != "none" else \
+            f"activation_checkpointing.offload.device '{device}'"
         raise _zeroshard.Error(
-            f"activation_checkpointing.mode '{mode}' with {stages} pipeline stages: not composed "
-            "in zeroshard yet (a stage's layers recompute by the PipelineModule's "
-            "activation_checkpoint_interval); allowed: mode none with pipeline stages")
-    return Recompute(counted, model, mode, option, budget)
+            f"{what} with {stages} pipeline stages: not composed in zeroshard yet (a stage's "
+            "layers recompute by the PipelineModule's activation_checkpoint_interval); "
+            "allowed: mode none and offload none with pipeline stages")
+
+    def counted():
+        e = engine() if engine is not None else None
+        return e._engine.recomputed_layers() if e is not None else None
+
+    offload = None
+    if device != "none":
+        if engine is None or engine() is None:
+            raise _zeroshard.Error("activation_checkpointing.offload: no engine to keep the "
+                                   "activations with")
+        offload = _offload.Offload(engine()._engine.activation_store())
+    return Recompute(counted, model, mode, option, budget, offload)

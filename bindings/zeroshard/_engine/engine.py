@@ -200,9 +200,8 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes):
             self._hook_stage3(model)
             _generation.sync_generate(model, self._engine.world_size)
         me = weakref.ref(self)
-        self._recompute = _recompute_policy.apply(
-            lambda: me()._engine.recomputed_layers() if me() is not None else None, model, loaded,
-            max(loaded.pipeline_parallel_size, stepped_by["pipeline_parallel_size"] or 1))
+        self._recompute = _recompute_policy.apply(me, model, loaded, max(
+            loaded.pipeline_parallel_size, stepped_by["pipeline_parallel_size"] or 1))
         self._same_inputs = _tensor_parallel.SameInputs(tp_size) if tp_size > 1 else None
         self._tensor_parallel_split = tp_params  # {name: dimension} of the split parameters
         self._expert_parallel_size = ep_size
