@@ -204,7 +204,8 @@ KeptBlocks kept_blocks(const ModelSpec& spec, const TrainingShape& t, int kl) {
   // its saved ops' outputs; backward recomputes one block at a time.
   const int64_t whole = t.activation_checkpointing ? L : std::min(L, t.recomputed.whole);
   const int64_t ops = std::min(L - whole, t.recomputed.ops);
-  const int64_t input = s * b * spec.hidden * kl, saved_ops = s * b * saved_ops_bytes(spec, t.seq, kl);
+  const int64_t input = s * b * spec.hidden * kl,
+                saved_ops = s * b * saved_ops_bytes(spec, t.seq, kl);
   KeptBlocks k;
   k.kept = (L - whole - ops) * per_layer + whole * input + ops * saved_ops;
   k.largest = L > whole + ops ? per_layer : ops > 0 ? saved_ops : input;

@@ -79,3 +79,38 @@ TEST(ActivationPolicy, EachModeKeepsWhatItsBlocksKeep) {
   EXPECT_EQ(activations(with_mode("memory_budget", "", 0.5)),
             s * (8 * kBlock + 14 * kInput + kHead + kBlock));
 }
+
+// activation_checkpointing.offload: every block's saved bytes on the offload tier, two
+// blocks' on the device (the one whose backward runs, the one fetched ahead), and with
+// NVMe two more in host RAM on their way.
+TEST(ActivationPolicy, OffloadKeepsTwoBlocksOnTheDevice) {
+  const int64_t s = 2048;
+  const PlanOption stage3{3, OffloadDevice::None, OffloadDevice::None};
+  auto tiers = [&](const std::string& mode, OffloadDevice device, const std::string& option = "") {
+    Config c = with_mode(mode, option);
+    c.activation_offload.device = device;
+    if (device == OffloadDevice::Nvme) c.activation_offload.nvme_path = "/nvme";
+    const MemoryBreakdown m =
+        predict_memory(tiny_llama(), stage3, c, WorldShape{1, 8}, tokens_2048());
+    return std::array<int64_t, 3>{m.at(Tier::Device, Kind::Activations),
+                                  m.at(Tier::Host, Kind::Activations),
+                                  m.at(Tier::Nvme, Kind::Activations)};
+  };
+  using T = std::array<int64_t, 3>;
+  EXPECT_EQ(tiers("none", OffloadDevice::Cpu), (T{s * (kHead + 2 * kBlock), s * 22 * kBlock, 0}));
+  EXPECT_EQ(tiers("none", OffloadDevice::Nvme),
+            (T{s * (kHead + 2 * kBlock), s * 2 * kBlock, s * 22 * kBlock}));
+  // full: the inputs leave; one block recomputed at a time, two inputs on the device.
+  EXPECT_EQ(tiers("full", OffloadDevice::Cpu),
+            (T{s * (kHead + kBlock + 2 * kInput), s * 22 * kInput, 0}));
+  // selective 4: 17 blocks keep everything, 5 their input; the largest block decides the window.
+  EXPECT_EQ(tiers("selective", OffloadDevice::Cpu, "4"),
+            (T{s * (kHead + kBlock + 2 * kBlock), s * (17 * kBlock + 5 * kInput), 0}));
+  TrainingShape served = tokens_2048();
+  served.inference = true;
+  Config c = with_mode("none");
+  c.activation_offload.device = OffloadDevice::Cpu;
+  EXPECT_EQ(predict_memory(tiny_llama(), stage3, c, WorldShape{1, 8}, served)
+                .at(Tier::Host, Kind::Activations),
+            0);  // served: nothing saved for backward
+}

@@ -20,12 +20,12 @@ namespace zeroshard::estimate {
 namespace {
 
 const std::vector<std::string> kValueFlags{
-    "--hf-config",   "--params",       "--layers",       "--hidden",      "--heads",
-    "--kv-heads",    "--vocab",        "--intermediate", "--nodes",       "--gpus-per-node",
-    "--tp",          "--gpu-mem",      "--cpu-mem",      "--nvme",        "--seq",
-    "--micro-batch", "--config",       "--headroom",     "--emit-config", "--attn-implementation",
-    "--pp",          "--pp-schedule",  "--batch",        "--gpu-bw",      "--pp-stages-per-rank",
-    "--host-bw",     "--nvme-bw",      "--sp",           "--ep",          "--ac-mode",
+    "--hf-config",   "--params",        "--layers",       "--hidden",      "--heads",
+    "--kv-heads",    "--vocab",         "--intermediate", "--nodes",       "--gpus-per-node",
+    "--tp",          "--gpu-mem",       "--cpu-mem",      "--nvme",        "--seq",
+    "--micro-batch", "--config",        "--headroom",     "--emit-config", "--attn-implementation",
+    "--pp",          "--pp-schedule",   "--batch",        "--gpu-bw",      "--pp-stages-per-rank",
+    "--host-bw",     "--nvme-bw",       "--sp",           "--ep",          "--ac-mode",
     "--ac-option",   "--memory-budget", "--ac-offload"};
 const std::vector<std::string> kSwitches{"--json", "--bf16",      "--fp16",
                                          "--fp32", "--inference", "--activation-checkpointing",

@@ -1,0 +1,92 @@
+"""One rank of test_activation_offload.py: a transformers Llama of LAYERS blocks trained for
+three steps under each activation_checkpointing policy of OFFLOADS at ZeRO stages 2 and 3
+(bf16), with the losses and gradient norms; the ledger's activations on the host and NVMe
+tiers after a forward (what waits for backward) and at their peak beside memory_report's
+prediction, at two sequence lengths; at stage 2 also the bytes a forward allocates
+and leaves alive on the device (torch's profiler); the swap file's size after three steps;
+the swap directories left once the engines are gone.
+
+usage: activation_offload_worker.py OUT"""
+import gc
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import transformers
+
+import zeroshard
+from test_activation_memory import BATCH, SEQ
+from test_activation_offload import OFFLOADS
+from test_activation_policy import layered
+
+zeroshard.init_distributed(dist_backend="gloo")
+rank = dist.get_rank()
+out = sys.argv[1]
+nvme = f"{out}.nvme{rank}"
+config = layered("llama")
+ids = torch.randint(config.vocab_size, (3, BATCH, SEQ),
+                    generator=torch.Generator().manual_seed(rank))
+
+
+def engine_for(stage, keys):
+    keys = dict(keys)
+    if keys.get("offload", {}).get("device") == "nvme":
+        keys["offload"] = dict(keys["offload"], nvme_path=nvme)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    return zeroshard.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": BATCH, "bf16": {"enabled": True},
+        "zero_optimization": {"stage": stage}, "activation_checkpointing": keys,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})[0]
+
+
+def tiers(report, what):
+    return {tier: report[tier]["kinds"]["activations"][what] for tier in ("device", "host", "nvme")}
+
+
+def forward_kept(engine, batch):
+    """Bytes the forward allocates on the device (here: torch's CPU allocator) and leaves alive;
+    the host blocks of the store are allocated beside torch's allocator, out of this count."""
+    gc.collect()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        loss = engine(input_ids=batch, labels=batch).loss
+    kept = sum(e.self_cpu_memory_usage for e in prof.key_averages())
+    engine.backward(loss)
+    engine.step()
+    return kept
+
+
+result = {}
+for stage in (2, 3):
+    for name, keys in OFFLOADS.items():
+        engine = engine_for(stage, keys)
+        run = {"losses": [], "norms": [], "held": {}}
+        for step in range(3):
+            # The first step at half the length: memory_report plans for the largest batch
+            # seen so far, so each length's prediction is read at its first step.
+            seq = SEQ // 2 if step == 0 else SEQ
+            batch = ids[step][:, :seq]
+            loss = engine(input_ids=batch, labels=batch).loss
+            if step < 2:
+                run["held"][seq] = tiers(engine.memory_report(), "current")
+                run[f"predicted {seq}"] = tiers(engine.memory_report(), "predicted")
+            engine.backward(loss)
+            engine.step()
+            run["losses"].append(loss.item())
+            run["norms"].append(engine.get_global_grad_norm())
+        report = engine.memory_report()
+        run["peak"] = tiers(report, "peak")
+        run["after"] = tiers(report, "current")
+        if keys.get("offload", {}).get("device") == "nvme":
+            run["file_bytes"] = engine._engine.activation_store().file_bytes
+        if stage == 2:  # every rank: a forward is collective
+            run["forward_kept"] = forward_kept(engine, ids[0])
+        result[f"{name} stage {stage}"] = run
+        del engine, loss
+gc.collect()
+result["swap dirs left"] = sorted(os.listdir(nvme)) if os.path.isdir(nvme) else []
+with open(f"{out}.rank{rank}.json", "w") as f:
+    json.dump(result, f)
