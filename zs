@@ -97,7 +97,9 @@ usage: ./zs VERB [ARGS]
                     --device cpu --shape tiny checks the script without a GPU),
                     pp (PP2 x DP2: 1F1B and GPipe vs FSDP2 + pipelining), seq (one
                     sequence over 4 ranks at growing lengths: Ulysses vs DeepSpeed's, torch's
-                    ring attention vs FSDP2 + the same ring; longest within a budget), inference
+                    ring attention vs FSDP2 + the same ring; longest within a budget),
+                    activations (one rank: recompute and offload policies vs torch's
+                    checkpoint and save_on_cpu; longest length within a budget), inference
                     (a Llama 5x the device budget generated from NVMe vs DeepSpeed
                     ZeRO-Inference and accelerate's disk offload)
   consolidate CKPT OUT.pt [--dtype bf16] [--per-tensor] [--format safetensors --hf-config F]
@@ -178,7 +180,7 @@ case "$verb" in
     ;;
   bench)
     name="${1:-}"
-    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, seq, moe, inference, gpu"
+    [ -n "$name" ] || die "usage: ./zs bench NAME [--json]; NAME: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, seq, moe, inference, activations, gpu"
     shift
     check_memory >&2
     [ "$name" = gpu ] && bench_gpu "$@"  # one GPU: its own python3 and build (bench_gpu)
@@ -205,11 +207,14 @@ case "$verb" in
     if [ "$name" = moe ]; then  # a Qwen3-MoE shape on 4 ranks: EP2 x DP2 vs FSDP2 and no EP
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/moe_bench.py "$@"
     fi
+    if [ "$name" = activations ]; then  # checkpointing and offload policies vs torch's own
+      PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/activations_bench.py "$@"
+    fi
     if [ "$name" = inference ]; then  # NVMe-served generation beside DeepSpeed and accelerate
       PYTHONPATH="$BUILD/python:${PYTHONPATH:-}" exec "$PY" tools/bench/inference_bench.py \
         --io-bench "$BUILD/tools/zs-bench-io" "$@"
     fi
-    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, seq, moe, inference, gpu"
+    [ -x "$BUILD/tools/zs-bench-$name" ] || die "no benchmark '$name'; allowed: sharding, adam, io, swap, capacity, python, peers, hosts, tp, pp, seq, moe, inference, activations, gpu"
     "$BUILD/tools/zs-bench-$name" "$@"
     ;;
   help | -h | --help) usage ;;

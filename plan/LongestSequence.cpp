@@ -5,32 +5,35 @@
 
 namespace zeroshard {
 
-std::vector<int64_t> longest_sequences(const ModelSpec& spec, const Config& config,
-                                       const WorldShape& world, const TrainingShape& shape,
-                                       const HardwareBudget& budget) {
-  const int64_t step = std::max<int64_t>(1, config.sequence_parallel_size.value_or(1));
+namespace {
+
+// Per option, the largest n in [0, limit] with which it fits once grow(shape, n) has set the
+// shape (activations grow with n: the fitting sizes are a prefix); one plan judges every
+// option at each n.
+template <typename Grow>
+std::vector<int64_t> largest_fitting(const ModelSpec& spec, const Config& config,
+                                     const WorldShape& world, const TrainingShape& shape,
+                                     const HardwareBudget& budget, int64_t limit, Grow grow) {
   const std::vector<PlanOption>& options = plan_options();
-  // Whether each option fits at `steps` x step tokens: one plan judges every option.
   std::map<int64_t, std::vector<bool>> judged;
-  const auto fits = [&](int64_t steps, size_t option) {
-    auto it = judged.find(steps);
+  const auto fits = [&](int64_t n, size_t option) {
+    auto it = judged.find(n);
     if (it == judged.end()) {
       TrainingShape at = shape;
-      at.seq = steps * step;
+      grow(at, n);
       const Plan plan = make_plan(spec, config, world, at, budget);
       std::vector<bool> each(options.size(), false);
       for (const OptionEstimate& e : plan.options) {
         const auto where = std::find(options.begin(), options.end(), e.option);
         if (where != options.end()) each[where - options.begin()] = e.fits && e.allowed;
       }
-      it = judged.emplace(steps, std::move(each)).first;
+      it = judged.emplace(n, std::move(each)).first;
     }
     return it->second[option];
   };
-  std::vector<int64_t> longest(options.size(), 0);
+  std::vector<int64_t> largest(options.size(), 0);
   for (size_t o = 0; o < options.size(); ++o) {
-    // Activations grow with the sequence: the fitting lengths are a prefix.
-    int64_t low = 0, high = kLongestSequenceSearched / step;
+    int64_t low = 0, high = limit;
     while (low < high) {
       const int64_t mid = low + (high - low + 1) / 2;
       if (fits(mid, o)) {
@@ -39,9 +42,29 @@ std::vector<int64_t> longest_sequences(const ModelSpec& spec, const Config& conf
         high = mid - 1;
       }
     }
-    longest[o] = low * step;
+    largest[o] = low;
   }
-  return longest;
+  return largest;
+}
+
+}  // namespace
+
+std::vector<int64_t> longest_sequences(const ModelSpec& spec, const Config& config,
+                                       const WorldShape& world, const TrainingShape& shape,
+                                       const HardwareBudget& budget) {
+  const int64_t step = std::max<int64_t>(1, config.sequence_parallel_size.value_or(1));
+  std::vector<int64_t> steps =
+      largest_fitting(spec, config, world, shape, budget, kLongestSequenceSearched / step,
+                      [step](TrainingShape& at, int64_t n) { at.seq = n * step; });
+  for (int64_t& n : steps) n *= step;
+  return steps;
+}
+
+std::vector<int64_t> largest_micro_batches(const ModelSpec& spec, const Config& config,
+                                           const WorldShape& world, const TrainingShape& shape,
+                                           const HardwareBudget& budget) {
+  return largest_fitting(spec, config, world, shape, budget, kLargestMicroBatchSearched,
+                         [](TrainingShape& at, int64_t n) { at.micro_batch = n; });
 }
 
 }  // namespace zeroshard

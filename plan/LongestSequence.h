@@ -1,6 +1,7 @@
 #pragma once
-// The longest sequence each stage/offload choice trains within the budget (zeroshard-estimate
-// --max-seq): the memory model asked at growing lengths, every other setting as given.
+// The longest sequence (zeroshard-estimate --max-seq) and the largest micro-batch
+// (--max-micro-batch) each stage/offload choice trains within the budget: the memory model
+// asked at growing sizes, every other setting as given.
 #include <cstdint>
 #include <vector>
 
@@ -8,8 +9,10 @@
 
 namespace zeroshard {
 
-// Sequences are searched up to this many tokens (ALST trained 15M on 32 GPUs).
+// Sequences are searched up to this many tokens (ALST trained 15M on 32 GPUs), micro-batches
+// up to this many sequences.
 constexpr int64_t kLongestSequenceSearched = int64_t{1} << 24;
+constexpr int64_t kLargestMicroBatchSearched = int64_t{1} << 16;
 
 // Per option of plan_options(), in its order: the longest sequence, a multiple of the
 // sequence-parallel size (the config's sequence_parallel_size, which splits it), with which
@@ -18,5 +21,11 @@ constexpr int64_t kLongestSequenceSearched = int64_t{1} << 24;
 std::vector<int64_t> longest_sequences(const ModelSpec& spec, const Config& config,
                                        const WorldShape& world, const TrainingShape& shape,
                                        const HardwareBudget& budget);
+
+// Per option of plan_options(), in its order: the largest micro-batch with which the option
+// fits `budget` at `shape`'s sequence length (0: not even one sequence).
+std::vector<int64_t> largest_micro_batches(const ModelSpec& spec, const Config& config,
+                                           const WorldShape& world, const TrainingShape& shape,
+                                           const HardwareBudget& budget);
 
 }  // namespace zeroshard

@@ -77,7 +77,10 @@ void apply_choice(Plan& plan, const OptionEstimate& chosen) {
   for (auto* path : {&z.offload_optimizer.nvme_path, &z.offload_param.nvme_path}) {
     if (path->empty()) *path = "/local_nvme";
   }
-  if (chosen.option.optimizer == OD::Nvme || chosen.option.params == OD::Nvme) {
+  const bool nvme_path_placeholder = plan.config.activation_offload.device == OD::Nvme &&
+                                     plan.config.activation_offload.nvme_path == "/local_nvme";
+  if (chosen.option.optimizer == OD::Nvme || chosen.option.params == OD::Nvme ||
+      nvme_path_placeholder) {
     plan.reasons.push_back(
         "nvme_path: /local_nvme is a placeholder; point it at a directory "
         "on a local NVMe file system");

@@ -111,6 +111,41 @@ TEST(EstimateCli, MaxSeqIsTheLongestSequenceEachChoiceFitsAndSplitsOverSp) {
       << table.out;
 }
 
+TEST(EstimateCli, MaxMicroBatchIsTheLargestEachChoiceFitsAndGrowsWithOffload) {
+  // Each choice's --max-micro-batch fits at that --micro-batch and not one more; with the
+  // blocks' activations offloaded to the host the device holds two blocks' and the head's,
+  // so every choice that fits one sequence fits more of them.
+  const std::string model = "--hf-config " + hf("llama2_7b.json") +
+                            " --gpus-per-node 8 --gpu-mem 80GB --cpu-mem 2TB --seq 4096 "
+                            "--ac-mode full --json";
+  std::map<std::string, std::vector<int64_t>> largest;
+  for (const std::string offload : {"none", "cpu"}) {
+    const std::string args = model + " --ac-offload " + offload;
+    const CliRun r = estimate(args + " --max-micro-batch");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto options = nlohmann::json::parse(r.out)["options"];
+    for (size_t i = 0; i < options.size(); ++i) {
+      const int64_t batch = options[i]["max_micro_batch"].get<int64_t>();
+      largest[offload].push_back(batch);
+      if (batch == 0 || offload == "cpu") continue;
+      for (const int64_t micro : {batch, batch + 1}) {
+        const CliRun at = estimate(args + " --micro-batch " + std::to_string(micro));
+        ASSERT_NE(at.code, 2) << at.err;
+        EXPECT_EQ(nlohmann::json::parse(at.out)["options"][i]["fits"].get<bool>(), micro == batch)
+            << "option " << i << " at micro-batch " << micro;
+      }
+    }
+  }
+  EXPECT_EQ(largest["none"][0], 0);  // stage 0's model states alone exceed 80 GB
+  for (size_t i = 1; i < largest["none"].size(); ++i)
+    if (largest["none"][i] > 0) EXPECT_GT(largest["cpu"][i], largest["none"][i]) << "option " << i;
+  const CliRun table = estimate(model.substr(0, model.size() - 7) + " --max-micro-batch");
+  EXPECT_NE(table.out.find("largest micro-batch (--max-micro-batch) at 4,096 tokens, activation "
+                           "checkpointing full:"),
+            std::string::npos)
+      << table.out;
+}
+
 TEST(EstimateCli, TableMarksTheRecommendedPlanAndShowsDeepSpeed) {
   const CliRun r = estimate(kLlama8x80);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -348,6 +383,8 @@ TEST(EstimateCli, BadInputIsOneLineAndExitTwo) {
       {"--params 7e9 --max-seq", "--max-seq needs the model's shape to count activations"},
       {"--hf-config " + hf("llama2_7b.json") + " --inference --max-seq",
        "--max-seq with --inference; allowed: training without pipeline stages"},
+      {"--params 7e9 --max-micro-batch",
+       "--max-micro-batch needs the model's shape to count activations"},
   };
   for (const auto& [args, expected] : cases) {
     SCOPED_TRACE(args);

@@ -27,9 +27,11 @@ const std::vector<std::string> kValueFlags{
     "--pp",          "--pp-schedule",   "--batch",        "--gpu-bw",      "--pp-stages-per-rank",
     "--host-bw",     "--nvme-bw",       "--sp",           "--ep",          "--ac-mode",
     "--ac-option",   "--memory-budget", "--ac-offload"};
-const std::vector<std::string> kSwitches{"--json", "--bf16",      "--fp16",
-                                         "--fp32", "--inference", "--activation-checkpointing",
-                                         "--help", "-h",          "--max-seq"};
+const std::vector<std::string> kSwitches{"--json",      "--bf16",
+                                         "--fp16",      "--fp32",
+                                         "--inference", "--activation-checkpointing",
+                                         "--help",      "-h",
+                                         "--max-seq",   "--max-micro-batch"};
 const std::vector<std::string> kServingFlags{"--batch", "--gpu-bw", "--host-bw", "--nvme-bw"};
 
 int64_t parse_count(const std::string& flag, const std::string& text, bool allow_zero = false) {
@@ -231,9 +233,9 @@ void read_activation_policy(const std::map<std::string, std::string>& given, Est
     c.activation_offload.device = device == "cpu"    ? OffloadDevice::Cpu
                                   : device == "nvme" ? OffloadDevice::Nvme
                                                      : OffloadDevice::None;
-    // The plan writes nothing: a run names its directory in offload.nvme_path.
+    // The Planner's placeholder, as for the model states' NVMe (said in its reasons).
     if (device == "nvme" && c.activation_offload.nvme_path.empty())
-      c.activation_offload.nvme_path = "(the run's nvme_path)";
+      c.activation_offload.nvme_path = "/local_nvme";
   }
   check_contradictions(c);
 }
@@ -440,13 +442,18 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
   read_sequence_parallel(given, in);
   read_expert_parallel(given, in);
   in.max_seq = given.count("--max-seq") > 0;
-  if (in.max_seq && (in.inference || in.pipeline_stages > 1))
-    fail("--max-seq with {}; allowed: training without pipeline stages",
-         in.inference ? "--inference" : fmt::format("--pp {}", in.pipeline_stages));
-  if (in.max_seq && !in.spec.has_shape())
-    fail(
-        "--max-seq needs the model's shape to count activations: give --hf-config, or "
-        "--layers, --hidden and --heads");
+  in.max_micro_batch = given.count("--max-micro-batch") > 0;
+  for (const auto& [asked, flag] :
+       {std::pair{in.max_seq, "--max-seq"}, std::pair{in.max_micro_batch, "--max-micro-batch"}}) {
+    if (asked && (in.inference || in.pipeline_stages > 1))
+      fail("{} with {}; allowed: training without pipeline stages", flag,
+           in.inference ? "--inference" : fmt::format("--pp {}", in.pipeline_stages));
+    if (asked && !in.spec.has_shape())
+      fail(
+          "{} needs the model's shape to count activations: give --hf-config, or "
+          "--layers, --hidden and --heads",
+          flag);
+  }
   in.json = given.count("--json") > 0;
   if (given.count("--emit-config")) in.emit_config = given.at("--emit-config");
   return in;

@@ -37,6 +37,7 @@ struct EstimateInputs {
   Bandwidths bandwidths;
   bool json = false;
   bool max_seq = false;                  // --max-seq: the longest sequence each choice trains
+  bool max_micro_batch = false;          // --max-micro-batch: the largest micro-batch likewise
   std::string emit_config;               // path, or empty
   std::vector<std::string> assumptions;  // what was not given and what we assumed
   std::vector<std::string> warnings;     // from loading the config

@@ -14,11 +14,12 @@
 namespace zeroshard::estimate {
 namespace {
 
-// --max-seq's length for `option` (longest is in plan_options()' order).
-int64_t longest_of(const std::vector<int64_t>& longest, const PlanOption& option) {
+// --max-seq's length or --max-micro-batch's size for `option` (`largest` is in
+// plan_options()' order).
+int64_t largest_of(const std::vector<int64_t>& largest, const PlanOption& option) {
   const auto& options = plan_options();
   const auto where = std::find(options.begin(), options.end(), option);
-  return where == options.end() ? 0 : longest[where - options.begin()];
+  return where == options.end() ? 0 : largest[where - options.begin()];
 }
 
 std::string with_commas(int64_t n) {
@@ -31,12 +32,18 @@ std::string with_commas(int64_t n) {
 std::string checkpointing_text(const EstimateInputs& in) {
   const Config& c = in.config;
   const std::string& mode = c.activation_checkpointing_mode;
+  const OffloadDevice offload = c.activation_offload.device;
+  const std::string offloaded =
+      offload == OffloadDevice::None
+          ? ""
+          : fmt::format(", the blocks' activations offloaded to {}", offload_device_name(offload));
   if (in.shape.activation_checkpointing) return "on";
   if (mode == "selective")
-    return "selective " + (c.selective_ac_option.empty() ? "op" : c.selective_ac_option);
+    return "selective " + (c.selective_ac_option.empty() ? "op" : c.selective_ac_option) +
+           offloaded;
   if (mode == "memory_budget")
     return fmt::format("memory_budget {}", c.activation_memory_budget.value_or(0.5));
-  return mode == "full" ? "full" : "off";
+  return (mode == "full" ? "full" : "off") + offloaded;
 }
 
 std::string gib(int64_t bytes) {
@@ -204,8 +211,7 @@ std::string held_blocks(const EstimateInputs& in, size_t rank) {
 
 }  // namespace
 
-std::string render_table(const EstimateInputs& in, const Plan& plan,
-                         const std::vector<int64_t>& longest) {
+std::string render_table(const EstimateInputs& in, const Plan& plan, const Largest& largest) {
   const ModelSpec& s = in.spec;
   std::string out;
   out += fmt::format("model: {} ({})\n", s.model_type, s.source);
@@ -238,7 +244,7 @@ std::string render_table(const EstimateInputs& in, const Plan& plan,
           : "  (DeepSpeed gpu/cpu: its model-states estimate, GiB per GPU / GiB per node; it "
             "leaves\n   out activations, buckets and, at stage 2, keeps fp16 grads whole; see "
             "docs/memory-model.md)\n";
-  if (!longest.empty()) {
+  if (!largest.seq.empty()) {
     const int64_t sp = in.config.sequence_parallel_size.value_or(1);
     out += fmt::format(
         "\nlongest sequence (--max-seq) at micro-batch {}{}, activation "
@@ -246,9 +252,20 @@ std::string render_table(const EstimateInputs& in, const Plan& plan,
         in.shape.micro_batch, sp > 1 ? fmt::format(", split over {} ranks", sp) : "",
         checkpointing_text(in));
     for (const auto& e : plan.options) {
-      const int64_t tokens = longest_of(longest, e.option);
+      const int64_t tokens = largest_of(largest.seq, e.option);
       out += fmt::format("  {:<37} {}\n", option_label(in, e.option),
                          tokens > 0 ? with_commas(tokens) + " tokens" : "none fits");
+    }
+  }
+  if (!largest.micro_batch.empty()) {
+    out += fmt::format(
+        "\nlargest micro-batch (--max-micro-batch) at {} tokens, activation checkpointing "
+        "{}:\n",
+        with_commas(in.shape.seq), checkpointing_text(in));
+    for (const auto& e : plan.options) {
+      const int64_t batch = largest_of(largest.micro_batch, e.option);
+      out += fmt::format("  {:<37} {}\n", option_label(in, e.option),
+                         batch > 0 ? with_commas(batch) + " sequences" : "none fits");
     }
   }
   out += fmt::format("\n{}\n", in.inference ? serving_summary(in, plan) : plan.summary);
@@ -263,12 +280,13 @@ std::string render_table(const EstimateInputs& in, const Plan& plan,
   return out;
 }
 
-std::string render_json(const EstimateInputs& in, const Plan& plan,
-                        const std::vector<int64_t>& longest) {
+std::string render_json(const EstimateInputs& in, const Plan& plan, const Largest& largest) {
   nlohmann::json options = nlohmann::json::array();
   for (const auto& e : plan.options) {
     nlohmann::json row = bytes_json(e.bytes);
-    if (!longest.empty()) row["max_seq"] = longest_of(longest, e.option);
+    if (!largest.seq.empty()) row["max_seq"] = largest_of(largest.seq, e.option);
+    if (!largest.micro_batch.empty())
+      row["max_micro_batch"] = largest_of(largest.micro_batch, e.option);
     row["stage"] = e.option.stage;
     row["offload_optimizer"] = offload_device_name(e.option.optimizer);
     row["offload_param"] = offload_device_name(e.option.params);

@@ -8,11 +8,14 @@
 
 namespace zeroshard::estimate {
 
-// `longest`: --max-seq's lengths, per option of plan_options() (empty: not asked).
-std::string render_table(const EstimateInputs& in, const Plan& plan,
-                         const std::vector<int64_t>& longest = {});
-std::string render_json(const EstimateInputs& in, const Plan& plan,
-                        const std::vector<int64_t>& longest = {});
+// --max-seq's lengths and --max-micro-batch's sizes, per option of plan_options() (each
+// empty where not asked).
+struct Largest {
+  std::vector<int64_t> seq;
+  std::vector<int64_t> micro_batch;
+};
+std::string render_table(const EstimateInputs& in, const Plan& plan, const Largest& largest = {});
+std::string render_json(const EstimateInputs& in, const Plan& plan, const Largest& largest = {});
 // --pp: one plan per stage (in.stages), each stage's row and the heaviest stage's bytes.
 std::string render_pipeline_table(const EstimateInputs& in, const std::vector<Plan>& plans);
 std::string render_pipeline_json(const EstimateInputs& in, const std::vector<Plan>& plans);

@@ -60,6 +60,8 @@ training:
                          selective N
   --max-seq              also the longest sequence (a multiple of --sp) each choice trains
                          within the budget, at this micro-batch and checkpointing
+  --max-micro-batch      also the largest micro-batch each choice trains within the
+                         budget, at this sequence length and checkpointing
   --attn-implementation NAME   as transformers takes it: sdpa (default), flash_attention_2,
                          flash_attention_3, flex_attention, eager (keeps the a*s*s scores)
   --config FILE          a zeroshard/DeepSpeed config: its fixed keys bound the choice

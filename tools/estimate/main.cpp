@@ -65,11 +65,14 @@ int main(int argc, char** argv) {
       return fits ? 0 : kExitNothingFits;
     }
     const Plan plan = make_plan(in.spec, in.config, in.world, in.shape, in.budget);
-    const std::vector<int64_t> longest =
-        in.max_seq ? longest_sequences(in.spec, in.config, in.world, in.shape, in.budget)
-                   : std::vector<int64_t>{};
-    std::cout << (in.json ? estimate::render_json(in, plan, longest)
-                          : estimate::render_table(in, plan, longest));
+    estimate::Largest largest;
+    if (in.max_seq)
+      largest.seq = longest_sequences(in.spec, in.config, in.world, in.shape, in.budget);
+    if (in.max_micro_batch)
+      largest.micro_batch =
+          largest_micro_batches(in.spec, in.config, in.world, in.shape, in.budget);
+    std::cout << (in.json ? estimate::render_json(in, plan, largest)
+                          : estimate::render_table(in, plan, largest));
     if (!in.emit_config.empty()) {
       write_config(in.emit_config, plan.config, in.inference);
       if (!in.json) std::cout << "wrote " << in.emit_config << "\n";
