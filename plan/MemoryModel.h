@@ -113,6 +113,8 @@ Recomputed recomputed_layers(const ModelSpec& spec, const Config& config,
 // What activation_checkpointing.offload keeps off the device (on shape.activation_offload's
 // tier): every block's saved activations, per rank; 0 without offload.
 int64_t offloaded_activation_bytes(const ModelSpec& spec, const TrainingShape& shape, int kl);
+// With NVMe, the host RAM those bytes pass through on their way out and back: two blocks'.
+int64_t offload_staging_bytes(const ModelSpec& spec, const TrainingShape& shape, int kl);
 // The key-value cache of `shape.micro_batch` sequences of `shape.seq` tokens, in the
 // compute dtype (transformers' DynamicCache), on the device.
 int64_t kv_cache_bytes(const ModelSpec& spec, const TrainingShape& shape, int compute_bytes);

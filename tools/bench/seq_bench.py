@@ -12,7 +12,7 @@ Each length runs 1 warm-up step and --steps timed ones; a system stops growing o
 peak RSS passes --budget-gib. Prints tokens/s and peak RSS per rank at every length, the
 longest length within the budget, and zeroshard's ratios against the peer on the same path
 (zs_sp4 / ds_sp4, zs_cp4 / fsdp2_cp4) at the longest length both ran. Activation offload is
-not a row: zeroshard does not offload activations yet.
+not a row here (bench activations measures it on one rank).
 Run: ./zs bench seq [--json] [--lengths 4096,8192,16384] [--steps N] [--budget-gib G]
 [--systems zs_sp4,ds_sp4,zs_cp4,fsdp2_cp4]."""
 import argparse

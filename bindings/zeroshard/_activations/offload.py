@@ -15,7 +15,8 @@ views of them), tensor subclasses, and storages under _SMALL bytes. A storage sa
 several ops of one forward (a block's input read by its three projections, the rotary
 tables every block reads) is copied once while it is alive (a weak reference to the storage
 says so: a freed storage's address can be reused, so an address alone never identifies one)
-and unchanged (its version counter). On the CPU machine the copies are host to host, the same path."""
+and unchanged (its version counter). On the CPU machine the copies are host to host, the
+same path."""
 import weakref
 
 import torch
@@ -99,7 +100,8 @@ class _Handle:
 
     def __init__(self, stored, tensor):
         self.stored, self.dtype = stored, tensor.dtype
-        self.offset, self.size, self.stride = tensor.storage_offset(), tensor.size(), tensor.stride()
+        self.offset, self.size = tensor.storage_offset(), tensor.size()
+        self.stride = tensor.stride()
 
 
 class Offload:

@@ -134,11 +134,12 @@ class Recompute:
         if self.offload is not None:
             self.offload.begin_forward()
         if getattr(model, "is_gradient_checkpointing", False):
+            with_offload = " with offload" if self.offload is not None else ""
             raise _zeroshard.Error(
-                f"activation_checkpointing.mode '{self.mode}'"
-                f"{' with offload' if self.offload is not None else ''} and the model's own gradient "
-                "checkpointing (gradient_checkpointing_enable()) both recompute its layers; "
-                "allowed: one of the two (gradient_checkpointing_disable(), or mode none)")
+                f"activation_checkpointing.mode '{self.mode}'{with_offload} and the model's own "
+                "gradient checkpointing (gradient_checkpointing_enable()) both recompute its "
+                "layers; allowed: one of the two (gradient_checkpointing_disable(), or mode "
+                "none)")
         if self.mode != "memory_budget" or not torch.is_grad_enabled():
             return
         if told is not None and told == self.counted_at:
