@@ -165,6 +165,8 @@ class Offload:
     def unpack(self, handle):
         if isinstance(handle, torch.Tensor):
             return handle
+        if self.pending:  # backward begins: the last blocks' copies out end (and are written)
+            self.settle(keep=0)
         stored = handle.stored
         block = stored.block
         if not block.fetched:  # this block's backward begins: the one before it comes back
