@@ -177,7 +177,6 @@ void check_weight_quantization(const Config& c) {
 
 namespace {
 
-// activation_checkpointing.mode and its two companions (config/Config.h).
 // activation_checkpointing.offload moves what the engine's blocks save for backward
 // (bindings/zeroshard/_activations/offload.py): the policies whose saved tensors pass
 // through autograd's saved-tensor hooks compose with it.
@@ -215,6 +214,7 @@ void check_activation_offload(const Config& c) {
   }
 }
 
+// activation_checkpointing.mode and its two companions (config/Config.h).
 void check_activation_policy(const Config& c) {
   const std::string& mode = c.activation_checkpointing_mode;
   const std::string& option = c.selective_ac_option;
