@@ -7,7 +7,6 @@ the forward leaves on the device what it leaves without offload less those bytes
 file grows no further than the most held at once and is removed with the engine. The
 estimator's tiers are derived from its own figures for the model without offload; refusals
 by their messages."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,11 +15,9 @@ import pytest
 
 from conftest import BUILD, HERE, run_ranks
 from test_activation_memory import BATCH, SEQ
+import test_activation_policy
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("transformers") is None,
-    reason="transformers is not installed beside this interpreter (the trixie leg): the "
-           "main leg runs these tests")
+pytestmark = test_activation_policy.pytestmark  # the same skip: transformers' absence
 
 LAYERS = 4
 OFFLOADS = {
