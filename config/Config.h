@@ -196,10 +196,10 @@ struct Config {
   // script's checkpoint calls): told to the planner.
   bool activation_checkpointing = false;
   // activation_checkpointing.mode, .selective_ac_option and .memory_budget (torchtitan's
-  // names): the blocks the engine itself recomputes in backward (none, full, selective:
-  // every Nth block or every block keeping its matmul outputs, or as many blocks as keep
-  // the activations within the budget, a fraction of what none keeps); plan/MemoryModel.h
-  // Recomputed counts them, bindings/zeroshard/_activations/policy.py applies them.
+  // names): the blocks the engine recomputes in backward (none, full, selective: every Nth
+  // block or every block keeping its matmul outputs, memory_budget: as many blocks as keep
+  // activations within a fraction of none's, auto: the fewest that fit the device, planned
+  // per batch); plan/MemoryModel.h Recomputed counts them, _activations/policy.py applies.
   std::string activation_checkpointing_mode = "none";
   // Unset (empty, nullopt): "op" and 0.5 where their mode reads them.
   std::string selective_ac_option;

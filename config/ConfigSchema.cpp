@@ -160,7 +160,7 @@ std::vector<Knob> build_knobs() {
     bool_knob(sp + "lr_range_test_staircase", [](Config& c) -> auto& { return c.scheduler.lr_range_test_staircase; }),
     fixed(int_knob(sp + "last_batch_iteration", -1, -1, [](Config& c) -> auto& { return c.scheduler.last_batch_iteration; })),
     bool_knob("activation_checkpointing.enabled", [](Config& c) -> auto& { return c.activation_checkpointing; }),
-    choice_knob("activation_checkpointing.mode", {"none", "full", "selective", "memory_budget"}, [](Config& c) -> auto& { return c.activation_checkpointing_mode; }),
+    choice_knob("activation_checkpointing.mode", {"none", "full", "selective", "memory_budget", "auto"}, [](Config& c) -> auto& { return c.activation_checkpointing_mode; }),
     text_knob("activation_checkpointing.selective_ac_option", [](Config& c) -> auto& { return c.selective_ac_option; }),
     fixed(float_knob("activation_checkpointing.memory_budget", 0, 1, [](Config& c) -> auto& { return c.activation_memory_budget; })),
     fixed(offload_knob("activation_checkpointing.offload.device", [](Config& c) -> auto& { return c.activation_offload.device; })),

@@ -291,8 +291,13 @@ MemoryDetail EngineImpl::memory_detail() const {
   r.measured = ledger_.snapshot();
   r.device_capacity = device_.capacity;
   r.allocator = allocator_stats(device_.where);
-  WorldShape world{1, data_parallel_size()};
   ModelSpec spec = spec_of_groups();
+  const TrainingShape shape = counted_shape(spec);
+  r.predicted = plan_.predict(spec, WorldShape{1, data_parallel_size()}, shape);
+  return r;
+}
+
+TrainingShape EngineImpl::counted_shape(ModelSpec& spec) const {
   TrainingShape shape;
   if (device_.activations) {
     take_shape(spec, device_.activations->first);
@@ -301,15 +306,23 @@ MemoryDetail EngineImpl::memory_detail() const {
   }
   shape.device_is_host = device_.where.is_cpu();
   shape.grads_held_in_window = grads_held_in_window_;
-  r.predicted = plan_.predict(spec, world, shape);
-  return r;
+  if (config().activation_checkpointing_mode == "auto" && device_.activations) {
+    // The fewest blocks with which the plan's stage and offload fit the capacity it was
+    // made for, at this batch.
+    HardwareBudget budget;
+    budget.device_bytes = device_.capacity;
+    budget.host_bytes = host_memory_bytes();
+    shape.recomputed = plan_.recomputed_for(spec, WorldShape{1, data_parallel_size()}, shape,
+                                            budget);
+  }
+  return shape;
 }
 
 std::optional<Recomputed> EngineImpl::recomputed_layers() const {
   if (!device_.activations) return std::nullopt;
   ModelSpec spec = spec_of_groups();
-  take_shape(spec, device_.activations->first);
-  return zeroshard::recomputed_layers(spec, config(), device_.activations->second);
+  const TrainingShape shape = counted_shape(spec);
+  return zeroshard::recomputed_layers(spec, config(), shape);
 }
 
 MemoryReport MemoryDetail::to_public() const {

@@ -290,6 +290,9 @@ class EngineImpl final : public Engine {
     std::optional<std::pair<ModelSpec, TrainingShape>> activations;
   };
   ModelDevice device_;
+  // The batch memory_detail counts, `spec` given its model's shape: the activations set,
+  // the pipeline's micro-batches in flight, mode auto's blocks recomputed for them.
+  TrainingShape counted_shape(ModelSpec& spec) const;
   std::shared_ptr<ActivationStore> activation_store_;  // activation_store(); detached at the end
 };
 

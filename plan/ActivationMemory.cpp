@@ -182,6 +182,9 @@ Recomputed recomputed_layers(const ModelSpec& spec, const Config& config,
   const int64_t layers = spec.layers;
   Recomputed r;
   if (shape.inference || mode == "none") return r;
+  // auto: the planner's choice for this batch and budget (plan/Planner.h fewest_recomputed),
+  // carried in the shape.
+  if (mode == "auto") return shape.recomputed;
   if (mode == "full") {
     r.whole = layers;
   } else if (mode == "selective") {

@@ -37,7 +37,8 @@ struct TrainingShape {
   int64_t micro_batch = 1;
   // The model recomputes every block itself (Hugging Face's gradient checkpointing).
   bool activation_checkpointing = false;
-  // The engine's policy: set from the config by predict_memory (recomputed_layers).
+  // The engine's policy: set from the config by predict_memory (recomputed_layers); with
+  // mode auto, given (plan/Planner.h fewest_recomputed).
   Recomputed recomputed;
   // Where the blocks' saved activations wait for backward (activation_checkpointing.offload,
   // set by predict_memory): the device, or host RAM or NVMe, with two blocks' on the device
@@ -107,7 +108,8 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& shape, int 
 // The blocks the config's activation_checkpointing.mode recomputes for this model and batch:
 // full every layer, selective every Nth whole (or every layer's ops), memory_budget the
 // fewest whole layers that keep the activations within the budget's fraction of what they
-// are with none (every layer where even that is more).
+// are with none (every layer where even that is more), auto shape.recomputed (what the
+// planner chose for the budget: plan/Planner.h fewest_recomputed).
 Recomputed recomputed_layers(const ModelSpec& spec, const Config& config,
                              const TrainingShape& shape);
 // What activation_checkpointing.offload keeps off the device (on shape.activation_offload's

@@ -142,26 +142,44 @@ struct Choice {
 Choice choose(const ModelSpec& spec, const Config& fixed, const Config& resolved,
               const WorldShape& world, const TrainingShape& shape, const HardwareBudget& budget) {
   Choice c;
+  const bool auto_policy = resolved.activation_checkpointing_mode == "auto" && !shape.inference;
   for (const auto& option : plan_options()) {
     if (spec.all_frozen() && !serving_option(option, fixed)) continue;
     OptionEstimate e;
     e.option = option;
+    TrainingShape at = shape;
+    if (auto_policy) {
+      at.recomputed = fewest_recomputed(spec, option, resolved, world, shape, budget);
+      e.recomputed = at.recomputed.whole;
+    }
     if (resolved.zero.offload_optimizer.ratio) {
-      e.bytes = predict_memory(spec, option, resolved, world, shape);
+      e.bytes = predict_memory(spec, option, resolved, world, at);
     } else {
-      fill_offload_ratio(e, spec, resolved, world, shape, budget);
+      fill_offload_ratio(e, spec, resolved, world, at, budget);
     }
     e.allowed = permitted(fixed, option);
     judge(e, world, budget);
     c.options.push_back(e);
   }
-  const auto pick = [&c] {
+  const auto pick = [&c, auto_policy] {
     for (size_t i = 0; i < c.options.size(); ++i) {
       const auto& e = c.options[i];
       if (!e.allowed) continue;
       if (e.fits && c.chosen < 0) c.chosen = static_cast<int>(i);
       if (c.closest < 0 || e.overflow_bytes < c.options[c.closest].overflow_bytes)
         c.closest = static_cast<int>(i);
+    }
+    // Mode auto: recomputing costs at most one more forward, offloading the optimizer moves
+    // its step to the host every step; so among the options that keep everything on the
+    // device, the one that recomputes fewest blocks (the earlier where they tie), and the
+    // offloading ones only where none of those fits even recomputing every block.
+    if (!auto_policy || c.chosen < 0) return;
+    for (size_t i = 0; i < c.options.size(); ++i) {
+      const auto& e = c.options[i];
+      const bool on_device = e.option.optimizer == OD::None && e.option.params == OD::None;
+      if (e.allowed && e.fits && on_device &&
+          *e.recomputed < *c.options[c.chosen].recomputed)
+        c.chosen = static_cast<int>(i);
     }
   };
   pick();
@@ -306,6 +324,26 @@ void resolve_overlap_step(Plan& plan, const TrainingShape& shape) {
       why.empty() ? "each gradient shard steps on the host while backward goes on" : why));
 }
 
+// activation_checkpointing.mode auto: what the chosen option recomputes at this batch.
+std::string auto_policy_reason(const ModelSpec& spec, const TrainingShape& shape,
+                               const OptionEstimate& chosen) {
+  const char* key = "activation_checkpointing.mode: auto";
+  const char* again = "the engine decides again for each batch a forward brings";
+  if (!spec.has_shape() || !chosen.recomputed)
+    return fmt::format("{}, decided at each forward from its batch (no model shape to count "
+                       "activations from here)",
+                       key);
+  const int64_t k = *chosen.recomputed;
+  const std::string why =
+      k == 0                          ? "the activations fit beside the rest"
+      : !chosen.fits && k == spec.layers ? "the most there is; even so nothing fits"
+                                      : fmt::format("the fewest with which {} fits",
+                                                    chosen.option.label());
+  return fmt::format(
+      "{} -> {} of {} blocks recomputed whole for micro-batches of {} x {} tokens ({}); {}", key,
+      k, spec.layers, shape.micro_batch, shape.seq, why, again);
+}
+
 // Nothing fits with every optimizer shard on the host (offload_optimizer.ratio 1,
 // DeepSpeed's default): say whether part of it on the device would.
 std::string ratio_hint(const ModelSpec& spec, const Config& fixed, const Config& resolved,
@@ -329,6 +367,33 @@ std::string ratio_hint(const ModelSpec& spec, const Config& fixed, const Config&
 
 }  // namespace
 
+Recomputed fewest_recomputed(const ModelSpec& spec, const PlanOption& option,
+                             const Config& config, const WorldShape& world,
+                             const TrainingShape& shape, const HardwareBudget& budget) {
+  TrainingShape t = shape;
+  const auto fits = [&](int64_t whole) {
+    t.recomputed = {whole, 0};
+    OptionEstimate e;
+    e.bytes = predict_memory(spec, option, config, world, t);
+    judge(e, world, budget);
+    return e.fits;
+  };
+  const int64_t layers = spec.layers;
+  if (!spec.has_shape() || shape.activation_checkpointing || fits(0)) return {};
+  // From one block on, each more recomputed keeps less (one block's activations come back
+  // while it is recomputed, so one block may keep more than none): the fewest, by halving.
+  int64_t low = 1, high = layers;
+  while (low < high) {
+    const int64_t mid = low + (high - low) / 2;
+    if (fits(mid)) {
+      high = mid;
+    } else {
+      low = mid + 1;
+    }
+  }
+  return {high, 0};
+}
+
 const std::vector<PlanOption>& plan_options() {
   static const std::vector<PlanOption> options{
       {0, OD::None, OD::None}, {1, OD::None, OD::None}, {2, OD::None, OD::None},
@@ -340,13 +405,22 @@ const std::vector<PlanOption>& plan_options() {
   return options;
 }
 
-MemoryBreakdown Plan::predict(const ModelSpec& spec, const WorldShape& world,
-                              const TrainingShape& shape) const {
+Config Plan::running() const {
   // The settings are what the engine runs: a value it changed after planning (a pipeline
   // stage keeping every unit gathered) is read from them, never from a second copy.
-  Config running = config;
-  running.zero.stage3_param_persistence_threshold = settings.stage3_param_persistence_threshold;
-  return predict_memory(spec, option, running, world, shape);
+  Config c = config;
+  c.zero.stage3_param_persistence_threshold = settings.stage3_param_persistence_threshold;
+  return c;
+}
+
+MemoryBreakdown Plan::predict(const ModelSpec& spec, const WorldShape& world,
+                              const TrainingShape& shape) const {
+  return predict_memory(spec, option, running(), world, shape);
+}
+
+Recomputed Plan::recomputed_for(const ModelSpec& spec, const WorldShape& world,
+                                const TrainingShape& shape, const HardwareBudget& budget) const {
+  return fewest_recomputed(spec, option, running(), world, shape, budget);
 }
 
 Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& world,
@@ -379,7 +453,16 @@ Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& wo
   plan.fits = chosen != nullptr;
   apply_choice(plan, chosen ? *chosen : *closest);
   resolve_overlap_step(plan, shape);
-  if (chosen) {
+  if (config.activation_checkpointing_mode == "auto" && !shape.inference)
+    plan.reasons.push_back(auto_policy_reason(spec, shape, chosen ? *chosen : *closest));
+  const bool on_device =
+      chosen && chosen->option.optimizer == OD::None && chosen->option.params == OD::None;
+  if (chosen && chosen->recomputed && on_device && spec.has_shape()) {
+    plan.summary = fmt::format(
+        "recommended: {}: of the choices without offload, the one recomputing the fewest "
+        "blocks ({} of {}; activation_checkpointing.mode auto), the earliest where they tie",
+        chosen->option.label(), *chosen->recomputed, spec.layers);
+  } else if (chosen) {
     plan.summary = fmt::format(
         "recommended: {}: the first choice that fits in the order no "
         "offload, optimizer cpu, optimizer nvme, params cpu, params nvme",

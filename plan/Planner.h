@@ -33,11 +33,16 @@ struct OptionEstimate {
   // offload_optimizer.ratio auto, stage 3 with the optimizer on the host: the ratio that
   // keeps on the device as much of the optimizer as fits there (1: none of it).
   std::optional<double> ratio;
+  // activation_checkpointing.mode auto: the blocks recomputed whole with which this option
+  // fits (fewest_recomputed).
+  std::optional<int64_t> recomputed;
 };
 
 struct Plan {
   PlanOption option;          // the recommended choice
-  Config config;              // resolved: no auto left, stage/offload set
+  // Resolved: stage/offload set, no auto left but activation_checkpointing.mode's, which
+  // the engine decides again for each batch it sees (fewest_recomputed).
+  Config config;
   TrainingSettings settings;  // the same, as plain values for the training code
   MemoryBreakdown predicted;  // per rank, for the recommended choice
   bool fits = false;
@@ -48,10 +53,24 @@ struct Plan {
   // What a rank holds under this plan, for groups shaped as `spec` (the memory model's).
   MemoryBreakdown predict(const ModelSpec& spec, const WorldShape& world,
                           const TrainingShape& shape) const;
+  // activation_checkpointing.mode auto for a batch the engine sees: fewest_recomputed of
+  // the chosen option under this plan.
+  Recomputed recomputed_for(const ModelSpec& spec, const WorldShape& world,
+                            const TrainingShape& shape, const HardwareBudget& budget) const;
+
+ private:
+  Config running() const;  // the config as the engine runs it
 };
 
 // Every stage/offload choice, in the order of preference.
 const std::vector<PlanOption>& plan_options();
+
+// activation_checkpointing.mode auto: the fewest blocks recomputed whole (none first) with
+// which `option` fits `budget` for `shape`'s batch, every tier judged as the planner judges
+// it; every block (full) where even that does not fit.
+Recomputed fewest_recomputed(const ModelSpec& spec, const PlanOption& option,
+                             const Config& config, const WorldShape& world,
+                             const TrainingShape& shape, const HardwareBudget& budget);
 
 Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& world,
                const TrainingShape& shape, const HardwareBudget& budget);

@@ -1,5 +1,6 @@
 """activation_checkpointing.mode: the engine recomputing the model's blocks by torchtitan's
-policies (full, selective every Nth block or by op, memory_budget). What a forward keeps
+policies (full, selective every Nth block or by op, memory_budget) and by auto (the fewest
+blocks that fit the device, as the estimator plans them). What a forward keeps
 under each is measured with torch's profiler (the bytes the forward allocates and leaves
 alive: what backward needs, the logits and the loss) and held to 3% of
 zeroshard-estimate --ac-mode's count plus one block recomputed in backward; on 2 ranks
@@ -9,6 +10,7 @@ the estimator's bytes. Refusals by their messages."""
 import copy
 import gc
 import importlib.util
+import json
 import os
 import subprocess
 
@@ -29,7 +31,11 @@ POLICIES = {
     "selective-2": {"mode": "selective", "selective_ac_option": 2},
     "op": {"mode": "selective", "selective_ac_option": "op"},
     "memory_budget": {"mode": "memory_budget", "memory_budget": 0.85},
+    "auto": {"mode": "auto"},
 }
+# Batches of BATCH sequences told to the auto engines after training, as a forward would
+# tell them: the blocks mode auto recomputes for each within this machine's capacity.
+LONG = (50_000, 100_000, 150_000, 200_000, 300_000, 400_000, 800_000, 1_600_000)
 
 
 def flags(keys):
@@ -84,14 +90,19 @@ def test_each_policy_keeps_what_the_estimate_counts(family, scratch):
             f"{family} {name}: estimated {predicted}, kept {kept} and one block {block}"
 
 
-def test_training_under_each_policy_is_training_without(scratch):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """activation_policy_worker.py's results on 2 ranks, one per rank."""
+    out = tmp_path_factory.mktemp("policy") / "policy"
+    return run_ranks([os.path.join(HERE, "activation_policy_worker.py"), str(out)], 2, out)
+
+
+def test_training_under_each_policy_is_training_without(trained, scratch):
     """2 ranks, stages 2 and 3: every policy's losses and gradient norms are those of mode
     none; a forward runs torch's checkpoint once per block the policy recomputes; the
     engine's prediction is the estimator's; memory_budget recomputes the fewest whole
     blocks that keep the estimate within its fraction of none's, derived here from the
     estimator's own figures for this model and one block fewer."""
-    out = scratch / "policy"
-    ranks = run_ranks([os.path.join(HERE, "activation_policy_worker.py"), str(out)], 2, out)
     config = layered("llama")
     none = estimated(config, scratch)
     per_block = none - estimated(layered("llama", LAYERS - 1), scratch)
@@ -101,9 +112,9 @@ def test_training_under_each_policy_is_training_without(scratch):
     chosen = next(n for n in range(1, LAYERS + 1)
                   if (LAYERS - n) * per_block + n * kept_input + per_block + head <= budget * none)
     recomputed = {"none": 0, "full": LAYERS, "selective-2": LAYERS // 2, "op": LAYERS,
-                  "memory_budget": chosen}
+                  "memory_budget": chosen, "auto": 0}
     assert 0 < chosen < LAYERS  # the budget chosen to need some blocks, not all
-    for rank in ranks:
+    for rank in trained:
         for stage in (2, 3):
             plain = rank[f"none stage {stage}"]
             for name, keys in POLICIES.items():
@@ -114,6 +125,29 @@ def test_training_under_each_policy_is_training_without(scratch):
                 assert run["predicted"] == estimated(config, scratch, *flags(keys)), (name, stage)
             assert rank[f"memory_budget stage {stage}"]["layers"] == [chosen, 0]
             assert rank[f"op stage {stage}"]["layers"] == [0, LAYERS]
+            assert rank[f"auto stage {stage}"]["layers"] == [0, 0]
+
+
+def test_auto_recomputes_what_the_estimator_plans_for_the_capacity(trained, scratch):
+    """Mode auto at batches too long for this machine (told to the engines of the training
+    test after it): the engine recomputes the blocks zeroshard-estimate --ac-mode auto gives
+    its stage on a device of the engine's capacity, and some need some blocks, not all."""
+    path = scratch / "config.json"
+    layered("llama").to_json_file(str(path))
+    needed = set()
+    for stage in (2, 3):
+        run = trained[0][f"auto stage {stage}"]
+        for seq, (whole, ops) in zip(LONG, run["long"]):
+            planned = subprocess.run(
+                [os.path.join(BUILD, "tools", "zeroshard-estimate"), "--hf-config", str(path),
+                 "--gpus-per-node", "2", "--micro-batch", str(BATCH), "--bf16", "--json",
+                 "--seq", str(seq), "--ac-mode", "auto", "--gpu-mem", str(run["capacity"])],
+                capture_output=True, text=True, timeout=60)
+            row = next(r for r in json.loads(planned.stdout)["options"] if r["stage"] == stage
+                       and r["offload_optimizer"] == "none" and r["offload_param"] == "none")
+            assert (whole, ops) == (row["recomputed_blocks"], 0), (stage, seq, planned.stdout)
+            needed.add(whole)
+    assert any(0 < n < LAYERS for n in needed) and 0 in needed, needed
 
 
 def test_config_refusals():
@@ -139,8 +173,8 @@ def test_config_refusals():
 
 
 def test_model_refusals():
-    """No blocks to recompute, pipeline stages, and the model's own gradient checkpointing
-    beside a mode: each refused by name (when the engine is built; the last at a forward).
+    """No blocks to recompute, pipeline stages, the model's own gradient checkpointing beside
+    a mode, auto for a model whose activations the planner cannot count: each refused by name (when the engine is built; the last at a forward).
     The blocks found; a copy of the model runs its own weights."""
     import torch
     import transformers
@@ -158,6 +192,10 @@ def test_model_refusals():
     assert [type(b).__name__ for b in policy.blocks(model)] == ["LlamaDecoderLayer"] * 2
     stack = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
     assert policy.blocks(stack) == [stack[0], stack[2]]
+    uncounted = policy.Recompute(lambda: None, stack, "auto", "op", 0.5)
+    with pytest.raises(zeroshard.Error, match=r"activation_checkpointing.mode auto: the planner "
+                                              r"cannot count this model's activations"):
+        uncounted.begin_forward()
     policy.Recompute(None, model, "full", "op", 0.5)
     model.gradient_checkpointing_enable()
     ids = torch.zeros(1, 8, dtype=torch.long)

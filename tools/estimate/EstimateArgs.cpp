@@ -210,7 +210,7 @@ void read_activation_policy(const std::map<std::string, std::string>& given, Est
   Config& c = in.config;
   const auto it = given.find("--ac-mode");
   if (it != given.end()) {
-    const std::vector<std::string> modes{"none", "full", "selective", "memory_budget"};
+    const std::vector<std::string> modes{"none", "full", "selective", "memory_budget", "auto"};
     if (std::find(modes.begin(), modes.end(), it->second) == modes.end())
       fail("--ac-mode: '{}' is not allowed; allowed: {}", it->second, fmt::join(modes, ", "));
     if (given.count("--activation-checkpointing") && it->second != "none")

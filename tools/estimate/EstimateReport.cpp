@@ -16,10 +16,16 @@ namespace {
 
 // --max-seq's length or --max-micro-batch's size for `option` (`largest` is in
 // plan_options()' order).
-int64_t largest_of(const std::vector<int64_t>& largest, const PlanOption& option) {
+Fitting largest_of(const std::vector<Fitting>& largest, const PlanOption& option) {
   const auto& options = plan_options();
   const auto where = std::find(options.begin(), options.end(), option);
-  return where == options.end() ? 0 : largest[where - options.begin()];
+  return where == options.end() ? Fitting{} : largest[where - options.begin()];
+}
+
+// activation_checkpointing.mode auto: ", N of L blocks recomputed" beside a size or verdict.
+std::string recomputed_text(const EstimateInputs& in, int64_t blocks) {
+  if (in.config.activation_checkpointing_mode != "auto" || in.inference) return "";
+  return fmt::format(", {} of {} blocks recomputed", blocks, in.spec.layers);
 }
 
 std::string with_commas(int64_t n) {
@@ -43,6 +49,7 @@ std::string checkpointing_text(const EstimateInputs& in) {
            offloaded;
   if (mode == "memory_budget")
     return fmt::format("memory_budget {}", c.activation_memory_budget.value_or(0.5));
+  if (mode == "auto") return "auto (the fewest blocks recomputed that fit)" + offloaded;
   return (mode == "full" ? "full" : "off") + offloaded;
 }
 
@@ -76,7 +83,7 @@ std::string option_row(const EstimateInputs& in, const OptionEstimate& e, bool r
   } else if (const auto d = deepspeed_for(in, e.option)) {
     extra = fmt::format("{} / {}", gib(d->gpu_bytes), gib(d->cpu_bytes));
   }
-  std::string verdict = e.verdict;
+  std::string verdict = e.verdict + recomputed_text(in, e.recomputed.value_or(0));
   if (!e.allowed) verdict = "(excluded by config) " + verdict;
   return fmt::format("{} {:<36} {:>9} {:>9} {:>9}  {:<17} {}\n", recommended ? "*" : " ",
                      option_label(in, e.option), gib(e.bytes.total(Tier::Device)),
@@ -252,9 +259,11 @@ std::string render_table(const EstimateInputs& in, const Plan& plan, const Large
         in.shape.micro_batch, sp > 1 ? fmt::format(", split over {} ranks", sp) : "",
         checkpointing_text(in));
     for (const auto& e : plan.options) {
-      const int64_t tokens = largest_of(largest.seq, e.option);
+      const Fitting tokens = largest_of(largest.seq, e.option);
       out += fmt::format("  {:<37} {}\n", option_label(in, e.option),
-                         tokens > 0 ? with_commas(tokens) + " tokens" : "none fits");
+                         tokens.size > 0 ? with_commas(tokens.size) + " tokens" +
+                                               recomputed_text(in, tokens.recomputed)
+                                         : "none fits");
     }
   }
   if (!largest.micro_batch.empty()) {
@@ -263,9 +272,11 @@ std::string render_table(const EstimateInputs& in, const Plan& plan, const Large
         "{}:\n",
         with_commas(in.shape.seq), checkpointing_text(in));
     for (const auto& e : plan.options) {
-      const int64_t batch = largest_of(largest.micro_batch, e.option);
+      const Fitting batch = largest_of(largest.micro_batch, e.option);
       out += fmt::format("  {:<37} {}\n", option_label(in, e.option),
-                         batch > 0 ? with_commas(batch) + " sequences" : "none fits");
+                         batch.size > 0 ? with_commas(batch.size) + " sequences" +
+                                              recomputed_text(in, batch.recomputed)
+                                        : "none fits");
     }
   }
   out += fmt::format("\n{}\n", in.inference ? serving_summary(in, plan) : plan.summary);
@@ -284,9 +295,18 @@ std::string render_json(const EstimateInputs& in, const Plan& plan, const Larges
   nlohmann::json options = nlohmann::json::array();
   for (const auto& e : plan.options) {
     nlohmann::json row = bytes_json(e.bytes);
-    if (!largest.seq.empty()) row["max_seq"] = largest_of(largest.seq, e.option);
-    if (!largest.micro_batch.empty())
-      row["max_micro_batch"] = largest_of(largest.micro_batch, e.option);
+    const bool auto_policy = in.config.activation_checkpointing_mode == "auto" && !in.inference;
+    if (auto_policy) row["recomputed_blocks"] = e.recomputed.value_or(0);
+    if (!largest.seq.empty()) {
+      const Fitting f = largest_of(largest.seq, e.option);
+      row["max_seq"] = f.size;
+      if (auto_policy) row["max_seq_recomputed_blocks"] = f.recomputed;
+    }
+    if (!largest.micro_batch.empty()) {
+      const Fitting f = largest_of(largest.micro_batch, e.option);
+      row["max_micro_batch"] = f.size;
+      if (auto_policy) row["max_micro_batch_recomputed_blocks"] = f.recomputed;
+    }
     row["stage"] = e.option.stage;
     row["offload_optimizer"] = offload_device_name(e.option.optimizer);
     row["offload_param"] = offload_device_name(e.option.params);

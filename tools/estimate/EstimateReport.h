@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/LongestSequence.h"
 #include "plan/Planner.h"
 #include "tools/estimate/EstimateArgs.h"
 
@@ -11,8 +12,8 @@ namespace zeroshard::estimate {
 // --max-seq's lengths and --max-micro-batch's sizes, per option of plan_options() (each
 // empty where not asked).
 struct Largest {
-  std::vector<int64_t> seq;
-  std::vector<int64_t> micro_batch;
+  std::vector<Fitting> seq;
+  std::vector<Fitting> micro_batch;
 };
 std::string render_table(const EstimateInputs& in, const Plan& plan, const Largest& largest = {});
 std::string render_json(const EstimateInputs& in, const Plan& plan, const Largest& largest = {});

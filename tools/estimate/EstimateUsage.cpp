@@ -53,13 +53,17 @@ training:
                          none, full, selective (--ac-option op: every block keeps its
                          matmul outputs, the default; N: every Nth block whole), or
                          memory_budget (--memory-budget F, default 0.5: the fewest whole
-                         blocks that keep activations within F of none's)
+                         blocks that keep activations within F of none's), or auto (per
+                         choice the fewest whole blocks with which it fits; the
+                         recommendation keeps everything on the device where recomputing
+                         makes that fit)
   --ac-offload DEVICE    the blocks' saved activations kept in host RAM (cpu) or on NVMe
                          (nvme) until backward (activation_checkpointing.offload.device):
-                         two blocks' stay on the device; with --ac-mode none, full or
-                         selective N
+                         two blocks' stay on the device; with --ac-mode none, full,
+                         selective N or auto
   --max-seq              also the longest sequence (a multiple of --sp) each choice trains
-                         within the budget, at this micro-batch and checkpointing
+                         within the budget, at this micro-batch and checkpointing (with
+                         --ac-mode auto: and the blocks it recomputes there)
   --max-micro-batch      also the largest micro-batch each choice trains within the
                          budget, at this sequence length and checkpointing
   --attn-implementation NAME   as transformers takes it: sdpa (default), flash_attention_2,

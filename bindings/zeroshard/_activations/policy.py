@@ -3,7 +3,8 @@ torchtitan's activation_checkpoint offers it: none, full (every block keeps only
 selective (every Nth block recomputed whole, or, with "op", every block keeping the outputs
 of its matmuls and attention kernels and recomputing the rest), memory_budget (as many
 blocks as keep the activations within that fraction of what none keeps, counted by the
-planner for the batch trained on). torch's non-reentrant checkpoint runs each block's own
+planner for the batch trained on), auto (the fewest blocks with which the plan fits the
+device at that batch: none where it fits without). torch's non-reentrant checkpoint runs each block's own
 forward inside its hooks, so at stage 3 a block is gathered for its backward before it is
 recomputed. The planner counts the same blocks (plan/MemoryModel.h recomputed_layers).
 With activation_checkpointing.offload each block's forward runs inside offload.py's hooks:
@@ -86,7 +87,8 @@ def _outermost(model, is_block):
 
 class Recompute:
     """Which blocks a forward recomputes, for the config's mode. `counted()`: the engine's
-    (whole, ops) layers for the batch it has seen, or None (memory_budget reads it)."""
+    (whole, ops) layers for the batch it has seen, or None (memory_budget and auto read
+    it)."""
 
     def __init__(self, counted, model, mode, option, budget, offload=None):
         # Neither the model nor the engine is held: each block holds this, and a cycle would
@@ -114,8 +116,8 @@ class Recompute:
             every = int(option)  # blocks N, 2N, ... as torchtitan counts them
             self.how = ["whole" if (i + 1) % every == 0 else None for i in range(n)]
         else:
-            self.how = [None] * n  # memory_budget: decided at each forward (begin_forward)
-        self.counted_at = None  # the engine's batch count memory_budget last decided at
+            self.how = [None] * n  # memory_budget, auto: decided at each forward
+        self.counted_at = None  # the engine's batch count they last decided at
         self.saved = _keep_saved_ops(saved_ops())
         self.cache_warned = False
         for index, block in enumerate(found):
@@ -128,8 +130,8 @@ class Recompute:
 
     def begin_forward(self, told=None):
         """A forward of the model begins (after the engine has seen its batch). `told`: how
-        many batches the engine has been told of; memory_budget decides again when it
-        changes (None: every forward)."""
+        many batches the engine has been told of; memory_budget and auto decide again when
+        it changes (None: every forward)."""
         model = self.model()
         if self.offload is not None:
             self.offload.begin_forward()
@@ -140,14 +142,15 @@ class Recompute:
                 "gradient checkpointing (gradient_checkpointing_enable()) both recompute its "
                 "layers; allowed: one of the two (gradient_checkpointing_disable(), or mode "
                 "none)")
-        if self.mode != "memory_budget" or not torch.is_grad_enabled():
+        if self.mode not in ("memory_budget", "auto") or not torch.is_grad_enabled():
             return
         if told is not None and told == self.counted_at:
             return
         counted = self.counted() if self.counted is not None else None
         if counted is None:
+            mode = "auto" if self.mode == "auto" else f"memory_budget ({self.budget})"
             raise _zeroshard.Error(
-                f"activation_checkpointing.mode memory_budget ({self.budget}): the planner "
+                f"activation_checkpointing.mode {mode}: the planner "
                 f"cannot count this model's activations (a {type(model).__name__}: it "
                 "reads a Hugging Face model whose family zeroshard-estimate knows, from "
                 "model.config and the input_ids of a forward); allowed: mode full or selective")
