@@ -312,8 +312,8 @@ TrainingShape EngineImpl::counted_shape(ModelSpec& spec) const {
     HardwareBudget budget;
     budget.device_bytes = device_.capacity;
     budget.host_bytes = host_memory_bytes();
-    shape.recomputed = plan_.recomputed_for(spec, WorldShape{1, data_parallel_size()}, shape,
-                                            budget);
+    shape.recomputed =
+        plan_.recomputed_for(spec, WorldShape{1, data_parallel_size()}, shape, budget);
   }
   return shape;
 }

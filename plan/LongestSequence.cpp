@@ -52,8 +52,8 @@ std::vector<Fitting> largest_fitting(const ModelSpec& spec, const Config& config
 }  // namespace
 
 std::vector<Fitting> longest_sequences(const ModelSpec& spec, const Config& config,
-                                      const WorldShape& world, const TrainingShape& shape,
-                                      const HardwareBudget& budget) {
+                                       const WorldShape& world, const TrainingShape& shape,
+                                       const HardwareBudget& budget) {
   const int64_t step = std::max<int64_t>(1, config.sequence_parallel_size.value_or(1));
   std::vector<Fitting> steps =
       largest_fitting(spec, config, world, shape, budget, kLongestSequenceSearched / step,

@@ -27,7 +27,7 @@ struct Fitting {
 // checkpointing hold; its seq is ignored.
 std::vector<Fitting> longest_sequences(const ModelSpec& spec, const Config& config,
                                        const WorldShape& world, const TrainingShape& shape,
-                                      const HardwareBudget& budget);
+                                       const HardwareBudget& budget);
 
 // Per option of plan_options(), in its order: the largest micro-batch with which the option
 // fits `budget` at `shape`'s sequence length (0: not even one sequence).

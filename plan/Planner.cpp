@@ -177,8 +177,7 @@ Choice choose(const ModelSpec& spec, const Config& fixed, const Config& resolved
     for (size_t i = 0; i < c.options.size(); ++i) {
       const auto& e = c.options[i];
       const bool on_device = e.option.optimizer == OD::None && e.option.params == OD::None;
-      if (e.allowed && e.fits && on_device &&
-          *e.recomputed < *c.options[c.chosen].recomputed)
+      if (e.allowed && e.fits && on_device && *e.recomputed < *c.options[c.chosen].recomputed)
         c.chosen = static_cast<int>(i);
     }
   };
@@ -330,18 +329,18 @@ std::string auto_policy_reason(const ModelSpec& spec, const TrainingShape& shape
   const char* key = "activation_checkpointing.mode: auto";
   const char* again = "the engine decides again for each batch a forward brings";
   if (!spec.has_shape() || !chosen.recomputed)
-    return fmt::format("{}, decided at each forward from its batch (no model shape to count "
-                       "activations from here)",
-                       key);
+    return fmt::format(
+        "{}, decided at each forward from its batch (no model shape to count "
+        "activations from here)",
+        key);
   const int64_t k = *chosen.recomputed;
-  const std::string why =
-      k == 0                          ? "the activations fit beside the rest"
-      : !chosen.fits && k == spec.layers ? "the most there is; even so nothing fits"
-                                      : fmt::format("the fewest with which {} fits",
-                                                    chosen.option.label());
+  const std::string why = k == 0 ? "the activations fit beside the rest"
+                          : !chosen.fits && k == spec.layers
+                              ? "the most there is; even so nothing fits"
+                              : fmt::format("the fewest with which {} fits", chosen.option.label());
   return fmt::format(
-      "{} -> {} of {} blocks recomputed whole for micro-batches of {} x {} tokens ({}); {}", key,
-      k, spec.layers, shape.micro_batch, shape.seq, why, again);
+      "{} -> {} of {} blocks recomputed whole for micro-batches of {} x {} tokens ({}); {}", key, k,
+      spec.layers, shape.micro_batch, shape.seq, why, again);
 }
 
 // Nothing fits with every optimizer shard on the host (offload_optimizer.ratio 1,
@@ -367,9 +366,9 @@ std::string ratio_hint(const ModelSpec& spec, const Config& fixed, const Config&
 
 }  // namespace
 
-Recomputed fewest_recomputed(const ModelSpec& spec, const PlanOption& option,
-                             const Config& config, const WorldShape& world,
-                             const TrainingShape& shape, const HardwareBudget& budget) {
+Recomputed fewest_recomputed(const ModelSpec& spec, const PlanOption& option, const Config& config,
+                             const WorldShape& world, const TrainingShape& shape,
+                             const HardwareBudget& budget) {
   TrainingShape t = shape;
   const auto fits = [&](int64_t whole) {
     t.recomputed = {whole, 0};

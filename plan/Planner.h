@@ -39,7 +39,7 @@ struct OptionEstimate {
 };
 
 struct Plan {
-  PlanOption option;          // the recommended choice
+  PlanOption option;  // the recommended choice
   // Resolved: stage/offload set, no auto left but activation_checkpointing.mode's, which
   // the engine decides again for each batch it sees (fewest_recomputed).
   Config config;
@@ -68,9 +68,9 @@ const std::vector<PlanOption>& plan_options();
 // activation_checkpointing.mode auto: the fewest blocks recomputed whole (none first) with
 // which `option` fits `budget` for `shape`'s batch, every tier judged as the planner judges
 // it; every block (full) where even that does not fit.
-Recomputed fewest_recomputed(const ModelSpec& spec, const PlanOption& option,
-                             const Config& config, const WorldShape& world,
-                             const TrainingShape& shape, const HardwareBudget& budget);
+Recomputed fewest_recomputed(const ModelSpec& spec, const PlanOption& option, const Config& config,
+                             const WorldShape& world, const TrainingShape& shape,
+                             const HardwareBudget& budget);
 
 Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& world,
                const TrainingShape& shape, const HardwareBudget& budget);

@@ -92,10 +92,9 @@ TEST(AutoPolicy, RecomputesTheFewestBlocksThatFit) {
   // Nothing to count (no model shape): none.
   ModelSpec shapeless = tiny_llama();
   shapeless.layers = 0;
-  EXPECT_EQ(fewest_recomputed(shapeless, kStage3, auto_mode(), kWorld, tokens_2048(),
-                              device_of(1))
-                .whole,
-            0);
+  EXPECT_EQ(
+      fewest_recomputed(shapeless, kStage3, auto_mode(), kWorld, tokens_2048(), device_of(1)).whole,
+      0);
 }
 
 TEST(AutoPolicy, PlanKeepsEverythingOnTheDeviceRecomputingTheFewest) {
@@ -142,13 +141,14 @@ TEST(AutoPolicy, OffloadsOnlyWhereNoDeviceChoiceFitsRecomputingEveryBlock) {
   for (const auto& e : plan.options) {
     if (e.option == plan.option) {
       // The first offload that fits, with the fewest blocks it needs.
-      EXPECT_EQ(*e.recomputed, fewest_recomputed(spec, e.option, plan.config, kWorld,
-                                                 tokens_2048(), budget)
-                                   .whole);
+      EXPECT_EQ(
+          *e.recomputed,
+          fewest_recomputed(spec, e.option, plan.config, kWorld, tokens_2048(), budget).whole);
       break;
     }
     EXPECT_FALSE(e.fits) << e.option.label();  // before it in the order: none fits
-    if (e.option.optimizer == OffloadDevice::None)
+    if (e.option.optimizer == OffloadDevice::None) {
       EXPECT_EQ(*e.recomputed, kLayers) << e.option.label();
+    }
   }
 }

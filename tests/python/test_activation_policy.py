@@ -174,8 +174,9 @@ def test_config_refusals():
 
 def test_model_refusals():
     """No blocks to recompute, pipeline stages, the model's own gradient checkpointing beside
-    a mode, auto for a model whose activations the planner cannot count: each refused by name (when the engine is built; the last at a forward).
-    The blocks found; a copy of the model runs its own weights."""
+    a mode, auto for a model whose activations the planner cannot count: each refused by
+    name (when the engine is built; the last two at a forward). The blocks found; a copy
+    of the model runs its own weights."""
     import torch
     import transformers
     import zeroshard

@@ -1,53 +1,16 @@
 // zeroshard-estimate run as a user runs it: a real process, its exit code and output.
-#include <sys/wait.h>
-
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "config/Config.h"
-#include "tests/common/TestPaths.h"
+#include "tests/tools/EstimateCli.h"
 
 namespace fs = std::filesystem;
+using namespace zeroshard::testing;
 
 namespace {
-
-struct CliRun {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-fs::path scratch() {
-  const fs::path dir = fs::temp_directory_path() / ("zs_cli_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
-
-CliRun estimate(const std::string& args) {
-  const fs::path dir = scratch();
-  const std::string cmd = std::string(zeroshard::testing::binary_dir()) +
-                          "/tools/zeroshard-estimate " + args + " >" + (dir / "out").string() +
-                          " 2>" + (dir / "err").string();
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out"), slurp(dir / "err")};
-}
-
-std::string hf(const std::string& name) {
-  return std::string(zeroshard::testing::source_dir()) + "/tests/data/hf/" + name;
-}
 
 const std::string kLlama8x80 = "--hf-config " + hf("llama2_7b.json") +
                                " --nodes 1 --gpus-per-node 8 --gpu-mem 80GB --cpu-mem 512GB "
@@ -103,45 +66,12 @@ TEST(EstimateCli, MaxSeqIsTheLongestSequenceEachChoiceFitsAndSplitsOverSp) {
   }
   EXPECT_EQ(longest[1][0], 0);  // stage 0's model states alone exceed 80 GB
   for (size_t i = 1; i < longest[1].size(); ++i)
-    if (longest[1][i] > 0) EXPECT_GT(longest[8][i], 4 * longest[1][i]) << "option " << i;
+    if (longest[1][i] > 0) {
+      EXPECT_GT(longest[8][i], 4 * longest[1][i]) << "option " << i;
+    }
   const CliRun table = estimate(model.substr(0, model.size() - 7) + " --sp 8 --max-seq");
   EXPECT_NE(table.out.find("longest sequence (--max-seq) at micro-batch 1, split over 8 ranks, "
                            "activation checkpointing on:"),
-            std::string::npos)
-      << table.out;
-}
-
-TEST(EstimateCli, MaxMicroBatchIsTheLargestEachChoiceFitsAndGrowsWithOffload) {
-  // Each choice's --max-micro-batch fits at that --micro-batch and not one more; with the
-  // blocks' activations offloaded to the host the device holds two blocks' and the head's,
-  // so every choice that fits one sequence fits more of them.
-  const std::string model = "--hf-config " + hf("llama2_7b.json") +
-                            " --gpus-per-node 8 --gpu-mem 80GB --cpu-mem 2TB --seq 4096 "
-                            "--ac-mode full --json";
-  std::map<std::string, std::vector<int64_t>> largest;
-  for (const std::string offload : {"none", "cpu"}) {
-    const std::string args = model + " --ac-offload " + offload;
-    const CliRun r = estimate(args + " --max-micro-batch");
-    ASSERT_EQ(r.code, 0) << r.err;
-    const auto options = nlohmann::json::parse(r.out)["options"];
-    for (size_t i = 0; i < options.size(); ++i) {
-      const int64_t batch = options[i]["max_micro_batch"].get<int64_t>();
-      largest[offload].push_back(batch);
-      if (batch == 0 || offload == "cpu") continue;
-      for (const int64_t micro : {batch, batch + 1}) {
-        const CliRun at = estimate(args + " --micro-batch " + std::to_string(micro));
-        ASSERT_NE(at.code, 2) << at.err;
-        EXPECT_EQ(nlohmann::json::parse(at.out)["options"][i]["fits"].get<bool>(), micro == batch)
-            << "option " << i << " at micro-batch " << micro;
-      }
-    }
-  }
-  EXPECT_EQ(largest["none"][0], 0);  // stage 0's model states alone exceed 80 GB
-  for (size_t i = 1; i < largest["none"].size(); ++i)
-    if (largest["none"][i] > 0) EXPECT_GT(largest["cpu"][i], largest["none"][i]) << "option " << i;
-  const CliRun table = estimate(model.substr(0, model.size() - 7) + " --max-micro-batch");
-  EXPECT_NE(table.out.find("largest micro-batch (--max-micro-batch) at 4,096 tokens, activation "
-                           "checkpointing full:"),
             std::string::npos)
       << table.out;
 }

@@ -4,11 +4,12 @@ selective (every Nth block recomputed whole, or, with "op", every block keeping 
 of its matmuls and attention kernels and recomputing the rest), memory_budget (as many
 blocks as keep the activations within that fraction of what none keeps, counted by the
 planner for the batch trained on), auto (the fewest blocks with which the plan fits the
-device at that batch: none where it fits without). torch's non-reentrant checkpoint runs each block's own
-forward inside its hooks, so at stage 3 a block is gathered for its backward before it is
-recomputed. The planner counts the same blocks (plan/MemoryModel.h recomputed_layers).
-With activation_checkpointing.offload each block's forward runs inside offload.py's hooks:
-what it saves (a recomputed block: its input) waits for backward in host RAM or on NVMe."""
+device at that batch: none where it fits without). torch's non-reentrant checkpoint runs
+each block's own forward inside its hooks, so at stage 3 a block is gathered for its
+backward before it is recomputed. The planner counts the same blocks (plan/MemoryModel.h
+recomputed_layers). With activation_checkpointing.offload each block's forward runs inside
+offload.py's hooks: what it saves (a recomputed block: its input) waits for backward in host
+RAM or on NVMe."""
 import functools
 import types
 import weakref
