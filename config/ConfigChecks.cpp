@@ -206,7 +206,7 @@ void check_activation_offload(const Config& c) {
       (mode == "selective" && (c.selective_ac_option.empty() || c.selective_ac_option == "op"))) {
     fail(
         "{}device' is '{}' with mode '{}'{}: not composed in zeroshard yet ({}); allowed: mode "
-        "none (every saved activation offloaded), full (the blocks' inputs offloaded) or "
+        "none (every saved activation offloaded), full (the blocks' inputs offloaded), auto or "
         "selective with an integer selective_ac_option",
         key, offload_device_name(o.device), mode, mode == "selective" ? " and option op" : "",
         mode == "selective" ? "the kept op outputs stay in torch's selective-checkpoint cache"

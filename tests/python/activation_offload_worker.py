@@ -4,7 +4,8 @@ three steps under each activation_checkpointing policy of OFFLOADS at ZeRO stage
 tiers after a forward (what waits for backward) and at their peak beside memory_report's
 prediction, at two sequence lengths; at stage 2 also the bytes a forward allocates
 and leaves alive on the device (torch's profiler); the swap file's size after three steps;
-the swap directories left once the engines are gone.
+the swap directories left once the engines are gone; a GPT-2 at stage 3 under
+GPT_OFFLOADS, its losses and gradient norms.
 
 usage: activation_offload_worker.py OUT"""
 import gc
@@ -18,7 +19,7 @@ import transformers
 
 import zeroshard
 from test_activation_memory import BATCH, SEQ
-from test_activation_offload import OFFLOADS
+from test_activation_offload import GPT_OFFLOADS, OFFLOADS
 from test_activation_policy import layered
 
 zeroshard.init_distributed(dist_backend="gloo")
@@ -30,12 +31,12 @@ ids = torch.randint(config.vocab_size, (3, BATCH, SEQ),
                     generator=torch.Generator().manual_seed(rank))
 
 
-def engine_for(stage, keys):
+def engine_for(stage, keys, family=config):
     keys = dict(keys)
     if keys.get("offload", {}).get("device") == "nvme":
         keys["offload"] = dict(keys["offload"], nvme_path=nvme)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    model = transformers.AutoModelForCausalLM.from_config(family).to(torch.bfloat16)
     return zeroshard.initialize(model=model, config={
         "train_micro_batch_size_per_gpu": BATCH, "bf16": {"enabled": True},
         "zero_optimization": {"stage": stage}, "activation_checkpointing": keys,
@@ -86,6 +87,20 @@ for stage in (2, 3):
             run["forward_kept"] = forward_kept(engine, ids[0])
         result[f"{name} stage {stage}"] = run
         del engine, loss
+# A GPT (GPT-2's blocks: fused qkv, learned positions, GELU MLP) at stage 3 under the
+# offloads of each tier, three steps at SEQ.
+gpt = layered("gpt2")
+for name in GPT_OFFLOADS:
+    engine = engine_for(3, OFFLOADS[name], gpt)
+    run = {"losses": [], "norms": []}
+    for step in range(3):
+        loss = engine(input_ids=ids[step], labels=ids[step]).loss
+        engine.backward(loss)
+        engine.step()
+        run["losses"].append(loss.item())
+        run["norms"].append(engine.get_global_grad_norm())
+    result[f"gpt2 {name} stage 3"] = run
+    del engine, loss
 gc.collect()
 result["swap dirs left"] = sorted(os.listdir(nvme)) if os.path.isdir(nvme) else []
 with open(f"{out}.rank{rank}.json", "w") as f:

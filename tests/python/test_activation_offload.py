@@ -1,8 +1,8 @@
 """activation_checkpointing.offload: the engine's blocks' saved activations kept in host RAM
 (device cpu) or on NVMe (device nvme) from forward to backward. On 2 ranks at stages 2 and 3,
-each policy with offload trains to the losses and gradient norms of no offload (bit-equal);
-what the ledger holds on the host and NVMe tiers after a forward is memory_report's
-prediction (the estimator's) within 1% at two sequence lengths, and nothing after backward;
+each policy with offload trains to the losses and gradient norms of no offload (bit-equal),
+a GPT-2 too at stage 3; what the ledger holds on the host and NVMe tiers after a forward is
+memory_report's prediction (the estimator's) within 1% at two sequence lengths, and nothing after backward;
 the forward leaves on the device what it leaves without offload less those bytes; the swap
 file grows no further than the most held at once and is removed with the engine. The
 estimator's tiers are derived from its own figures for the model without offload; refusals
@@ -28,7 +28,9 @@ OFFLOADS = {
                         "offload": {"device": "cpu"}},
     "nvme": {"mode": "none", "offload": {"device": "nvme"}},
     "full nvme": {"mode": "full", "offload": {"device": "nvme"}},
+    "auto cpu": {"mode": "auto", "offload": {"device": "cpu"}},  # recomputes none here
 }
+GPT_OFFLOADS = ("none", "cpu", "full cpu", "full nvme")  # a GPT-2 too, at stage 3
 
 
 def flags(keys):
@@ -114,6 +116,9 @@ def test_offloaded_training_is_training_without(scratch):
                     assert abs(staged - run[f"predicted {SEQ}"]["host"]) <= \
                         0.01 * run[f"predicted {SEQ}"]["host"], (name, stage, staged)
                     assert run["file_bytes"] == run["peak"]["nvme"], (name, stage)
+        gpt = rank["gpt2 none stage 3"]
+        for name in GPT_OFFLOADS[1:]:
+            assert rank[f"gpt2 {name} stage 3"] == gpt, name
     # The forward leaves on the device what it leaves without offload but the blocks' bytes
     # the plan moves (the head's: the final norm, the logits and the loss's fp32 copy).
     estimate = estimated(config, scratch)["device"]
