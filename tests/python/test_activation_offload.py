@@ -2,9 +2,9 @@
 (device cpu) or on NVMe (device nvme) from forward to backward. On 2 ranks at stages 2 and 3,
 each policy with offload trains to the losses and gradient norms of no offload (bit-equal),
 a GPT-2 too at stage 3; what the ledger holds on the host and NVMe tiers after a forward is
-memory_report's prediction (the estimator's) within 1% at two sequence lengths, and nothing after backward;
-the forward leaves on the device what it leaves without offload less those bytes; the swap
-file grows no further than the most held at once and is removed with the engine. The
+memory_report's prediction (the estimator's) within 1% at two sequence lengths, and nothing
+after backward; the forward leaves on the device what it leaves without offload less those
+bytes; the swap file grows no further than the most held at once and is removed with the engine. The
 estimator's tiers are derived from its own figures for the model without offload; refusals
 by their messages."""
 import json
