@@ -5,7 +5,8 @@ tiers after a forward (what waits for backward) and at their peak beside memory_
 prediction, at two sequence lengths; at stage 2 also the bytes a forward allocates
 and leaves alive on the device (torch's profiler); the swap file's size after three steps;
 the swap directories left once the engines are gone; a GPT-2 at stage 3 under
-GPT_OFFLOADS, its losses and gradient norms.
+GPT_RUNS, its losses and gradient norms, torch's checkpoint calls and the host's peak
+activations.
 
 usage: activation_offload_worker.py OUT"""
 import gc
@@ -19,8 +20,9 @@ import transformers
 
 import zeroshard
 from test_activation_memory import BATCH, SEQ
-from test_activation_offload import GPT_OFFLOADS, OFFLOADS
+from test_activation_offload import GPT_RUNS, OFFLOADS
 from test_activation_policy import layered
+from zeroshard._activations import policy as recompute_policy
 
 zeroshard.init_distributed(dist_backend="gloo")
 rank = dist.get_rank()
@@ -87,18 +89,30 @@ for stage in (2, 3):
             run["forward_kept"] = forward_kept(engine, ids[0])
         result[f"{name} stage {stage}"] = run
         del engine, loss
-# A GPT (GPT-2's blocks: fused qkv, learned positions, GELU MLP) at stage 3 under the
-# offloads of each tier, three steps at SEQ.
+# A GPT (GPT-2's blocks: fused qkv, learned positions, GELU MLP) at stage 3 under
+# GPT_RUNS, three steps at SEQ.
 gpt = layered("gpt2")
-for name in GPT_OFFLOADS:
-    engine = engine_for(3, OFFLOADS[name], gpt)
+checkpoint, checkpoints = recompute_policy.torch_checkpoint.checkpoint, [0]
+
+
+def counted(*args, **kwargs):
+    checkpoints[0] += 1
+    return checkpoint(*args, **kwargs)
+
+
+recompute_policy.torch_checkpoint.checkpoint = counted
+for name, keys in GPT_RUNS.items():
+    engine = engine_for(3, keys, gpt)
     run = {"losses": [], "norms": []}
+    checkpoints[0] = 0
     for step in range(3):
         loss = engine(input_ids=ids[step], labels=ids[step]).loss
         engine.backward(loss)
         engine.step()
         run["losses"].append(loss.item())
         run["norms"].append(engine.get_global_grad_norm())
+    run["checkpoints"] = checkpoints[0]
+    run["host peak"] = tiers(engine.memory_report(), "peak")["host"]
     result[f"gpt2 {name} stage 3"] = run
     del engine, loss
 gc.collect()

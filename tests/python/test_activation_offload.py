@@ -30,7 +30,10 @@ OFFLOADS = {
     "full nvme": {"mode": "full", "offload": {"device": "nvme"}},
     "auto cpu": {"mode": "auto", "offload": {"device": "cpu"}},  # recomputes none here
 }
-GPT_OFFLOADS = ("none", "cpu", "full cpu", "full nvme")  # a GPT-2 too, at stage 3
+# A GPT-2 too, at stage 3: the policies without offload and with it on each tier.
+GPT_RUNS = {"none": OFFLOADS["none"], "full": {"mode": "full"},
+            "op": {"mode": "selective", "selective_ac_option": "op"},
+            **{name: OFFLOADS[name] for name in ("cpu", "full cpu", "full nvme")}}
 
 
 def flags(keys):
@@ -117,8 +120,12 @@ def test_offloaded_training_is_training_without(scratch):
                         0.01 * run[f"predicted {SEQ}"]["host"], (name, stage, staged)
                     assert run["file_bytes"] == run["peak"]["nvme"], (name, stage)
         gpt = rank["gpt2 none stage 3"]
-        for name in GPT_OFFLOADS[1:]:
-            assert rank[f"gpt2 {name} stage 3"] == gpt, name
+        for name, keys in GPT_RUNS.items():
+            run = rank[f"gpt2 {name} stage 3"]
+            assert (run["losses"], run["norms"]) == (gpt["losses"], gpt["norms"]), name
+            recomputes = keys["mode"] != "none"
+            assert run["checkpoints"] == (3 * LAYERS if recomputes else 0), (name, run)
+            assert (run["host peak"] > 0) == ("offload" in keys), (name, run)
     # The forward leaves on the device what it leaves without offload but the blocks' bytes
     # the plan moves (the head's: the final norm, the logits and the loss's fp32 copy).
     estimate = estimated(config, scratch)["device"]
