@@ -35,11 +35,15 @@ void bind_activation_store(py::module_& m) {
       .def_property_readonly("bytes", &NvmeBlock::bytes);
   py::class_<ActivationStore, std::shared_ptr<ActivationStore>>(
       m, "ActivationStore", "offload/ActivationStore.h: where offloaded activations are kept.")
-      .def("host", &ActivationStore::host, py::arg("bytes"), "A counted host block.")
+      .def("host", &ActivationStore::host, py::arg("bytes"),
+           "A counted host block (a pooled buffer where one fits).")
       .def("write", &ActivationStore::write, py::arg("block"),
            py::call_guard<py::gil_scoped_release>(), "Writes a host block to NVMe, asynchronously.")
+      .def("release_pool", &ActivationStore::release_pool, "Frees every pooled host buffer.")
       .def_property_readonly("has_nvme", &ActivationStore::has_nvme)
-      .def_property_readonly("file_bytes", &ActivationStore::file_bytes);
+      .def_property_readonly("file_bytes", &ActivationStore::file_bytes)
+      .def_property_readonly("buffers_made", &ActivationStore::buffers_made)
+      .def_property_readonly("pooled_bytes", &ActivationStore::pooled_bytes);
 }
 
 }  // namespace zeroshard

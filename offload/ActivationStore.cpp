@@ -1,5 +1,6 @@
 #include "offload/ActivationStore.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -10,23 +11,11 @@
 
 namespace zeroshard {
 
-HostBlock::HostBlock(std::shared_ptr<ActivationStore> store, int64_t bytes)
-    : store_(std::move(store)), bytes_(bytes), allocated_(round_up(bytes, kIoAlignment)) {
-  data_ = allocate_io_buffer(allocated_);
-  if (data_ == nullptr) {
-    fail(
-        "activation_checkpointing.offload: cannot allocate {} bytes of host memory for a saved "
-        "activation",
-        allocated_);
-  }
-  if (store_->page_lock_) locked_ = page_lock(data_, allocated_);
-  store_->count(Tier::Host, allocated_);
-}
+HostBlock::HostBlock(std::shared_ptr<ActivationStore> store, HostBuffer buffer, int64_t bytes)
+    : store_(std::move(store)), buffer_(buffer), bytes_(bytes) {}
 
 HostBlock::~HostBlock() {
-  if (locked_) page_unlock(data_);
-  std::free(data_);
-  store_->count(Tier::Host, -allocated_);
+  store_->give_back(buffer_);
 }
 
 NvmeBlock::NvmeBlock(std::shared_ptr<ActivationStore> store, std::shared_ptr<HostBlock> source)
@@ -76,10 +65,83 @@ ActivationStore::ActivationStore(MemoryLedger* ledger, bool page_lock, const std
   file_ = std::make_unique<SwapFile>(dir_->path(), "activations", 0);
 }
 
-ActivationStore::~ActivationStore() = default;
+ActivationStore::~ActivationStore() {
+  release_pool();
+}
 
 std::shared_ptr<HostBlock> ActivationStore::host(int64_t bytes) {
-  return std::make_shared<HostBlock>(shared_from_this(), bytes);
+  return std::make_shared<HostBlock>(shared_from_this(), take_buffer(bytes), bytes);
+}
+
+HostBuffer ActivationStore::take_buffer(int64_t bytes) {
+  const int64_t size = round_up(bytes, kIoAlignment);
+  std::unique_lock<std::mutex> lock(mutex_);
+  in_use_ += size;
+  most_in_use_ = std::max(most_in_use_, in_use_);
+  auto it = pool_.find(size);
+  if (it != pool_.end()) {
+    const HostBuffer buffer = it->second;
+    pool_.erase(it);
+    pooled_ -= size;
+    return buffer;
+  }
+  // Sizes the steps no longer save make room for this one, so pool and blocks in use stay
+  // within the most in use at once.
+  while (!pool_.empty() && in_use_ + pooled_ > most_in_use_) {
+    auto largest = std::prev(pool_.end());
+    pooled_ -= largest->first;
+    free_buffer(largest->second);
+    pool_.erase(largest);
+  }
+  ++made_;
+  const bool lock_pages = page_lock_;
+  lock.unlock();  // allocating, faulting and page-locking outside the lock
+  HostBuffer buffer{allocate_io_buffer(size), size, false};
+  if (buffer.data == nullptr) {
+    std::lock_guard<std::mutex> undo(mutex_);
+    in_use_ -= size;
+    fail(
+        "activation_checkpointing.offload: cannot allocate {} bytes of host memory for a saved "
+        "activation",
+        size);
+  }
+  if (lock_pages) buffer.locked = page_lock(buffer.data, size);
+  count(Tier::Host, size);
+  return buffer;
+}
+
+void ActivationStore::give_back(HostBuffer buffer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  in_use_ -= buffer.bytes;
+  if (ledger_ == nullptr || in_use_ + pooled_ + buffer.bytes > most_in_use_) {
+    free_buffer(buffer);
+    return;
+  }
+  pool_.emplace(buffer.bytes, buffer);
+  pooled_ += buffer.bytes;
+}
+
+void ActivationStore::free_buffer(const HostBuffer& buffer) {
+  if (buffer.locked) page_unlock(buffer.data);
+  std::free(buffer.data);
+  if (ledger_ != nullptr) ledger_->remove(Tier::Host, Kind::Activations, buffer.bytes);
+}
+
+int64_t ActivationStore::buffers_made() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return made_;
+}
+
+int64_t ActivationStore::pooled_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pooled_;
+}
+
+void ActivationStore::release_pool() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [size, buffer] : pool_) free_buffer(buffer);
+  pool_.clear();
+  pooled_ = 0;
 }
 
 std::shared_ptr<NvmeBlock> ActivationStore::write(std::shared_ptr<HostBlock> source) {
@@ -93,6 +155,7 @@ int64_t ActivationStore::file_bytes() const {
 }
 
 void ActivationStore::detach() {
+  release_pool();
   std::lock_guard<std::mutex> lock(mutex_);
   ledger_ = nullptr;
 }

@@ -2,7 +2,8 @@
 three steps under each activation_checkpointing policy of OFFLOADS at ZeRO stages 2 and 3
 (bf16), with the losses and gradient norms; the ledger's activations on the host and NVMe
 tiers after a forward (what waits for backward) and at their peak beside memory_report's
-prediction, at two sequence lengths; at stage 2 also the bytes a forward allocates
+prediction, at two sequence lengths; the host buffers the store has made after each step
+and what its pool holds at the end; at stage 2 also the bytes a forward allocates
 and leaves alive on the device (torch's profiler); the swap file's size after three steps;
 the swap directories left once the engines are gone; a GPT-2 at stage 3 under
 GPT_RUNS, its losses and gradient norms, torch's checkpoint calls and the host's peak
@@ -66,7 +67,7 @@ result = {}
 for stage in (2, 3):
     for name, keys in OFFLOADS.items():
         engine = engine_for(stage, keys)
-        run = {"losses": [], "norms": [], "held": {}}
+        run = {"losses": [], "norms": [], "held": {}, "made": []}
         for step in range(3):
             # The first step at half the length: memory_report plans for the largest batch
             # seen so far, so each length's prediction is read at its first step.
@@ -80,9 +81,13 @@ for stage in (2, 3):
             engine.step()
             run["losses"].append(loss.item())
             run["norms"].append(engine.get_global_grad_norm())
+            if "offload" in keys:
+                run["made"].append(engine._engine.activation_store().buffers_made)
         report = engine.memory_report()
         run["peak"] = tiers(report, "peak")
         run["after"] = tiers(report, "current")
+        if "offload" in keys:
+            run["pooled"] = engine._engine.activation_store().pooled_bytes
         if keys.get("offload", {}).get("device") == "nvme":
             run["file_bytes"] = engine._engine.activation_store().file_bytes
         if stage == 2:  # every rank: a forward is collective

@@ -2,11 +2,12 @@
 (device cpu) or on NVMe (device nvme) from forward to backward. On 2 ranks at stages 2 and 3,
 each policy with offload trains to the losses and gradient norms of no offload (bit-equal),
 a GPT-2 too at stage 3; what the ledger holds on the host and NVMe tiers after a forward is
-memory_report's prediction (the estimator's) within 1% at two sequence lengths, and nothing
-after backward; the forward leaves on the device what it leaves without offload less those
-bytes; the swap file grows no further than the most held at once and is removed with the engine. The
-estimator's tiers are derived from its own figures for the model without offload; refusals
-by their messages."""
+memory_report's prediction (the estimator's) within 1% at two sequence lengths, and after
+backward only the store's pool of host buffers, which a step as long as the last takes
+whole; the forward leaves on the device what it leaves without offload less those bytes;
+the swap file grows no further than the most held at once and is removed with the engine.
+The estimator's tiers are derived from its own figures for the model without offload;
+refusals by their messages."""
 import json
 import os
 import subprocess
@@ -103,7 +104,13 @@ def test_offloaded_training_is_training_without(scratch):
                 run = rank[f"{name} stage {stage}"]
                 assert run["losses"] == plain["losses"], (name, stage)
                 assert run["norms"] == plain["norms"], (name, stage)
-                assert run["after"]["host"] == run["after"]["nvme"] == 0, (name, stage)
+                # After backward only the store's pool is held (within the most in use at
+                # once); the third step, as long as the second, makes no host buffer anew.
+                assert run["after"]["host"] == run.get("pooled", 0), (name, stage, run)
+                assert run["after"]["host"] <= run["peak"]["host"], (name, stage)
+                assert run["after"]["nvme"] == 0, (name, stage)
+                if "offload" in keys:
+                    assert run["made"][2] == run["made"][1] > 0, (name, stage, run["made"])
                 tier = {"cpu": "host", "nvme": "nvme"}.get(keys.get("offload", {}).get("device"))
                 for seq in (SEQ, SEQ // 2):
                     predicted = run[f"predicted {seq}"]
