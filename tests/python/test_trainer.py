@@ -109,6 +109,24 @@ def test_trainer_with_tensor_parallelism_logs_ddps_losses(scratch):
         assert torch.allclose(mine[name], t, rtol=1e-5, atol=1e-6), name
 
 
+def test_trainer_with_sequence_parallelism_logs_one_process_losses(scratch):
+    """TrainingArguments.parallelism_config = ParallelismConfig(sp_backend='deepspeed',
+    sp_size=2) on 2 ranks at stage 3: each rank holds half of every row (Ulysses around the
+    Llama's attention) and the two take each other's draws in turn, so with one micro-batch
+    a step the Trainer logs what one process logs on whole rows, in the same order: each
+    slice's loss weighted by its target tokens over the pair (within 1e-5)."""
+    env = {"ZS_TRAINER_ACCUMULATION": "1"}
+    want, _ = trainer_run("ddp", scratch, tag="one-process", env=dict(env, ZS_TRAINER_SP="1"),
+                          world=1)
+    got, _ = trainer_run("zs", scratch, {"zero_optimization": {"stage": 3}}, tag="zs-sp",
+                         env=dict(env, ZS_TRAINER_SP="2"))
+    for rank in range(WORLD):
+        assert len(got[rank]) == STEPS
+        for step, ((loss, norm), (loss_one, norm_one)) in enumerate(zip(got[rank], want[0])):
+            assert abs(loss - loss_one) <= 1e-5 * abs(loss_one), f"step {step}: {loss} vs {loss_one}"
+            assert abs(norm - norm_one) <= 1e-5 * abs(norm_one), f"step {step}: {norm} vs {norm_one}"
+
+
 def test_trainer_checkpoints_resume_where_they_stopped(scratch):
     """save_strategy "steps" every 3 steps at stage 3; a new run resumed from
     checkpoint-3 (the engine's sharded state in checkpoint-3/zeroshard, the Trainer's
@@ -184,3 +202,10 @@ def test_config_values_that_contradict_training_arguments_are_refused(tmp_path):
         trainer_config({"gradient_accumulation_steps": 4}, args)
     with pytest.raises(zeroshard.Error, match="a 'scheduler' section is not allowed with the Trainer"):
         trainer_config({"scheduler": {"type": "WarmupLR"}}, args)
+    from accelerate import ParallelismConfig
+    from zeroshard.integrations import ZeroShardTrainer
+    context = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                                             parallelism_config=ParallelismConfig(cp_size=2))
+    with pytest.raises(zeroshard.Error, match=r"ZeroShardTrainer: parallelism_config \(cp_size=2\): "
+                       "zeroshard shards over the data-parallel ranks itself"):
+        ZeroShardTrainer(model=torch.nn.Linear(2, 2), args=context)

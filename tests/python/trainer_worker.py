@@ -14,6 +14,8 @@ it also evaluates every N steps and ends with load_best_model_at_end (the best: 
 highest eval loss), and rank 0 writes the best checkpoint's name to OUT.best.json. With
 ZS_TRAINER_COMPILE=1, torch_compile is on. Rank 0 writes the class of the model the
 Trainer's loop called (model_wrapped) to OUT.wrapped.json.
+With ZS_TRAINER_SP (above ROWS) the rows split over a sequence's ranks, and
+ZS_TRAINER_ACCUMULATION=N sets gradient_accumulation_steps.
 Mode zs-deepspeed: the config given as DeepSpeed Trainer scripts give it,
 TrainingArguments(deepspeed="ds_config.json"); mode zs without CONFIG_JSON: no config.
 usage: trainer_worker.py ddp|zs|zs-deepspeed STEPS OUT [CONFIG_JSON]"""
@@ -30,12 +32,16 @@ import models  # noqa: E402
 from rank_result import leave  # noqa: E402,F401  (the Trainer workers' way out)
 
 ROWS = 64  # the dataset: random token rows (models.VOCAB, models.SEQ + 1 tokens)
+# ZS_TRAINER_SP=N: rows of models.SEQ tokens (they split over the ranks of a sequence), and
+# with N > 1 TrainingArguments.parallelism_config with DeepSpeed's sequence parallelism.
+SP = int(os.environ.get("ZS_TRAINER_SP", "0"))
 
 
 class Rows(torch.utils.data.Dataset):
     def __init__(self):
         g = torch.Generator().manual_seed(7)
-        self.tokens = torch.randint(models.VOCAB, (ROWS, models.SEQ + 1), generator=g)
+        length = models.SEQ if SP else models.SEQ + 1
+        self.tokens = torch.randint(models.VOCAB, (ROWS, length), generator=g)
 
     def __len__(self):
         return ROWS
@@ -46,6 +52,15 @@ class Rows(torch.utils.data.Dataset):
         labels = self.tokens[i].clone()
         labels[:1 + (5 * i) % 12] = -100
         return {"input_ids": self.tokens[i], "labels": labels}
+
+
+def llama():
+    """hf_worker's Llama; with ZS_TRAINER_SP attending with sdpa (accelerate takes neither
+    eager nor flex attention for sequence parallelism), in both runs compared."""
+    model = hf_worker.make("llama")
+    if SP:
+        model.config._attn_implementation = "sdpa"
+    return model
 
 
 class Record(transformers.TrainerCallback):
@@ -68,9 +83,16 @@ def main():
                      save_only_model=best == "save_only_model")
     else:
         extra = {}
+    if SP > 1:
+        from accelerate import ParallelismConfig
+        from accelerate.utils import DeepSpeedSequenceParallelConfig
+        handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True,
+                                                  sp_attn_implementation="sdpa")
+        extra["parallelism_config"] = ParallelismConfig(sp_backend="deepspeed", sp_size=SP,
+                                                        sp_handler=handler)
     args = transformers.TrainingArguments(
         output_dir=out + ".trainer", max_steps=steps, per_device_train_batch_size=2,
-        gradient_accumulation_steps=4, learning_rate=1e-2, weight_decay=0.1, adam_beta1=0.9,
+        gradient_accumulation_steps=int(os.environ.get("ZS_TRAINER_ACCUMULATION", "4")), learning_rate=1e-2, weight_decay=0.1, adam_beta1=0.9,
         adam_beta2=0.95, adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="linear",
         warmup_steps=2, optim=os.environ.get("ZS_TRAINER_OPTIM", "adamw_torch"), logging_steps=1,
         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
@@ -81,7 +103,7 @@ def main():
     kwargs = dict(args=args, train_dataset=Rows(), callbacks=[record],
                   eval_dataset=Rows() if best else None)
     if mode == "ddp":
-        trainer = transformers.Trainer(model=hf_worker.make("llama"), **kwargs)
+        trainer = transformers.Trainer(model=llama(), **kwargs)
     elif mode == "zs-deepspeed":  # DeepSpeed's way in: --deepspeed ds_config.json, parsed
         from zeroshard.integrations import ZeroShardTrainer  # before the model is built,
         path = f"{out}.ds_config.json"  # which is then built from its config (run_clm.py's order)
@@ -93,7 +115,7 @@ def main():
     else:
         from zeroshard.integrations import ZeroShardTrainer
         config = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None
-        kwargs["model"] = hf_worker.make("llama")
+        kwargs["model"] = llama()
         trainer = ZeroShardTrainer(zeroshard_config=config, **kwargs) if config \
             else ZeroShardTrainer(**kwargs)  # only the import changed: no config at all
     trainer.train(resume_from_checkpoint=os.environ.get("ZS_TRAINER_RESUME"))

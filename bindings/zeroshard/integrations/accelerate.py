@@ -37,6 +37,7 @@ from .._common import config as _config
 from .. import _zeroshard
 from .._engine.engine import EngineModule
 from .._engine.initialize import initialize
+from . import _ulysses
 
 # accelerate's other sharding and parallelism back ends: each would shard the model itself.
 _OTHER_BACKENDS = ("deepspeed_plugin", "fsdp_plugin", "megatron_lm_plugin", "torch_tp_plugin")
@@ -104,25 +105,6 @@ class _EngineOptimizer(torch.optim.Optimizer):
         return f"zeroshard engine over {self.optimizer!r}"
 
 
-def _check_parallelism(config):
-    """accelerate's ParallelismConfig: its DeepSpeed sequence parallelism (sp_size with
-    sp_backend 'deepspeed', ALST's path) is the engine's; every other dimension above 1 is
-    another backend's sharding or not composed here yet."""
-    if config is None:
-        return
-    sizes = {name: getattr(config, f"{name}_size", 1) or 1
-             for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp")}
-    others = {name: size for name, size in sizes.items() if name != "sp" and size > 1}
-    if others or sizes["sp"] == 1:
-        given = ", ".join(f"{name}_size={size}" for name, size in sizes.items() if size > 1)
-        raise _error(
-            f"parallelism_config ({given or 'every size 1'}): zeroshard shards over the "
-            "data-parallel ranks itself (the rest of the world) and takes DeepSpeed's sequence "
-            "parallelism from it; allowed: ParallelismConfig(sp_backend='deepspeed', "
-            "sp_size=N), or no parallelism_config (context parallelism: initialize(mesh=) with "
-            "a ('dp', 'cp') mesh)")
-
-
 class Accelerator(accelerate.Accelerator):
     """accelerate.Accelerator(...) with `zeroshard_config` (a path to YAML or JSON, or a
     dict, DeepSpeed's keys; default: the planner picks the stage)."""
@@ -135,7 +117,7 @@ class Accelerator(accelerate.Accelerator):
         # Kept from accelerate's own checks, which take it for FSDP2, DeepSpeed or GPUs only
         # (not CPU ranks); its DeepSpeed sequence parallelism builds no mesh either.
         parallelism = kwargs.pop("parallelism_config", None)
-        _check_parallelism(parallelism)
+        _ulysses.check(parallelism, _error)
         super().__init__(*args, **kwargs)
         if parallelism is not None:
             self.state.parallelism_config = parallelism
@@ -217,22 +199,9 @@ class Accelerator(accelerate.Accelerator):
         sequence_parallel_size, and each data loader of this prepare() call adapted (a
         rank's draw shared with its group, each holding its slice). None without sp."""
         pc = self.parallelism_config
-        if pc is None or (pc.sp_size or 1) <= 1:
+        if _ulysses.size(pc) <= 1:
             return None
-        from ..runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
-        if not hasattr(model, "config"):
-            raise _error(f"parallelism_config sp_size={pc.sp_size}: Ulysses goes around a "
-                         f"transformers model's attention, and {type(model).__name__} has no "
-                         "config; allowed: a transformers model")
-        _config.fill(config, "sequence_parallel_size", pc.sp_size, "ParallelismConfig(sp_size)",
-                     "zeroshard_config")
-        handler = pc.sp_handler
-        mpu = UlyssesSPAttentionHF.register_with_transformers(
-            model_name_or_path=model, core_attn_implementation=handler.sp_attn_implementation,
-            sequence_parallel_size=pc.sp_size,
-            micro_batch_size=config.get("train_micro_batch_size_per_gpu", 1),
-            seq_length=handler.sp_seq_length,
-            seq_length_is_variable=handler.sp_seq_length_is_variable, disable_in_eval=True)
+        mpu = _ulysses.register(pc, model, config, "zeroshard_config", _error)
         for i, item in enumerate(prepared):
             if isinstance(item, torch.utils.data.DataLoader):
                 prepared[i] = self.deepspeed_ulysses_dl_adapter(item, model)
@@ -241,15 +210,7 @@ class Accelerator(accelerate.Accelerator):
     def deepspeed_ulysses_dl_adapter(self, dl, model):
         """A data loader prepared apart from the model, adapted after prepare(model) (as
         accelerate's DeepSpeed path names it, and the Trainer calls it)."""
-        pc = self.parallelism_config
-        if pc is None or (pc.sp_size or 1) <= 1:
-            return dl
-        from ..runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
-        from ..utils import groups
-        return UlyssesSPDataLoaderAdapter(
-            dl, sp_rank=groups._get_sequence_parallel_rank(),
-            sp_group=groups._get_sequence_parallel_group(),
-            sp_world_size=groups._get_sequence_parallel_world_size(), device=self.device)
+        return _ulysses.adapted(self.parallelism_config, dl, self.device)
 
     def _engine_of(self, model):
         return model.engine if isinstance(model, EngineModule) else None

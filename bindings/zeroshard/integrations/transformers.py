@@ -23,6 +23,10 @@ How the Trainer and the engine share the work (the Trainer's loop is kept whole)
   it does for DDP); the backward it hands to accelerate goes to engine.backward and
   engine.step (which steps at the accumulation boundary, clipping included); the
   Trainer's optimizer.step() is then a no-op and its grad norm is the engine's.
+- TrainingArguments.parallelism_config: ParallelismConfig(sp_backend='deepspeed', sp_size=N)
+  is ALST's path as the Trainer's DeepSpeed path takes it (Ulysses registered with
+  transformers, the loader adapted, each slice's loss weighted by its tokens over the
+  group); other dimensions are refused by name.
 - save_model writes Hugging Face's layout through engine.save_pretrained; the
   Trainer's checkpoints (save_strategy) hold the engine's sharded checkpoint in
   checkpoint-N/zeroshard/ and resume from it.
@@ -36,6 +40,7 @@ from .._common import config as _config
 from .. import _zeroshard
 from .._engine.engine import EngineModule
 from .._engine.initialize import initialize
+from . import _ulysses
 
 _SCHEDULER_FILE = "scheduler.pt"
 
@@ -124,6 +129,7 @@ class ZeroShardTrainerMixin:
         if training_args is not None and getattr(training_args, "fsdp", None):
             raise _error("TrainingArguments.fsdp is set; zeroshard does the sharding here: leave "
                          "fsdp unset and give the config as zeroshard_config (DeepSpeed's keys)")
+        _ulysses.check(getattr(training_args, "parallelism_config", None), _error)
         zeroshard_config = _take_deepspeed_config(training_args, zeroshard_config)
         super().__init__(*args, **kwargs)
         self.zeroshard_config = zeroshard_config
@@ -135,12 +141,36 @@ class ZeroShardTrainerMixin:
         # The engine places parameters and optimizer state; accelerate would read the
         # sharded optimizer's state_dict to move it (batches are placed by the Trainer).
         self.accelerator.device_placement = False
+        # TrainingArguments.parallelism_config: its DeepSpeed sequence parallelism is the
+        # engine's. The Trainer adapts its loader through the Accelerator, after the model
+        # (the groups exist then), and weighs the loss in compute_loss below.
+        parallelism = self.args.parallelism_config
+        if _ulysses.size(parallelism) > 1:
+            self.accelerator.deepspeed_ulysses_dl_adapter = \
+                lambda loader, model: _ulysses.adapted(parallelism, loader, self.args.device)
+
+    def create_accelerator_and_postprocess(self):
+        """The Trainer's Accelerator, with TrainingArguments.parallelism_config given to it
+        after it is made, as zeroshard's Accelerator takes it: accelerate's own check takes
+        a parallelism_config for FSDP2, DeepSpeed or GPUs only (not CPU ranks), and its
+        DeepSpeed sequence parallelism builds no mesh either."""
+        parallelism = self.args.parallelism_config
+        self.args.parallelism_config = None
+        try:
+            super().create_accelerator_and_postprocess()
+        finally:
+            self.args.parallelism_config = parallelism
+        if parallelism is not None:
+            self.accelerator.state.parallelism_config = parallelism
 
     def _start_engine(self):
         config = trainer_config(self.zeroshard_config, self.args)
         client = None if "optimizer" in config else self.optimizer
+        parallelism = self.args.parallelism_config
+        mpu = _ulysses.register(parallelism, self.model, config, "zeroshard_config", _error) \
+            if _ulysses.size(parallelism) > 1 else None
         engine, optimizer, _, _ = initialize(model=self.model, config=config, optimizer=client,
-                                             units=self.zeroshard_units)
+                                             units=self.zeroshard_units, mpu=mpu)
         optimizer.stepped_by_engine = True  # see ZeroShardOptimizer.step
         # The Trainer's training_step runs as it is (its loss arithmetic below); where it
         # hands the loss to accelerate, the engine takes it.
@@ -206,6 +236,20 @@ class ZeroShardTrainerMixin:
             gen_kwargs.setdefault("synced_gpus", True)
         return super().prediction_step(model, inputs, prediction_loss_only,
                                        ignore_keys=ignore_keys, **gen_kwargs)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """With sequence parallelism, training: the model's loss over this rank's slice
+        (shift_labels, which the adapted loader made) weighted by its target tokens over the
+        group, as the Trainer's DeepSpeed path computes it from DeepSpeed's groups (the
+        engine's are zeroshard's); the Trainer's own otherwise."""
+        if _ulysses.size(self.args.parallelism_config) <= 1 or not model.training:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        if "labels" not in inputs and "shift_labels" in inputs:
+            inputs["labels"] = inputs["shift_labels"]  # the model computes a loss with labels
+        outputs = model(**inputs)
+        loss = _ulysses.group_loss(outputs.loss, inputs["shift_labels"])
+        return (loss, outputs) if return_outputs else loss
 
     def _engine_backward(self, loss, **kwargs):
         """accelerator.backward, as Trainer.training_step calls it, with the loss it made
