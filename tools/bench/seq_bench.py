@@ -3,6 +3,9 @@
 step split across all of them, the same transformers Llama (from a config, seed 0, sdpa)
 and AdamW, at growing lengths:
   zs_sp4     zeroshard stage 3, Ulysses (ALST's registration with transformers, SP=4)
+  zs_sp4_offload  the same, each block recomputed in backward and its input kept on NVMe
+             until then (activation_checkpointing: mode full, offload device nvme: what
+             leaves RAM on this machine, where host RAM is the device)
   ds_sp4     DeepSpeed 0.19.8 stage 3, the same Ulysses path (its own register_with_transformers)
   zs_cp4     zeroshard stage 3, torch's ring attention (context_parallel over mesh "cp")
   fsdp2_cp4  FSDP2 (fully_shard per decoder layer and the root) + the same torch ring, as
@@ -11,10 +14,10 @@ and AdamW, at growing lengths:
 Each length runs 1 warm-up step and --steps timed ones; a system stops growing once a rank's
 peak RSS passes --budget-gib. Prints tokens/s and peak RSS per rank at every length, the
 longest length within the budget, and zeroshard's ratios against the peer on the same path
-(zs_sp4 / ds_sp4, zs_cp4 / fsdp2_cp4) at the longest length both ran. Activation offload is
-not a row here (bench activations measures it on one rank).
+(zs_sp4 / ds_sp4, zs_cp4 / fsdp2_cp4, zs_sp4_offload / zs_sp4) at the longest length both
+ran, and the longest lengths' ratio.
 Run: ./zs bench seq [--json] [--lengths 4096,8192,16384] [--steps N] [--budget-gib G]
-[--systems zs_sp4,ds_sp4,zs_cp4,fsdp2_cp4]."""
+[--systems zs_sp4,zs_sp4_offload,ds_sp4,zs_cp4,fsdp2_cp4]."""
 import argparse
 import json
 import os
@@ -28,7 +31,8 @@ from local_ranks import run_ranks
 WORLD = 4
 SHAPE = dict(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1 << 17)
-SYSTEMS = ("zs_sp4", "ds_sp4", "zs_cp4", "fsdp2_cp4")
+SYSTEMS = ("zs_sp4", "zs_sp4_offload", "ds_sp4", "zs_cp4", "fsdp2_cp4")
+PAIRS = (("zs_sp4", "ds_sp4"), ("zs_cp4", "fsdp2_cp4"), ("zs_sp4_offload", "zs_sp4"))
 LR = 1e-4
 
 
@@ -55,8 +59,9 @@ def share_loss(logits, shift_labels, tokens):
                            ignore_index=-100, reduction="sum") / tokens
 
 
-def ulysses(package, length):
-    """zs_sp4 / ds_sp4: (step function) with the package's ALST path at stage 3."""
+def ulysses(package, length, offload=None):
+    """zs_sp4 / ds_sp4: (step function) with the package's ALST path at stage 3; `offload`:
+    a folder for zs_sp4_offload's swap file."""
     import importlib
     ds = importlib.import_module(package)
     sp = importlib.import_module(f"{package}.runtime.sequence_parallel.ulysses_sp")
@@ -68,6 +73,9 @@ def ulysses(package, length):
     config = {"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": WORLD,
               "zero_optimization": {"stage": 3},
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}}}
+    if offload:
+        config["activation_checkpointing"] = {
+            "mode": "full", "offload": {"device": "nvme", "nvme_path": offload}}
     engine, *_ = ds.initialize(config=config, model=model, model_parameters=model.parameters(),
                                mpu=mpu)
     rank, part = int(os.environ["RANK"]), length // WORLD
@@ -125,8 +133,12 @@ def ring(system, length):
 def worker(system, length, steps, out):
     import torch
     torch.set_num_threads(1)
-    step_once = (ulysses("zeroshard" if system == "zs_sp4" else "deepspeed", length)
-                 if system.endswith("sp4") else ring(system, length))
+    if system == "zs_sp4_offload":
+        step_once = ulysses("zeroshard", length, offload=f"{out}.swap")
+    elif system.endswith("sp4"):
+        step_once = ulysses("zeroshard" if system == "zs_sp4" else "deepspeed", length)
+    else:
+        step_once = ring(system, length)
     step_once(0)  # warm-up
     start = time.perf_counter()
     for step in range(1, steps + 1):
@@ -172,7 +184,7 @@ def main():
                       if "error" not in r and r["peak_rss_bytes"] <= budget]
             result["systems"][system] = {"rows": rows,
                                          "longest_within_budget": max(within, default=0)}
-    for ours, peer in (("zs_sp4", "ds_sp4"), ("zs_cp4", "fsdp2_cp4")):
+    for ours, peer in PAIRS:
         if ours not in result["systems"] or peer not in result["systems"]:
             continue
         mine = {r["length"]: r for r in result["systems"][ours]["rows"] if "error" not in r}
@@ -183,24 +195,27 @@ def main():
             result[f"{ours}_vs_{peer}"] = {
                 "length": n,
                 "throughput": mine[n]["tokens_per_second"] / theirs[n]["tokens_per_second"],
-                "peak_rss": mine[n]["peak_rss_bytes"] / theirs[n]["peak_rss_bytes"]}
+                "peak_rss": mine[n]["peak_rss_bytes"] / theirs[n]["peak_rss_bytes"],
+                "longest": result["systems"][ours]["longest_within_budget"] /
+                max(1, result["systems"][peer]["longest_within_budget"])}
     if args.json:
         print(json.dumps(result, indent=1))
         return
     for system, s in result["systems"].items():
         for r in s["rows"]:
             if "error" in r:
-                print(f"{system:>10} {r['length']:>7}: failed: {r['error'][-600:]}")
+                print(f"{system:>14} {r['length']:>7}: failed: {r['error'][-600:]}")
                 continue
-            print(f"{system:>10} {r['length']:>7} tokens: {r['tokens_per_second']:8.1f} tokens/s  "
+            print(f"{system:>14} {r['length']:>7} tokens: {r['tokens_per_second']:8.1f} tokens/s  "
                   f"peak RSS {r['peak_rss_bytes'] / 2**20:7.1f} MiB/rank")
-        print(f"{system:>10} longest within {args.budget_gib:g} GiB/rank: "
+        print(f"{system:>14} longest within {args.budget_gib:g} GiB/rank: "
               f"{s['longest_within_budget']} tokens")
-    for key in ("zs_sp4_vs_ds_sp4", "zs_cp4_vs_fsdp2_cp4"):
+    for ours, peer in PAIRS:
+        key = f"{ours}_vs_{peer}"
         if key in result:
             r = result[key]
             print(f"{key} at {r['length']} tokens: throughput {r['throughput']:.2f}x, "
-                  f"peak RSS {r['peak_rss']:.2f}x")
+                  f"peak RSS {r['peak_rss']:.2f}x; longest within the budget {r['longest']:.2f}x")
 
 
 if __name__ == "__main__":
