@@ -462,6 +462,9 @@ PYBIND11_MODULE(_zeroshard, m) {
           },
           "(whole, ops): the layers activation_checkpointing.mode recomputes at the batch "
           "set_activation_shape described; None before one.")
+      .def("set_expert_names", &EngineImpl::set_expert_names, py::arg("names"),
+           "Expert parallelism: {parameter: [its saved name on each ep coordinate]}, the names "
+           "with every expert on every rank that checkpoints use.")
       .def("bytes_sent", &EngineImpl::bytes_sent)
       .def("barrier", &EngineImpl::barrier, py::call_guard<py::gil_scoped_release>());
 }

@@ -129,18 +129,28 @@ void check_consistent(const Manifest& m, const std::string& origin) {
   int64_t end = 0;
   for (size_t g = 0; g < m.groups.size(); ++g) {
     const SavedGroup& sg = m.groups[g];
-    if (sg.shard_numel <= 0 || sg.shard_numel > (int64_t{1} << 40) || sg.file_offset != end) {
+    // Another ep coordinate's copy of the group before it: the same bytes in other files.
+    const SavedGroup* before = g > 0 ? &m.groups[g - 1] : nullptr;
+    const bool copy = before != nullptr && !sg.ranks.empty() && !before->ranks.empty() &&
+                      sg.file_offset == before->file_offset && sg.bytes() == before->bytes();
+    if (sg.shard_numel <= 0 || sg.shard_numel > (int64_t{1} << 40) ||
+        (!copy && sg.file_offset != end)) {
       fail("checkpoint manifest '{}': group {} has shard_numel {} at byte {} (expected {})", origin,
            g, sg.shard_numel, sg.file_offset, end);
     }
-    end += sg.bytes();
+    for (const int r : sg.ranks) {
+      if (r < 0 || r >= m.world_size)
+        fail("checkpoint manifest '{}': group {} names rank file {} of {}", origin, g, r,
+             m.world_size);
+    }
+    if (!copy) end += sg.bytes();
     for (const auto& p : sg.params) {
       if (p.tensor_parallel_dim < -1 || p.tensor_parallel_dim >= static_cast<int>(p.shape.size())) {
         fail("checkpoint manifest '{}': parameter '{}' of {} dimensions is split along {}", origin,
              p.name, p.shape.size(), p.tensor_parallel_dim);
       }
       if (numel_of(p.shape) != p.numel || p.offset < 0 ||
-          p.offset + p.numel > sg.shard_numel * m.world_size) {
+          p.offset + p.numel > sg.shard_numel * sg.slices(m.world_size)) {
         fail(
             "checkpoint manifest '{}': parameter '{}' (offset {}, numel {}) does not fit its "
             "group or its shape",
@@ -201,6 +211,7 @@ nlohmann::json Manifest::to_json() const {
                            {"dtype", g.dtype},
                            {"file_offset", g.file_offset},
                            {"params", params_json}});
+    if (!g.ranks.empty()) groups_json.back()["ranks"] = g.ranks;
   }
   nlohmann::json buffers_json;  // null: none saved (has_buffers false)
   if (has_buffers) buffers_json = nlohmann::json::array();
@@ -278,6 +289,7 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin)
       sg.dtype = g.at("dtype").get<std::string>();
       sg.file_offset = g.at("file_offset").get<int64_t>();
       sg.arrays = 1 + static_cast<int>(m.optimizer_state.size());
+      sg.ranks = g.value("ranks", std::vector<int>{});
       for (const auto& p : g.at("params")) {
         sg.params.push_back({p.at("name").get<std::string>(),
                              p.at("shape").get<std::vector<int64_t>>(),
@@ -420,7 +432,8 @@ void CheckpointReader::read(const std::string& name, int array, int64_t begin, i
   std::vector<char> raw;
   int64_t idx = p.offset + begin;
   while (count > 0) {
-    const int64_t rank = idx / S, pos = idx % S;
+    const int64_t slice = idx / S, pos = idx % S;
+    const int64_t rank = g.ranks.empty() ? slice : g.ranks.at(static_cast<size_t>(slice));
     const int64_t take = std::min(count, S - pos);
     const int64_t at = g.file_offset + (g.trainable ? array * S * 4 : 0) + pos * elem;
     raw.resize(static_cast<size_t>(take * elem));

@@ -14,6 +14,9 @@
 // coordinate's data-parallel ranks, and DIR/TAG/tensor_parallel.json says how many; each
 // split parameter's entry names the dimension it was cut along, so the parts load at
 // another tp size (engine/ReslicedCheckpoint.h) and consolidate into whole parameters.
+// With experts split over expert-parallel ranks each rank file holds its own experts'
+// slices, and the manifest lists each expert group once per ep coordinate
+// (SavedGroup::ranks), its parameters under their names with every expert on every rank.
 // DIR/latest names the newest complete tag. Because every element is addressed by
 // parameter name and offset, a checkpoint loads into any world size and stage: the
 // reader re-slices on load.
@@ -55,6 +58,14 @@ struct SavedGroup {
   // fp32 arrays of a trainable group: the master and the optimizer's state arrays
   // (Manifest::optimizer_state).
   int arrays = 3;
+  // The rank files holding its slices, in slice order; empty: every rank's, in rank order.
+  // A group of experts split over expert-parallel ranks is saved once per ep coordinate,
+  // each copy at the same file offset in the files of that coordinate's ranks, its
+  // parameters under the names the experts have with every expert on every rank.
+  std::vector<int> ranks;
+  int64_t slices(int world_size) const {
+    return ranks.empty() ? world_size : static_cast<int64_t>(ranks.size());
+  }
   // Bytes of the group's arrays in a rank file: `arrays` fp32 arrays, or one in `dtype`.
   int64_t bytes() const;
 };

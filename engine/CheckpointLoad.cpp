@@ -57,6 +57,7 @@ int saved_stages(const std::string& dir, const std::string& name) {
 LoadedCheckpoint Checkpointer::load(const std::string& dir, const std::string& tag,
                                     const LoadOptions& options) {
   refuse_quantized(p_.plan.settings, "load");
+  check_expert_names("load_checkpoint");
   const std::string name = tag.empty() ? latest_tag(dir) : tag;
   const int stages = p_.dist.dims.size(Dim::Pp), saved = saved_stages(dir, name);
   if (stages == 1 && saved == 1) return load_tensor_parallel(dir, name, options);
@@ -103,7 +104,7 @@ bool Checkpointer::holds_just_this_engines(const CheckpointSource& part) const {
   size_t mine = 0;
   for (const auto& record : p_.groups) {
     for (const auto& s : record.flat->slots()) {
-      if (!part.has_param(s.name)) return false;
+      if (!part.has_param(saved_name(record, s.name))) return false;
       ++mine;
     }
   }
@@ -204,9 +205,10 @@ LoadedCheckpoint Checkpointer::load_part(const CheckpointSource& reader, const s
   load_buffers(reader);
   std::vector<CommHandle> handles;
   for (const GroupId i : p_.groups.trainable()) {
-    const auto& g = p_.groups[i].flat;
-    if (!g->sharded() && p_.plan.settings.stage.shards_optimizer())
-      handles.push_back(p_.comms.shards().all_gather(g->flat()));
+    const GroupRecord& record = p_.groups[i];
+    const auto& g = record.flat;
+    if (!g->sharded() && p_.plan.settings.stage.shards_optimizer())  // experts: over their edp
+      handles.push_back(p_.comms.shards(record.expert).all_gather(g->flat()));
   }
   for (auto& h : handles) h.wait();
   if (p_.param_home) p_.param_home->flush();
@@ -318,8 +320,14 @@ void Checkpointer::check_params(const CheckpointSource& reader, const std::strin
   const bool with_optimizer = options.optimizer_states && !options.module_only;
   std::unordered_set<std::string> mine;
   for (const auto& record : p_.groups) {
-    for (const auto& s : record.flat->slots()) {
+    for (const auto& slot : record.flat->slots()) {
+      // Split experts: this rank's under the name it is saved by, the other ep
+      // coordinates' as the model's too (their ranks load them).
+      SavedParam s{saved_name(record, slot.name), slot.shape, slot.offset, slot.numel};
       mine.insert(s.name);
+      if (experts_split(record)) {
+        for (const auto& other : p_.expert_names.at(slot.name)) mine.insert(other);
+      }
       if (!reader.has_param(s.name)) {
         if (!options.strict && !(record.trainable && with_optimizer)) continue;
         fail(
@@ -354,16 +362,17 @@ void Checkpointer::check_params(const CheckpointSource& reader, const std::strin
 // Fills `out` (count elements: group `g`'s flat buffer from `begin`) from the saved
 // parameters' array `array`; padding and what the checkpoint lacks (a non-strict load's,
 // checked) keep what `out` holds.
-void Checkpointer::read_range(const CheckpointSource& reader, const FlatParamGroup& g, int array,
+void Checkpointer::read_range(const CheckpointSource& reader, const GroupRecord& record, int array,
                               int64_t begin, int64_t count, float* out) const {
-  for (const auto& s : g.slots()) {
+  for (const auto& s : record.flat->slots()) {
     const int64_t lo = std::max(begin, s.offset), hi = std::min(begin + count, s.offset + s.numel);
-    if (lo >= hi || !reader.has_param(s.name)) continue;
+    const std::string& name = saved_name(record, s.name);
+    if (lo >= hi || !reader.has_param(name)) continue;
     size_t saved_group = 0;
-    reader.param(s.name, &saved_group);
+    reader.param(name, &saved_group);
     const bool saved_trainable = reader.manifest().groups[saved_group].trainable;
     if (array > 0 && !saved_trainable) continue;  // frozen when saved: no Adam state
-    reader.read(s.name, array, lo - s.offset, hi - lo, out + (lo - begin));
+    reader.read(name, array, lo - s.offset, hi - lo, out + (lo - begin));
   }
 }
 
@@ -375,12 +384,12 @@ void Checkpointer::load_group(const CheckpointSource& reader, GroupId i) {
   const int u = record.coordinator_unit_index();
   const size_t t = record.trainable->value;
   const int64_t n = p_.pipeline.optimizer().group_numel(t);
-  const int64_t begin = n == S ? shard_rank() * S : 0;
+  const int64_t begin = n == S ? slice_rank(record) * S : 0;
   const std::vector<std::string>& names = reader.manifest().optimizer_state;
   std::vector<std::vector<float>> arrays(1 + names.size(), std::vector<float>(n, 0.0f));
   std::vector<const float*> data;
   for (size_t a = 0; a < arrays.size(); ++a) {
-    read_range(reader, *g, static_cast<int>(a), begin, n, arrays[a].data());
+    read_range(reader, record, static_cast<int>(a), begin, n, arrays[a].data());
     data.push_back(arrays[a].data());
   }
   {
@@ -413,12 +422,12 @@ void Checkpointer::load_group_values(const CheckpointSource& reader, GroupId i) 
   FlatParamGroup* g = record.flat.get();
   const int64_t S = g->shard_numel();
   const int u = record.coordinator_unit_index();
-  const int64_t begin = g->sharded() ? shard_rank() * S : 0;
+  const int64_t begin = g->sharded() ? slice_rank(record) * S : 0;
   const int64_t n = g->sharded() ? S : g->padded_numel();
   bool whole = true;  // every parameter of the group is in the checkpoint
-  for (const auto& s : g->slots()) whole = whole && reader.has_param(s.name);
+  for (const auto& s : g->slots()) whole = whole && reader.has_param(saved_name(record, s.name));
   at::Tensor src = whole ? at::zeros({n}, at::kFloat) : current_values(record);
-  read_range(reader, *g, 0, begin, n, src.data_ptr<float>());
+  read_range(reader, record, 0, begin, n, src.data_ptr<float>());
   {
     ShardUpdate update(p_.param_home, u);
     if (!g->sharded()) {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <c10/core/Device.h>
@@ -37,6 +38,12 @@ class UnitSchedule;
 struct DistContext;
 struct Plan;
 
+// The names expert parameters split over expert-parallel ranks are saved and loaded under:
+// per parameter, its name on each ep coordinate's ranks when every rank holds every expert
+// (DeepSpeed's MoE layer: deepspeed_experts.<i> of coordinate c is expert c x n + i of n
+// local ones), so a checkpoint loads at any ep size.
+using ExpertNames = std::unordered_map<std::string, std::vector<std::string>>;
+
 // What a save or a load reads and writes: the engine's, borrowed for the call.
 struct CheckpointParts {
   const Plan& plan;
@@ -46,9 +53,10 @@ struct CheckpointParts {
   StepPipeline& pipeline;
   ParamGroupTable& param_groups;
   ModuleBuffers& buffers;
-  ParamHome* param_home;  // stage 3 with its shards on the host or NVMe, else null
-  UnitSchedule* units;    // stage 3, else null
-  c10::Device device;     // the model's: its random stream is saved with the host's
+  ParamHome* param_home;            // stage 3 with its shards on the host or NVMe, else null
+  UnitSchedule* units;              // stage 3, else null
+  c10::Device device;               // the model's: its random stream is saved with the host's
+  const ExpertNames& expert_names;  // empty without expert parallelism
 };
 
 // Checkpoints of quantized weights (weight_quantization) are not written: fails, every
@@ -70,6 +78,14 @@ class Checkpointer {
   int rank() const;  // among the data-parallel ranks, which save and load one checkpoint
   int shard_rank() const;
   int shard_count() const;
+  // The slice of `record`'s group this rank writes and reads: its shard rank, its edp rank
+  // for experts split over ep ranks.
+  int slice_rank(const GroupRecord& record) const;
+  // Split experts: every parameter's saved names given (fails naming one without, every
+  // rank alike); the name `name` of `record` is saved under, and every ep coordinate's.
+  bool experts_split(const GroupRecord& record) const;
+  void check_expert_names(const char* doing) const;
+  const std::string& saved_name(const GroupRecord& record, const std::string& name) const;
 
   // One checkpoint of the data-parallel ranks: the whole of it without tensor parallelism,
   // this tp coordinate's part with it (save and load choose the folder).
@@ -127,7 +143,7 @@ class Checkpointer {
   void check_buffers(const CheckpointSource& reader, const std::string& dir, bool strict) const;
   std::vector<ParamGroupOptions> saved_param_groups(const Manifest& m,
                                                     const std::string& dir) const;
-  void read_range(const CheckpointSource& reader, const FlatParamGroup& group, int array,
+  void read_range(const CheckpointSource& reader, const GroupRecord& record, int array,
                   int64_t begin, int64_t count, float* out) const;
   void load_group(const CheckpointSource& reader, GroupId group);
   // The parameters alone: the optimizer, where the group trains, restarts its fp32

@@ -256,23 +256,25 @@ ParamHome* EngineImpl::param_home() const {
   return units_ ? units_->home() : nullptr;
 }
 
+void EngineImpl::set_expert_names(ExpertNames names) {
+  expert_names_ = std::move(names);
+}
+
 CheckpointParts EngineImpl::checkpoint_parts() {
-  return {plan_,         dist_,     *comms_,      groups_,      *pipeline_,
-          param_groups_, *buffers_, param_home(), units_.get(), device_.where};
+  return {plan_,     dist_,        *comms_,      groups_,       *pipeline_,   param_groups_,
+          *buffers_, param_home(), units_.get(), device_.where, expert_names_};
 }
 
 std::string EngineImpl::save_checkpoint(const std::string& dir, std::string tag,
                                         const std::string& client_state_json,
                                         const std::string& lr_scheduler_json,
                                         const SaveOptions& options) {
-  refuse_expert_checkpoint(plan_.settings, "save_checkpoint");
   return Checkpointer(checkpoint_parts())
       .save(dir, std::move(tag), client_state_json, lr_scheduler_json, options);
 }
 
 LoadedCheckpoint EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag,
                                              const LoadOptions& options) {
-  refuse_expert_checkpoint(plan_.settings, "load_checkpoint");
   std::vector<ScheduledGroup> before;
   if (schedule_.active()) before = scheduled_now();
   LoadedCheckpoint loaded = Checkpointer(checkpoint_parts()).load(dir, tag, options);

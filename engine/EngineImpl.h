@@ -154,6 +154,9 @@ class EngineImpl final : public Engine {
                               const SaveOptions& options = {}) override;
   LoadedCheckpoint load_checkpoint(const std::string& dir, const std::string& tag = "",
                                    const LoadOptions& options = {}) override;
+  // Expert parallelism: the names the split experts' parameters are saved under
+  // (engine/Checkpointer.h ExpertNames), given by the Python package.
+  void set_expert_names(ExpertNames names);
 
   // run_unit in pieces, by unit index (stages 0-2, and units without parameters: no-ops):
   // before the unit's forward, after it, and when its output's gradient arrives.
@@ -293,6 +296,7 @@ class EngineImpl final : public Engine {
   // The batch memory_detail counts, `spec` given its model's shape: the activations set,
   // the pipeline's micro-batches in flight, mode auto's blocks recomputed for them.
   TrainingShape counted_shape(ModelSpec& spec) const;
+  ExpertNames expert_names_;
   std::shared_ptr<ActivationStore> activation_store_;  // activation_store(); detached at the end
 };
 

@@ -40,15 +40,6 @@ void check_expert_parallel(const TrainingSettings& z, const std::vector<NamedPar
   }
 }
 
-void refuse_expert_checkpoint(const TrainingSettings& z, const char* doing) {
-  if (z.expert_parallel_size <= 1) return;
-  fail(
-      "{} with expert parallelism (the MoE layers' ep_size {}): each rank holds other experts, "
-      "and their files (DeepSpeed's layer_L_expert_E_mp_rank_XX_model_states.pt) are not in "
-      "zeroshard yet; allowed: ep_size 1",
-      doing, z.expert_parallel_size);
-}
-
 void reduce_experts_apart(const GroupTable& groups, Communicators& comms, GradReducer& reducer) {
   if (!comms.experts()) return;
   std::vector<bool> expert;  // per trainable group, in the reducer's order

@@ -19,10 +19,6 @@ namespace zeroshard {
 // optimizers whose step sums over every shard (Lamb), or no expert parameter to split.
 void check_expert_parallel(const TrainingSettings& settings, const std::vector<NamedParam>& params);
 
-// Fails naming `doing` (a checkpoint's save or load) with expert parallelism: each rank's
-// experts are its own, and DeepSpeed's expert files are not written or read yet.
-void refuse_expert_checkpoint(const TrainingSettings& settings, const char* doing);
-
 // With experts split: the reducer's expert groups reduced over the experts' ranks
 // (GradReducer::set_experts); nothing to do without expert parallelism.
 void reduce_experts_apart(const GroupTable& groups, Communicators& comms, GradReducer& reducer);

@@ -80,16 +80,3 @@ TEST(ExpertParallel, WhatItIsNotComposedWithIsRefusedByName) {
                 2, [](TrainingSettings& s) { s.offload_optimizer.device = OffloadDevice::Cpu; })),
             "");
 }
-
-TEST(ExpertParallel, CheckpointsAreRefusedWithExpertsSplit) {
-  try {
-    refuse_expert_checkpoint(at_ep(2), "save_checkpoint");
-    FAIL() << "a checkpoint with experts split";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("save_checkpoint with expert parallelism (the MoE "
-                                         "layers' ep_size 2): each rank holds other experts"),
-              std::string::npos)
-        << e.what();
-  }
-  refuse_expert_checkpoint(at_ep(1), "save_checkpoint");  // nothing to refuse
-}

@@ -45,6 +45,9 @@ def main():
     parser.add_argument("--use_residual", action="store_true")
     parser.add_argument("--ep_size", type=int, default=1)
     parser.add_argument("--save_16bit", default=None, help="a folder for save_16bit_model")
+    parser.add_argument("--checkpoint", default=None, help="a folder for save/load_checkpoint")
+    parser.add_argument("--save_at", type=int, default=0, help="save after this many steps")
+    parser.add_argument("--load", action="store_true", help="resume from --checkpoint")
     args = deepspeed.add_config_arguments(parser).parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
@@ -58,7 +61,11 @@ def main():
     engine, _, _, _ = deepspeed.initialize(args=args, model=net, model_parameters=groups)
     torch.manual_seed(1234 + dist.get_rank())  # the gate's draws: the same in both runs
     criterion = nn.CrossEntropyLoss()
-    for step in range(STEPS):
+    first = 0
+    if args.load:
+        _, client = engine.load_checkpoint(args.checkpoint)
+        first = client["step"]
+    for step in range(first, STEPS):
         g = torch.Generator().manual_seed(100 * step + dist.get_rank())
         x, y = torch.randn(ROWS, 12, generator=g), torch.randint(5, (ROWS,), generator=g)
         out, l_aux, counts = engine(x)
@@ -69,6 +76,8 @@ def main():
         seen["l_aux"].append(l_aux.item())
         seen["counts"].append(counts.tolist())
         seen["norms"].append(float(engine.get_global_grad_norm()))
+        if args.save_at == step + 1:
+            engine.save_checkpoint(args.checkpoint, client_state={"step": step + 1})
     if args.save_16bit:
         engine.save_16bit_model(args.save_16bit)
     leave(args.out, seen)  # rank_result.py says why

@@ -56,7 +56,7 @@ def test_experts_split_over_ranks_train_as_one_process(model, stage, scratch):
         assert got["whole_keys"], rank
         assert got["whole_diff"]["state_dict"] < 1e-5, (rank, got["whole_diff"])
         assert got["whole_diff"]["from_pretrained"] < 1e-5, (rank, got["whole_diff"])
-        assert "save_checkpoint with expert parallelism (the MoE layers' ep_size 2)" in \
+        assert "save_checkpoint with expert parallelism (ep_size 2): the expert parameter" in \
             got["refused"], rank
     assert ranks[0]["expert_numel"] == ranks[1]["expert_numel"] > 0
 
@@ -123,3 +123,48 @@ def test_deepspeeds_layer_split_over_ranks_trains_as_every_rank_holding_every_ex
         assert torch.allclose(saved[1][name], want, atol=1e-6), name
     expert = "moe.deepspeed_moe.experts.deepspeed_experts.{}.0.weight"
     assert not torch.equal(saved[0][expert.format(1)], saved[0][expert.format(2)])  # apart
+
+
+@pytest.mark.parametrize("stage,world", [(1, 2), (3, 2), (3, 4)])
+def test_deepspeeds_layer_checkpoint_resumes_at_any_ep_size(stage, world, scratch):
+    """save_checkpoint with DeepSpeed's MoE layer split over 2 ranks (ep_size 2) after 3 of 6
+    steps, each rank's file holding its experts under their numbers in the whole layer (on 4
+    ranks each expert's state sharded over the 2 ranks holding it): load_checkpoint at
+    ep_size 2 and at ep_size 1 (every rank holding every expert) trains the last 3 steps as
+    the run that went on did (losses, l_aux within 1e-6, norms within 1e-5); on 2 ranks one
+    saved at ep_size 1 resumes at ep_size 2 alike, and zeroshard.consolidate gives the whole
+    layer from either, the same."""
+    import zeroshard
+    script = switched_to_zeroshard(os.path.join(HERE, "moe_script.py"), scratch)
+    config = scratch / "config.json"
+    config.write_text('{"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0, '
+                      f'"zero_optimization": {{"stage": {stage}}}, "optimizer": {{"type": '
+                      '"AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}}')
+    env = {"OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.join(BUILD, "python"), HERE])}
+
+    def run(tag, ep, *extra):
+        out = str(scratch / tag)
+        return run_ranks([script, "--deepspeed_config", str(config), "--out", out, "--top_k",
+                          "1", "--ep_size", str(ep), *extra], world, out, extra_env=env)
+
+    whole = {}
+    for saved_ep, loaded_eps in ((2, (2, 1)), (1, (2,)))[:1 if world > 2 else 2]:
+        ckpt = str(scratch / f"ckpt-ep{saved_ep}")
+        went_on = run(f"save-ep{saved_ep}", saved_ep, "--checkpoint", ckpt, "--save_at", "3")
+        for ep in loaded_eps:
+            resumed = run(f"ep{saved_ep}-at-ep{ep}", ep, "--checkpoint", ckpt, "--load")
+            for rank, (want, got) in enumerate(zip(went_on, resumed)):
+                what = (saved_ep, ep, rank)
+                assert got["losses"] == pytest.approx(want["losses"][3:], abs=1e-6), what
+                assert got["l_aux"] == pytest.approx(want["l_aux"][3:], abs=1e-6), what
+                assert got["norms"] == pytest.approx(want["norms"][3:], rel=1e-5), what
+        zeroshard.consolidate(ckpt, str(scratch / f"whole-ep{saved_ep}.pt"))
+        whole[saved_ep] = torch.load(scratch / f"whole-ep{saved_ep}.pt")
+    if world > 2:
+        return
+    assert sorted(whole[2]) == sorted(whole[1])
+    assert "moe.deepspeed_moe.experts.deepspeed_experts.3.0.weight" in whole[2]
+    for name, want in whole[1].items():
+        assert torch.allclose(whole[2][name], want, atol=1e-6), name
+

@@ -68,8 +68,10 @@ def _assemble(folder, manifest, group, param, files):
     out = torch.empty(param["numel"], dtype=dtype)
     raw = out.view(torch.uint8)
     idx, done = param["offset"], 0
+    ranks = group.get("ranks")  # the files of its slices (split experts), else every rank's
     while done < param["numel"]:
         rank, pos = divmod(idx, S)
+        rank = ranks[rank] if ranks else rank
         take = min(param["numel"] - done, S - pos)
         files[rank].seek(group["file_offset"] + pos * elem)
         chunk = files[rank].read(take * elem)

@@ -10,6 +10,7 @@ import torch
 from . import (adafactor as _adafactor, construction as _construction, generation as _generation,
                torch_optimizer as _torch_optimizer)
 from .._parallel import (dtensor as _dtensor, expert_parallel as _expert_parallel,
+                         expert_state as _expert_state,
                          hf_expert_parallel as _hf_expert_parallel,
                          hf_tensor_parallel as _hf_tensor_parallel,
                          sync_batchnorm as _sync_batchnorm, tensor_parallel as _tensor_parallel)
@@ -206,6 +207,8 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes, EngineAccesso
         self._same_inputs = _tensor_parallel.SameInputs(tp_size) if tp_size > 1 else None
         self._tensor_parallel_split = tp_params  # {name: dimension} of the split parameters
         self._expert_parallel_size = ep_size
+        if ep_size > 1:  # the names checkpoints keep the split experts under
+            self._engine.set_expert_names(_expert_state.saved_names(model, expert_names))
         self._hook_model(model)
         if install_dtensors:  # after the units' hooks: a unit is gathered before it runs
             self._hooks += install_dtensors()

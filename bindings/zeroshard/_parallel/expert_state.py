@@ -36,6 +36,31 @@ def _split_layers(model):
     return numbered, fused
 
 
+# A key of a DeepSpeed layer's experts: (the layer's prefix, local expert, rest of the key).
+_NUMBERED = re.compile(r"^(.*deepspeed_moe\.experts\.deepspeed_experts\.)(\d+)\.(.*)$")
+
+
+def _whole_name(prefix, place, local, index, rest):
+    """Local expert `index` of the rank at `place` in its expert-parallel group (`local`
+    experts a rank), under its number in the whole layer."""
+    return f"{prefix}{place * local + index}.{rest}"
+
+
+def saved_names(model, names):
+    """{name: [its name in the whole layer on each place of its expert-parallel group]} for
+    the names of split DeepSpeed-layer experts among `names`: what checkpoints keep them
+    under, so one loads at any ep size. A fused expert (Hugging Face's) is left out."""
+    numbered, _ = _split_layers(model)
+    out = {}
+    for name in names:
+        hit = _NUMBERED.match(name)
+        if hit and hit.group(1) in numbered:
+            _, size, local = numbered[hit.group(1)]
+            out[name] = [_whole_name(hit.group(1), place, local, int(hit.group(2)), hit.group(3))
+                         for place in range(size)]
+    return out
+
+
 def _gathered(tensor, group, size):
     """Every rank's `tensor` of the group, in the group's rank order (its places)."""
     parts = [torch.empty_like(tensor) for _ in range(size)]
@@ -49,8 +74,7 @@ def whole_state(model, state):
     numbered, fused = _split_layers(model)
     if not numbered and not fused:
         return state
-    pattern = re.compile(r"^(.*deepspeed_moe\.experts\.deepspeed_experts\.)(\d+)\.(.*)$")
-    hits = {key: hit for key, hit in ((k, pattern.match(k)) for k in state)
+    hits = {key: hit for key, hit in ((k, _NUMBERED.match(k)) for k in state)
             if hit and hit.group(1) in numbered}
     blocks = {}  # a numbered layer's prefix: [(local expert, rest of the key, tensor)]
     for key, hit in hits.items():
@@ -66,7 +90,7 @@ def whole_state(model, state):
             entries = [(i, rest, _gathered(t, group, size)) for i, rest, t in blocks[prefix]]
             for place in range(size):
                 for i, rest, parts in entries:  # local expert i of that rank, key by key
-                    out[f"{prefix}{place * local + i}.{rest}"] = parts[place]
+                    out[_whole_name(prefix, place, local, i, rest)] = parts[place]
         elif key in fused:
             out[key] = torch.cat(_gathered(value, *fused[key]), dim=0)
         else:
