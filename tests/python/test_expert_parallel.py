@@ -125,20 +125,22 @@ def test_deepspeeds_layer_split_over_ranks_trains_as_every_rank_holding_every_ex
     assert not torch.equal(saved[0][expert.format(1)], saved[0][expert.format(2)])  # apart
 
 
-@pytest.mark.parametrize("stage,world", [(1, 2), (3, 2), (3, 4)])
-def test_deepspeeds_layer_checkpoint_resumes_at_any_ep_size(stage, world, scratch):
+@pytest.mark.parametrize("stage,world,offload", [(0, 2, False), (1, 2, False), (2, 2, True),
+                                                 (3, 2, False), (3, 4, False)])
+def test_deepspeeds_layer_checkpoint_resumes_at_any_ep_size(stage, world, offload, scratch):
     """save_checkpoint with DeepSpeed's MoE layer split over 2 ranks (ep_size 2) after 3 of 6
     steps, each rank's file holding its experts under their numbers in the whole layer (on 4
     ranks each expert's state sharded over the 2 ranks holding it): load_checkpoint at
     ep_size 2 and at ep_size 1 (every rank holding every expert) trains the last 3 steps as
-    the run that went on did (losses, l_aux within 1e-6, norms within 1e-5); on 2 ranks one
-    saved at ep_size 1 resumes at ep_size 2 alike, and zeroshard.consolidate gives the whole
-    layer from either, the same."""
+    the run that went on did (losses, l_aux within 1e-6, norms within 1e-5), at stages 0-3
+    (2 with the optimizer on the host); on 2 ranks one saved at ep_size 1 resumes at ep_size
+    2 alike, and zeroshard.consolidate gives the whole layer from either, the same."""
     import zeroshard
     script = switched_to_zeroshard(os.path.join(HERE, "moe_script.py"), scratch)
     config = scratch / "config.json"
+    host = ', "offload_optimizer": {"device": "cpu"}' if offload else ""
     config.write_text('{"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0, '
-                      f'"zero_optimization": {{"stage": {stage}}}, "optimizer": {{"type": '
+                      f'"zero_optimization": {{"stage": {stage}{host}}}, "optimizer": {{"type": '
                       '"AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}}')
     env = {"OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([os.path.join(BUILD, "python"), HERE])}
