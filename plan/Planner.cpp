@@ -16,6 +16,11 @@ namespace {
 
 using OD = OffloadDevice;
 
+// Model states all on the device: neither the optimizer nor the parameters offloaded.
+bool on_device(const PlanOption& o) {
+  return o.optimizer == OD::None && o.params == OD::None;
+}
+
 bool permitted(const Config& c, const PlanOption& o) {
   if (c.zero.stage && *c.zero.stage != o.stage) return false;
   const auto& mics = c.zero.mics_shard_size;
@@ -176,8 +181,8 @@ Choice choose(const ModelSpec& spec, const Config& fixed, const Config& resolved
     if (!auto_policy || c.chosen < 0) return;
     for (size_t i = 0; i < c.options.size(); ++i) {
       const auto& e = c.options[i];
-      const bool on_device = e.option.optimizer == OD::None && e.option.params == OD::None;
-      if (e.allowed && e.fits && on_device && *e.recomputed < *c.options[c.chosen].recomputed)
+      if (e.allowed && e.fits && on_device(e.option) &&
+          *e.recomputed < *c.options[c.chosen].recomputed)
         c.chosen = static_cast<int>(i);
     }
   };
@@ -454,9 +459,7 @@ Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& wo
   resolve_overlap_step(plan, shape);
   if (config.activation_checkpointing_mode == "auto" && !shape.inference)
     plan.reasons.push_back(auto_policy_reason(spec, shape, chosen ? *chosen : *closest));
-  const bool on_device =
-      chosen && chosen->option.optimizer == OD::None && chosen->option.params == OD::None;
-  if (chosen && chosen->recomputed && on_device && spec.has_shape()) {
+  if (chosen && chosen->recomputed && on_device(chosen->option) && spec.has_shape()) {
     plan.summary = fmt::format(
         "recommended: {}: of the choices without offload, the one recomputing the fewest "
         "blocks ({} of {}; activation_checkpointing.mode auto), the earliest where they tie",
