@@ -462,9 +462,16 @@ PYBIND11_MODULE(_zeroshard, m) {
           },
           "(whole, ops): the layers activation_checkpointing.mode recomputes at the batch "
           "set_activation_shape described; None before one.")
-      .def("set_expert_names", &EngineImpl::set_expert_names, py::arg("names"),
-           "Expert parallelism: {parameter: [its saved name on each ep coordinate]}, the names "
-           "with every expert on every rank that checkpoints use.")
+      .def(
+          "set_expert_names",
+          [](EngineImpl& e, std::unordered_map<std::string, std::vector<std::string>> renamed,
+             std::vector<std::string> stacked) {
+            e.set_expert_names({std::move(renamed), {stacked.begin(), stacked.end()}});
+          },
+          py::arg("renamed"), py::arg("stacked"),
+          "Expert parallelism, what checkpoints save split experts as (engine/Checkpointer.h "
+          "ExpertNames): {parameter: [its name on each ep coordinate]} for DeepSpeed's layer, "
+          "and the fused experts each coordinate holds rows of (saved as parts of the whole).")
       .def("bytes_sent", &EngineImpl::bytes_sent)
       .def("barrier", &EngineImpl::barrier, py::call_guard<py::gil_scoped_release>());
 }

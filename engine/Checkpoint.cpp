@@ -12,8 +12,8 @@
 #include <sstream>
 #include <utility>
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include <c10/core/ScalarType.h>
+#include <fmt/ranges.h>
 
 #include "common/Error.h"
 #include "common/Files.h"
@@ -52,13 +52,23 @@ ParamGroupOptions param_group_from_json(const nlohmann::json& j) {
   return o;
 }
 
-namespace {
-
-int64_t element_size(const std::string& dtype) {
+int64_t saved_element_size(const std::string& dtype) {
   if (dtype == "fp32") return 4;
   if (dtype == "bf16" || dtype == "fp16") return 2;
   fail("checkpoint: unknown dtype '{}'; allowed: fp32, bf16, fp16", dtype);
 }
+
+int64_t saved_numel(const std::vector<int64_t>& shape) {
+  constexpr int64_t kMost = int64_t{1} << 42;
+  int64_t numel = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && numel > kMost / d)) return -1;  // checked before it can overflow
+    numel *= d;
+  }
+  return numel;
+}
+
+namespace {
 
 // Each dtype a buffer may have: torch's name and its element size (written out, since
 // c10's elementSize is not header-only and the fuzzers link no LibTorch).
@@ -95,23 +105,11 @@ const TorchDtype& torch_dtype_named(const std::string& name) {
   fail("dtype '{}' is not allowed; allowed: {}", name, torch_dtype_names());
 }
 
-// Elements of a saved shape, or -1 where a dimension is negative or the count is past
-// anything a file could hold.
-int64_t numel_of(const std::vector<int64_t>& shape) {
-  constexpr int64_t kMost = int64_t{1} << 42;
-  int64_t numel = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || (d > 0 && numel > kMost / d)) return -1;  // checked before it can overflow
-    numel *= d;
-  }
-  return numel;
-}
-
 // Buffers lie one after the other in rank0.bin from `begin`, each its dtype's bytes.
 void check_buffers(const Manifest& m, int64_t begin, const std::string& origin) {
   int64_t at = begin;
   for (const auto& b : m.buffers) {
-    const int64_t numel = numel_of(b.shape);
+    const int64_t numel = saved_numel(b.shape);
     const int64_t size = torch_dtype_named(b.dtype).size;
     if (numel < 0 || b.offset != at || b.bytes != numel * size) {
       fail(
@@ -149,12 +147,20 @@ void check_consistent(const Manifest& m, const std::string& origin) {
         fail("checkpoint manifest '{}': parameter '{}' of {} dimensions is split along {}", origin,
              p.name, p.shape.size(), p.tensor_parallel_dim);
       }
-      if (numel_of(p.shape) != p.numel || p.offset < 0 ||
+      if (saved_numel(p.shape) != p.numel || p.offset < 0 ||
           p.offset + p.numel > sg.shard_numel * sg.slices(m.world_size)) {
         fail(
             "checkpoint manifest '{}': parameter '{}' (offset {}, numel {}) does not fit its "
             "group or its shape",
             origin, p.name, p.offset, p.numel);
+      }
+      if (p.part() && (p.tensor_parallel_dim >= 0 || p.whole_offset < 0 ||
+                       p.whole_offset + p.numel > saved_numel(p.whole_shape))) {
+        fail(
+            "checkpoint manifest '{}': part of parameter '{}' (elements {} to {}) does not fit "
+            "its whole shape [{}]",
+            origin, p.name, p.whole_offset, p.whole_offset + p.numel,
+            fmt::join(p.whole_shape, ", "));
       }
     }
   }
@@ -193,7 +199,7 @@ int64_t Manifest::buffer_bytes() const {
 }
 
 int64_t SavedGroup::bytes() const {
-  return trainable ? int64_t{4} * arrays * shard_numel : element_size(dtype) * shard_numel;
+  return trainable ? int64_t{4} * arrays * shard_numel : saved_element_size(dtype) * shard_numel;
 }
 
 nlohmann::json Manifest::to_json() const {
@@ -205,6 +211,10 @@ nlohmann::json Manifest::to_json() const {
           {{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel}});
       if (p.tensor_parallel_dim >= 0)
         params_json.back()["tensor_parallel_dim"] = p.tensor_parallel_dim;
+      if (p.part()) {
+        params_json.back()["whole_shape"] = p.whole_shape;
+        params_json.back()["whole_offset"] = p.whole_offset;
+      }
     }
     groups_json.push_back({{"shard_numel", g.shard_numel},
                            {"trainable", g.trainable},
@@ -291,10 +301,11 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& origin)
       sg.arrays = 1 + static_cast<int>(m.optimizer_state.size());
       sg.ranks = g.value("ranks", std::vector<int>{});
       for (const auto& p : g.at("params")) {
-        sg.params.push_back({p.at("name").get<std::string>(),
-                             p.at("shape").get<std::vector<int64_t>>(),
-                             p.at("offset").get<int64_t>(), p.at("numel").get<int64_t>(),
-                             p.value("tensor_parallel_dim", -1)});
+        sg.params.push_back(
+            {p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>(),
+             p.at("offset").get<int64_t>(), p.at("numel").get<int64_t>(),
+             p.value("tensor_parallel_dim", -1), p.value("whole_shape", std::vector<int64_t>{}),
+             p.value("whole_offset", int64_t{0})});
       }
       m.groups.push_back(std::move(sg));
     }
@@ -387,92 +398,6 @@ Manifest read_manifest(const std::string& dir, std::string tag) {
     }
   }
   return m;
-}
-
-CheckpointReader::CheckpointReader(const std::string& dir, Manifest manifest)
-    : dir_(dir + "/" + manifest.tag), manifest_(std::move(manifest)) {
-  for (const auto& f : manifest_.files) {
-    const std::string path = dir_ + "/" + f.name;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail("checkpoint: cannot open '{}': {}", path, std::strerror(errno));
-    fds_.push_back(fd);
-  }
-  for (size_t g = 0; g < manifest_.groups.size(); ++g) {
-    for (size_t p = 0; p < manifest_.groups[g].params.size(); ++p) {
-      index_[manifest_.groups[g].params[p].name] = {g, p};
-    }
-  }
-}
-
-CheckpointReader::~CheckpointReader() {
-  for (int fd : fds_) ::close(fd);
-}
-
-const SavedParam& CheckpointReader::param(const std::string& name, size_t* group) const {
-  const auto it = index_.find(name);
-  if (it == index_.end()) {
-    fail("checkpoint '{}' has no parameter '{}' (the model has it): a different model?", dir_,
-         name);
-  }
-  if (group != nullptr) *group = it->second.first;
-  return manifest_.groups[it->second.first].params[it->second.second];
-}
-
-void CheckpointReader::read(const std::string& name, int array, int64_t begin, int64_t count,
-                            float* out) const {
-  size_t gi = 0;
-  const SavedParam& p = param(name, &gi);
-  const SavedGroup& g = manifest_.groups[gi];
-  const int64_t S = g.shard_numel;
-  const int64_t elem = g.trainable ? 4 : element_size(g.dtype);
-  if (array < 0 || (g.trainable ? array >= g.arrays : array > 0)) {
-    fail("checkpoint '{}': parameter '{}' has no array {} (its group holds {})", dir_, name, array,
-         g.trainable ? g.arrays : 1);
-  }
-  std::vector<char> raw;
-  int64_t idx = p.offset + begin;
-  while (count > 0) {
-    const int64_t slice = idx / S, pos = idx % S;
-    const int64_t rank = g.ranks.empty() ? slice : g.ranks.at(static_cast<size_t>(slice));
-    const int64_t take = std::min(count, S - pos);
-    const int64_t at = g.file_offset + (g.trainable ? array * S * 4 : 0) + pos * elem;
-    raw.resize(static_cast<size_t>(take * elem));
-    const ssize_t n = ::pread(fds_.at(static_cast<size_t>(rank)), raw.data(), raw.size(), at);
-    if (n != static_cast<ssize_t>(raw.size())) {
-      fail("checkpoint file '{}/{}': short read of '{}' at byte {}", dir_,
-           manifest_.files[static_cast<size_t>(rank)].name, name, at);
-    }
-    if (elem == 4) {
-      std::memcpy(out, raw.data(), raw.size());
-    } else if (g.dtype == "bf16") {
-      const auto* h = reinterpret_cast<const c10::BFloat16*>(raw.data());
-      for (int64_t i = 0; i < take; ++i) out[i] = static_cast<float>(h[i]);
-    } else {
-      const auto* h = reinterpret_cast<const c10::Half*>(raw.data());
-      for (int64_t i = 0; i < take; ++i) out[i] = static_cast<float>(h[i]);
-    }
-    out += take;
-    idx += take;
-    count -= take;
-  }
-}
-
-std::string CheckpointReader::read_rng(int rank) const {
-  std::string bytes(static_cast<size_t>(manifest_.rng_bytes), '\0');
-  if (manifest_.rng_bytes == 0) return bytes;
-  const ssize_t n =
-      ::pread(fds_.at(static_cast<size_t>(rank)), bytes.data(), bytes.size(), manifest_.rng_offset);
-  if (n != static_cast<ssize_t>(bytes.size()))
-    fail("checkpoint: short read of rank {}'s RNG", rank);
-  return bytes;
-}
-
-void CheckpointReader::read_buffer(const SavedBuffer& buffer, void* out) const {
-  const ssize_t n = ::pread(fds_.at(0), out, static_cast<size_t>(buffer.bytes), buffer.offset);
-  if (n != static_cast<ssize_t>(buffer.bytes)) {
-    fail("checkpoint file '{}/{}': short read of buffer '{}' at byte {}", dir_,
-         manifest_.files.at(0).name, buffer.name, buffer.offset);
-  }
 }
 
 }  // namespace zeroshard

@@ -16,7 +16,9 @@
 // another tp size (engine/ReslicedCheckpoint.h) and consolidate into whole parameters.
 // With experts split over expert-parallel ranks each rank file holds its own experts'
 // slices, and the manifest lists each expert group once per ep coordinate
-// (SavedGroup::ranks), its parameters under their names with every expert on every rank.
+// (SavedGroup::ranks), its parameters under their names with every expert on every rank;
+// fused experts (a Hugging Face model's, stacked along dim 0) as parts of the whole
+// parameter (SavedParam::whole_shape), which the reader joins.
 // DIR/latest names the newest complete tag. Because every element is addressed by
 // parameter name and offset, a checkpoint loads into any world size and stage: the
 // reader re-slices on load.
@@ -47,6 +49,12 @@ struct SavedParam {
   int64_t numel = 0;
   // The dimension this tp coordinate's slice was cut along (NamedParam's); -1: whole.
   int tensor_parallel_dim = -1;
+  // A part of a parameter saved in parts (fused experts split over expert-parallel ranks,
+  // each ep coordinate's rows of the experts stacked along dim 0): the whole parameter's
+  // shape and where this part starts in it, in elements. Empty: the parameter is whole.
+  std::vector<int64_t> whole_shape;
+  int64_t whole_offset = 0;
+  bool part() const { return !whole_shape.empty(); }
 };
 
 struct SavedGroup {
@@ -144,48 +152,11 @@ std::string latest_tag(const std::string& dir);
 
 uint32_t file_crc32(const std::string& path);
 
-// What a load reads: saved parameters by name, as this engine's ranks hold them, and the
-// buffers. One checkpoint's files (CheckpointReader), or the parts of one saved at another
-// tensor-parallel size re-cut for this rank (engine/ReslicedCheckpoint.h).
-class CheckpointSource {
- public:
-  virtual ~CheckpointSource() = default;
-  virtual const Manifest& manifest() const = 0;
-  // The saved parameter `name`: its group and entry, or an Error naming it.
-  virtual const SavedParam& param(const std::string& name, size_t* group = nullptr) const = 0;
-  virtual bool has_param(const std::string& name) const = 0;
-  // Elements [begin, begin+count) of parameter `name`, from array `array` (0 master,
-  // then the optimizer's state arrays in Manifest::optimizer_state's order for trainable
-  // groups; 0 the parameters for frozen ones), as fp32.
-  virtual void read(const std::string& name, int array, int64_t begin, int64_t count,
-                    float* out) const = 0;
-  // A saved buffer's bytes (rank0.bin), into a host uint8 tensor.
-  virtual void read_buffer(const SavedBuffer& buffer, void* out) const = 0;
-  // Whether it holds other pipeline stages' parameters and buffers too (a checkpoint of
-  // another split): those are no strict load's surprise then.
-  virtual bool holds_other_stages() const { return false; }
-};
-
-// Element ranges of saved parameters, gathered from the rank files by name.
-class CheckpointReader : public CheckpointSource {
- public:
-  CheckpointReader(const std::string& dir, Manifest manifest);
-  ~CheckpointReader() override;
-  CheckpointReader(const CheckpointReader&) = delete;
-  CheckpointReader& operator=(const CheckpointReader&) = delete;
-  const Manifest& manifest() const override { return manifest_; }
-  const SavedParam& param(const std::string& name, size_t* group = nullptr) const override;
-  bool has_param(const std::string& name) const override { return index_.count(name) != 0; }
-  void read(const std::string& name, int array, int64_t begin, int64_t count,
-            float* out) const override;
-  std::string read_rng(int rank) const;
-  void read_buffer(const SavedBuffer& buffer, void* out) const override;
-
- private:
-  std::string dir_;
-  Manifest manifest_;
-  std::vector<int> fds_;
-  std::unordered_map<std::string, std::pair<size_t, size_t>> index_;  // name -> group, param
-};
+// Bytes of an element of a saved group's dtype ("fp32", "bf16", "fp16"); fails naming
+// what is allowed.
+int64_t saved_element_size(const std::string& dtype);
+// Elements of a saved shape, or -1 where a dimension is negative or the count is past
+// anything a file could hold.
+int64_t saved_numel(const std::vector<int64_t>& shape);
 
 }  // namespace zeroshard

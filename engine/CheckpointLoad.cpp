@@ -323,10 +323,12 @@ void Checkpointer::check_params(const CheckpointSource& reader, const std::strin
     for (const auto& slot : record.flat->slots()) {
       // Split experts: this rank's under the name it is saved by, the other ep
       // coordinates' as the model's too (their ranks load them).
-      SavedParam s{saved_name(record, slot.name), slot.shape, slot.offset, slot.numel};
+      SavedParam s{saved_name(record, slot.name), saved_shape(record, slot), slot.offset,
+                   slot.numel};
       mine.insert(s.name);
-      if (experts_split(record)) {
-        for (const auto& other : p_.expert_names.at(slot.name)) mine.insert(other);
+      const auto renamed = p_.expert_names.renamed.find(slot.name);
+      if (experts_split(record) && renamed != p_.expert_names.renamed.end()) {
+        for (const auto& other : renamed->second) mine.insert(other);
       }
       if (!reader.has_param(s.name)) {
         if (!options.strict && !(record.trainable && with_optimizer)) continue;
@@ -372,7 +374,7 @@ void Checkpointer::read_range(const CheckpointSource& reader, const GroupRecord&
     reader.param(name, &saved_group);
     const bool saved_trainable = reader.manifest().groups[saved_group].trainable;
     if (array > 0 && !saved_trainable) continue;  // frozen when saved: no Adam state
-    reader.read(name, array, lo - s.offset, hi - lo, out + (lo - begin));
+    reader.read(name, array, saved_offset(record, s) + lo - s.offset, hi - lo, out + (lo - begin));
   }
 }
 

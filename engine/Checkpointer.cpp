@@ -25,6 +25,7 @@
 #include "optim/ShardOptimizer.h"
 #include "plan/Planner.h"
 #include "sharding/Collectives.h"
+#include "sharding/FlatParamGroup.h"
 #include "sharding/GradReducer.h"
 #include "sharding/LossScaler.h"
 #include "sharding/ParamCoordinator.h"
@@ -91,23 +92,42 @@ void Checkpointer::check_expert_names(const char* doing) const {
   for (const GroupRecord& record : p_.groups) {
     if (!experts_split(record)) continue;
     for (const auto& s : record.flat->slots()) {
-      const auto it = p_.expert_names.find(s.name);
-      if (it == p_.expert_names.end() || static_cast<int>(it->second.size()) != ep) {
-        fail(
-            "{} with expert parallelism (ep_size {}): the expert parameter '{}' has no name "
-            "with every expert on every rank to be saved under (a Hugging Face model's fused "
-            "experts split by AutoEP are not saved yet); allowed: DeepSpeed's MoE layer "
-            "(zeroshard.moe.layer.MoE), or ep_size 1",
-            doing, ep, s.name);
+      if (stacked(record, s.name)) {
+        if (!s.shape.empty()) continue;
+      } else {
+        const auto it = p_.expert_names.renamed.find(s.name);
+        if (it != p_.expert_names.renamed.end() && static_cast<int>(it->second.size()) == ep)
+          continue;
       }
+      fail(
+          "{} with expert parallelism (ep_size {}): the expert parameter '{}' has no name "
+          "with every expert on every rank to be saved under; allowed: DeepSpeed's MoE layer "
+          "(zeroshard.moe.layer.MoE), a Hugging Face model's fused experts split by "
+          "expert_parallel (AutoEP), or ep_size 1",
+          doing, ep, s.name);
     }
   }
 }
 
+bool Checkpointer::stacked(const GroupRecord& record, const std::string& name) const {
+  return experts_split(record) && p_.expert_names.stacked.count(name) != 0;
+}
+
 const std::string& Checkpointer::saved_name(const GroupRecord& record,
                                             const std::string& name) const {
-  if (!experts_split(record)) return name;
-  return p_.expert_names.at(name).at(static_cast<size_t>(p_.dist.dims.coordinate(Dim::Ep)));
+  if (!experts_split(record) || stacked(record, name)) return name;
+  return p_.expert_names.renamed.at(name).at(static_cast<size_t>(p_.dist.dims.coordinate(Dim::Ep)));
+}
+
+int64_t Checkpointer::saved_offset(const GroupRecord& record, const ParamSlot& slot) const {
+  return stacked(record, slot.name) ? p_.dist.dims.coordinate(Dim::Ep) * slot.numel : 0;
+}
+
+std::vector<int64_t> Checkpointer::saved_shape(const GroupRecord& record,
+                                               const ParamSlot& slot) const {
+  std::vector<int64_t> shape = slot.shape;
+  if (stacked(record, slot.name)) shape[0] *= p_.dist.dims.size(Dim::Ep);
+  return shape;
 }
 
 bool Checkpointer::saved(const GroupRecord& record, const SaveOptions& options) const {
@@ -156,8 +176,15 @@ Manifest Checkpointer::layout(const SaveOptions& options) const {
     for (int c = 0; c < ep; ++c) {
       SavedGroup copy = sg;
       for (int e = 0; e < edp; ++e) copy.ranks.push_back(e * ep + c);
-      for (auto& param : copy.params)
-        param.name = p_.expert_names.at(param.name).at(static_cast<size_t>(c));
+      for (auto& param : copy.params) {
+        if (p_.expert_names.stacked.count(param.name)) {  // rows [c x n, (c+1) x n) of the whole
+          param.whole_shape = param.shape;
+          param.whole_shape[0] *= ep;
+          param.whole_offset = c * param.numel;
+        } else {
+          param.name = p_.expert_names.renamed.at(param.name).at(static_cast<size_t>(c));
+        }
+      }
       m.groups.push_back(std::move(copy));
     }
   }

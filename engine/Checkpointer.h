@@ -16,11 +16,13 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <c10/core/Device.h>
 
 #include "engine/Checkpoint.h"
+#include "engine/CheckpointReader.h"
 #include "engine/GroupTable.h"
 #include "engine/ParallelDims.h"
 #include "plan/TrainingSettings.h"
@@ -35,14 +37,21 @@ class ParamGroupTable;
 class ParamHome;
 class StepPipeline;
 class UnitSchedule;
+struct ParamSlot;
 struct DistContext;
 struct Plan;
 
-// The names expert parameters split over expert-parallel ranks are saved and loaded under:
-// per parameter, its name on each ep coordinate's ranks when every rank holds every expert
-// (DeepSpeed's MoE layer: deepspeed_experts.<i> of coordinate c is expert c x n + i of n
-// local ones), so a checkpoint loads at any ep size.
-using ExpertNames = std::unordered_map<std::string, std::vector<std::string>>;
+// How expert parameters split over expert-parallel ranks are saved and loaded, so that a
+// checkpoint loads at any ep size: as the model with every expert on every rank has them.
+struct ExpertNames {
+  // DeepSpeed's MoE layer: per parameter, its name on each ep coordinate's ranks
+  // (deepspeed_experts.<i> of coordinate c is expert c x n + i of n local ones).
+  std::unordered_map<std::string, std::vector<std::string>> renamed;
+  // Fused experts (a Hugging Face model's, stacked along dim 0; the name is the whole's):
+  // coordinate c's [n, ...] is rows [c x n, (c+1) x n) of the whole, saved as its part.
+  std::unordered_set<std::string> stacked;
+  bool empty() const { return renamed.empty() && stacked.empty(); }
+};
 
 // What a save or a load reads and writes: the engine's, borrowed for the call.
 struct CheckpointParts {
@@ -86,6 +95,12 @@ class Checkpointer {
   bool experts_split(const GroupRecord& record) const;
   void check_expert_names(const char* doing) const;
   const std::string& saved_name(const GroupRecord& record, const std::string& name) const;
+  // Where `slot` of `record` starts in the saved parameter: its rows' first element where
+  // it is this coordinate's part of stacked experts, else 0.
+  int64_t saved_offset(const GroupRecord& record, const ParamSlot& slot) const;
+  // The shape the saved parameter has: the whole's for stacked experts.
+  std::vector<int64_t> saved_shape(const GroupRecord& record, const ParamSlot& slot) const;
+  bool stacked(const GroupRecord& record, const std::string& name) const;
 
   // One checkpoint of the data-parallel ranks: the whole of it without tensor parallelism,
   // this tp coordinate's part with it (save and load choose the folder).

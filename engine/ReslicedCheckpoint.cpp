@@ -19,6 +19,11 @@ ReslicedCheckpoint::ReslicedCheckpoint(std::vector<std::unique_ptr<CheckpointRea
   for (size_t g = 0; g < manifest_.groups.size(); ++g) {
     for (size_t i = 0; i < manifest_.groups[g].params.size(); ++i) {
       SavedParam& p = manifest_.groups[g].params[i];
+      if (p.part()) {  // saved in parts (split experts): the reader joins them, read it whole
+        p.shape = p.whole_shape;
+        p.numel = parts_[0]->param(p.name).numel;
+        p.whole_shape.clear();
+      }
       for (size_t t = 1; t < parts_.size(); ++t) {
         const CheckpointReader& other = *parts_[t];
         const SavedParam* theirs = other.has_param(p.name) ? &other.param(p.name) : nullptr;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/Checkpoint.h"
+#include "engine/CheckpointReader.h"
 
 namespace zeroshard {
 

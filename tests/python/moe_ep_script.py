@@ -9,9 +9,12 @@ engine's gradient norms and the reference's, the largest difference of its param
 state its ledger holds and its plan predicted beside the elements of its dense and expert
 parameters; the largest difference of the engine's state_dict (every rank's experts
 joined) and of the model save_pretrained wrote, loaded by from_pretrained, from the
-reference's parameters; and what save_checkpoint said.
+reference's parameters. Then it saves a checkpoint (OUT.ckpt; rank 0 the whole state_dict
+beside it, OUT.whole.pt) and trains 3 steps more. With --resume CKPT EP it instead loads CKPT
+into the model split over EP ranks and trains those 3 steps: their losses and norms and the
+reference's.
 
-usage: moe_ep_script.py OUT MODEL STAGE"""
+usage: moe_ep_script.py OUT MODEL STAGE [--resume CKPT EP]"""
 import sys
 
 import torch
@@ -43,10 +46,13 @@ def grad_norm(params):
 
 
 def reference(kind, ids):
+    """Losses and norms of 2 x STEPS steps, and the parameters after the first STEPS."""
     model = make_model(kind)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     losses, norms = [], []
-    for step in range(STEPS):
+    for step in range(2 * STEPS):
+        if step == STEPS:
+            params = {n: p.detach().clone() for n, p in model.named_parameters()}
         opt.zero_grad()
         each = [model(input_ids=ids[i][None], labels=ids[i][None]).loss
                 for i in range(step * WORLD, (step + 1) * WORLD)]
@@ -54,7 +60,42 @@ def reference(kind, ids):
         norms.append(grad_norm(model.parameters()))
         opt.step()
         losses.append([loss.item() for loss in each])
-    return losses, norms, dict(model.named_parameters())
+    return losses, norms, params
+
+
+def train(engine, ids, steps):
+    """The engine's losses and pre-clip norms over `steps`, each rank its own sample."""
+    losses, norms = [], []
+    for step in steps:
+        sample = ids[step * WORLD + engine.global_rank][None]
+        loss = engine(input_ids=sample, labels=sample).loss
+        engine.backward(loss)
+        engine.step()
+        norms.append(float(engine.get_global_grad_norm()))  # the step's, before clipping
+        losses.append(loss.item())
+    return losses, norms
+
+
+def initialize(kind, stage, ep):
+    model = make_model(kind)
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+              "zero_optimization": {"stage": stage},
+              "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
+              "expert_parallel": {"enabled": True, "autoep_size": ep}}
+    # Stage 3: each MoE block a unit of its own, its router (dense) beside its experts (a
+    # group of their own), so the unit waits for both groups' gradients.
+    units = [layer.mlp for layer in model.model.layers] if stage == 3 else None
+    engine, *_ = zeroshard.initialize(model=model, config=config, units=units)
+    return model, engine
+
+
+def resume(out, kind, stage, ids, ckpt, ep):
+    _, engine = initialize(kind, stage, ep)
+    engine.load_checkpoint(ckpt)
+    losses, norms = train(engine, ids, range(STEPS, 2 * STEPS))
+    want_losses, want_norms, _ = reference(kind, ids)
+    leave(out, {"losses": losses, "norms": norms, "want_norms": want_norms[STEPS:],
+                "want_losses": [each[engine.global_rank] for each in want_losses[STEPS:]]})
 
 
 def largest_difference(got, want):
@@ -66,32 +107,17 @@ def largest_difference(got, want):
 def main():
     out, kind, stage = sys.argv[1], sys.argv[2], int(sys.argv[3])
     torch.manual_seed(5)
-    ids = torch.randint(0, SHAPE["vocab_size"], (STEPS * WORLD, SEQ))
-    model = make_model(kind)
-    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-              "zero_optimization": {"stage": stage},
-              "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
-              "expert_parallel": {"enabled": True, "autoep_size": EP}}
-    # Stage 3: each MoE block a unit of its own, its router (dense) beside its experts (a
-    # group of their own), so the unit waits for both groups' gradients.
-    units = [layer.mlp for layer in model.model.layers] if stage == 3 else None
-    engine, *_ = zeroshard.initialize(model=model, config=config, units=units)
+    ids = torch.randint(0, SHAPE["vocab_size"], (2 * STEPS * WORLD, SEQ))
+    if sys.argv[4:5] == ["--resume"]:
+        return resume(out, kind, stage, ids, sys.argv[5], int(sys.argv[6]))
+    model, engine = initialize(kind, stage, EP)
     rank = engine.global_rank
-    losses, norms = [], []
-    for step in range(STEPS):
-        sample = ids[step * WORLD + rank][None]
-        loss = engine(input_ids=sample, labels=sample).loss
-        engine.backward(loss)
-        engine.step()
-        norms.append(float(engine.get_global_grad_norm()))  # the step's, before clipping
-        losses.append(loss.item())
+    losses, norms = train(engine, ids, range(STEPS))
     whole = engine.state_dict()  # every rank's experts joined: the one-process model's
     engine.save_pretrained(f"{out}.hf")
-    try:
-        engine.save_checkpoint(f"{out}.ckpt")
-        refused = None
-    except zeroshard.Error as e:  # a sharded checkpoint of split experts: not composed yet
-        refused = str(e)
+    engine.save_checkpoint(f"{out}.ckpt")
+    if rank == 0:
+        torch.save(whole, f"{out}.whole.pt")
     want_losses, want_norms, want = reference(kind, ids)
     loaded = type(model).from_pretrained(f"{out}.hf").state_dict()
     whole_diff = {"state_dict": largest_difference(whole, want),
@@ -109,11 +135,13 @@ def main():
     report = engine.memory_report()
     held, planned = (sum(tier["kinds"].get("optimizer_states", {}).get(what, 0)
                          for tier in report.values()) for what in ("current", "predicted"))
-    leave(out, {"losses": losses, "want_losses": [each[rank] for each in want_losses],
-                "norms": norms, "want_norms": want_norms, "param_diff": worst,
+    went_on, _ = train(engine, ids, range(STEPS, 2 * STEPS))  # what a resumed run repeats
+    leave(out, {"losses": losses, "want_losses": [each[rank] for each in want_losses[:STEPS]],
+                "norms": norms, "want_norms": want_norms[:STEPS], "param_diff": worst,
+                "went_on": went_on,
                 "optimizer_state_bytes": held, "optimizer_state_planned": planned,
                 "dense_numel": dense, "expert_numel": experts, "whole_diff": whole_diff,
-                "whole_keys": sorted(whole) == sorted(want), "refused": refused})
+                "whole_keys": sorted(whole) == sorted(want)})
 
 
 if __name__ == "__main__":

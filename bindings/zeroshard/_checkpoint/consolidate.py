@@ -8,6 +8,7 @@ needs is one parameter. With per_tensor=True each tensor goes to its own file as
 as it is assembled (OUT/<name>.pt plus OUT/index.json), for outputs larger than RAM.
 With format="safetensors" the memory is one shard (max_shard_size)."""
 import json
+import math
 import os
 import shutil
 import sys
@@ -84,6 +85,26 @@ def _assemble(folder, manifest, group, param, files):
     return out.view(param["shape"]).to(torch.float32)
 
 
+def _joined(folder, manifest, name, files):
+    """Parameter `name` saved in parts (split fused experts, engine/Checkpoint.h), its parts
+    joined end to end into the whole shape; parts that do not make it whole are refused."""
+    parts = sorted(((p["whole_offset"], g, p) for g in manifest["groups"] for p in g["params"]
+                    if p["name"] == name and "whole_shape" in p), key=lambda t: t[0])
+    shape, end, flat = parts[0][2]["whole_shape"], 0, []
+    for offset, group, param in parts:
+        if offset != end or param["whole_shape"] != shape:
+            raise ValueError(f"checkpoint '{folder}': the parts of parameter '{name}' do not make "
+                             f"it whole (a part at element {offset} of {shape} where {end} was "
+                             "expected): the manifest is damaged")
+        flat.append(_assemble(folder, manifest, group, param, files).reshape(-1))
+        end += param["numel"]
+    whole = torch.cat(flat)
+    if whole.numel() != math.prod(shape):
+        raise ValueError(f"checkpoint '{folder}': the parts of parameter '{name}' end at element "
+                         f"{whole.numel()} of {math.prod(shape)}: the manifest is damaged")
+    return whole.view(shape)
+
+
 def _buffer(files, saved):
     """A module buffer rank 0 saved (engine/Checkpoint.h), in its own dtype."""
     files[0].seek(saved["offset"])
@@ -126,10 +147,18 @@ def _stage_tensors(parts, dtype):
     aliases = {}
     for alias, name in manifest.get("aliases", []):
         aliases.setdefault(name, []).append(alias)
+    joined = set()
     try:
         for group in manifest["groups"]:
             for param in group["params"]:
                 dim = param.get("tensor_parallel_dim", -1)
+                if "whole_shape" in param:  # a part: the whole at its first part, then none
+                    if param["name"] not in joined:
+                        joined.add(param["name"])
+                        yield (param["name"], aliases.get(param["name"], []),
+                               _joined(folder, manifest, param["name"], opened[0])
+                               .to(_DTYPES[dtype]))
+                    continue
                 if dim < 0 or len(parts) == 1:
                     t = _assemble(folder, manifest, group, param, opened[0])
                 else:

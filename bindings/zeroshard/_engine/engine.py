@@ -208,7 +208,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes, EngineAccesso
         self._tensor_parallel_split = tp_params  # {name: dimension} of the split parameters
         self._expert_parallel_size = ep_size
         if ep_size > 1:  # the names checkpoints keep the split experts under
-            self._engine.set_expert_names(_expert_state.saved_names(model, expert_names))
+            self._engine.set_expert_names(*_expert_state.saved_names(model, expert_names))
         self._hook_model(model)
         if install_dtensors:  # after the units' hooks: a unit is gathered before it runs
             self._hooks += install_dtensors()

@@ -47,18 +47,19 @@ def _whole_name(prefix, place, local, index, rest):
 
 
 def saved_names(model, names):
-    """{name: [its name in the whole layer on each place of its expert-parallel group]} for
-    the names of split DeepSpeed-layer experts among `names`: what checkpoints keep them
-    under, so one loads at any ep size. A fused expert (Hugging Face's) is left out."""
-    numbered, _ = _split_layers(model)
-    out = {}
+    """What checkpoints keep the split experts among `names` as, so one loads at any ep size
+    (engine/Checkpointer.h ExpertNames): ({name: [its name in the whole layer on each place
+    of its expert-parallel group]} for DeepSpeed-layer experts, [the fused experts' names],
+    whose places hold rows of the whole and are saved as its parts)."""
+    numbered, fused = _split_layers(model)
+    renamed = {}
     for name in names:
         hit = _NUMBERED.match(name)
         if hit and hit.group(1) in numbered:
             _, size, local = numbered[hit.group(1)]
-            out[name] = [_whole_name(hit.group(1), place, local, int(hit.group(2)), hit.group(3))
-                         for place in range(size)]
-    return out
+            renamed[name] = [_whole_name(hit.group(1), place, local, int(hit.group(2)),
+                                         hit.group(3)) for place in range(size)]
+    return renamed, [name for name in names if name in fused]
 
 
 def _gathered(tensor, group, size):
