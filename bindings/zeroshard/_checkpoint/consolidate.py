@@ -79,7 +79,8 @@ def _assemble(folder, manifest, group, param, files):
         if len(chunk) != take * elem:
             raise ValueError(f"checkpoint file '{files[rank].name}' is truncated "
                              f"(reading '{param['name']}')")
-        raw[done * elem:(done + take) * elem] = torch.frombuffer(bytearray(chunk), dtype=torch.uint8)
+        raw[done * elem:(done + take) * elem] = torch.frombuffer(bytearray(chunk),
+                                                                 dtype=torch.uint8)
         idx += take
         done += take
     return out.view(param["shape"]).to(torch.float32)
@@ -184,7 +185,8 @@ _WEIGHTS, _INDEX = "model.safetensors", "model.safetensors.index.json"
 
 
 def _is_weights_file(name):
-    return name in (_WEIGHTS, _INDEX) or (name.startswith("model-") and name.endswith(".safetensors"))
+    return name in (_WEIGHTS, _INDEX) or (name.startswith("model-")
+                                          and name.endswith(".safetensors"))
 
 
 def write_into_folder_atomically(target, write):
