@@ -39,10 +39,11 @@ def stage3(folder, world, params, frozen, buffers, extra=None):
         torch.save(model, folder / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
 
 
-def stage12(folder, world, params, buffers, stage=2, extra=None):
+def stage12(folder, world, params, buffers, stage=2, extra=None, param_groups=None):
     """Stages 1-2: per group one flat fp32 vector padded to a multiple of world and cut
     into one partition per rank, Adam's moments (2 x and 3 x) likewise; the model file
-    holds the whole (fp32 here) parameters and buffers."""
+    holds the whole (fp32 here) parameters and buffers. param_groups: the optimizer's
+    (DeepSpeed's MoE layer marks its experts' `moe`)."""
     _latest(folder)
     flats = []
     for group in params:
@@ -54,7 +55,8 @@ def stage12(folder, world, params, buffers, stage=2, extra=None):
         torch.save({"optimizer_state_dict": {
             "zero_stage": stage, "loss_scaler": None, "dynamic_loss_scale": False,
             "single_partition_of_fp32_groups": mine, "partition_count": [world] * len(mine),
-            "base_optimizer_state": {"state": state, "param_groups": [{}] * len(mine)}}},
+            "base_optimizer_state": {"state": state,
+                                     "param_groups": param_groups or [{}] * len(mine)}}},
             folder / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
     module = {n: t for g in params for n, t in g.items()}
     module.update(buffers)

@@ -5,7 +5,7 @@ losses, l_aux, token counts and gradient norms on 2 ranks at ZeRO 1 and 2 with e
 holding every expert, and the same at ZeRO 3, which DeepSpeed's MoE refuses; with the
 experts split over 2 expert-parallel ranks (ep_size 2) at ZeRO 0, 1 and 2 on 2 ranks and at
 ZeRO 2 and 3 on 4 (each expert then on 2 ranks, its state, and at 3 its parameters, sharded
-over them)."""
+over them). DeepSpeed's own checkpoints of the layer load here at any ep size."""
 import json
 import os
 import subprocess
@@ -40,9 +40,9 @@ def run(scratch, script, stage, flags, name, ranks=2):
                                                                HERE])})
 
 
-def assert_same(ours, theirs):
+def assert_same(ours, theirs, groups=True):
     for rank, (got, want) in enumerate(zip(ours, theirs)):
-        assert got["groups"] == want["groups"], rank
+        assert not groups or got["groups"] == want["groups"], rank
         assert got["counts"] == want["counts"], rank
         assert got["losses"] == pytest.approx(want["losses"], abs=1e-5), rank
         assert got["l_aux"] == pytest.approx(want["l_aux"], abs=1e-5), rank
@@ -72,6 +72,47 @@ def test_a_moe_script_gives_deepspeeds_numbers(case, scratch):
         assert_same(run(scratch, switched, 3, flags, "zs4-3", ranks=4), theirs)
     elif stage == 2:  # DeepSpeed refuses its MoE at ZeRO 3; zeroshard shards the experts too
         assert_same(run(scratch, switched, 3, flags, "zs3"), theirs)
+
+
+@pytest.mark.parametrize("stage,world", [(1, 2), (2, 4)])
+def test_deepspeeds_own_moe_checkpoint_resumes_here_at_any_ep_size(stage, world, scratch):
+    """DeepSpeed's own checkpoint of its MoE layer at ep_size 2 (ZeRO 1 on 2 ranks; ZeRO 2 on
+    4, each expert's state cut over the 2 ranks holding it), saved after 3 of 6 steps, loads
+    here at ep_size 2 and at ep_size 1 (the experts renumbered in the whole layer): the
+    next 3 steps give what DeepSpeed's own resume gives (losses, l_aux, counts within 1e-5,
+    norms)."""
+    ckpt = str(scratch / "ckpt")
+
+    def flags(ep, *more):
+        return ["--top_k", "1", "--ep_size", str(ep), "--checkpoint", ckpt, *more]
+    run(scratch, SCRIPT, stage, flags(2, "--save_at", "3"), "ds-save", world)
+    theirs = run(scratch, SCRIPT, stage, flags(2, "--load"), "ds-load", world)
+    switched = switched_to_zeroshard(SCRIPT, scratch)
+    for ep in (2, 1):
+        assert_same(run(scratch, switched, stage, flags(ep, "--load"), f"zs-ep{ep}", world),
+                    theirs, groups=ep == 2)
+
+
+def test_deepspeed_moe_checkpoints_not_converted_are_refused_by_name(scratch):
+    """A DeepSpeed MoE checkpoint (its experts a `moe` group) laid out with
+    use_data_before_expert_parallelism, or whose expert group holds what is no expert of
+    DeepSpeed's layer, is refused naming why; nothing is left written."""
+    import torch
+    import zeroshard
+    import deepspeed_layout
+    expert = "moe.deepspeed_moe.experts.deepspeed_experts.0.weight"
+    cases = [
+        ({"ds_config": {"use_data_before_expert_parallelism": True}}, expert,
+         "use_data_before_expert_parallelism true .* allowed: DeepSpeed's default layout"),
+        ({}, "moe.gate.weight", "expert group 1 holds 'moe.gate.weight', which is no expert"),
+    ]
+    for i, (extra, name, match) in enumerate(cases):
+        params = [{"fc.weight": torch.randn(3, 2)}, {name: torch.randn(4, 2)}]
+        deepspeed_layout.stage12(scratch / f"ds{i}" / "global_step2", 2, params, {}, stage=1,
+                                 extra=extra, param_groups=[{}, {"moe": True}])
+        with pytest.raises(zeroshard.Error, match=match):
+            zeroshard.convert_deepspeed_checkpoint(str(scratch / f"ds{i}"), str(scratch / f"o{i}"))
+        assert not (scratch / f"o{i}" / "global_step2" / "rank0.bin").exists()
 
 
 GATING = """

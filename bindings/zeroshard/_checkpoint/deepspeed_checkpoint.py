@@ -5,7 +5,8 @@ writes a zeroshard checkpoint of the same training state: every parameter's fp32
 weights and optimizer state (Adam's moments, SGD's momentum, any per-element state by
 its name, and per group the step count and the other scalars), frozen parameters, persistent buffers, the step counts and the
 client_state. engine.load_checkpoint(DS_DIR) converts on the fly, so a DeepSpeed run
-resumes here at any world size (zeroshard's checkpoints reshard on load).
+resumes here at any world size (zeroshard's checkpoints reshard on load); with DeepSpeed's
+MoE layer at any ep size too (deepspeed_experts.py).
 
 Design notes.
 - DeepSpeed's layouts, as its own zero_to_fp32 reads them. Stages 1-2: per parameter
@@ -39,6 +40,7 @@ import zlib
 
 import torch
 
+from . import deepspeed_experts as _experts
 from . import deepspeed_files as _files
 from .. import _zeroshard
 from .deepspeed_files import error as _error
@@ -164,23 +166,25 @@ class _Output:
         return crc & 0xFFFFFFFF
 
 
-def _write_stage12(out, optim, group_starts, model_state):
+def _write_stage12(out, optim, group_starts, layouts, rank):
     """One rank's partition of each parameter group (stages 1-2): its part of every
-    parameter the partition's range covers."""
+    parameter the partition's range covers (of its coordinate's experts in an expert
+    group: group_starts[g][c] is where coordinate c's next partition starts)."""
     flat = optim["single_partition_of_fp32_groups"]
     numels = [t.numel() for t in flat]
     names, arrays, steps, scalars = _optimizer_state(optim["base_optimizer_state"], numels)
     paddings = optim.get("param_alignment_paddings")
-    for g, shapes in enumerate(model_state["param_shapes"]):
-        start, end, offset = group_starts[g], group_starts[g] + numels[g], 0
+    for g, starts in enumerate(group_starts):
+        place = layouts.coordinate(g, rank)
+        start, end, offset = starts[place], starts[place] + numels[g], 0
         columns = [flat[g].reshape(-1)] + [arrays[g][n][:numels[g]] for n in names]
-        for i, (name, shape) in enumerate(shapes.items()):
+        for i, (name, shape) in enumerate(layouts.shapes[g][place].items()):
             n = math.prod(shape)
             lo, hi = max(start, offset), min(end, offset + n)
             if lo < hi:
                 out.trained(name, lo - offset, [c.narrow(0, lo - start, hi - lo) for c in columns])
             offset += n + (paddings[g][i] if paddings else 0)
-        group_starts[g] = end
+        starts[place] = end
     return names, steps, scalars
 
 
@@ -272,13 +276,17 @@ def _write_all(folder, out_path, load):
     else:
         model_files = [os.path.join(folder, "mp_rank_00_model_states.pt")]
     model_state = load(model_files[0])
-    trainable = {n: _files.check_shape(n, s) for shapes in model_state["param_shapes"]
-                 for n, s in shapes.items()}
+    world = len(optim_files)
+    # Stages 1-2: DeepSpeed's MoE layer's experts in groups of their own, cut per coordinate.
+    layouts = None if params_sharded else _experts.GroupLayouts(model_state, first, world)
+    trainable = {n: _files.check_shape(n, s) for n, s in (
+        layouts.trainable().items() if layouts else
+        (item for shapes in model_state["param_shapes"] for item in shapes.items()))}
     state = first["optimizer_state_dict" if params_sharded else "base_optimizer_state"]
     flat = first["fp32_flat_groups" if params_sharded else "single_partition_of_fp32_groups"]
     names = _optimizer_state(state, [t.numel() for t in flat])[0]
     _files.check_layout(model_state, flat, first.get("param_alignment_paddings"),
-                        params_sharded, len(optim_files))
+                        params_sharded, world, layouts.ep if layouts else None)
     del state, flat  # rank 0's file is dropped once written, like every other
     frozen = {n: _files.check_shape(n, s)
               for n, s in (model_state.get("frozen_param_shapes") or {}).items()}
@@ -289,12 +297,13 @@ def _write_all(folder, out_path, load):
     out = _Output(out_path, trainable, frozen, _frozen_dtype(params_sharded, model_state),
                   1 + len(names))
     try:
-        step, scalars, group_starts = 0, None, [0] * len(model_state["param_shapes"])
+        step, scalars = 0, None
+        group_starts = [[0] * ep for ep in layouts.ep] if layouts else None
         for rank, path in enumerate(optim_files):
             optim = first if rank == 0 else load(path)["optimizer_state_dict"]
             got, steps, group_scalars = (
-                _write_stage3(out, optim, rank, len(optim_files), model_state) if params_sharded
-                else _write_stage12(out, optim, group_starts, model_state))
+                _write_stage3(out, optim, rank, world, model_state) if params_sharded
+                else _write_stage12(out, optim, group_starts, layouts, rank))
             if got != names:
                 raise _error(f"rank {rank} keeps optimizer state {got}, rank 0 {names}")
             scalars = group_scalars if scalars is None else scalars

@@ -95,25 +95,29 @@ def stage3_needed(model_state, world):
                for shapes in model_state["param_shapes"] for s in shapes.values())
 
 
-def check_layout(model_state, flat, paddings, params_sharded, world):
+def check_layout(model_state, flat, paddings, params_sharded, world, ep=None):
     """Rank 0's partition holds what the parameters' shapes ask of it, before the output
-    is sized by those shapes (every other rank's is checked as it is read)."""
+    is sized by those shapes (every other rank's is checked as it is read). ep: each stage
+    1-2 group's expert-parallel size (1 for a dense group)."""
     if params_sharded:
         check_covered("rank 0", stage3_needed(model_state, world), sum(t.numel() for t in flat))
         return
     for g, shapes in enumerate(model_state["param_shapes"]):
         needed, _ = _group_elements(shapes, paddings[g] if paddings else None)
-        # DeepSpeed cuts each group into world partitions of one size.
-        check_covered(f"group {g} (x {world} ranks)", needed, world * flat[g].numel())
+        # DeepSpeed cuts each group (each coordinate's experts) into partitions of one size.
+        count = world // (ep[g] if ep else 1)
+        check_covered(f"group {g} (x {count} ranks)", needed, count * flat[g].numel())
 
 
 def check_groups_covered(model_state, group_starts, paddings):
-    """Stages 1-2, after every rank: the ranks' partitions of each group, one after the
-    other, reach its last parameter's end (a short one would leave zeros in its place)."""
+    """Stages 1-2, after every rank: the ranks' partitions of each group (of each
+    coordinate's experts), one after the other, reach its last parameter's end (a short one
+    would leave zeros in its place)."""
     for g, shapes in enumerate(model_state["param_shapes"]):
         needed, last_padding = _group_elements(shapes, paddings[g] if paddings else None)
-        check_covered(f"group {g}, every rank's partition together", needed - last_padding,
-                      group_starts[g])
+        for c, start in enumerate(group_starts[g]):
+            check_covered(f"group {g}{f', coordinate {c}' if c else ''}, every rank's partition "
+                          "together", needed - last_padding, start)
 
 
 def _group_elements(shapes, paddings):

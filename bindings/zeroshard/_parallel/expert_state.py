@@ -12,11 +12,10 @@ from_pretrained (which AutoEP splits again at any autoep_size).
 
 A collective over each expert-parallel group: every rank calls it, with its state_dict's
 keys in the model's order (the same on every rank)."""
-import re
-
 import torch
 import torch.distributed as dist
 
+from .._common.expert_names import NUMBERED as _NUMBERED, whole_name as _whole_name
 from .expert_parallel import MoE
 
 
@@ -34,16 +33,6 @@ def _split_layers(model):
             for attr in ("gate_up_proj", "down_proj"):
                 fused[dot + attr] = split[:2]
     return numbered, fused
-
-
-# A key of a DeepSpeed layer's experts: (the layer's prefix, local expert, rest of the key).
-_NUMBERED = re.compile(r"^(.*deepspeed_moe\.experts\.deepspeed_experts\.)(\d+)\.(.*)$")
-
-
-def _whole_name(prefix, place, local, index, rest):
-    """Local expert `index` of the rank at `place` in its expert-parallel group (`local`
-    experts a rank), under its number in the whole layer."""
-    return f"{prefix}{place * local + index}.{rest}"
 
 
 def saved_names(model, names):

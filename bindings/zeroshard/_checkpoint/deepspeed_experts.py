@@ -1,0 +1,74 @@
+"""DeepSpeed's MoE layer in its ZeRO 1-2 checkpoints, as the converter
+(deepspeed_checkpoint.py) reads them. The layer's experts are parameter groups of their own
+(`moe` in the optimizer's param_groups), each cut per expert-parallel coordinate into one
+partition per rank of that coordinate's expert-data-parallel group: `partition_count` of
+them, not one per rank. param_shapes (rank 0's) names rank 0's own experts,
+deepspeed_experts.0 .. L-1. In DeepSpeed's layout (consecutive ranks split the experts) rank
+r holds coordinate c = r % ep, partition r // ep, and its local expert i is expert c x L + i
+of the whole layer: the converted checkpoint keeps every coordinate's experts under those
+numbers (_common/expert_names.py), so it loads at any ep size.
+
+(DeepSpeed's per-expert files, layer_L_expert_E_mp_rank_XX_model_states.pt, hold the
+experts' module weights; the fp32 masters and the optimizer's state come from the ZeRO
+files, as for every other parameter.)"""
+from .._common.expert_names import NUMBERED, whole_name
+from .deepspeed_files import error
+
+
+class GroupLayouts:
+    """Each stage 1-2 parameter group's coordinates: one for a dense group (every rank a
+    partition of it); ep for an expert group, each with its parameters under their numbers
+    in the whole layer and its partitions on the ranks r with r % ep == c."""
+
+    def __init__(self, model_state, optim, world):
+        groups = optim["base_optimizer_state"]["param_groups"]
+        config = model_state.get("ds_config") or {}
+        if any(g.get("moe") for g in groups) and config.get("use_data_before_expert_parallelism"):
+            raise error("saved with use_data_before_expert_parallelism true (expert-parallel "
+                        "groups of ranks that lie apart): not converted; allowed: DeepSpeed's "
+                        "default layout, consecutive ranks splitting the experts")
+        if model_state.get("ds_autoep_layers"):
+            raise error("saved with AutoEP layers (ds_autoep_layers): DeepSpeed's AutoEP "
+                        "checkpoints are not converted; allowed: DeepSpeed's MoE layer "
+                        "(deepspeed.moe.layer.MoE), or dense models")
+        counts = optim.get("partition_count") or [world] * len(groups)
+        self.ep, self.shapes = [], []
+        for g, shapes in enumerate(model_state["param_shapes"]):
+            count = int(counts[g])
+            if not groups[g].get("moe"):
+                if count != world:
+                    raise error(f"group {g} is cut into {count} partitions on {world} ranks; "
+                                "allowed: one a rank (or an expert group, moe true)")
+                self.ep.append(1)
+                self.shapes.append([dict(shapes)])
+                continue
+            if count < 1 or world % count:
+                raise error(f"expert group {g} is cut into {count} partitions on {world} "
+                            "ranks; allowed: a divisor of the ranks")
+            ep = world // count
+            self.ep.append(ep)
+            self.shapes.append([_numbered(shapes, c, g) for c in range(ep)])
+
+    def coordinate(self, g, rank):
+        return rank % self.ep[g]
+
+    def trainable(self):
+        """{name: shape} of every trainable parameter, every coordinate's experts."""
+        return {n: s for group in self.shapes for shapes in group for n, s in shapes.items()}
+
+
+def _numbered(shapes, place, g):
+    """`shapes` (rank 0's local experts) as the rank at `place` holds them, numbered in the
+    whole layer."""
+    local = {}  # a layer's prefix: its local expert count
+    for name in shapes:
+        hit = NUMBERED.match(name)
+        if hit is None:
+            raise error(f"expert group {g} holds '{name}', which is no expert of "
+                        "DeepSpeed's MoE layer (…deepspeed_moe.experts.deepspeed_experts.N.…)")
+        local[hit.group(1)] = max(local.get(hit.group(1), 0), int(hit.group(2)) + 1)
+    out = {}
+    for name, shape in shapes.items():
+        prefix, index, rest = NUMBERED.match(name).groups()
+        out[whole_name(prefix, place, local[prefix], int(index), rest)] = shape
+    return out
