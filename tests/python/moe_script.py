@@ -6,7 +6,8 @@ at zeroshard, with zeroshard. Writes the losses, l_aux, the experts' token count
 gradient norms to --out as JSON; with --save_16bit, the model by save_16bit_model.
 
 usage: moe_script.py --deepspeed_config C --out O --top_k K [--noisy_gate_policy P]
-       [--use_residual] [--min_capacity N] [--ep_size N] [--save_16bit FOLDER]"""
+       [--use_residual] [--min_capacity N] [--ep_size N] [--save_16bit FOLDER] [--zero_init]
+       [--distinct_experts] [--checkpoint FOLDER [--save_at N | --load]]"""
 import argparse
 
 import torch
@@ -29,6 +30,11 @@ class Net(nn.Module):
             num_experts=EXPERTS, ep_size=args.ep_size, k=args.top_k, min_capacity=args.min_capacity,
             noisy_gate_policy=args.noisy_gate_policy, use_residual=args.use_residual)
         self.fc3 = nn.Linear(WIDTH, 5)
+        if args.distinct_experts:  # each rank's experts values of their own
+            with torch.no_grad():
+                for i, expert in enumerate(self.moe.deepspeed_moe.experts.deepspeed_experts):
+                    g = torch.Generator().manual_seed(100 + dist.get_rank() * EXPERTS + i)
+                    expert[0].weight.copy_(0.2 * torch.randn(WIDTH, WIDTH, generator=g))
 
     def forward(self, x):
         x, l_aux, counts = self.moe(torch.relu(self.fc1(x)))
@@ -48,10 +54,17 @@ def main():
     parser.add_argument("--checkpoint", default=None, help="a folder for save/load_checkpoint")
     parser.add_argument("--save_at", type=int, default=0, help="save after this many steps")
     parser.add_argument("--load", action="store_true", help="resume from --checkpoint")
+    parser.add_argument("--zero_init", action="store_true", help="build it in zero.Init")
+    parser.add_argument("--distinct_experts", action="store_true",
+                        help="give each rank's experts initial values of their own")
     args = deepspeed.add_config_arguments(parser).parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
-    net = Net(args)
+    if args.zero_init:  # each rank keeps its shards as the model is built (ZeRO 3)
+        with deepspeed.zero.Init(config_dict_or_path=args.deepspeed_config):
+            net = Net(args)
+    else:
+        net = Net(args)
     parameters = {"params": [p for p in net.parameters() if p.requires_grad],
                   "name": "parameters"}
     groups = split_params_into_different_moe_groups_for_optimizer(parameters)

@@ -93,6 +93,20 @@ def test_deepspeeds_own_moe_checkpoint_resumes_here_at_any_ep_size(stage, world,
                     theirs, groups=ep == 2)
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_split_experts_built_in_zero_init_keep_their_own_values(world, scratch):
+    """Each rank's experts initialised with values of their own, the model built inside
+    zero.Init at ZeRO 3 with ep_size 2: every expert starts from the first rank holding it
+    (DeepSpeed's broadcast over the expert-data-parallel group), as DeepSpeed's engine
+    starts it at ZeRO 1 (2 ranks) and 2 (4 ranks) without zero.Init: the same losses, l_aux,
+    counts and norms. (zero.Init gave every rank rank 0's experts: other routes, losses 7e-3
+    off.)"""
+    flags = ["--top_k", "1", "--ep_size", "2", "--distinct_experts"]
+    theirs = run(scratch, SCRIPT, world // 2, flags, "ds", world)
+    switched = switched_to_zeroshard(SCRIPT, scratch)
+    assert_same(run(scratch, switched, 3, flags + ["--zero_init"], "zs", world), theirs)
+
+
 def test_deepspeed_moe_checkpoints_not_converted_are_refused_by_name(scratch):
     """A DeepSpeed MoE checkpoint (its experts a `moe` group) laid out with
     use_data_before_expert_parallelism, or whose expert group holds what is no expert of

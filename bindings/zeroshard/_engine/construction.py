@@ -33,168 +33,23 @@ Design notes.
   context initialises when the script has not; the engine later joins its store.
 """
 import contextlib
-import ctypes
 import json
-import math
 import os
 import struct
 import sys
-import weakref
 
 import torch
-import torch.distributed as dist
 from torch.nn.modules.module import (register_module_module_registration_hook,
                                      register_module_parameter_registration_hook)
 from torch.overrides import TorchFunctionMode
 
 from .._common import launch as _launch
 from .. import _zeroshard
+from .._parallel.param_shards import Sharder, give_back_freed_memory, is_sharded, poison
 from .touch import METADATA
 from .._common.config import parse
 
 _active = None  # the _Sharder of the innermost open context
-
-
-def is_sharded(param):
-    """True for a parameter zeroshard.init left as a shard (its values elsewhere)."""
-    return getattr(param, "_zs_shard", None) is not None
-
-
-def _give_back_freed_memory():
-    """glibc keeps what it freed (its mmap threshold rises to the largest block freed, so
-    the next parameters come from the heap and their freed pages stay resident): measured,
-    a 0.4 GB GPT built sharded on 2 ranks peaked at 1.23x the model without this, 0.65x
-    with it. malloc_trim gives free pages back (in the middle of the heap too)."""
-    if _libc is not None:
-        _libc.malloc_trim(0)
-
-
-def _load_libc():
-    try:
-        libc = ctypes.CDLL(None)
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_libc = _load_libc()
-
-
-def _poison(like_shape, dtype):
-    fill = float("nan") if dtype.is_floating_point or dtype.is_complex else 0
-    return torch.full((), fill, dtype=dtype).expand(like_shape)
-
-
-class _Sharder:
-    def __init__(self):
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.pending = {}   # id -> parameter registered, not yet sharded
-        self.touched = {}   # id -> sharded parameter gathered by an operation
-        self.busy = False   # inside its own operations, which the mode lets through
-        self.attached = weakref.WeakSet()  # modules whose __init__ is over
-
-    @contextlib.contextmanager
-    def own_operations(self):
-        was, self.busy = self.busy, True
-        try:
-            with torch.no_grad():
-                yield
-        finally:
-            self.busy = was
-
-    def shard_numel(self, param):
-        return math.ceil(param.numel() / self.world)
-
-    def shard(self, param):
-        with self.own_operations():
-            full = param.data.contiguous()
-            if self.world > 1:
-                dist.broadcast(full, 0)
-            flat = full.reshape(-1)
-            s = self.shard_numel(param)
-            mine = torch.zeros(s, dtype=full.dtype)
-            begin = min(self.rank * s, flat.numel())
-            end = min(begin + s, flat.numel())
-            mine[:end - begin] = flat[begin:end]
-            param._zs_shard = mine
-            param.data = _poison(param.shape, param.dtype)
-
-    def gather(self, param):
-        """Makes `param` whole on every rank (a collective); its shard stays."""
-        with self.own_operations():
-            shard = param._zs_shard
-            out = torch.empty(shard.numel() * self.world, dtype=shard.dtype)
-            if self.world > 1:
-                dist.all_gather(list(out.chunk(self.world)), shard)
-            else:
-                out.copy_(shard)
-            param.data = out[:param.numel()].view(param.shape)
-
-    def reshard(self, param):
-        """After a gather: this rank's slice of the (possibly rewritten) values."""
-        with self.own_operations():
-            s = self.shard_numel(param)
-            flat = param.data.reshape(-1)
-            begin = min(self.rank * s, flat.numel())
-            end = min(begin + s, flat.numel())
-            param._zs_shard[:end - begin] = flat[begin:end]
-            param.data = _poison(param.shape, param.dtype)
-
-    def drop(self, param):
-        """After a gather: back to the shard, the values written since discarded."""
-        param.data = _poison(param.shape, param.dtype)
-
-    def on_parameter(self, module, name, param):
-        if param is None or param.is_meta or is_sharded(param):
-            return
-        if module in self.attached:
-            # Set after construction (from_pretrained loading a tensor into a module
-            # built on meta, a re-tied head): its value is final, shard it now.
-            self.flush()
-            self.shard(param)
-            _give_back_freed_memory()
-        else:
-            self.pending[id(param)] = param
-
-    def on_module(self, parent, name, child):
-        self.flush()
-        if child is None:
-            return
-        self.attached.update(child.modules())
-        sharded = 0
-        for p in child.parameters():
-            if self.pending.pop(id(p), None) is not None:
-                self.shard(p)
-                sharded += 1
-        if sharded:
-            _give_back_freed_memory()
-
-    def touch(self, params):
-        """Whole for the operation about to run: `params`, and no other (so a loop that
-        initialises every parameter in turn holds one at a time)."""
-        ids = {id(p) for p in params}
-        stale = [k for k in self.touched if k not in ids]
-        for key in stale:
-            self.reshard(self.touched.pop(key))
-        if stale:
-            _give_back_freed_memory()
-        for p in params:
-            if id(p) not in self.touched:
-                self.gather(p)
-                self.touched[id(p)] = p
-
-    def flush(self):
-        """Shards again every parameter an operation gathered."""
-        for p in self.touched.values():
-            self.reshard(p)
-        self.touched.clear()
-
-    def finish(self):
-        self.flush()
-        for p in self.pending.values():
-            self.shard(p)
-        self.pending.clear()
-        _give_back_freed_memory()
 
 
 def _sharded_args(args, kwargs):
@@ -267,7 +122,7 @@ class Init:
             raise _zeroshard.Error("zeroshard.init: already inside a zeroshard.init context")
         _launch.require_launch_env()
         _launch.init_distributed()
-        self._sharder = _Sharder()
+        self._sharder = Sharder()
         self._hooks = [register_module_parameter_registration_hook(self._sharder.on_parameter),
                        register_module_module_registration_hook(self._sharder.on_module)]
         self._mode = _GatherOnTouch(self._sharder)
@@ -320,7 +175,7 @@ def gathered_shards(params, modifier_rank):
     them): a collective over torch.distributed. With modifier_rank=R, rank R's values
     when the block ends become every rank's shards; without, what was written is dropped
     (DeepSpeed's GatheredParameters)."""
-    sharder = _Sharder()
+    sharder = Sharder()
     for p in params:
         sharder.gather(p)
     try:
@@ -329,8 +184,7 @@ def gathered_shards(params, modifier_rank):
         for p in params:
             if modifier_rank is not None:
                 with sharder.own_operations():
-                    if sharder.world > 1:
-                        dist.broadcast(p.data, modifier_rank)
+                    sharder.broadcast(p, modifier_rank)
                 sharder.reshard(p)
             else:
                 sharder.drop(p)
@@ -370,7 +224,7 @@ def materializer_for(model, sources=None):
     if not meta and not any(is_sharded(p) for p in model.parameters()):
         return None
     for module, name, p in meta:
-        placeholder = torch.nn.Parameter(_poison(p.shape, p.dtype), requires_grad=p.requires_grad)
+        placeholder = torch.nn.Parameter(poison(p.shape, p.dtype), requires_grad=p.requires_grad)
         torch.utils.swap_tensors(p, placeholder)
         if id(p) in sources:
             p._zs_source = sources[id(p)]
@@ -451,12 +305,12 @@ class _Materializer:
     their safetensors file (one tensor at a time, never the whole file); the rest broadcast."""
 
     def __init__(self):
-        self.sharder = _Sharder()
+        self.sharder = Sharder()
         self._files = {}  # path: an open safetensors file
 
     def __call__(self, params):
         # The previous group's whole values and the shards it replaced are free now.
-        _give_back_freed_memory()
+        give_back_freed_memory()
         with torch.no_grad():
             for p in params:
                 if is_sharded(p):
@@ -470,8 +324,7 @@ class _Materializer:
                     self._broadcast(p)
 
     def _broadcast(self, p):
-        if self.sharder.world > 1:
-            dist.broadcast(p.data, 0)
+        self.sharder.broadcast(p)  # a split expert's from the first rank holding its experts
 
     def _read(self, p):
         path, key = p._zs_source
