@@ -14,7 +14,9 @@ beside it, OUT.whole.pt) and trains 3 steps more. With --resume CKPT EP it inste
 into the model split over EP ranks and trains those 3 steps: their losses and norms and the
 reference's.
 
-usage: moe_ep_script.py OUT MODEL STAGE [--resume CKPT EP]"""
+With --zero_init the model is built inside zeroshard.init.
+
+usage: moe_ep_script.py OUT MODEL STAGE [--resume CKPT EP] [--zero_init]"""
 import sys
 
 import torch
@@ -24,6 +26,7 @@ import zeroshard
 from rank_result import leave
 
 STEPS, SEQ, WORLD, EP, LR = 3, 12, 4, 2, 1e-3
+ZERO_INIT = "--zero_init" in sys.argv
 SHAPE = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
 MODELS = {
@@ -77,7 +80,11 @@ def train(engine, ids, steps):
 
 
 def initialize(kind, stage, ep):
-    model = make_model(kind)
+    if ZERO_INIT:  # each rank keeps its shards while the model is built
+        with zeroshard.init(config={"zero_optimization": {"stage": 3}}):
+            model = make_model(kind)
+    else:
+        model = make_model(kind)
     config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
               "zero_optimization": {"stage": stage},
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},

@@ -14,7 +14,8 @@ the model's own arithmetic on the tokens it got from the whole group, and the ou
 back the same way (the backward is the same exchange reversed), weighted by the router and
 summed per token as the model sums them. The router, shared experts and everything else
 stay dense. The engine reduces and shards the experts' parameters over the ranks holding
-the same ones (_parallel/expert_parallel.py expert_parameters)."""
+the same ones (_parallel/expert_parallel.py expert_parameters). A model built inside
+zeroshard.init has its experts gathered whole one weight at a time to be cut."""
 import types
 
 import torch
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from .. import _zeroshard
 from . import expert_groups
+from .param_shards import Sharder, is_sharded
 
 # Hugging Face model_types whose experts modules are the fused layout above (AutoEP's presets).
 PRESETS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "qwen3_next", "deepseek_v3")
@@ -85,8 +87,13 @@ def _split(path, module, size, place, group, name):
     first = place * local
     for attr in ("gate_up_proj", "down_proj"):
         whole = getattr(module, attr)
+        built_sharded = is_sharded(whole)  # by zeroshard.init: whole for the slice (a collective)
+        if built_sharded:
+            Sharder().gather(whole)
         mine = torch.nn.Parameter(whole.detach()[first:first + local].clone(),
                                   requires_grad=whole.requires_grad)
+        if built_sharded:
+            Sharder().drop(whole)
         mine.allreduce = False  # DeepSpeed's mark of an expert parameter
         mine.group_name = name
         setattr(module, attr, mine)
