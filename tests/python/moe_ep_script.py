@@ -14,9 +14,10 @@ beside it, OUT.whole.pt) and trains 3 steps more. With --resume CKPT EP it inste
 into the model split over EP ranks and trains those 3 steps: their losses and norms and the
 reference's.
 
-With --zero_init the model is built inside zeroshard.init.
+With --zero_init the model is built inside zeroshard.init; with --skewed its routers send
+every token to the first expert-parallel rank's experts (the others get none).
 
-usage: moe_ep_script.py OUT MODEL STAGE [--resume CKPT EP] [--zero_init]"""
+usage: moe_ep_script.py OUT MODEL STAGE [--resume CKPT EP] [--zero_init] [--skewed]"""
 import sys
 
 import torch
@@ -27,6 +28,7 @@ from rank_result import leave
 
 STEPS, SEQ, WORLD, EP, LR = 3, 12, 4, 2, 1e-3
 ZERO_INIT = "--zero_init" in sys.argv
+SKEWED = "--skewed" in sys.argv
 SHAPE = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
 MODELS = {
@@ -41,11 +43,17 @@ MODELS = {
 
 def make_model(kind):
     torch.manual_seed(0)
-    return MODELS[kind]()
+    model = MODELS[kind]()
+    if SKEWED:  # every route to the experts of the first expert-parallel rank
+        for layer in model.model.layers:
+            layer.mlp.gate.register_forward_hook(
+                lambda module, args, out: (out[0], out[1], out[2] % (module.num_experts // EP)))
+    return model
 
 
 def grad_norm(params):
-    return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
+    return torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params
+                          if p.grad is not None)).item()
 
 
 def reference(kind, ids):

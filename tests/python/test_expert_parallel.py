@@ -96,6 +96,22 @@ def test_experts_split_over_ranks_train_as_one_process(model, stage, resumed_ep,
 
 
 @WITH_TRANSFORMERS
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_rank_whose_experts_get_no_token_trains_on(stage, scratch):
+    """Mixtral's routers skewed so that every route goes to the first expert-parallel rank's
+    experts: the other ranks' experts run on no rows, their backward still takes part in
+    both exchanges, and the 4 ranks train as one process (losses, norms, parameters).
+    Before, those ranks' backward skipped the exchanges and the others waited forever."""
+    out = str(scratch / "skewed")
+    ranks = run_ranks([SCRIPT, out, "mixtral", str(stage), "--skewed"], 4, out, timeout=120,
+                      extra_env={"OMP_NUM_THREADS": "1"})
+    for rank, got in enumerate(ranks):
+        assert got["losses"] == pytest.approx(got["want_losses"], abs=1e-5), rank
+        assert got["norms"] == pytest.approx(got["want_norms"], rel=1e-5), rank
+        assert got["param_diff"] < 1e-5, rank
+
+
+@WITH_TRANSFORMERS
 @main_leg_only
 def test_what_autoep_cannot_split_is_refused_by_name():
     import zeroshard

@@ -136,10 +136,11 @@ def _exchanged_forward(self, hidden_states, top_k_index, top_k_weights):
     mine = torch.empty(sum(received), dtype=which.dtype, device=which.device)
     dist.all_to_all_single(mine, which, received, sent, group=group)
     out = torch.zeros_like(rows)
+    # Every expert runs, on no rows too: its weights and `rows` stay in the graph, so every
+    # rank's backward runs both exchanges (collectives) even when none of its experts got
+    # a token; skipped, that rank's backward would miss them and the others' wait forever.
     for e in range(local):
         at = torch.nonzero(mine == e).squeeze(-1)
-        if at.numel() == 0:
-            continue
         gate, up = torch.nn.functional.linear(rows[at], self.gate_up_proj[e]).chunk(2, dim=-1)
         done = torch.nn.functional.linear(self.act_fn(gate) * up, self.down_proj[e])
         out = out.index_copy(0, at, done)
