@@ -12,6 +12,7 @@ usage: alst_script.py OUT PACKAGE [SP [CASES [tiled]]]
   optimizer and parameters offloaded to the CPU (2,3); tiled: the tutorial's tiled compute,
   each MLP in 4 tiles (TiledMLP patched into LlamaMLP.forward) and the logits with their
   loss in 2 (TiledFusedLogitsLoss over the base model's last hidden states)"""
+import contextlib
 import importlib
 import json
 import os
@@ -19,6 +20,7 @@ import sys
 
 import torch
 
+from counted_collectives import Counted
 from rank_result import leave
 from long_sequence_reference import (LR, SEQ, STEPS, make_model, reference, samples,
                                      zero_config)
@@ -101,7 +103,12 @@ for case in CASES:
     dl = ulysses_sp.UlyssesSPDataLoaderAdapter(dl, sp_rank=sp_rank, sp_group=sp_group,
                                                sp_world_size=sp_world_size, device=model.device)
     losses, norms, batches = [], [], []
+    # The first step's exchanges: the attention layers' all-to-alls in forward and backward
+    # and their positions' all-gathers in forward (not the loss's gathers between them).
+    forward_counted, backward_counted = Counted("all_to_all_single", "all_gather"), \
+        Counted("all_to_all_single")
     for batch in dl:
+        counting = not batches
         batches.append({k: v.tolist() for k, v in batch.items()})
         batch = move_to_device(batch, model.device)
         shift_labels = batch["shift_labels"]
@@ -109,7 +116,8 @@ for case in CASES:
         if TILED:
             loss = tiled_loss_sum(model, batch) / good_tokens  # the slice's mean, as below
         else:
-            outputs = model(**batch)
+            with forward_counted if counting else contextlib.nullcontext():
+                outputs = model(**batch)
             loss = model.module.loss_function(logits=outputs.logits, labels=None,
                                               shift_labels=shift_labels,
                                               vocab_size=model.module.config.vocab_size)
@@ -120,11 +128,13 @@ for case in CASES:
                          for rank in range(sp_world_size))
         total_good_tokens = sum(good_tokens_per_rank)
         loss = total_loss / max(total_good_tokens, 1)
-        model.backward(loss)
+        with backward_counted if counting else contextlib.nullcontext():
+            model.backward(loss)
         model.step()
         losses.append(loss.item())
         norms.append(float(model.get_global_grad_norm()))
     trained = {"losses": losses, "norms": norms, "batches": batches,
+               "exchanged_bytes": forward_counted.bytes + backward_counted.bytes,
                "dp_world_size": model.dp_world_size, "seq_dp_world_size": model.seq_dp_world_size}
     if ref_params:
         with deepspeed.zero.GatheredParameters(list(model.module.parameters())):

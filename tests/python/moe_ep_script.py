@@ -9,7 +9,8 @@ engine's gradient norms and the reference's, the largest difference of its param
 state its ledger holds and its plan predicted beside the elements of its dense and expert
 parameters; the largest difference of the engine's state_dict (every rank's experts
 joined) and of the model save_pretrained wrote, loaded by from_pretrained, from the
-reference's parameters. Then it saves a checkpoint (OUT.ckpt; rank 0 the whole state_dict
+reference's parameters; the bytes its first step put into the experts' all-to-alls. Then it
+saves a checkpoint (OUT.ckpt; rank 0 the whole state_dict
 beside it, OUT.whole.pt) and trains 3 steps more. With --resume CKPT EP it instead loads CKPT
 into the model split over EP ranks and trains those 3 steps: their losses and norms and the
 reference's.
@@ -24,6 +25,7 @@ import torch
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 import zeroshard
+from counted_collectives import Counted
 from rank_result import leave
 
 STEPS, SEQ, WORLD, EP, LR = 3, 12, 4, 2, 1e-3
@@ -74,10 +76,18 @@ def reference(kind, ids):
     return losses, norms, params
 
 
-def train(engine, ids, steps):
-    """The engine's losses and pre-clip norms over `steps`, each rank its own sample."""
+def train(engine, ids, steps, counted=None):
+    """The engine's losses and pre-clip norms over `steps`, each rank its own sample;
+    `counted` gets the bytes of the first step's all-to-alls."""
     losses, norms = [], []
     for step in steps:
+        if counted is not None and step == steps[0]:
+            with Counted("all_to_all_single") as exchanges:
+                (loss,), (norm,) = train(engine, ids, [step])
+            losses.append(loss)
+            norms.append(norm)
+            counted.append(exchanges.bytes)
+            continue
         sample = ids[step * WORLD + engine.global_rank][None]
         loss = engine(input_ids=sample, labels=sample).loss
         engine.backward(loss)
@@ -127,7 +137,10 @@ def main():
         return resume(out, kind, stage, ids, sys.argv[5], int(sys.argv[6]))
     model, engine = initialize(kind, stage, EP)
     rank = engine.global_rank
-    losses, norms = train(engine, ids, range(STEPS))
+    exchanged = []
+    losses, norms = train(engine, ids, range(STEPS), exchanged)
+    if rank == 0:  # for zeroshard-estimate --hf-config
+        model.config.to_json_file(f"{out}.config.json")
     whole = engine.state_dict()  # every rank's experts joined: the one-process model's
     engine.save_pretrained(f"{out}.hf")
     engine.save_checkpoint(f"{out}.ckpt")
@@ -153,7 +166,7 @@ def main():
     went_on, _ = train(engine, ids, range(STEPS, 2 * STEPS))  # what a resumed run repeats
     leave(out, {"losses": losses, "want_losses": [each[rank] for each in want_losses[:STEPS]],
                 "norms": norms, "want_norms": want_norms[:STEPS], "param_diff": worst,
-                "went_on": went_on,
+                "went_on": went_on, "exchanged_bytes": exchanged[0],
                 "optimizer_state_bytes": held, "optimizer_state_planned": planned,
                 "dense_numel": dense, "expert_numel": experts, "whole_diff": whole_diff,
                 "whole_keys": sorted(whole) == sorted(want)})

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -66,6 +67,16 @@ def test_experts_split_over_ranks_train_as_one_process(model, stage, resumed_ep,
         assert got["whole_diff"]["state_dict"] < 1e-5, (rank, got["whole_diff"])
         assert got["whole_diff"]["from_pretrained"] < 1e-5, (rank, got["whole_diff"])
     assert ranks[0]["expert_numel"] == ranks[1]["expert_numel"] > 0
+    # The bytes the ranks put into the experts' all-to-alls in a step: zeroshard-estimate's
+    # for the model's config.json at ep 2 (fp32), a rank's mean: each sends its 12 tokens'
+    # routes and returns what it was sent, as many rows in all as were sent.
+    planned = subprocess.run(
+        [os.path.join(BUILD, "tools", "zeroshard-estimate"), "--hf-config", f"{out}.config.json",
+         "--gpus-per-node", "4", "--ep", "2", "--seq", "12", "--micro-batch", "1", "--fp32",
+         "--json"], capture_output=True, text=True, timeout=60)
+    assert planned.returncode == 0, planned.stderr
+    experts = json.loads(planned.stdout)["exchanges"]["experts"]
+    assert sum(got["exchanged_bytes"] for got in ranks) == 4 * experts["bytes_per_micro_step"]
     # Saved at ep 2 after 3 steps, resumed at ep 1 (every rank every expert) or 4 (a rank's
     # 2 experts from parts of 4): the next 3 steps as the one process and the run that
     # went on (a part read at the wrong rows fails both).

@@ -5,12 +5,14 @@ equals DeepSpeed's own DistributedAttention; a transformer trained with it under
 the sequence-parallel ranks trains as the same model on whole sequences with torch's AdamW;
 DeepSpeed's ALST loop for a Hugging Face model, switched by import, trains as whole
 sequences do, with DeepSpeed's losses. Errors name what was given and what is allowed."""
+import json
 import os
+import subprocess
 
 import pytest
 import torch
 
-from conftest import HERE, OLDEST_LEG, main_leg_only, run_ranks, run_snippet
+from conftest import BUILD, HERE, OLDEST_LEG, main_leg_only, run_ranks, run_snippet
 
 WORKER = os.path.join(HERE, "sequence_worker.py")
 ALST = os.path.join(HERE, "alst_script.py")
@@ -147,6 +149,19 @@ def test_alst_loop_over_sequence_and_data_parallel_ranks_trains_as_whole_sequenc
     # torch's Gloo all_gather could not take).
     first = [rank["stage1"]["batches"][0]["input_ids"][0] for rank in ranks]
     assert all(len(ids) == 16 // sp for ids in first)
+    # What each rank put into the attention layers' exchanges in a step is
+    # zeroshard-estimate's for the model's config.json at this sp (fp32, 16 tokens).
+    from long_sequence_reference import CONFIG
+    CONFIG.to_json_file(str(scratch / "llama.json"))
+    planned = subprocess.run(
+        [os.path.join(BUILD, "tools", "zeroshard-estimate"), "--hf-config",
+         str(scratch / "llama.json"), "--attn-implementation", "sdpa", "--gpus-per-node", "4",
+         "--sp", str(sp), "--seq", "16", "--micro-batch", "1", "--fp32", "--json"],
+        capture_output=True, text=True, timeout=60)
+    assert planned.returncode == 0, planned.stderr
+    sequence = json.loads(planned.stdout)["exchanges"]["sequence"]
+    assert [rank["stage1"]["exchanged_bytes"] for rank in ranks] == \
+        [sequence["bytes_per_micro_step"]] * world
     if sp == 2:
         assert first[0] + first[1] != first[2] + first[3]
 

@@ -10,6 +10,7 @@
 #include "common/Bytes.h"
 #include "plan/DeepSpeedEstimate.h"
 #include "plan/PipelineStages.h"
+#include "tools/estimate/EstimateExchanges.h"
 
 namespace zeroshard::estimate {
 namespace {
@@ -283,6 +284,7 @@ std::string render_table(const EstimateInputs& in, const Plan& plan, const Large
   out += fmt::format("per-rank bytes of {} (GiB):\n", option_label(in, plan.option));
   out += breakdown_table(plan.predicted, in.inference);
   if (in.inference) out += stream_lines(in, plan);
+  out += exchange_lines(in, plan);
   out += "decisions:\n";
   for (size_t i = 1; i < plan.reasons.size(); ++i) {
     if (in.inference && !serving_knob(plan.reasons[i])) continue;
@@ -366,6 +368,7 @@ std::string render_json(const EstimateInputs& in, const Plan& plan, const Larges
   out["assumptions"] = in.assumptions;
   out["warnings"] = in.warnings;
   out["options"] = options;
+  out["exchanges"] = exchange_json(in, plan);
   out["fits"] = plan.fits;
   out["summary"] = plan.summary;
   out["reasons"] = plan.reasons;
