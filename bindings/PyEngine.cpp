@@ -157,8 +157,9 @@ EngineHolder make_engine(
     const AssumedBatchArg& assumed_batch, int tensor_parallel_size,
     const std::map<std::string, int>& tensor_parallel_params, int pipeline_parallel_size,
     const std::set<std::string>& quantizable_params, int sequence_parallel_size,
-    int expert_parallel_size, const std::set<std::string>& expert_params) {
+    int expert_parallel_size, const std::set<std::string>& expert_params, bool ring_attention) {
   loaded.config.expert_parallel_size = std::max(1, expert_parallel_size);
+  loaded.config.ring_attention = ring_attention;
   take_mpu_size(loaded.config.pipeline_parallel_size, pipeline_parallel_size, "pipeline.stages",
                 "pipeline-parallel");
   take_mpu_size(loaded.config.sequence_parallel_size, sequence_parallel_size,
@@ -290,7 +291,9 @@ PYBIND11_MODULE(_zeroshard, m) {
            py::arg("sequence_parallel_size") = 0,
            // The MoE layers' ep_size and the names of their experts' parameters, split
            // across the expert-parallel ranks (include/zeroshard/Types.h NamedParam::expert).
-           py::arg("expert_parallel_size") = 1, py::arg("expert_params") = std::set<std::string>{})
+           py::arg("expert_parallel_size") = 1, py::arg("expert_params") = std::set<std::string>{},
+           // The sequence-parallel ranks are a mesh's cp dimension: torch's ring attention.
+           py::arg("ring_attention") = false)
       .def("optimizer_shards",
            [](EngineImpl& e) { return optimizer_shards(e.external_optimizer()); })
       .def("optimizer_regions",

@@ -243,6 +243,9 @@ struct Config {
   // sequence-data-parallel group; a batch is counted over the world / sp ranks that see
   // different samples, and gradients are divided by those.
   std::optional<int64_t> sequence_parallel_size = 1;
+  // Those ranks split each sequence by torch's ring attention (context parallelism: a
+  // mesh's cp dimension, zeroshard-estimate --cp), not by Ulysses' exchanges; no config key.
+  bool ring_attention = false;
   // Ranks a mixture-of-experts layer's experts are split across (DeepSpeed's MoE layer's
   // ep_size; no config key: the Python package sets it from the model's layers), consecutive
   // data-parallel ranks; the experts' parameters are reduced and sharded over the dp / ep

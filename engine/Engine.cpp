@@ -105,6 +105,7 @@ void EngineImpl::set_activation_shape(const std::string& hf_config_json,
   batch.micro_batch = micro_batch;
   batch.activation_checkpointing = activation_checkpointing;
   batch.sequence_parallel = sequence_parallel_size();  // `seq` is the whole sequence's
+  batch.ring_attention = plan_.config.ring_attention;
   device_.activations = std::make_pair(shaped, batch);
 }
 void EngineImpl::set_pipeline_in_flight(int64_t in_flight, int64_t micro_batches) {

@@ -44,16 +44,20 @@ int64_t block_bytes(const ModelSpec& spec, int64_t s, int64_t kl) {
   return spec.norms_per_block * norm_bytes(spec, kl) + attention + mlp;
 }
 
-// What Ulysses adds to a block, per token of a rank's slice, over `sp` ranks: attention
-// runs on the exchanged queries, keys and values and the output is exchanged back, so the
-// output projection keeps its input besides the kernel's output (one more a x head_dim),
-// and keys and values fewer than the ranks are repeated to one head per rank before the
-// exchange (2 x (sp - kv heads) x head_dim more than the block's own).
-int64_t ulysses_bytes(const ModelSpec& spec, int64_t sp, int64_t kl) {
+// What splitting the sequence adds to a block, per token of a rank's slice, over `sp`
+// ranks. Ulysses: attention runs on the exchanged queries, keys and values and the output
+// is exchanged back, so the output projection keeps its input besides the kernel's output
+// (one more a x head_dim), and keys and values fewer than the ranks are repeated to one
+// head per rank before the exchange (2 x (sp - kv heads) x head_dim more than the block's
+// own). torch's ring attention (`ring`): the partial outputs merged into one more a x
+// head_dim, on every rank but the ring's last (measured: tests/python/
+// test_activation_memory.py); nothing repeated.
+int64_t split_sequence_bytes(const ModelSpec& spec, int64_t sp, bool ring, int64_t kl) {
   if (sp <= 1) return 0;
   const int64_t head_dim = head_width(spec);
   const int64_t kv_heads = spec.kv_heads > 0 ? spec.kv_heads : spec.heads;
-  return kl * (spec.heads * head_dim + 2 * std::max<int64_t>(0, sp - kv_heads) * head_dim);
+  const int64_t repeated = ring ? 0 : 2 * std::max<int64_t>(0, sp - kv_heads) * head_dim;
+  return kl * (spec.heads * head_dim + repeated);
 }
 
 // What a block under the "op" policy keeps per token: its input and the outputs of its
@@ -91,7 +95,8 @@ struct KeptBlocks {
 KeptBlocks kept_blocks(const ModelSpec& spec, const TrainingShape& t, int kl) {
   const int64_t sp = std::max<int64_t>(1, t.sequence_parallel);
   const int64_t s = t.seq / sp, b = t.micro_batch, L = spec.layers;
-  const int64_t per_layer = s * b * (block_bytes(spec, t.seq, kl) + ulysses_bytes(spec, sp, kl));
+  const int64_t per_layer =
+      s * b * (block_bytes(spec, t.seq, kl) + split_sequence_bytes(spec, sp, t.ring_attention, kl));
   // Checkpointed: a block recomputed whole keeps only its input, one under the "op" policy
   // its saved ops' outputs; backward recomputes one block at a time.
   const int64_t whole = t.activation_checkpointing ? L : std::min(L, t.recomputed.whole);

@@ -36,7 +36,7 @@ Exchanges exchanges_of(const ModelSpec& spec, const TrainingShape& shape, int64_
     // block's forward again is its exchanges again.
     e.forward_passes = e.layers + std::min(again, e.layers);
   }
-  if (sp > 1) {
+  if (sp > 1 && !shape.ring_attention) {  // the ring's rotations are not counted here
     LayerExchange& s = out.sequence;
     s.ranks = sp;
     s.layers = spec.layers;

@@ -33,6 +33,7 @@ struct Exchanges {
   // Ulysses (bindings/zeroshard/_sequence/ulysses_hf.py), per attention layer: the slice's
   // positions gathered, queries, keys and values to head-sharded (key-value heads fewer than
   // the ranks repeated to one a rank), the output back; in backward the four reversed.
+  // None for torch's ring attention (TrainingShape::ring_attention): not counted here.
   LayerExchange sequence;
 };
 

@@ -54,7 +54,9 @@ std::vector<Fitting> largest_fitting(const ModelSpec& spec, const Config& config
 std::vector<Fitting> longest_sequences(const ModelSpec& spec, const Config& config,
                                        const WorldShape& world, const TrainingShape& shape,
                                        const HardwareBudget& budget) {
-  const int64_t step = std::max<int64_t>(1, config.sequence_parallel_size.value_or(1));
+  // Whole slices: ranks x 2 under torch's ring attention (its head-tail load balancing).
+  const int64_t step = std::max<int64_t>(1, config.sequence_parallel_size.value_or(1)) *
+                       (config.ring_attention ? 2 : 1);
   std::vector<Fitting> steps =
       largest_fitting(spec, config, world, shape, budget, kLongestSequenceSearched / step,
                       [step](TrainingShape& at, int64_t n) { at.seq = n * step; });

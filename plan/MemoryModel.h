@@ -49,6 +49,8 @@ struct TrainingShape {
   // set by the planner): a rank keeps its slice's activations, attention's for the whole
   // sequence with 1/sequence_parallel of the heads (docs/memory-model.md).
   int64_t sequence_parallel = 1;
+  // Those ranks run torch's ring attention (context parallelism), not Ulysses.
+  bool ring_attention = false;
   // Micro-batches whose activations are held at once: 1, or a pipeline stage's under its
   // schedule (plan/PipelineStages.h).
   int64_t in_flight = 1;

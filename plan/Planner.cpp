@@ -439,6 +439,7 @@ Plan make_plan(const ModelSpec& spec, const Config& config, const WorldShape& wo
   // Activations are one rank's slice of each sequence (Ulysses, sequence_parallel_size).
   TrainingShape shape = given_shape;
   shape.sequence_parallel = std::max<int64_t>(1, config.sequence_parallel_size.value_or(1));
+  shape.ring_attention = config.ring_attention;
   check_mics_world(config, world);
   check_hpz_world(config, world);
   Plan plan;

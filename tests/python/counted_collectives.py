@@ -4,6 +4,8 @@ the experts' and sequence-parallel exchanges; the engine's own collectives go th
 in C++ and are not seen here."""
 import torch.distributed
 
+_SENT = {"all_to_all_single": "input", "all_gather": "tensor"}
+
 
 class Counted:
     def __init__(self, *names):
@@ -13,10 +15,11 @@ class Counted:
         for name in self.names:
             real = self.real[name] = getattr(torch.distributed, name)
 
-            def counted(first, second, *args, _real=real, _name=name, **kwargs):
-                sent = second if _name in ("all_to_all_single", "all_gather") else first
+            def counted(*args, _real=real, _name=name, **kwargs):
+                key = _SENT[_name]  # the tensor sent: by keyword, else the second argument
+                sent = kwargs[key] if key in kwargs else args[1]
                 self.bytes += sent.numel() * sent.element_size()
-                return _real(first, second, *args, **kwargs)
+                return _real(*args, **kwargs)
             setattr(torch.distributed, name, counted)
         return self
 

@@ -138,6 +138,28 @@ def test_sequence_parallel_activations_are_a_slice_and_the_exchange(scratch):
     assert {o["activation_bytes"] for o in plan["options"]} == {predicted}
 
 
+def test_context_parallel_activations_are_a_slice_and_the_merged_output(scratch):
+    """torch's ring attention over 4 ranks (context_parallel over a "cp" mesh, head-tail load
+    balancing): every rank but the ring's last keeps its slice's activations, as the model
+    run on those SEQ/4 tokens alone keeps, and per layer and slice token one more attention
+    output (heads x head_dim, the partial outputs merged); the last keeps the slice's alone.
+    zeroshard-estimate --cp 4 counts the larger, to the byte, and so does the memory report
+    of an engine given a ("dp", "cp") mesh trained on those slices."""
+    world = 4
+    out = scratch / "cp"
+    ranks = run_ranks([os.path.join(HERE, "cp_activation_worker.py"), str(out)], world, out)
+    config = configs()["llama"]
+    slice_alone = estimated(config, scratch, "--seq", str(SEQ // world))
+    predicted = estimated(config, scratch, "--cp", str(world), "--gpus-per-node", str(world))
+    head_dim, heads, layers = 32, 8, 2
+    merged = layers * BATCH * (SEQ // world) * 2 * heads * head_dim
+    assert [rank["kept"] - rank["slice_alone"] for rank in ranks] == [merged] * 3 + [0]
+    assert predicted - slice_alone == merged
+    for rank in ranks:
+        assert abs(predicted - rank["kept"]) <= 0.03 * rank["kept"], (predicted, rank["kept"])
+        assert rank["predicted"] == predicted
+
+
 @pytest.mark.parametrize("family", ["llama", "mixtral", "gpt2"])
 def test_python_estimate_counts_the_live_models_activations(family, scratch):
     """zeroshard.estimate(model, seq=...) reads the model's own config and attention: the

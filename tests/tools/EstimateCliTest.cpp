@@ -310,6 +310,18 @@ TEST(EstimateCli, BadInputIsOneLineAndExitTwo) {
        "--sp 2 with eager attention: Ulysses over transformers' attention takes sdpa"},
       {"--params 7e9 --sp 2 --gpus-per-node 2",
        "--sp 2 needs the model's shape to split its activations"},
+      {"--hf-config " + hf("llama2_7b.json") + " --cp 2 --sp 2 --gpus-per-node 4",
+       "--cp 2 with --sp 2; allowed: one of the two (--cp splits each sequence by torch's ring "
+       "attention, --sp by Ulysses' exchanges)"},
+      {"--hf-config " + hf("llama2_7b.json") + " --cp 2 --gpus-per-node 2 --seq 1026",
+       "--cp 2: --seq 1026 does not split evenly over 2 ranks in 4 chunks (the ring's load "
+       "balancing); allowed: a multiple of 4"},
+      {"--hf-config " + hf("llama2_7b.json") +
+           " --cp 2 --gpus-per-node 2 --attn-implementation eager",
+       "--cp 2 with eager attention: torch's ring attention takes sdpa (eager needs the whole "
+       "mask); allowed: --attn-implementation sdpa"},
+      {"--hf-config " + hf("llama2_7b.json") + " --cp 2 --tp 2 --gpus-per-node 4",
+       "--cp 2 with --tp 2 and --pp 1; allowed: context parallelism alone with ZeRO"},
       {"--params 7e9 --max-seq", "--max-seq needs the model's shape to count activations"},
       {"--hf-config " + hf("llama2_7b.json") + " --inference --max-seq",
        "--max-seq with --inference; allowed: training without pipeline stages"},

@@ -26,7 +26,7 @@ const std::vector<std::string> kValueFlags{
     "--micro-batch", "--config",        "--headroom",     "--emit-config", "--attn-implementation",
     "--pp",          "--pp-schedule",   "--batch",        "--gpu-bw",      "--pp-stages-per-rank",
     "--host-bw",     "--nvme-bw",       "--sp",           "--ep",          "--ac-mode",
-    "--ac-option",   "--memory-budget", "--ac-offload"};
+    "--ac-option",   "--memory-budget", "--ac-offload",   "--cp"};
 const std::vector<std::string> kSwitches{"--json",      "--bf16",
                                          "--fp16",      "--fp32",
                                          "--inference", "--activation-checkpointing",
@@ -286,43 +286,59 @@ void read_serving(const std::map<std::string, std::string>& given, EstimateInput
 
 // --sp (or the config's sequence_parallel_size), checked as the engine and ALST's path
 // check it: ranks and heads split evenly, ZeRO alone beside it, attention without scores.
+// --cp: the ranks split each sequence by torch's ring attention instead (a mesh's cp
+// dimension), counted as sequence-parallel ranks are; its load balancing cuts 2 x N chunks.
 void read_sequence_parallel(const std::map<std::string, std::string>& given, EstimateInputs& in) {
   const int64_t configured = in.config.sequence_parallel_size.value_or(1);
-  const int64_t sp = given.count("--sp") ? parse_count("--sp", given.at("--sp")) : configured;
+  const bool ring = given.count("--cp") > 0;
+  if (ring && (given.count("--sp") || configured > 1))
+    fail(
+        "--cp {} with {}; allowed: one of the two (--cp splits each sequence by torch's ring "
+        "attention, --sp by Ulysses' exchanges)",
+        given.at("--cp"),
+        given.count("--sp") ? "--sp " + given.at("--sp")
+                            : fmt::format("the config's sequence_parallel_size {}", configured));
+  const char* flag = ring ? "--cp" : "--sp";
+  const int64_t sp = ring                  ? parse_count("--cp", given.at("--cp"))
+                     : given.count("--sp") ? parse_count("--sp", given.at("--sp"))
+                                           : configured;
   if (configured > 1 && sp != configured)
     fail("--sp {} contradicts the config's sequence_parallel_size {}; give one of them", sp,
          configured);
   in.config.sequence_parallel_size = sp;
+  in.config.ring_attention = ring && sp > 1;
   if (sp == 1) return;
   const int64_t ranks = in.world.ranks() * in.pipeline_stages;
   if (in.world.tensor_parallel > 1 || in.pipeline_stages > 1)
-    fail(
-        "--sp {} with --tp {} and --pp {}; allowed: sequence parallelism alone with ZeRO "
-        "(--tp 1, --pp 1), or --sp 1",
-        sp, in.world.tensor_parallel, in.pipeline_stages);
-  if (in.inference) fail("--sp {} with --inference; allowed: --sp 1 (serving plans one rank)", sp);
+    fail("{} {} with --tp {} and --pp {}; allowed: {} alone with ZeRO (--tp 1, --pp 1), or {} 1",
+         flag, sp, in.world.tensor_parallel, in.pipeline_stages,
+         ring ? "context parallelism" : "sequence parallelism", flag);
+  if (in.inference)
+    fail("{} {} with --inference; allowed: {} 1 (serving plans one rank)", flag, sp, flag);
   if (ranks % sp != 0)
-    fail("--sp {} does not divide the {} ranks (--nodes x --gpus-per-node); allowed: a divisor", sp,
-         ranks);
+    fail("{} {} does not divide the {} ranks (--nodes x --gpus-per-node); allowed: a divisor", flag,
+         sp, ranks);
   if (!in.spec.has_shape())
     fail(
-        "--sp {} needs the model's shape to split its activations: give --hf-config, or "
+        "{} {} needs the model's shape to split its activations: give --hf-config, or "
         "--layers, --hidden and --heads",
-        sp);
-  if (in.spec.heads % sp != 0)
+        flag, sp);
+  if (!ring && in.spec.heads % sp != 0)
     fail(
         "--sp {}: the model's {} attention heads do not split evenly over {} ranks; allowed: "
         "a divisor of {}",
         sp, in.spec.heads, sp, in.spec.heads);
-  if (in.shape.seq % sp != 0)
-    fail("--sp {}: --seq {} does not split evenly over {} ranks; allowed: a multiple of {}", sp,
-         in.shape.seq, sp, sp);
+  const int64_t chunks = ring ? 2 * sp : sp;  // the ring's head-tail load balancing
+  if (in.shape.seq % chunks != 0)
+    fail("{} {}: --seq {} does not split evenly over {} ranks{}; allowed: a multiple of {}", flag,
+         sp, in.shape.seq, sp,
+         ring ? fmt::format(" in {} chunks (the ring's load balancing)", chunks) : "", chunks);
   if (in.spec.attention_scores)
     fail(
-        "--sp {} with eager attention: Ulysses over transformers' attention takes sdpa or "
-        "flash attention (eager needs the whole mask); allowed: --attn-implementation sdpa, "
-        "flash_attention_2 or flash_attention_3",
-        sp);
+        "{} {} with eager attention: {} takes sdpa{} (eager needs the whole mask); allowed: "
+        "--attn-implementation sdpa{}",
+        flag, sp, ring ? "torch's ring attention" : "Ulysses over transformers' attention",
+        ring ? "" : " or flash attention", ring ? "" : ", flash_attention_2 or flash_attention_3");
 }
 
 // --ep (or the config's expert_parallel.autoep_size where AutoEP is enabled): a mixture of

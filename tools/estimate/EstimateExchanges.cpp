@@ -12,6 +12,7 @@ namespace {
 Exchanges planned(const EstimateInputs& in, const Plan& plan) {
   TrainingShape shape = in.shape;
   shape.sequence_parallel = in.config.sequence_parallel_size.value_or(1);
+  shape.ring_attention = in.config.ring_attention;
   for (const OptionEstimate& e : plan.options)
     if (e.option == plan.option && e.recomputed) shape.recomputed.whole = *e.recomputed;
   shape.recomputed = recomputed_layers(in.spec, plan.config, shape);
@@ -44,6 +45,11 @@ nlohmann::json to_json(const LayerExchange& x) {
 
 std::string exchange_lines(const EstimateInputs& in, const Plan& plan) {
   if (in.inference) return "";
+  if (in.config.ring_attention)
+    return fmt::format(
+        "ring attention over {} context-parallel ranks: its rotations of keys and values are "
+        "not counted here\n",
+        in.config.sequence_parallel_size.value_or(1));
   const Exchanges x = planned(in, plan);
   if (x.experts.layers == 0 && x.sequence.layers == 0) return "";
   std::string out =

@@ -195,10 +195,13 @@ std::string training_lines(const EstimateInputs& in) {
           : "";
   const int64_t sp = in.config.sequence_parallel_size.value_or(1);
   if (!in.inference)
-    out = fmt::format("training: seq {}{}, micro-batch {}, {}, activation checkpointing {}\n",
-                      in.shape.seq,
-                      sp > 1 ? fmt::format(" split over {} sequence-parallel ranks", sp) : "",
-                      in.shape.micro_batch, dtype, checkpointing_text(in));
+    out = fmt::format(
+        "training: seq {}{}, micro-batch {}, {}, activation checkpointing {}\n", in.shape.seq,
+        sp > 1 ? fmt::format(" split over {} {}", sp,
+                             in.config.ring_attention ? "context-parallel ranks (ring attention)"
+                                                      : "sequence-parallel ranks")
+               : "",
+        in.shape.micro_batch, dtype, checkpointing_text(in));
   if (!in.assumptions.empty()) {
     out += fmt::format("assumed (not given): {}\n", fmt::join(in.assumptions, "; "));
   }
@@ -353,7 +356,8 @@ std::string render_json(const EstimateInputs& in, const Plan& plan, const Larges
                      {"compute_bytes", in.config.compute_bytes()},
                      {"activation_checkpointing", in.shape.activation_checkpointing},
                      {"activation_checkpointing_mode", in.config.activation_checkpointing_mode},
-                     {"sequence_parallel", in.config.sequence_parallel_size.value_or(1)}};
+                     {"sequence_parallel", in.config.sequence_parallel_size.value_or(1)},
+                     {"ring_attention", in.config.ring_attention}};
   if (in.inference) {
     out["inference"] = {
         {"batch", in.shape.micro_batch},

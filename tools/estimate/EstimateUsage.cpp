@@ -21,6 +21,9 @@ hardware (sizes: 80GB = 80e9 bytes, 80GiB = 80 x 2^30):
                          sequence_parallel_size, else 1): each keeps 1/N of every
                          sequence's activations, attention's over the whole sequence with
                          1/N of the heads; ZeRO shards over every rank
+  --cp N                 context-parallel ranks (torch's ring attention over a mesh's cp
+                         dimension, sdpa): each keeps 1/N of every sequence's activations
+                         and the ring's merged attention output; --seq a multiple of 2 x N
   --ep N                 expert-parallel ranks (a mixture of experts from --hf-config;
                          default: the config's expert_parallel.autoep_size where enabled,
                          else 1): each holds 1/N of each block's experts, sharded over the

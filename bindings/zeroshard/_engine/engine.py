@@ -157,7 +157,8 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes, EngineAccesso
         stepped_by = {"pipeline_parallel_size": _tensor_parallel.stages_of(mpu),
                       "sequence_parallel_size": sp_size,
                       "quantizable_params": quantizable_names(model, params),
-                      "expert_parallel_size": ep_size, "expert_params": expert_names}
+                      "expert_parallel_size": ep_size, "expert_params": expert_names,
+                      "ring_attention": bool(cp_size)}
         if torch_stepped:
             adafactor = _adafactor.is_adafactor(client)
             if adafactor and ep_size > 1:
