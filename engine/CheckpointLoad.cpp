@@ -323,8 +323,13 @@ void Checkpointer::check_params(const CheckpointSource& reader, const std::strin
     for (const auto& slot : record.flat->slots()) {
       // Split experts: this rank's under the name it is saved by, the other ep
       // coordinates' as the model's too (their ranks load them).
-      SavedParam s{saved_name(record, slot.name), saved_shape(record, slot), slot.offset,
-                   slot.numel};
+      SavedParam s{saved_name(record, slot.name),
+                   saved_shape(record, slot),
+                   slot.offset,
+                   slot.numel,
+                   -1,
+                   {},
+                   0};
       mine.insert(s.name);
       const auto renamed = p_.expert_names.renamed.find(slot.name);
       if (experts_split(record) && renamed != p_.expert_names.renamed.end()) {

@@ -31,7 +31,7 @@ CheckpointReader::CheckpointReader(const std::string& dir, Manifest manifest)
         continue;
       }
       Parts& whole = parts_[saved.name];
-      whole.whole = {saved.name, saved.whole_shape, 0, saved_numel(saved.whole_shape)};
+      whole.whole = {saved.name, saved.whole_shape, 0, saved_numel(saved.whole_shape), -1, {}, 0};
       whole.parts.push_back({g, p});
     }
   }

@@ -161,8 +161,13 @@ Manifest Checkpointer::layout(const SaveOptions& options) const {
     sg.arrays = 1 + static_cast<int>(m.optimizer_state.size());
     for (const auto& s : g->slots()) {
       const auto split = split_dims.find(s.name);
-      sg.params.push_back(
-          {s.name, s.shape, s.offset, s.numel, split == split_dims.end() ? -1 : split->second});
+      sg.params.push_back({s.name,
+                           s.shape,
+                           s.offset,
+                           s.numel,
+                           split == split_dims.end() ? -1 : split->second,
+                           {},
+                           0});
     }
     offset += sg.bytes();
     if (!experts_split(record)) {

@@ -107,6 +107,18 @@ def test_checkpointed_activations_are_the_block_inputs_and_one_block(scratch):
         f"estimated {predicted}, kept {kept} and one block {block}"
 
 
+def split_over_ranks(how, world, scratch):
+    """The Llama's sequences split over `world` ranks (how: "sp" Ulysses, "cp" ring
+    attention, by tests/python/{how}_activation_worker.py): each rank's results, the
+    estimate of a slice run alone, the estimate with --{how} world."""
+    out = scratch / how
+    ranks = run_ranks([os.path.join(HERE, f"{how}_activation_worker.py"), str(out)], world, out)
+    config = configs()["llama"]
+    slice_alone = estimated(config, scratch, "--seq", str(SEQ // world))
+    return ranks, slice_alone, estimated(config, scratch, f"--{how}", str(world),
+                                         "--gpus-per-node", str(world))
+
+
 def test_sequence_parallel_activations_are_a_slice_and_the_exchange(scratch):
     """Ulysses over 4 ranks (ALST's registration with transformers; a Llama with 8 query and
     2 key-value heads, so keys and values are repeated to one head per rank): each rank
@@ -117,11 +129,8 @@ def test_sequence_parallel_activations_are_a_slice_and_the_exchange(scratch):
     config's sequence_parallel_size 4 and the memory report of an engine with that key
     trained on those slices."""
     world = 4
-    out = scratch / "sp"
-    ranks = run_ranks([os.path.join(HERE, "sp_activation_worker.py"), str(out)], world, out)
+    ranks, slice_alone, predicted = split_over_ranks("sp", world, scratch)
     config = configs()["llama"]
-    slice_alone = estimated(config, scratch, "--seq", str(SEQ // world))
-    predicted = estimated(config, scratch, "--sp", str(world), "--gpus-per-node", str(world))
     head_dim, heads, kv_heads, layers = 32, 8, 2, 2
     exchange = layers * BATCH * (SEQ // world) * 2 * (heads + 2 * (world - kv_heads)) * head_dim
     for rank in ranks:
@@ -146,11 +155,7 @@ def test_context_parallel_activations_are_a_slice_and_the_merged_output(scratch)
     zeroshard-estimate --cp 4 counts the larger, to the byte, and so does the memory report
     of an engine given a ("dp", "cp") mesh trained on those slices."""
     world = 4
-    out = scratch / "cp"
-    ranks = run_ranks([os.path.join(HERE, "cp_activation_worker.py"), str(out)], world, out)
-    config = configs()["llama"]
-    slice_alone = estimated(config, scratch, "--seq", str(SEQ // world))
-    predicted = estimated(config, scratch, "--cp", str(world), "--gpus-per-node", str(world))
+    ranks, slice_alone, predicted = split_over_ranks("cp", world, scratch)
     head_dim, heads, layers = 32, 8, 2
     merged = layers * BATCH * (SEQ // world) * 2 * heads * head_dim
     assert [rank["kept"] - rank["slice_alone"] for rank in ranks] == [merged] * 3 + [0]

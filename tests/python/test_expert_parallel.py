@@ -1,6 +1,6 @@
 """Hugging Face mixture-of-experts models with their experts split over expert-parallel
 ranks by DeepSpeed's AutoEP keys (expert_parallel {enabled, autoep_size}): Mixtral (4
-experts) at ZeRO 1 and Qwen3-MoE (8 experts, each MoE block a stage-3 unit beside its
+experts) at ZeRO 1 and 2 and Qwen3-MoE (8 experts, each MoE block a stage-3 unit beside its
 router) at ZeRO 3, transformers 5's fused 3-D experts, top 2, on 4 ranks at EP=2 x DP=2
 (tests/python/moe_ep_script.py), train as one process trains every rank's samples as one
 batch: losses, pre-clip gradient norms and parameters after 3 steps within 1e-5, and each
@@ -39,6 +39,7 @@ def padded_shard(numel, ranks):
 
 @WITH_TRANSFORMERS
 @pytest.mark.parametrize("model,stage,resumed_ep,built", [("mixtral", 1, 1, []),
+                                                           ("mixtral", 2, 2, []),
                                                            ("qwen3_moe", 3, 4, ["--zero_init"])])
 def test_experts_split_over_ranks_train_as_one_process(model, stage, resumed_ep, built, scratch):
     import zeroshard
