@@ -76,19 +76,22 @@ class Sharder:
     def shard_numel(self, param):
         return math.ceil(param.numel() / len(self.ranks(param)[1]))
 
-    def broadcast(self, param, modifier_rank=0):
-        """Every rank of `param`'s group gets the values of the rank `modifier_rank` is, or
-        for a split expert the rank of its group placed as `modifier_rank` is in its own
-        (the ranks holding the same experts: ep_size apart)."""
+    def broadcast(self, param, modifier_rank=0, values=None):
+        """Every rank of `param`'s group gets the values (`values`, a contiguous tensor of
+        them; else param.data) of the rank `modifier_rank` is, or for a split expert of the
+        rank of its group placed as `modifier_rank` is in its own (the ranks holding the
+        same experts: ep_size apart)."""
         group, ranks, _ = self.ranks(param)
         if len(ranks) > 1:
             ep = self.world // len(ranks)
-            dist.broadcast(param.data, ranks[modifier_rank // ep], group=group)
+            dist.broadcast(param.data if values is None else values, ranks[modifier_rank // ep],
+                           group=group)
 
     def shard(self, param):
         with self.own_operations():
-            self.broadcast(param)
-            flat = param.data.contiguous().reshape(-1)
+            full = param.data.contiguous()
+            self.broadcast(param, values=full)
+            flat = full.reshape(-1)
             s, place = self.shard_numel(param), self.ranks(param)[2]
             mine = torch.zeros(s, dtype=flat.dtype)
             begin = min(place * s, flat.numel())
