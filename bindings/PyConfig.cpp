@@ -59,6 +59,13 @@ void bind_config(py::module_& m) {
           [](const LoadedConfig& c) { return c.config.sequence_parallel_size.value_or(1); },
           "sequence_parallel_size: the ranks each sequence is split across.")
       .def_property_readonly(
+          "comm_timeout_seconds",
+          [](const LoadedConfig& c) -> py::object {
+            if (!c.config.comm_timeout_seconds) return py::none();
+            return py::float_(*c.config.comm_timeout_seconds);
+          },
+          "comm_timeout_seconds, or None where it is auto (its default, 300).")
+      .def_property_readonly(
           "activation_policy",
           [](const LoadedConfig& c) {
             const Config& k = c.config;

@@ -9,6 +9,8 @@ CASE:
   units    rank 1 passes other stage-3 units
   skip     rank 1 leaves out a gather (ZS_TEST_SKIP_AT, set by the test)
   read     rank 1 reads a sharded parameter between steps, which rank 0 does not
+  exchange on a sequence-parallel group made before the engine, rank 0 runs an attention's
+           Ulysses all-to-all, which rank 1 never joins (it sleeps, then ends)
 ZS_CHECK_COLLECTIVES and ZS_TIMEOUT (comm_timeout_seconds) come from the test."""
 import json
 import os
@@ -42,6 +44,8 @@ def main():
     result = {"error": None, "losses": []}
     start = time.monotonic()
     try:
+        if case == "exchange":
+            return exchange(zeroshard, model, config, rank, result, start, out)
         engine, _, _, _ = zeroshard.initialize(model=model, config=config, units=units)
         for step in range(STEPS):
             loss = engine(models.batch(step, rank, world))
@@ -52,11 +56,37 @@ def main():
                 result["norm"] = model.blocks[0].fc1.weight.norm().item()  # gathered alone
     except Exception as e:  # noqa: BLE001 - the message is what the test reads
         result["error"] = str(e)
+    finish(result, start, out, rank)
+
+
+def finish(result, start, out, rank):
     result["seconds"] = time.monotonic() - start
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump(result, f)
     sys.stdout.flush()
     os._exit(0)  # the engine is not torn down: a rank that failed may still be in a collective
+
+
+def exchange(zeroshard, model, config, rank, result, start, out):
+    """The groups are made before initialize (with the default timeout); initialize gives
+    them the config's comm_timeout_seconds."""
+    from zeroshard.runtime.sequence_parallel import parallel_state_sp
+    from zeroshard.sequence.layer import DistributedAttention
+    zeroshard.init_distributed()
+    parallel_state_sp.initialize_sequence_parallel(2)
+    zeroshard.initialize(model=model, config=config, mpu=parallel_state_sp)
+    start = time.monotonic()
+    if rank == 1:
+        time.sleep(config["comm_timeout_seconds"] + 4)  # never joins; ends after rank 0
+        return finish(result, start, out, rank)
+    attention = DistributedAttention(lambda q, k, v, *args, **kwargs: q,
+                                     parallel_state_sp.get_sequence_parallel_group())
+    x = torch.zeros(1, 4, 2, 8)  # [batch, this rank's tokens, heads, head width]
+    try:
+        attention(x, x, x, 0)
+    except Exception as e:  # noqa: BLE001 - the message is what the test reads
+        result["error"] = str(e)
+    finish(result, start, out, rank)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from .._sequence import context_parallel as _context_parallel, sequence_groups a
 from .accessors import EngineAccessors
 from .parallel_sizes import ParallelSizes
 from .. import _zeroshard
-from .._common import config as _config, launch as _launch
+from .._common import config as _config, launch as _launch, process_groups as _process_groups
 from .._common.nested import tensors
 from .._activations.shapes import ActivationShape, assumed_batch, say_offload_ratio
 from .._activations import policy as _recompute_policy
@@ -113,6 +113,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes, EngineAccesso
             raise _zeroshard.Error(f"model: a {type(model).__name__}; allowed: a torch.nn.Module")
         loaded = _config.parse(config)  # the one parse of this engine's config
         refuse_twice_named(loaded, optimizer, lr_scheduler)
+        _process_groups.set_timeout(loaded.comm_timeout_seconds)  # groups made before too
         self.module = model
         # A model split by its own tp_plan (autotp_size); DTensor parameters as local tensors.
         places = _dtensor.places(model)

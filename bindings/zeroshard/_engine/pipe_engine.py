@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
-from .._common import config as _config, launch as _launch, refusals as _refusals
+from .._common import config as _config, launch as _launch, process_groups
+from .._common import refusals as _refusals
 from .. import _zeroshard
 from .engine import ZeroShardEngine
 from .._parallel.pipe_module import non_reentrant_checkpoint
@@ -73,7 +74,7 @@ class _Ties:
             stages = module.tied_stages(key)
             for place in range(per_stage):
                 ranks = [s * per_stage + place for s in stages]
-                group = dist.new_group(ranks) if len(ranks) > 1 else None
+                group = process_groups.new_group(ranks) if len(ranks) > 1 else None
                 if rank not in ranks or group is None:
                     continue
                 tied = module.tied_modules[key]
@@ -217,7 +218,7 @@ class PipelineEngine(ZeroShardEngine):
         mine = None
         for stage in range(self.num_stages):
             ranks = list(range(stage * per_stage, (stage + 1) * per_stage))
-            group = dist.new_group(ranks)
+            group = process_groups.new_group(ranks)
             if rank in ranks:
                 mine = group
         return mine

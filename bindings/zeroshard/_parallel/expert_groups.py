@@ -11,7 +11,7 @@ all-to-all runs over and DeepSpeed's getters (zeroshard.utils.groups) return."""
 import torch.distributed as dist
 
 from .. import _zeroshard
-from .._common import launch as _launch
+from .._common import launch as _launch, process_groups
 
 _expert_parallel = {}  # group name: this rank's EP group
 _expert_data_parallel = {}  # group name: this rank's EDP group
@@ -36,12 +36,12 @@ def make(ep_size, use_data_before_expert_parallel=False):
             "allowed: a divisor of the ranks")
     for first in range(ep_size):  # DeepSpeed's order: the EDP groups, then the EP groups
         ranks = list(range(first, world, ep_size))
-        group = dist.new_group(ranks)
+        group = process_groups.new_group(ranks)
         if rank in ranks:
             _expert_data_parallel[name], edp_ranks = group, ranks
     for first in range(0, world, ep_size):
         ranks = list(range(first, first + ep_size))
-        group = dist.new_group(ranks)
+        group = process_groups.new_group(ranks)
         if rank in ranks:
             _expert_parallel[name], ep_ranks = group, ranks
     _ranks[name] = (ep_ranks, edp_ranks)

@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import _zeroshard
+from .._common import process_groups
 from . import expert_groups
 from .moe_gating import multiplicative_jitter, top1gating, top2gating, topkgating
 
@@ -109,7 +110,8 @@ class _AllToAll(torch.autograd.Function):
         ctx.group = group
         inputs = inputs.contiguous()
         output = torch.empty_like(inputs)
-        dist.all_to_all_single(output, inputs, group=group)
+        with process_groups.named("the MoE layer's all-to-all", group):
+            dist.all_to_all_single(output, inputs, group=group)
         return output
 
     @staticmethod

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _zeroshard
+from .._common import process_groups
 from . import expert_groups
 from .param_shards import Sharder, is_sharded
 
@@ -110,7 +111,8 @@ class _Exchange(torch.autograd.Function):
     def forward(ctx, group, rows, received, sent):
         ctx.group, ctx.received, ctx.sent = group, received, sent
         out = rows.new_empty((sum(received),) + tuple(rows.shape[1:]))
-        dist.all_to_all_single(out, rows.contiguous(), received, sent, group=group)
+        with process_groups.named("the expert exchange (rows)", group):
+            dist.all_to_all_single(out, rows.contiguous(), received, sent, group=group)
         return out
 
     @staticmethod
@@ -129,12 +131,14 @@ def _exchanged_forward(self, hidden_states, top_k_index, top_k_weights):
     owner = expert // local
     sent_counts = torch.bincount(owner, minlength=size)
     received_counts = torch.empty_like(sent_counts)
-    dist.all_to_all_single(received_counts, sent_counts, group=group)
+    with process_groups.named("the expert exchange (row counts)", group):
+        dist.all_to_all_single(received_counts, sent_counts, group=group)
     sent, received = sent_counts.tolist(), received_counts.tolist()
     rows = _Exchange.apply(group, hidden_states[token], received, sent)
     which = expert - owner * local  # the expert's place among its rank's
     mine = torch.empty(sum(received), dtype=which.dtype, device=which.device)
-    dist.all_to_all_single(mine, which, received, sent, group=group)
+    with process_groups.named("the expert exchange (expert places)", group):
+        dist.all_to_all_single(mine, which, received, sent, group=group)
     out = torch.zeros_like(rows)
     # Every expert runs, on no rows too: its weights and `rows` stay in the graph, so every
     # rank's backward runs both exchanges (collectives) even when none of its experts got

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _zeroshard
+from .._common import process_groups
 
 _SAMPLERS = {}  # (kind, device, low, high): the distribution's rsample
 
@@ -62,7 +63,8 @@ def _dropless_capacity(exp_counts, ep_group):
     capacity = torch.max(exp_counts)
     dist = torch.distributed
     if ep_group is not None and dist.get_world_size(group=ep_group) > 1:
-        dist.all_reduce(capacity, op=dist.ReduceOp.MAX, group=ep_group)
+        with process_groups.named("the MoE gate's capacity all-reduce", ep_group):
+            dist.all_reduce(capacity, op=dist.ReduceOp.MAX, group=ep_group)
     return capacity
 
 

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch.autograd.graph import GradientEdge
 from torch.distributed.pipelining import PipelineStage as _TorchPipelineStage
 
-from .._common import launch as _launch
+from .._common import launch as _launch, process_groups
 from .. import _zeroshard
 
 _pp_groups = {}  # (world, stages) -> this rank's pp process group
@@ -96,7 +96,7 @@ def pipeline_group(engine):
         mine = None
         for place in range(per_stage):
             ranks = [stage * per_stage + place for stage in range(stages)]
-            group = dist.new_group(ranks)
+            group = process_groups.new_group(ranks)
             if dist.get_rank() in ranks:
                 mine = group
         _pp_groups[key] = mine

@@ -8,6 +8,7 @@ gradient norm counts the parameters every tp rank holds whole once."""
 import torch
 
 from .. import _zeroshard
+from .._common import process_groups
 from .._common.nested import tensors
 
 
@@ -154,7 +155,7 @@ class SameInputs:
         self.first = rank - rank % tp
         self.group = None
         for start in range(0, world, tp):  # every rank makes every group, in one order
-            group = dist.new_group(list(range(start, start + tp)))
+            group = process_groups.new_group(list(range(start, start + tp)))
             if start == self.first:
                 self.group = group
         # Fingerprints travel on the group's device: NCCL's, the current GPU.

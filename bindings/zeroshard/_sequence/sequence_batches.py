@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _zeroshard
+from .._common import process_groups
 
 
 def _error(message):
@@ -71,7 +72,8 @@ class UlyssesSPDataLoaderAdapter:
     def _gather_lengths(self, length):
         mine = torch.tensor([length], dtype=torch.int64, device=self.device)
         every = [torch.zeros_like(mine) for _ in range(self.sp_world_size)]
-        dist.all_gather(every, mine, group=self.sp_group)
+        with process_groups.named("the data-loader adapter's length all-gather", self.sp_group):
+            dist.all_gather(every, mine, group=self.sp_group)
         return [int(t.item()) for t in every]
 
     def _gather(self, value, lengths):
@@ -83,7 +85,8 @@ class UlyssesSPDataLoaderAdapter:
         value = value.to(self.device).contiguous()
         every = [value.new_empty((value.shape[0], n, *value.shape[2:])) for n in lengths]
         with torch.no_grad():
-            dist.all_gather(every, value, group=self.sp_group)
+            with process_groups.named("the data-loader adapter's batch all-gather", self.sp_group):
+                dist.all_gather(every, value, group=self.sp_group)
         return every
 
     def _slice(self, batch):

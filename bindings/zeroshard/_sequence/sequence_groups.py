@@ -8,7 +8,7 @@ import sys
 import torch.distributed as dist
 
 from .. import _zeroshard
-from .._common import launch as _launch
+from .._common import launch as _launch, process_groups
 from . import gloo_gather_backward
 
 _groups = {}  # "sp", "sp_dp": the groups initialize_sequence_parallel made
@@ -34,10 +34,10 @@ def initialize_sequence_parallel(sequence_parallel_size):
     rank = dist.get_rank()
     for start in range(0, world, size):
         ranks = list(range(start, start + size))
-        group = dist.new_group(ranks)
+        group = process_groups.new_group(ranks)
         if rank in ranks:
             _groups["sp"] = group
-    _groups["sp_dp"] = dist.new_group(list(range(world)))
+    _groups["sp_dp"] = process_groups.new_group(list(range(world)))
     gloo_gather_backward.install()  # ALST's loss is gathered over these groups
 
 

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _zeroshard
+from .._common import process_groups
 
 
 def _check_heads(heads, num_kv_heads, size):
@@ -50,7 +51,8 @@ def _heads_to_sequence(x, batch_dim_idx, group):
     # [p, lead..., H/p, d]: block j goes to rank j.
     send = x.reshape(*lead, p, heads // p, head_dim).movedim(-3, 0).contiguous()
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
+    with process_groups.named("Ulysses' all-to-all (sequence slices to head blocks)", group):
+        dist.all_to_all_single(recv, send, group=group)
     # recv[i] is rank i's slice: lay the slices along the sequence in rank order.
     out = recv.movedim(0, seq_dim)  # [.., p, s/p, ..]
     shape = list(lead)
@@ -70,7 +72,8 @@ def _sequence_to_heads(x, batch_dim_idx, group):
     split[seq_dim:seq_dim + 1] = [p, lead[seq_dim] // p]
     send = x.reshape(*split, heads, head_dim).movedim(seq_dim, 0).contiguous()
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
+    with process_groups.named("Ulysses' all-to-all (head blocks back to sequence slices)", group):
+        dist.all_to_all_single(recv, send, group=group)
     # recv[i] holds rank i's block of heads for this rank's slice: heads in rank order.
     out = recv.movedim(0, -3)  # [.., p, H/p, d]
     local = list(lead)

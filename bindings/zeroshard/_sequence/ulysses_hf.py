@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _zeroshard
+from .._common import process_groups
 from . import sequence_groups as _sequence_groups
 from .sequence_parallel import _SeqAllToAll
 
@@ -78,7 +79,8 @@ class UlyssesSPAttentionHF(torch.nn.Module):
                          "tokens' positions in the whole sequence (UlyssesSPDataLoaderAdapter "
                          "adds them); allowed: position_ids in every forward")
         slices = [torch.empty_like(positions) for _ in range(self.world_size)]
-        dist.all_gather(slices, positions.contiguous(), group=self.process_group)
+        with process_groups.named("the position ids' all-gather", self.process_group):
+            dist.all_gather(slices, positions.contiguous(), group=self.process_group)
         return torch.cat(slices, dim=-1)
 
     def forward(self, module, query, key, value, attention_mask, *args, **kwargs):
