@@ -81,6 +81,28 @@ def test_a_window_accelerate_ends_early_is_refused_not_stepped_apart(scratch):
                 "does not (every 2 micro-batches)") in log, log
 
 
+def test_context_parallelism_of_a_parallelism_config_trains_as_accelerates_fsdp2_path(scratch):
+    """accelerate_cp_script.py on 4 ranks: ParallelismConfig(dp_shard_size=2, cp_size=2) and
+    accelerate's ND-parallel loop (maybe_context_parallel, the model's own loss) with
+    zeroshard's Accelerator at ZeRO 3 = FSDP2 over accelerate's dp_shard_cp mesh with torch's
+    context_parallel: each rank's loss (its slice's mean), the gradient norms and the
+    parameters after 4 steps within 1e-5. FSDP2 averages the gradients over all 4 ranks, the
+    engine sums a cp group's: without the Accelerator's division by cp the norms double."""
+    out = scratch / "cp"
+    ranks = run_ranks([os.path.join(HERE, "accelerate_cp_script.py"), str(out)], 4, out)
+    for rank in ranks:
+        assert (rank["dp_world_size"], rank["seq_dp_world_size"]) == (2, 4)
+        assert len(rank["losses"]) == 4
+        got_want = zip(rank["losses"] + rank["norms"], rank["ref_losses"] + rank["ref_norms"])
+        for got, want in got_want:
+            assert abs(got - want) < 1e-5, (got, want)
+        assert rank["max_param_diff"] < 1e-5, rank["max_param_diff"]
+    # A cp group's ranks drew the same samples and held torch's head-tail slices of them.
+    assert ranks[0]["firsts"] == ranks[1]["firsts"] != ranks[2]["firsts"] == ranks[3]["firsts"]
+    assert ranks[0]["positions"][0] == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert ranks[1]["positions"][0] == list(range(4, 12))
+
+
 def test_deepspeed_sequence_parallelism_of_a_parallelism_config_trains_as_whole_sequences(
         scratch):
     """accelerate_sp_script.py on 4 ranks: ALST's loop as accelerate's guide writes it, with
@@ -109,10 +131,18 @@ def test_what_accelerate_would_shard_itself_or_drop_is_refused_by_name():
     code, out = run_snippet(
         "from zeroshard.integrations import Accelerator\n"
         "from accelerate import ParallelismConfig\n"
-        "Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2, dp_shard_size=2))\n")
+        "Accelerator(cpu=True, parallelism_config=ParallelismConfig(tp_size=2, cp_size=2))\n")
     assert code != 0
-    assert ("zeroshard Accelerator: parallelism_config (dp_shard_size=2, cp_size=2): zeroshard "
+    assert ("zeroshard Accelerator: parallelism_config (tp_size=2, cp_size=2): zeroshard "
             "shards over the data-parallel ranks itself") in out, out
+    code, out = run_snippet(
+        "from zeroshard.integrations import Accelerator\n"
+        "from accelerate import ParallelismConfig\n"
+        "Accelerator(cpu=True, parallelism_config=ParallelismConfig(dp_shard_size=2, cp_size=2))\n")
+    assert code != 0
+    assert ("zeroshard Accelerator: parallelism_config: dp_replicate_size x dp_shard_size x "
+            "cp_size = 4, over 1 ranks; allowed: sizes whose product is the world size 1") \
+        in out, out
     code, out = run_snippet(
         "from zeroshard.integrations import Accelerator\n"
         "a = Accelerator(cpu=True, zeroshard_config={'gradient_clipping': 0.5})\n"

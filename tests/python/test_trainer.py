@@ -127,6 +127,24 @@ def test_trainer_with_sequence_parallelism_logs_one_process_losses(scratch):
             assert abs(norm - norm_one) <= 1e-5 * abs(norm_one), f"step {step}: {norm} vs {norm_one}"
 
 
+def test_trainer_with_context_parallelism_logs_one_process_losses(scratch):
+    """TrainingArguments.parallelism_config = ParallelismConfig(cp_size=2) on 2 ranks at
+    stage 3: torch's ring attention over the pair, each holding torch's head-tail slices of
+    every row (the Trainer's own context-parallel inputs: position ids, shifted labels); the
+    Trainer's loss (its num_items_in_batch over the ranks that share a batch) and the engine's
+    cp arithmetic log what one process logs on whole rows (within 1e-5): the losses and the
+    gradient norms, with prompts of different lengths masked out."""
+    env = {"ZS_TRAINER_ACCUMULATION": "1", "ZS_TRAINER_SP": "1"}
+    want, _ = trainer_run("ddp", scratch, tag="one-process-cp", env=env, world=1)
+    got, _ = trainer_run("zs", scratch, {"zero_optimization": {"stage": 3}}, tag="zs-cp",
+                         env=dict(env, ZS_TRAINER_CP="2"))
+    for rank in range(WORLD):
+        assert len(got[rank]) == STEPS
+        for step, ((loss, norm), (loss_one, norm_one)) in enumerate(zip(got[rank], want[0])):
+            assert abs(loss - loss_one) <= 1e-5 * abs(loss_one), f"step {step}: {loss} vs {loss_one}"
+            assert abs(norm - norm_one) <= 1e-5 * abs(norm_one), f"step {step}: {norm} vs {norm_one}"
+
+
 def test_trainer_checkpoints_resume_where_they_stopped(scratch):
     """save_strategy "steps" every 3 steps at stage 3; a new run resumed from
     checkpoint-3 (the engine's sharded state in checkpoint-3/zeroshard, the Trainer's
@@ -204,8 +222,8 @@ def test_config_values_that_contradict_training_arguments_are_refused(tmp_path):
         trainer_config({"scheduler": {"type": "WarmupLR"}}, args)
     from accelerate import ParallelismConfig
     from zeroshard.integrations import ZeroShardTrainer
-    context = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
-                                             parallelism_config=ParallelismConfig(cp_size=2))
-    with pytest.raises(zeroshard.Error, match=r"ZeroShardTrainer: parallelism_config \(cp_size=2\): "
+    tensor = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                                            parallelism_config=ParallelismConfig(tp_size=2))
+    with pytest.raises(zeroshard.Error, match=r"ZeroShardTrainer: parallelism_config \(tp_size=2\): "
                        "zeroshard shards over the data-parallel ranks itself"):
-        ZeroShardTrainer(model=torch.nn.Linear(2, 2), args=context)
+        ZeroShardTrainer(model=torch.nn.Linear(2, 2), args=tensor)

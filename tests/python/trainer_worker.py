@@ -14,8 +14,9 @@ it also evaluates every N steps and ends with load_best_model_at_end (the best: 
 highest eval loss), and rank 0 writes the best checkpoint's name to OUT.best.json. With
 ZS_TRAINER_COMPILE=1, torch_compile is on. Rank 0 writes the class of the model the
 Trainer's loop called (model_wrapped) to OUT.wrapped.json.
-With ZS_TRAINER_SP (above ROWS) the rows split over a sequence's ranks, and
-ZS_TRAINER_ACCUMULATION=N sets gradient_accumulation_steps.
+With ZS_TRAINER_SP (above ROWS) the rows split over a sequence's ranks (ZS_TRAINER_CP=N:
+with torch's context parallelism over N ranks instead), and ZS_TRAINER_ACCUMULATION=N sets
+gradient_accumulation_steps.
 Mode zs-deepspeed: the config given as DeepSpeed Trainer scripts give it,
 TrainingArguments(deepspeed="ds_config.json"); mode zs without CONFIG_JSON: no config.
 usage: trainer_worker.py ddp|zs|zs-deepspeed STEPS OUT [CONFIG_JSON]"""
@@ -35,6 +36,7 @@ ROWS = 64  # the dataset: random token rows (models.VOCAB, models.SEQ + 1 tokens
 # ZS_TRAINER_SP=N: rows of models.SEQ tokens (they split over the ranks of a sequence), and
 # with N > 1 TrainingArguments.parallelism_config with DeepSpeed's sequence parallelism.
 SP = int(os.environ.get("ZS_TRAINER_SP", "0"))
+CP = int(os.environ.get("ZS_TRAINER_CP", "0"))
 
 
 class Rows(torch.utils.data.Dataset):
@@ -83,7 +85,10 @@ def main():
                      save_only_model=best == "save_only_model")
     else:
         extra = {}
-    if SP > 1:
+    if CP > 1:
+        from accelerate import ParallelismConfig
+        extra["parallelism_config"] = ParallelismConfig(cp_size=CP)
+    elif SP > 1:
         from accelerate import ParallelismConfig
         from accelerate.utils import DeepSpeedSequenceParallelConfig
         handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True,

@@ -23,7 +23,9 @@ path, which this follows:
 - parallelism_config: ParallelismConfig(sp_backend='deepspeed', sp_size=N) is ALST's path
   as accelerate's DeepSpeed path takes it (Ulysses registered with transformers for the
   model, the mpu and sequence_parallel_size for the engine, the data loaders of the model's
-  prepare() call adapted); other dimensions are refused by name.
+  prepare() call adapted); ParallelismConfig(cp_size=N) is torch's ring attention as its
+  FSDP2 path takes it (_context_parallel.py: accelerate's mesh to the engine, its
+  maybe_context_parallel, the loss weighted as FSDP2 weighs it); tp_size is refused by name.
 - save_state/load_state keep accelerate's folder (schedulers, samplers, RNG states,
   registered objects) with the engine's sharded checkpoint inside, as accelerate's DeepSpeed
   path keeps DeepSpeed's."""
@@ -37,7 +39,7 @@ from .._common import config as _config
 from .. import _zeroshard
 from .._engine.engine import EngineModule
 from .._engine.initialize import initialize
-from . import _ulysses
+from . import _context_parallel, _ulysses
 
 # accelerate's other sharding and parallelism back ends: each would shard the model itself.
 _OTHER_BACKENDS = ("deepspeed_plugin", "fsdp_plugin", "megatron_lm_plugin", "torch_tp_plugin")
@@ -117,10 +119,11 @@ class Accelerator(accelerate.Accelerator):
         # Kept from accelerate's own checks, which take it for FSDP2, DeepSpeed or GPUs only
         # (not CPU ranks); its DeepSpeed sequence parallelism builds no mesh either.
         parallelism = kwargs.pop("parallelism_config", None)
-        _ulysses.check(parallelism, _error)
+        _ulysses.check(parallelism, _error, cp=True)
         super().__init__(*args, **kwargs)
         if parallelism is not None:
             self.state.parallelism_config = parallelism
+            _context_parallel.set_up(self, parallelism, _error)
         kind = self.distributed_type
         if kind in (accelerate.DistributedType.DEEPSPEED, accelerate.DistributedType.FSDP,
                     accelerate.DistributedType.MEGATRON_LM):
@@ -178,8 +181,9 @@ class Accelerator(accelerate.Accelerator):
             client = args[optimizers[0]] if optimizers else None
             config = self._engine_config(loaders)
             mpu = self._sequence_parallel(args[models[0]], config, out)
+            mesh = _context_parallel.prepare(self, args[models[0]])
             engine, *_ = initialize(model=args[models[0]], config=config, optimizer=client,
-                                    mpu=mpu)
+                                    mpu=mpu, mesh=mesh)
             self.zeroshard_engine = engine
             out[models[0]] = EngineModule(engine)
             if optimizers:
@@ -218,6 +222,7 @@ class Accelerator(accelerate.Accelerator):
     def backward(self, loss, **kwargs):
         if self.zeroshard_engine is None:
             return super().backward(loss, **kwargs)
+        loss = _context_parallel.scaled(loss, self.parallelism_config)
         self.zeroshard_engine.backward(loss, retain_graph=kwargs.pop("retain_graph", False))
         if kwargs:
             raise _error(f"backward(): {', '.join(sorted(kwargs))} not allowed; allowed: "

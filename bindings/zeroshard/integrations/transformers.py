@@ -26,7 +26,9 @@ How the Trainer and the engine share the work (the Trainer's loop is kept whole)
 - TrainingArguments.parallelism_config: ParallelismConfig(sp_backend='deepspeed', sp_size=N)
   is ALST's path as the Trainer's DeepSpeed path takes it (Ulysses registered with
   transformers, the loader adapted, each slice's loss weighted by its tokens over the
-  group); other dimensions are refused by name.
+  group); ParallelismConfig(cp_size=N) is torch's ring attention as its FSDP2 path takes it
+  (accelerate's mesh to the engine, the Trainer's own context-parallel inputs and loss,
+  weighted as FSDP2 weighs it: _context_parallel.py); tp_size is refused by name.
 - save_model writes Hugging Face's layout through engine.save_pretrained; the
   Trainer's checkpoints (save_strategy) hold the engine's sharded checkpoint in
   checkpoint-N/zeroshard/ and resume from it.
@@ -40,7 +42,7 @@ from .._common import config as _config
 from .. import _zeroshard
 from .._engine.engine import EngineModule
 from .._engine.initialize import initialize
-from . import _ulysses
+from . import _context_parallel, _ulysses
 
 _SCHEDULER_FILE = "scheduler.pt"
 
@@ -129,7 +131,7 @@ class ZeroShardTrainerMixin:
         if training_args is not None and getattr(training_args, "fsdp", None):
             raise _error("TrainingArguments.fsdp is set; zeroshard does the sharding here: leave "
                          "fsdp unset and give the config as zeroshard_config (DeepSpeed's keys)")
-        _ulysses.check(getattr(training_args, "parallelism_config", None), _error)
+        _ulysses.check(getattr(training_args, "parallelism_config", None), _error, cp=True)
         zeroshard_config = _take_deepspeed_config(training_args, zeroshard_config)
         super().__init__(*args, **kwargs)
         self.zeroshard_config = zeroshard_config
@@ -162,6 +164,7 @@ class ZeroShardTrainerMixin:
             self.args.parallelism_config = parallelism
         if parallelism is not None:
             self.accelerator.state.parallelism_config = parallelism
+            _context_parallel.set_up(self.accelerator, parallelism, _error)
 
     def _start_engine(self):
         config = trainer_config(self.zeroshard_config, self.args)
@@ -169,8 +172,9 @@ class ZeroShardTrainerMixin:
         parallelism = self.args.parallelism_config
         mpu = _ulysses.register(parallelism, self.model, config, "zeroshard_config", _error) \
             if _ulysses.size(parallelism) > 1 else None
+        mesh = _context_parallel.prepare(self.accelerator, self.model)
         engine, optimizer, _, _ = initialize(model=self.model, config=config, optimizer=client,
-                                             units=self.zeroshard_units, mpu=mpu)
+                                             units=self.zeroshard_units, mpu=mpu, mesh=mesh)
         optimizer.stepped_by_engine = True  # see ZeroShardOptimizer.step
         # The Trainer's training_step runs as it is (its loss arithmetic below); where it
         # hands the loss to accelerate, the engine takes it.
@@ -262,6 +266,7 @@ class ZeroShardTrainerMixin:
             raise _error("the LOMO optimizers step inside backward, which the engine does "
                          "not; choose another TrainingArguments.optim")
         engine = self.zeroshard_engine
+        loss = _context_parallel.scaled(loss, self.args.parallelism_config)
         engine.backward(loss * engine.gradient_accumulation_steps())
         engine.step()  # steps at the accumulation boundary
 
