@@ -6,6 +6,11 @@ namespace zeroshard {
 namespace {
 
 constexpr int64_t kIndexBytes = 8;  // int64: counts, positions, routes' expert places
+constexpr int64_t kFp32Bytes = 4;   // the ring's gradients of keys and values
+
+int64_t head_dim(const ModelSpec& spec) {
+  return spec.head_dim > 0 ? spec.head_dim : spec.hidden / spec.heads;
+}
 
 // Blocks that run their forward again in backward: recomputed whole or by their ops (an
 // exchange is no matmul or attention kernel, so selective recomputation repeats it too),
@@ -36,12 +41,22 @@ Exchanges exchanges_of(const ModelSpec& spec, const TrainingShape& shape, int64_
     // block's forward again is its exchanges again.
     e.forward_passes = e.layers + std::min(again, e.layers);
   }
-  if (sp > 1 && !shape.ring_attention) {  // the ring's rotations are not counted here
+  const int64_t kv_heads = spec.kv_heads > 0 ? spec.kv_heads : spec.heads;
+  if (sp > 1 && shape.ring_attention) {
+    LayerExchange& r = out.ring;
+    r.ranks = sp;
+    r.layers = spec.layers;
+    const int64_t kv = tokens * 2 * kv_heads * head_dim(spec);  // the rank's keys and values
+    r.forward_bytes = kv * b;
+    r.backward_bytes = kv * b + sp * kv * kFp32Bytes;
+    r.forward_passes = r.layers + again;
+  }
+  if (sp > 1 && !shape.ring_attention) {
     LayerExchange& s = out.sequence;
     s.ranks = sp;
     s.layers = spec.layers;
-    const int64_t d = spec.head_dim > 0 ? spec.head_dim : spec.hidden / spec.heads;
-    const int64_t kv = std::max(spec.kv_heads > 0 ? spec.kv_heads : spec.heads, sp);
+    const int64_t d = head_dim(spec);
+    const int64_t kv = std::max(kv_heads, sp);
     const int64_t per_head = tokens * d * b;        // one head of the rank's slice
     const int64_t heads = 2 * spec.heads + 2 * kv;  // queries and output, keys and values
     s.forward_bytes = tokens * kIndexBytes + heads * per_head;

@@ -33,8 +33,14 @@ struct Exchanges {
   // Ulysses (bindings/zeroshard/_sequence/ulysses_hf.py), per attention layer: the slice's
   // positions gathered, queries, keys and values to head-sharded (key-value heads fewer than
   // the ranks repeated to one a rank), the output back; in backward the four reversed.
-  // None for torch's ring attention (TrainingShape::ring_attention): not counted here.
+  // None for torch's ring attention (TrainingShape::ring_attention): see `ring`.
   LayerExchange sequence;
+  // torch's ring attention (context_parallel over a cp mesh dimension), per attention layer,
+  // with its default rotation (allgather): the rank's keys and values all-gathered once in
+  // forward and once more in backward, and their gradients passed along the ring (an
+  // all-to-all to the next rank) once per rank of the ring, in fp32 (torch's
+  // convert_to_f32). No key-value head is repeated.
+  LayerExchange ring;
 };
 
 // `shape`: the rank's micro-batch and whole sequence (seq) with its recomputed blocks and

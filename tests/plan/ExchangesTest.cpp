@@ -1,5 +1,6 @@
 // plan/Exchanges.h against counts made by hand from the exchanges' code
-// (bindings/zeroshard/_parallel/hf_expert_parallel.py, _sequence/ulysses_hf.py).
+// (bindings/zeroshard/_parallel/hf_expert_parallel.py, _sequence/ulysses_hf.py, and torch's
+// ring attention, which _sequence/context_parallel.py runs).
 #include "plan/Exchanges.h"
 
 #include <string>
@@ -62,6 +63,29 @@ TEST(Exchanges, UlyssesSendsQueriesKeysValuesAndTheOutputEachWay) {
   const int64_t mhead = int64_t{1024} * 128 * 2;
   EXPECT_EQ(m.sequence.backward_bytes, (2 * 32 + 2 * 16) * mhead);
   EXPECT_EQ(m.sequence.forward_passes, 64);
+  EXPECT_EQ(m.ring.layers, 0);
+}
+
+TEST(Exchanges, TheRingGathersKeysAndValuesEachWayAndPassesTheirGradientsAround) {
+  // Mistral-7B (8 key-value heads of 128) at cp 4, 16,384 tokens, bf16: each rank's slice is
+  // 4,096 tokens, its keys and values 4,096 x 2 x 8 x 128 elements, not repeated. Forward:
+  // one all-gather of them; backward: one more, and their gradients (fp32) passed to the
+  // next rank once per rank of the ring (4 times).
+  TrainingShape shape;
+  shape.seq = 16384;
+  shape.sequence_parallel = 4;
+  shape.ring_attention = true;
+  const int64_t kv = int64_t{4096} * 2 * 8 * 128;
+  const Exchanges x = exchanges_of(hf("mistral_7b.json"), shape, 1, 2);
+  EXPECT_EQ(x.sequence.layers, 0);
+  EXPECT_EQ(x.ring.layers, 32);
+  EXPECT_EQ(x.ring.ranks, 4);
+  EXPECT_EQ(x.ring.forward_bytes, kv * 2);
+  EXPECT_EQ(x.ring.backward_bytes, kv * 2 + 4 * kv * 4);
+  EXPECT_EQ(x.ring.micro_step_bytes(), 32 * (kv * 4 + 16 * kv));
+  // Recomputed blocks gather again in their second forward.
+  shape.activation_checkpointing = true;
+  EXPECT_EQ(exchanges_of(hf("mistral_7b.json"), shape, 1, 2).ring.forward_passes, 64);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ usage: cp_script.py OUT CP CASES (comma-separated stages, "3cpu": stage 3 offloa
 import json
 import os
 import sys
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel
 
 import zeroshard
+from counted_collectives import Counted
 from long_sequence_reference import (LR, SEQ, STEPS, make_model, reference, samples,
                                      zero_config)
 
@@ -42,12 +44,16 @@ for case in CASES:
         tokens = (shift_labels != -100).sum()  # the sample's, counted before slicing
         position_ids = torch.arange(SEQ)[None]
         buffers = [ids, position_ids, shift_labels]
+        # The first step's ring rotations (forward and backward), what each rank puts in.
+        counted = Counted("all_gather_tensor", "permute_tensor") if step == 0 else None
         with context_parallel(mesh["cp"], buffers=buffers, buffer_seq_dims=[1, 1, 1],
-                              no_restore_buffers=set(buffers)):
+                              no_restore_buffers=set(buffers)), counted or nullcontext():
             logits = engine(input_ids=ids, position_ids=position_ids).logits
             loss = F.cross_entropy(logits.float().flatten(0, 1), shift_labels.flatten(),
                                    ignore_index=-100, reduction="sum") / tokens
             engine.backward(loss)
+        if counted is not None:
+            exchanged = counted.bytes
         engine.step()
         losses.append(loss.item())
         norms.append(float(engine.get_global_grad_norm()))
@@ -58,6 +64,6 @@ for case in CASES:
     result[f"stage{case}"] = {
         "losses": losses, "norms": norms, "positions": positions, "max_param_diff": max_param_diff,
         "dp_world_size": engine.dp_world_size, "seq_dp_world_size": engine.seq_dp_world_size,
-        "train_batch_size": engine.train_batch_size()}
+        "train_batch_size": engine.train_batch_size(), "exchanged_bytes": exchanged}
 with open(f"{OUT}.rank{torch.distributed.get_rank()}.json", "w") as f:
     json.dump(result, f)

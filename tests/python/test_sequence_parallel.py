@@ -151,19 +151,25 @@ def test_alst_loop_over_sequence_and_data_parallel_ranks_trains_as_whole_sequenc
     assert all(len(ids) == 16 // sp for ids in first)
     # What each rank put into the attention layers' exchanges in a step is
     # zeroshard-estimate's for the model's config.json at this sp (fp32, 16 tokens).
+    assert [rank["stage1"]["exchanged_bytes"] for rank in ranks] == \
+        [planned_exchange(scratch, "--sp", sp, "sequence")] * world
+    if sp == 2:
+        assert first[0] + first[1] != first[2] + first[3]
+
+
+def planned_exchange(scratch, flag, size, kind):
+    """zeroshard-estimate's bytes a rank puts into the `kind` exchanges in a micro-step, for
+    the long-sequence scripts' Llama (fp32, a micro-batch of one sequence of 16 tokens)
+    split over `size` ranks by `flag` (--sp or --cp)."""
     from long_sequence_reference import CONFIG
     CONFIG.to_json_file(str(scratch / "llama.json"))
     planned = subprocess.run(
         [os.path.join(BUILD, "tools", "zeroshard-estimate"), "--hf-config",
          str(scratch / "llama.json"), "--attn-implementation", "sdpa", "--gpus-per-node", "4",
-         "--sp", str(sp), "--seq", "16", "--micro-batch", "1", "--fp32", "--json"],
+         flag, str(size), "--seq", "16", "--micro-batch", "1", "--fp32", "--json"],
         capture_output=True, text=True, timeout=60)
     assert planned.returncode == 0, planned.stderr
-    sequence = json.loads(planned.stdout)["exchanges"]["sequence"]
-    assert [rank["stage1"]["exchanged_bytes"] for rank in ranks] == \
-        [sequence["bytes_per_micro_step"]] * world
-    if sp == 2:
-        assert first[0] + first[1] != first[2] + first[3]
+    return json.loads(planned.stdout)["exchanges"][kind]["bytes_per_micro_step"]
 
 
 @main_leg_only
@@ -204,7 +210,8 @@ def test_ring_attention_over_a_cp_mesh_trains_as_whole_sequences(scratch):
     optimizer and parameters on the CPU: a group's two shares of each step's loss add up to
     its sample's whole-sequence loss, and gradient norms and parameters after 4 steps are
     one process's on both groups' samples as one batch (so the cp ranks' gradients are
-    summed and divided by the data-parallel ranks alone, and a batch counts them once)."""
+    summed and divided by the data-parallel ranks alone, and a batch counts them once); the
+    bytes of the ring's rotations are the estimator's."""
     world, stages = 4, ("1", "2", "3", "3cpu")
     out = scratch / "cp"
     ranks = run_ranks([CP_SCRIPT, str(out), "2", ",".join(stages)], world, out)
@@ -222,6 +229,11 @@ def test_ring_attention_over_a_cp_mesh_trains_as_whole_sequences(scratch):
     # torch's head-tail load balancing: the first cp rank holds the first and last quarters.
     assert ranks[0]["stage1"]["positions"][0] == [0, 1, 2, 3, 12, 13, 14, 15]
     assert ranks[1]["stage1"]["positions"][0] == list(range(4, 12))
+    # What each rank put into the ring's rotations in a step is zeroshard-estimate's --cp 2:
+    # per layer its 8 tokens' keys and values (2 heads of 8) gathered each way and their
+    # gradients passed twice (8,192 bytes over the 2 layers).
+    assert [rank["stage1"]["exchanged_bytes"] for rank in ranks] == \
+        [planned_exchange(scratch, "--cp", 2, "ring")] * world == [8192] * world
 
 
 @main_leg_only

@@ -20,16 +20,18 @@ Exchanges planned(const EstimateInputs& in, const Plan& plan) {
                       static_cast<int>(in.config.compute_bytes()));
 }
 
-std::string line(const char* what, const char* layers, const LayerExchange& x) {
+std::string line(const char* what, const char* layers, const LayerExchange& x,
+                 const char* crossing) {
   return fmt::format(
       "  {} ({} ranks): {} {} layers, each {} GiB forward and {} GiB backward, {} forwards in "
-      "all: {} GiB in; {}/{} of it to other ranks{}\n",
+      "all: {} GiB in; {}\n",
       what, x.ranks, x.layers, layers, format_gib(static_cast<double>(x.forward_bytes)),
       format_gib(static_cast<double>(x.backward_bytes)), x.forward_passes,
-      format_gib(static_cast<double>(x.micro_step_bytes())), x.ranks - 1, x.ranks,
-      std::string(what) == "experts" ? " where routes spread evenly (a rank's mean: each "
-                                       "returns the rows it was sent)"
-                                     : "");
+      format_gib(static_cast<double>(x.micro_step_bytes())), crossing);
+}
+
+std::string to_others(const LayerExchange& x, const char* where = "") {
+  return fmt::format("{}/{} of it to other ranks{}", x.ranks - 1, x.ranks, where);
 }
 
 nlohmann::json to_json(const LayerExchange& x) {
@@ -45,28 +47,34 @@ nlohmann::json to_json(const LayerExchange& x) {
 
 std::string exchange_lines(const EstimateInputs& in, const Plan& plan) {
   if (in.inference) return "";
-  if (in.config.ring_attention)
-    return fmt::format(
-        "ring attention over {} context-parallel ranks: its rotations of keys and values are "
-        "not counted here\n",
-        in.config.sequence_parallel_size.value_or(1));
   const Exchanges x = planned(in, plan);
-  if (x.experts.layers == 0 && x.sequence.layers == 0) return "";
+  if (x.experts.layers == 0 && x.sequence.layers == 0 && x.ring.layers == 0) return "";
   std::string out =
-      "all-to-alls per micro-step, each rank's input (forward, backward, and the forward "
+      "exchanges per micro-step, each rank's input (forward, backward, and the forward "
       "again of each recomputed block):\n";
-  if (x.experts.layers > 0) out += line("experts", "MoE", x.experts);
-  if (x.sequence.layers > 0) out += line("sequence", "attention", x.sequence);
+  if (x.experts.layers > 0)
+    out += line("experts", "MoE", x.experts,
+                to_others(x.experts,
+                          " where routes spread evenly (a rank's mean: each "
+                          "returns the rows it was sent)")
+                    .c_str());
+  if (x.sequence.layers > 0)
+    out += line("sequence", "attention", x.sequence, to_others(x.sequence).c_str());
+  if (x.ring.layers > 0)
+    out += line("ring", "attention", x.ring,
+                "keys and values all-gathered (torch's default rotation), their fp32 "
+                "gradients passed to the next rank once a rank");
   return out;
 }
 
 nlohmann::json exchange_json(const EstimateInputs& in, const Plan& plan) {
   if (in.inference) return nullptr;
   const Exchanges x = planned(in, plan);
-  if (x.experts.layers == 0 && x.sequence.layers == 0) return nullptr;
+  if (x.experts.layers == 0 && x.sequence.layers == 0 && x.ring.layers == 0) return nullptr;
   nlohmann::json out;
   if (x.experts.layers > 0) out["experts"] = to_json(x.experts);
   if (x.sequence.layers > 0) out["sequence"] = to_json(x.sequence);
+  if (x.ring.layers > 0) out["ring"] = to_json(x.ring);
   return out;
 }
 
