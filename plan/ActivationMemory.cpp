@@ -24,12 +24,29 @@ int64_t norm_bytes(const ModelSpec& spec, int64_t kl) {
   return spec.hidden * (spec.norm_fp32_input ? 4 + 2 * kl : 2 * kl);
 }
 
+int64_t intermediate_width(const ModelSpec& spec) {
+  return spec.intermediate > 0 ? spec.intermediate : 4 * spec.hidden;
+}
+
+// A dense MLP run by TiledMLP keeps its input alone (the norm's output, counted with the
+// norm): per token, what a block keeps less; and what one tile holds while backward computes
+// it again.
+bool tiles_mlp(const ModelSpec& spec, const TrainingShape& t) {
+  return t.mlp_tiles > 0 && spec.experts_per_token == 0;
+}
+int64_t mlp_kept_bytes(const ModelSpec& spec, int64_t kl) {
+  return spec.mlp_tensors * kl * intermediate_width(spec);
+}
+int64_t tile_tokens(int64_t tokens, int64_t tiles) {
+  return (tokens + tiles - 1) / tiles;
+}
+
 // One block, per token, at sequence length s (docs/memory-model.md "Activations").
 int64_t block_bytes(const ModelSpec& spec, int64_t s, int64_t kl) {
   const int64_t h = spec.hidden, a = spec.heads;
   const int64_t head_dim = head_width(spec);
   const int64_t kv = kv_width(spec);
-  const int64_t inner = spec.intermediate > 0 ? spec.intermediate : 4 * h;
+  const int64_t inner = intermediate_width(spec);
   // A fused kernel keeps queries, keys, values, its output (the output projection's input)
   // and an fp32 log-sum-exp per head. Eager attention repeats keys and values to every
   // head, copies the output for the projection, and keeps its fp32 softmax and the
@@ -68,7 +85,7 @@ int64_t split_sequence_bytes(const ModelSpec& spec, int64_t sp, bool ring, int64
 // intermediate width and back (in each of k experts, beside the router's logits).
 int64_t saved_ops_bytes(const ModelSpec& spec, int64_t s, int64_t kl) {
   const int64_t h = spec.hidden, a = spec.heads, head_dim = head_width(spec);
-  const int64_t inner = spec.intermediate > 0 ? spec.intermediate : 4 * h;
+  const int64_t inner = intermediate_width(spec);
   const int64_t attention =
       spec.attention_scores ? kl * (a * s + a * head_dim) : kl * a * head_dim + 4 * a;
   int64_t mlp = kl * (spec.mlp_matmuls * inner + h);
@@ -95,18 +112,30 @@ struct KeptBlocks {
 KeptBlocks kept_blocks(const ModelSpec& spec, const TrainingShape& t, int kl) {
   const int64_t sp = std::max<int64_t>(1, t.sequence_parallel);
   const int64_t s = t.seq / sp, b = t.micro_batch, L = spec.layers;
+  // TiledMLP's blocks keep no MLP intermediates (under the op policy neither its matmuls'
+  // outputs: they run inside the tiles, without gradients).
+  const bool tiled = tiles_mlp(spec, t);
   const int64_t per_layer =
-      s * b * (block_bytes(spec, t.seq, kl) + split_sequence_bytes(spec, sp, t.ring_attention, kl));
+      s * b *
+      (block_bytes(spec, t.seq, kl) + split_sequence_bytes(spec, sp, t.ring_attention, kl) -
+       (tiled ? mlp_kept_bytes(spec, kl) : 0));
   // Checkpointed: a block recomputed whole keeps only its input, one under the "op" policy
   // its saved ops' outputs; backward recomputes one block at a time.
   const int64_t whole = t.activation_checkpointing ? L : std::min(L, t.recomputed.whole);
   const int64_t ops = std::min(L - whole, t.recomputed.ops);
   const int64_t input = s * b * spec.hidden * kl,
-                saved_ops = s * b * saved_ops_bytes(spec, t.seq, kl);
+                saved_ops =
+                    s * b *
+                    (saved_ops_bytes(spec, t.seq, kl) -
+                     (tiled ? kl * (spec.mlp_matmuls * intermediate_width(spec) + spec.hidden)
+                            : 0));
   KeptBlocks k;
   k.kept = (L - whole - ops) * per_layer + whole * input + ops * saved_ops;
   k.largest = L > whole + ops ? per_layer : ops > 0 ? saved_ops : input;
   k.recomputed = whole + ops > 0 ? per_layer : 0;
+  // Backward computes one MLP tile again: its intermediates, live beside the recomputed
+  // block.
+  if (tiled) k.recomputed += tile_tokens(s * b, t.mlp_tiles) * mlp_kept_bytes(spec, kl);
   return k;
 }
 
@@ -143,8 +172,14 @@ int64_t activation_bytes(const ModelSpec& spec, const TrainingShape& t, int kl) 
            s * b * block_bytes(spec, s, kl) + (spec.has_head ? b * spec.vocab * (kl + 4) : 0);
   }
   // The final norm, then the logits in compute precision (the model's output) and the
-  // fp32 log-probabilities the loss keeps.
-  const int64_t head = spec.has_head ? s * b * (norm_bytes(spec, kl) + spec.vocab * (kl + 4)) : 0;
+  // fp32 log-probabilities the loss keeps. TiledFusedLogitsLoss keeps neither: the
+  // gradients it computed in forward wait for backward (its input's, in place of the norm's
+  // output, and the head weight's, whole), and one tile's logits and log-probabilities are
+  // live at a time.
+  int64_t head = spec.has_head ? s * b * (norm_bytes(spec, kl) + spec.vocab * (kl + 4)) : 0;
+  if (spec.has_head && t.logits_tiles > 0)
+    head = s * b * norm_bytes(spec, kl) + spec.vocab * spec.hidden * kl +
+           tile_tokens(s * b, t.logits_tiles) * spec.vocab * (kl + 4);
   // A pipeline stage holds several micro-batches' (TrainingShape::in_flight), and outputs
   // no op of its own saves: the schedule keeps each in-flight micro-batch's output (the
   // hidden states sent on) for its backward, and on the last stage every micro-batch's

@@ -51,6 +51,13 @@ struct TrainingShape {
   int64_t sequence_parallel = 1;
   // Those ranks run torch's ring attention (context parallelism), not Ulysses.
   bool ring_attention = false;
+  // ALST's tiled compute (bindings/zeroshard/_sequence/tiled_compute.py), 0 where off: each
+  // dense MLP run in `mlp_tiles` tiles of the rank's tokens (TiledMLP: it keeps its input
+  // alone; backward computes one tile again), the logits with their loss in `logits_tiles`
+  // (TiledFusedLogitsLoss: one tile's logits at a time, the gradients computed in forward
+  // held until backward).
+  int64_t mlp_tiles = 0;
+  int64_t logits_tiles = 0;
   // Micro-batches whose activations are held at once: 1, or a pipeline stage's under its
   // schedule (plan/PipelineStages.h).
   int64_t in_flight = 1;

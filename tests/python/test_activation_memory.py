@@ -165,6 +165,87 @@ def test_context_parallel_activations_are_a_slice_and_the_merged_output(scratch)
         assert rank["predicted"] == predicted
 
 
+def tiled_kept(config, mlp_tiles, logits_tiles):
+    """What a Llama keeps for backward under ALST's tiled compute (zeroshard's TiledMLP in
+    every MLP, the logits with their loss summed by TiledFusedLogitsLoss over the base
+    model's last hidden states; 0: not tiled, the loss made from whole logits): the saved
+    tensors (each storage once) and the gradients the tiled loss holds until backward; and
+    those gradients' bytes alone."""
+    import types
+    import torch
+    import torch.nn.functional as F
+    import transformers
+    from zeroshard.runtime.sequence_parallel.ulysses_sp import TiledFusedLogitsLoss, TiledMLP
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).train()
+
+    def mlp(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    for layer in model.model.layers if mlp_tiles else []:
+        layer.mlp.forward = types.MethodType(
+            lambda self, x: TiledMLP.apply(mlp, self, x, mlp_tiles), layer.mlp)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = max(saved.get(storage.data_ptr(), 0), storage.nbytes())
+        return tensor
+
+    def loss_sum(head, x, y):
+        return F.cross_entropy(head(x).float().view(-1, config.vocab_size), y.reshape(-1),
+                               ignore_index=-100, reduction="sum")
+
+    ids = torch.randint(config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    labels = F.pad(ids, (0, 1), value=-100)[:, 1:]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        hidden = model.model(input_ids=ids, position_ids=torch.arange(SEQ).expand(BATCH, -1))
+        hidden = hidden.last_hidden_state
+        if not logits_tiles:
+            loss_sum(model.lm_head, hidden, labels)
+    held = 0
+    if logits_tiles:  # its tiles' graphs are made and freed inside: outside the hooks
+        node = TiledFusedLogitsLoss.apply(loss_sum, model.lm_head, hidden, labels, None,
+                                          logits_tiles, [model.lm_head.weight], "sum").grad_fn
+        held = node.x_grad.nbytes + sum(g.nbytes for g in node.param_grads if g is not None)
+    return sum(saved.values()) + held, held
+
+
+def test_tiled_mlp_and_logits_keep_what_the_estimate_counts(scratch):
+    """ALST's TiledMLP (4 tiles) keeps each MLP's input alone: per layer and token its four
+    intermediates of 688 (gate, activation, up, product; bf16) less, measured to the byte;
+    TiledFusedLogitsLoss (2 tiles) keeps no logits and holds its gradients until backward:
+    the hidden states' and the head weight's, whole. zeroshard-estimate --tiled-mlp and
+    --tiled-logits count both, and what a tile holds while it runs: one MLP tile's
+    intermediates again in backward, one tile's logits and fp32 log-probabilities in
+    forward; besides those, within 3% of what the model keeps."""
+    config = configs()["llama"]
+    config._attn_implementation = "sdpa"
+    tokens, hidden, inner, vocab, layers, kl = BATCH * SEQ, 256, 688, 1000, 2, 2
+    plain, _ = tiled_kept(config, 0, 0)
+    mlp_kept, _ = tiled_kept(config, 4, 0)
+    logits_kept, held = tiled_kept(config, 0, 2)
+    both, _ = tiled_kept(config, 4, 2)
+    mlp_tile = tokens // 4 * 4 * kl * inner
+    logits_tile = tokens // 2 * vocab * (kl + 4)
+    assert plain - mlp_kept == layers * tokens * 4 * kl * inner
+    assert held == tokens * hidden * kl + vocab * hidden * kl
+    estimate = {flags: estimated(config, scratch, *flags) for flags in (
+        (), ("--tiled-mlp", "4"), ("--tiled-logits", "2"),
+        ("--tiled-mlp", "4", "--tiled-logits", "2"))}
+    assert estimate[()] - estimate[("--tiled-mlp", "4")] == plain - mlp_kept - mlp_tile
+    # The hidden states' gradient takes the place of the norm's output the head kept.
+    assert estimate[()] - estimate[("--tiled-logits", "2")] == \
+        tokens * vocab * (kl + 4) - (held - tokens * hidden * kl) - logits_tile
+    for kept, flags, tiles in ((logits_kept, ("--tiled-logits", "2"), logits_tile),
+                               (both, ("--tiled-mlp", "4", "--tiled-logits", "2"),
+                                mlp_tile + logits_tile)):
+        predicted = estimate[flags] - tiles
+        assert abs(predicted - kept) <= 0.03 * kept, (flags, predicted, kept)
+
+
 @pytest.mark.parametrize("family", ["llama", "mixtral", "gpt2"])
 def test_python_estimate_counts_the_live_models_activations(family, scratch):
     """zeroshard.estimate(model, seq=...) reads the model's own config and attention: the

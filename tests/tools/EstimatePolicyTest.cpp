@@ -90,3 +90,29 @@ TEST(EstimatePolicy, AutoRecomputesTheFewestBlocksEachChoiceFitsWith) {
             std::string::npos)
       << table.out;
 }
+
+TEST(EstimatePolicy, TiledComputeTrainsLongerSequencesAndSaysSo) {
+  // Llama-2-7B over 8 sequence-parallel ranks, every block recomputed: past the blocks'
+  // inputs, an MLP's intermediates while its block is recomputed and the head's 32,000-wide
+  // logits bound the sequence; tiled, both are a tile's, so each choice trains a longer one.
+  const std::string model = "--hf-config " + hf("llama2_7b.json") +
+                            " --gpus-per-node 8 --sp 8 --gpu-mem 80GB --cpu-mem 2TB --ac-mode full "
+                            "--max-seq";
+  const CliRun plain = estimate(model + " --json");
+  const CliRun tiled = estimate(model + " --tiled-mlp 8 --tiled-logits 8 --json");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(tiled.code, 0) << tiled.err;
+  const auto plain_options = nlohmann::json::parse(plain.out)["options"];
+  const auto tiled_options = nlohmann::json::parse(tiled.out)["options"];
+  ASSERT_EQ(plain_options.size(), tiled_options.size());
+  for (size_t i = 0; i < plain_options.size(); ++i) {
+    const int64_t before = plain_options[i]["max_seq"].get<int64_t>();
+    if (before == 0) continue;
+    EXPECT_GT(tiled_options[i]["max_seq"].get<int64_t>(), before) << i;
+  }
+  const CliRun text = estimate(model + " --tiled-mlp 8 --tiled-logits 8");
+  EXPECT_NE(text.out.find("activation checkpointing full, MLP in 8 tiles, logits and loss in 8 "
+                          "tiles"),
+            std::string::npos)
+      << text.out;
+}

@@ -26,24 +26,14 @@ const std::vector<std::string> kValueFlags{
     "--micro-batch", "--config",        "--headroom",     "--emit-config", "--attn-implementation",
     "--pp",          "--pp-schedule",   "--batch",        "--gpu-bw",      "--pp-stages-per-rank",
     "--host-bw",     "--nvme-bw",       "--sp",           "--ep",          "--ac-mode",
-    "--ac-option",   "--memory-budget", "--ac-offload",   "--cp"};
+    "--ac-option",   "--memory-budget", "--ac-offload",   "--cp",          "--tiled-mlp",
+    "--tiled-logits"};
 const std::vector<std::string> kSwitches{"--json",      "--bf16",
                                          "--fp16",      "--fp32",
                                          "--inference", "--activation-checkpointing",
                                          "--help",      "-h",
                                          "--max-seq",   "--max-micro-batch"};
 const std::vector<std::string> kServingFlags{"--batch", "--gpu-bw", "--host-bw", "--nvme-bw"};
-
-int64_t parse_count(const std::string& flag, const std::string& text, bool allow_zero = false) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || *end != '\0' || !std::isfinite(v) || v != std::floor(v) ||
-      v < (allow_zero ? 0 : 1) || v > 1e15) {
-    fail("{}: '{}' is not allowed; allowed: a {} integer (7e9 is fine)", flag, text,
-         allow_zero ? "non-negative" : "positive");
-  }
-  return static_cast<int64_t>(v);
-}
 
 int64_t host_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -284,63 +274,6 @@ void read_serving(const std::map<std::string, std::string>& given, EstimateInput
   b.nvme = rate("--nvme-bw", b.nvme, "NVMe 6GB/s a node (one PCIe 4.0 drive; give --nvme-bw)");
 }
 
-// --sp (or the config's sequence_parallel_size), checked as the engine and ALST's path
-// check it: ranks and heads split evenly, ZeRO alone beside it, attention without scores.
-// --cp: the ranks split each sequence by torch's ring attention instead (a mesh's cp
-// dimension), counted as sequence-parallel ranks are; its load balancing cuts 2 x N chunks.
-void read_sequence_parallel(const std::map<std::string, std::string>& given, EstimateInputs& in) {
-  const int64_t configured = in.config.sequence_parallel_size.value_or(1);
-  const bool ring = given.count("--cp") > 0;
-  if (ring && (given.count("--sp") || configured > 1))
-    fail(
-        "--cp {} with {}; allowed: one of the two (--cp splits each sequence by torch's ring "
-        "attention, --sp by Ulysses' exchanges)",
-        given.at("--cp"),
-        given.count("--sp") ? "--sp " + given.at("--sp")
-                            : fmt::format("the config's sequence_parallel_size {}", configured));
-  const char* flag = ring ? "--cp" : "--sp";
-  const int64_t sp = ring                  ? parse_count("--cp", given.at("--cp"))
-                     : given.count("--sp") ? parse_count("--sp", given.at("--sp"))
-                                           : configured;
-  if (configured > 1 && sp != configured)
-    fail("--sp {} contradicts the config's sequence_parallel_size {}; give one of them", sp,
-         configured);
-  in.config.sequence_parallel_size = sp;
-  in.config.ring_attention = ring && sp > 1;
-  if (sp == 1) return;
-  const int64_t ranks = in.world.ranks() * in.pipeline_stages;
-  if (in.world.tensor_parallel > 1 || in.pipeline_stages > 1)
-    fail("{} {} with --tp {} and --pp {}; allowed: {} alone with ZeRO (--tp 1, --pp 1), or {} 1",
-         flag, sp, in.world.tensor_parallel, in.pipeline_stages,
-         ring ? "context parallelism" : "sequence parallelism", flag);
-  if (in.inference)
-    fail("{} {} with --inference; allowed: {} 1 (serving plans one rank)", flag, sp, flag);
-  if (ranks % sp != 0)
-    fail("{} {} does not divide the {} ranks (--nodes x --gpus-per-node); allowed: a divisor", flag,
-         sp, ranks);
-  if (!in.spec.has_shape())
-    fail(
-        "{} {} needs the model's shape to split its activations: give --hf-config, or "
-        "--layers, --hidden and --heads",
-        flag, sp);
-  if (!ring && in.spec.heads % sp != 0)
-    fail(
-        "--sp {}: the model's {} attention heads do not split evenly over {} ranks; allowed: "
-        "a divisor of {}",
-        sp, in.spec.heads, sp, in.spec.heads);
-  const int64_t chunks = ring ? 2 * sp : sp;  // the ring's head-tail load balancing
-  if (in.shape.seq % chunks != 0)
-    fail("{} {}: --seq {} does not split evenly over {} ranks{}; allowed: a multiple of {}", flag,
-         sp, in.shape.seq, sp,
-         ring ? fmt::format(" in {} chunks (the ring's load balancing)", chunks) : "", chunks);
-  if (in.spec.attention_scores)
-    fail(
-        "{} {} with eager attention: {} takes sdpa{} (eager needs the whole mask); allowed: "
-        "--attn-implementation sdpa{}",
-        flag, sp, ring ? "torch's ring attention" : "Ulysses over transformers' attention",
-        ring ? "" : " or flash attention", ring ? "" : ", flash_attention_2 or flash_attention_3");
-}
-
 // --ep (or the config's expert_parallel.autoep_size where AutoEP is enabled): a mixture of
 // experts' experts split over ranks, each block's share a unit of its own, sharded over
 // the ranks holding the same experts, as the engine's groups of experts are.
@@ -373,6 +306,17 @@ void read_expert_parallel(const std::map<std::string, std::string>& given, Estim
 }
 
 }  // namespace
+
+int64_t parse_count(const std::string& flag, const std::string& text, bool allow_zero) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !std::isfinite(v) || v != std::floor(v) ||
+      v < (allow_zero ? 0 : 1) || v > 1e15) {
+    fail("{}: '{}' is not allowed; allowed: a {} integer (7e9 is fine)", flag, text,
+         allow_zero ? "non-negative" : "positive");
+  }
+  return static_cast<int64_t>(v);
+}
 
 EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
   const auto given = split_args(args);
@@ -457,6 +401,7 @@ EstimateInputs parse_args(const std::vector<std::string>& args, bool& help) {
   read_pipeline(given, in);
   read_sequence_parallel(given, in);
   read_expert_parallel(given, in);
+  read_tiles(given, in);
   in.max_seq = given.count("--max-seq") > 0;
   in.max_micro_batch = given.count("--max-micro-batch") > 0;
   for (const auto& [asked, flag] :

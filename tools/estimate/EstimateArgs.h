@@ -1,5 +1,6 @@
 #pragma once
 // zeroshard-estimate's command line, turned into the Planner's inputs.
+#include <map>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,15 @@ struct EstimateInputs {
 
 // Throws Error with a one-line message on bad input. `help` is set for --help.
 EstimateInputs parse_args(const std::vector<std::string>& args, bool& help);
+
+// Parts of parse_args. Flags as given: {"--seq": "4096", "--json": ""}.
+using GivenFlags = std::map<std::string, std::string>;
+// A count given to `flag`: a positive integer (with allow_zero, non-negative), else Error.
+int64_t parse_count(const std::string& flag, const std::string& text, bool allow_zero = false);
+// EstimateSequenceArgs.cpp: --sp or --cp (the config's sequence_parallel_size), and
+// --tiled-mlp, --tiled-logits; after the model, the world and --pp are read.
+void read_sequence_parallel(const GivenFlags& given, EstimateInputs& in);
+void read_tiles(const GivenFlags& given, EstimateInputs& in);
 
 const char* usage_text();
 

@@ -36,6 +36,15 @@ std::string with_commas(int64_t n) {
 }
 
 // What recomputes blocks: the model itself, or the engine by the config's mode.
+// ALST's tiled compute, where given: ", MLP in 4 tiles, logits and loss in 8 tiles".
+std::string tiles_text(const TrainingShape& shape) {
+  std::string out;
+  if (shape.mlp_tiles > 0) out += fmt::format(", MLP in {} tiles", shape.mlp_tiles);
+  if (shape.logits_tiles > 0)
+    out += fmt::format(", logits and loss in {} tiles", shape.logits_tiles);
+  return out;
+}
+
 std::string checkpointing_text(const EstimateInputs& in) {
   const Config& c = in.config;
   const std::string& mode = c.activation_checkpointing_mode;
@@ -196,12 +205,12 @@ std::string training_lines(const EstimateInputs& in) {
   const int64_t sp = in.config.sequence_parallel_size.value_or(1);
   if (!in.inference)
     out = fmt::format(
-        "training: seq {}{}, micro-batch {}, {}, activation checkpointing {}\n", in.shape.seq,
+        "training: seq {}{}, micro-batch {}, {}, activation checkpointing {}{}\n", in.shape.seq,
         sp > 1 ? fmt::format(" split over {} {}", sp,
                              in.config.ring_attention ? "context-parallel ranks (ring attention)"
                                                       : "sequence-parallel ranks")
                : "",
-        in.shape.micro_batch, dtype, checkpointing_text(in));
+        in.shape.micro_batch, dtype, checkpointing_text(in), tiles_text(in.shape));
   if (!in.assumptions.empty()) {
     out += fmt::format("assumed (not given): {}\n", fmt::join(in.assumptions, "; "));
   }

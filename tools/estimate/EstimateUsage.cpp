@@ -24,6 +24,10 @@ hardware (sizes: 80GB = 80e9 bytes, 80GiB = 80 x 2^30):
   --cp N                 context-parallel ranks (torch's ring attention over a mesh's cp
                          dimension, sdpa): each keeps 1/N of every sequence's activations
                          and the ring's merged attention output; --seq a multiple of 2 x N
+  --tiled-mlp N          each dense MLP run in N tiles of the rank's tokens (ALST's
+                         TiledMLP): it keeps its input alone, backward recomputes a tile
+  --tiled-logits N       the logits and loss in N tiles (ALST's TiledFusedLogitsLoss): one
+                         tile's logits at a time, the head weight's gradient held from forward
   --ep N                 expert-parallel ranks (a mixture of experts from --hf-config;
                          default: the config's expert_parallel.autoep_size where enabled,
                          else 1): each holds 1/N of each block's experts, sharded over the
