@@ -22,7 +22,8 @@ import subprocess
 import pytest
 import torch
 
-from conftest import BUILD, HERE, both_legs, main_leg_only, run_ranks, switched_to_zeroshard
+from conftest import (BUILD, HERE, both_legs, main_leg_only, run_ranks, run_snippet,
+                      switched_to_zeroshard)
 
 SCRIPT = os.path.join(HERE, "moe_ep_script.py")
 # Marked per test, not skipped at import: the DeepSpeed-layer test below runs on both legs.
@@ -121,6 +122,49 @@ def test_a_rank_whose_experts_get_no_token_trains_on(stage, scratch):
         assert got["losses"] == pytest.approx(got["want_losses"], abs=1e-5), rank
         assert got["norms"] == pytest.approx(got["want_norms"], rel=1e-5), rank
         assert got["param_diff"] < 1e-5, rank
+
+
+@main_leg_only
+def test_dtensor_experts_on_an_ep_mesh_train_as_one_process(scratch):
+    """dtensor_ep_script.py on 4 ranks: grouped experts (4, top 2) the script distributed
+    with Shard(0) over the ep dimension of a ("dp", "ep") = (2, 2) mesh, its MoE layer
+    dispatching routes by all-to-all, the mesh given to initialize, at ZeRO 1, 2 and 3: the
+    losses, gradient norms and parameters after 4 steps (state_dict: each weight's two
+    halves joined) within 1e-5 of one process training the 4 ranks' samples as one batch.
+    Each rank held its 2 experts (taken as dense, ranks holding different experts would
+    average their gradients)."""
+    out = scratch / "dtensor_ep"
+    ranks = run_ranks([os.path.join(HERE, "dtensor_ep_script.py"), str(out), "1,2,3"], 4, out)
+    for rank_number, rank in enumerate(ranks):
+        for stage in "123":
+            trained = rank[f"stage{stage}"]
+            for got, want in zip(trained["losses"], rank["ref_losses"]):
+                assert abs(got - want[rank_number]) < 1e-5, (stage, got, want)
+            for got, want in zip(trained["norms"], rank["ref_norms"]):
+                assert abs(got - want) < 1e-5, (stage, got, want)
+            assert trained["max_param_diff"] < 1e-5, (stage, trained["max_param_diff"])
+            assert (trained["local_shape"], trained["expert_shape"]) == ([2, 24, 16], [4, 24, 16])
+
+
+@main_leg_only
+@pytest.mark.parametrize("names,split,message", [
+    (("ep", "dp"), True, "dimensions ('ep', 'dp'): the ep dimension must be the last"),
+    (("dp", "ep"), False, "it has an ep dimension of 1 ranks, but no parameter is a DTensor on "
+                          "it; allowed: experts distributed over mesh['ep'] with Shard(0)"),
+])
+def test_an_ep_mesh_that_cannot_be_taken_is_refused_by_name(names, split, message):
+    code, out = run_snippet(
+        f"import sys; sys.path.insert(0, {HERE!r})\n"
+        "import dtensor_ep_script as s\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "zeroshard.init_distributed(dist_backend='gloo')\n"
+        f"mesh = init_device_mesh('cpu', (1, 1), mesh_dim_names={names!r})\n"
+        "model = s.Model()\n"
+        + ("s.split_experts(model, mesh)\n" if split else "") +
+        "zeroshard.initialize(model=model, mesh=mesh, config={'zero_optimization': "
+        "{'stage': 1}, 'optimizer': {'type': 'AdamW', 'params': {'lr': 1e-3}}})\n")
+    assert code != 0
+    assert "zeroshard.initialize: mesh: " + message in out, out
 
 
 @WITH_TRANSFORMERS

@@ -9,7 +9,8 @@ import torch
 
 from . import (adafactor as _adafactor, construction as _construction, generation as _generation,
                torch_optimizer as _torch_optimizer)
-from .._parallel import (dtensor as _dtensor, expert_parallel as _expert_parallel,
+from .._parallel import (dtensor as _dtensor, dtensor_experts as _dtensor_experts,
+                         expert_parallel as _expert_parallel,
                          expert_state as _expert_state,
                          hf_expert_parallel as _hf_expert_parallel,
                          hf_tensor_parallel as _hf_tensor_parallel,
@@ -119,6 +120,12 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes, EngineAccesso
         places = _dtensor.places(model)
         autoep_size = _hf_expert_parallel.apply(model, loaded)  # experts split by AutoEP
         cp_size, mesh = _context_parallel.of_mesh(mesh, loaded) if mesh is not None else (0, None)
+        mesh_ep, mesh, install_experts = _dtensor_experts.unwrap(model, mesh)  # DTensor experts
+        if mesh_ep and autoep_size:
+            raise _zeroshard.Error(
+                f"zeroshard.initialize: the mesh's ep dimension ({mesh_ep} ranks) and the "
+                f"config's expert_parallel (autoep_size {autoep_size}); allowed: one of the two")
+        autoep_size = autoep_size or mesh_ep
         sp_size, mpu = _sequence_groups.of_mpu(mpu)
         if cp_size and sp_size:
             raise _zeroshard.Error(
@@ -212,8 +219,9 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes, EngineAccesso
         if ep_size > 1:  # the names checkpoints keep the split experts under
             self._engine.set_expert_names(*_expert_state.saved_names(model, expert_names))
         self._hook_model(model)
-        if install_dtensors:  # after the units' hooks: a unit is gathered before it runs
-            self._hooks += install_dtensors()
+        for install in (install_dtensors, install_experts):  # after the units' hooks: a
+            if install:  # unit is gathered before it runs
+                self._hooks += install()
         self._step_applied = False
         for _, p in params:
             _hold(p, me)

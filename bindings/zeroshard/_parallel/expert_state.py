@@ -7,8 +7,9 @@ from_pretrained (which AutoEP splits again at any autoep_size).
   p * L .. p * L + L - 1 as deepspeed_experts.0 .. L-1 (L = E / N); here they come back
   under their numbers in the whole layer, deepspeed_experts.0 .. E-1, as DeepSpeed numbers
   them in its expert checkpoint files.
-- Hugging Face's fused experts (hf_expert_parallel.py): rank p holds the slices
-  [p * L, p * L + L) of gate_up_proj and down_proj; here they are joined along dim 0.
+- Hugging Face's fused experts (hf_expert_parallel.py) and DTensor experts on a mesh's ep
+  dimension (dtensor_experts.py): rank p holds the slices [p * L, p * L + L) of each split
+  weight (gate_up_proj and down_proj; the DTensors'); here they are joined along dim 0.
 
 A collective over each expert-parallel group: every rank calls it, with its state_dict's
 keys in the model's order (the same on every rank)."""
@@ -29,8 +30,8 @@ def _split_layers(model):
             numbered[f"{dot}deepspeed_moe.experts.deepspeed_experts."] = (
                 module.deepspeed_moe.ep_group, module.ep_size, module.num_local_experts)
         split = getattr(module, "zeroshard_expert_parallel", None)
-        if split is not None:
-            for attr in ("gate_up_proj", "down_proj"):
+        if split is not None:  # (group, ep size, first expert, the split parameters)
+            for attr in split[3]:
                 fused[dot + attr] = split[:2]
     return numbered, fused
 

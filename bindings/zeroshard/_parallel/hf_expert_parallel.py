@@ -99,7 +99,7 @@ def _split(path, module, size, place, group, name):
         mine.group_name = name
         setattr(module, attr, mine)
     module.num_local_experts = local
-    module.zeroshard_expert_parallel = (group, size, first)
+    module.zeroshard_expert_parallel = (group, size, first, ("gate_up_proj", "down_proj"))
     module.forward = types.MethodType(_exchanged_forward, module)
 
 
@@ -121,7 +121,7 @@ class _Exchange(torch.autograd.Function):
 
 
 def _exchanged_forward(self, hidden_states, top_k_index, top_k_weights):
-    group, size, first = self.zeroshard_expert_parallel
+    group, size, first, _ = self.zeroshard_expert_parallel
     local = self.num_local_experts
     tokens, k = top_k_index.shape
     routes = top_k_index.reshape(-1)
