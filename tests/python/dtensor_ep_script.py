@@ -3,8 +3,9 @@ grouped experts (w1, w2, w3 [E, ...], torchtitan's GroupedExperts) the script sp
 as torch-native expert parallelism does: each weight distributed with Shard(0) over the "ep"
 dimension of a ("dp", "ep") mesh, the MoE layer sending every route to its expert's rank
 (funcol's differentiable all-to-all) and the experts computing on their local tensors. The
-mesh is given to zeroshard.initialize at each ZeRO stage (each rank its own sample); and the
-reference: one process training the unsplit model on the ranks' samples as one batch.
+mesh is given to zeroshard.initialize at each ZeRO stage (each rank its own sample), the last
+stage's engine saved to OUT.ckpt and its whole state_dict to OUT.whole.pt; and the reference:
+one process training the unsplit model on the ranks' samples as one batch.
 
 usage: dtensor_ep_script.py OUT STAGES (comma-separated)"""
 import json
@@ -145,6 +146,10 @@ def main():
             losses.append(loss.item())
             norms.append(float(engine.get_global_grad_norm()))
         whole = engine.state_dict()
+        if stage == stages[-1]:  # its checkpoint, and the whole model to consolidate it to
+            engine.save_checkpoint(f"{out}.ckpt")
+            if rank == 0:
+                torch.save(whole, f"{out}.whole.pt")
         result[f"stage{stage}"] = {
             "losses": losses, "norms": norms,
             "max_param_diff": max((whole[n] - p).abs().max().item()

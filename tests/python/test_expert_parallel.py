@@ -132,7 +132,7 @@ def test_dtensor_experts_on_an_ep_mesh_train_as_one_process(scratch):
     losses, gradient norms and parameters after 4 steps (state_dict: each weight's two
     halves joined) within 1e-5 of one process training the 4 ranks' samples as one batch.
     Each rank held its 2 experts (taken as dense, ranks holding different experts would
-    average their gradients)."""
+    average their gradients); the checkpoint consolidates into the whole model."""
     out = scratch / "dtensor_ep"
     ranks = run_ranks([os.path.join(HERE, "dtensor_ep_script.py"), str(out), "1,2,3"], 4, out)
     for rank_number, rank in enumerate(ranks):
@@ -144,6 +144,14 @@ def test_dtensor_experts_on_an_ep_mesh_train_as_one_process(scratch):
                 assert abs(got - want) < 1e-5, (stage, got, want)
             assert trained["max_param_diff"] < 1e-5, (stage, trained["max_param_diff"])
             assert (trained["local_shape"], trained["expert_shape"]) == ([2, 24, 16], [4, 24, 16])
+    # The checkpoint keeps each rank's experts as rows of the whole weight: consolidated, the
+    # whole model's state_dict.
+    import zeroshard
+    zeroshard.consolidate(f"{out}.ckpt", f"{out}.consolidated.pt")
+    joined, whole = torch.load(f"{out}.consolidated.pt"), torch.load(f"{out}.whole.pt")
+    assert set(joined) == set(whole)
+    for name, tensor in whole.items():
+        assert torch.equal(joined[name], tensor), name
 
 
 @main_leg_only
