@@ -41,6 +41,20 @@ def configs():
     }
 
 
+def saved_storages(model):
+    """({storage: its bytes}, a saved-tensors pack hook filling it): every storage a forward
+    saves for backward, once, that is not one of the model's parameters."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = max(saved.get(storage.data_ptr(), 0), storage.nbytes())
+        return tensor
+    return saved, pack
+
+
 def kept_for_backward(config, checkpointing=False, tokens=None):
     """Bytes a training forward keeps: saved tensors (each storage once) and the logits.
     tokens: (first, last) of the SEQ positions given (a rank's slice of each sequence), all
@@ -51,15 +65,7 @@ def kept_for_backward(config, checkpointing=False, tokens=None):
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).train()
     if checkpointing:
         model.gradient_checkpointing_enable()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = max(saved.get(storage.data_ptr(), 0), storage.nbytes())
-        return tensor
-
+    saved, pack = saved_storages(model)
     ids = torch.randint(config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     first, last = tokens or (0, SEQ)
     ids, positions = ids[:, first:last], torch.arange(first, last).expand(BATCH, -1)
@@ -185,14 +191,7 @@ def tiled_kept(config, mlp_tiles, logits_tiles):
     for layer in model.model.layers if mlp_tiles else []:
         layer.mlp.forward = types.MethodType(
             lambda self, x: TiledMLP.apply(mlp, self, x, mlp_tiles), layer.mlp)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = max(saved.get(storage.data_ptr(), 0), storage.nbytes())
-        return tensor
+    saved, pack = saved_storages(model)
 
     def loss_sum(head, x, y):
         return F.cross_entropy(head(x).float().view(-1, config.vocab_size), y.reshape(-1),

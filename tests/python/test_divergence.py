@@ -86,12 +86,12 @@ def test_a_collective_one_rank_never_joins_ends_at_the_timeout_naming_what_the_o
 def test_an_exchange_on_a_python_made_group_one_rank_never_joins_ends_at_the_timeout(scratch):
     # The sequence-parallel groups are made before initialize: with torch's default they
     # would wait 30 minutes (Gloo); initialize gives them comm_timeout_seconds.
-    timeout = 6
+    timeout = 3
     waiting, sleeping = run(scratch, "exchange", timeout=timeout)
     error = waiting["error"]
     assert error is not None and sleeping["error"] is None, (waiting, sleeping)
     assert "rank 0: Ulysses' all-to-all (sequence slices to head blocks) over ranks [0, 1] failed " \
-        "(comm_timeout_seconds 6)" in error, error
+        "(comm_timeout_seconds 3)" in error, error
     assert "every rank of the group must run the same collectives in the same order" in error
     assert timeout - 1 < waiting["seconds"] < timeout + 6, waiting
 

@@ -109,22 +109,33 @@ def test_trainer_with_tensor_parallelism_logs_ddps_losses(scratch):
         assert torch.allclose(mine[name], t, rtol=1e-5, atol=1e-6), name
 
 
+# Rows of models.SEQ tokens (they split over a sequence's ranks), one micro-batch a step.
+WHOLE_ROWS = {"ZS_TRAINER_ACCUMULATION": "1", "ZS_TRAINER_SP": "1"}
+
+
+def logged_as_one_process(got, scratch):
+    """Every rank of a sequence-split run logged the loss and grad norm one process logs
+    on whole rows, every step (within 1e-5)."""
+    if "whole-rows" not in _reference:
+        _reference["whole-rows"] = trainer_run("ddp", scratch, tag="one-process",
+                                               env=WHOLE_ROWS, world=1)[0]
+    want = _reference["whole-rows"][0]
+    for rank in range(WORLD):
+        assert len(got[rank]) == STEPS
+        for step, ((loss, norm), (loss_one, norm_one)) in enumerate(zip(got[rank], want)):
+            assert abs(loss - loss_one) <= 1e-5 * abs(loss_one), f"step {step}: {loss} vs {loss_one}"
+            assert abs(norm - norm_one) <= 1e-5 * abs(norm_one), f"step {step}: {norm} vs {norm_one}"
+
+
 def test_trainer_with_sequence_parallelism_logs_one_process_losses(scratch):
     """TrainingArguments.parallelism_config = ParallelismConfig(sp_backend='deepspeed',
     sp_size=2) on 2 ranks at stage 3: each rank holds half of every row (Ulysses around the
     Llama's attention) and the two take each other's draws in turn, so with one micro-batch
     a step the Trainer logs what one process logs on whole rows, in the same order: each
     slice's loss weighted by its target tokens over the pair (within 1e-5)."""
-    env = {"ZS_TRAINER_ACCUMULATION": "1"}
-    want, _ = trainer_run("ddp", scratch, tag="one-process", env=dict(env, ZS_TRAINER_SP="1"),
-                          world=1)
     got, _ = trainer_run("zs", scratch, {"zero_optimization": {"stage": 3}}, tag="zs-sp",
-                         env=dict(env, ZS_TRAINER_SP="2"))
-    for rank in range(WORLD):
-        assert len(got[rank]) == STEPS
-        for step, ((loss, norm), (loss_one, norm_one)) in enumerate(zip(got[rank], want[0])):
-            assert abs(loss - loss_one) <= 1e-5 * abs(loss_one), f"step {step}: {loss} vs {loss_one}"
-            assert abs(norm - norm_one) <= 1e-5 * abs(norm_one), f"step {step}: {norm} vs {norm_one}"
+                         env=dict(WHOLE_ROWS, ZS_TRAINER_SP="2"))
+    logged_as_one_process(got, scratch)
 
 
 def test_trainer_with_context_parallelism_logs_one_process_losses(scratch):
@@ -134,15 +145,9 @@ def test_trainer_with_context_parallelism_logs_one_process_losses(scratch):
     Trainer's loss (its num_items_in_batch over the ranks that share a batch) and the engine's
     cp arithmetic log what one process logs on whole rows (within 1e-5): the losses and the
     gradient norms, with prompts of different lengths masked out."""
-    env = {"ZS_TRAINER_ACCUMULATION": "1", "ZS_TRAINER_SP": "1"}
-    want, _ = trainer_run("ddp", scratch, tag="one-process-cp", env=env, world=1)
     got, _ = trainer_run("zs", scratch, {"zero_optimization": {"stage": 3}}, tag="zs-cp",
-                         env=dict(env, ZS_TRAINER_CP="2"))
-    for rank in range(WORLD):
-        assert len(got[rank]) == STEPS
-        for step, ((loss, norm), (loss_one, norm_one)) in enumerate(zip(got[rank], want[0])):
-            assert abs(loss - loss_one) <= 1e-5 * abs(loss_one), f"step {step}: {loss} vs {loss_one}"
-            assert abs(norm - norm_one) <= 1e-5 * abs(norm_one), f"step {step}: {norm} vs {norm_one}"
+                         env=dict(WHOLE_ROWS, ZS_TRAINER_CP="2"))
+    logged_as_one_process(got, scratch)
 
 
 def test_trainer_checkpoints_resume_where_they_stopped(scratch):

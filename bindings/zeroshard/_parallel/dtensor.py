@@ -131,14 +131,19 @@ def unwrap(model, mesh=None, local_when=None):
         raise _error(f"every DTensor parameter is replicated over the {size} tensor-parallel "
                      "ranks; allowed: a plan that splits some (ColwiseParallel, RowwiseParallel)")
 
+    return size, split, installer(wrapped)
+
+
+def installer(wrapped):
+    """install() for {module: _Wrapped}: the hooks that put each module's DTensors back in
+    front of its forward and take them away after it; returns them."""
     def install():
         hooks = []
         for module, w in wrapped.items():
             hooks.append(module.register_forward_pre_hook(w.before))
             hooks.append(module.register_forward_hook(w.after, always_call=True))
         return hooks
-
-    return size, split, install
+    return install
 
 
 def places(model):

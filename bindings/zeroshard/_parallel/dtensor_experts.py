@@ -14,7 +14,7 @@ import torch
 
 from .. import _zeroshard
 from . import expert_groups
-from .dtensor import DTensor, Shard, _Wrapped
+from .dtensor import DTensor, Shard, _Wrapped, installer
 
 EP = "ep"
 
@@ -72,11 +72,4 @@ def unwrap(model, mesh):
                 (name, ep_mesh, tuple(p.placements), p.shape, p.stride()))
         module.zeroshard_expert_parallel = (ep_mesh.get_group(), size, place * local,
                                             tuple(n for n, _ in params))
-    def install():
-        hooks = []
-        for module, w in wrapped.items():
-            hooks.append(module.register_forward_pre_hook(w.before))
-            hooks.append(module.register_forward_hook(w.after, always_call=True))
-        return hooks
-
-    return size, None, install
+    return size, None, installer(wrapped)
