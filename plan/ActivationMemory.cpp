@@ -113,22 +113,20 @@ KeptBlocks kept_blocks(const ModelSpec& spec, const TrainingShape& t, int kl) {
   const int64_t sp = std::max<int64_t>(1, t.sequence_parallel);
   const int64_t s = t.seq / sp, b = t.micro_batch, L = spec.layers;
   // TiledMLP's blocks keep no MLP intermediates (under the op policy neither its matmuls'
-  // outputs: they run inside the tiles, without gradients).
+  // outputs: they run inside the tiles, without gradients), per token.
   const bool tiled = tiles_mlp(spec, t);
-  const int64_t per_layer =
-      s * b *
-      (block_bytes(spec, t.seq, kl) + split_sequence_bytes(spec, sp, t.ring_attention, kl) -
-       (tiled ? mlp_kept_bytes(spec, kl) : 0));
+  const int64_t tiling_saves = tiled ? mlp_kept_bytes(spec, kl) : 0;
+  const int64_t tiling_saves_ops =
+      tiled ? kl * (spec.mlp_matmuls * intermediate_width(spec) + spec.hidden) : 0;
+  const int64_t per_layer = s * b *
+                            (block_bytes(spec, t.seq, kl) +
+                             split_sequence_bytes(spec, sp, t.ring_attention, kl) - tiling_saves);
   // Checkpointed: a block recomputed whole keeps only its input, one under the "op" policy
   // its saved ops' outputs; backward recomputes one block at a time.
   const int64_t whole = t.activation_checkpointing ? L : std::min(L, t.recomputed.whole);
   const int64_t ops = std::min(L - whole, t.recomputed.ops);
   const int64_t input = s * b * spec.hidden * kl,
-                saved_ops =
-                    s * b *
-                    (saved_ops_bytes(spec, t.seq, kl) -
-                     (tiled ? kl * (spec.mlp_matmuls * intermediate_width(spec) + spec.hidden)
-                            : 0));
+                saved_ops = s * b * (saved_ops_bytes(spec, t.seq, kl) - tiling_saves_ops);
   KeptBlocks k;
   k.kept = (L - whole - ops) * per_layer + whole * input + ops * saved_ops;
   k.largest = L > whole + ops ? per_layer : ops > 0 ? saved_ops : input;

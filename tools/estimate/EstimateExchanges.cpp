@@ -21,7 +21,7 @@ Exchanges planned(const EstimateInputs& in, const Plan& plan) {
 }
 
 std::string line(const char* what, const char* layers, const LayerExchange& x,
-                 const char* crossing) {
+                 const std::string& crossing) {
   return fmt::format(
       "  {} ({} ranks): {} {} layers, each {} GiB forward and {} GiB backward, {} forwards in "
       "all: {} GiB in; {}\n",
@@ -56,10 +56,9 @@ std::string exchange_lines(const EstimateInputs& in, const Plan& plan) {
     out += line("experts", "MoE", x.experts,
                 to_others(x.experts,
                           " where routes spread evenly (a rank's mean: each "
-                          "returns the rows it was sent)")
-                    .c_str());
+                          "returns the rows it was sent)"));
   if (x.sequence.layers > 0)
-    out += line("sequence", "attention", x.sequence, to_others(x.sequence).c_str());
+    out += line("sequence", "attention", x.sequence, to_others(x.sequence));
   if (x.ring.layers > 0)
     out += line("ring", "attention", x.ring,
                 "keys and values all-gathered (torch's default rotation), their fp32 "

@@ -66,33 +66,31 @@ void read_sequence_parallel(const GivenFlags& given, EstimateInputs& in) {
 // (zeroshard.runtime.sequence_parallel.ulysses_sp), each with that many tiles of the rank's
 // tokens: their activations as they keep them (plan/MemoryModel.h TrainingShape).
 void read_tiles(const GivenFlags& given, EstimateInputs& in) {
-  for (const char* flag : {"--tiled-mlp", "--tiled-logits"}) {
-    if (!given.count(flag)) continue;
-    const int64_t tiles = parse_count(flag, given.at(flag));
+  auto tiles = [&](const char* flag) -> int64_t {
+    if (!given.count(flag)) return 0;
+    const int64_t n = parse_count(flag, given.at(flag));
     if (in.inference || in.pipeline_stages > 1)
-      fail("{} {} with {}; allowed: training without pipeline stages", flag, tiles,
+      fail("{} {} with {}; allowed: training without pipeline stages", flag, n,
            in.inference ? "--inference" : fmt::format("--pp {}", in.pipeline_stages));
     if (!in.spec.has_shape())
       fail(
           "{} {} needs the model's shape to count activations: give --hf-config, or --layers, "
           "--hidden and --heads",
-          flag, tiles);
-    if (std::string(flag) == "--tiled-mlp") {
-      if (in.spec.experts_per_token > 0)
-        fail(
-            "--tiled-mlp {}: the model's MLPs are a mixture of experts; allowed: a dense model "
-            "(TiledMLP tiles one MLP's tokens)",
-            tiles);
-      in.shape.mlp_tiles = tiles;
-    } else {
-      if (!in.spec.has_head || in.spec.vocab <= 0)
-        fail(
-            "--tiled-logits {}: the model makes no logits (no vocabulary); allowed: a model "
-            "with a head",
-            tiles);
-      in.shape.logits_tiles = tiles;
-    }
-  }
+          flag, n);
+    return n;
+  };
+  in.shape.mlp_tiles = tiles("--tiled-mlp");
+  if (in.shape.mlp_tiles > 0 && in.spec.experts_per_token > 0)
+    fail(
+        "--tiled-mlp {}: the model's MLPs are a mixture of experts; allowed: a dense model "
+        "(TiledMLP tiles one MLP's tokens)",
+        in.shape.mlp_tiles);
+  in.shape.logits_tiles = tiles("--tiled-logits");
+  if (in.shape.logits_tiles > 0 && (!in.spec.has_head || in.spec.vocab <= 0))
+    fail(
+        "--tiled-logits {}: the model makes no logits (no vocabulary); allowed: a model with a "
+        "head",
+        in.shape.logits_tiles);
 }
 
 }  // namespace zeroshard::estimate

@@ -29,10 +29,6 @@ def new_group(ranks):
     return group
 
 
-def timeout_seconds():
-    return _seconds[0]
-
-
 def set_timeout(seconds):
     """The engine's comm_timeout_seconds (None or "auto": the default), for the groups made
     before and after. torch without _set_pg_timeout keeps the earlier groups' timeout."""
@@ -47,7 +43,7 @@ def set_timeout(seconds):
         setter(timedelta(seconds=seconds), group)
 
 
-def ranks_of(group):
+def _ranks_of(group):
     return _made.get(group) or list(range(dist.get_world_size(group)))
 
 
@@ -61,6 +57,6 @@ def named(what, group):
         if isinstance(e, _zeroshard.Error):
             raise
         raise _zeroshard.Error(
-            f"rank {dist.get_rank()}: {what} over ranks {ranks_of(group)} failed "
+            f"rank {dist.get_rank()}: {what} over ranks {_ranks_of(group)} failed "
             f"(comm_timeout_seconds {_seconds[0]:g}): {e}; a rank did not join it: every "
             "rank of the group must run the same collectives in the same order") from e

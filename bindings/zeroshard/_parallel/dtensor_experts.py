@@ -23,10 +23,6 @@ def _error(message):
     return _zeroshard.Error(f"zeroshard.initialize: mesh: {message}")
 
 
-def _on_ep(p, ep_mesh):
-    return isinstance(p, DTensor) and p.device_mesh == ep_mesh
-
-
 def unwrap(model, mesh):
     """(ep size, the mesh left for tensor parallelism, install) where `mesh` has an ep
     dimension (the last: consecutive ranks per ep group, as the engine lays expert groups
@@ -47,7 +43,7 @@ def unwrap(model, mesh):
     found = {}  # module: [(name, DTensor)]
     for module in model.modules():
         for name, p in module._parameters.items():
-            if _on_ep(p, ep_mesh):
+            if isinstance(p, DTensor) and p.device_mesh == ep_mesh:
                 found.setdefault(module, []).append((name, p))
     if not found:
         raise _error(f"it has an ep dimension of {size} ranks, but no parameter is a DTensor "

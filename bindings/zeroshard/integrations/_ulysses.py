@@ -9,31 +9,28 @@ import torch
 from .._common import config as _config
 
 
-def check(parallelism, error, cp=False):
+def check(parallelism, error):
     """Its DeepSpeed sequence parallelism (sp_size with sp_backend 'deepspeed') is the
-    engine's; with `cp`, torch's context parallelism too (cp_size with cp_backend 'torch',
-    beside dp_shard and dp_replicate, whose ranks the engine shards over as it chooses);
-    every other dimension above 1 is another backend's sharding or not composed here yet:
-    error(message) raised naming them."""
+    engine's, and so is torch's context parallelism (cp_size with cp_backend 'torch', beside
+    dp_shard and dp_replicate, whose ranks the engine shards over as it chooses; see
+    _context_parallel.py); every other dimension above 1 is another backend's sharding or
+    not composed here yet: error(message) raised naming them."""
     if parallelism is None:
         return
     sizes = {name: getattr(parallelism, f"{name}_size", 1) or 1
              for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp")}
-    context = cp and sizes["cp"] > 1 and sizes["sp"] == 1 and sizes["tp"] == 1 and \
+    context = sizes["cp"] > 1 and sizes["sp"] == 1 and sizes["tp"] == 1 and \
         getattr(parallelism, "cp_backend", "torch") == "torch"
     others = {name: size for name, size in sizes.items() if name != "sp" and size > 1}
     if context or not (others or sizes["sp"] == 1):
         return
     given = ", ".join(f"{name}_size={size}" for name, size in sizes.items() if size > 1)
-    also = ("ParallelismConfig(cp_size=N) (torch's ring attention; dp_shard_size and "
-            "dp_replicate_size beside it)" if cp else
-            "no parallelism_config (context parallelism: zeroshard's Accelerator with "
-            "cp_size, or initialize(mesh=) with a ('dp', 'cp') mesh)")
     raise error(
         f"parallelism_config ({given or 'every size 1'}): zeroshard shards over the "
         "data-parallel ranks itself (the rest of the world) and takes DeepSpeed's sequence "
         "parallelism from it; allowed: ParallelismConfig(sp_backend='deepspeed', "
-        f"sp_size=N), or {also}")
+        "sp_size=N), or ParallelismConfig(cp_size=N) (torch's ring attention; dp_shard_size "
+        "and dp_replicate_size beside it)")
 
 
 def size(parallelism):

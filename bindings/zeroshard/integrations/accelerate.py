@@ -119,7 +119,7 @@ class Accelerator(accelerate.Accelerator):
         # Kept from accelerate's own checks, which take it for FSDP2, DeepSpeed or GPUs only
         # (not CPU ranks); its DeepSpeed sequence parallelism builds no mesh either.
         parallelism = kwargs.pop("parallelism_config", None)
-        _ulysses.check(parallelism, _error, cp=True)
+        _ulysses.check(parallelism, _error)
         super().__init__(*args, **kwargs)
         if parallelism is not None:
             self.state.parallelism_config = parallelism

@@ -131,7 +131,7 @@ class ZeroShardTrainerMixin:
         if training_args is not None and getattr(training_args, "fsdp", None):
             raise _error("TrainingArguments.fsdp is set; zeroshard does the sharding here: leave "
                          "fsdp unset and give the config as zeroshard_config (DeepSpeed's keys)")
-        _ulysses.check(getattr(training_args, "parallelism_config", None), _error, cp=True)
+        _ulysses.check(getattr(training_args, "parallelism_config", None), _error)
         zeroshard_config = _take_deepspeed_config(training_args, zeroshard_config)
         super().__init__(*args, **kwargs)
         self.zeroshard_config = zeroshard_config
