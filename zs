@@ -150,6 +150,7 @@ case "$verb" in
     ZS_LEGS_TSV="$(reports_of "$BUILD")/legs.tsv"
     trap 'test_times summary || true' EXIT
     check_memory
+    check_disk
     [ "$quick" = 1 ] || start_trixie_root
     timed "set-up and build" build
     echo "== torch $(torch_version) leg (PyPI, $VENV) =="

@@ -43,6 +43,24 @@ check_memory() {
   fi
 }
 
+# A full ./zs test writes about 9 GiB of build folders beside the checkout (build, wheel,
+# oldest leg, sanitizers, fuzzers), more on a fresh machine (the venv, the trixie root and
+# ccache under ~/.cache/zeroshard: 11 GiB). Short of that, a compiler fails midway with
+# "No space left on device" on whichever object it was writing; say so before it starts.
+ZS_DISK_NEEDED_GIB=12
+check_disk() {
+  local dir free
+  for dir in "$ROOT" "$HOME"; do
+    free=$(df -k --output=avail "$dir" 2>/dev/null | awk 'NR == 2 {print int($1 / 1048576)}')
+    echo "zs: disk free under $dir: ${free:-?} GiB"
+    if [ -n "$free" ] && [ "$free" -lt "$ZS_DISK_NEEDED_GIB" ]; then
+      echo "zs: warning: ${free} GiB free under $dir, a full ./zs test needs about" \
+        "${ZS_DISK_NEEDED_GIB} GiB (build folders, caches): the build may stop with" \
+        "'No space left on device'; earlier clones' build*/ folders are safe to remove" >&2
+    fi
+  done
+}
+
 # Where each build folder's tests leave their reports: CTest's (ctest.xml) and pytest's
 # (python_*.xml, written by the Python tests' CTest entries). Emptied before a leg runs,
 # so that a report never speaks of an earlier run.
