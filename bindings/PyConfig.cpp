@@ -86,10 +86,10 @@ void bind_config(py::module_& m) {
           [](const LoadedConfig& c) -> py::object {
             const Config::AutoEp& a = c.config.autoep;
             if (!a.enabled) return py::none();
-            return py::make_tuple(a.autoep_size.value_or(1), a.preset_model);
+            return py::make_tuple(a.autoep_size.value_or(1), a.preset_model, a.use_grouped_mm);
           },
           "expert_parallel (DeepSpeed's AutoEP) when enabled: (autoep_size, preset_model, "
-          "empty for the model's own type); None when off.");
+          "empty for the model's own type, use_grouped_mm); None when off.");
   m.def(
       "resolved_batch",
       [](const LoadedConfig& loaded, int64_t data_parallel_ranks) {

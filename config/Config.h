@@ -258,6 +258,8 @@ struct Config {
     bool enabled = false;
     std::optional<int64_t> autoep_size = 1;
     std::string preset_model;  // empty: from the model's model_type
+    // A rank's experts in one grouped GEMM where torch runs it, else a loop of matmuls.
+    bool use_grouped_mm = true;
   } autoep;
   // DeepSpeed's top-level data_parallel_size: where given, checked against the data-parallel
   // ranks the world leaves (world / tensor-parallel / pipeline / sequence-parallel); it

@@ -185,6 +185,7 @@ std::vector<Knob> build_knobs() {
     bool_knob("expert_parallel.enabled", [](Config& c) -> auto& { return c.autoep.enabled; }),
     fixed(int_knob("expert_parallel.autoep_size", 1, kBig, [](Config& c) -> auto& { return c.autoep.autoep_size; })),
     text_knob("expert_parallel.preset_model", [](Config& c) -> auto& { return c.autoep.preset_model; }),
+    bool_knob("expert_parallel.use_grouped_mm", [](Config& c) -> auto& { return c.autoep.use_grouped_mm; }),
     fixed(int_knob("data_parallel_size", 1, kBig, [](Config& c) -> auto& { return c.data_parallel_size; })),
     fixed(int_knob(wq + "num_bits", 0, 8, [](Config& c) -> auto& { return c.weight_quantization.num_bits; })),
     fixed(int_knob(wq + "group_size", 1, kBig, [](Config& c) -> auto& { return c.weight_quantization.group_size; })),

@@ -142,8 +142,6 @@ const std::map<std::string, LackedFeature>& lacked_features() {
        {"1", "experts are not split across tensor-parallel ranks"}},
       {"expert_parallel.validate_folding_routing", {"false", "there is no AutoTP folding"}},
       {"expert_parallel.async_split_plan", {"false", "the all-to-all's split is planned in step"}},
-      {"expert_parallel.use_grouped_mm",
-       {"true", "the experts run torch's own loop of matmuls, the model's forward"}},
       {"expert_parallel.disable_triton_grouped_mm", {"false", "no Triton kernel is used"}},
       {"expert_parallel.route_scale",
        {"1.0", "the model's router weights are used as it makes them"}},

@@ -310,7 +310,7 @@ TEST(Config, DeepSpeedsWholeSchemaLoadsAtItsDefaultsAndRefusesByNameWhatZeroshar
   const auto loaded = load_config_string(R"({
       "managed_gradient_accumulation": true, "data_parallel_size": 2,
       "sequence_parallel_size": 1, "bfloat16": {"enabled": true}, "log_level": "info",
-      "expert_parallel": {"enabled": false, "autoep_size": 4},
+      "expert_parallel": {"enabled": false, "autoep_size": 4, "use_grouped_mm": false},
       "compile": {"deepcompile": false, "offload_activation": false},
       "timers": {"throughput": {"enabled": true}}, "checkpoint": {"checkpoint_serialization": true},
       "zero_optimization": {"stage": 3, "prefetch_bucket_size": 1000, "compute_grad_norm": true,
@@ -329,9 +329,9 @@ TEST(Config, DeepSpeedsWholeSchemaLoadsAtItsDefaultsAndRefusesByNameWhatZeroshar
   // AutoEP's section is read (the Python package applies it where enabled).
   EXPECT_FALSE(loaded.config.autoep.enabled);
   EXPECT_EQ(loaded.config.autoep.autoep_size, 4);
+  EXPECT_FALSE(loaded.config.autoep.use_grouped_mm);
+  EXPECT_TRUE(Config{}.autoep.use_grouped_mm);  // DeepSpeed's default
   for (const auto& [config, said_back] : std::vector<std::pair<const char*, const char*>>{
-           {R"({"expert_parallel": {"enabled": true, "use_grouped_mm": false}})",
-            "the experts run torch's own loop of matmuls"},
            {R"({"compile": {"deepcompile": true}})", "DeepCompile is not supported"},
            {R"({"zero_optimization": {"zenflow": {}}})", "ZenFlow is not supported"},
            {R"({"gradient_allreduce_op": "sum"})", "allowed: mean"},

@@ -16,12 +16,17 @@ into the model split over EP ranks and trains those 3 steps: their losses and no
 reference's.
 
 With --zero_init the model is built inside zeroshard.init; with --skewed its routers send
-every token to the first expert-parallel rank's experts (the others get none).
+every token to the first expert-parallel rank's experts (the others get none); with
+--no_grouped_mm the section says use_grouped_mm false (the reference keeps transformers'
+default grouped_mm). Each rank also writes how many grouped GEMMs (aten._grouped_mm) its
+first step ran.
 
-usage: moe_ep_script.py OUT MODEL STAGE [--resume CKPT EP] [--zero_init] [--skewed]"""
+usage: moe_ep_script.py OUT MODEL STAGE [--resume CKPT EP] [--zero_init] [--skewed]
+                        [--no_grouped_mm]"""
 import sys
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 import zeroshard
@@ -31,6 +36,7 @@ from rank_result import leave
 STEPS, SEQ, WORLD, EP, LR = 3, 12, 4, 2, 1e-3
 ZERO_INIT = "--zero_init" in sys.argv
 SKEWED = "--skewed" in sys.argv
+GROUPED_MM = "--no_grouped_mm" not in sys.argv
 SHAPE = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
 MODELS = {
@@ -51,6 +57,18 @@ def make_model(kind):
             layer.mlp.gate.register_forward_hook(
                 lambda module, args, out: (out[0], out[1], out[2] % (module.num_experts // EP)))
     return model
+
+
+class GroupedGemms(TorchDispatchMode):
+    """Counts the grouped GEMMs run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func is torch.ops.aten._grouped_mm.default
+        return func(*args, **(kwargs or {}))
 
 
 def grad_norm(params):
@@ -78,15 +96,15 @@ def reference(kind, ids):
 
 def train(engine, ids, steps, counted=None):
     """The engine's losses and pre-clip norms over `steps`, each rank its own sample;
-    `counted` gets the bytes of the first step's all-to-alls."""
+    `counted` gets the bytes of the first step's all-to-alls and its grouped GEMMs."""
     losses, norms = [], []
     for step in steps:
         if counted is not None and step == steps[0]:
-            with Counted("all_to_all_single") as exchanges:
+            with Counted("all_to_all_single") as exchanges, GroupedGemms() as gemms:
                 (loss,), (norm,) = train(engine, ids, [step])
             losses.append(loss)
             norms.append(norm)
-            counted.append(exchanges.bytes)
+            counted += [exchanges.bytes, gemms.calls]
             continue
         sample = ids[step * WORLD + engine.global_rank][None]
         loss = engine(input_ids=sample, labels=sample).loss
@@ -106,7 +124,8 @@ def initialize(kind, stage, ep):
     config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
               "zero_optimization": {"stage": stage},
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
-              "expert_parallel": {"enabled": True, "autoep_size": ep}}
+              "expert_parallel": {"enabled": True, "autoep_size": ep,
+                                  "use_grouped_mm": GROUPED_MM}}
     # Stage 3: each MoE block a unit of its own, its router (dense) beside its experts (a
     # group of their own), so the unit waits for both groups' gradients.
     units = [layer.mlp for layer in model.model.layers] if stage == 3 else None
@@ -167,6 +186,7 @@ def main():
     leave(out, {"losses": losses, "want_losses": [each[rank] for each in want_losses[:STEPS]],
                 "norms": norms, "want_norms": want_norms[:STEPS], "param_diff": worst,
                 "went_on": went_on, "exchanged_bytes": exchanged[0],
+                "grouped_gemms": exchanged[1],
                 "optimizer_state_bytes": held, "optimizer_state_planned": planned,
                 "dense_numel": dense, "expert_numel": experts, "whole_diff": whole_diff,
                 "whole_keys": sorted(whole) == sorted(want)})

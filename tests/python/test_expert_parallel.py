@@ -39,9 +39,9 @@ def padded_shard(numel, ranks):
 
 
 @WITH_TRANSFORMERS
-@pytest.mark.parametrize("model,stage,resumed_ep,built", [("mixtral", 1, 1, []),
-                                                           ("mixtral", 2, 2, []),
-                                                           ("qwen3_moe", 3, 4, ["--zero_init"])])
+@pytest.mark.parametrize("model,stage,resumed_ep,built", [
+    ("mixtral", 1, 1, []), ("mixtral", 2, 2, ["--no_grouped_mm"]),
+    ("qwen3_moe", 3, 4, ["--zero_init"])])
 def test_experts_split_over_ranks_train_as_one_process(model, stage, resumed_ep, built, scratch):
     import zeroshard
     out = str(scratch / model)
@@ -51,6 +51,10 @@ def test_experts_split_over_ranks_train_as_one_process(model, stage, resumed_ep,
         assert got["losses"] == pytest.approx(got["want_losses"], abs=1e-5), rank
         assert got["norms"] == pytest.approx(got["want_norms"], rel=1e-5), rank
         assert got["param_diff"] < 1e-5, rank
+        # A rank's experts in grouped GEMMs (transformers' default, use_grouped_mm's too):
+        # one for gate_up_proj and one for down_proj per MoE layer (2), each again twice in
+        # backward (the rows' gradient and the weights'); with use_grouped_mm false, none.
+        assert got["grouped_gemms"] == (0 if "--no_grouped_mm" in built else 2 * 2 * 3), rank
         # Adam's m and v (8 bytes an element) of a quarter of the dense parameters and half
         # of this rank's experts (half the model's: half its expert elements), padded per
         # group: one dense and one expert group at stage 1, per unit at stage 3 (fewer than
@@ -177,6 +181,47 @@ def test_an_ep_mesh_that_cannot_be_taken_is_refused_by_name(names, split, messag
 
 @WITH_TRANSFORMERS
 @main_leg_only
+def test_a_ranks_experts_run_in_one_grouped_gemm_where_torch_takes_the_operands():
+    """The exchanged rows of a rank's experts (2 of Mixtral's experts here) in torch's
+    grouped GEMM give the loop's outputs and gradients (float32 and bfloat16); operands
+    whose rows are not 16-byte multiples (a hidden size of 6 floats), no rows at all, or
+    the model's experts_implementation "eager" run the loop."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+    from zeroshard._parallel import hf_expert_parallel
+    from moe_ep_script import GroupedGemms
+
+    def run(hidden, dtype, rows, asked):
+        torch.manual_seed(0)
+        config = MixtralConfig(hidden_size=hidden, intermediate_size=16, num_local_experts=2)
+        config._experts_implementation = asked
+        experts = MixtralExperts(config).to(dtype)
+        for weight in (experts.gate_up_proj, experts.down_proj):
+            torch.nn.init.normal_(weight, std=0.3)
+        experts.num_local_experts = 2
+        x = torch.randn(rows, hidden, dtype=dtype, requires_grad=True)
+        mine = torch.randint(0, 2, (rows,))
+        with GroupedGemms() as gemms:
+            out = hf_expert_parallel._local_experts(experts, x, mine)
+            out.backward(torch.randn_like(out))
+        return gemms.calls, [t.float() for t in (out, x.grad, experts.gate_up_proj.grad,
+                                                 experts.down_proj.grad)]
+
+    for dtype, tolerance in ((torch.float32, 1e-6), (torch.bfloat16, 2e-2)):
+        calls, grouped = run(32, dtype, 20, "grouped_mm")
+        assert calls == 6  # 2 in forward, 4 in backward
+        loop_calls, loop = run(32, dtype, 20, "eager")
+        assert loop_calls == 0
+        for got, want in zip(grouped, loop):
+            assert torch.allclose(got, want, atol=tolerance, rtol=tolerance), dtype
+    assert run(6, torch.float32, 20, "grouped_mm")[0] == 0  # 24-byte rows
+    calls, (out, _, gate_up, down) = run(32, torch.float32, 0, "grouped_mm")
+    assert calls == 0 and out.shape == (0, 32)
+    assert not gate_up.any() and not down.any()  # in the graph, zero: both exchanges run
+
+
+@WITH_TRANSFORMERS
+@main_leg_only
 def test_what_autoep_cannot_split_is_refused_by_name():
     import zeroshard
     from zeroshard._common import config as _config
@@ -196,9 +241,11 @@ def test_what_autoep_cannot_split_is_refused_by_name():
             r"preset_model is 'qwen3_moe' but the model's model_type is 'mixtral'")
     refused(mixtral, {"preset_model": "gpt_oss"}, r"preset_model is 'gpt_oss'; allowed: mixtral")
     assert hf_expert_parallel.apply(mixtral, _config.parse({"expert_parallel": {}})) == 0
-    with pytest.raises(zeroshard.Error, match=r"'expert_parallel.use_grouped_mm' is 'false': a "
-                                              r"DeepSpeed feature zeroshard does not have"):
-        _config.parse({"expert_parallel": {"enabled": True, "use_grouped_mm": False}})
+    # use_grouped_mm false asks the model for transformers' loop ("eager"), at any ep size.
+    assert mixtral.config._experts_implementation == "grouped_mm"
+    loop = _config.parse({"expert_parallel": {"enabled": True, "use_grouped_mm": False}})
+    assert hf_expert_parallel.apply(mixtral, loop) == 1
+    assert mixtral.config._experts_implementation == "eager"
 
 
 @pytest.mark.parametrize("stage", [both_legs(2)])

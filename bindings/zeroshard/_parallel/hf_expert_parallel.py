@@ -10,7 +10,9 @@ E / N of those experts (the slices [r E/N, (r+1) E/N) of both weights, marked as
 marks expert parameters: allreduce False, group_name "ep_size_N"), and the module's forward
 becomes a dropless exchange: every route (token, expert) is sent to the rank holding its
 expert (an all-to-all of variable sizes, the counts exchanged first), each expert runs
-the model's own arithmetic on the tokens it got from the whole group, and the outputs come
+the model's own arithmetic on the tokens it got from the whole group (all of a rank's
+experts in one grouped GEMM where the model asks transformers' default grouped_mm and
+torch runs it: _local_experts), and the outputs come
 back the same way (the backward is the same exchange reversed), weighted by the router and
 summed per token as the model sums them. The router, shared experts and everything else
 stay dense. The engine reduces and shards the experts' parameters over the ranks holding
@@ -40,7 +42,7 @@ def apply(model, loaded):
     autoep = loaded.autoep
     if autoep is None:
         return 0
-    size, preset = autoep
+    size, preset, grouped = autoep
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if preset and preset not in PRESETS:
         raise _error(f"preset_model is {preset!r}; allowed: {', '.join(PRESETS)}, or left out "
@@ -54,6 +56,12 @@ def apply(model, loaded):
                      "3-D weights (gate_up_proj [E, 2I, H], down_proj [E, H, I]: transformers "
                      "5's Mixtral, Qwen2/3-MoE, OLMoE, ...); allowed: such a model, or "
                      "expert_parallel.enabled false")
+    if not grouped:  # DeepSpeed's use_grouped_mm false: transformers' loop of matmuls
+        if not hasattr(model, "set_experts_implementation"):
+            raise _error(f"use_grouped_mm is false but {type(model).__name__} has no "
+                         "set_experts_implementation (transformers 5's) to ask its loop by; "
+                         "allowed: true")
+        model.set_experts_implementation("eager")
     if size == 1:
         return 1
     name = expert_groups.make(size)
@@ -123,7 +131,7 @@ class _Exchange(torch.autograd.Function):
 def _exchanged_forward(self, hidden_states, top_k_index, top_k_weights):
     group, size, first, _ = self.zeroshard_expert_parallel
     local = self.num_local_experts
-    tokens, k = top_k_index.shape
+    _, k = top_k_index.shape
     routes = top_k_index.reshape(-1)
     order = torch.argsort(routes, stable=True)  # by expert, hence by the rank holding it
     expert = routes[order]
@@ -139,16 +147,68 @@ def _exchanged_forward(self, hidden_states, top_k_index, top_k_weights):
     mine = torch.empty(sum(received), dtype=which.dtype, device=which.device)
     with process_groups.named("the expert exchange (expert places)", group):
         dist.all_to_all_single(mine, which, received, sent, group=group)
+    back = _Exchange.apply(group, _local_experts(self, rows, mine), sent, received)
+    weighted = back * top_k_weights.reshape(-1)[order].unsqueeze(-1)
+    final = torch.zeros_like(hidden_states)
+    return final.index_add(0, token, weighted.to(final.dtype))
+
+
+# torch's grouped GEMM (public in torch 2.10, torch._grouped_mm since 2.8; a CPU kernel
+# since 2.9): one call for every expert's rows, where a loop makes two matmuls an expert.
+_GROUPED_MM = getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm",
+                                                                          None)
+_GROUPED_ON_CPU = torch.torch_version.TorchVersion(torch.__version__) >= "2.9"
+
+
+def _grouped_runs(rows, weights):
+    """Whether torch's grouped GEMM takes these operands: on CPU float32, bfloat16 and
+    float16; on CUDA the bfloat16 its kernels are written for (compute capability 8.0 and
+    above); each operand's rows 16-byte aligned, as its kernels require. No rows at all: the
+    loop (grouped GEMM's backward refuses an empty operand)."""
+    if _GROUPED_MM is None or rows.shape[0] == 0:
+        return False
+    if rows.device.type == "cpu":
+        ok = _GROUPED_ON_CPU and rows.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    elif rows.device.type == "cuda":
+        ok = rows.dtype == torch.bfloat16 and \
+            torch.cuda.get_device_capability(rows.device) >= (8, 0)
+    else:
+        ok = False
+    widths = {rows.shape[-1]} | {n for w in weights for n in w.shape[-2:]}  # H, 2I, I
+    return ok and all(w.dtype == rows.dtype for w in weights) \
+        and all(t.data_ptr() % 16 == 0 for t in (rows, *weights)) \
+        and all(n * rows.element_size() % 16 == 0 for n in widths)
+
+
+def _gate(self, both):
+    """The gated activation of gate_up_proj's output, the model's own where it has one."""
+    if hasattr(self, "_apply_gate"):
+        return self._apply_gate(both)
+    gate, up = both.chunk(2, dim=-1)
+    return self.act_fn(gate) * up
+
+
+def _local_experts(self, rows, mine):
+    """This rank's experts on the rows sent to it (`mine`: each row's expert among the
+    rank's), in the rows' order. As the model computes them: its config's
+    experts_implementation "eager" one matmul pair per expert, otherwise (transformers'
+    default, "grouped_mm") torch's grouped GEMM over the rows sorted by expert where torch
+    runs it for these operands (_grouped_runs), else the loop."""
+    asked = getattr(getattr(self, "config", None), "_experts_implementation", None)
+    if asked != "eager" and _grouped_runs(rows, (self.gate_up_proj, self.down_proj)):
+        order = torch.argsort(mine, stable=True)
+        ends = torch.cumsum(torch.bincount(mine, minlength=self.num_local_experts), 0)
+        ends = ends.to(torch.int32)
+        inner = _gate(self, _GROUPED_MM(rows[order], self.gate_up_proj.transpose(-2, -1),
+                                        offs=ends))
+        done = _GROUPED_MM(inner, self.down_proj.transpose(-2, -1), offs=ends)
+        return torch.zeros_like(rows).index_copy(0, order, done)
     out = torch.zeros_like(rows)
     # Every expert runs, on no rows too: its weights and `rows` stay in the graph, so every
     # rank's backward runs both exchanges (collectives) even when none of its experts got
     # a token; skipped, that rank's backward would miss them and the others' wait forever.
-    for e in range(local):
+    for e in range(self.num_local_experts):
         at = torch.nonzero(mine == e).squeeze(-1)
-        gate, up = torch.nn.functional.linear(rows[at], self.gate_up_proj[e]).chunk(2, dim=-1)
-        done = torch.nn.functional.linear(self.act_fn(gate) * up, self.down_proj[e])
-        out = out.index_copy(0, at, done)
-    back = _Exchange.apply(group, out, sent, received)
-    weighted = back * top_k_weights.reshape(-1)[order].unsqueeze(-1)
-    final = torch.zeros_like(hidden_states)
-    return final.index_add(0, token, weighted.to(final.dtype))
+        inner = _gate(self, torch.nn.functional.linear(rows[at], self.gate_up_proj[e]))
+        out = out.index_copy(0, at, torch.nn.functional.linear(inner, self.down_proj[e]))
+    return out
