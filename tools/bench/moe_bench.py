@@ -4,15 +4,18 @@ experts, top 2) trained on 4 local ranks (Gloo, one thread each), each rank its 
 per step, the same AdamW:
   zs_ep2     zeroshard stage 3 with the experts split over 2 ranks (AutoEP, EP2 x DP2):
              each expert's parameters sharded over the 2 ranks holding it, tokens sent to
-             them and back (a dropless all-to-all each way, per MoE layer)
+             them and back (a dropless all-to-all each way, per MoE layer), a rank's
+             experts in one grouped GEMM (torch's grouped_mm, AutoEP's use_grouped_mm)
+  zs_ep2_loop  the same with use_grouped_mm false: a loop of matmuls per expert
   zs_stage3  zeroshard stage 3, every expert sharded over all 4 ranks (no EP)
   fsdp2      FSDP2 (fully_shard per decoder layer and the root, as torchtitan composes it),
              without EP: torch has no expert-parallel composition that runs on CPU ranks
              (torchtitan's dispatch is CUDA kernels)
 Each runs 1 warm-up step and --steps timed ones. Prints tokens/s (all ranks' tokens) and
-the peak RSS of the largest rank for each, and zs_ep2's ratios against fsdp2 and zs_stage3
-measured in the same run.
-Run: ./zs bench moe [--json] [--steps N] [--seq N] [--systems zs_ep2,zs_stage3,fsdp2]."""
+the peak RSS of the largest rank for each, and zs_ep2's ratios against fsdp2, zs_stage3
+and zs_ep2_loop measured in the same run.
+Run: ./zs bench moe [--json] [--steps N] [--seq N]
+                    [--systems zs_ep2,zs_ep2_loop,zs_stage3,fsdp2]."""
 import argparse
 import json
 import os
@@ -27,7 +30,8 @@ WORLD, EP = 4, 2
 SHAPE = dict(vocab_size=8000, hidden_size=256, intermediate_size=512, moe_intermediate_size=256,
              num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4, num_experts=8,
              num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=8192)
-SYSTEMS = ("zs_ep2", "zs_stage3", "fsdp2")
+SYSTEMS = ("zs_ep2", "zs_ep2_loop", "zs_stage3", "fsdp2")
+PEERS = ("fsdp2", "zs_stage3", "zs_ep2_loop")
 LR = 1e-4
 
 
@@ -58,8 +62,9 @@ def prepare(system):
     import zeroshard
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}}}
-    if system == "zs_ep2":
-        config["expert_parallel"] = {"enabled": True, "autoep_size": EP}
+    if system.startswith("zs_ep2"):
+        config["expert_parallel"] = {"enabled": True, "autoep_size": EP,
+                                     "use_grouped_mm": system == "zs_ep2"}
     engine, *_ = zeroshard.initialize(model=model, config=config)
     return engine, engine.backward, engine.step
 
@@ -106,7 +111,7 @@ def main():
                 "tokens_per_second": min(r["tokens_per_second"] for r in rows),
                 "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rows)})
     ours = result["systems"].get("zs_ep2", {})
-    for peer in ("fsdp2", "zs_stage3"):
+    for peer in PEERS:
         theirs = result["systems"].get(peer, {})
         if "tokens_per_second" in ours and "tokens_per_second" in theirs:
             result[f"zs_ep2_vs_{peer}"] = {
@@ -117,11 +122,11 @@ def main():
         return
     for system, r in result["systems"].items():
         if "error" in r:
-            print(f"{system:>10}: failed: {r['error'][-600:]}")
+            print(f"{system:>11}: failed: {r['error'][-600:]}")
             continue
-        print(f"{system:>10}: {r['tokens_per_second']:8.1f} tokens/s  "
+        print(f"{system:>11}: {r['tokens_per_second']:8.1f} tokens/s  "
               f"peak RSS {r['peak_rss_bytes'] / 2**20:7.1f} MiB/rank")
-    for peer in ("fsdp2", "zs_stage3"):
+    for peer in PEERS:
         key = f"zs_ep2_vs_{peer}"
         if key in result:
             print(f"{key}: throughput {result[key]['throughput']:.2f}x, "
