@@ -72,7 +72,8 @@ class Unknown:  # a type no allowlist names
 
 
 def seeds(work):
-    """Two valid checkpoints (stage 3 and stage 2), returned as folders."""
+    """Three valid checkpoints (stage 3, stage 2, and stage 1 with an AutoEP layer's
+    experts), returned as folders."""
     ds = deepspeed_types()
     scaler = ds["DynamicLossScaler"]()
     scaler.__dict__.update(cur_scale=1024.0, dynamic=True, cur_hysteresis=2, cur_iter=5,
@@ -82,13 +83,21 @@ def seeds(work):
                "a.bias": torch.randn(5, generator=gen)},
               {"b.weight": torch.randn(7, generator=gen)}]
     extra = {"epoch": 3, "note": "client_state"}
+    experts = {f"m.experts.{w}": torch.randn(2, 3, 2, generator=gen) for w in ("w1", "w3")}
+    experts["m.experts.w2"] = torch.randn(2, 2, 3, generator=gen)
+    autoep = dict(extra, ds_autoep_layers=[{
+        "module_path": "m", "num_experts": 2,
+        "expert_placement": {"ranks": [{"rank": 0, "experts": [0, 1]}]}}])
     folders = []
     for name, write in (
             ("stage3", lambda f: deepspeed_layout.stage3(
                 f, 2, params, {"frozen": torch.randn(4, generator=gen).bfloat16()},
                 {"bn.running_mean": torch.zeros(3)}, extra=extra)),
             ("stage2", lambda f: deepspeed_layout.stage12(
-                f, 2, params, {"bn.running_mean": torch.zeros(3)}, extra=extra))):
+                f, 2, params, {"bn.running_mean": torch.zeros(3)}, extra=extra)),
+            ("autoep", lambda f: deepspeed_layout.stage12(
+                f, 2, [{"m.router.gate.weight": torch.randn(2, 2, generator=gen)}, experts],
+                {}, stage=1, extra=autoep, param_groups=[{}, {"moe": True}]))):
         folder = os.path.join(work, "seeds", name)
         shutil.rmtree(folder, ignore_errors=True)
         write(pathlib.Path(folder, "global_step2"))

@@ -27,31 +27,20 @@ import sys
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 import zeroshard
 from counted_collectives import Counted
+from moe_models import SHAPE, make
 from rank_result import leave
 
 STEPS, SEQ, WORLD, EP, LR = 3, 12, 4, 2, 1e-3
 ZERO_INIT = "--zero_init" in sys.argv
 SKEWED = "--skewed" in sys.argv
 GROUPED_MM = "--no_grouped_mm" not in sys.argv
-SHAPE = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=64)
-MODELS = {
-    "mixtral": lambda: MixtralForCausalLM._from_config(MixtralConfig(
-        intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, **SHAPE),
-        attn_implementation="sdpa"),
-    "qwen3_moe": lambda: Qwen3MoeForCausalLM._from_config(Qwen3MoeConfig(
-        moe_intermediate_size=32, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
-        norm_topk_prob=True, **SHAPE), attn_implementation="sdpa"),
-}
 
 
 def make_model(kind):
-    torch.manual_seed(0)
-    model = MODELS[kind]()
+    model = make(kind)
     if SKEWED:  # every route to the experts of the first expert-parallel rank
         for layer in model.model.layers:
             layer.mlp.gate.register_forward_hook(

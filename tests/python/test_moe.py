@@ -25,13 +25,13 @@ CASES = {  # name: (ZeRO stage, script flags)
 }
 
 
-def run(scratch, script, stage, flags, name, ranks=2):
+def run(scratch, script, stage, flags, name, ranks=2, **more):
     config = scratch / f"{name}.json"
     config.write_text(json.dumps({
         "train_micro_batch_size_per_gpu": 8, "gradient_clipping": 1.0, "steps_per_print": 1000,
         "zero_optimization": {"stage": stage},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01,
-                                                  "torch_adam": True}}}))
+                                                  "torch_adam": True}}, **more}))
     return run_ranks([script, "--deepspeed_config", str(config), "--out", str(scratch / name)]
                      + flags, ranks, str(scratch / name),
                      extra_env={"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
@@ -93,6 +93,29 @@ def test_deepspeeds_own_moe_checkpoint_resumes_here_at_any_ep_size(stage, world,
                     theirs, groups=ep == 2)
 
 
+def test_deepspeeds_own_autoep_checkpoint_resumes_here_at_any_ep_size(scratch):
+    """DeepSpeed's own checkpoint of a Hugging Face Mixtral whose experts its AutoEP split
+    over 2 ranks (autoep_size 2, ZeRO 2 on 4 ranks: each expert's state cut over the 2
+    ranks holding it; DeepSpeed's w1, w3 and w2 of each rank's experts), saved after 3 of 6
+    steps, loads here (the fused gate_up_proj and down_proj of the whole model) at
+    autoep_size 1 and 4: the next 3 steps' losses within 1e-5 of DeepSpeed's own resume,
+    norms 1e-5."""
+    script = os.path.join(HERE, "autoep_script.py")
+    ckpt = str(scratch / "ckpt")
+    flags = ["--checkpoint", ckpt]
+    autoep = {"expert_parallel": {"enabled": True, "autoep_size": 2},
+              "train_micro_batch_size_per_gpu": 1}
+    run(scratch, script, 2, flags + ["--save_at", "3"], "ds-save", 4, **autoep)
+    theirs = run(scratch, script, 2, flags + ["--load"], "ds-load", 4, **autoep)
+    switched = switched_to_zeroshard(script, scratch)
+    for ep in (1, 4):
+        autoep["expert_parallel"]["autoep_size"] = ep
+        ours = run(scratch, switched, 2, flags + ["--load"], f"zs-ep{ep}", 4, **autoep)
+        for rank, (got, want) in enumerate(zip(ours, theirs)):
+            assert got["losses"] == pytest.approx(want["losses"], abs=1e-5), (ep, rank)
+            assert got["norms"] == pytest.approx(want["norms"], rel=1e-5), (ep, rank)
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_split_experts_built_in_zero_init_keep_their_own_values(world, scratch):
     """Each rank's experts initialised with values of their own, the model built inside
@@ -110,23 +133,46 @@ def test_split_experts_built_in_zero_init_keep_their_own_values(world, scratch):
 def test_deepspeed_moe_checkpoints_not_converted_are_refused_by_name(scratch):
     """A DeepSpeed MoE checkpoint (its experts a `moe` group) laid out with
     use_data_before_expert_parallelism, or whose expert group holds what is no expert of
-    DeepSpeed's layer, is refused naming why; nothing is left written."""
+    DeepSpeed's layer; an AutoEP one whose placement misses an expert, whose experts are
+    not the fused ones, whose w1, w3, w2 do not fit together, or of ZeRO 3: each is refused
+    naming why; nothing is left written."""
     import torch
     import zeroshard
     import deepspeed_layout
     expert = "moe.deepspeed_moe.experts.deepspeed_experts.0.weight"
+    autoep = [{"module_path": "moe", "num_experts": 2,
+               "expert_placement": {"ranks": [{"rank": 0, "experts": [0]},
+                                              {"rank": 1, "experts": [1]}]}}]
+    grouped = {f"moe.experts.{w}": torch.randn(1, 3, 2) for w in ("w1", "w3")}
+    grouped["moe.experts.w2"] = torch.randn(1, 2, 3)
+    missing = [dict(autoep[0], expert_placement={"ranks": [{"rank": 0, "experts": [0]},
+                                                           {"rank": 1, "experts": [0]}]})]
     cases = [
-        ({"ds_config": {"use_data_before_expert_parallelism": True}}, expert,
+        ({"ds_config": {"use_data_before_expert_parallelism": True}}, {expert: 1},
          "use_data_before_expert_parallelism true .* allowed: DeepSpeed's default layout"),
-        ({}, "moe.gate.weight", "expert group 1 holds 'moe.gate.weight', which is no expert"),
+        ({}, {"moe.gate.weight": 1}, "expert group 1 holds 'moe.gate.weight', which is no expert"),
+        ({"ds_autoep_layers": missing}, grouped, r"AutoEP layer moe: its placement \{0: \[0\], "
+         r"1: \[0\]\} does not hold each of its 2 experts once"),
+        ({"ds_autoep_layers": autoep, "ds_config": {"expert_parallel": {"expert_w3": "up"}}},
+         grouped, "AutoEP's expert_parallel.expert_w3 is 'up': not converted; allowed: None"),
+        ({"ds_autoep_layers": autoep}, dict(grouped, **{"moe.experts.w2": torch.randn(1, 3, 2)}),
+         r"AutoEP layer moe: experts.w1, w3, w2 of shapes \[\[1, 3, 2\], \[1, 3, 2\], "
+         r"\[1, 3, 2\]\]; allowed: \[L, I, H\]"),
     ]
-    for i, (extra, name, match) in enumerate(cases):
-        params = [{"fc.weight": torch.randn(3, 2)}, {name: torch.randn(4, 2)}]
+    for i, (extra, experts, match) in enumerate(cases):
+        experts = {n: torch.randn(4, 2) if isinstance(t, int) else t for n, t in experts.items()}
+        params = [{"fc.weight": torch.randn(3, 2)}, experts]
         deepspeed_layout.stage12(scratch / f"ds{i}" / "global_step2", 2, params, {}, stage=1,
                                  extra=extra, param_groups=[{}, {"moe": True}])
         with pytest.raises(zeroshard.Error, match=match):
             zeroshard.convert_deepspeed_checkpoint(str(scratch / f"ds{i}"), str(scratch / f"o{i}"))
         assert not (scratch / f"o{i}" / "global_step2" / "rank0.bin").exists()
+    deepspeed_layout.stage3(scratch / "zero3" / "global_step2", 2,
+                            [{"fc.weight": torch.randn(3, 2)}], {}, {},
+                            extra={"ds_autoep_layers": autoep})
+    with pytest.raises(zeroshard.Error, match=r"ZeRO 3 with AutoEP layers .*: not converted; "
+                                              "allowed: AutoEP checkpoints of ZeRO 1-2"):
+        zeroshard.convert_deepspeed_checkpoint(str(scratch / "zero3"), str(scratch / "out3"))
 
 
 GATING = """

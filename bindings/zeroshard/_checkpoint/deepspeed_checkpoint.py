@@ -3,10 +3,12 @@ what DeepSpeed's save_checkpoint wrote (ZeRO stages 1-3: its `latest` file, the
 global_stepN/ folder, one model-states file and one optimizer-states file per rank) and
 writes a zeroshard checkpoint of the same training state: every parameter's fp32 master
 weights and optimizer state (Adam's moments, SGD's momentum, any per-element state by
-its name, and per group the step count and the other scalars), frozen parameters, persistent buffers, the step counts and the
-client_state. engine.load_checkpoint(DS_DIR) converts on the fly, so a DeepSpeed run
-resumes here at any world size (zeroshard's checkpoints reshard on load); with DeepSpeed's
-MoE layer at any ep size too (deepspeed_experts.py).
+its name, and per group the step count and the other scalars), frozen parameters,
+persistent buffers, the step counts and the client_state. engine.load_checkpoint(DS_DIR)
+converts on the fly, so a DeepSpeed run resumes here at any world size (zeroshard's
+checkpoints reshard on load); with DeepSpeed's MoE layer (deepspeed_experts.py) and a
+Hugging Face model's experts split by its AutoEP (deepspeed_autoep.py, ZeRO 1-2) at any
+ep size too.
 
 Design notes.
 - DeepSpeed's layouts, as its own zero_to_fp32 reads them. Stages 1-2: per parameter
@@ -182,7 +184,8 @@ def _write_stage12(out, optim, group_starts, layouts, rank):
             n = math.prod(shape)
             lo, hi = max(start, offset), min(end, offset + n)
             if lo < hi:
-                out.trained(name, lo - offset, [c.narrow(0, lo - start, hi - lo) for c in columns])
+                layouts.write(out, g, place, name, lo - offset,
+                              [c.narrow(0, lo - start, hi - lo) for c in columns])
             offset += n + (paddings[g][i] if paddings else 0)
         starts[place] = end
     return names, steps, scalars
@@ -277,6 +280,9 @@ def _write_all(folder, out_path, load):
         model_files = [os.path.join(folder, "mp_rank_00_model_states.pt")]
     model_state = load(model_files[0])
     world = len(optim_files)
+    if params_sharded and model_state.get("ds_autoep_layers"):
+        raise _error("ZeRO 3 with AutoEP layers (ds_autoep_layers: DeepSpeed's partitioned "
+                     "expert state): not converted; allowed: AutoEP checkpoints of ZeRO 1-2")
     # Stages 1-2: DeepSpeed's MoE layer's experts in groups of their own, cut per coordinate.
     layouts = None if params_sharded else _experts.GroupLayouts(model_state, first, world)
     trainable = {n: _files.check_shape(n, s) for n, s in (

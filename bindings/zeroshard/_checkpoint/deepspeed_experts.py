@@ -12,6 +12,7 @@ numbers (_common/expert_names.py), so it loads at any ep size.
 experts' module weights; the fp32 masters and the optimizer's state come from the ZeRO
 files, as for every other parameter.)"""
 from .._common.expert_names import NUMBERED, whole_name
+from .deepspeed_autoep import AutoEpNames
 from .deepspeed_files import error
 
 
@@ -27,10 +28,9 @@ class GroupLayouts:
             raise error("saved with use_data_before_expert_parallelism true (expert-parallel "
                         "groups of ranks that lie apart): not converted; allowed: DeepSpeed's "
                         "default layout, consecutive ranks splitting the experts")
-        if model_state.get("ds_autoep_layers"):
-            raise error("saved with AutoEP layers (ds_autoep_layers): DeepSpeed's AutoEP "
-                        "checkpoints are not converted; allowed: DeepSpeed's MoE layer "
-                        "(deepspeed.moe.layer.MoE), or dense models")
+        # AutoEP's experts (deepspeed_autoep.py) carry the same names on every coordinate.
+        self.autoep = AutoEpNames(model_state, model_state["param_shapes"]) \
+            if model_state.get("ds_autoep_layers") else None
         counts = optim.get("partition_count") or [world] * len(groups)
         self.ep, self.shapes = [], []
         for g, shapes in enumerate(model_state["param_shapes"]):
@@ -47,14 +47,24 @@ class GroupLayouts:
                             "ranks; allowed: a divisor of the ranks")
             ep = world // count
             self.ep.append(ep)
-            self.shapes.append([_numbered(shapes, c, g) for c in range(ep)])
+            self.shapes.append([dict(shapes) if self.autoep else _numbered(shapes, c, g)
+                                for c in range(ep)])
 
     def coordinate(self, g, rank):
         return rank % self.ep[g]
 
     def trainable(self):
         """{name: shape} of every trainable parameter, every coordinate's experts."""
-        return {n: s for group in self.shapes for shapes in group for n, s in shapes.items()}
+        shapes = {n: s for group in self.shapes for shapes in group for n, s in shapes.items()}
+        return self.autoep.trainable(shapes) if self.autoep else shapes
+
+    def write(self, out, g, place, name, begin, columns):
+        """Elements [begin, begin + n) of parameter `name` of group g as the coordinate at
+        `place` holds it (columns: each array's n values) into `out`."""
+        if self.autoep:
+            self.autoep.write(out, place, name, begin, columns)
+        else:
+            out.trained(name, begin, columns)
 
 
 def _numbered(shapes, place, g):
