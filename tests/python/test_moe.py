@@ -93,24 +93,25 @@ def test_deepspeeds_own_moe_checkpoint_resumes_here_at_any_ep_size(stage, world,
                     theirs, groups=ep == 2)
 
 
-def test_deepspeeds_own_autoep_checkpoint_resumes_here_at_any_ep_size(scratch):
+@pytest.mark.parametrize("stage,eps", [(2, (1, 4)), (3, (1,))])
+def test_deepspeeds_own_autoep_checkpoint_resumes_here_at_any_ep_size(stage, eps, scratch):
     """DeepSpeed's own checkpoint of a Hugging Face Mixtral whose experts its AutoEP split
-    over 2 ranks (autoep_size 2, ZeRO 2 on 4 ranks: each expert's state cut over the 2
-    ranks holding it; DeepSpeed's w1, w3 and w2 of each rank's experts), saved after 3 of 6
-    steps, loads here (the fused gate_up_proj and down_proj of the whole model) at
-    autoep_size 1 and 4: the next 3 steps' losses within 1e-5 of DeepSpeed's own resume,
-    norms 1e-5."""
+    over 2 ranks (autoep_size 2 on 4 ranks: each expert's state, and at ZeRO 3 its
+    parameters, cut over the 2 ranks holding it; DeepSpeed's w1, w3 and w2 of each rank's
+    experts), saved after 3 of 6 steps at ZeRO 2 and 3, loads here (the fused gate_up_proj
+    and down_proj of the whole model) at autoep_size 1 (and 4): the next 3 steps' losses
+    within 1e-5 of DeepSpeed's own resume, norms 1e-5."""
     script = os.path.join(HERE, "autoep_script.py")
     ckpt = str(scratch / "ckpt")
     flags = ["--checkpoint", ckpt]
     autoep = {"expert_parallel": {"enabled": True, "autoep_size": 2},
               "train_micro_batch_size_per_gpu": 1}
-    run(scratch, script, 2, flags + ["--save_at", "3"], "ds-save", 4, **autoep)
-    theirs = run(scratch, script, 2, flags + ["--load"], "ds-load", 4, **autoep)
+    run(scratch, script, stage, flags + ["--save_at", "3"], "ds-save", 4, **autoep)
+    theirs = run(scratch, script, stage, flags + ["--load"], "ds-load", 4, **autoep)
     switched = switched_to_zeroshard(script, scratch)
-    for ep in (1, 4):
+    for ep in eps:
         autoep["expert_parallel"]["autoep_size"] = ep
-        ours = run(scratch, switched, 2, flags + ["--load"], f"zs-ep{ep}", 4, **autoep)
+        ours = run(scratch, switched, stage, flags + ["--load"], f"zs-ep{ep}", 4, **autoep)
         for rank, (got, want) in enumerate(zip(ours, theirs)):
             assert got["losses"] == pytest.approx(want["losses"], abs=1e-5), (ep, rank)
             assert got["norms"] == pytest.approx(want["norms"], rel=1e-5), (ep, rank)
@@ -134,8 +135,8 @@ def test_deepspeed_moe_checkpoints_not_converted_are_refused_by_name(scratch):
     """A DeepSpeed MoE checkpoint (its experts a `moe` group) laid out with
     use_data_before_expert_parallelism, or whose expert group holds what is no expert of
     DeepSpeed's layer; an AutoEP one whose placement misses an expert, whose experts are
-    not the fused ones, whose w1, w3, w2 do not fit together, or of ZeRO 3: each is refused
-    naming why; nothing is left written."""
+    not the fused ones, whose w1, w3, w2 do not fit together, or (ZeRO 3) whose experts share
+    a group with other parameters: each is refused naming why; nothing is left written."""
     import torch
     import zeroshard
     import deepspeed_layout
@@ -167,11 +168,12 @@ def test_deepspeed_moe_checkpoints_not_converted_are_refused_by_name(scratch):
         with pytest.raises(zeroshard.Error, match=match):
             zeroshard.convert_deepspeed_checkpoint(str(scratch / f"ds{i}"), str(scratch / f"o{i}"))
         assert not (scratch / f"o{i}" / "global_step2" / "rank0.bin").exists()
+    # ZeRO 3: AutoEP's experts cut over their coordinate's ranks, so in a group of their own.
     deepspeed_layout.stage3(scratch / "zero3" / "global_step2", 2,
-                            [{"fc.weight": torch.randn(3, 2)}], {}, {},
-                            extra={"ds_autoep_layers": autoep})
-    with pytest.raises(zeroshard.Error, match=r"ZeRO 3 with AutoEP layers .*: not converted; "
-                                              "allowed: AutoEP checkpoints of ZeRO 1-2"):
+                            [dict(grouped, **{"fc.weight": torch.randn(3, 2)})], {}, {},
+                            extra={"ds_autoep_layers": [dict(autoep[0], ep_size=2)]})
+    with pytest.raises(zeroshard.Error, match="group 0 holds AutoEP's experts beside other "
+                                              "parameters; allowed: the experts in a group"):
         zeroshard.convert_deepspeed_checkpoint(str(scratch / "zero3"), str(scratch / "out3"))
 
 

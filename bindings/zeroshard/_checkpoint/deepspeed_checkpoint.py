@@ -191,24 +191,28 @@ def _write_stage12(out, optim, group_starts, layouts, rank):
     return names, steps, scalars
 
 
-def _write_stage3(out, optim, rank, world, model_state):
-    """One rank's piece of every parameter (stage 3): ceil(numel / world) elements each,
-    one after the other in its fp32_flat_groups (sub-groups concatenated)."""
+def _write_stage3(out, optim, rank, layouts, model_state):
+    """One rank's piece of every parameter (stage 3): ceil(numel / world) elements each
+    (AutoEP's experts: per coordinate, layouts.piece), one after the other in its
+    fp32_flat_groups (sub-groups concatenated)."""
     flat = optim["fp32_flat_groups"]
-    _files.check_covered(f"rank {rank}", _files.stage3_needed(model_state, world),
+    layouts.check(optim, rank)
+    _files.check_covered(f"rank {rank}", layouts.needed(),
                          sum(t.numel() for t in flat))
     names, arrays, steps, scalars = _optimizer_state(optim["optimizer_state_dict"],
                                                      [t.numel() for t in flat])
     columns = [_Pieces([t.float().reshape(-1) for t in flat])]
     columns += [_Pieces([a[n][:t.numel()] for a, t in zip(arrays, flat)]) for n in names]
     offset = 0
-    for shapes in model_state["param_shapes"]:
+    for g, shapes in enumerate(model_state["param_shapes"]):
+        place, index, pieces = layouts.piece(g, rank)
         for name, shape in shapes.items():
             n = math.prod(shape)
-            piece = math.ceil(n / world)
-            count = min(piece, n - rank * piece)
+            piece = math.ceil(n / pieces)
+            count = min(piece, n - index * piece)
             if count > 0:
-                out.trained(name, rank * piece, [c.narrow(offset, count) for c in columns])
+                layouts.write(out, place, name, index * piece,
+                              [c.narrow(offset, count) for c in columns])
             offset += piece
     return names, steps, scalars
 
@@ -280,19 +284,19 @@ def _write_all(folder, out_path, load):
         model_files = [os.path.join(folder, "mp_rank_00_model_states.pt")]
     model_state = load(model_files[0])
     world = len(optim_files)
-    if params_sharded and model_state.get("ds_autoep_layers"):
-        raise _error("ZeRO 3 with AutoEP layers (ds_autoep_layers: DeepSpeed's partitioned "
-                     "expert state): not converted; allowed: AutoEP checkpoints of ZeRO 1-2")
-    # Stages 1-2: DeepSpeed's MoE layer's experts in groups of their own, cut per coordinate.
-    layouts = None if params_sharded else _experts.GroupLayouts(model_state, first, world)
-    trainable = {n: _files.check_shape(n, s) for n, s in (
-        layouts.trainable().items() if layouts else
-        (item for shapes in model_state["param_shapes"] for item in shapes.items()))}
+    # Experts in groups of their own, cut per coordinate: DeepSpeed's MoE layer's and
+    # AutoEP's at stages 1-2, AutoEP's at stage 3.
+    layouts = (_experts.Stage3Layouts(model_state, world) if params_sharded
+               else _experts.GroupLayouts(model_state, first, world))
+    trainable = {n: _files.check_shape(n, s) for n, s in layouts.trainable().items()}
     state = first["optimizer_state_dict" if params_sharded else "base_optimizer_state"]
     flat = first["fp32_flat_groups" if params_sharded else "single_partition_of_fp32_groups"]
     names = _optimizer_state(state, [t.numel() for t in flat])[0]
-    _files.check_layout(model_state, flat, first.get("param_alignment_paddings"),
-                        params_sharded, world, layouts.ep if layouts else None)
+    if params_sharded:
+        _files.check_covered("rank 0", layouts.needed(), sum(t.numel() for t in flat))
+    else:
+        _files.check_layout(model_state, flat, first.get("param_alignment_paddings"), world,
+                            layouts.ep)
     del state, flat  # rank 0's file is dropped once written, like every other
     frozen = {n: _files.check_shape(n, s)
               for n, s in (model_state.get("frozen_param_shapes") or {}).items()}
@@ -304,11 +308,11 @@ def _write_all(folder, out_path, load):
                   1 + len(names))
     try:
         step, scalars = 0, None
-        group_starts = [[0] * ep for ep in layouts.ep] if layouts else None
+        group_starts = None if params_sharded else [[0] * ep for ep in layouts.ep]
         for rank, path in enumerate(optim_files):
             optim = first if rank == 0 else load(path)["optimizer_state_dict"]
             got, steps, group_scalars = (
-                _write_stage3(out, optim, rank, world, model_state) if params_sharded
+                _write_stage3(out, optim, rank, layouts, model_state) if params_sharded
                 else _write_stage12(out, optim, group_starts, layouts, rank))
             if got != names:
                 raise _error(f"rank {rank} keeps optimizer state {got}, rank 0 {names}")

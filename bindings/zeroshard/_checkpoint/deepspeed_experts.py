@@ -1,5 +1,8 @@
-"""DeepSpeed's MoE layer in its ZeRO 1-2 checkpoints, as the converter
-(deepspeed_checkpoint.py) reads them. The layer's experts are parameter groups of their own
+"""Experts in DeepSpeed's checkpoints, as the converter (deepspeed_checkpoint.py) reads them:
+DeepSpeed's MoE layer's and AutoEP's (deepspeed_autoep.py) at ZeRO 1-2 (GroupLayouts),
+AutoEP's at ZeRO 3 (Stage3Layouts; DeepSpeed refuses its MoE layer there).
+
+At ZeRO 1-2 experts are parameter groups of their own
 (`moe` in the optimizer's param_groups), each cut per expert-parallel coordinate into one
 partition per rank of that coordinate's expert-data-parallel group: `partition_count` of
 them, not one per rank. param_shapes (rank 0's) names rank 0's own experts,
@@ -11,6 +14,8 @@ numbers (_common/expert_names.py), so it loads at any ep size.
 (DeepSpeed's per-expert files, layer_L_expert_E_mp_rank_XX_model_states.pt, hold the
 experts' module weights; the fp32 masters and the optimizer's state come from the ZeRO
 files, as for every other parameter.)"""
+import math
+
 from .._common.expert_names import NUMBERED, whole_name
 from .deepspeed_autoep import AutoEpNames
 from .deepspeed_files import error
@@ -82,3 +87,63 @@ def _numbered(shapes, place, g):
         prefix, index, rest = NUMBERED.match(name).groups()
         out[whole_name(prefix, place, local[prefix], int(index), rest)] = shape
     return out
+
+
+class Stage3Layouts:
+    """Each stage 3 parameter group's cut: a dense group's parameters in ceil(numel /
+    world) pieces, rank r holding piece r; AutoEP's expert groups (deepspeed_autoep.py)
+    over the ranks of one ep coordinate, rank r holding coordinate r % ep, piece r // ep
+    of ceil(numel / (world / ep)) (DeepSpeed's partitioned expert state; each rank's
+    ds_zero_partition_groups says so and is checked)."""
+
+    def __init__(self, model_state, world):
+        self.world, self.ep, self.autoep = world, 1, None
+        self.shapes = model_state["param_shapes"]
+        layers = model_state.get("ds_autoep_layers")
+        if layers:
+            sizes = {int(layer["ep_size"]) for layer in layers}
+            self.ep = sizes.pop() if len(sizes) == 1 else 0
+            if self.ep < 1 or world % self.ep:
+                raise error(f"AutoEP layers of ep sizes {[layer['ep_size'] for layer in layers]} "
+                            f"on {world} ranks; allowed: one ep size dividing the ranks")
+            self.autoep = AutoEpNames(model_state, self.shapes)
+        # An expert group holds AutoEP's experts alone (param_shapes per parameter group).
+        self.experts = []
+        for g, shapes in enumerate(self.shapes):
+            held = [n in self.autoep.experts for n in shapes] if self.autoep else [False]
+            if any(held) and not all(held):
+                raise error(f"group {g} holds AutoEP's experts beside other parameters; "
+                            "allowed: the experts in a group of their own")
+            self.experts.append(bool(held) and all(held))
+
+    def piece(self, g, rank):
+        """(coordinate, piece index, pieces) of group g on `rank`."""
+        if not self.experts[g]:
+            return 0, rank, self.world
+        return rank % self.ep, rank // self.ep, self.world // self.ep
+
+    def check(self, optim, rank):
+        """The rank's own account of its pieces (ds_zero_partition_groups), where it has one."""
+        for sub in optim.get("ds_zero_partition_groups") or []:
+            expert = "autoep_expert" in (sub.get("families") or [])
+            count, index = (self.world // self.ep, rank // self.ep) if expert else (self.world, rank)
+            if (int(sub["partition_count"]), int(sub["partition_rank"])) != (count, index):
+                raise error(f"rank {rank}: sub-group {sub.get('sub_group')} is piece "
+                            f"{sub['partition_rank']} of {sub['partition_count']}; allowed: "
+                            f"{index} of {count} (DeepSpeed's default layout)")
+
+    def needed(self):
+        """Elements of each rank's fp32_flat_groups the parameters take."""
+        return sum(math.ceil(math.prod(s) / self.piece(g, 0)[2])
+                   for g, shapes in enumerate(self.shapes) for s in shapes.values())
+
+    def trainable(self):
+        """{name: shape} of every trainable parameter."""
+        shapes = {n: s for group in self.shapes for n, s in group.items()}
+        return self.autoep.trainable(shapes) if self.autoep else shapes
+
+    def write(self, out, place, name, begin, columns):
+        if self.autoep:
+            self.autoep.write(out, place, name, begin, columns)
+        else:
+            out.trained(name, begin, columns)

@@ -89,23 +89,14 @@ def check_frozen(model_state, frozen, params_sharded, world):
                         f"file holds {model_state['module'][name].numel()}")
 
 
-def stage3_needed(model_state, world):
-    """Elements of each rank's fp32_flat_groups the parameters take at stage 3."""
-    return sum(math.ceil(math.prod(s) / world)
-               for shapes in model_state["param_shapes"] for s in shapes.values())
-
-
-def check_layout(model_state, flat, paddings, params_sharded, world, ep=None):
-    """Rank 0's partition holds what the parameters' shapes ask of it, before the output
-    is sized by those shapes (every other rank's is checked as it is read). ep: each stage
-    1-2 group's expert-parallel size (1 for a dense group)."""
-    if params_sharded:
-        check_covered("rank 0", stage3_needed(model_state, world), sum(t.numel() for t in flat))
-        return
+def check_layout(model_state, flat, paddings, world, ep):
+    """Stages 1-2: rank 0's partition holds what the parameters' shapes ask of it, before
+    the output is sized by those shapes (every other rank's is checked as it is read). ep:
+    each group's expert-parallel size (1 for a dense group)."""
     for g, shapes in enumerate(model_state["param_shapes"]):
         needed, _ = _group_elements(shapes, paddings[g] if paddings else None)
         # DeepSpeed cuts each group (each coordinate's experts) into partitions of one size.
-        count = world // (ep[g] if ep else 1)
+        count = world // ep[g]
         check_covered(f"group {g} (x {count} ranks)", needed, count * flat[g].numel())
 
 
