@@ -253,7 +253,7 @@ struct Config {
   int64_t expert_parallel_size = 1;
   // DeepSpeed's AutoEP section (expert_parallel): a Hugging Face mixture-of-experts model's
   // experts split over autoep_size ranks when enabled; the Python package applies it
-  // (bindings/zeroshard/_parallel/hf_expert_parallel.py) and sets expert_parallel_size.
+  // (bindings/zeroshard/_experts/hf_expert_parallel.py) and sets expert_parallel_size.
   struct AutoEp {
     bool enabled = false;
     std::optional<int64_t> autoep_size = 1;

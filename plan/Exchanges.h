@@ -26,7 +26,7 @@ struct LayerExchange {
 
 struct Exchanges {
   // Experts split over ranks (a Hugging Face mixture of experts under AutoEP,
-  // bindings/zeroshard/_parallel/hf_expert_parallel.py), per MoE layer: the counts, every
+  // bindings/zeroshard/_experts/hf_expert_parallel.py), per MoE layer: the counts, every
   // route's hidden row to its expert's rank and the expert's place there, the outputs back;
   // in backward both row exchanges reversed.
   LayerExchange experts;

@@ -94,8 +94,10 @@ ROOMS = {  # room: the rooms it may import
     "_activations": {"_common"},
     "_parallel": {"_common", "_activations"},
     "_sequence": {"_common", "_activations"},
-    "_engine": {"_common", "_checkpoint", "_activations", "_parallel", "_sequence"},
-    "_tools": {"_common", "_checkpoint", "_activations", "_parallel", "_sequence", "_engine"},
+    "_experts": {"_common", "_activations", "_parallel"},
+    "_engine": {"_common", "_checkpoint", "_activations", "_parallel", "_sequence", "_experts"},
+    "_tools": {"_common", "_checkpoint", "_activations", "_parallel", "_sequence", "_experts",
+               "_engine"},
 }
 PY_PLAIN_IMPORT = re.compile(r"^\s*import zeroshard\.([\w.]+)", re.M)  # import zeroshard.a.b
 EXTENSION = {"_zeroshard", "_build_info"}  # the C++ extension and the build's record: below all

@@ -1,5 +1,5 @@
 // plan/Exchanges.h against counts made by hand from the exchanges' code
-// (bindings/zeroshard/_parallel/hf_expert_parallel.py, _sequence/ulysses_hf.py, and torch's
+// (bindings/zeroshard/_experts/hf_expert_parallel.py, _sequence/ulysses_hf.py, and torch's
 // ring attention, which _sequence/context_parallel.py runs).
 #include "plan/Exchanges.h"
 

@@ -188,7 +188,7 @@ def test_a_ranks_experts_run_in_one_grouped_gemm_where_torch_takes_the_operands(
     the model's experts_implementation "eager" run the loop."""
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts
-    from zeroshard._parallel import hf_expert_parallel
+    from zeroshard._experts import hf_expert_parallel
     from moe_ep_script import GroupedGemms
 
     def run(hidden, dtype, rows, asked):
@@ -225,7 +225,7 @@ def test_a_ranks_experts_run_in_one_grouped_gemm_where_torch_takes_the_operands(
 def test_what_autoep_cannot_split_is_refused_by_name():
     import zeroshard
     from zeroshard._common import config as _config
-    from zeroshard._parallel import hf_expert_parallel
+    from zeroshard._experts import hf_expert_parallel
     from long_sequence_reference import make_model
     import moe_ep_script
 

@@ -1,6 +1,6 @@
 """DeepSpeed's AutoEP in its ZeRO 1-2 checkpoints, as the converter (deepspeed_checkpoint.py)
 reads them, written under the Hugging Face model's own names so that zeroshard's AutoEP
-(_parallel/hf_expert_parallel.py) loads them at any autoep_size.
+(_experts/hf_expert_parallel.py) loads them at any autoep_size.
 
 AutoEP replaces each MoE block (ds_autoep_layers[i]["module_path"]) by its own layer: the
 router's linear becomes `router.gate` (the model's `gate`, or the config's router_pattern),

@@ -9,11 +9,9 @@ import torch
 
 from . import (adafactor as _adafactor, construction as _construction, generation as _generation,
                torch_optimizer as _torch_optimizer)
-from .._parallel import (dtensor as _dtensor, dtensor_experts as _dtensor_experts,
-                         expert_parallel as _expert_parallel,
-                         expert_state as _expert_state,
-                         hf_expert_parallel as _hf_expert_parallel,
-                         hf_tensor_parallel as _hf_tensor_parallel,
+from .._experts import (dtensor_experts as _dtensor_experts, expert_parallel as _expert_parallel,
+                        expert_state as _expert_state, hf_expert_parallel as _hf_expert_parallel)
+from .._parallel import (dtensor as _dtensor, hf_tensor_parallel as _hf_tensor_parallel,
                          sync_batchnorm as _sync_batchnorm, tensor_parallel as _tensor_parallel)
 from .._sequence import context_parallel as _context_parallel, sequence_groups as _sequence_groups
 from .accessors import EngineAccessors

@@ -8,7 +8,7 @@ import torch
 
 from .._checkpoint import deepspeed_checkpoint as _deepspeed_checkpoint
 from .. import _zeroshard
-from .._parallel.expert_state import whole_state
+from .._experts.expert_state import whole_state
 from .._parallel.tensor_parallel import join_slices
 from .units import unique_parameters
 
@@ -37,7 +37,7 @@ class SavingMethods:
         """Whole copies of every parameter (a collective at stage 3, with tensor
         parallelism, whose slices are joined, and with expert parallelism, whose experts
         come from every rank of the group: call on every rank). With experts split, the
-        names are the whole model's (_parallel/expert_state.py)."""
+        names are the whole model's (_experts/expert_state.py)."""
         return whole_state(self.module, self._local_full_parameters())
 
     def _local_full_parameters(self):

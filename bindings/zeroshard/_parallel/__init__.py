@@ -6,7 +6,7 @@ split along it, below the engine that trains the result:
 - pipelining, pipe_module, pipe_topology: pipeline stages (torch.distributed.pipelining's
   shape, DeepSpeed's PipelineModule and its topologies);
 - sync_batchnorm: BatchNorm synchronised across the data-parallel ranks;
-- expert_parallel, moe_gating: DeepSpeed's mixture-of-experts layer and its gating (every
-  rank holds every expert; splitting them over ranks is not here yet).
-Long sequences (sequence and context parallelism) are the next room, _sequence.
+- param_shards: parameters sharded while a model is built (zero.Init).
+Long sequences (sequence and context parallelism) are the next room, _sequence; experts
+split over ranks (mixtures of experts) the one after, _experts.
 May import: _common, _activations and the C++ extension."""

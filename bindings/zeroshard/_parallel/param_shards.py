@@ -12,7 +12,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from . import expert_groups
+from .._common import expert_groups
 
 
 def is_sharded(param):

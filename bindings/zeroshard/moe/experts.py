@@ -1,2 +1,2 @@
 """deepspeed.moe.experts: the experts' container."""
-from .._parallel.expert_parallel import Experts  # noqa: F401
+from .._experts.expert_parallel import Experts  # noqa: F401

@@ -1,2 +1,2 @@
 """deepspeed.moe.layer: the MoE layer."""
-from .._parallel.expert_parallel import MoE  # noqa: F401
+from .._experts.expert_parallel import MoE  # noqa: F401

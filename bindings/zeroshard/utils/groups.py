@@ -2,12 +2,12 @@
 zeroshard has. Without sequence-parallel groups a sequence-parallel size is 1 and its rank
 0, as DeepSpeed's; the sequence-data-parallel group (the ranks ZeRO shards over) is every
 rank. The expert-parallel groups are those the engine made for the model's MoE layers
-(_parallel/expert_groups.py), by DeepSpeed's getters and group names ("ep_size_N")."""
+(_common/expert_groups.py), by DeepSpeed's getters and group names ("ep_size_N")."""
 import torch.distributed as dist
 
 from .. import _zeroshard
 from .._common import refusals as _refusals
-from .._parallel import expert_groups as _expert_groups
+from .._common import expert_groups as _expert_groups
 from .._sequence import sequence_groups as _sequence_groups
 
 __getattr__ = _refusals.attribute_refuser(__name__)

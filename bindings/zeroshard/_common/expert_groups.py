@@ -11,7 +11,7 @@ all-to-all runs over and DeepSpeed's getters (zeroshard.utils.groups) return."""
 import torch.distributed as dist
 
 from .. import _zeroshard
-from .._common import launch as _launch, process_groups
+from . import launch as _launch, process_groups
 
 _expert_parallel = {}  # group name: this rank's EP group
 _expert_data_parallel = {}  # group name: this rank's EDP group

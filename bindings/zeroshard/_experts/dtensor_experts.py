@@ -13,8 +13,8 @@ wrapping), so the model computes as the user parallelized it; the dispatch is th
 import torch
 
 from .. import _zeroshard
-from . import expert_groups
-from .dtensor import DTensor, Shard, _Wrapped, installer
+from .._common import expert_groups
+from .._parallel.dtensor import DTensor, Shard, _Wrapped, installer
 
 EP = "ep"
 

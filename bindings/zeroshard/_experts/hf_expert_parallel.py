@@ -16,7 +16,7 @@ torch runs it: _local_experts), and the outputs come
 back the same way (the backward is the same exchange reversed), weighted by the router and
 summed per token as the model sums them. The router, shared experts and everything else
 stay dense. The engine reduces and shards the experts' parameters over the ranks holding
-the same ones (_parallel/expert_parallel.py expert_parameters). A model built inside
+the same ones (_experts/expert_parallel.py expert_parameters). A model built inside
 zeroshard.init has its experts gathered whole one weight at a time to be cut."""
 import types
 
@@ -25,8 +25,8 @@ import torch.distributed as dist
 
 from .. import _zeroshard
 from .._common import process_groups
-from . import expert_groups
-from .param_shards import Sharder, is_sharded
+from .._common import expert_groups
+from .._parallel.param_shards import Sharder, is_sharded
 
 # Hugging Face model_types whose experts modules are the fused layout above (AutoEP's presets).
 PRESETS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "qwen3_next", "deepseek_v3")

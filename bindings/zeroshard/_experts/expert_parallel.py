@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from .. import _zeroshard
 from .._common import process_groups
-from . import expert_groups
+from .._common import expert_groups
 from .moe_gating import multiplicative_jitter, top1gating, top2gating, topkgating
 
 
