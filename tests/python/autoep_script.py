@@ -1,10 +1,11 @@
 """A Hugging Face mixture-of-experts model trained by DeepSpeed's engine with its experts
-split by AutoEP (the config's expert_parallel section): Mixtral from moe_models.py with
-experts 48 wide (not the hidden size, so that a transposed weight shows), each rank its own
+split by AutoEP (the config's expert_parallel section): Mixtral (or --model) from
+moe_models.py with experts 48 wide (not the hidden size, so that a transposed weight shows), each rank its own
 sample a step. tests/python/test_moe.py runs it with DeepSpeed and, its import pointed at
 zeroshard, with zeroshard. Writes the losses and gradient norms to --out as JSON.
 
-usage: autoep_script.py --deepspeed_config C --out O --checkpoint FOLDER [--save_at N | --load]"""
+usage: autoep_script.py --deepspeed_config C --out O --checkpoint FOLDER [--save_at N | --load]
+                        [--model NAME]"""
 import argparse
 
 import torch
@@ -22,9 +23,10 @@ def main():
     parser.add_argument("--checkpoint", required=True, help="a folder for save/load_checkpoint")
     parser.add_argument("--save_at", type=int, default=0, help="save after this many steps")
     parser.add_argument("--load", action="store_true", help="resume from --checkpoint")
+    parser.add_argument("--model", default="mixtral", help="a model of moe_models.py")
     args = deepspeed.add_config_arguments(parser).parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
-    model = make("mixtral", width=48)
+    model = make(args.model, width=48)
     engine, _, _, _ = deepspeed.initialize(args=args, model=model,
                                            model_parameters=model.parameters())
     world, rank = engine.world_size, engine.global_rank

@@ -93,17 +93,19 @@ def test_deepspeeds_own_moe_checkpoint_resumes_here_at_any_ep_size(stage, world,
                     theirs, groups=ep == 2)
 
 
-@pytest.mark.parametrize("stage,eps", [(2, (1, 4)), (3, (1,))])
-def test_deepspeeds_own_autoep_checkpoint_resumes_here_at_any_ep_size(stage, eps, scratch):
-    """DeepSpeed's own checkpoint of a Hugging Face Mixtral whose experts its AutoEP split
+@pytest.mark.parametrize("model,stage,eps", [("mixtral", 2, (1, 4)), ("qwen2_moe", 3, (1,))])
+def test_deepspeeds_own_autoep_checkpoint_resumes_here_at_any_ep_size(model, stage, eps,
+                                                                      scratch):
+    """DeepSpeed's own checkpoint of a Hugging Face MoE model whose experts its AutoEP split
     over 2 ranks (autoep_size 2 on 4 ranks: each expert's state, and at ZeRO 3 its
     parameters, cut over the 2 ranks holding it; DeepSpeed's w1, w3 and w2 of each rank's
-    experts), saved after 3 of 6 steps at ZeRO 2 and 3, loads here (the fused gate_up_proj
-    and down_proj of the whole model) at autoep_size 1 (and 4): the next 3 steps' losses
-    within 1e-5 of DeepSpeed's own resume, norms 1e-5."""
+    experts, its router and Qwen2-MoE's shared expert and gate under its own names), saved
+    after 3 of 6 steps (Mixtral at ZeRO 2, Qwen2-MoE at 3), loads here (the fused
+    gate_up_proj and down_proj of the whole model, the model's names) at autoep_size 1 (and
+    4): the next 3 steps' losses within 1e-5 of DeepSpeed's own resume, norms 1e-5."""
     script = os.path.join(HERE, "autoep_script.py")
     ckpt = str(scratch / "ckpt")
-    flags = ["--checkpoint", ckpt]
+    flags = ["--checkpoint", ckpt, "--model", model]
     autoep = {"expert_parallel": {"enabled": True, "autoep_size": 2},
               "train_micro_batch_size_per_gpu": 1}
     run(scratch, script, stage, flags + ["--save_at", "3"], "ds-save", 4, **autoep)

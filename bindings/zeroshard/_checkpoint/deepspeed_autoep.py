@@ -4,7 +4,10 @@ reads them, written under the Hugging Face model's own names so that zeroshard's
 
 AutoEP replaces each MoE block (ds_autoep_layers[i]["module_path"]) by its own layer: the
 router's linear becomes `router.gate` (the model's `gate`, or the config's router_pattern),
-and each rank of an expert-parallel group keeps its experts (the placement's list for its
+a shared expert and its gate `shared_experts` and `shared_experts_gate` (Qwen's
+`shared_expert` and `shared_expert_gate`: the presets that have the gate; DeepSeek's keep
+their name; or the config's shared_experts_pattern and shared_experts_gate_pattern), and
+each rank of an expert-parallel group keeps its experts (the placement's list for its
 ep rank) as three grouped weights cut from the model's fused ones: w1 = gate_up_proj's
 first I rows of each expert [L, I, H], w3 its last I rows, w2 = down_proj [L, H, I]. They
 form an expert parameter group of their own, cut per ep coordinate as DeepSpeed's MoE
@@ -31,7 +34,7 @@ class AutoEpNames:
         router = config.get("router_pattern") or "gate"
         experts = config.get("expert_pattern") or "experts"
         known = {name: shape for group in shapes for name, shape in group.items()}
-        self.renamed, self.experts, self.whole = {}, {}, {}
+        self.prefixes, self.experts, self.whole = [], {}, {}
         for layer in model_state["ds_autoep_layers"]:
             path, total = str(layer["module_path"]), int(layer["num_experts"])
             placement = {int(r["rank"]): [int(e) for e in r["experts"]]
@@ -39,8 +42,14 @@ class AutoEpNames:
             if sorted(e for held in placement.values() for e in held) != list(range(total)):
                 raise error(f"AutoEP layer {path}: its placement {placement} does not hold each "
                             f"of its {total} experts once")
-            for end in ("weight", "bias"):
-                self.renamed[f"{path}.router.gate.{end}"] = f"{path}.{router}.{end}"
+            gated = any(n.startswith(f"{path}.shared_experts_gate.") for n in known)
+            shared = config.get("shared_experts_pattern") or (
+                "shared_expert" if gated else "shared_experts")
+            shared_gate = config.get("shared_experts_gate_pattern") or "shared_expert_gate"
+            self.prefixes += [(f"{path}.router.gate.", f"{path}.{router}."),
+                              (f"{path}.router.", f"{path}.{router}."),
+                              (f"{path}.shared_experts_gate.", f"{path}.{shared_gate}."),
+                              (f"{path}.shared_experts.", f"{path}.{shared}.")]
             prefix = f"{path}.{experts}."
             local, inner, hidden = _expert_shape(known, f"{path}.experts", path)
             self.whole[prefix + "gate_up_proj"] = [total, 2 * inner, hidden]
@@ -52,6 +61,13 @@ class AutoEpNames:
                 self.experts[f"{path}.experts.{w}"] = (prefix + target, shift, stride, block,
                                                        placement, local)
 
+    def rename(self, name):
+        """The model's name of what DeepSpeed's AutoEP layer holds as `name` (not an expert)."""
+        for ds, model in self.prefixes:
+            if name.startswith(ds):
+                return model + name[len(ds):]
+        return name
+
     def trainable(self, shapes):
         """{name: shape} of the converted checkpoint's trainable parameters."""
         out = {}
@@ -60,14 +76,14 @@ class AutoEpNames:
                 whole = self.experts[name][0]
                 out[whole] = self.whole[whole]
             else:
-                out[self.renamed.get(name, name)] = shape
+                out[self.rename(name)] = shape
         return out
 
     def write(self, out, place, name, begin, columns):
         """Elements [begin, begin + n) of DeepSpeed's parameter `name` as the ep rank at
         `place` holds it, to where they belong in the model's parameter."""
         if name not in self.experts:
-            out.trained(self.renamed.get(name, name), begin, columns)
+            out.trained(self.rename(name), begin, columns)
             return
         whole, shift, stride, block, placement, local = self.experts[name]
         held = placement.get(place)

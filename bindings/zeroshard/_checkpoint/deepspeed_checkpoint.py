@@ -184,7 +184,7 @@ def _write_stage12(out, optim, group_starts, layouts, rank):
             n = math.prod(shape)
             lo, hi = max(start, offset), min(end, offset + n)
             if lo < hi:
-                layouts.write(out, g, place, name, lo - offset,
+                layouts.write(out, place, name, lo - offset,
                               [c.narrow(0, lo - start, hi - lo) for c in columns])
             offset += n + (paddings[g][i] if paddings else 0)
         starts[place] = end
@@ -301,6 +301,7 @@ def _write_all(folder, out_path, load):
     frozen = {n: _files.check_shape(n, s)
               for n, s in (model_state.get("frozen_param_shapes") or {}).items()}
     _files.check_frozen(model_state, frozen, params_sharded, len(model_files))
+    layouts.check_frozen(frozen)
     # client_state goes into the manifest (JSON): checked before a byte is written.
     client_state = {k: _jsonable(v, k) for k, v in model_state.items() if k not in _DS_KEYS}
     paddings = first.get("param_alignment_paddings")
@@ -329,7 +330,8 @@ def _write_all(folder, out_path, load):
         for name, t in model_state["module"].items():
             if name in set(model_state.get("buffer_names") or []):
                 raw = t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-                buffers.append({"name": name, "dtype": str(t.dtype).replace("torch.", ""),
+                buffers.append({"name": layouts.rename(name),
+                                "dtype": str(t.dtype).replace("torch.", ""),
                                 "shape": list(t.shape), "offset": out.append(raw),
                                 "bytes": len(raw)})
     except BaseException:

@@ -21,7 +21,30 @@ from .deepspeed_autoep import AutoEpNames
 from .deepspeed_files import error
 
 
-class GroupLayouts:
+class _Renaming:
+    """What both layouts share: AutoEP's parameters and buffers under the model's names."""
+    autoep = None
+
+    def rename(self, name):
+        """The model's name of DeepSpeed's parameter or buffer `name` (not an expert)."""
+        return self.autoep.rename(name) if self.autoep else name
+
+    def write(self, out, place, name, begin, columns):
+        """Elements [begin, begin + n) of parameter `name` as the coordinate at `place`
+        holds it (columns: each array's n values) into `out`."""
+        if self.autoep:
+            self.autoep.write(out, place, name, begin, columns)
+        else:
+            out.trained(name, begin, columns)
+
+    def check_frozen(self, frozen):
+        for name in frozen:
+            if self.autoep and (name in self.autoep.experts or self.rename(name) != name):
+                raise error(f"frozen '{name}' of an AutoEP layer: not converted; allowed: "
+                            "AutoEP layers whose parameters all train")
+
+
+class GroupLayouts(_Renaming):
     """Each stage 1-2 parameter group's coordinates: one for a dense group (every rank a
     partition of it); ep for an expert group, each with its parameters under their numbers
     in the whole layer and its partitions on the ranks r with r % ep == c."""
@@ -63,13 +86,7 @@ class GroupLayouts:
         shapes = {n: s for group in self.shapes for shapes in group for n, s in shapes.items()}
         return self.autoep.trainable(shapes) if self.autoep else shapes
 
-    def write(self, out, g, place, name, begin, columns):
-        """Elements [begin, begin + n) of parameter `name` of group g as the coordinate at
-        `place` holds it (columns: each array's n values) into `out`."""
-        if self.autoep:
-            self.autoep.write(out, place, name, begin, columns)
-        else:
-            out.trained(name, begin, columns)
+
 
 
 def _numbered(shapes, place, g):
@@ -89,7 +106,7 @@ def _numbered(shapes, place, g):
     return out
 
 
-class Stage3Layouts:
+class Stage3Layouts(_Renaming):
     """Each stage 3 parameter group's cut: a dense group's parameters in ceil(numel /
     world) pieces, rank r holding piece r; AutoEP's expert groups (deepspeed_autoep.py)
     over the ranks of one ep coordinate, rank r holding coordinate r % ep, piece r // ep
@@ -142,8 +159,3 @@ class Stage3Layouts:
         shapes = {n: s for group in self.shapes for n, s in group.items()}
         return self.autoep.trainable(shapes) if self.autoep else shapes
 
-    def write(self, out, place, name, begin, columns):
-        if self.autoep:
-            self.autoep.write(out, place, name, begin, columns)
-        else:
-            out.trained(name, begin, columns)
