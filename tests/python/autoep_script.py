@@ -1,7 +1,7 @@
 """A Hugging Face mixture-of-experts model trained by DeepSpeed's engine with its experts
 split by AutoEP (the config's expert_parallel section): Mixtral (or --model) from
-moe_models.py with experts 48 wide (not the hidden size, so that a transposed weight shows), each rank its own
-sample a step. tests/python/test_moe.py runs it with DeepSpeed and, its import pointed at
+moe_models.py with experts 48 wide (not the hidden size, so that a transposed weight
+shows), each rank its own sample a step. tests/python/test_moe.py runs it with DeepSpeed and, its import pointed at
 zeroshard, with zeroshard. Writes the losses and gradient norms to --out as JSON.
 
 usage: autoep_script.py --deepspeed_config C --out O --checkpoint FOLDER [--save_at N | --load]

@@ -143,7 +143,8 @@ class Stage3Layouts(_Renaming):
         """The rank's own account of its pieces (ds_zero_partition_groups), where it has one."""
         for sub in optim.get("ds_zero_partition_groups") or []:
             expert = "autoep_expert" in (sub.get("families") or [])
-            count, index = (self.world // self.ep, rank // self.ep) if expert else (self.world, rank)
+            count, index = ((self.world // self.ep, rank // self.ep) if expert
+                            else (self.world, rank))
             if (int(sub["partition_count"]), int(sub["partition_rank"])) != (count, index):
                 raise error(f"rank {rank}: sub-group {sub.get('sub_group')} is piece "
                             f"{sub['partition_rank']} of {sub['partition_count']}; allowed: "
