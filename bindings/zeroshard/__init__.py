@@ -40,11 +40,13 @@ from ._build_info import VERSION as __version__  # noqa: E402
 from .comm import init_distributed  # noqa: E402
 from ._engine.initialize import add_config_arguments  # noqa: E402
 from ._checkpoint.deepspeed_checkpoint import convert_deepspeed_checkpoint  # noqa: E402
+from ._checkpoint.deepspeed_universal import convert_to_deepspeed_checkpoint  # noqa: E402
 
 __all__ = ["Error", "ZeroShardEngine", "ZeroShardOptimizer", "initialize", "init_inference",
            "init", "Init",
            "estimate", "load_config", "consolidate", "init_distributed",
-           "add_config_arguments", "convert_deepspeed_checkpoint", "accelerator", "comm", "zero",
+           "add_config_arguments", "convert_deepspeed_checkpoint",
+           "convert_to_deepspeed_checkpoint", "accelerator", "comm", "zero",
            "DeepSpeedConfig", "DeepSpeedEngine", "OnDevice", "get_accelerator", "runtime",
            "utils", "ops", "checkpoint", "constants", "launcher", "compression", "inference",
            "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer", "checkpointing"]

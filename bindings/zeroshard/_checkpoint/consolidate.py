@@ -60,8 +60,9 @@ def _tensor_parallel_parts(folder):
     return [_read_manifest(os.path.join(folder, f"tp_rank_{t:02d}")) for t in range(size)]
 
 
-def _assemble(folder, manifest, group, param, files):
-    """Parameter `param` of `group` in fp32 (the master copy for trainable groups)."""
+def _assemble(folder, manifest, group, param, files, array=0):
+    """Parameter `param` of `group` in fp32 (the master copy for trainable groups; `array`
+    k > 0: the optimizer's state array k - 1, stored after the master in each slice)."""
     S = group["shard_numel"]
     trainable = group["trainable"]
     dtype = torch.float32 if trainable else _DTYPES[group["dtype"]]
@@ -74,7 +75,7 @@ def _assemble(folder, manifest, group, param, files):
         rank, pos = divmod(idx, S)
         rank = ranks[rank] if ranks else rank
         take = min(param["numel"] - done, S - pos)
-        files[rank].seek(group["file_offset"] + pos * elem)
+        files[rank].seek(group["file_offset"] + (array * S + pos) * elem)
         chunk = files[rank].read(take * elem)
         if len(chunk) != take * elem:
             raise ValueError(f"checkpoint file '{files[rank].name}' is truncated "

@@ -1,0 +1,100 @@
+"""A run trained here goes back to DeepSpeed: zeroshard.convert_to_deepspeed_checkpoint
+writes a zeroshard checkpoint as DeepSpeed's universal checkpoint, which DeepSpeed 0.19.8
+itself loads (`"checkpoint": {"load_universal": true}`) at another data-parallel size and
+ZeRO stage. The script (tests/python/autoep_script.py, a Mixtral from a config, its config
+without expert_parallel: trained dense) runs under DeepSpeed and, its import pointed at
+zeroshard, under zeroshard."""
+import json
+import os
+
+import pytest
+
+from conftest import BUILD, HERE, OLDEST_LEG, run_ranks, run_snippet, switched_to_zeroshard
+
+pytestmark = pytest.mark.skipif(OLDEST_LEG, reason="DeepSpeed is installed on the main leg only")
+SCRIPT = os.path.join(HERE, "autoep_script.py")
+
+
+def run(scratch, script, stage, ranks, name, *flags, universal=False):
+    config = scratch / f"{name}.json"
+    config.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": stage},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01,
+                                                  "torch_adam": True}},
+        **({"checkpoint": {"load_universal": True}} if universal else {})}))
+    return run_ranks([script, "--deepspeed_config", str(config), "--out", str(scratch / name),
+                      *flags], ranks, str(scratch / name),
+                     extra_env={"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
+                                "PYTHONPATH": os.pathsep.join([os.path.join(BUILD, "python"),
+                                                               HERE])})
+
+
+def assert_same(got, want):
+    for rank, (a, b) in enumerate(zip(got, want)):
+        assert a["losses"] == pytest.approx(b["losses"], abs=1e-5), rank
+        assert a["norms"] == pytest.approx(b["norms"], rel=1e-5), rank
+
+
+def test_deepspeed_resumes_a_zeroshard_checkpoint_at_another_size_and_stage(scratch):
+    """Saved here after 3 of 6 steps (ZeRO 2, 2 ranks) and converted: DeepSpeed on the same
+    2 ranks gives the 3 steps zeroshard went on with (losses within 1e-5, norms 1e-5), and
+    DeepSpeed at ZeRO 3 on 4 ranks what zeroshard's own resume there gives."""
+    import zeroshard
+    ours = switched_to_zeroshard(SCRIPT, scratch)
+    saved = str(scratch / "zs-ckpt")
+    went_on = run(scratch, ours, 2, 2, "zs", "--checkpoint", saved, "--save_at", "3")
+    converted = str(scratch / "to-deepspeed")
+    assert zeroshard.convert_to_deepspeed_checkpoint(saved, converted) == "global_step3"
+    theirs = run(scratch, SCRIPT, 2, 2, "ds2", "--checkpoint", converted, "--load",
+                 universal=True)
+    assert_same(theirs, [{k: v[3:] for k, v in r.items()} for r in went_on])
+    theirs = run(scratch, SCRIPT, 3, 4, "ds4", "--checkpoint", converted, "--load",
+                 universal=True)
+    assert_same(theirs, run(scratch, ours, 3, 4, "zs4", "--checkpoint", saved, "--load"))
+
+
+def test_what_deepspeed_cannot_take_is_refused_by_name_leaving_the_last_conversion(scratch):
+    """Experts split over ranks, frozen parameters, fp16's dynamic loss scale: refused
+    naming why; these and a conversion failing midway leave the one of the same tag
+    written before whole."""
+    import torch
+    import zeroshard
+    code, said = run_snippet(  # one rank trains a step and saves
+        "model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))\n"
+        "engine, *_ = zeroshard.initialize(model=model, config={'zero_optimization': "
+        "{'stage': 1}, 'optimizer': {'type': 'AdamW', 'params': {'lr': 1e-3}}})\n"
+        "engine.backward(engine(torch.randn(2, 4)).sum())\n"
+        "engine.step()\n"
+        f"engine.save_checkpoint({str(scratch / 'ckpt')!r}, tag='t')\n"
+        f"torch.save(model.state_dict(), {str(scratch / 'weights.pt')!r})\n")
+    assert code == 0, said
+    out = scratch / "out"
+    zeroshard.convert_to_deepspeed_checkpoint(str(scratch / "ckpt"), str(out))
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    assert (out / "latest_universal").read_text() == "t"
+    fp32 = torch.load(out / "t" / "zero" / "0.weight" / "fp32.pt")["param"]
+    assert torch.equal(fp32, torch.load(scratch / "weights.pt")["0.weight"])
+    manifest = scratch / "ckpt" / "t" / "manifest.json"
+    saved = json.loads(manifest.read_text())
+    for change, match in (
+            (lambda m: m["groups"][0].update(ranks=[0]), "holds experts split over"),
+            (lambda m: m["groups"][0]["params"][0].update(whole_shape=[8, 4], whole_offset=0),
+             "holds experts split over"),
+            (lambda m: m["groups"][0].update(trainable=False), r"holds frozen parameters "
+                                                               r"\(0.weight, ...\)"),
+            (lambda m: m.update(loss_scale={"scale": 1024.0}), "keeps fp16's dynamic loss")):
+        damaged = json.loads(json.dumps(saved))
+        change(damaged)
+        manifest.write_text(json.dumps(damaged))
+        with pytest.raises(zeroshard.Error, match="^convert_to_deepspeed_checkpoint: .*" + match):
+            zeroshard.convert_to_deepspeed_checkpoint(str(scratch / "ckpt"), str(out))
+        assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    # A conversion that fails midway (a data file cut short) leaves the last one in place.
+    manifest.write_text(json.dumps(saved))
+    data = scratch / "ckpt" / "t" / "rank0.bin"
+    data.write_bytes(data.read_bytes()[:40])
+    with pytest.raises(ValueError, match="is truncated"):
+        zeroshard.convert_to_deepspeed_checkpoint(str(scratch / "ckpt"), str(out))
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert torch.equal(torch.load(out / "t" / "zero" / "0.weight" / "fp32.pt")["param"], fp32)
