@@ -87,7 +87,7 @@ def _assemble(folder, manifest, group, param, files, array=0):
     return out.view(param["shape"]).to(torch.float32)
 
 
-def _joined(folder, manifest, name, files):
+def _joined(folder, manifest, name, files, array=0):
     """Parameter `name` saved in parts (split fused experts, engine/Checkpoint.h), its parts
     joined end to end into the whole shape; parts that do not make it whole are refused."""
     parts = sorted(((p["whole_offset"], g, p) for g in manifest["groups"] for p in g["params"]
@@ -98,7 +98,7 @@ def _joined(folder, manifest, name, files):
             raise ValueError(f"checkpoint '{folder}': the parts of parameter '{name}' do not make "
                              f"it whole (a part at element {offset} of {shape} where {end} was "
                              "expected): the manifest is damaged")
-        flat.append(_assemble(folder, manifest, group, param, files).reshape(-1))
+        flat.append(_assemble(folder, manifest, group, param, files, array).reshape(-1))
         end += param["numel"]
     whole = torch.cat(flat)
     if whole.numel() != math.prod(shape):

@@ -107,3 +107,27 @@ def _expert_shape(known, prefix, path):
         raise error(f"AutoEP layer {path}: experts.w1, w3, w2 of shapes {shapes}; allowed: "
                     "[L, I, H], [L, I, H], [L, H, I]")
     return shapes[0]
+
+
+def deepspeed_names(model_name, whole, layers):
+    """DeepSpeed's AutoEP names and tensors for the model's parameter `model_name` (`whole`:
+    the whole tensor) in one of the AutoEP `layers` (their module paths): the fused experts
+    as w1 and w3 (gate_up_proj's halves) and w2, marked for DeepSpeed's universal loader
+    (is_expert_param, ep_num_experts); the router and a shared expert under the layer's
+    names. [(name, {"param": tensor, ...})]; a parameter outside the layers keeps its name."""
+    for path in layers:
+        if not model_name.startswith(path + "."):
+            continue
+        rest = model_name[len(path) + 1:]
+        marks = {"is_expert_param": True, "ep_num_experts": whole.shape[0]}
+        if rest == "experts.gate_up_proj":
+            inner = whole.shape[1] // 2
+            return [(f"{path}.experts.w1", dict(marks, param=whole[:, :inner].contiguous())),
+                    (f"{path}.experts.w3", dict(marks, param=whole[:, inner:].contiguous()))]
+        if rest == "experts.down_proj":
+            return [(f"{path}.experts.w2", dict(marks, param=whole))]
+        for model, ds in (("gate.", "router.gate."), ("shared_expert_gate.", "shared_experts_gate."),
+                          ("shared_expert.", "shared_experts.")):
+            if rest.startswith(model):
+                return [(f"{path}.{ds}{rest[len(model):]}", {"param": whole})]
+    return [(model_name, {"param": whole})]

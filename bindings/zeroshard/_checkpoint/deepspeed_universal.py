@@ -15,9 +15,12 @@ read by name, and the hyperparameters stay the loading config's); the model-stat
 the step counts, the scheduler's position as DeepSpeed's schedulers keep it
 (last_batch_iteration), the buffers and the client_state.
 
-Written: dense models (one pipeline stage, no tensor-parallel parts). Refused by name:
-experts split over ranks, tensor- or pipeline-parallel checkpoints, fp16's dynamic loss
-scale (DeepSpeed's scaler is an object of its own)."""
+Written: data-parallel runs (one pipeline stage, no tensor-parallel parts), with a Hugging
+Face model's experts split by AutoEP as DeepSpeed's AutoEP names them (deepspeed_autoep.py
+deepspeed_names: w1, w3, w2 of the whole layer, marked as expert parameters, which its
+loader cuts for its own autoep_size). Refused by name: DeepSpeed's MoE layer's experts
+split over ranks, tensor- or pipeline-parallel checkpoints, frozen parameters, fp16's
+dynamic loss scale (DeepSpeed's scaler is an object of its own)."""
 import os
 import shutil
 
@@ -25,6 +28,7 @@ import torch
 
 from .. import _zeroshard
 from . import consolidate as _consolidate
+from . import deepspeed_autoep as _autoep
 
 DEEPSPEED_VERSION = "0.19.8"  # the layout written is the one this DeepSpeed reads
 
@@ -41,13 +45,21 @@ def _manifest(ckpt_dir, tag):
                      "(a data-parallel run)")
     folder, manifest = stages[0][0]
     for group in manifest["groups"]:
-        split = group.get("ranks") or any("whole_shape" in p for p in group["params"])
-        if split:
-            raise _error(f"'{folder}' holds experts split over expert-parallel ranks; "
-                         "allowed: a checkpoint without them (expert parallelism 1)")
+        if group.get("ranks") and not all(_fused_layer(p) for p in group["params"]):
+            raise _error(f"'{folder}' holds DeepSpeed MoE layer experts split over "
+                         "expert-parallel ranks; allowed: AutoEP's (a Hugging Face model's "
+                         "fused experts), or expert parallelism 1")
     if manifest.get("loss_scale"):
         raise _error(f"'{folder}' keeps fp16's dynamic loss scale; allowed: bf16 or fp32 runs")
     return folder, manifest
+
+
+def _fused_layer(param):
+    """The module path of the AutoEP layer whose fused experts `param` is a part of, or None."""
+    for end in (".experts.gate_up_proj", ".experts.down_proj"):
+        if "whole_shape" in param and param["name"].endswith(end):
+            return param["name"][:-len(end)]
+    return None
 
 
 def _model_states(manifest, buffers):
@@ -72,20 +84,28 @@ def _write(folder, manifest, out):
     try:
         arrays = ["fp32"] + list(manifest.get("optimizer_state") or [])
         step = torch.tensor(float(manifest.get("optimizer_steps", 0)))
-        params = 0
+        layers = {_fused_layer(p) for g in manifest["groups"] for p in g["params"]} - {None}
+        params, done = 0, set()
         for group in manifest["groups"]:
             if not group["trainable"]:
                 raise _error(f"'{folder}' holds frozen parameters ({group['params'][0]['name']}, "
                              "...); allowed: every parameter trained")
             for param in group["params"]:
-                where = os.path.join(out, "zero", param["name"])
-                os.makedirs(where)
-                for k, name in enumerate(arrays):
-                    torch.save({"param": _consolidate._assemble(folder, manifest, group, param,
-                                                                files, array=k)},
-                               os.path.join(where, f"{name}.pt"))
-                torch.save(step, os.path.join(where, "step.pt"))
-                params += 1
+                if param["name"] in done:  # a part of fused experts: written whole at the first
+                    continue
+                done.add(param["name"])
+                for k, array in enumerate(arrays):
+                    whole = (_consolidate._joined(folder, manifest, param["name"], files, k)
+                             if "whole_shape" in param else
+                             _consolidate._assemble(folder, manifest, group, param, files, k))
+                    # AutoEP's layers under DeepSpeed's names (deepspeed_autoep.py)
+                    for name, entry in _autoep.deepspeed_names(param["name"], whole, layers):
+                        where = os.path.join(out, "zero", name)
+                        os.makedirs(where, exist_ok=True)
+                        torch.save(entry, os.path.join(where, f"{array}.pt"))
+                        if k == 0:
+                            torch.save(step, os.path.join(where, "step.pt"))
+                            params += 1
         buffers = {b["name"]: _consolidate._buffer(files, b) for b in manifest.get("buffers") or []}
     finally:
         for f in files:
