@@ -126,7 +126,8 @@ def deepspeed_names(model_name, whole, layers):
                     (f"{path}.experts.w3", dict(marks, param=whole[:, inner:].contiguous()))]
         if rest == "experts.down_proj":
             return [(f"{path}.experts.w2", dict(marks, param=whole))]
-        for model, ds in (("gate.", "router.gate."), ("shared_expert_gate.", "shared_experts_gate."),
+        for model, ds in (("gate.", "router.gate."),
+                          ("shared_expert_gate.", "shared_experts_gate."),
                           ("shared_expert.", "shared_experts.")):
             if rest.startswith(model):
                 return [(f"{path}.{ds}{rest[len(model):]}", {"param": whole})]
