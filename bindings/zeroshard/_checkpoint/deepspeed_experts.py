@@ -87,8 +87,6 @@ class GroupLayouts(_Renaming):
         return self.autoep.trainable(shapes) if self.autoep else shapes
 
 
-
-
 def _numbered(shapes, place, g):
     """`shapes` (rank 0's local experts) as the rank at `place` holds them, numbered in the
     whole layer."""
