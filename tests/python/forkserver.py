@@ -51,7 +51,7 @@ STARTUP_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_
 # worker script that say it will: the server imports it before the first such rank, so a
 # session that never starts one never pays for it.
 PRELOAD = ["transformers.modeling_utils", "transformers.trainer"]
-PRELOAD_WHEN = ("transformers", "trl", "hf_worker")
+PRELOAD_WHEN = ("transformers", "trl", "hf_worker", "moe_models")
 
 
 # Read at run time only, though their prefixes say otherwise: torchrun's TORCHELASTIC_*

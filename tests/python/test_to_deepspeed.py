@@ -37,40 +37,36 @@ def assert_same(got, want):
         assert a["norms"] == pytest.approx(b["norms"], rel=1e-5), rank
 
 
-def test_deepspeed_resumes_a_zeroshard_checkpoint_at_another_size_and_stage(scratch):
-    """Saved here after 3 of 6 steps (ZeRO 2, 2 ranks) and converted: DeepSpeed on the same
-    2 ranks gives the 3 steps zeroshard went on with (losses within 1e-5, norms 1e-5), and
-    DeepSpeed at ZeRO 3 on 4 ranks what zeroshard's own resume there gives."""
+def test_deepspeed_resumes_a_zeroshard_checkpoint_at_another_stage(scratch):
+    """Saved here after 3 of 6 steps (ZeRO 2, 2 ranks) and converted: DeepSpeed at ZeRO 3 on
+    the same 2 ranks (each parameter cut by its own loader) gives the 3 steps zeroshard went
+    on with (losses within 1e-5, norms 1e-5). (Its ZeRO 1-2 loader: the AutoEP case below.)"""
     import zeroshard
     ours = switched_to_zeroshard(SCRIPT, scratch)
     saved = str(scratch / "zs-ckpt")
     went_on = run(scratch, ours, 2, 2, "zs", "--checkpoint", saved, "--save_at", "3")
     converted = str(scratch / "to-deepspeed")
     assert zeroshard.convert_to_deepspeed_checkpoint(saved, converted) == "global_step3"
-    theirs = run(scratch, SCRIPT, 2, 2, "ds2", "--checkpoint", converted, "--load",
+    theirs = run(scratch, SCRIPT, 3, 2, "ds3", "--checkpoint", converted, "--load",
                  universal=True)
     assert_same(theirs, [{k: v[3:] for k, v in r.items()} for r in went_on])
-    theirs = run(scratch, SCRIPT, 3, 4, "ds4", "--checkpoint", converted, "--load",
-                 universal=True)
-    assert_same(theirs, run(scratch, ours, 3, 4, "zs4", "--checkpoint", saved, "--load"))
 
 
 def test_deepspeeds_autoep_resumes_experts_split_here_at_any_ep_size(scratch):
     """The Mixtral with its experts split by AutoEP here (autoep_size 2, ZeRO 2, 4 ranks),
     saved after 3 of 6 steps and converted (the fused experts as DeepSpeed's w1, w3 and w2
     of the whole layer, marked as expert parameters; the router as router.gate): DeepSpeed's
-    AutoEP at autoep_size 2 and 4 on the same 4 ranks gives the 3 steps zeroshard went on
-    with (losses within 1e-5, norms 1e-5)."""
+    AutoEP at autoep_size 4 on the same 4 ranks (each its own expert, cut by DeepSpeed's
+    loader) gives the 3 steps zeroshard went on with (losses within 1e-5, norms 1e-5)."""
     import zeroshard
     ours = switched_to_zeroshard(SCRIPT, scratch)
     saved = str(scratch / "zs-ckpt")
     went_on = run(scratch, ours, 2, 4, "zs", "--checkpoint", saved, "--save_at", "3", ep=2)
     converted = str(scratch / "to-deepspeed")
     zeroshard.convert_to_deepspeed_checkpoint(saved, converted)
-    for ep in (2, 4):
-        theirs = run(scratch, SCRIPT, 2, 4, f"ds-ep{ep}", "--checkpoint", converted, "--load",
-                     universal=True, ep=ep)
-        assert_same(theirs, [{k: v[3:] for k, v in r.items()} for r in went_on])
+    theirs = run(scratch, SCRIPT, 2, 4, "ds-ep4", "--checkpoint", converted, "--load",
+                 universal=True, ep=4)
+    assert_same(theirs, [{k: v[3:] for k, v in r.items()} for r in went_on])
 
 
 def test_what_deepspeed_cannot_take_is_refused_by_name_leaving_the_last_conversion(scratch):
