@@ -9,8 +9,9 @@ expert-data-parallel group is 2 ranks), padded to shards as the engine pads them
 ledger and in the plan alike; state_dict and save_pretrained give the whole model, every
 rank's experts joined, equal to the one-process model's. A checkpoint saved there (each ep
 coordinate's rows of the fused experts saved as parts of the whole) resumes at another ep
-size as the one process goes on, and consolidates into the whole model. Qwen3-MoE is built
-inside zeroshard.init (its experts cut from shards: gathered first, else NaN routes that
+size as the one process goes on, and consolidates into the whole model. A rank's experts
+run in torch's grouped GEMM (counted), or in its loop where the section says
+use_grouped_mm false. Qwen3-MoE is built inside zeroshard.init (its experts cut from shards: gathered first, else NaN routes that
 hung the exchange)."""
 import importlib.util
 import json

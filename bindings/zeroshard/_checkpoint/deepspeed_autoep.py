@@ -39,7 +39,8 @@ class AutoEpNames:
             path, total = str(layer["module_path"]), int(layer["num_experts"])
             placement = {int(r["rank"]): [int(e) for e in r["experts"]]
                          for r in layer["expert_placement"]["ranks"]}
-            if sorted(e for held in placement.values() for e in held) != list(range(total)):
+            listed = sorted(e for held in placement.values() for e in held)
+            if len(listed) != total or listed != list(range(total)):
                 raise error(f"AutoEP layer {path}: its placement {placement} does not hold each "
                             f"of its {total} experts once")
             gated = any(n.startswith(f"{path}.shared_experts_gate.") for n in known)

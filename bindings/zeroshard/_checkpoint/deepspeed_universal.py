@@ -15,6 +15,9 @@ read by name, and the hyperparameters stay the loading config's); the model-stat
 the step counts, the scheduler's position as DeepSpeed's schedulers keep it
 (last_batch_iteration), the buffers and the client_state.
 
+DeepSpeed's universal loader restores parameters and optimizer state, not buffers (its
+model's own stay; the conversion warns naming them) and, at ZeRO 3, Adam's moments only.
+
 Written: data-parallel runs (one pipeline stage, no tensor-parallel parts), with a Hugging
 Face model's experts split by AutoEP as DeepSpeed's AutoEP names them (deepspeed_autoep.py
 deepspeed_names: w1, w3, w2 of the whole layer, marked as expert parameters, which its
@@ -23,6 +26,7 @@ split over ranks, tensor- or pipeline-parallel checkpoints, frozen parameters, f
 dynamic loss scale (DeepSpeed's scaler is an object of its own)."""
 import os
 import shutil
+import warnings
 
 import torch
 
@@ -116,6 +120,11 @@ def _write(folder, manifest, out):
                 "dynamic_loss_scale": False, "overflow": False,
                 "optimizer_state_dict": {"state": {0: {"step": step}}, "param_groups": [{}]}},
                os.path.join(out, "zero", "optimizer_state.pt"))
+    if buffers:  # said, since DeepSpeed will not
+        warnings.warn(f"convert_to_deepspeed_checkpoint: {len(buffers)} buffers ("
+                      f"{', '.join(list(buffers)[:3])}{', ...' if len(buffers) > 3 else ''}) are "
+                      "written, but DeepSpeed's universal loader restores parameters and "
+                      "optimizer state only: its run keeps the buffers its model builds")
     states = _model_states(manifest, buffers)
     for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
         torch.save(states, os.path.join(out, name))

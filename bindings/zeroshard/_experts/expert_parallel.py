@@ -28,8 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import _zeroshard
-from .._common import process_groups
-from .._common import expert_groups
+from .._common import expert_groups, process_groups
 from .moe_gating import multiplicative_jitter, top1gating, top2gating, topkgating
 
 

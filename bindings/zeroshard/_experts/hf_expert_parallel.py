@@ -1,19 +1,18 @@
 """A Hugging Face mixture-of-experts model's experts split over expert-parallel ranks, as
 DeepSpeed's AutoEP splits them (config: expert_parallel {enabled: true, autoep_size: N,
-preset_model}).
+preset_model, use_grouped_mm}).
 
 transformers 5 keeps each MoE block's experts as one module of fused 3-D weights
 (gate_up_proj [E, 2I, H], down_proj [E, H, I]: Mixtral, Qwen2/3-MoE, OLMoE, ...), called
 with the router's choices (hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]).
-Here each rank of an expert-parallel group (N consecutive ranks, expert_groups.py) keeps
+Here each rank of an expert-parallel group (N consecutive ranks, _common/expert_groups.py) keeps
 E / N of those experts (the slices [r E/N, (r+1) E/N) of both weights, marked as DeepSpeed
 marks expert parameters: allreduce False, group_name "ep_size_N"), and the module's forward
 becomes a dropless exchange: every route (token, expert) is sent to the rank holding its
 expert (an all-to-all of variable sizes, the counts exchanged first), each expert runs
 the model's own arithmetic on the tokens it got from the whole group (all of a rank's
-experts in one grouped GEMM where the model asks transformers' default grouped_mm and
-torch runs it: _local_experts), and the outputs come
-back the same way (the backward is the same exchange reversed), weighted by the router and
+experts in one grouped GEMM where torch runs it: _local_experts), and the outputs come back
+the same way (the backward is the same exchange reversed), weighted by the router and
 summed per token as the model sums them. The router, shared experts and everything else
 stay dense. The engine reduces and shards the experts' parameters over the ranks holding
 the same ones (_experts/expert_parallel.py expert_parameters). A model built inside
@@ -24,8 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _zeroshard
-from .._common import process_groups
-from .._common import expert_groups
+from .._common import expert_groups, process_groups
 from .._parallel.param_shards import Sharder, is_sharded
 
 # Hugging Face model_types whose experts modules are the fused layout above (AutoEP's presets).
