@@ -133,16 +133,17 @@ class Stage3Layouts(_Renaming):
 
     def piece(self, g, rank):
         """(coordinate, piece index, pieces) of group g on `rank`."""
-        if not self.experts[g]:
+        return self._cut(self.experts[g], rank)
+
+    def _cut(self, expert, rank):
+        if not expert:
             return 0, rank, self.world
         return rank % self.ep, rank // self.ep, self.world // self.ep
 
     def check(self, optim, rank):
         """The rank's own account of its pieces (ds_zero_partition_groups), where it has one."""
         for sub in optim.get("ds_zero_partition_groups") or []:
-            expert = "autoep_expert" in (sub.get("families") or [])
-            count, index = ((self.world // self.ep, rank // self.ep) if expert
-                            else (self.world, rank))
+            _, index, count = self._cut("autoep_expert" in (sub.get("families") or []), rank)
             if (int(sub["partition_count"]), int(sub["partition_rank"])) != (count, index):
                 raise error(f"rank {rank}: sub-group {sub.get('sub_group')} is piece "
                             f"{sub['partition_rank']} of {sub['partition_count']}; allowed: "
