@@ -73,9 +73,12 @@ usage: ./zs VERB [ARGS]
                     .gpu/prebuilt (what gpu-check runs), DeepSpeed's wheels into .gpu/wheels,
                     and for a build there (./zs test --gpu) the C++ libraries' Debian
                     packages into .gpu/debs: carry .gpu to the GPU machine
-  gpu-check OUT     on a GPU machine, in one command: GPU tests, stream sanitizer,
-                    checkpoint resume, synchronising calls per step, compute-sanitizer,
-                    a build there, bench gpu; OUT/summary.txt says each stage's result
+  gpu-check OUT     on a GPU machine, in one command: its stages (GPU tests of each path,
+                    stream sanitizer, checkpoint resume, synchronising calls, memcheck, a
+                    build there, bench gpu) in the order of risk gpu-pack worked out, each
+                    under its limit, within ZS_GPU_BUDGET seconds (540); ZS_GPU_STAGES picks
+                    some; OUT/summary.txt says what each reached
+  gpu-record OUT    here: the stages a gpu-check OUT passed into docs/gpu.md's record
   build             install missing packages and the venv, build into build/
   wheel [DIR]       the wheel pip install . builds, against the venv's torch, into DIR
                     (dist/): it carries yaml-cpp and liburing and needs only Python, that
@@ -169,6 +172,8 @@ case "$verb" in
   wheel) wheel "$@" ;;
   gpu-pack) gpu_pack && gpu_pack_prebuilt ;;
   gpu-check) gpu_check "$@" ;;
+  gpu-record) [ -f "${1:-}/passed.json" ] || die "usage: ./zs gpu-record OUT (a gpu-check's OUT, with passed.json)"
+    python3 tools/gpu/stages.py record "$1" ;;
   estimate)
     build >/dev/null
     exec "$BUILD/tools/zeroshard-estimate" "$@"

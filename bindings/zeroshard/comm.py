@@ -28,7 +28,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
                      dist_init_required=None, config=None, rank=-1, world_size=-1):
     """torch.distributed's default group, as deepspeed.init_distributed makes it: from the
     launcher's environment (torchrun; srun and mpirun's variables too), over `dist_backend`
-    (default NCCL where a GPU is visible, else Gloo). Nothing happens when the script
+    (default ZS_DIST_BACKEND's, else NCCL where a GPU is visible, else Gloo). Nothing happens when the script
     initialised it already. `config` (DeepSpeed's comms options) is refused."""
     if config is not None:
         raise _zeroshard.Error(
@@ -45,8 +45,9 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     env = _zeroshard.launch_env()
     backend = dist_backend or _default_backend()
     if backend not in ("nccl", "gloo"):
-        raise _zeroshard.Error(f"zeroshard.init_distributed: dist_backend={backend!r}; "
-                               "allowed: 'nccl' (GPUs), 'gloo' (CPU), None (by device)")
+        named = f"dist_backend={backend!r}" if dist_backend else f"ZS_DIST_BACKEND={backend!r}"
+        raise _zeroshard.Error(f"zeroshard.init_distributed: {named}; allowed: 'nccl' (GPUs), "
+                               "'gloo' (CPU), None (ZS_DIST_BACKEND's, else by device)")
     _dist.init_process_group(
         backend, init_method=init_method or f"tcp://{env['master_addr']}:{env['master_port']}",
         rank=env["rank"], world_size=env["world_size"], timeout=timeout)
@@ -54,8 +55,10 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
 
 
 def _default_backend():
+    """ZS_DIST_BACKEND where set (the engine's own groups follow it too: ranks sharing one
+    GPU run over Gloo), else NCCL where a GPU is visible, else Gloo."""
     import torch
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return os.environ.get("ZS_DIST_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
 
 
 def is_initialized():

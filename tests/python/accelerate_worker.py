@@ -15,6 +15,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import devices  # noqa: E402
 import hf_worker  # noqa: E402
 import models  # noqa: E402
 
@@ -33,12 +34,13 @@ def main():
     mode, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     torch.set_num_threads(1)
     from transformers import get_scheduler
+    on_cpu = devices.device().type == "cpu"  # (the model is left on the host: prepare places it)
     if mode == "accelerate":
         from accelerate import Accelerator
-        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION)
+        accelerator = Accelerator(cpu=on_cpu, gradient_accumulation_steps=ACCUMULATION)
     else:
         from zeroshard.integrations import Accelerator
-        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION,
+        accelerator = Accelerator(cpu=on_cpu, gradient_accumulation_steps=ACCUMULATION,
                                   zeroshard_config=json.loads(sys.argv[4]))
     model = hf_worker.make("llama")
     decay = [p for n, p in model.named_parameters() if "norm" not in n]
@@ -82,7 +84,7 @@ def main():
             accelerator.unwrap_model(model).config.save_pretrained(saved + ".model")
             back = AutoModelForCausalLM.from_pretrained(saved + ".model").state_dict()
             result["from_pretrained_diff"] = max(
-                (back[k] - v).abs().max().item() for k, v in state.items())
+                (back[k] - v.cpu()).abs().max().item() for k, v in state.items())
     with open(f"{out}.rank{os.environ['RANK']}.json", "w") as f:
         json.dump(result, f)
     accelerator.end_training()

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import transformers
 
 import zeroshard
+import devices
 from test_activation_memory import BATCH, SEQ
 from test_activation_offload import GPT_RUNS, OFFLOADS
 from test_activation_policy import layered
@@ -30,8 +31,9 @@ rank = dist.get_rank()
 out = sys.argv[1]
 nvme = f"{out}.nvme{rank}"
 config = layered("llama")
+dev = devices.device()
 ids = torch.randint(config.vocab_size, (3, BATCH, SEQ),
-                    generator=torch.Generator().manual_seed(rank))
+                    generator=torch.Generator().manual_seed(rank)).to(dev)
 
 
 def engine_for(stage, keys, family=config):
@@ -39,7 +41,7 @@ def engine_for(stage, keys, family=config):
     if keys.get("offload", {}).get("device") == "nvme":
         keys["offload"] = dict(keys["offload"], nvme_path=nvme)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(family).to(torch.bfloat16)
+    model = transformers.AutoModelForCausalLM.from_config(family).to(dev, torch.bfloat16)
     return zeroshard.initialize(model=model, config={
         "train_micro_batch_size_per_gpu": BATCH, "bf16": {"enabled": True},
         "zero_optimization": {"stage": stage}, "activation_checkpointing": keys,
@@ -51,9 +53,19 @@ def tiers(report, what):
 
 
 def forward_kept(engine, batch):
-    """Bytes the forward allocates on the device (here: torch's CPU allocator) and leaves alive;
-    the host blocks of the store are allocated beside torch's allocator, out of this count."""
+    """Bytes the forward allocates on the device (on the CPU: torch's CPU allocator) and leaves
+    alive; the host blocks of the store are allocated beside torch's allocator, out of this
+    count."""
     gc.collect()
+    if dev.type == "cuda":  # the caching allocator's live bytes
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated(dev)
+        loss = engine(input_ids=batch, labels=batch).loss
+        torch.cuda.synchronize()
+        kept = torch.cuda.memory_allocated(dev) - before
+        engine.backward(loss)
+        engine.step()
+        return kept
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                 profile_memory=True) as prof:
         loss = engine(input_ids=batch, labels=batch).loss

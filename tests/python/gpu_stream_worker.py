@@ -5,13 +5,13 @@ device (OFFLOAD none) or on the host (cpu), the host's step after backward or in
 the first blocks' state on the device), and the parameter shards on the device or, with PARAMS (cpu, or
 a folder for NVMe), in host RAM (sharding/FlatParamGroup.h: each copied up at its gather
 without the host waiting) or on NVMe (engine/ParamHome.h: copied up on a copy stream).
-Writes its losses to OUT.rank0.json.
+DEVICE cpu builds the model on the host and leaves its placement to initialize (the
+engine's device, where each batch goes). Writes its losses and the engine's device to
+OUT.rank0.json.
 usage: gpu_stream_worker.py DEVICE OFFLOAD OVERLAP OUT [PARAMS]"""
 import json
 import os
 import sys
-
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
@@ -40,12 +40,12 @@ def main():
     engine, _, _, _ = zeroshard.initialize(model=model, config=config)
     losses = []
     for step in range(STEPS * ACCUMULATION):
-        loss = engine(models.batch(step, step % 2, 2).to(device))
+        loss = engine(models.batch(step, step % 2, 2).to(engine.device))
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
     with open(f"{out}.rank0.json", "w") as f:
-        json.dump(losses, f)
+        json.dump({"losses": losses, "device": str(engine.device)}, f)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import devices  # noqa: E402
 import hf_worker  # noqa: E402
 
 NEW_TOKENS = 8
@@ -112,14 +113,16 @@ def main():
     rank = int(os.environ.get("RANK", "0"))
     dtype = getattr(torch, spec["dtype"])
     g = torch.Generator().manual_seed(100 + rank)  # every rank its own prompts
-    prompts = torch.randint(3, hf_worker.VOCAB, (2, 6), generator=g)
+    dev = devices.device()  # (a folder's model goes to cuda:LOCAL_RANK: one rank a GPU)
+    prompts = torch.randint(3, hf_worker.VOCAB, (2, 6), generator=g).to(dev)
     if spec.get("folder"):
-        plain = transformers.AutoModelForCausalLM.from_pretrained(spec["folder"], dtype=dtype)
+        plain = transformers.AutoModelForCausalLM.from_pretrained(spec["folder"],
+                                                                  dtype=dtype).to(dev)
         served = spec["folder"]
         engine = zeroshard.init_inference(served, config=spec.get("config") or config_of(spec),
                                           dtype=dtype)
     else:
-        model = hf_worker.make("llama").to(dtype)
+        model = hf_worker.make("llama").to(dev, dtype)
         plain = copy.deepcopy(model)
         engine = zeroshard.init_inference(model, config=config_of(spec))
     plain.eval()

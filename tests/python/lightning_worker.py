@@ -14,6 +14,7 @@ import lightning as L
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import devices  # noqa: E402
 import models  # noqa: E402
 
 MICRO, ACCUMULATION, CLIP = 2, 2, 0.05
@@ -88,7 +89,9 @@ def main():
     if spec.get("ckpt_dir"):
         callbacks.append(L.pytorch.callbacks.ModelCheckpoint(
             dirpath=spec["ckpt_dir"], save_top_k=-1, every_n_epochs=1))
-    trainer = L.Trainer(accelerator="cpu", devices=int(os.environ["WORLD_SIZE"]),
+    gpu = devices.device().type == "cuda"  # (the model is left on the host: the strategy places it)
+    trainer = L.Trainer(accelerator="gpu" if gpu else "cpu",
+                        devices=int(os.environ["WORLD_SIZE"]),
                         strategy=strategy_of(spec), max_epochs=spec.get("epochs", 2),
                         accumulate_grad_batches=ACCUMULATION, gradient_clip_val=CLIP,
                         precision=spec.get("precision", "32-true"), logger=False,

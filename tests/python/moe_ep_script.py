@@ -29,6 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import zeroshard
+import devices
 from counted_collectives import Counted
 from moe_models import SHAPE, make
 from rank_result import leave
@@ -67,7 +68,7 @@ def grad_norm(params):
 
 def reference(kind, ids):
     """Losses and norms of 2 x STEPS steps, and the parameters after the first STEPS."""
-    model = make_model(kind)
+    model = make_model(kind).to(devices.device())
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     losses, norms = [], []
     for step in range(2 * STEPS):
@@ -109,7 +110,7 @@ def initialize(kind, stage, ep):
         with zeroshard.init(config={"zero_optimization": {"stage": 3}}):
             model = make_model(kind)
     else:
-        model = make_model(kind)
+        model = make_model(kind).to(devices.device())
     config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
               "zero_optimization": {"stage": stage},
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
@@ -134,13 +135,14 @@ def resume(out, kind, stage, ids, ckpt, ep):
 def largest_difference(got, want):
     """The largest elementwise difference, or the names `got` lacks."""
     missing = sorted(set(want) - set(got))
-    return missing or max((got[n].float() - want[n].detach()).abs().max().item() for n in want)
+    return missing or max((got[n].float().cpu() - want[n].detach().cpu()).abs().max().item()
+                          for n in want)
 
 
 def main():
     out, kind, stage = sys.argv[1], sys.argv[2], int(sys.argv[3])
     torch.manual_seed(5)
-    ids = torch.randint(0, SHAPE["vocab_size"], (2 * STEPS * WORLD, SEQ))
+    ids = torch.randint(0, SHAPE["vocab_size"], (2 * STEPS * WORLD, SEQ)).to(devices.device())
     if sys.argv[4:5] == ["--resume"]:
         return resume(out, kind, stage, ids, sys.argv[5], int(sys.argv[6]))
     model, engine = initialize(kind, stage, EP)
@@ -153,7 +155,7 @@ def main():
     engine.save_pretrained(f"{out}.hf")
     engine.save_checkpoint(f"{out}.ckpt")
     if rank == 0:
-        torch.save(whole, f"{out}.whole.pt")
+        torch.save(devices.on_host(whole), f"{out}.whole.pt")
     want_losses, want_norms, want = reference(kind, ids)
     loaded = type(model).from_pretrained(f"{out}.hf").state_dict()
     whole_diff = {"state_dict": largest_difference(whole, want),

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tp_worker import DIM, SEQ, VOCAB, Block, initialized, load_slices
+from tp_worker import DIM, SEQ, VOCAB, Block, devices, initialized, load_slices
 
 LAYERS = 4
 MICRO, MICROBATCHES, DP, STAGES = 2, 8, 2, 2
@@ -137,11 +137,12 @@ def loss_fn(logits, targets):
 
 
 def reference(steps):
-    model = gpt()
+    dev = devices.device()
+    model = gpt().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     losses, norms = [], []
     for step in range(steps):
-        tokens = torch.cat([batch(step, r) for r in range(DP)])
+        tokens = torch.cat([batch(step, r) for r in range(DP)]).to(dev)
         loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
         loss.backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
@@ -262,19 +263,21 @@ def trained(mode, steps, config, tp):
                   gradient_accumulation_steps=MICROBATCHES, gradient_clipping=CLIP,
                   optimizer={"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS),
                                                          "eps": EPS, "weight_decay": WD}})
+    dev = devices.device()
     if tp > 1:  # the stages come from the mpu
         dist.init_process_group("gloo")
         mpu = PipelineMpu(tp)
-        module = stage_module(stage_index, tp, mpu.tp_group)
+        module = stage_module(stage_index, tp, mpu.tp_group).to(dev)
         engine, _, _, _ = zeroshard.initialize(model=module, config=config, mpu=mpu)
     elif mode in MULTI:  # this rank's stages: s and s + STAGES, ..., or the V's
         torch.manual_seed(0)
         whole = initialized(GPT())
-        module = nn.ModuleList(Part(whole, s) for s in parts_of(mode, stage_index))
+        module = nn.ModuleList(Part(whole, s) for s in parts_of(mode, stage_index)).to(dev)
         config["pipeline"] = {"stages": STAGES}
         engine, _, _, _ = zeroshard.initialize(model=module, config=config)
     else:
         module = traced_stage(stage_index) if mode == "traced" else stage_module(stage_index)
+        module = module.to(dev)
         config["pipeline"] = {"stages": STAGES}
         engine, _, _, _ = zeroshard.initialize(model=module, config=config)
     dp_rank = engine.data_parallel_rank
@@ -296,7 +299,7 @@ def trained(mode, steps, config, tp):
         engine.load_checkpoint(checkpoint)
         loaded_params = stage_params(engine, names)
     for step in range(save_at if resume else 0, steps):
-        tokens = batch(step, dp_rank)
+        tokens = batch(step, dp_rank).to(dev)
         micro_losses = []
         inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         if mode in ("zbv", "dualpipev") and stage_index == 0:  # the V's first and last stage

@@ -22,6 +22,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+import devices
 from rank_result import leave
 
 OUT, MODE, PACKAGE = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -131,7 +132,7 @@ class Model(torch.nn.Module):
 
 def train_case(stage):
     torch.manual_seed(0)
-    tokens = torch.randint(0, Model.VOCAB, (3, B, S + 1))
+    tokens = torch.randint(0, Model.VOCAB, (3, B, S + 1)).to(devices.device())
     # Labels shifted before the sequence is sliced: each rank's last label is the first
     # token of the next rank's slice.
     mine = slice(RANK * S // WORLD, (RANK + 1) * S // WORLD)
@@ -139,7 +140,7 @@ def train_case(stage):
     ulysses = layer.DistributedAttention(local_attention, dist.group.WORLD)
     torch.manual_seed(1)
     engine, _, _, _ = zeroshard.initialize(
-        model=Model(ulysses), config={
+        model=Model(ulysses).to(tokens.device), config={
             "train_micro_batch_size_per_gpu": B, "zero_optimization": {"stage": stage},
             "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.0}}})
     losses = []
@@ -160,7 +161,7 @@ def train_case(stage):
 def reference(tokens, steps):
     """The model on whole sequences in one process, torch's AdamW: losses, parameters."""
     torch.manual_seed(1)
-    ref = Model(local_attention)
+    ref = Model(local_attention).to(tokens.device)
     opt = torch.optim.AdamW(ref.parameters(), lr=0.01, weight_decay=0.0)
     losses = []
     for step in range(steps):
@@ -182,11 +183,11 @@ def sequence_parallel_case(stage):
     state.initialize_sequence_parallel(WORLD)
     torch.manual_seed(0)
     steps, accumulation = 2, 2
-    tokens = torch.randint(0, Model.VOCAB, (steps, accumulation * B, S + 1))
+    tokens = torch.randint(0, Model.VOCAB, (steps, accumulation * B, S + 1)).to(devices.device())
     mine = slice(RANK * S // WORLD, (RANK + 1) * S // WORLD)
     torch.manual_seed(1)
     model = Model(layer.DistributedAttention(local_attention,
-                                             state.get_sequence_parallel_group()))
+                                             state.get_sequence_parallel_group())).to(tokens.device)
     engine, _, _, _ = package.initialize(
         model=model, model_parameters=model.parameters(), mpu=state, config={
             "train_batch_size": accumulation * B, "train_micro_batch_size_per_gpu": B,

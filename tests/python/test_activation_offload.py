@@ -91,10 +91,16 @@ def test_estimator_tiers(scratch):
 
 
 def test_offloaded_training_is_training_without(scratch):
+    assert_offloaded_training_is_training_without(scratch, {})
+
+
+def assert_offloaded_training_is_training_without(scratch, env):
+    """activation_offload_worker.py on 2 ranks (env: tests/python/test_gpu_paths.py's, to
+    run it on a GPU), against the module's claims above."""
     from test_activation_policy import layered
     out = scratch / "offload"
     ranks = run_ranks([os.path.join(HERE, "activation_offload_worker.py"), str(out)], 2, out,
-                      timeout=600)
+                      timeout=600, extra_env=env)
     config = layered("llama")
     for rank in ranks:
         assert rank.pop("swap dirs left") == []  # removed with the engines

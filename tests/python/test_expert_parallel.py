@@ -180,6 +180,29 @@ def test_an_ep_mesh_that_cannot_be_taken_is_refused_by_name(names, split, messag
     assert "zeroshard.initialize: mesh: " + message in out, out
 
 
+def local_experts(hidden, dtype, rows, asked, device="cpu"):
+    """One rank's 2 Mixtral experts over `rows` exchanged rows (_local_experts), forward
+    and backward: the grouped GEMMs counted, the output and the gradients (as float32)."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+    from zeroshard._experts import hf_expert_parallel
+    from moe_ep_script import GroupedGemms
+    torch.manual_seed(0)
+    config = MixtralConfig(hidden_size=hidden, intermediate_size=16, num_local_experts=2)
+    config._experts_implementation = asked
+    experts = MixtralExperts(config).to(device, dtype)
+    for weight in (experts.gate_up_proj, experts.down_proj):
+        torch.nn.init.normal_(weight, std=0.3)
+    experts.num_local_experts = 2
+    x = torch.randn(rows, hidden, dtype=dtype, device=device, requires_grad=True)
+    mine = torch.randint(0, 2, (rows,), device=device)
+    with GroupedGemms() as gemms:
+        out = hf_expert_parallel._local_experts(experts, x, mine)
+        out.backward(torch.randn_like(out))
+    return gemms.calls, [t.float().cpu() for t in (out, x.grad, experts.gate_up_proj.grad,
+                                                   experts.down_proj.grad)]
+
+
 @WITH_TRANSFORMERS
 @main_leg_only
 def test_a_ranks_experts_run_in_one_grouped_gemm_where_torch_takes_the_operands():
@@ -187,36 +210,15 @@ def test_a_ranks_experts_run_in_one_grouped_gemm_where_torch_takes_the_operands(
     grouped GEMM give the loop's outputs and gradients (float32 and bfloat16); operands
     whose rows are not 16-byte multiples (a hidden size of 6 floats), no rows at all, or
     the model's experts_implementation "eager" run the loop."""
-    from transformers import MixtralConfig
-    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
-    from zeroshard._experts import hf_expert_parallel
-    from moe_ep_script import GroupedGemms
-
-    def run(hidden, dtype, rows, asked):
-        torch.manual_seed(0)
-        config = MixtralConfig(hidden_size=hidden, intermediate_size=16, num_local_experts=2)
-        config._experts_implementation = asked
-        experts = MixtralExperts(config).to(dtype)
-        for weight in (experts.gate_up_proj, experts.down_proj):
-            torch.nn.init.normal_(weight, std=0.3)
-        experts.num_local_experts = 2
-        x = torch.randn(rows, hidden, dtype=dtype, requires_grad=True)
-        mine = torch.randint(0, 2, (rows,))
-        with GroupedGemms() as gemms:
-            out = hf_expert_parallel._local_experts(experts, x, mine)
-            out.backward(torch.randn_like(out))
-        return gemms.calls, [t.float() for t in (out, x.grad, experts.gate_up_proj.grad,
-                                                 experts.down_proj.grad)]
-
     for dtype, tolerance in ((torch.float32, 1e-6), (torch.bfloat16, 2e-2)):
-        calls, grouped = run(32, dtype, 20, "grouped_mm")
+        calls, grouped = local_experts(32, dtype, 20, "grouped_mm")
         assert calls == 6  # 2 in forward, 4 in backward
-        loop_calls, loop = run(32, dtype, 20, "eager")
+        loop_calls, loop = local_experts(32, dtype, 20, "eager")
         assert loop_calls == 0
         for got, want in zip(grouped, loop):
             assert torch.allclose(got, want, atol=tolerance, rtol=tolerance), dtype
-    assert run(6, torch.float32, 20, "grouped_mm")[0] == 0  # 24-byte rows
-    calls, (out, _, gate_up, down) = run(32, torch.float32, 0, "grouped_mm")
+    assert local_experts(6, torch.float32, 20, "grouped_mm")[0] == 0  # 24-byte rows
+    calls, (out, _, gate_up, down) = local_experts(32, torch.float32, 0, "grouped_mm")
     assert calls == 0 and out.shape == (0, 32)
     assert not gate_up.any() and not down.any()  # in the graph, zero: both exchanges run
 

@@ -24,7 +24,7 @@ def losses(scratch, offload, overlap, sanitize, params=None):
     out = str(scratch / f"{offload}-{overlap}-{int(sanitize)}-{bool(params)}")
     env = {"TORCH_CUDA_SANITIZER": "1"} if sanitize else {}
     args = [WORKER, "cuda", offload, overlap, out] + ([params] if params else [])
-    return run_ranks(args, 1, out, extra_env=env)[0]
+    return run_ranks(args, 1, out, extra_env=env)[0]["losses"]
 
 
 @pytest.mark.parametrize("overlap", ["false", "true"])

@@ -24,6 +24,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import devices  # noqa: E402
+
 VOCAB, DIM, HEADS, SEQ, LAYERS = 64, 32, 4, 12, 2
 MICRO, ACCUMULATION, DP = 2, 2, 2
 # Adam turns the rounding of near-zero gradients into steps of the lr's order: at lr 1e-2 the
@@ -226,7 +229,8 @@ def llama():
 
 
 def reference(steps, hf=False):
-    model = llama() if hf else full_model()
+    dev = devices.device()
+    model = (llama() if hf else full_model()).to(dev)
     if hf:
         model.forward_loss = lambda tokens: model(input_ids=tokens, labels=tokens).loss
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
@@ -234,7 +238,7 @@ def reference(steps, hf=False):
     for step in range(steps):
         total = 0.0
         for micro in range(ACCUMULATION):
-            tokens = torch.cat([batch(step, micro, r) for r in range(DP)])
+            tokens = torch.cat([batch(step, micro, r) for r in range(DP)]).to(dev)
             loss = model.forward_loss(tokens) if hf else model(tokens)
             (loss / ACCUMULATION).backward()
             total += loss.item() / ACCUMULATION
@@ -256,8 +260,10 @@ def parallelized(tp, sequence_parallel=False):
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
-    mesh = init_device_mesh("cpu", (dist.get_world_size() // tp, tp), mesh_dim_names=("dp", "tp"))
-    model = full_model()
+    dev = devices.device()  # (before the mesh: it sets the device itself otherwise)
+    mesh = init_device_mesh(dev.type, (dist.get_world_size() // tp, tp),
+                            mesh_dim_names=("dp", "tp"))
+    model = full_model().to(dev)
     # With sequence parallelism a block's linears take a sequence slice and gather it
     # (colwise), or give one (rowwise: a reduce-scatter instead of an all-reduce).
     sliced = Shard(1) if sequence_parallel else Replicate()
@@ -281,9 +287,10 @@ def parallelized(tp, sequence_parallel=False):
 def trained(mode, tp, steps, config, out):
     import zeroshard
     dist.init_process_group("gloo")
+    dev = devices.device()
     forward = None
     if mode in ("hf", "hf_mpu"):  # the Llama's own tp_plan, which zeroshard applies
-        model = llama()
+        model = llama().to(dev)
         given = {}
         if mode == "hf_mpu":  # as DeepSpeed's AutoTP example: the script's mpu, its AdamW
             given = dict(mpu=Mpu(tp), optimizer=torch.optim.AdamW(
@@ -300,6 +307,7 @@ def trained(mode, tp, steps, config, out):
         mpu = Mpu(tp)
         model = TpGpt(tp, mpu.tp_group)
         load_slices(model, full_model(), tp, mpu.get_tensor_model_parallel_rank())
+        model.to(dev)
         engine, *_ = zeroshard.initialize(model=model, config=config, mpu=mpu)
         dp_rank = mpu.get_data_parallel_rank()
     if os.environ.get("ZS_TP_SKEW"):  # a loader split over every rank, tp peers too
@@ -312,7 +320,7 @@ def trained(mode, tp, steps, config, out):
     for step in range(start, steps):
         total = 0.0
         for micro in range(ACCUMULATION):
-            tokens = batch(step, micro, dp_rank)
+            tokens = batch(step, micro, dp_rank).to(dev)
             loss = forward(tokens) if forward else engine(tokens)
             engine.backward(loss)
             engine.step()

@@ -28,6 +28,7 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import devices  # noqa: E402
 import hf_worker  # noqa: E402
 import models  # noqa: E402
 from rank_result import leave  # noqa: E402,F401  (the Trainer workers' way out)
@@ -101,7 +102,8 @@ def main():
         adam_beta2=0.95, adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="linear",
         warmup_steps=2, optim=os.environ.get("ZS_TRAINER_OPTIM", "adamw_torch"), logging_steps=1,
         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
-        report_to=[], use_cpu=True, seed=1234, data_seed=1234, disable_tqdm=True,
+        report_to=[], use_cpu=devices.device().type == "cpu", seed=1234, data_seed=1234,
+        disable_tqdm=True,
         dataloader_drop_last=True, torch_compile=os.environ.get("ZS_TRAINER_COMPILE") == "1",
         **extra)
     record = Record()

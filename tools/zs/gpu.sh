@@ -93,13 +93,19 @@ bench_gpu() {
 # bench gpu with the Python package in PYDIR (built there or carried prebuilt) and the
 # carried wheels installed beside it.
 bench_gpu_in() {
+  local pydir=$1
+  shift
+  gpu_python_with_wheels "$pydir" tools/bench/gpu_bench.py "$@"
+}
+
+gpu_python_with_wheels() {  # gpu_python_with_wheels PYDIR SCRIPT [ARGS]
   local pydir=$1 site="$GPU_DIR/site"
   shift
   if compgen -G "$GPU_DIR/wheels/*.whl" >/dev/null; then
     "$GPU_PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target "$site" "$GPU_DIR"/wheels/*.whl
   fi
-  PYTHONPATH="$pydir:$site:${PYTHONPATH:-}" "$GPU_PY" tools/bench/gpu_bench.py "$@"
+  PYTHONPATH="$pydir:$site:${PYTHONPATH:-}" "$GPU_PY" "$@"
 }
 
 # --- ./zs gpu-check OUT: the whole GPU picture in one command on the GPU machine
@@ -120,6 +126,8 @@ gpu_pack_prebuilt() {
   for f in engine_tests engine_worker; do strip --strip-debug -o "$to/tests/$f" "$BUILD/tests/$f"; done
   # (the test programs' own GPU half, beside them, where its loader looks first)
   strip --strip-debug -o "$to/tests/libzeroshard_cuda.so" "$BUILD/python/zeroshard/libzeroshard_cuda.so"
+  mkdir -p "$to/tools"  # (bench inference's NVMe read rate)
+  strip --strip-debug -o "$to/tools/zs-bench-io" "$BUILD/tools/zs-bench-io"
   wheel "$GPU_DIR/dist" >/dev/null
   "$PY" -m pip install -q --no-deps --no-compile --no-cache-dir --target "$to/python" \
     "$GPU_DIR"/dist/zeroshard-*.whl || die "the wheel does not install into $to/python"
@@ -132,6 +140,8 @@ gpu_pack_prebuilt() {
       "$VENV"/lib/python3*/site-packages/nvidia/nccl/include/nccl.h 2>/dev/null | awk '{printf "%s.", $3}')"
     echo "commit=$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo +)"
   } >"$to/BUILT"
+  echo "zs: gpu-check's stages by risk (lines changed since each last passed on a GPU):"
+  "$PY" tools/gpu/stages.py plan "$GPU_DIR" || die "the stages could not be ranked"
   echo "zs: the test programs and the wheel installed in .gpu/prebuilt; $(du -sh "$GPU_DIR" | cut -f1) in .gpu: carry .gpu to the GPU machine"
 }
 
@@ -218,32 +228,20 @@ gpu_search() {  # the largest model each row steps (ZS_GPU_BENCH_ARGS: --rows, o
     ${ZS_GPU_BENCH_ARGS:-} | tee "$GPU_OUT/search.txt"
 }
 
-gpu_pytests() {
-  (cd tests/python && ZS_BUILD_DIR="$GPU_BUILD" "$GPU_PY" -m pytest -q -p no:cacheprovider \
-    test_gpu_streams.py test_gpu_resume.py)
+gpu_gtests() {
+  "$GPU_BUILD/tests/engine_tests" --gtest_filter="$GPU_TESTS"
 }
 
-gpu_checks() {  # gpu_checks [tests]: every check, or the GPU tests alone
-  local checks=()  # (a plain `wait` would wait for the log's tee too)
-  if [ "$GPU_BUILD" != "$ROOT/build-gpu" ] && [ "${ZS_GPU_BUILD_THERE:-1}" = 1 ] &&
-    [ "${1:-}" != tests ]; then
-    gpu_stage build-there 170 gpu_build_niced "$ROOT/build-gpu" >"$GPU_OUT/build.txt" 2>&1 &
-    checks+=($!)
-  fi
-  gpu_stage gtests 150 "$GPU_BUILD/tests/engine_tests" --gtest_filter="$GPU_TESTS" \
-    >"$GPU_OUT/gtests.txt" 2>&1 &
-  checks+=($!)
-  gpu_stage pytests 150 gpu_pytests >"$GPU_OUT/pytests.txt" 2>&1 &
-  checks+=($!)
-  if [ "${1:-}" = tests ]; then
-    wait "${checks[@]}"
-    return
-  fi
-  gpu_stage syncs 120 gpu_syncs &
-  checks+=($!)
-  gpu_stage memcheck 250 gpu_memcheck &  # (the offload test alone took 141 s under it; 200 s cut the second)
-  checks+=($!)
-  wait "${checks[@]}"
+gpu_pytests() {  # gpu_pytests FILE [PYTEST ARGS]: Python GPU tests against the carried package
+  (cd tests/python && ZS_BUILD_DIR="$GPU_BUILD" "$GPU_PY" -m pytest -q -p no:cacheprovider "$@")
+}
+
+gpu_bench_inference() {  # serving from NVMe into the GPU, against accelerate and DeepSpeed
+  local here=(--device cuda)
+  nvidia-smi -L >/dev/null 2>&1 || here=(--device cpu --layers 4)
+  # shellcheck disable=SC2086
+  gpu_python_with_wheels "$GPU_BUILD/python" tools/bench/inference_bench.py --json "${here[@]}" \
+    --io-bench "$GPU_BUILD/tools/zs-bench-io" ${ZS_GPU_BENCH_ARGS:-} | tee "$GPU_OUT/bench-inference.txt"
 }
 
 gpu_check() {
@@ -255,26 +253,18 @@ gpu_check() {
   cd "$ROOT" || return 1
   export ROOT GPU_DIR GPU_OUT GPU_PY GPU_TESTS GPU_MEMCHECK_TESTS
   export -f gpu_machine_info gpu_build_here gpu_build_niced configure_gpu use_gpu_prefix \
-    gpu_syncs gpu_memcheck gpu_pytests gpu_bench gpu_search bench_gpu_in
+    gpu_gtests gpu_pytests gpu_syncs gpu_memcheck gpu_bench gpu_bench_inference gpu_search \
+    bench_gpu_in gpu_python_with_wheels
   gpu_stage machine 30 gpu_machine_info
   gpu_programs || { cat "$GPU_OUT/summary.txt"; return 1; }
-  # The checks side by side (they count and compare, they do not time; the GPU and 16
-  # cores hold them all), a build from source beside them at the lowest priority (does
-  # `./zs test --gpu` build there?), then the bench alone on the machine.
-  # ZS_GPU_STAGES=bench: the bench alone; tests: the GPU tests alone (a second look
-  # inside the same lease); search: the largest-model search alone (bench gpu
-  # --search-only; ZS_GPU_BENCH_ARGS="--rows ROW" keeps it to one row a command)
-  case "${ZS_GPU_STAGES:-all}" in
-    bench | search) ;;
-    tests) gpu_checks tests ;;
-    *) gpu_checks ;;
-  esac
-  case "${ZS_GPU_STAGES:-all}" in
-    tests) ;;
-    search) gpu_stage search 570 gpu_search ;;
-    *) gpu_stage bench 290 gpu_bench ;;
-  esac
-  grep -hE '^\[  (PASSED|FAILED) |^FAILED|passed|failed' "$GPU_OUT/gtests.txt" \
-    "$GPU_OUT/pytests.txt" >>"$GPU_OUT/summary.txt" 2>/dev/null
+  # The stages by risk (tools/gpu/stages.py; gpu-pack ranked them here, where git is),
+  # within ZS_GPU_BUDGET seconds, side by side where they count and compare and alone
+  # where they time; ZS_GPU_STAGES picks some (names or groups: tests, checks, bench,
+  # search).
+  "$GPU_PY" tools/gpu/stages.py run "$GPU_OUT"
+  local status=$?
+  grep -hE '^\[  (PASSED|FAILED) |^FAILED|[0-9]+ (passed|failed)' "$GPU_OUT"/*.txt 2>/dev/null |
+    grep -v '^summary' >>"$GPU_OUT/summary.txt"
   echo "== summary =="; cat "$GPU_OUT/summary.txt"
+  return $status
 }

@@ -200,9 +200,10 @@ def _owners_of_meta(model):
                 yield module, name, p
 
 
-def materializer_for(model, sources=None):
-    """Before the engine is built: meta parameters become placeholders on the host (the
-    same objects, so optimizer groups keep them) to be made by their module's
+def materializer_for(model, sources=None, device=None):
+    """Before the engine is built: meta parameters become placeholders on the host, or on
+    `device` (_engine/placement.py: the GPU the engine trains on), the same objects, so
+    optimizer groups keep them, to be made by their module's
     reset_parameters(), or read from a safetensors file where `sources` ({id(parameter):
     (file, key)}) names one. Returns the engine's materialize callback, or None when every
     parameter already holds its values whole (the engine then broadcasts rank 0's)."""
@@ -213,7 +214,7 @@ def materializer_for(model, sources=None):
             "under the context and call initialize after its `with` block")
     meta = list(_owners_of_meta(model))
     for module in model.modules():
-        _make_meta_buffers(module)
+        _make_meta_buffers(module, device)
     for module, name, p in meta:
         if id(p) not in sources and not callable(getattr(module, "reset_parameters", None)):
             raise _zeroshard.Error(
@@ -224,7 +225,8 @@ def materializer_for(model, sources=None):
     if not meta and not any(is_sharded(p) for p in model.parameters()):
         return None
     for module, name, p in meta:
-        placeholder = torch.nn.Parameter(poison(p.shape, p.dtype), requires_grad=p.requires_grad)
+        placeholder = torch.nn.Parameter(poison(p.shape, p.dtype, device),
+                                         requires_grad=p.requires_grad)
         torch.utils.swap_tensors(p, placeholder)
         if id(p) in sources:
             p._zs_source = sources[id(p)]
@@ -234,9 +236,9 @@ def materializer_for(model, sources=None):
     return _Materializer()
 
 
-def _make_meta_buffers(module):
-    """A norm layer's running statistics built on the meta device are made on the host
-    by its reset_running_stats() (the engine then gives every rank rank 0's); any other
+def _make_meta_buffers(module, device=None):
+    """A norm layer's running statistics built on the meta device are made on the host (or
+    `device`) by its reset_running_stats() (the engine then gives every rank rank 0's); any other
     buffer on meta has no recipe here and is refused."""
     names = [n for n, b in module._buffers.items() if b is not None and b.is_meta]
     if not names:
@@ -250,7 +252,7 @@ def _make_meta_buffers(module):
             "zeroshard.initialize")
     for n in names:
         b = module._buffers[n]
-        module._buffers[n] = torch.empty(b.shape, dtype=b.dtype)
+        module._buffers[n] = torch.empty(b.shape, dtype=b.dtype, device=device)
     module.reset_running_stats()
 
 

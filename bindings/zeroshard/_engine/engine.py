@@ -12,7 +12,8 @@ from . import (adafactor as _adafactor, construction as _construction, generatio
 from .._experts import (dtensor_experts as _dtensor_experts, expert_parallel as _expert_parallel,
                         expert_state as _expert_state, hf_expert_parallel as _hf_expert_parallel)
 from .._parallel import (dtensor as _dtensor, hf_tensor_parallel as _hf_tensor_parallel,
-                         sync_batchnorm as _sync_batchnorm, tensor_parallel as _tensor_parallel)
+                         placement as _placement, sync_batchnorm as _sync_batchnorm,
+                         tensor_parallel as _tensor_parallel)
 from .._sequence import context_parallel as _context_parallel, sequence_groups as _sequence_groups
 from .accessors import EngineAccessors
 from .parallel_sizes import ParallelSizes
@@ -114,6 +115,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes, EngineAccesso
         refuse_twice_named(loaded, optimizer, lr_scheduler)
         _process_groups.set_timeout(loaded.comm_timeout_seconds)  # groups made before too
         self.module = model
+        placeholders_on = _placement.place(model)  # this rank's GPU, as DeepSpeed's engine
         # A model split by its own tp_plan (autotp_size); DTensor parameters as local tensors.
         places = _dtensor.places(model)
         autoep_size = _hf_expert_parallel.apply(model, loaded)  # experts split by AutoEP
@@ -155,7 +157,7 @@ class ZeroShardEngine(SavingMethods, LoaderMethods, ParallelSizes, EngineAccesso
                          for g, d in zip(groups, decoupled)]
         # Parameters built sharded (zeroshard.init) or on the meta device come whole one
         # group at a time, as the engine copies them.
-        materialize = _construction.materializer_for(model, weight_sources)
+        materialize = _construction.materializer_for(model, weight_sources, placeholders_on)
         _sync_batchnorm.take_over(model)  # before the engine: it may start torch.distributed
         if _generation.syncs(model, loaded):
             _launch.init_distributed()  # generate's synced_gpus all-reduces through it

@@ -40,9 +40,9 @@ def _load_libc():
 _libc = _load_libc()
 
 
-def poison(like_shape, dtype):
+def poison(like_shape, dtype, device=None):
     fill = float("nan") if dtype.is_floating_point or dtype.is_complex else 0
-    return torch.full((), fill, dtype=dtype).expand(like_shape)
+    return torch.full((), fill, dtype=dtype, device=device).expand(like_shape)
 
 
 class Sharder:

@@ -82,6 +82,22 @@ def _error(message):
     return _zeroshard.Error(f"zeroshard.pipelining: {message}")
 
 
+def _through_host(op, received):
+    """The op on a host tensor: Gloo's sends and receives take a tensor's data pointer as host
+    memory, so a GPU stage's over Gloo (ranks sharing one GPU) go through a host copy; a
+    received one lands in `received` {id(device buffer): (device buffer, host copy)}, copied
+    into the device buffer when the stage reads it (after the schedule's wait)."""
+    if op.tensor.device.type == "cpu":
+        return op
+    if op.op is dist.isend:
+        host = op.tensor.detach().to("cpu")
+    else:
+        buffer = op.tensor
+        host = torch.empty(buffer.shape, dtype=buffer.dtype)
+        received[id(buffer)] = (buffer, host)
+    return dist.P2POp(op.op, host, op.peer, op.group, op.tag)
+
+
 def pipeline_group(engine):
     """This rank's pp group: one rank of each stage, those with this rank's place in theirs,
     in stage order (torch.distributed's, for the stages' sends and receives). Every rank
@@ -232,6 +248,10 @@ class PipelineStage(_TorchPipelineStage):
             core.keep_units_gathered_in_step()
         if reduce_once:
             core.reduce_once_per_step()
+        # Over Gloo a GPU stage's sends and receives go through the host (_through_host).
+        self._via_host = (self.device.type == "cuda" and
+                          dist.get_backend(self.group) == dist.Backend.GLOO)
+        self._received = {}
         self._backwards = 0  # this schedule step's micro-batches so far
         # [micro-batches whose activations the rank's stages hold, the most this step]
         self._in_flight = engine.__dict__.setdefault("_pipeline_in_flight", [0, 0])
@@ -264,8 +284,37 @@ class PipelineStage(_TorchPipelineStage):
         schedule's turn): Gloo has no pair to itself, and the schedule hands such a stage
         its input locally."""
         mine = dist.get_rank(self.group)
-        return [op for op in super()._get_init_p2p_neighbors_ops()
-                if dist.get_global_rank(self.group, mine) != op.peer]
+        return self._placed([op for op in super()._get_init_p2p_neighbors_ops()
+                             if dist.get_global_rank(self.group, mine) != op.peer], {})
+
+    def _placed(self, ops, received):
+        return [_through_host(op, received) for op in ops] if self._via_host else ops
+
+    def _get_recv_ops(self, recv_infos):
+        return self._placed(super()._get_recv_ops(recv_infos), self._received)
+
+    def get_fwd_send_ops(self, fwd_chunk_id):
+        return self._placed(super().get_fwd_send_ops(fwd_chunk_id), {})
+
+    def get_bwd_send_ops(self, bwd_chunk_id):
+        return self._placed(super().get_bwd_send_ops(bwd_chunk_id), {})
+
+    def _retrieve_recv_activations(self, fwd_chunk_id):
+        self._land(self.args_recv_info[fwd_chunk_id])
+        return super()._retrieve_recv_activations(fwd_chunk_id)
+
+    def _retrieve_recv_grads(self, bwd_chunk_id):
+        self._land(self.grad_recv_info[bwd_chunk_id])
+        return super()._retrieve_recv_grads(bwd_chunk_id)
+
+    def _land(self, recv_infos):
+        """What arrived in host copies, into the device buffers the stage reads."""
+        for info in recv_infos:
+            buffer = getattr(info, "buffer", None)
+            arrived = self._received.pop(id(buffer), None) if buffer is not None else None
+            if arrived is not None:
+                with torch.no_grad():
+                    buffer.copy_(arrived[1])
 
     def _prepare_forward_infra(self, num_microbatches, *args, **kwargs):
         built = sorted(self.engine._pipeline_stages_built)

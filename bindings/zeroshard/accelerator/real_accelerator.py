@@ -8,6 +8,7 @@ import resource
 import torch
 
 from .. import _zeroshard
+from .._common import devices
 
 
 class _Accelerator:
@@ -190,11 +191,7 @@ def get_accelerator():
     set, else CUDA where torch sees a GPU, else the CPU."""
     global _current
     if _current is None:
-        import os
-        name = os.environ.get("DS_ACCELERATOR") or ("cuda" if torch.cuda.is_available() else "cpu")
-        if name not in ("cuda", "cpu"):
-            raise _zeroshard.Error(f"DS_ACCELERATOR={name!r}: zeroshard runs on 'cuda' or 'cpu'")
-        _current = _Accelerator(name)
+        _current = _Accelerator(devices.accelerator_name())
     return _current
 
 

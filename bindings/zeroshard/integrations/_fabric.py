@@ -27,6 +27,7 @@ from .. import _zeroshard
 from .._engine.construction import Init
 from .._engine.engine import EngineModule
 from .._engine.initialize import initialize
+from .._parallel import placement as _placement
 
 
 def _error(message):
@@ -112,12 +113,13 @@ class ZeroShardFabricStrategy(DDPStrategy):
     def _start(self, module, optimizer):
         if self.engine is not None:
             raise _error("a second model set up; allowed: one model per strategy (one engine)")
-        self.engine = initialize(model=module, config=self._engine_config(),
-                                 optimizer=optimizer)[0]
+        with _placement.chosen(self.root_device):  # where Fabric puts the batches
+            self.engine = initialize(model=module, config=self._engine_config(),
+                                     optimizer=optimizer)[0]
         return EngineModule(self.engine)
 
     def module_to_device(self, module):
-        pass  # the engine places the parameters
+        pass  # initialize places the parameters (_parallel/placement.py)
 
     def module_sharded_context(self):
         return Init(config=self.config)

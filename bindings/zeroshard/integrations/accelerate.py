@@ -39,6 +39,7 @@ from .._common import config as _config
 from .. import _zeroshard
 from .._engine.engine import EngineModule
 from .._engine.initialize import initialize
+from .._parallel import placement as _placement
 from . import _context_parallel, _ulysses
 
 # accelerate's other sharding and parallelism back ends: each would shard the model itself.
@@ -46,6 +47,11 @@ _OTHER_BACKENDS = ("deepspeed_plugin", "fsdp_plugin", "megatron_lm_plugin", "tor
 
 
 ENGINE_TAG = "zeroshard"  # the engine's checkpoint inside save_state's folder
+
+
+def _placed_on(model):
+    """Where the script left the model: its first parameter's device."""
+    return next(model.parameters()).device
 
 
 def _error(message):
@@ -182,8 +188,13 @@ class Accelerator(accelerate.Accelerator):
             config = self._engine_config(loaders)
             mpu = self._sequence_parallel(args[models[0]], config, out)
             mesh = _context_parallel.prepare(self, args[models[0]])
-            engine, *_ = initialize(model=args[models[0]], config=config, optimizer=client,
-                                    mpu=mpu, mesh=mesh)
+            model = args[models[0]]
+            # accelerate's prepare_model puts the model on accelerator.device (or, with
+            # device_placement False, leaves it); the engine trains where it is put.
+            where = self.device if device_placement[models[0]] else _placed_on(model)
+            with _placement.chosen(where):
+                engine, *_ = initialize(model=model, config=config, optimizer=client,
+                                        mpu=mpu, mesh=mesh)
             self.zeroshard_engine = engine
             out[models[0]] = EngineModule(engine)
             if optimizers:

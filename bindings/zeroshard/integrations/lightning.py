@@ -31,6 +31,7 @@ from .._common import config as _config
 from .._engine.construction import Init
 from .._engine.engine import EngineModule
 from .._engine.initialize import initialize
+from .._parallel import placement as _placement
 
 # Lightning's precision flags and the engine's switch for each (None: fp32). '-true' and
 # '-mixed' alike keep fp32 master weights in the engine, as under Lightning's DeepSpeed.
@@ -192,8 +193,9 @@ class ZeroShardStrategy(DDPStrategy):
             if len(optimizers) > 1:
                 raise error(f"configure_optimizers returned {len(optimizers)} optimizers; "
                             "allowed: one (one engine steps one optimizer)")
-            self.engine = initialize(model=module, config=self._engine_config(trainer),
-                                     optimizer=optimizers[0] if optimizers else None)[0]
+            with _placement.chosen(self.root_device):  # Lightning's model_to_device
+                self.engine = initialize(model=module, config=self._engine_config(trainer),
+                                         optimizer=optimizers[0] if optimizers else None)[0]
             self.precision_plugin.clipping = self.engine.gradient_clipping()
             self._client_optimizers, self._schedulers = optimizers, schedulers
         elif self.engine.module is not module:

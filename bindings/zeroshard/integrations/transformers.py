@@ -42,6 +42,7 @@ from .._common import config as _config
 from .. import _zeroshard
 from .._engine.engine import EngineModule
 from .._engine.initialize import initialize
+from .._parallel import placement as _placement
 from . import _context_parallel, _ulysses
 
 _SCHEDULER_FILE = "scheduler.pt"
@@ -173,8 +174,10 @@ class ZeroShardTrainerMixin:
         mpu = _ulysses.register(parallelism, self.model, config, "zeroshard_config", _error) \
             if _ulysses.size(parallelism) > 1 else None
         mesh = _context_parallel.prepare(self.accelerator, self.model)
-        engine, optimizer, _, _ = initialize(model=self.model, config=config, optimizer=client,
-                                             units=self.zeroshard_units, mpu=mpu, mesh=mesh)
+        with _placement.chosen(self.args.device):  # use_cpu, or the Trainer's GPU
+            engine, optimizer, _, _ = initialize(model=self.model, config=config,
+                                                 optimizer=client, units=self.zeroshard_units,
+                                                 mpu=mpu, mesh=mesh)
         optimizer.stepped_by_engine = True  # see ZeroShardOptimizer.step
         # The Trainer's training_step runs as it is (its loss arithmetic below); where it
         # hands the loss to accelerate, the engine takes it.
@@ -204,7 +207,8 @@ class ZeroShardTrainerMixin:
                          "or train at stage 2 or below (the reference model stays whole there)")
         reference.requires_grad_(False)
         settings = {k: v for k, v in config.items() if k != "optimizer"}
-        self.zeroshard_reference_engine = initialize(model=reference, config=settings)[0]
+        with _placement.chosen(self.args.device):
+            self.zeroshard_reference_engine = initialize(model=reference, config=settings)[0]
 
     def _get_dataloader(self, *args, **kwargs):
         """With tensor parallelism every rank of a tp group takes the same batches:
