@@ -146,6 +146,20 @@ def test_pp2_dp2_trains_as_the_whole_model_in_one_process(schedule, zero, scratc
     assert_as_one_process(train(schedule, zero, scratch), reference(scratch))
 
 
+@main_leg_only
+def test_sends_and_receives_through_host_copies_train_as_the_whole_model(scratch):
+    """A GPU stage over Gloo (ranks sharing one GPU) sends and receives through host
+    copies, each received one landed in the stage's buffer before the stage reads it
+    (_parallel/pipelining.py _through_host); ZS_PIPELINE_VIA_HOST=1 takes that path on the
+    CPU. Forward activations, input gradients and the zero-bubble schedule's split backward
+    all cross that way: a copy never landed leaves a buffer's garbage in the losses."""
+    out = str(scratch / "via-host")
+    got = run_ranks([WORKER, "zerobubble", str(STEPS), out,
+                     json.dumps({"zero_optimization": {"stage": 1}}), "1"], WORLD, out,
+                    extra_env={"ZS_PIPELINE_VIA_HOST": "1"})
+    assert_as_one_process(got, reference(scratch))
+
+
 @pytest.mark.parametrize("schedule,zero",
                          [("1f1b", {"stage": 1}), both_legs("gpipe", {"stage": 3})])
 def test_pp2_tp2_dp2_through_a_megatron_mpu_trains_as_the_whole_model(schedule, zero, scratch):

@@ -228,6 +228,7 @@ def materializer_for(model, sources=None, device=None):
         placeholder = torch.nn.Parameter(poison(p.shape, p.dtype, device),
                                          requires_grad=p.requires_grad)
         torch.utils.swap_tensors(p, placeholder)
+        p._zs_home = device
         if id(p) in sources:
             p._zs_source = sources[id(p)]
         else:
@@ -313,6 +314,10 @@ class _Materializer:
     def __call__(self, params):
         # The previous group's whole values and the shards it replaced are free now.
         give_back_freed_memory()
+        # Made on the host; then to the GPU its placeholder was made for (_zs_home:
+        # _parallel/placement.py), where the engine builds the group's buffer (the first
+        # parameter's device). A module's reset_parameters() makes its others too.
+        where = [getattr(p, "_zs_home", None) or p.device for p in params]
         with torch.no_grad():
             for p in params:
                 if is_sharded(p):
@@ -324,6 +329,9 @@ class _Materializer:
                     self._read(p)
                 else:
                     self._broadcast(p)
+            for p, device in zip(params, where):
+                if p.device != device:
+                    p.data = p.data.to(device)
 
     def _broadcast(self, p):
         self.sharder.broadcast(p)  # a split expert's from the first rank holding its experts

@@ -37,6 +37,8 @@ What the stage does that torch's does for DDP and FSDP modules:
 - runtime shape inference runs the stage's module once on zeros of the received shapes
   (torch's runs it on meta tensors, which a module holding real weights refuses);
 - at stage 3 a unit stays gathered across a step's micro-batches (keep_gathered)."""
+import os
+
 import torch
 import torch.distributed as dist
 from torch.autograd.graph import GradientEdge
@@ -87,8 +89,6 @@ def _through_host(op, received):
     memory, so a GPU stage's over Gloo (ranks sharing one GPU) go through a host copy; a
     received one lands in `received` {id(device buffer): (device buffer, host copy)}, copied
     into the device buffer when the stage reads it (after the schedule's wait)."""
-    if op.tensor.device.type == "cpu":
-        return op
     if op.op is dist.isend:
         host = op.tensor.detach().to("cpu")
     else:
@@ -248,9 +248,10 @@ class PipelineStage(_TorchPipelineStage):
             core.keep_units_gathered_in_step()
         if reduce_once:
             core.reduce_once_per_step()
-        # Over Gloo a GPU stage's sends and receives go through the host (_through_host).
-        self._via_host = (self.device.type == "cuda" and
-                          dist.get_backend(self.group) == dist.Backend.GLOO)
+        # Over Gloo a GPU stage's sends and receives go through the host (_through_host);
+        # ZS_PIPELINE_VIA_HOST=1 makes a CPU stage's go the same way (its test on the CPU).
+        self._via_host = dist.get_backend(self.group) == dist.Backend.GLOO and (
+            self.device.type == "cuda" or os.environ.get("ZS_PIPELINE_VIA_HOST") == "1")
         self._received = {}
         self._backwards = 0  # this schedule step's micro-batches so far
         # [micro-batches whose activations the rank's stages hold, the most this step]

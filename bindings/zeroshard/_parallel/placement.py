@@ -70,8 +70,10 @@ def place(model):
         for p in params:
             if p.is_meta:
                 continue  # made on the target by the materializer
-            p.data = (poison(p.shape, p.dtype, target) if is_sharded(p)
-                      else p.data.to(target))
+            if is_sharded(p):  # gathered on the host, then moved (_engine/construction.py)
+                p.data, p._zs_home = poison(p.shape, p.dtype, target), target
+            else:
+                p.data = p.data.to(target)
         for module in model.modules():
             for name, buffer in module._buffers.items():
                 if buffer is not None and not buffer.is_meta:
