@@ -77,7 +77,8 @@ usage: ./zs VERB [ARGS]
                     stream sanitizer, checkpoint resume, synchronising calls, memcheck, a
                     build there, bench gpu) in the order of risk gpu-pack worked out, each
                     under its limit, within ZS_GPU_BUDGET seconds (540); ZS_GPU_STAGES picks
-                    some; OUT/summary.txt says what each reached
+                    some (names, or groups: tests, checks, benches, search); OUT/summary.txt
+                    says what each reached
   gpu-record OUT    here: the stages a gpu-check OUT passed into docs/gpu.md's record
   build             install missing packages and the venv, build into build/
   wheel [DIR]       the wheel pip install . builds, against the venv's torch, into DIR

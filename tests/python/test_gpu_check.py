@@ -103,7 +103,13 @@ def test_the_record_keeps_each_stages_last_pass_and_names_refused(tmp_path, monk
     got = stages.read_record(text)
     assert got["gtests"] == ("abc1234", "2026-12-07", "NVIDIA H100")
     assert got["pipeline"] == ("never", "", "")
+    (out / "passed.json").write_text(
+        '{"streams": {"commit": "abc1234", "date": "2026-12-07", "device": "no GPU (no nvidia-smi)"}}')
+    with pytest.raises(SystemExit, match="'streams' passed on no GPU .*only a run on a GPU is"):
+        stages.record(str(out))
+    assert stages.read_record(record.read_text())["streams"][0] == "never"
     with pytest.raises(SystemExit, match="ZS_GPU_STAGES names bogus: allowed are all, the groups"):
         stages.chosen("tests,bogus")
-    assert {s.name for s in stages.chosen("bench")} == {"bench", "bench-inference"}
+    assert {s.name for s in stages.chosen("bench")} == {"bench"}
+    assert {s.name for s in stages.chosen("benches")} == {"bench", "bench-inference"}
     assert "search" not in {s.name for s in stages.chosen("all")}

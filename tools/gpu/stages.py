@@ -18,7 +18,8 @@ which stages it reached. Three steps:
   record OUT       here, after a run: the stages that passed into docs/gpu.md's record
 
 ZS_GPU_STAGES picks stages: "all" (the default: every stage but those marked on_request),
-or names and groups separated by commas (tests: the GPU tests; bench; search).
+or stage names and groups separated by commas (tests: the GPU tests; checks: syncs,
+memcheck, build-there; benches: bench gpu and bench inference; search).
 A stage's command is a shell function tools/zs/gpu.sh exports."""
 import json
 import os
@@ -79,10 +80,10 @@ STAGES = [
     Stage("build-there", 170, "gpu_build_niced build-gpu",
           ("CMakeLists.txt", "cmake", "tools/zs/gpu.sh"), group="checks"),
     Stage("bench", 290, "gpu_bench", tuple(CPP) + (PY, "tools/bench/gpu_bench.py"),
-          group="bench", alone=True),
+          group="benches", alone=True),
     Stage("bench-inference", 200, "gpu_bench_inference",
           (PY + "inference", "offload", "tools/bench/inference_bench.py"),
-          group="bench", alone=True, on_request=True),
+          group="benches", alone=True, on_request=True),
     Stage("search", 570, "gpu_search", ("tools/bench/gpu_bench.py", "plan", PY + "_engine"),
           group="search", alone=True, on_request=True),
 ]
@@ -259,8 +260,11 @@ def built_commit():
 
 
 def device_name():
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                         capture_output=True, text=True)
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True)
+    except FileNotFoundError:
+        return "no GPU (no nvidia-smi)"
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else "no GPU"
 
 
@@ -297,6 +301,9 @@ def record(out):
     for name, p in passed.items():
         if name not in BY_NAME:
             raise SystemExit(f"{out}/passed.json names a stage '{name}' the registry lacks")
+        if p["device"].startswith("no GPU"):  # (its GPU tests skipped, or ran on the CPU)
+            raise SystemExit(f"{out}/passed.json: '{name}' passed on {p['device']}; only a "
+                             "run on a GPU is recorded")
         entries[name] = (p["commit"], p["date"], p["device"])
     tmp = RECORD + ".tmp"
     with open(tmp, "w") as f:

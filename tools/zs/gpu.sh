@@ -126,8 +126,8 @@ gpu_pack_prebuilt() {
   for f in engine_tests engine_worker; do strip --strip-debug -o "$to/tests/$f" "$BUILD/tests/$f"; done
   # (the test programs' own GPU half, beside them, where its loader looks first)
   strip --strip-debug -o "$to/tests/libzeroshard_cuda.so" "$BUILD/python/zeroshard/libzeroshard_cuda.so"
-  mkdir -p "$to/tools"  # (bench inference's NVMe read rate)
-  strip --strip-debug -o "$to/tools/zs-bench-io" "$BUILD/tools/zs-bench-io"
+  mkdir -p "$to/tools"  # (bench inference's NVMe read rate; the estimates tests compare with)
+  for f in zs-bench-io zeroshard-estimate; do strip --strip-debug -o "$to/tools/$f" "$BUILD/tools/$f"; done
   wheel "$GPU_DIR/dist" >/dev/null
   "$PY" -m pip install -q --no-deps --no-compile --no-cache-dir --target "$to/python" \
     "$GPU_DIR"/dist/zeroshard-*.whl || die "the wheel does not install into $to/python"
@@ -259,12 +259,14 @@ gpu_check() {
   gpu_programs || { cat "$GPU_OUT/summary.txt"; return 1; }
   # The stages by risk (tools/gpu/stages.py; gpu-pack ranked them here, where git is),
   # within ZS_GPU_BUDGET seconds, side by side where they count and compare and alone
-  # where they time; ZS_GPU_STAGES picks some (names or groups: tests, checks, bench,
+  # where they time; ZS_GPU_STAGES picks some (names or groups: tests, checks, benches,
   # search).
   "$GPU_PY" tools/gpu/stages.py run "$GPU_OUT"
   local status=$?
-  grep -hE '^\[  (PASSED|FAILED) |^FAILED|[0-9]+ (passed|failed)' "$GPU_OUT"/*.txt 2>/dev/null |
-    grep -v '^summary' >>"$GPU_OUT/summary.txt"
+  local outputs=()  # (each stage's own; the summary not read into itself)
+  mapfile -t outputs < <(ls "$GPU_OUT"/*.txt | grep -v '/summary.txt$')
+  grep -E '^\[  (PASSED|FAILED) |^FAILED|[0-9]+ (passed|failed)' "${outputs[@]}" 2>/dev/null |
+    sed "s|^$GPU_OUT/||" >>"$GPU_OUT/summary.txt"
   echo "== summary =="; cat "$GPU_OUT/summary.txt"
   return $status
 }
