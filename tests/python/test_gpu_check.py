@@ -103,8 +103,8 @@ def test_the_record_keeps_each_stages_last_pass_and_names_refused(tmp_path, monk
     got = stages.read_record(text)
     assert got["gtests"] == ("abc1234", "2026-12-07", "NVIDIA H100")
     assert got["pipeline"] == ("never", "", "")
-    (out / "passed.json").write_text(
-        '{"streams": {"commit": "abc1234", "date": "2026-12-07", "device": "no GPU (no nvidia-smi)"}}')
+    (out / "passed.json").write_text('{"streams": {"commit": "abc1234", "date": "2026-12-07", '
+                                     '"device": "no GPU (no nvidia-smi)"}}')
     with pytest.raises(SystemExit, match="'streams' passed on no GPU .*only a run on a GPU is"):
         stages.record(str(out))
     assert stages.read_record(record.read_text())["streams"][0] == "never"
