@@ -11,7 +11,7 @@ from datetime import timedelta
 import torch.distributed as _dist
 from torch.distributed import ReduceOp  # noqa: F401  (deepspeed.comm.ReduceOp)
 
-from ._common import launch as _launch, refusals as _refusals
+from ._common import devices as _devices, launch as _launch, refusals as _refusals
 from . import _zeroshard
 
 
@@ -28,8 +28,9 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
                      dist_init_required=None, config=None, rank=-1, world_size=-1):
     """torch.distributed's default group, as deepspeed.init_distributed makes it: from the
     launcher's environment (torchrun; srun and mpirun's variables too), over `dist_backend`
-    (default ZS_DIST_BACKEND's, else NCCL where a GPU is visible, else Gloo). Nothing happens when the script
-    initialised it already. `config` (DeepSpeed's comms options) is refused."""
+    (default ZS_DIST_BACKEND's, else NCCL on the CUDA accelerator, else Gloo; NCCL's beside
+    Gloo's for host tensors). Nothing happens when the script initialised it already.
+    `config` (DeepSpeed's comms options) is refused."""
     if config is not None:
         raise _zeroshard.Error(
             "zeroshard.init_distributed(config=...): DeepSpeed's comms options (comms_logger) "
@@ -48,17 +49,20 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
         named = f"dist_backend={backend!r}" if dist_backend else f"ZS_DIST_BACKEND={backend!r}"
         raise _zeroshard.Error(f"zeroshard.init_distributed: {named}; allowed: 'nccl' (GPUs), "
                                "'gloo' (CPU), None (ZS_DIST_BACKEND's, else by device)")
+    # NCCL's for CUDA tensors beside Gloo's for the package's own host collectives.
     _dist.init_process_group(
-        backend, init_method=init_method or f"tcp://{env['master_addr']}:{env['master_port']}",
+        _launch.process_group_backend(backend),
+        init_method=init_method or f"tcp://{env['master_addr']}:{env['master_port']}",
         rank=env["rank"], world_size=env["world_size"], timeout=timeout)
     _launch.destroy_at_exit()
 
 
 def _default_backend():
     """ZS_DIST_BACKEND where set (the engine's own groups follow it too: ranks sharing one
-    GPU run over Gloo), else NCCL where a GPU is visible, else Gloo."""
-    import torch
-    return os.environ.get("ZS_DIST_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+    GPU run over Gloo), else NCCL on the CUDA accelerator (DS_ACCELERATOR's, or a GPU
+    visible), else Gloo."""
+    return os.environ.get("ZS_DIST_BACKEND") or (
+        "nccl" if _devices.accelerator_name() == "cuda" else "gloo")
 
 
 def is_initialized():

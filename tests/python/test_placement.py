@@ -3,7 +3,8 @@ the CUDA accelerator this rank's GPU, cuda:LOCAL_RANK, as DeepSpeed's engine mov
 the CPU accelerator (DS_ACCELERATOR=cpu, or no GPU) the host; a front-end's own device
 (`placement.chosen`) before either. The move itself needs a GPU:
 tests/python/test_gpu_paths.py runs it there. And torch.distributed started by
-zeroshard.init_distributed follows ZS_DIST_BACKEND, as the engine's own groups do."""
+zeroshard.init_distributed follows ZS_DIST_BACKEND, as the engine's own groups do, and on a
+GPU starts NCCL beside Gloo."""
 import pytest
 import torch
 
@@ -42,3 +43,19 @@ def test_init_distributed_follows_zs_dist_backend():
         "import os\nos.environ['ZS_DIST_BACKEND'] = 'mpi'\nzeroshard.init_distributed()")
     assert status != 0 and "zeroshard.init_distributed: ZS_DIST_BACKEND='mpi'; allowed: " \
         "'nccl' (GPUs), 'gloo' (CPU)" in out, out
+
+
+def test_torch_distributed_starts_nccl_beside_gloo_on_the_cuda_accelerator(monkeypatch):
+    """NCCL's for CUDA tensors (as DeepSpeed's initialize starts it on a GPU), Gloo's beside
+    it for the package's host collectives; Gloo alone on the CPU or for ranks sharing one
+    GPU (ZS_DIST_BACKEND=gloo)."""
+    from zeroshard._common import launch
+    monkeypatch.delenv("ZS_DIST_BACKEND", raising=False)
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    assert launch.process_group_backend() == "cpu:gloo,cuda:nccl"
+    assert launch.process_group_backend("nccl") == "cpu:gloo,cuda:nccl"
+    monkeypatch.setenv("ZS_DIST_BACKEND", "gloo")
+    assert launch.process_group_backend() == "gloo"
+    monkeypatch.delenv("ZS_DIST_BACKEND")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    assert launch.process_group_backend() == "gloo"

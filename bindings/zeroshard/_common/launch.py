@@ -11,6 +11,7 @@ import time
 import torch.distributed as dist
 
 from .. import _zeroshard
+from . import devices
 
 LAUNCH_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
 
@@ -40,10 +41,24 @@ def store_already_served():
     return port is None or port == _zeroshard.launch_env()["master_port"]
 
 
+def process_group_backend(name=None):
+    """The backend torch.distributed starts with: Gloo's for host tensors always (the
+    package's own collectives on the host: construction's broadcasts, object exchanges),
+    and NCCL's for CUDA tensors where `name` asks for NCCL, or, by default, where the
+    process trains on a GPU (DeepSpeed's initialize starts NCCL there) unless
+    ZS_DIST_BACKEND=gloo (ranks sharing one GPU)."""
+    if name is None:
+        name = os.environ.get("ZS_DIST_BACKEND") or (
+            "nccl" if devices.accelerator_name() == "cuda" else "gloo")
+    return "cpu:gloo,cuda:nccl" if name == "nccl" else name
+
+
 def init_distributed():
-    """torch.distributed over Gloo at the launch's rendezvous, unless the script did it."""
+    """torch.distributed at the launch's rendezvous (process_group_backend), unless the
+    script did it."""
     if dist.is_initialized():
         return
+    backend = process_group_backend()
     env = _zeroshard.launch_env()
     if _zeroshard.engine_serves_rendezvous():
         # An earlier engine's rank 0 serves the store at MASTER_PORT for the whole process:
@@ -55,11 +70,11 @@ def init_distributed():
             if "libuv" not in str(e):
                 raise
             store = dist.TCPStore(*where, is_master=False, use_libuv=False)
-        dist.init_process_group("gloo", store=dist.PrefixStore("torch.distributed/", store),
+        dist.init_process_group(backend, store=dist.PrefixStore("torch.distributed/", store),
                                 rank=env["rank"], world_size=env["world_size"])
     else:
         dist.init_process_group(
-            "gloo", init_method=f"tcp://{env['master_addr']}:{env['master_port']}",
+            backend, init_method=f"tcp://{env['master_addr']}:{env['master_port']}",
             rank=env["rank"], world_size=env["world_size"])
     destroy_at_exit()
 
