@@ -13,7 +13,7 @@ which stages it reached. Three steps:
   run OUT          there (./zs gpu-check): the stages in that order (the registry's order
                    where no plan was carried), within ZS_GPU_BUDGET seconds (540), up to
                    ZS_GPU_SLOTS side by side (3; a stage marked alone runs with no other);
-                   OUT/summary.txt a line a stage, OUT/NAME.txt each one's output,
+                   OUT/summary.txt a line a stage, OUT/NAME.log each one's output,
                    OUT/passed.json what passed, on which commit and device
   record OUT       here, after a run: the stages that passed into docs/gpu.md's record
 
@@ -188,7 +188,7 @@ def ordered(stages, plan_file):
 class Running:
     def __init__(self, stage, out):
         self.stage, self.start = stage, time.monotonic()
-        self.log = open(os.path.join(out, f"{stage.name}.txt"), "w")
+        self.log = open(os.path.join(out, f"{stage.name}.log"), "w")
         self.proc = subprocess.Popen(["bash", "-c", stage.command], stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -218,14 +218,13 @@ gpu_bench() {  # (where no GPU is, the script's own check: --device cpu --shape 
   # (ZS_GPU_BENCH_ARGS: more of bench gpu's flags, e.g. --rows or --seq)
   # shellcheck disable=SC2086
   bench_gpu_in "$GPU_BUILD/python" --json --steps 3 --warmup 1 --timeout 100 "${here[@]}" \
-    ${ZS_GPU_BENCH_ARGS:-} |
-    tee "$GPU_OUT/bench.txt"
+    ${ZS_GPU_BENCH_ARGS:-}  # (its output: the stage's OUT/bench.log, its status the stage's)
 }
 
 gpu_search() {  # the largest model each row steps (ZS_GPU_BENCH_ARGS: --rows, one a lease)
   # shellcheck disable=SC2086
   bench_gpu_in "$GPU_BUILD/python" --json --search-only --search-timeout 240 \
-    ${ZS_GPU_BENCH_ARGS:-} | tee "$GPU_OUT/search.txt"
+    ${ZS_GPU_BENCH_ARGS:-}
 }
 
 gpu_gtests() {
@@ -241,7 +240,7 @@ gpu_bench_inference() {  # serving from NVMe into the GPU, against accelerate an
   nvidia-smi -L >/dev/null 2>&1 || here=(--device cpu --layers 4)
   # shellcheck disable=SC2086
   gpu_python_with_wheels "$GPU_BUILD/python" tools/bench/inference_bench.py --json "${here[@]}" \
-    --io-bench "$GPU_BUILD/tools/zs-bench-io" ${ZS_GPU_BENCH_ARGS:-} | tee "$GPU_OUT/bench-inference.txt"
+    --io-bench "$GPU_BUILD/tools/zs-bench-io" ${ZS_GPU_BENCH_ARGS:-}
 }
 
 gpu_check() {
@@ -263,10 +262,8 @@ gpu_check() {
   # search).
   "$GPU_PY" tools/gpu/stages.py run "$GPU_OUT"
   local status=$?
-  local outputs=()  # (each stage's own; the summary not read into itself)
-  mapfile -t outputs < <(ls "$GPU_OUT"/*.txt | grep -v '/summary.txt$')
-  grep -E '^\[  (PASSED|FAILED) |^FAILED|[0-9]+ (passed|failed)' "${outputs[@]}" 2>/dev/null |
-    sed "s|^$GPU_OUT/||" >>"$GPU_OUT/summary.txt"
+  grep -E '^\[  (PASSED|FAILED) |^FAILED|[0-9]+ (passed|failed)' "$GPU_OUT"/*.log 2>/dev/null |
+    sed "s|^$GPU_OUT/||" >>"$GPU_OUT/summary.txt"  # (each stage's output: NAME.log)
   echo "== summary =="; cat "$GPU_OUT/summary.txt"
   return $status
 }
