@@ -286,9 +286,11 @@ def run(out):
             status, seconds = results[stage.name]
             lines = ranked.get(stage.name, {}).get("lines", "?")
             f.write(f"{stage.name:<16} {status:<10} {seconds:4d} s  (risk: {lines} lines)\n")
-        reached = sum(1 for s, _ in results.values() if not s.startswith("not run"))
-        f.write(f"reached {reached} of {len(stages)} stages in {budget} s; "
+        left = [s.name for s in stages if results[s.name][0].startswith("not run")]
+        f.write(f"reached {len(stages) - len(left)} of {len(stages)} stages in {budget} s; "
                 f"{len(passed)} passed on {commit} ({device})\n")
+        if left:  # the next command's
+            f.write(f"not reached: ZS_GPU_STAGES={','.join(left)}\n")
     return 0 if len(passed) == len(stages) else 1
 
 
