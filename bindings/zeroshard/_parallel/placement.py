@@ -60,7 +60,8 @@ def place(model):
     params = list(model.parameters())
     if not params or any(p.device.type not in ("cpu", "meta") for p in params):
         return None  # on a device already: the script's placement
-    if any(type(p).__name__ == "DTensor" for p in params):
+    from torch.distributed.tensor import DTensor
+    if any(isinstance(p, DTensor) for p in params):
         return None  # the mesh's device type says where
     target = _chosen[-1] if _chosen else _accelerator_target()
     if target is None or target.type != "cuda":
